@@ -1,0 +1,41 @@
+# attnlab — `make run` serves the app, `make test` passes the tests; both set everything up first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: setup run test test-fast weights browser bench clean
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+# Default weights: prepared once into weights/ (ignored by git); a no-op when present.
+weights: $(VENV)/.installed
+	$(PY) scripts/prepare_weights.py
+
+setup: $(VENV)/.installed weights
+
+# Debian's Chromium for the browser tests (never a browser download).
+browser:
+	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+	@test -d /usr/share/datasets/fashion-mnist || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist)
+
+run: setup
+	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT)
+
+test: setup browser
+	$(PY) -m pytest -q tests
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q tests/unit tests/api
+
+bench: setup browser
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) weights artifacts

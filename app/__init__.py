@@ -1,0 +1,1 @@
+"""attnlab web layer: FastAPI app, routes, schemas, settings and the inference runtime."""

@@ -1,0 +1,46 @@
+"""Every limit and knob of the server, read from the environment (prefix ATTNLAB_) when the app starts."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ATTNLAB_", env_file=None)
+
+    # Which registry models are loaded at start-up (before /api/ready turns 200); others load on first use.
+    default_models: list[str] = Field(default_factory=lambda: ["minilm"])
+    # Extra text models: {"id": "hub-id-or-local-folder"}; ids only, a request never names a path.
+    extra_text_models: dict[str, str] = Field(default_factory=dict)
+    extra_image_models: dict[str, str] = Field(default_factory=dict)
+    weights_dir: str = "weights"  # prepared weights (dinov2-small) live here; ignored by git
+
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+    torch_threads: int = 0  # 0 = leave torch's default
+
+    # Limits on input.
+    max_text_chars: int = 20_000
+    max_tokens: int = 512
+    max_interventions: int = 64
+    max_samples: int = 16
+    max_response_numbers: int = 4_000_000
+    max_upload_bytes: int = 10 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
+    image_cache_items: int = 256
+
+    # Runtime.
+    queue_depth: int = 32  # requests waiting for a model at once before 503
+    request_timeout_s: float = 60.0
+    result_cache_items: int = 64
+    result_cache_bytes: int = 1_500_000_000
+
+    # HTTP.
+    cors_origins: list[str] = Field(default_factory=list)  # none: same origin only
+    trusted_hosts: list[str] = Field(default_factory=lambda: ["*"])
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

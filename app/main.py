@@ -1,0 +1,95 @@
+"""The ASGI app: assembles settings, the runtime, routers, pages and error handling."""
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+from app.routes import pages, service, text
+from app.runtime import Overloaded, Runtime
+from app.settings import Settings, get_settings
+
+log = logging.getLogger("attnlab")
+ROOT = Path(__file__).resolve().parent.parent
+
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; "
+        "script-src 'self'; connect-src 'self'; object-src 'none'; frame-ancestors 'none'"
+    ),
+}
+
+
+def plotly_js_path() -> Path:
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        runtime = Runtime(settings)
+        app.state.runtime = runtime
+        # Load the default models in the background: /api/health answers at once, /api/ready turns 200 when warm.
+        threading.Thread(target=runtime.warm_up, name="warm-up", daemon=True).start()
+        yield
+
+    app = FastAPI(
+        title="attnlab",
+        description="Attention maps, interventions (β, masks, perturbations) and their effects for Transformers.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
+    if settings.trusted_hosts != ["*"]:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next):
+        response = await call_next(request)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError):
+        # FastAPI's default echoes the input, which may be NaN/Infinity and then fails to serialise (a 500).
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    @app.exception_handler(Overloaded)
+    async def overloaded(request: Request, exc: Overloaded):
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):  # a bug: log it, never leak a trace
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse({"detail": "internal error (logged on the server)"}, status_code=500)
+
+    @app.get("/static/vendor/plotly.min.js", include_in_schema=False)
+    def plotly_js() -> FileResponse:
+        return FileResponse(plotly_js_path(), media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+
+    app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
+    app.include_router(service.router)
+    app.include_router(text.router)
+    app.include_router(pages.router)
+    return app
+
+
+app = create_app()

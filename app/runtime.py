@@ -1,0 +1,175 @@
+"""The inference runtime: loaded models, a bounded queue in front of them, and a result cache.
+
+One runtime per process. Model runs are serialised (one forward at a time uses every core, or the
+GPU); requests beyond `queue_depth` waiting are refused at once with 503 + Retry-After rather than
+piling up. Forward results are cached by (model, input, interventions, scores?) so slider moves and
+repeated views of the same input skip the model entirely.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+
+import torch
+
+from app.settings import Settings
+from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
+from models.interventions import Intervention
+from models.registry import ModelSpec, build_registry
+
+
+class UnknownModel(KeyError):
+    pass
+
+
+class Overloaded(RuntimeError):
+    """The queue is full or the wait exceeded the time limit; answer 503 with Retry-After."""
+
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ResultCache:
+    """LRU of AttentionResults, bounded by item count and bytes."""
+
+    def __init__(self, max_items: int, max_bytes: int):
+        self.max_items, self.max_bytes = max_items, max_bytes
+        self._items: OrderedDict[tuple, AttentionResult] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key: tuple) -> AttentionResult | None:
+        with self._lock:
+            result = self._items.get(key)
+            if result is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return result
+
+    def put(self, key: tuple, result: AttentionResult) -> None:
+        size = result.nbytes
+        if size > self.max_bytes or self.max_items <= 0:
+            return
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = result
+            self._bytes += size
+            while len(self._items) > self.max_items or self._bytes > self.max_bytes:
+                _, evicted = self._items.popitem(last=False)
+                self._bytes -= evicted.nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+
+class Runtime:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.specs: dict[str, ModelSpec] = build_registry(
+            max_tokens=settings.max_tokens, weights_dir=settings.weights_dir,
+            extra_text=settings.extra_text_models, extra_image=settings.extra_image_models,
+        )
+        self._adapters: dict[str, AttentionAdapter] = {}
+        self.unavailable: dict[str, str] = {}  # model id → why it could not load
+        self._load_lock = threading.Lock()
+        self._run_lock = threading.Lock()  # one forward at a time
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
+        self._encoded: OrderedDict[tuple, Encoded] = OrderedDict()
+        self._encoded_lock = threading.Lock()
+        self.cache = ResultCache(settings.result_cache_items, settings.result_cache_bytes)
+        self.ready = False
+        if settings.torch_threads > 0:
+            torch.set_num_threads(settings.torch_threads)
+
+    # ---- models ------------------------------------------------------------------------------------
+    def adapter(self, model_id: str, kind: str | None = None) -> AttentionAdapter:
+        spec = self.specs.get(model_id)
+        if spec is None or (kind is not None and spec.kind != kind):
+            names = sorted(i for i, s in self.specs.items() if kind is None or s.kind == kind)
+            raise UnknownModel(f"unknown {kind or ''} model {model_id!r}; available: {names}".replace("  ", " "))
+        adapter = self._adapters.get(model_id)
+        if adapter is None:
+            with self._load_lock:
+                adapter = self._adapters.get(model_id)
+                if adapter is None:
+                    adapter = spec.load(self.settings.device)
+                    self._adapters[model_id] = adapter
+        return adapter
+
+    def warm_up(self) -> None:
+        for model_id in self.settings.default_models:
+            self.adapter(model_id)
+        self.ready = True
+
+    def loaded_adapters(self) -> list[AttentionAdapter]:
+        return list(self._adapters.values())
+
+    # ---- admission ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[None]:
+        """Hold the model lock; refuse at once when `queue_depth` requests already wait."""
+        with self._waiting_lock:
+            if self._waiting >= self.settings.queue_depth:
+                raise Overloaded(f"server busy: {self._waiting} requests already waiting (queue_depth)")
+            self._waiting += 1
+        try:
+            acquired = self._run_lock.acquire(timeout=self.settings.request_timeout_s)
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+        if not acquired:
+            raise Overloaded(f"timed out after {self.settings.request_timeout_s:.0f} s waiting for the model")
+        try:
+            yield
+        finally:
+            self._run_lock.release()
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    # ---- runs --------------------------------------------------------------------------------------
+    def encode(self, adapter: AttentionAdapter, input_key: tuple, encode: Callable[[], Encoded]) -> Encoded:
+        """Encoded inputs are cached too; encoding may run the model (a pair's embedding), so it is admitted."""
+        key = (adapter.info.id, input_key)
+        with self._encoded_lock:
+            encoded = self._encoded.get(key)
+            if encoded is not None:
+                self._encoded.move_to_end(key)
+                return encoded
+        with self.admitted():
+            encoded = encode()
+        with self._encoded_lock:
+            self._encoded[key] = encoded
+            while len(self._encoded) > self.settings.result_cache_items:
+                self._encoded.popitem(last=False)
+        return encoded
+
+    def run(
+        self, adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...], record_scores: bool
+    ) -> AttentionResult:
+        key = (adapter.info.id, encoded.key, interventions, record_scores)
+        result = self.cache.get(key)
+        if result is None and not record_scores:  # a run with scores serves one without them
+            result = self.cache.get((adapter.info.id, encoded.key, interventions, True))
+        if result is not None:
+            return result
+        with self.admitted():
+            result = self.cache.get(key)  # another request may have computed it while we waited
+            if result is None:
+                started = time.perf_counter()
+                result = adapter.run(encoded, interventions, record_scores)
+                result.elapsed_s = time.perf_counter() - started  # type: ignore[attr-defined]
+                self.cache.put(key, result)
+        return result

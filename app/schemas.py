@@ -1,0 +1,142 @@
+"""Request and response schemas shared by the text and image routes (API.md)."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from models.interventions import Intervention
+
+NonNegInt = Annotated[int, Field(ge=0)]
+IndexList = Annotated[list[NonNegInt], Field(max_length=4096)]
+
+
+class _Strict(BaseModel):
+    # Python's JSON parser accepts NaN/Infinity: refuse them here so they end in a 422.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class _Scoped(_Strict):
+    layers: IndexList | None = Field(None, description="layers the intervention applies to (null = all)")
+    heads: IndexList | None = Field(None, description="heads the intervention applies to (null = all)")
+
+
+class Temperature(_Scoped):
+    """Set the softmax inverse temperature β (SPEC §2); T = 1/β."""
+
+    op: Literal["temperature"]
+    beta: float = Field(gt=0, le=1e4, description="inverse temperature β, 0 < β ≤ 1e4")
+
+
+class MaskKeys(_Scoped):
+    """M[:, j] = −∞ for the listed key tokens (SPEC §3)."""
+
+    op: Literal["mask_keys"]
+    tokens: IndexList
+
+
+class Causal(_Scoped):
+    """M[i, j] = −∞ for j > i (SPEC §3)."""
+
+    op: Literal["causal"]
+
+
+class AblateHeads(_Scoped):
+    """The scoped heads output zeros before W_O (SPEC §3)."""
+
+    op: Literal["ablate_heads"]
+
+
+class _Perturb(_Scoped):
+    tokens: IndexList | None = Field(None, description="tokens to perturb (null = all)")
+    noise_std: float = Field(0.0, ge=0, le=1e4, description="σ of ε ~ N(0, σ² I_d)")
+    scale: float = Field(1.0, ge=-1e4, le=1e4, description="α in x̂ = α x + ε")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="seeds the generator of ε")
+
+
+class PerturbKeys(_Perturb):
+    """k̂_j = α k_j + ε (SPEC §4): only column j of the scores changes."""
+
+    op: Literal["perturb_keys"]
+
+
+class PerturbQueries(_Perturb):
+    """q̂_i = α q_i + ε (SPEC §4): only row i of the scores changes at that layer."""
+
+    op: Literal["perturb_queries"]
+
+
+InterventionIn = Annotated[
+    Union[Temperature, MaskKeys, Causal, AblateHeads, PerturbKeys, PerturbQueries], Field(discriminator="op")
+]
+
+
+def to_engine(item: InterventionIn) -> Intervention:
+    data = item.model_dump()
+    for name in ("layers", "heads", "tokens"):
+        if data.get(name) is not None:
+            data[name] = tuple(data[name])
+    return Intervention(**data)
+
+
+class AttentionRequestBase(_Strict):
+    layers: IndexList | None = Field(None, description="which layers to return (null = all)")
+    heads: IndexList | None = Field(None, description="which heads to return (null = all)")
+    include_scores: bool = False
+    interventions: Annotated[list[InterventionIn], Field(max_length=256)] = Field(default_factory=list)
+    compare: bool = False
+    samples: int = Field(1, ge=1, le=64)
+    thumbnail_size: int | None = Field(
+        None, ge=2, le=64, description="also return every layer × head pooled to at most n × n (for a model view)"
+    )
+    encoding: Literal["json", "f16"] = Field(
+        "json", description="'f16': attention/scores as base64 little-endian float16 (shape in `shape`)"
+    )
+
+
+class TextAttentionRequest(AttentionRequestBase):
+    model: str = "minilm"
+    text: str = Field(min_length=1, max_length=1_000_000)
+    text_pair: str | None = Field(None, max_length=1_000_000)
+
+
+class ModelInfoOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    kind: str
+    layers: int
+    heads: int
+    head_dim: int
+    native_beta: float
+    output: str
+    source: str
+
+
+class ModelsOut(BaseModel):
+    models: list[ModelInfoOut]
+
+
+class Effect(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    attention_tv: list[list[float]]
+    hidden_cosine: list[float]
+    output: dict[str, Any] = Field(
+        description=(
+            "model-specific: similarity models → embedding_cosine (+ similarity_before/after with text_pair); "
+            "mlm → top-k predictions at each [MASK] before/after and their KL; embedding backbones → cls_cosine; "
+            "classifiers → predictions before/after and kl"
+        )
+    )
+
+
+class AttentionResponse(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str
+    tokens: list[str]
+    truncated: bool
+    layers: list[int]
+    heads: list[int]
+    attention: Any = Field(description="[L][H][T][T] probabilities after interventions (or base64 f16)")
+    scores: Any = None
+    effect: Effect | None = None
+    warnings: list[str]

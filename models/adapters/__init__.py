@@ -1,0 +1,1 @@
+"""Model adapters: one protocol (encode → run with interventions → AttentionResult) per model family."""

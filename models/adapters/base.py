@@ -1,0 +1,119 @@
+"""The adapter protocol shared by text and image models.
+
+An adapter loads one model with the "attnlab" attention function, turns user input into model inputs
+(`encode`), and runs them with interventions (`run`) into an `AttentionResult`: tokens, attention P and
+scores Ŝ for every layer and head, hidden states, and the raw output from which effects are computed.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.hooks import RunScope, map_attention_modules, run_scope
+from models.interventions import Intervention
+
+
+@dataclass
+class ModelInfo:
+    id: str
+    kind: str  # "text" | "image" | "gaussian"
+    layers: int
+    heads: int
+    head_dim: int
+    native_beta: float
+    output: str  # "similarity" | "classes" | "mlm" | "embedding"
+    source: str
+    max_tokens: int | None = None  # text
+    image_size: int | None = None  # image
+    patch_size: int | None = None  # image
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
+class Encoded:
+    """A user's input, ready for the model; `key` identifies it for the result cache."""
+
+    key: tuple
+    tokens: list[str]
+    inputs: dict[str, torch.Tensor]
+    truncated: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # adapter-specific (e.g. a pair's embedding)
+
+
+@dataclass
+class AttentionResult:
+    tokens: list[str]
+    attention: torch.Tensor  # (L, H, T, T) P after interventions, float32 on the CPU
+    scores: torch.Tensor | None  # (L, H, T, T) Ŝ, when recorded
+    hidden_states: torch.Tensor  # (L+1, T, D) embeddings then every layer's output
+    output: dict[str, torch.Tensor]  # raw model output used for effects (embedding, logits, ...)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.attention, self.hidden_states, *self.output.values()]
+        if self.scores is not None:
+            tensors.append(self.scores)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def pick_device(preference: str = "auto") -> torch.device:
+    if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+class AttentionAdapter:
+    """Base class: holds the model, its module → layer map and the forward under a RunScope."""
+
+    info: ModelInfo
+    model: nn.Module
+    device: torch.device
+    layer_of: dict[int, int]
+
+    def _attach(self, model: nn.Module, device: torch.device) -> None:
+        self.model = model.eval().to(device)
+        self.device = device
+        self.layer_of = map_attention_modules(self.model)
+
+    @torch.inference_mode()
+    def _forward(
+        self, inputs: dict[str, torch.Tensor], interventions: tuple[Intervention, ...], record_scores: bool
+    ) -> tuple[Any, RunScope]:
+        scope = RunScope(layer_of=self.layer_of, interventions=interventions, record_scores=record_scores)
+        with run_scope(scope):
+            outputs = self.model(
+                **{k: v.to(self.device) for k, v in inputs.items()}, output_hidden_states=True, return_dict=True
+            )
+        if len(scope.attention) != self.info.layers:
+            raise RuntimeError(f"recorded {len(scope.attention)} attention layers, expected {self.info.layers}")
+        return outputs, scope
+
+    def _result(
+        self, encoded: Encoded, outputs: Any, scope: RunScope, hidden_states: tuple[torch.Tensor, ...],
+        output: dict[str, torch.Tensor],
+    ) -> AttentionResult:
+        layers = range(self.info.layers)
+        attention = torch.stack([scope.attention[l][0] for l in layers]).float().cpu()  # (L, H, T, T)
+        scores = torch.stack([scope.scores[l][0] for l in layers]).float().cpu() if scope.record_scores else None
+        hidden = torch.stack([h[0] for h in hidden_states]).float().cpu()  # (L+1, T, D)
+        return AttentionResult(
+            tokens=encoded.tokens, attention=attention, scores=scores, hidden_states=hidden,
+            output={k: v.detach().float().cpu() for k, v in output.items()}, warnings=list(scope.warnings),
+        )
+
+    # Implemented by each family.
+    def run(self, encoded: Encoded, interventions: tuple[Intervention, ...] = (), record_scores: bool = False) -> AttentionResult:
+        raise NotImplementedError
+
+    def output_summary(self, result: AttentionResult) -> dict[str, Any] | None:
+        """What the model says for one run (e.g. top-5 predictions); None when there's nothing to show."""
+        return None
+
+    def output_effect(self, before: AttentionResult, after: AttentionResult, encoded: Encoded) -> dict[str, Any]:
+        raise NotImplementedError

@@ -1,0 +1,182 @@
+"""Interventions on attention, as pure functions of tensors (SPEC §2–4).
+
+One head at one layer: queries q (T_q × d), keys k (T_k × d), values v (T_k × d_v).
+Raw scores S = q kᵀ (unscaled); P = softmax(β S + M) row-wise, M ∈ {0, −∞}.
+Everything here works on a whole layer at once, vectorised over heads: (B, H, T, d).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+OPS = ("temperature", "mask_keys", "causal", "ablate_heads", "perturb_keys", "perturb_queries")
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """One item of a request's intervention list; `layers`/`heads` None means all."""
+
+    op: str
+    layers: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
+    beta: float | None = None  # temperature
+    tokens: tuple[int, ...] | None = None  # mask_keys (required), perturb_* (None = all tokens)
+    noise_std: float = 0.0  # perturb_*: σ of ε ~ N(0, σ² I_d)
+    scale: float = 1.0  # perturb_*: α in k̂ = α k + ε
+    seed: int = 0  # perturb_*: seeds the generator of ε
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"unknown intervention op {self.op!r}; expected one of {OPS}")
+        if self.op == "temperature" and not (self.beta is not None and math.isfinite(self.beta) and self.beta > 0):
+            raise ValueError(f"temperature needs a finite beta > 0, got {self.beta!r}")
+        if self.op == "mask_keys" and self.tokens is None:
+            raise ValueError("mask_keys needs a list of tokens")
+
+    def applies_to_layer(self, layer: int) -> bool:
+        return self.layers is None or layer in self.layers
+
+    def head_list(self, n_heads: int) -> list[int]:
+        return list(range(n_heads)) if self.heads is None else list(self.heads)
+
+    def with_seed_offset(self, offset: int) -> "Intervention":
+        """The same intervention with its noise seed moved by `offset` (for samples > 1)."""
+        if self.op not in ("perturb_keys", "perturb_queries") or offset == 0:
+            return self
+        return Intervention(**{**self.__dict__, "seed": self.seed + offset})
+
+
+def noise_for(seed: int, layer: int, head: int, n_tokens: int, dim: int, std: float) -> torch.Tensor:
+    """ε for one (layer, head): drawn on the CPU from a generator seeded by (seed, layer, head).
+
+    Same request → same ε on every device and every run; different heads get independent draws.
+    """
+    generator = torch.Generator().manual_seed(hash((seed, layer, head)) & 0x7FFF_FFFF_FFFF_FFFF)
+    return torch.randn(n_tokens, dim, generator=generator, dtype=torch.float32) * std  # (n, d)
+
+
+def perturb_vectors(x: torch.Tensor, iv: Intervention, layer: int) -> torch.Tensor:
+    """x̂_j = α x_j + ε for the scoped heads and tokens. x: (B, H, T, d) → new tensor (B, H, T, d)."""
+    _, n_heads, n_tokens, dim = x.shape
+    tokens = list(range(n_tokens)) if iv.tokens is None else list(iv.tokens)
+    if any(t < 0 or t >= n_tokens for t in tokens):
+        raise ValueError(f"{iv.op}: token index out of range 0..{n_tokens - 1}: {tokens}")
+    if not tokens:
+        return x
+    x = x.clone()
+    idx = torch.tensor(tokens, device=x.device)
+    for head in iv.head_list(n_heads):
+        eps = noise_for(iv.seed, layer, head, len(tokens), dim, iv.noise_std).to(x.device, x.dtype)  # (n, d)
+        x[:, head, idx, :] = iv.scale * x[:, head, idx, :] + eps
+    return x
+
+
+@dataclass
+class LayerPlan:
+    """What the interventions ask of one layer, gathered once before the scores are formed."""
+
+    beta: torch.Tensor  # (H,) inverse temperature per head
+    key_mask: torch.Tensor  # (H, T_k) bool, True = masked key
+    causal: torch.Tensor  # (H,) bool
+    ablate: torch.Tensor  # (H,) bool
+    key_perturbations: list[Intervention] = field(default_factory=list)
+    query_perturbations: list[Intervention] = field(default_factory=list)
+
+
+def plan_layer(
+    interventions: tuple[Intervention, ...], layer: int, n_heads: int, n_keys: int, native_beta: float
+) -> LayerPlan:
+    plan = LayerPlan(
+        beta=torch.full((n_heads,), float(native_beta)),
+        key_mask=torch.zeros(n_heads, n_keys, dtype=torch.bool),
+        causal=torch.zeros(n_heads, dtype=torch.bool),
+        ablate=torch.zeros(n_heads, dtype=torch.bool),
+    )
+    for iv in interventions:
+        if not iv.applies_to_layer(layer):
+            continue
+        heads = iv.head_list(n_heads)
+        if any(h < 0 or h >= n_heads for h in heads):
+            raise ValueError(f"{iv.op}: head index out of range 0..{n_heads - 1}: {heads}")
+        if iv.op == "temperature":
+            plan.beta[heads] = float(iv.beta)  # later items override earlier ones
+        elif iv.op == "mask_keys":
+            tokens = list(iv.tokens or ())
+            if any(t < 0 or t >= n_keys for t in tokens):
+                raise ValueError(f"mask_keys: token index out of range 0..{n_keys - 1}: {tokens}")
+            for h in heads:
+                plan.key_mask[h, tokens] = True
+        elif iv.op == "causal":
+            plan.causal[heads] = True
+        elif iv.op == "ablate_heads":
+            plan.ablate[heads] = True
+        elif iv.op == "perturb_keys":
+            plan.key_perturbations.append(iv)
+        elif iv.op == "perturb_queries":
+            plan.query_perturbations.append(iv)
+    return plan
+
+
+def masked_softmax(logits: torch.Tensor, blocked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row softmax with −∞ at `blocked`; a row with every key blocked is all zeros (never NaN).
+
+    logits: (..., T_q, T_k); blocked: bool, broadcastable. Returns (P, dead_rows (..., T_q) bool).
+    """
+    blocked = blocked.expand_as(logits)
+    dead_rows = blocked.all(dim=-1)  # (..., T_q)
+    probs = torch.softmax(logits.masked_fill(blocked, float("-inf")), dim=-1)
+    probs = probs.masked_fill(dead_rows.unsqueeze(-1), 0.0)
+    return probs, dead_rows
+
+
+def intervened_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    allowed: torch.Tensor | None,
+    *,
+    layer: int,
+    native_beta: float,
+    interventions: tuple[Intervention, ...] = (),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One attention layer with the interventions applied.
+
+    query: (B, H, T_q, d), key: (B, H, T_k, d), value: (B, H, T_k, d_v);
+    allowed: the model's own mask, bool broadcastable to (B, H, T_q, T_k), True = may attend (None = all).
+    Returns (head outputs H = P V (B, H, T_q, d_v), P (B, H, T_q, T_k), Ŝ (B, H, T_q, T_k), dead rows (B, H, T_q)).
+    """
+    _, n_heads, n_queries, _ = query.shape
+    n_keys = key.shape[2]
+    plan = plan_layer(interventions, layer, n_heads, n_keys, native_beta)
+    for iv in plan.key_perturbations:
+        key = perturb_vectors(key, iv, layer)
+    for iv in plan.query_perturbations:
+        query = perturb_vectors(query, iv, layer)
+
+    scores = torch.matmul(query, key.transpose(-1, -2))  # (B, H, T_q, T_k) Ŝ, unscaled
+    device = scores.device
+    blocked = plan.key_mask.to(device)[None, :, None, :]  # (1, H, 1, T_k)
+    if bool(plan.causal.any()):
+        future = torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).triu(1)  # (T_q, T_k)
+        blocked = blocked | (plan.causal.to(device)[None, :, None, None] & future)  # (1, H, T_q, T_k)
+    if allowed is not None:
+        blocked = blocked | ~allowed
+    beta = plan.beta.to(device, scores.dtype)[None, :, None, None]  # (1, H, 1, 1)
+    probs, dead_rows = masked_softmax(beta * scores, blocked)  # (B, H, T_q, T_k)
+    output = torch.matmul(probs.to(value.dtype), value)  # (B, H, T_q, d_v)
+    if bool(plan.ablate.any()):
+        output = output.masked_fill(plan.ablate.to(device)[None, :, None, None], 0.0)
+    return output, probs, scores, dead_rows
+
+
+def softmax_jacobian(scores: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
+    """∂P/∂s for one row: β (diag(p) − p pᵀ). scores: (n,) → (n, n)."""
+    p = torch.softmax(beta * scores, dim=-1)  # (n,)
+    return beta * (torch.diag(p) - torch.outer(p, p))
+
+
+def row_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """−Σ_j P log P per row (0 log 0 = 0). probs: (..., T_k) → (...)."""
+    return -(probs * torch.log(probs.clamp_min(1e-30))).sum(dim=-1)

@@ -1,0 +1,54 @@
+// One fetch client for every page: JSON in/out, stale requests on a channel are aborted.
+const inflight = new Map();
+
+export class ApiError extends Error {
+  constructor(status, detail) {
+    super(formatDetail(status, detail));
+    this.status = status;
+    this.detail = detail;
+  }
+}
+
+function formatDetail(status, detail) {
+  if (Array.isArray(detail)) {
+    return detail.map((d) => `${(d.loc || []).filter((x) => x !== "body").join(".")}: ${d.msg}`).join("; ");
+  }
+  return `${status}: ${typeof detail === "string" ? detail : JSON.stringify(detail)}`;
+}
+
+// POST JSON; a newer call on the same channel aborts the older one (its promise rejects with AbortError).
+export async function postJSON(url, body, { channel = url } = {}) {
+  inflight.get(channel)?.abort();
+  const controller = new AbortController();
+  inflight.set(channel, controller);
+  try {
+    const response = await fetch(url, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+      signal: controller.signal,
+    });
+    const payload = await response.json().catch(() => ({ detail: response.statusText }));
+    if (!response.ok) throw new ApiError(response.status, payload.detail);
+    return payload;
+  } finally {
+    if (inflight.get(channel) === controller) inflight.delete(channel);
+  }
+}
+
+export async function getJSON(url) {
+  const response = await fetch(url);
+  const payload = await response.json().catch(() => ({ detail: response.statusText }));
+  if (!response.ok) throw new ApiError(response.status, payload.detail);
+  return payload;
+}
+
+export const isAbort = (err) => err && err.name === "AbortError";
+
+// Status line in the top bar.
+export function setStatus(message, { error = false } = {}) {
+  const el = document.getElementById("status");
+  if (!el) return;
+  el.textContent = message;
+  el.classList.toggle("error", error);
+}

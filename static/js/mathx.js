@@ -1,0 +1,59 @@
+// Small numeric helpers shared by the views (SPEC §2).
+
+// Row softmax of β·s with masked entries at −∞; an all-masked row is all zeros (never NaN).
+export function softmaxRow(scores, beta, masked = null) {
+  let max = -Infinity;
+  for (let j = 0; j < scores.length; j++) {
+    if (masked && masked[j]) continue;
+    const v = beta * scores[j];
+    if (v > max) max = v;
+  }
+  const out = new Array(scores.length).fill(0);
+  if (max === -Infinity) return out;
+  let sum = 0;
+  for (let j = 0; j < scores.length; j++) {
+    if (masked && masked[j]) continue;
+    out[j] = Math.exp(beta * scores[j] - max);
+    sum += out[j];
+  }
+  for (let j = 0; j < out.length; j++) out[j] /= sum;
+  return out;
+}
+
+export function softmaxMatrix(scores, beta, masked = null) {
+  return scores.map((row) => softmaxRow(row, beta, masked));
+}
+
+export function entropy(row) {
+  let h = 0;
+  for (const p of row) if (p > 0) h -= p * Math.log(p);
+  return h;
+}
+
+// Decode a tensor field: nested lists pass through; {"dtype":"float16","shape","data"} is unpacked.
+export function decodeTensor(field) {
+  if (!field || Array.isArray(field)) return field;
+  const bytes = Uint8Array.from(atob(field.data), (c) => c.charCodeAt(0));
+  const halves = new Uint16Array(bytes.buffer);
+  const flat = Array.from(halves, halfToFloat);
+  return reshape(flat, field.shape);
+}
+
+function halfToFloat(h) {
+  const s = h & 0x8000 ? -1 : 1;
+  const e = (h >> 10) & 0x1f;
+  const f = h & 0x3ff;
+  if (e === 0) return s * 2 ** -14 * (f / 1024);
+  if (e === 31) return f ? NaN : s * Infinity;
+  return s * 2 ** (e - 15) * (1 + f / 1024);
+}
+
+function reshape(flat, shape) {
+  if (shape.length === 1) return flat;
+  const step = shape.slice(1).reduce((a, b) => a * b, 1);
+  const out = [];
+  for (let i = 0; i < shape[0]; i++) out.push(reshape(flat.slice(i * step, (i + 1) * step), shape.slice(1)));
+  return out;
+}
+
+export const fmt = (x, digits = 4) => (x === null || x === undefined ? "–" : Number(x).toPrecision(digits));

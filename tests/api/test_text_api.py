@@ -1,0 +1,188 @@
+"""POST /api/text/attention and the service endpoints, on tiny random-weight BERTs (API.md)."""
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+
+import numpy as np
+import pytest
+
+SENTENCE = "the cat sat on the mat because it was tired ."
+
+
+def post(client, **body):
+    body.setdefault("model", "tiny")
+    body.setdefault("text", SENTENCE)
+    return client.post("/api/text/attention", json=body)
+
+
+def test_health_ready_models(client):
+    assert client.get("/api/health").json() == {"status": "ok"}
+    assert client.get("/api/ready").status_code == 200
+    models = {m["id"]: m for m in client.get("/api/models").json()["models"]}
+    tiny = models["tiny"]
+    assert (tiny["kind"], tiny["layers"], tiny["heads"], tiny["head_dim"], tiny["output"]) == ("text", 2, 4, 8, "embedding")
+    assert tiny["native_beta"] == pytest.approx(8**-0.5)
+    assert tiny["max_tokens"] == 64
+    assert models["tiny-mlm"]["output"] == "mlm"
+
+
+def test_full_response_shapes_and_rows(client):
+    r = post(client, include_scores=True)
+    assert r.status_code == 200
+    data = r.json()
+    T = len(data["tokens"])
+    assert data["tokens"][0] == "[CLS]" and data["tokens"][-1] == "[SEP]"
+    assert data["layers"] == [0, 1] and data["heads"] == [0, 1, 2, 3] and data["truncated"] is False
+    att = np.array(data["attention"])
+    assert att.shape == (2, 4, T, T)
+    assert np.allclose(att.sum(-1), 1, atol=1e-6)
+    assert np.array(data["scores"]).shape == (2, 4, T, T)
+    assert data["effect"] is None and data["warnings"] == []
+
+
+def test_slices(client):
+    full = np.array(post(client).json()["attention"])
+    part = post(client, layers=[1], heads=[3, 0]).json()
+    assert part["layers"] == [1] and part["heads"] == [3, 0]
+    assert np.allclose(np.array(part["attention"])[0], full[1, [3, 0]], atol=1e-7)
+
+
+def test_scores_reproduce_attention_at_native_beta(client):
+    data = post(client, include_scores=True, layers=[0], heads=[1]).json()
+    s = np.array(data["scores"][0][0], dtype=np.float64)
+    p = np.exp(data["native_beta"] * s - (data["native_beta"] * s).max(-1, keepdims=True))
+    assert np.allclose(p / p.sum(-1, keepdims=True), data["attention"][0][0], atol=1e-6)
+
+
+def test_compare_effect_and_scoped_beta(client):
+    ivs = [{"op": "temperature", "beta": 5.0, "layers": [1], "heads": [2]}]
+    data = post(client, interventions=ivs, compare=True).json()
+    effect = data["effect"]
+    tv = np.array(effect["attention_tv"])
+    assert tv.shape == (2, 4)
+    assert tv[0].max() == 0 and tv[1, 2] > 0 and tv[1, [0, 1, 3]].max() == 0
+    assert len(effect["hidden_cosine"]) == 3  # embeddings + 2 layers
+    assert effect["hidden_cosine"][:2] == pytest.approx([1.0, 1.0], abs=1e-6)
+    assert effect["output"]["kind"] == "embedding" and effect["output"]["cls_cosine"] < 1
+
+
+def test_key_perturbation_through_the_api_keeps_row_ratios(client):
+    j = 4
+    base = post(client, include_scores=True, layers=[0]).json()
+    iv = {"op": "perturb_keys", "tokens": [j], "noise_std": 1.0, "scale": 1.5, "seed": 3, "layers": [0]}
+    pert = post(client, include_scores=True, layers=[0], interventions=[iv]).json()
+    s0, s1 = np.array(base["scores"]), np.array(pert["scores"])
+    others = [c for c in range(s0.shape[-1]) if c != j]
+    assert np.allclose(s0[..., others], s1[..., others], atol=1e-5) and not np.allclose(s0[..., j], s1[..., j])
+    ratio = np.array(pert["attention"])[..., others] / np.array(base["attention"])[..., others]
+    assert np.allclose(ratio, ratio[..., :1], rtol=1e-4)
+    assert post(client, layers=[0], interventions=[iv]).json()["attention"] == pert["attention"]  # seeded
+
+
+def test_samples_report_mean_and_spread(client):
+    iv = {"op": "perturb_keys", "noise_std": 2.0, "seed": 0}
+    data = post(client, interventions=[iv], compare=True, samples=4).json()
+    effect = data["effect"]
+    assert effect["samples"] == 4
+    assert len(effect["hidden_cosine_std"]) == 3 and max(effect["hidden_cosine_std"]) > 0
+    assert "cls_cosine_std" in effect["output"]
+    one = post(client, interventions=[iv], compare=True).json()
+    assert data["attention"] == one["attention"]  # attention is the first sample's
+
+
+def test_all_masked_keys_warn_and_stay_finite(client):
+    T = len(post(client).json()["tokens"])
+    data = post(client, interventions=[{"op": "mask_keys", "tokens": list(range(T)), "layers": [0], "heads": [1]}]).json()
+    att = np.array(data["attention"])
+    assert np.all(att[0, 1] == 0) and np.isfinite(att).all()
+    assert any("every key masked" in w for w in data["warnings"])
+
+
+def test_mlm_output(client):
+    data = post(client, model="tiny-mlm", text="the cat [MASK] on the mat",
+                interventions=[{"op": "ablate_heads", "layers": [0]}], compare=True).json()
+    assert data["output"]["masks"][0]["position"] == 3
+    out = data["effect"]["output"]
+    assert out["kind"] == "mlm" and len(out["before"][0]["top"]) == 5 and out["kl"][0] >= 0
+
+
+def test_f16_encoding_matches_json(client):
+    js = np.array(post(client, layers=[0], heads=[0]).json()["attention"])
+    f16 = post(client, layers=[0], heads=[0], encoding="f16").json()["attention"]
+    arr = np.frombuffer(base64.b64decode(f16["data"]), dtype="<f2").reshape(f16["shape"])
+    assert arr.shape == js.shape and np.allclose(arr, js, atol=1e-3)
+
+
+def test_truncation_flagged(client):
+    data = post(client, text=" ".join(["cat"] * 300), layers=[0], heads=[0]).json()
+    assert data["truncated"] is True and len(data["tokens"]) == 64
+    assert any("truncated" in w for w in data["warnings"])
+
+
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ({"interventions": [{"op": "temperature", "beta": 0}]}, "beta"),
+        ({"interventions": [{"op": "temperature", "beta": 1e5}]}, "beta"),
+        ({"interventions": [{"op": "sharpen"}]}, "interventions"),
+        ({"interventions": [{"op": "mask_keys", "tokens": [999]}]}, "tokens"),
+        ({"interventions": [{"op": "mask_keys", "tokens": [-1]}]}, "tokens"),
+        ({"interventions": [{"op": "causal", "layers": [2]}]}, "layers"),
+        ({"interventions": [{"op": "ablate_heads", "heads": [4]}]}, "heads"),
+        ({"interventions": [{"op": "perturb_keys", "noise_std": -1}]}, "noise_std"),
+        ({"layers": [5]}, "layers"),
+        ({"heads": [9]}, "heads"),
+        ({"text": ""}, "text"),
+        ({"text": "   "}, "text"),
+        ({"text": "x" * 2001}, "text"),
+        ({"model": "../../etc/passwd"}, "model"),
+        ({"samples": 0}, "samples"),
+        ({"unknown_field": 1}, "unknown_field"),
+    ],
+)
+def test_bad_input_is_422_naming_the_field(client, body, field):
+    r = post(client, **body)
+    assert r.status_code == 422, r.text
+    assert field in r.text
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_json_literals_are_422(client, literal):
+    raw = '{"model": "tiny", "text": "the cat", "interventions": [{"op": "temperature", "beta": %s}]}' % literal
+    r = client.post("/api/text/attention", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "beta" in r.text
+
+
+def test_malformed_json_is_4xx(client):
+    r = client.post("/api/text/attention", content="{not json", headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500
+
+
+def test_response_over_the_cap_is_413_naming_it(client):
+    long_text = " ".join(["cat"] * 60)
+    r = post(client, text=long_text, include_scores=True)  # 2 × 2 × 4 × 62² > 20,000
+    assert r.status_code == 413 and "max_response_numbers" in r.json()["detail"]
+    assert post(client, text=long_text, layers=[0], heads=[0]).status_code == 200
+
+
+def test_concurrent_requests_are_isolated(client):
+    bodies = {
+        "hot": {"interventions": [{"op": "temperature", "beta": 80}]},
+        "masked": {"interventions": [{"op": "mask_keys", "tokens": [1, 2, 3]}]},
+        "plain": {},
+    }
+    expected = {k: post(client, **dict(b)).json()["attention"] for k, b in bodies.items()}
+    jobs = [k for k in bodies for _ in range(6)]
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda k: (k, post(client, **dict(bodies[k]), text=SENTENCE + " ").json()), jobs))
+    # a different text (trailing space is stripped by the tokenizer but is a new cache key) forces real runs
+    for name, data in results:
+        assert data["attention"] == expected[name], name
+
+
+def test_security_headers_on_pages(client):
+    r = client.get("/")
+    assert r.status_code == 200
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert "default-src 'self'" in r.headers["content-security-policy"]

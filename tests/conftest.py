@@ -1,0 +1,43 @@
+"""Fixtures shared by every test layer: tiny random-weight BERTs built here, and app clients."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+WORDS = "the a cat dog sat on mat rug it was tired because street animal cross did not ran sleep".split()
+
+
+def build_tiny_bert(folder: Path, *, masked_lm: bool = False, seed: int = 0) -> Path:
+    """A 2-layer, 4-head random BERT with a real WordPiece tokenizer, saved like a hub checkpoint."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM, BertModel, BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", *WORDS]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    tokenizer.save_pretrained(folder)
+    config = BertConfig(
+        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(seed)
+    model = (BertForMaskedLM if masked_lm else BertModel)(config)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_mlm(tmp_path_factory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-mlm"), masked_lm=True, seed=1)

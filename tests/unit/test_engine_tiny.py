@@ -1,0 +1,110 @@
+"""The hooked attention inside a real (tiny, random-weight) BERT: parity, padding, scoping, isolation."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from models.adapters.bert import BertAdapter
+from models.effects import attention_tv, hidden_cosine
+from models.interventions import Intervention
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_bert):
+    return BertAdapter("tiny", str(tiny_bert), max_tokens=64, device="cpu")
+
+
+def test_parity_with_eager_attention(adapter, tiny_bert):
+    encoded = adapter.encode("the cat sat on the mat because it was tired .")
+    result = adapter.run(encoded)
+    eager = AutoModel.from_pretrained(tiny_bert, attn_implementation="eager").eval()
+    with torch.no_grad():
+        ref = eager(**encoded.inputs, output_attentions=True, output_hidden_states=True)
+    assert torch.allclose(result.attention, torch.stack([a[0] for a in ref.attentions]), atol=1e-6)
+    assert torch.allclose(result.hidden_states, torch.stack([h[0] for h in ref.hidden_states]), atol=1e-5)
+
+
+def test_padding_mask_reaches_the_attention_function(adapter, tiny_bert):
+    """A padded batch must give the same attention for the short sentence as running it alone."""
+    from models.hooks import RunScope, run_scope
+
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    batch = tok(["the cat sat", "the dog ran on the rug because it was tired"], padding=True, return_tensors="pt")
+    scope = RunScope(layer_of=adapter.layer_of)
+    with torch.no_grad(), run_scope(scope):
+        adapter.model(**batch)
+    n = int(batch["attention_mask"][0].sum())
+    padded = scope.attention[0][0]  # (H, T, T)
+    assert torch.all(padded[:, :, n:] == 0), "padding keys received attention: the mask function is missing"
+    alone = adapter.run(adapter.encode("the cat sat")).attention[0]
+    assert torch.allclose(padded[:, :n, :n], alone, atol=1e-6)
+
+
+def test_scoped_beta_reruns_later_layers_only(adapter):
+    encoded = adapter.encode("the animal did not cross the street because it was tired")
+    base = adapter.run(encoded)
+    run = adapter.run(encoded, (Intervention("temperature", beta=3.0, layers=(1,), heads=(2,)),))
+    tv = attention_tv(run.attention, base.attention)  # (L, H)
+    assert float(tv[0].abs().max()) == 0.0  # layer 0 is upstream: unchanged
+    assert float(tv[1, 2]) > 1e-3 and float(tv[1, [0, 1, 3]].max()) == 0.0
+    cos = hidden_cosine(run.hidden_states, base.hidden_states)
+    assert torch.allclose(cos[:2], torch.ones(2, dtype=cos.dtype), atol=1e-6)  # embeddings + layer 0 output
+    assert float(cos[2]) < 1.0  # layer 1's output moved
+    assert torch.equal(run.hidden_states[:2], base.hidden_states[:2])
+    assert float((run.hidden_states[2] - base.hidden_states[2]).abs().max()) > 1e-4
+
+
+def test_query_perturbation_moves_later_layers_through_the_residual_stream(adapter):
+    encoded = adapter.encode("the cat sat on the mat")
+    base = adapter.run(encoded)
+    run = adapter.run(encoded, (Intervention("perturb_queries", layers=(0,), tokens=(3,), noise_std=2.0, seed=1),))
+    changed_rows = (run.attention[0] - base.attention[0]).abs().amax(dim=(0, 2)) > 0  # (T,)
+    assert changed_rows.tolist() == [i == 3 for i in range(len(encoded.tokens))]
+    assert float(attention_tv(run.attention, base.attention)[1].max()) > 0  # layer 1 sees it
+
+
+def test_concurrent_runs_never_see_each_others_interventions(adapter):
+    encoded = adapter.encode("the dog ran on the rug")
+    plans = {
+        "hot": (Intervention("temperature", beta=50.0),),
+        "cold": (Intervention("temperature", beta=1e-4),),
+        "masked": (Intervention("mask_keys", tokens=(1, 2)),),
+        "none": (),
+    }
+    expected = {name: adapter.run(encoded, ivs).attention for name, ivs in plans.items()}
+    failures = []
+
+    def worker(name):
+        for _ in range(15):
+            got = adapter.run(encoded, plans[name]).attention
+            if not torch.equal(got, expected[name]):
+                failures.append(name)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in plans for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
+def test_masked_lm_reports_mask_predictions(tiny_mlm):
+    adapter = BertAdapter("tiny-mlm", str(tiny_mlm), device="cpu")
+    assert adapter.info.output == "mlm"
+    encoded = adapter.encode("the cat [MASK] on the mat")
+    before = adapter.run(encoded)
+    after = adapter.run(encoded, (Intervention("ablate_heads", layers=(0, 1)),))
+    summary = adapter.output_summary(before)
+    assert [m["position"] for m in summary["masks"]] == [3]
+    assert len(summary["masks"][0]["top"]) == 5
+    effect = adapter.output_effect(before, after, encoded)
+    assert effect["kind"] == "mlm" and effect["kl"][0] > 0
+
+
+def test_truncation_is_flagged(adapter):
+    encoded = adapter.encode(" ".join(["cat"] * 200))
+    assert encoded.truncated and len(encoded.tokens) == 64
+    assert not adapter.encode("the cat").truncated

@@ -1,48 +1,44 @@
-// The text page: sentence → every layer and head, β slider, key masks, effects.
+// The text page: sentence → every layer and head, β slider, masks, ablation, perturbations, effects,
+// head summaries, the softmax panel, export and a shareable URL (the laboratory, SPEC §2–6).
 import { getJSON, isAbort, postJSON, setStatus } from "./api.js";
-import { decodeTensor, entropy, fmt, softmaxMatrix } from "./mathx.js";
+import { decodeTensor, entropy, fmt, softmaxRow } from "./mathx.js";
 import { drawEffect } from "./views/effects.js";
 import { drawHeadView } from "./views/headview.js";
-import { drawHeatmap } from "./views/heatmap.js";
+import { drawHeatmap, tokenLabels } from "./views/heatmap.js";
 import { drawModelView } from "./views/modelview.js";
+import { downloadJSON, downloadPNG, installPngButtons } from "./lab/export.js";
+import { betaIsNative as labBetaIsNative, betaOf, buildInterventions, createLab, renderActiveList, wire } from "./lab/interventions.js";
+import { mountMaskPanel } from "./lab/masks.js";
+import { mountPerturbPanel } from "./lab/perturb.js";
+import { mountSoftmaxPanel } from "./lab/softmax.js";
+import { drawSummaries } from "./lab/summaries.js";
+import { intParam, labToParams, paramsToLab, readHash, writeHash } from "./lab/urlstate.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
 const $ = (id) => document.getElementById(id);
 const THUMB = 24;
+const PLOT = { responsive: true, displaylogo: false };
 
-// The page state; `view` holds what the server last returned for the selected head.
+// The page state: the selection, the laboratory's interventions (lab), and what the server returned.
+const lab = createLab();
 const state = {
   model: config.model,
   info: null, // ModelInfo of the selected model
   layer: 0,
   head: 0,
-  logBetaRatio: 0, // slider value: log10(β / β₀)
-  scope: "head",
-  mode: "run",
-  masked: new Set(), // key tokens masked (mask_keys)
-  view: null, // {tokens, attention (T×T), scores (T×T), entropy, effect, warnings}
+  query: 0, // query row shown in the softmax panel
+  view: null, // {tokens, attention (T×T), scores (T×T), base (T×T, without interventions), response, request}
   thumbs: null,
 };
 
-const beta = () => state.info.native_beta * 10 ** state.logBetaRatio;
-const betaIsNative = () => Math.abs(state.logBetaRatio) < 1e-9;
-
-function scopeFields() {
-  if (state.scope === "all") return { layers: null, heads: null };
-  if (state.scope === "layer") return { layers: [state.layer], heads: null };
-  return { layers: [state.layer], heads: [state.head] };
-}
-
-// Interventions the server should apply (view-mode β is done in the browser instead).
-function interventions() {
-  const list = [];
-  if (!betaIsNative() && state.mode === "run") list.push({ op: "temperature", beta: beta(), ...scopeFields() });
-  if (state.masked.size) list.push({ op: "mask_keys", tokens: [...state.masked].sort((a, b) => a - b), ...scopeFields() });
-  return list;
-}
+const ctx = () => ({ layer: state.layer, head: state.head, nativeBeta: state.info.native_beta });
+const beta = () => betaOf(lab, state.info.native_beta);
+const betaIsNative = () => labBetaIsNative(lab);
+const interventions = () => buildInterventions(lab, ctx());
+const samples = () => (lab.perturb.on ? lab.perturb.samples : 1);
 
 function request({ thumbnails = false } = {}) {
-  const ivs = interventions();
+  const ivs = wire(interventions());
   const pair = $("pair-input").value.trim();
   return {
     model: state.model,
@@ -53,39 +49,51 @@ function request({ thumbnails = false } = {}) {
     include_scores: true,
     interventions: ivs,
     compare: ivs.length > 0,
+    samples: ivs.length > 0 ? samples() : 1,
     thumbnail_size: thumbnails ? THUMB : null,
   };
 }
 
+let loadSeq = 0;
 async function load({ thumbnails = true } = {}) {
   const started = performance.now();
+  const seq = ++loadSeq;
   setStatus("running…");
   try {
-    const r = await postJSON("/api/text/attention", request({ thumbnails }), { channel: "text" });
+    const body = request({ thumbnails });
+    const r = await postJSON("/api/text/attention", body, { channel: "text" });
+    // P before: the same slice without interventions (the server caches the forward pass of the compare).
+    let base = null;
+    if (body.interventions.length) {
+      const b = await postJSON("/api/text/attention", { ...body, interventions: [], compare: false, samples: 1, include_scores: false, thumbnail_size: null }, { channel: "text-base" });
+      base = decodeTensor(b.attention)[0][0];
+    }
+    if (seq !== loadSeq) return; // a newer load started meanwhile
+    const attention = decodeTensor(r.attention)[0][0];
     state.view = {
-      tokens: r.tokens,
-      attention: decodeTensor(r.attention)[0][0],
-      scores: decodeTensor(r.scores)[0][0],
-      entropy: r.entropy,
-      effect: r.effect,
-      warnings: r.warnings,
-      truncated: r.truncated,
-      response: r,
+      tokens: r.tokens, attention, scores: decodeTensor(r.scores)[0][0], base: base ?? attention,
+      response: r, request: body,
     };
     if (r.thumbnails) state.thumbs = decodeTensor(r.thumbnails);
+    state.query = Math.min(state.query, r.tokens.length - 1);
     render();
+    writeUrl();
     setStatus(`${r.tokens.length} tokens${r.truncated ? " (truncated)" : ""} · ${Math.round(performance.now() - started)} ms`);
   } catch (err) {
     if (!isAbort(err)) setStatus(err.message, { error: true });
   }
 }
 
+// Which keys the browser masks for query row i when it re-normalises in view mode.
+function maskedRow(i, n) {
+  return Array.from({ length: n }, (_, j) => lab.masks.tokens.has(j) || (lab.causal.on && j > i));
+}
+
 // The shown head's attention: from the server, or re-normalised here in view mode (SPEC §2).
 function shownAttention() {
   const v = state.view;
-  if (state.mode === "view" && !betaIsNative()) {
-    const masked = v.tokens.map((_, j) => state.masked.has(j));
-    return softmaxMatrix(v.scores, beta(), masked);
+  if (lab.beta.mode === "view" && !betaIsNative()) {
+    return v.scores.map((row, i) => softmaxRow(row, beta(), maskedRow(i, row.length)));
   }
   return v.attention;
 }
@@ -93,42 +101,107 @@ function shownAttention() {
 function render() {
   renderHead();
   renderTokens();
+  masksPanel.update();
+  perturbPanel.setTokens(state.view.tokens);
   if (state.thumbs) {
     drawModelView($("modelview"), state.thumbs, {
-      layer: state.layer, head: state.head, entropy: state.view.entropy, onSelect: selectHead,
+      layer: state.layer, head: state.head, entropy: state.view.response.entropy, onSelect: selectHead,
     });
   }
   drawEffect({ outputEl: $("output-effect"), hiddenEl: $("hidden-cosine-plot"), tvEl: $("tv-plot"), warningsEl: $("warnings") },
     state.view.response);
+  renderSummaries();
   renderInterventionList();
+}
+
+function renderSummaries() {
+  const r = state.view.response;
+  drawSummaries({ entropyEl: $("summary-entropy"), distanceEl: $("summary-distance"), tableEl: $("summary-table") }, {
+    entropy: r.entropy, distance: r.mean_distance ?? null, distanceUnit: "tokens",
+    layer: state.layer, head: state.head, onSelect: selectHead,
+  });
 }
 
 // Everything that depends on the shown head only: cheap, redrawn on every slider move.
 function renderHead() {
   const v = state.view;
   const P = shownAttention();
-  const label = `layer ${state.layer}, head ${state.head} · β = ${fmt(beta())}`;
-  $("heatmap-title").textContent = label;
+  $("heatmap-title").textContent = `layer ${state.layer}, head ${state.head} · β = ${fmt(beta())}`;
   drawHeatmap($("heatmap"), P, v.tokens, { zmax: 1 });
-  drawHeadView($("headview"), P, v.tokens, { masked: state.masked, onToggleKey: toggleMask });
+  drawHeadView($("headview"), P, v.tokens, { masked: lab.masks.tokens, onToggleKey: toggleMask });
   const rowEntropy = P.map(entropy);
+  const labels = tokenLabels(v.tokens);
   Plotly.react($("entropy-plot"), [
-    { type: "bar", x: v.tokens.map((t, i) => `${i}:${t}`), y: rowEntropy, name: "row entropy", marker: { color: "#3b5bdb" } },
-    { type: "scatter", mode: "lines", x: [`0:${v.tokens[0]}`, `${v.tokens.length - 1}:${v.tokens.at(-1)}`],
+    { type: "bar", x: labels, y: rowEntropy, name: "row entropy", marker: { color: "#3b5bdb" } },
+    { type: "scatter", mode: "lines", x: [labels[0], labels.at(-1)],
       y: [Math.log(v.tokens.length), Math.log(v.tokens.length)], name: "log n (uniform)", line: { dash: "dot", color: "#999" } },
   ], {
     margin: { l: 40, r: 10, t: 10, b: 60 }, showlegend: true, legend: { orientation: "h", y: 1.12 },
     xaxis: { type: "category", tickangle: -60, showticklabels: v.tokens.length <= 40 }, yaxis: { title: { text: "nats" }, rangemode: "tozero" },
-  }, { responsive: true, displaylogo: false });
+  }, PLOT);
+  renderDiff(P);
+  renderEffectSummary(P);
+  softmaxPanel.update({
+    tokens: v.tokens, scores: v.scores, beta: beta(), query: state.query,
+    masked: maskedRow(state.query, v.tokens.length),
+  });
+}
+
+// P̂ − P at the selected head (SPEC §4): after the interventions minus the same input without them.
+function renderDiff(P) {
+  const v = state.view;
+  const active = v.request.interventions.length > 0 || (lab.beta.mode === "view" && !betaIsNative());
+  if (!active) {
+    $("diff-heatmap").dataset.maxAbs = "0";
+    Plotly.react($("diff-heatmap"), [], {
+      title: { text: `P̂ − P at layer ${state.layer}, head ${state.head}`, font: { size: 13 } },
+      margin: { l: 40, r: 10, t: 30, b: 30 }, xaxis: { visible: false }, yaxis: { visible: false },
+      annotations: [{ text: "no interventions active: P̂ = P", showarrow: false, font: { color: "#667085" } }],
+    }, PLOT);
+    return;
+  }
+  const diff = P.map((row, i) => row.map((p, j) => p - v.base[i][j]));
+  const maxAbs = Math.max(1e-9, ...diff.flat().map(Math.abs));
+  const labels = tokenLabels(v.tokens);
+  const dense = v.tokens.length > 40;
+  Plotly.react($("diff-heatmap"), [{
+    type: "heatmap", z: diff, x: labels, y: labels, colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -maxAbs, zmax: maxAbs,
+    hovertemplate: "query %{y}<br>key %{x}<br>P̂ − P = %{z:.5f}<extra></extra>", colorbar: { thickness: 12 },
+  }], {
+    title: { text: `P̂ − P at layer ${state.layer}, head ${state.head}  (max |Δ| = ${fmt(maxAbs === 1e-9 ? 0 : maxAbs, 3)})`, font: { size: 13 } },
+    margin: { l: dense ? 40 : 90, r: 10, t: 30, b: dense ? 40 : 90 },
+    xaxis: { title: { text: "key" }, tickangle: -60, type: "category", showticklabels: !dense },
+    yaxis: { title: { text: "query" }, autorange: "reversed", type: "category", showticklabels: !dense },
+  }, PLOT);
+  $("diff-heatmap").dataset.maxAbs = String(maxAbs === 1e-9 ? 0 : maxAbs);
+}
+
+function renderEffectSummary(P) {
+  const r = state.view.response;
+  const e = r.effect;
+  const parts = [];
+  if (lab.beta.mode === "view" && !betaIsNative()) {
+    const tv = P.reduce((acc, row, i) => acc + 0.5 * row.reduce((s, p, j) => s + Math.abs(p - state.view.base[i][j]), 0), 0) / P.length;
+    parts.push(`view-only TV at L${state.layer} h${state.head}: ${fmt(tv)}`);
+  }
+  if (e) {
+    const pm = (x, s) => fmt(x) + (s !== undefined && s !== null ? ` ± ${fmt(s, 2)}` : "");
+    parts.push(`TV at L${state.layer} h${state.head}: ${pm(e.attention_tv[0][0], e.attention_tv_std?.[0]?.[0])}`);
+    const last = e.hidden_cosine.length - 1;
+    parts.push(`last-layer hidden cosine: ${pm(e.hidden_cosine[last], e.hidden_cosine_std?.[last])}`);
+    if (e.output?.embedding_cosine !== undefined) parts.push(`embedding cosine: ${pm(e.output.embedding_cosine, e.output.embedding_cosine_std)}`);
+    if (e.samples) parts.push(`n = ${e.samples} samples`);
+  }
+  $("effect-summary").textContent = parts.length ? parts.join("  ·  ") : "no interventions active: change β in run mode, mask a token, ablate, or perturb";
 }
 
 function renderTokens() {
   const strip = $("token-strip");
   strip.replaceChildren(...state.view.tokens.map((tok, i) => {
     const el = document.createElement("span");
-    el.className = "tok" + (state.masked.has(i) ? " masked" : "");
+    el.className = "tok" + (lab.masks.tokens.has(i) ? " masked" : "") + (i === state.query ? " query" : "");
     el.textContent = tok;
-    el.title = `token ${i}: click to ${state.masked.has(i) ? "unmask" : "mask"} as a key`;
+    el.title = `token ${i}: click to ${lab.masks.tokens.has(i) ? "unmask" : "mask"} as a key`;
     el.dataset.index = i;
     el.addEventListener("click", () => toggleMask(i));
     return el;
@@ -136,11 +209,10 @@ function renderTokens() {
 }
 
 function renderInterventionList() {
-  const ivs = interventions();
-  if (state.mode === "view" && !betaIsNative()) ivs.unshift({ op: "temperature (view only)", beta: beta() });
-  $("interventions-list").textContent = ivs.length
-    ? "Active: " + ivs.map((iv) => JSON.stringify(iv)).join("  ·  ")
-    : "Active: none";
+  const extra = lab.beta.mode === "view" && !betaIsNative() ? [`temperature (view only, in the browser): β = ${fmt(beta())} on the shown head`] : [];
+  renderActiveList($("interventions-list"), lab, ctx(), {
+    tokens: state.view?.tokens, extra, samples: samples(), onChange: labChanged,
+  });
 }
 
 function renderBetaReadout() {
@@ -148,29 +220,70 @@ function renderBetaReadout() {
   $("beta-readout").textContent = `β = ${fmt(b)}  T = ${fmt(1 / b)}  (β₀ = ${fmt(state.info.native_beta)})`;
 }
 
+// Controls mirror the lab state (after a URL restore or an edit in the active list).
+function syncControls() {
+  $("beta-slider").value = String(lab.beta.logRatio);
+  $("scope-select").value = lab.beta.scope;
+  $("mode-select").value = lab.beta.mode;
+  $("layer-select").value = state.layer;
+  $("head-select").value = state.head;
+  renderBetaReadout();
+  masksPanel.update();
+  perturbPanel.update();
+}
+
+function writeUrl() {
+  const params = new URLSearchParams();
+  params.set("m", state.model);
+  params.set("t", $("text-input").value);
+  const pair = $("pair-input").value.trim();
+  if (pair) params.set("p", pair);
+  params.set("l", String(state.layer));
+  params.set("h", String(state.head));
+  params.set("q", String(state.query));
+  labToParams(lab, params);
+  writeHash(params);
+  $("share-url").value = window.location.href;
+}
+
 // ---- interactions ----------------------------------------------------------------------------------
+function labChanged() {
+  syncControls();
+  load({ thumbnails: true });
+}
+
 function selectHead(layer, head) {
   state.layer = Math.max(0, Math.min(state.info.layers - 1, layer));
   state.head = Math.max(0, Math.min(state.info.heads - 1, head));
   $("layer-select").value = state.layer;
   $("head-select").value = state.head;
   // Scoped interventions follow the selection, so they must re-run; otherwise the cache answers fast.
-  load({ thumbnails: interventions().length > 0 && state.scope !== "all" });
+  const scoped = interventions().some((iv) => iv.layers !== null);
+  load({ thumbnails: scoped });
+}
+
+function selectQuery(i) {
+  state.query = i;
+  renderTokens();
+  softmaxPanel.setSource("row");
+  renderHead();
+  writeUrl();
 }
 
 function toggleMask(index) {
-  if (state.masked.has(index)) state.masked.delete(index);
-  else state.masked.add(index);
+  if (lab.masks.tokens.has(index)) lab.masks.tokens.delete(index);
+  else lab.masks.tokens.add(index);
+  masksPanel.update();
   load();
 }
 
 let betaFrame = null;
 function onBetaInput() {
-  state.logBetaRatio = Number($("beta-slider").value);
+  lab.beta.logRatio = Number($("beta-slider").value);
   renderBetaReadout();
-  if (state.mode === "view") {
+  if (lab.beta.mode === "view") {
     // Coalesce slider events into one redraw per animation frame.
-    if (betaFrame === null) betaFrame = requestAnimationFrame(() => { betaFrame = null; renderHead(); renderInterventionList(); });
+    if (betaFrame === null) betaFrame = requestAnimationFrame(() => { betaFrame = null; if (state.view) { renderHead(); renderInterventionList(); writeUrl(); } });
   } else {
     load(); // stale requests are aborted by the client
   }
@@ -180,32 +293,63 @@ function fillSelect(select, n, prefix) {
   select.replaceChildren(...Array.from({ length: n }, (_, i) => new Option(`${prefix} ${i}`, i)));
 }
 
+const tokenName = (j) => state.view?.tokens[j] ?? "?";
+const masksPanel = mountMaskPanel($("masks-panel"), lab, { onChange: labChanged, tokenName, pickHint: "click tokens in the strip above or key labels in the head view" });
+const perturbPanel = mountPerturbPanel($("perturb-panel"), lab, { onChange: labChanged });
+const softmaxPanel = mountSoftmaxPanel($("softmax-panel"), { onError: (msg) => setStatus(msg, { error: true }) });
+
+// Restore a shared view from the URL hash (model, input, selection, β, masks, perturbations).
+function restoreFromUrl(models) {
+  const params = readHash();
+  if (![...params.keys()].length) return;
+  const model = params.get("m");
+  if (model && models.some((m) => m.id === model)) state.model = model;
+  if (params.has("t")) $("text-input").value = params.get("t");
+  $("pair-input").value = params.get("p") ?? (params.has("t") ? "" : $("pair-input").value);
+  state.layer = intParam(params, "l", state.layer);
+  state.head = intParam(params, "h", state.head);
+  state.query = intParam(params, "q", state.query);
+  paramsToLab(params, lab);
+}
+
 async function init() {
   const { models } = await getJSON("/api/models");
   const textModels = models.filter((m) => m.kind === "text");
   $("model-select").replaceChildren(...textModels.map((m) => new Option(`${m.id} (${m.layers}×${m.heads}, ${m.output})`, m.id)));
+  restoreFromUrl(textModels);
   $("model-select").value = state.model;
   const chooseModel = () => {
-    state.info = textModels.find((m) => m.id === state.model);
+    state.info = textModels.find((m) => m.id === state.model) ?? textModels[0];
+    state.model = state.info.id;
     fillSelect($("layer-select"), state.info.layers, "layer");
     fillSelect($("head-select"), state.info.heads, "head");
     state.layer = Math.min(state.layer, state.info.layers - 1);
     state.head = Math.min(state.head, state.info.heads - 1);
-    $("layer-select").value = state.layer;
-    $("head-select").value = state.head;
-    renderBetaReadout();
+    syncControls();
   };
   chooseModel();
+  const resetInput = () => { lab.masks.tokens.clear(); lab.perturb.tokens.clear(); state.query = 0; masksPanel.update(); perturbPanel.update(); };
 
-  $("model-select").addEventListener("change", () => { state.model = $("model-select").value; state.masked.clear(); chooseModel(); load(); });
-  $("run-button").addEventListener("click", () => { state.masked.clear(); load(); });
-  $("text-input").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { state.masked.clear(); load(); } });
+  $("model-select").addEventListener("change", () => { state.model = $("model-select").value; resetInput(); chooseModel(); load(); });
+  $("run-button").addEventListener("click", () => { resetInput(); load(); });
+  $("text-input").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { resetInput(); load(); } });
   $("layer-select").addEventListener("change", () => selectHead(Number($("layer-select").value), state.head));
   $("head-select").addEventListener("change", () => selectHead(state.layer, Number($("head-select").value)));
   $("beta-slider").addEventListener("input", onBetaInput);
   $("beta-reset").addEventListener("click", () => { $("beta-slider").value = 0; onBetaInput(); });
-  $("scope-select").addEventListener("change", () => { state.scope = $("scope-select").value; load(); });
-  $("mode-select").addEventListener("change", () => { state.mode = $("mode-select").value; load(); });
+  $("scope-select").addEventListener("change", () => { lab.beta.scope = $("scope-select").value; load(); });
+  $("mode-select").addEventListener("change", () => { lab.beta.mode = $("mode-select").value; load(); });
+  $("export-json").addEventListener("click", () => {
+    if (!state.view) return setStatus("nothing to export yet", { error: true });
+    downloadJSON({ request: state.view.request, response: state.view.response, url: window.location.href },
+      `attnlab-${state.model}-L${state.layer}-H${state.head}.json`);
+  });
+  $("export-png").addEventListener("click", () => downloadPNG($("heatmap"), `attnlab-${state.model}-L${state.layer}-H${state.head}`)
+    .catch((err) => setStatus(`PNG export failed: ${err.message}`, { error: true })));
+  $("copy-link").addEventListener("click", async () => {
+    $("share-url").select();
+    try { await navigator.clipboard.writeText(window.location.href); setStatus("link copied"); } catch { setStatus("select the link and copy it"); }
+  });
   document.addEventListener("keydown", (e) => {
     if (["INPUT", "TEXTAREA", "SELECT"].includes(document.activeElement?.tagName)) return;
     const moves = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] };
@@ -214,6 +358,11 @@ async function init() {
     selectHead(state.layer + moves[e.key][0], state.head + moves[e.key][1]);
   });
   await load();
+  installPngButtons(document, `attnlab-${state.model}`);
+  $("heatmap").on?.("plotly_click", (ev) => {
+    const pt = ev.points?.[0];
+    if (pt) selectQuery(pt.pointIndex?.[0] ?? tokenLabels(state.view.tokens).indexOf(pt.y));
+  });
 }
 
 init().catch((err) => setStatus(`failed to start: ${err.message}`, { error: true }));

@@ -1,0 +1,137 @@
+// The laboratory's intervention state (one small store shared by the text and image pages) and the
+// editable list of active interventions. Meaning of every op: SPEC §2–4; wire format: API.md.
+//
+// Scopes follow the selection: "head" = the selected layer and head, "layer" = every head of the
+// selected layer, "all" = every layer and head.
+
+export const SCOPE_LABELS = { all: "all layers & heads", layer: "this layer", head: "this head" };
+
+export const HELP = {
+  temperature: "P = softmax(β·S + M); T = 1/β. β → ∞: one-hot rows; β → 0: uniform over unmasked keys (SPEC §2)",
+  mask_keys: "M[:, j] = −∞: column j of P becomes 0, each row renormalises (SPEC §3)",
+  causal: "M[i, j] = −∞ for j > i: a decoder's self-attention (SPEC §3)",
+  ablate_heads: "the head's output H = PV is replaced by zeros before W_O (SPEC §3)",
+  perturb_keys: "k̂_j = α k_j + ε, ε ~ N(0, σ²I): only column j of S changes, Ŝ[i,j] = α S[i,j] + q_i·ε (SPEC §4)",
+  perturb_queries: "q̂_i = α q_i + ε: at that layer and head only row i of S and P changes (SPEC §4)",
+};
+
+export function createLab() {
+  return {
+    beta: { logRatio: 0, scope: "head", mode: "run" }, // logRatio = log10(β / β₀)
+    masks: { tokens: new Set(), scope: "head" },
+    causal: { on: false, scope: "all" },
+    ablate: { on: false, scope: "head" },
+    perturb: { on: false, target: "keys", tokens: new Set(), sigma: 1, alpha: 1, seed: 0, samples: 1, scope: "head" },
+  };
+}
+
+export function scopeFields(scope, { layer, head }) {
+  if (scope === "all") return { layers: null, heads: null };
+  if (scope === "layer") return { layers: [layer], heads: null };
+  return { layers: [layer], heads: [head] };
+}
+
+export const betaOf = (lab, nativeBeta) => nativeBeta * 10 ** lab.beta.logRatio;
+export const betaIsNative = (lab) => Math.abs(lab.beta.logRatio) < 1e-9;
+const sorted = (set) => [...set].sort((a, b) => a - b);
+
+// The list sent to the server, in a fixed order. Each item carries `_key` (which control made it),
+// stripped by `wire()` before sending. View-mode β is done in the browser and is not sent.
+export function buildInterventions(lab, ctx) {
+  const list = [];
+  if (!betaIsNative(lab) && lab.beta.mode === "run") {
+    list.push({ _key: "beta", op: "temperature", beta: betaOf(lab, ctx.nativeBeta), ...scopeFields(lab.beta.scope, ctx) });
+  }
+  if (lab.masks.tokens.size) list.push({ _key: "masks", op: "mask_keys", tokens: sorted(lab.masks.tokens), ...scopeFields(lab.masks.scope, ctx) });
+  if (lab.causal.on) list.push({ _key: "causal", op: "causal", ...scopeFields(lab.causal.scope, ctx) });
+  if (lab.ablate.on) list.push({ _key: "ablate", op: "ablate_heads", ...scopeFields(lab.ablate.scope, ctx) });
+  const p = lab.perturb;
+  if (p.on) {
+    list.push({
+      _key: "perturb", op: p.target === "queries" ? "perturb_queries" : "perturb_keys",
+      tokens: p.tokens.size ? sorted(p.tokens) : null, noise_std: p.sigma, scale: p.alpha, seed: p.seed,
+      ...scopeFields(p.scope, ctx),
+    });
+  }
+  return list;
+}
+
+export const wire = (list) => list.map(({ _key, ...rest }) => rest);
+
+export function resetControl(lab, key) {
+  const fresh = createLab()[key];
+  if (key === "beta") { lab.beta.logRatio = 0; return; } // keep mode and scope
+  if (key === "perturb") { lab.perturb.on = false; lab.perturb.tokens.clear(); return; }
+  Object.assign(lab[key], fresh, { scope: lab[key].scope });
+}
+
+export function resetAll(lab) {
+  for (const key of ["beta", "masks", "causal", "ablate", "perturb"]) resetControl(lab, key);
+}
+
+function describe(iv, tokens) {
+  const names = (ids) => (ids === null ? "all tokens" : ids.map((j) => `${j}:${tokens?.[j] ?? "?"}`).join(" "));
+  switch (iv.op) {
+    case "temperature": return `β = ${Number(iv.beta).toPrecision(4)}`;
+    case "mask_keys": return `mask keys ${names(iv.tokens)}`;
+    case "causal": return "causal mask";
+    case "ablate_heads": return "ablate head output";
+    default: return `${iv.op === "perturb_keys" ? "perturb keys" : "perturb queries"} ${names(iv.tokens)} · σ=${iv.noise_std} α=${iv.scale} seed=${iv.seed}`;
+  }
+}
+
+const where = (iv) => (iv.layers === null ? "all layers & heads"
+  : `layer ${iv.layers.join(",")}${iv.heads === null ? ", all heads" : `, head ${iv.heads.join(",")}`}`);
+
+// The editable list: one row per active intervention with its scope (changeable) and a remove button.
+// `extra` rows (e.g. view-only β) are shown but not editable. onChange() is called after any edit.
+export function renderActiveList(el, lab, ctx, { tokens = null, extra = [], samples = 1, onChange }) {
+  const list = buildInterventions(lab, ctx);
+  el.replaceChildren();
+  const head = document.createElement("div");
+  head.className = "iv-head";
+  head.textContent = list.length || extra.length ? `Active interventions (applied in this order${samples > 1 ? `, ${samples} samples` : ""}):` : "Active interventions: none";
+  el.append(head);
+  if (list.length) {
+    const all = button("reset all", () => { resetAll(lab); onChange("all"); });
+    all.id = "reset-all";
+    head.append(" ", all);
+  }
+  for (const text of extra) {
+    const row = document.createElement("div");
+    row.className = "iv-row";
+    row.textContent = text;
+    el.append(row);
+  }
+  list.forEach((iv) => {
+    const row = document.createElement("div");
+    row.className = "iv-row";
+    row.dataset.key = iv._key;
+    const label = document.createElement("span");
+    label.className = "mono";
+    label.textContent = `${iv.op}: ${describe(iv, tokens)} @ ${where(iv)}`;
+    label.title = HELP[iv.op] || "";
+    const scope = scopeSelect(lab[iv._key].scope, (value) => { lab[iv._key].scope = value; onChange(iv._key); });
+    const remove = button("×", () => { resetControl(lab, iv._key); onChange(iv._key); });
+    remove.title = "remove this intervention";
+    remove.className = "iv-remove";
+    row.append(label, " scope ", scope, " ", remove);
+    el.append(row);
+  });
+}
+
+export function scopeSelect(value, onChange) {
+  const select = document.createElement("select");
+  for (const [v, text] of Object.entries(SCOPE_LABELS)) select.append(new Option(text, v));
+  select.value = value;
+  select.addEventListener("change", () => onChange(select.value));
+  return select;
+}
+
+function button(text, onClick) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = text;
+  b.addEventListener("click", onClick);
+  return b;
+}

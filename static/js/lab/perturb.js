@@ -1,0 +1,101 @@
+// Perturbation panel (SPEC §4): target keys or queries, tokens/patches chosen by clicking, noise σ,
+// scale α, seed, samples n (n > 1 → mean ± spread of each effect over seeds seed, seed+1, …).
+import { HELP, resetControl, scopeSelect } from "./interventions.js";
+
+const el = (tag, props = {}, ...children) => {
+  const node = document.createElement(tag);
+  Object.assign(node, props);
+  node.append(...children);
+  return node;
+};
+
+function numberInput(id, value, { min = null, max = null, step = "any" } = {}) {
+  const input = el("input", { id, type: "number", value: String(value), step: String(step) });
+  if (min !== null) input.min = String(min);
+  if (max !== null) input.max = String(max);
+  input.style.width = "80px";
+  return input;
+}
+
+// mount(container, lab, {onChange(key), showTokenStrip}) → {update(), setTokens(labels)}.
+// With showTokenStrip the panel draws clickable chips for the tokens; a page that picks patches on an
+// image instead calls togglePick(j) from its own click handler.
+export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = true, unit = "token" }) {
+  const p = lab.perturb;
+  const target = el("select", { id: "perturb-target" });
+  target.append(new Option("keys  k̂_j = α k_j + ε", "keys"), new Option("queries  q̂_i = α q_i + ε", "queries"));
+  const sigma = numberInput("perturb-sigma", p.sigma, { min: 0, max: 1e4, step: 0.1 });
+  const alpha = numberInput("perturb-alpha", p.alpha, { min: -1e4, max: 1e4, step: 0.1 });
+  const seed = numberInput("perturb-seed", p.seed, { min: 0, step: 1 });
+  const samples = numberInput("perturb-samples", p.samples, { min: 1, max: 64, step: 1 });
+  const scope = scopeSelect(p.scope, (v) => { p.scope = v; if (p.on) onChange("perturb"); });
+  scope.id = "perturb-scope";
+  const apply = el("button", { id: "perturb-apply", type: "button", className: "primary" });
+  const reset = el("button", { id: "perturb-reset", type: "button", textContent: "reset" });
+  const chosen = el("span", { id: "perturb-chosen", className: "mono" });
+  const strip = el("div", { id: "perturb-tokens", className: "tokens" });
+
+  const read = () => {
+    const num = (input, fallback) => (Number.isFinite(Number(input.value)) && input.value !== "" ? Number(input.value) : fallback);
+    p.target = target.value;
+    p.sigma = Math.max(0, num(sigma, p.sigma));
+    p.alpha = num(alpha, p.alpha);
+    p.seed = Math.max(0, Math.round(num(seed, p.seed)));
+    p.samples = Math.min(64, Math.max(1, Math.round(num(samples, p.samples))));
+  };
+  for (const input of [target, sigma, alpha, seed, samples]) {
+    input.addEventListener("change", () => { read(); update(); if (p.on) onChange("perturb"); });
+  }
+  apply.addEventListener("click", () => { read(); p.on = !p.on; update(); onChange("perturb"); });
+  reset.addEventListener("click", () => { resetControl(lab, "perturb"); update(); onChange("perturb"); });
+
+  container.replaceChildren(
+    el("h2", {}, "Perturbation ", el("small", {}, "applied to K or Q before the scores are formed (SPEC §4)")),
+    el("div", { className: "controls" },
+      el("label", {}, "target ", target), el("label", {}, "σ ", sigma), el("label", {}, "α ", alpha),
+      el("label", {}, "seed ", seed), el("label", {}, "samples n ", samples), el("label", {}, "scope ", scope), apply, reset),
+    el("p", { className: "help", id: "perturb-help" }),
+    el("div", { className: "controls" }, el("span", { className: "help" }, `chosen ${unit}s:`), chosen),
+    strip,
+    el("p", { className: "help" },
+      `Click ${unit}s to choose them (none chosen = every ${unit}). σ: noise ε ~ N(0, σ²I_d) from a generator seeded by `
+      + "seed (same seed, same ε). α > 1 elongates: sharpens the preference for or against the key according to the sign of S[i,j]. "
+      + "n > 1 averages every effect over seeds seed … seed+n−1 and shows ± one standard deviation."),
+  );
+
+  let labels = [];
+  function setTokens(tokenLabels) {
+    labels = tokenLabels;
+    if (!showTokenStrip) { strip.hidden = true; update(); return; }
+    strip.replaceChildren(...labels.map((tok, j) => {
+      const chip = el("span", { className: "tok", textContent: tok, title: `${unit} ${j}: click to choose for the perturbation` });
+      chip.dataset.index = j;
+      chip.addEventListener("click", () => togglePick(j));
+      return chip;
+    }));
+    update();
+  }
+
+  function togglePick(j) {
+    if (p.tokens.has(j)) p.tokens.delete(j); else p.tokens.add(j);
+    update();
+    if (p.on) onChange("perturb");
+  }
+
+  function update() {
+    target.value = p.target;
+    sigma.value = String(p.sigma);
+    alpha.value = String(p.alpha);
+    seed.value = String(p.seed);
+    samples.value = String(p.samples);
+    scope.value = p.scope;
+    apply.textContent = p.on ? "remove perturbation" : "apply perturbation";
+    apply.classList.toggle("primary", !p.on);
+    container.querySelector("#perturb-help").textContent = (p.target === "queries" ? HELP.perturb_queries : HELP.perturb_keys) + ".";
+    const ids = [...p.tokens].sort((a, b) => a - b);
+    chosen.textContent = ids.length ? ids.map((j) => `${j}:${labels[j] ?? "?"}`).join("  ") : `none (every ${unit})`;
+    for (const chip of strip.children) chip.classList.toggle("picked", p.tokens.has(Number(chip.dataset.index)));
+  }
+  update();
+  return { update, setTokens, togglePick };
+}

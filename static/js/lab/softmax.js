@@ -1,0 +1,113 @@
+// Softmax panel (SPEC §2): one row's probabilities p = softmax(β s) and the Jacobian
+// ∂p/∂s = β (diag(p) − p pᵀ), for a query row of the selected head or an editable score vector.
+// The default vector (−3, 1, 100, 5, −1) at β = 1 shows saturation: every Jacobian entry ≈ 0.
+import { entropy, fmt, softmaxRow } from "../mathx.js";
+
+const CONFIG = { responsive: true, displaylogo: false };
+export const DEFAULT_VECTOR = [-3, 1, 100, 5, -1];
+
+export function jacobian(p, beta) {
+  return p.map((pi, i) => p.map((pj, j) => beta * ((i === j ? pi : 0) - pi * pj)));
+}
+
+const el = (tag, props = {}, ...children) => {
+  const node = document.createElement(tag);
+  Object.assign(node, props);
+  node.append(...children);
+  return node;
+};
+
+export function parseVector(text) {
+  const parts = text.replace(/−/g, "-").split(/[\s,;]+/).filter(Boolean);
+  if (!parts.length) throw new Error("the score vector is empty");
+  if (parts.length > 64) throw new Error("the score vector has more than 64 entries");
+  return parts.map((s) => {
+    const v = Number(s);
+    if (!Number.isFinite(v)) throw new Error(`score vector: '${s}' is not a finite number`);
+    return v;
+  });
+}
+
+// mount(container, {onError}) → {update({tokens, scores (T×T Ŝ), masked (bool[]), beta, query, queryLabel})}
+export function mountSoftmaxPanel(container, { onError = () => {} } = {}) {
+  const source = el("select", { id: "softmax-source" });
+  source.append(new Option("selected query row of this head", "row"), new Option("my score vector", "vector"));
+  const query = el("select", { id: "softmax-query" });
+  const vector = el("input", { id: "softmax-vector", type: "text", value: DEFAULT_VECTOR.join(", ") });
+  vector.style.width = "200px";
+  const betaInput = el("input", { id: "softmax-beta", type: "number", value: "1", step: "any", min: "0" });
+  betaInput.style.width = "80px";
+  const readout = el("div", { id: "softmax-readout", className: "help mono" });
+  const bars = el("div", { id: "softmax-bars", className: "plot" });
+  const jac = el("div", { id: "softmax-jacobian", className: "plot" });
+  bars.style.height = "240px"; jac.style.height = "300px";
+  const rowControls = el("label", {}, "query ", query);
+  const vectorControls = el("span", { className: "controls" }, el("label", {}, "s = ", vector), el("label", {}, "β ", betaInput));
+
+  container.replaceChildren(
+    el("h2", {}, "Softmax and its Jacobian ", el("small", {}, "p = softmax(β s),  ∂p/∂s = β (diag(p) − p pᵀ)  (SPEC §2)")),
+    el("div", { className: "controls" }, el("label", {}, "row ", source), rowControls, vectorControls),
+    el("p", { className: "help" }, "The row uses the selected head's scores Ŝ and the current β and masks (click a heatmap cell to pick its query). "
+      + "With a score far above the others (e.g. 100) the row is one-hot and every Jacobian entry is ≈ 0: the softmax is saturated and passes no gradient."),
+    readout, el("div", { className: "row" }, el("div", { className: "grow" }, bars), el("div", { className: "grow" }, jac)),
+  );
+
+  let last = null;
+  const redraw = () => last && update(last);
+  source.addEventListener("change", redraw);
+  query.addEventListener("change", () => { if (last) { last.query = Number(query.value); redraw(); } });
+  vector.addEventListener("change", redraw);
+  betaInput.addEventListener("change", redraw);
+
+  function update(ctx) {
+    last = ctx;
+    const useRow = source.value === "row" && ctx && ctx.scores;
+    rowControls.style.display = useRow ? "" : "none";
+    vectorControls.style.display = useRow ? "none" : "";
+    let s, beta, labels, masked = null;
+    if (useRow) {
+      if (query.options.length !== ctx.tokens.length || query.dataset.sig !== ctx.tokens.join("\u0001")) {
+        query.replaceChildren(...ctx.tokens.map((t, i) => new Option(`${i}: ${t}`, i)));
+        query.dataset.sig = ctx.tokens.join("\u0001");
+      }
+      const q = Math.min(ctx.query ?? 0, ctx.tokens.length - 1);
+      query.value = q;
+      s = ctx.scores[q];
+      beta = ctx.beta;
+      masked = ctx.masked;
+      labels = ctx.tokens.map((t, i) => `${i}:${t}`);
+    } else {
+      try {
+        s = parseVector(vector.value);
+        vector.classList.remove("invalid");
+      } catch (err) {
+        vector.classList.add("invalid");
+        onError(err.message);
+        return;
+      }
+      beta = Number(betaInput.value);
+      if (!(beta > 0) || !Number.isFinite(beta)) { onError("softmax β must be a positive finite number"); return; }
+      labels = s.map((v, i) => `s${i}=${v}`);
+    }
+    const p = softmaxRow(s, beta, masked);
+    const J = jacobian(p, beta);
+    const maxJ = Math.max(...J.flat().map(Math.abs));
+    readout.textContent = `β = ${fmt(beta)} · max p = ${fmt(Math.max(...p))} · entropy = ${fmt(entropy(p))} nats (log n = ${fmt(Math.log(p.length))}) · max |∂p/∂s| = ${fmt(maxJ)}`;
+    readout.dataset.maxJacobian = String(maxJ);
+    Plotly.react(bars, [{ type: "bar", x: labels, y: p, marker: { color: "#3b5bdb" }, hovertemplate: "%{x}<br>p = %{y:.6f}<extra></extra>" }], {
+      title: { text: "probabilities p", font: { size: 13 } }, margin: { l: 45, r: 10, t: 30, b: 70 },
+      xaxis: { type: "category", tickangle: -50, showticklabels: labels.length <= 40 }, yaxis: { range: [0, 1.02] },
+    }, CONFIG);
+    const zmax = Math.max(maxJ, 1e-12);
+    Plotly.react(jac, [{
+      type: "heatmap", z: J, x: labels, y: labels, colorscale: "RdBu", zmid: 0, zmin: -zmax, zmax, reversescale: true,
+      hovertemplate: "∂p[%{y}] / ∂s[%{x}] = %{z:.3g}<extra></extra>", colorbar: { thickness: 10 },
+    }], {
+      title: { text: `Jacobian β(diag(p) − ppᵀ), max |entry| = ${fmt(maxJ, 3)}`, font: { size: 13 } },
+      margin: { l: 70, r: 10, t: 30, b: 70 },
+      xaxis: { type: "category", tickangle: -50, showticklabels: labels.length <= 40 },
+      yaxis: { type: "category", autorange: "reversed", showticklabels: labels.length <= 40 },
+    }, CONFIG);
+  }
+  return { update, setSource: (v) => { source.value = v; redraw(); } };
+}

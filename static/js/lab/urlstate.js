@@ -1,0 +1,71 @@
+// Shareable state in the URL hash: model, input, layer, head, β, mode, scopes, masks, perturbations.
+// Opening such a URL restores the view. Keys are short; lists are comma-separated.
+//   b=log10(β/β₀)  bm=view|run  bs=scope
+//   mk=1,4 (masked keys)  ms=scope  c=1 cs=scope (causal)  ab=1 as=scope (ablation)
+//   pt=keys|queries pk=3,5 pσ… stored as ps (σ) pa (α) pseed pn (samples) pscope pon=1
+const SCOPES = new Set(["all", "layer", "head"]);
+
+const ints = (text) => (text ? text.split(",").map(Number).filter((v) => Number.isInteger(v) && v >= 0) : []);
+const num = (text, fallback) => (text !== null && text !== "" && Number.isFinite(Number(text)) ? Number(text) : fallback);
+const scope = (text, fallback) => (SCOPES.has(text) ? text : fallback);
+
+export function labToParams(lab, params = new URLSearchParams()) {
+  params.set("b", String(Math.round(lab.beta.logRatio * 1000) / 1000));
+  params.set("bm", lab.beta.mode);
+  params.set("bs", lab.beta.scope);
+  if (lab.masks.tokens.size) { params.set("mk", [...lab.masks.tokens].sort((a, b) => a - b).join(",")); params.set("ms", lab.masks.scope); }
+  if (lab.causal.on) { params.set("c", "1"); params.set("cs", lab.causal.scope); }
+  if (lab.ablate.on) { params.set("ab", "1"); params.set("as", lab.ablate.scope); }
+  const p = lab.perturb;
+  if (p.on || p.tokens.size) {
+    params.set("pon", p.on ? "1" : "0");
+    params.set("pt", p.target);
+    if (p.tokens.size) params.set("pk", [...p.tokens].sort((a, b) => a - b).join(","));
+    params.set("ps", String(p.sigma));
+    params.set("pa", String(p.alpha));
+    params.set("pseed", String(p.seed));
+    params.set("pn", String(p.samples));
+    params.set("pscope", p.scope);
+  }
+  return params;
+}
+
+export function paramsToLab(params, lab) {
+  lab.beta.logRatio = Math.max(-3, Math.min(3, num(params.get("b"), lab.beta.logRatio)));
+  if (["view", "run"].includes(params.get("bm"))) lab.beta.mode = params.get("bm");
+  lab.beta.scope = scope(params.get("bs"), lab.beta.scope);
+  lab.masks.tokens = new Set(ints(params.get("mk")));
+  lab.masks.scope = scope(params.get("ms"), lab.masks.scope);
+  lab.causal.on = params.get("c") === "1";
+  lab.causal.scope = scope(params.get("cs"), lab.causal.scope);
+  lab.ablate.on = params.get("ab") === "1";
+  lab.ablate.scope = scope(params.get("as"), lab.ablate.scope);
+  const p = lab.perturb;
+  p.on = params.get("pon") === "1";
+  if (["keys", "queries"].includes(params.get("pt"))) p.target = params.get("pt");
+  p.tokens = new Set(ints(params.get("pk")));
+  p.sigma = Math.max(0, num(params.get("ps"), p.sigma));
+  p.alpha = num(params.get("pa"), p.alpha);
+  p.seed = Math.max(0, Math.round(num(params.get("pseed"), p.seed)));
+  p.samples = Math.min(64, Math.max(1, Math.round(num(params.get("pn"), p.samples))));
+  p.scope = scope(params.get("pscope"), p.scope);
+  return lab;
+}
+
+export function readHash() {
+  const hash = window.location.hash.replace(/^#/, "");
+  return new URLSearchParams(hash);
+}
+
+export const hasState = () => readHash().has("l") || readHash().has("b");
+
+// Replace (not push) so the back button isn't flooded by slider moves.
+export function writeHash(params) {
+  const hash = "#" + params.toString();
+  if (window.location.hash !== hash) history.replaceState(null, "", hash);
+}
+
+export const intParam = (params, key, fallback) => {
+  const v = Number(params.get(key));
+  return params.has(key) && Number.isInteger(v) && v >= 0 ? v : fallback;
+};

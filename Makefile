@@ -30,7 +30,7 @@ run: setup
 	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT)
 
 test: setup browser
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -p no:cacheprovider tests
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q tests/unit tests/api

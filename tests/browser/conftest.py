@@ -1,0 +1,117 @@
+"""Browser fixtures: one uvicorn server per session, Debian's Chromium driven by Playwright.
+
+`page` records console errors, page errors and every request that leaves 127.0.0.1; tests assert
+on them with `page_log`. Screenshots go to artifacts/screenshots/ (kept as CI artifacts).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def live_server():
+    port = _free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    (ROOT / "artifacts").mkdir(exist_ok=True)
+    log = open(ROOT / "artifacts" / "browser-server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/api/ready", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError(f"server did not become ready; see {ROOT / 'artifacts' / 'browser-server.log'}")
+        time.sleep(0.5)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=15)
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class PageLog:
+    def __init__(self):
+        self.errors: list[str] = []
+        self.external: list[str] = []
+
+    def check(self):
+        assert self.errors == [], f"console/page errors: {self.errors}"
+        assert self.external == [], f"requests outside the server: {self.external}"
+
+
+@pytest.fixture
+def page_log() -> PageLog:
+    return PageLog()
+
+
+@pytest.fixture
+def page(browser, page_log):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    pg = context.new_page()
+    pg.on("console", lambda m: page_log.errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: page_log.errors.append(str(e)))
+
+    def on_request(request):
+        host = urlparse(request.url).hostname
+        if request.url.startswith(("data:", "blob:")) or host in ("127.0.0.1", "localhost"):
+            return
+        page_log.external.append(request.url)
+
+    pg.on("request", on_request)
+    yield pg
+    context.close()
+
+
+def screenshot(pg, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    pg.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def plot_data(pg, selector: str):
+    """The data of a Plotly figure (its first trace's z, or y) as plain JSON."""
+    return pg.eval_on_selector(selector, "el => { const t = el.data && el.data[0]; return t ? (t.z || t.y) : null; }")

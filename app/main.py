@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from app.routes import pages, service, text
-from app.runtime import Overloaded, Runtime
+from app.routes import images
+from app.runtime import Overloaded, Runtime, request_deadline
 from app.settings import Settings, get_settings
 
 log = logging.getLogger("attnlab")
@@ -35,6 +37,26 @@ def plotly_js_path() -> Path:
     import plotly
 
     return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+class RequestDeadline:
+    """Pure ASGI middleware: each HTTP request gets a deadline `seconds` from its arrival.
+
+    The runtime reads it (a context variable, so it reaches the worker thread of a sync endpoint) and
+    answers 503 + Retry-After when the request's waits for the model add up past it.
+    """
+
+    def __init__(self, app, seconds: float):
+        self.app, self.seconds = app, seconds
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        token = request_deadline.set(time.monotonic() + self.seconds)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            request_deadline.reset(token)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -58,6 +80,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
     if settings.trusted_hosts != ["*"]:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
+
+    app.add_middleware(RequestDeadline, seconds=settings.request_timeout_s)
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next):
@@ -89,6 +113,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(service.router)
     app.include_router(text.router)
     app.include_router(pages.router)
+    app.include_router(images.router)
     return app
 
 

@@ -1,0 +1,329 @@
+"""Images: uploads (POST /api/images), the model's view of one (GET /api/images/{id}/view),
+image attention (POST /api/image/attention) and the page (/image).
+
+Uploads are size-checked before the body is read (Content-Length) and while it streams, decoded in
+the thread pool (models/images.py: allowlist, pixel limit before decoding, EXIF, every mode to RGB)
+and kept in a bounded LRU keyed by the content hash; an evicted id answers 404 and the page uploads
+the file again.
+"""
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import Field
+from starlette.datastructures import UploadFile
+
+from app.attention import engine_interventions, fast_json, field_error
+from app.deps import RuntimeDep
+from app.encoding import tensor_field
+from app.runtime import Runtime, UnknownModel
+from app.schemas import AttentionRequestBase, AttentionResponse, IndexList
+from app.templating import templates
+from models.adapters.base import AttentionResult, Encoded
+from models.effects import attention_tv, hidden_cosine, mean_and_std
+from models.images import (
+    IMAGE_ID_HEX_CHARS,
+    ImageInputError,
+    ImageStore,
+    StoredImage,
+    configure_pillow,
+    decode_image,
+    image_id_for,
+    model_view,
+)
+from models.interventions import row_entropy
+from models.summaries import cls_rollout_map, mean_attention_distance
+
+router = APIRouter(tags=["image"])
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES_DIR = ROOT / "static" / "samples"
+MULTIPART_SLACK = 64 * 1024  # boundaries and part headers around the file; the file itself is checked exactly
+MAX_VIEW_SIZE = 1036
+IMAGE_ID_PATTERN = rf"^[0-9a-f]{{{IMAGE_ID_HEX_CHARS}}}$"
+# The page's example photos (static/samples, see LICENSE.md there) and which model each suits.
+SAMPLES = [
+    {"name": "Street scene", "file": "street.jpg", "model": "dinov2-small"},
+    {"name": "Fruit bowl", "file": "fruit.jpg", "model": "dinov2-small"},
+    {"name": "Sneaker (Fashion-MNIST)", "file": "fashion-sneaker.png", "model": "vit-fashion"},
+]
+
+_store_lock = threading.Lock()
+
+
+def get_image_store(request: Request) -> ImageStore:
+    """One store per app, created on first use with the app's settings."""
+    state = request.app.state
+    store = getattr(state, "image_store", None)
+    if store is None:
+        with _store_lock:
+            store = getattr(state, "image_store", None)
+            if store is None:
+                settings = state.runtime.settings
+                configure_pillow(settings.max_image_pixels)
+                store = ImageStore(
+                    max_items=settings.image_cache_items,
+                    max_bytes=getattr(settings, "image_cache_bytes", 512 * 1024 * 1024),
+                )
+                state.image_store = store
+    return store
+
+
+def _too_large(limit: int, detail: str | None = None) -> JSONResponse:
+    return JSONResponse(
+        {"detail": detail or f"file: the upload is larger than the limit of {limit:,} bytes (max_upload_bytes)"},
+        status_code=413, headers={"Connection": "close"},
+    )
+
+
+def _error(status: int, message: str, field: str = "file") -> JSONResponse:
+    return JSONResponse({"detail": [{"loc": ["body", field], "msg": message, "type": "value_error"}]}, status_code=status)
+
+
+UPLOAD_OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "content": {"multipart/form-data": {"schema": {
+            "type": "object", "required": ["file"],
+            "properties": {"file": {"type": "string", "format": "binary", "description": "PNG, JPEG or WebP"}},
+        }}},
+    },
+    "responses": {
+        "200": {"description": "stored", "content": {"application/json": {"schema": {
+            "type": "object", "properties": {
+                "image_id": {"type": "string"}, "width": {"type": "integer"}, "height": {"type": "integer"},
+            }}}}},
+        "400": {"description": "empty, truncated or undecodable image, or a malformed multipart body"},
+        "413": {"description": "over max_upload_bytes or max_image_pixels"},
+        "415": {"description": "not PNG, JPEG or WebP, or not multipart/form-data"},
+        "422": {"description": "no `file` field"},
+    },
+}
+
+
+@router.post("/api/images", openapi_extra=UPLOAD_OPENAPI)
+async def upload_image(request: Request) -> JSONResponse:
+    """Store an image (multipart field `file`) and return its content-hash id and size (after EXIF
+    orientation). ≤ max_upload_bytes (413 before the body is read when Content-Length says so),
+    ≤ max_image_pixels (413, checked from the header before decoding), PNG/JPEG/WebP only (415)."""
+    settings = request.app.state.runtime.settings
+    limit = settings.max_upload_bytes
+    content_type = request.headers.get("content-type", "")
+    if not content_type.lower().startswith("multipart/form-data"):
+        return _error(415, f"send multipart/form-data with the image in the field 'file' (got {content_type or 'no content type'!r})")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            return _error(400, "invalid Content-Length header", "content-length")
+        if int(declared) > limit + MULTIPART_SLACK:
+            return _too_large(limit)  # refused before a byte of the body is read
+    body = bytearray()
+    async for chunk in request.stream():  # chunked uploads have no Content-Length: count as they come
+        body += chunk
+        if len(body) > limit + MULTIPART_SLACK:
+            return _too_large(limit)
+    request._body = bytes(body)  # Starlette's form parser reads the cached body instead of the (consumed) stream
+    form = await request.form(max_files=1, max_fields=8)
+    try:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            return _error(422, "missing the multipart field 'file' holding the image")
+        data = await upload.read()
+    finally:
+        await form.close()
+    if len(data) > limit:
+        return _too_large(limit)
+    try:
+        decoded = await run_in_threadpool(decode_image, data, settings.max_image_pixels)
+    except ImageInputError as exc:
+        return _error(exc.status, str(exc))
+    image_id = image_id_for(data)
+    store = get_image_store(request)
+    store.put(image_id, decoded)
+    return JSONResponse({"image_id": image_id, "width": decoded.width, "height": decoded.height,
+                         "format": decoded.format, "mode": decoded.source_mode})
+
+
+def _stored(request: Request, image_id: str) -> StoredImage:
+    item = get_image_store(request).get(image_id)
+    if item is None:
+        raise HTTPException(404, detail=f"image_id {image_id!r} is not held by the server (evicted or never uploaded): upload the image again")
+    return item
+
+
+@router.get("/api/images/{image_id}/view", response_class=Response,
+            responses={200: {"content": {"image/png": {}}}, 404: {"description": "unknown or evicted image_id"}})
+def image_view(request: Request, image_id: str, size: int = Query(448, ge=16, le=MAX_VIEW_SIZE)) -> Response:
+    """The square the models see (center crop of the shorter side), resized to `size` px, as PNG —
+    what the page draws the attention over."""
+    if len(image_id) != IMAGE_ID_HEX_CHARS or any(c not in "0123456789abcdef" for c in image_id):
+        raise HTTPException(404, detail=f"image_id {image_id!r} is not a valid id")
+    item = _stored(request, image_id)
+    buffer = io.BytesIO()
+    model_view(item.image, size).save(buffer, "PNG", optimize=False, compress_level=3)
+    return Response(buffer.getvalue(), media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
+
+
+# ---- attention -------------------------------------------------------------------------------------
+class ImageAttentionRequest(AttentionRequestBase):
+    model: str = "dinov2-small"
+    image_id: str = Field(pattern=IMAGE_ID_PATTERN, description="from POST /api/images")
+    image_size: int | None = Field(
+        None, ge=1, le=4096,
+        description="model input size in px (a multiple of the patch size; null = the model's native size, "
+        "e.g. 224 for dinov2-small; 448 gives 32×32 patches through position-embedding interpolation)",
+    )
+    queries: IndexList | None = Field(
+        None, description="query rows of `attention`/`scores` to return (null = all rows): [L][H][len(queries)][T]",
+    )
+
+
+def _indices(values: list[int] | None, size: int, loc: tuple, what: str) -> list[int]:
+    if values is None:
+        return list(range(size))
+    bad = [v for v in values if v >= size]
+    if bad:
+        raise field_error(loc, f"{what} {bad} out of range: this model/input has {size} {what}s (0..{size - 1})")
+    return list(dict.fromkeys(values))
+
+
+def _effect(adapter, base: AttentionResult, run: AttentionResult, encoded: Encoded, layers, heads) -> dict[str, Any]:
+    return {
+        "attention_tv": attention_tv(run.attention[layers][:, heads], base.attention[layers][:, heads]).tolist(),
+        "hidden_cosine": hidden_cosine(run.hidden_states, base.hidden_states).tolist(),
+        "output": adapter.output_effect(base, run, encoded),
+    }
+
+
+def build_image_response(runtime: Runtime, adapter, encoded: Encoded, req: ImageAttentionRequest, item: StoredImage) -> dict[str, Any]:
+    info = adapter.info
+    n_tokens = len(encoded.tokens)
+    layers = _indices(req.layers, info.layers, ("layers",), "layer")
+    heads = _indices(req.heads, info.heads, ("heads",), "head")
+    queries = _indices(req.queries, n_tokens, ("queries",), "query token")
+    interventions = engine_interventions(req, adapter, n_tokens)
+
+    numbers = len(layers) * len(heads) * len(queries) * n_tokens * (2 if req.include_scores else 1)
+    cap = runtime.settings.max_response_numbers
+    if numbers > cap:
+        raise HTTPException(413, detail=(
+            f"the response would hold {numbers:,} numbers, over the cap max_response_numbers={cap:,}; ask for "
+            "fewer layers/heads/queries (fields 'layers', 'heads', 'queries') or turn off include_scores"))
+
+    sample_sets = [tuple(iv.with_seed_offset(s) for iv in interventions) for s in range(req.samples)]
+    result = runtime.run(adapter, encoded, sample_sets[0], req.include_scores)
+    effect = None
+    if req.compare:
+        base = runtime.run(adapter, encoded, (), False)
+        effects = [_effect(adapter, base, result, encoded, layers, heads)]
+        for sample in sample_sets[1:]:
+            effects.append(_effect(adapter, base, runtime.run(adapter, encoded, sample, False), encoded, layers, heads))
+        if len(effects) == 1:
+            effect = effects[0]
+        else:
+            effect = mean_and_std([{k: v for k, v in e.items() if k != "output"} for e in effects])
+            effect["output"] = mean_and_std([e["output"] for e in effects])
+            effect["samples"] = len(effects)
+
+    grid = encoded.extra["grid"]
+    prefix = encoded.extra["prefix_tokens"]
+    query_index = list(queries) if req.queries is not None else slice(None)
+    attention = result.attention[layers][:, heads][:, :, query_index]  # (l, h, q, T)
+    scores = result.scores[layers][:, heads][:, :, query_index] if req.include_scores else None
+    predictions = adapter.predictions(result) if hasattr(adapter, "predictions") else None
+    return {
+        "model": info.id,
+        "image_id": req.image_id,
+        "tokens": encoded.tokens,
+        "truncated": False,
+        "layers": layers,
+        "heads": heads,
+        "queries": queries,
+        "native_beta": info.native_beta,
+        "image_size": encoded.extra["image_size"],
+        "patch_size": info.patch_size,
+        "grid": list(grid),
+        "prefix_tokens": prefix,
+        "crop_box": list(encoded.extra["crop_box"]),  # in the stored image's pixels (see `stored_size`)
+        "stored_size": [item.image.width, item.image.height],
+        "attention": tensor_field(attention, req.encoding),
+        "scores": tensor_field(scores, req.encoding) if scores is not None else None,
+        "rollout": cls_rollout_map(result.attention, prefix, grid).tolist(),  # (rows, cols)
+        "entropy": row_entropy(result.attention).mean(dim=-1).tolist(),  # (L, H)
+        "mean_distance": mean_attention_distance(result.attention, prefix, grid, info.patch_size).tolist(),  # (L, H) px
+        "predictions": predictions,
+        "output": adapter.output_summary(result),
+        "effect": effect,
+        "warnings": list(result.warnings),
+        "elapsed_s": getattr(result, "elapsed_s", None),
+    }
+
+
+@router.post("/api/image/attention", responses={
+    200: {"model": AttentionResponse}, 404: {"description": "unknown or evicted image_id"},
+    413: {"description": "response over the size cap"}, 503: {"description": "queue full"}})
+def image_attention(req: ImageAttentionRequest, request: Request, runtime: RuntimeDep) -> Response:
+    """Attention of every requested layer/head for an uploaded image (see POST /api/images).
+
+    Tokens: "CLS", any "dist"/"reg0"… prefix tokens, then patches "p(row,col)" row-major; `grid` is
+    [rows, cols] and `prefix_tokens` how many tokens precede the patches. `rollout` is the CLS row of
+    the attention rollout over the patches (SPEC §6), `mean_distance` the mean attention distance per
+    layer/head in input pixels, `predictions` the top-5 classes (classifiers). With `compare`,
+    `effect.output` holds the class probabilities before/after and their KL (classifiers) or the
+    CLS-embedding cosine (backbones).
+    """
+    item = _stored(request, req.image_id)
+    try:
+        adapter = runtime.adapter(req.model, kind="image")
+    except UnknownModel as exc:
+        raise field_error(("model",), str(exc.args[0])) from None
+    except (OSError, ValueError) as exc:  # weights not prepared on this machine
+        raise HTTPException(503, detail=f"model {req.model!r} is not available here: {exc}") from None
+    try:
+        size = adapter.check_image_size(req.image_size)
+    except ValueError as exc:
+        raise field_error(("image_size",), str(exc)) from None
+    encoded = runtime.encode(adapter, ("image", req.image_id, size), lambda: adapter.encode(item.image, req.image_id, size))
+    return fast_json(build_image_response(runtime, adapter, encoded, req, item))
+
+
+# ---- page ------------------------------------------------------------------------------------------
+_sample_ids: dict[str, str] = {}
+
+
+def _sample_config(request: Request) -> list[dict[str, Any]]:
+    """The example photos, decoded into the store so the page can draw the first one at once."""
+    store = get_image_store(request)
+    samples = []
+    for sample in SAMPLES:
+        path = SAMPLES_DIR / sample["file"]
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        image_id = _sample_ids.get(sample["file"]) or image_id_for(data)
+        if image_id not in store:
+            store.put(image_id, decode_image(data))
+        _sample_ids[sample["file"]] = image_id
+        samples.append({**sample, "url": f"/static/samples/{sample['file']}", "image_id": image_id})
+    return samples
+
+
+@router.get("/image", response_class=HTMLResponse, include_in_schema=False)
+def image_page(request: Request):
+    runtime: Runtime = request.app.state.runtime
+    models = [{"id": i, "default_size": None} for i, s in runtime.specs.items() if s.kind == "image"]
+    settings = runtime.settings
+    config = {
+        "models": models,
+        "model": "dinov2-small",
+        "samples": _sample_config(request),
+        "max_upload_bytes": settings.max_upload_bytes,
+        "max_image_pixels": settings.max_image_pixels,
+    }
+    return templates.TemplateResponse(request, "image.html", {"config": config, "page": "image"})

@@ -1,0 +1,64 @@
+"""Summaries of heads over a whole run (SPEC §6): attention rollout and mean attention distance.
+
+(Row entropy lives in models/interventions.py, next to the softmax it describes.)
+"""
+from __future__ import annotations
+
+import torch
+
+
+def attention_rollout(attention: torch.Tensor) -> torch.Tensor:
+    """Abnar & Zuidema (2020): Ã_l = ½ mean_h(P_l) + ½ I, rows renormalised, R = Ã_L ⋯ Ã_1.
+
+    attention: (L, H, T, T) → R (T, T); row i of R is how much each input token flows into token i
+    at the last layer. Rows of P that are all zero (every key masked) are handled: Ã keeps its ½ I.
+    """
+    n_layers, _, n_tokens, _ = attention.shape
+    identity = torch.eye(n_tokens, dtype=torch.float64)
+    rollout = identity.clone()  # (T, T)
+    for layer in range(n_layers):
+        mixed = 0.5 * attention[layer].double().mean(dim=0) + 0.5 * identity  # (T, T)
+        mixed = mixed / mixed.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+        rollout = mixed @ rollout  # Ã_l ⋯ Ã_1
+    return rollout.float()
+
+
+def cls_rollout_map(attention: torch.Tensor, prefix_tokens: int, grid: tuple[int, int]) -> torch.Tensor:
+    """The CLS row of the rollout over the patches, as a (rows, cols) map (sums to ≤ 1: the rest
+    flows from the prefix tokens)."""
+    rows, cols = grid
+    rollout = attention_rollout(attention)  # (T, T)
+    return rollout[0, prefix_tokens:].reshape(rows, cols)
+
+
+def patch_centres(grid: tuple[int, int], patch_size: int) -> torch.Tensor:
+    """Pixel coordinates (row, col) of every patch centre, row-major. → (rows·cols, 2)"""
+    rows, cols = grid
+    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+    return (torch.stack([r.flatten(), c.flatten()], dim=-1).double() + 0.5) * patch_size
+
+
+def mean_attention_distance(attention: torch.Tensor, prefix_tokens: int, grid: tuple[int, int], patch_size: int) -> torch.Tensor:
+    """Mean attention distance (ViT paper, Fig. 7): Σ_j P[i,j] ‖pos_i − pos_j‖ averaged over patch
+    queries i, in input pixels. Keys j are the patches; attention paid to CLS/register tokens (which
+    have no position) adds no distance and is not renormalised away.
+
+    attention: (L, H, T, T) → (L, H)
+    """
+    centres = patch_centres(grid, patch_size)  # (N, 2)
+    distances = torch.cdist(centres, centres)  # (N, N) in pixels
+    patch_probs = attention[:, :, prefix_tokens:, prefix_tokens:].double()  # (L, H, N, N)
+    return (patch_probs * distances).sum(dim=-1).mean(dim=-1).float()  # (L, H)
+
+
+def mean_token_distance(attention: torch.Tensor) -> torch.Tensor:
+    """Mean attention distance for text (SPEC §6): Σ_j P[i,j] |i − j| averaged over query rows i,
+    in tokens (positions in the returned token list, special tokens included). A row that is all zero
+    (every key masked) contributes 0.
+
+    attention: (L, H, T, T) → (L, H)
+    """
+    n_tokens = attention.shape[-1]
+    positions = torch.arange(n_tokens, dtype=torch.float64)
+    distances = (positions[:, None] - positions[None, :]).abs()  # (T, T): |i − j|
+    return (attention.double() * distances).sum(dim=-1).mean(dim=-1).float()  # (L, H)

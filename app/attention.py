@@ -14,6 +14,7 @@ from app.schemas import AttentionRequestBase, to_engine
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
 from models.effects import attention_tv, hidden_cosine, mean_and_std
 from models.interventions import Intervention, row_entropy
+from models.summaries import mean_token_distance
 
 
 def field_error(loc: tuple, message: str) -> RequestValidationError:
@@ -105,6 +106,7 @@ def build_attention_response(
         "attention": tensor_field(attention, req.encoding),
         "scores": tensor_field(result.scores[layers][:, heads], req.encoding) if req.include_scores else None,
         "entropy": row_entropy(result.attention).mean(dim=-1).tolist(),  # (L, H) for every head: cheap summary
+        "mean_distance": mean_token_distance(result.attention).tolist(),  # (L, H) in tokens (SPEC §6)
         "output": adapter.output_summary(result),
         "thumbnails": tensor_field(thumbnails(result.attention, req.thumbnail_size), req.encoding)
         if req.thumbnail_size else None,

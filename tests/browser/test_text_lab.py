@@ -239,3 +239,22 @@ def test_summaries_and_softmax_panel(page, page_log, live_server):
     assert "not a finite number" in page.inner_text("#status")
     screenshot(page, "text-lab-summaries-softmax")
     page_log.check()
+
+
+def test_shared_link_with_a_query_perturbation_changes_only_that_row(page, page_log, live_server):
+    # A link made by hand (as a student would share it): layer 1, head 4, perturb query 5 with σ = 3.
+    page.goto(live_server + "/#t=The+cat+sat+on+the+warm+mat+all+day.&l=1&h=4&b=0&bm=run&bs=head"
+              "&pon=1&pt=queries&pk=5&ps=3&pa=1&pseed=7&pn=1&pscope=head")
+    wait_for_heatmap(page)
+    page.wait_for_function("() => /TV at L1 h4/.test(document.getElementById('effect-summary').textContent)", timeout=60_000)
+    assert page.input_value("#text-input") == "The cat sat on the warm mat all day."
+    assert page.input_value("#perturb-target") == "queries" and page.input_value("#perturb-seed") == "7"
+    assert page.input_value("#pair-input") == ""
+    diff = plot_data(page, DIFF)
+    assert max(abs(v) for v in diff[5]) > 1e-3
+    assert all(abs(v) < 1e-6 for i, row in enumerate(diff) if i != 5 for v in row), "only row 5 may change (SPEC §4)"
+    # A click on a heatmap cell picks that query row for the softmax panel (and the link remembers it).
+    page.evaluate("() => document.getElementById('heatmap').emit('plotly_click', {points: [{pointIndex: [5, 2]}]})")
+    assert page.input_value("#softmax-query") == "5"
+    assert "q=5" in page.url
+    page_log.check()

@@ -21,7 +21,7 @@ export function drawEffect({ outputEl, hiddenEl, tvEl, warningsEl }, response) {
   if (effect.hidden_cosine_std) trace.error_y = { type: "data", array: effect.hidden_cosine_std, visible: true };
   Plotly.react(hiddenEl, [trace], {
     title: { text: "hidden-state cosine (after vs before)", font: { size: 13 } },
-    margin: { l: 45, r: 10, t: 30, b: 35 }, yaxis: { range: [Math.min(0, ...hc), 1.02] },
+    margin: { l: 55, r: 10, t: 30, b: 35 }, yaxis: { range: cosineRange(hc, effect.hidden_cosine_std) },
   }, CONFIG);
   const tv = effect.attention_tv_all || effect.attention_tv;
   Plotly.react(tvEl, [{
@@ -32,6 +32,14 @@ export function drawEffect({ outputEl, hiddenEl, tvEl, warningsEl }, response) {
     margin: { l: 40, r: 10, t: 30, b: 35 }, xaxis: { title: { text: "head" } },
     yaxis: { title: { text: "layer" }, autorange: "reversed" },
   }, CONFIG);
+}
+
+// Zoom in when every cosine is close to 1 (small changes stay visible), error bars included.
+function cosineRange(hc, std) {
+  const low = Math.min(...hc.map((v, i) => v - (std ? std[i] : 0)));
+  if (low < 0.5) return [Math.min(0, low), 1.02];
+  const pad = Math.max(1e-6, (1 - low) * 0.15);
+  return [low - pad, 1 + pad];
 }
 
 function emptyLayout(text) {

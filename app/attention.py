@@ -1,14 +1,13 @@
 """Building an attention response (text or image) from a request, an adapter and an encoded input."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
-from fastapi import HTTPException, Response
+from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 
-from app.encoding import tensor_field
+from app.encoding import fast_json, tensor_field  # noqa: F401  (fast_json re-exported for routes)
 from app.runtime import Runtime
 from app.schemas import AttentionRequestBase, to_engine
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
@@ -125,7 +124,3 @@ def thumbnails(attention: torch.Tensor, size: int) -> torch.Tensor:
     pooled = torch.nn.functional.adaptive_avg_pool2d(attention.reshape(n_layers * n_heads, 1, n_tokens, n_tokens), size)
     return pooled.reshape(n_layers, n_heads, size, size)
 
-
-def fast_json(payload: dict[str, Any]) -> Response:
-    """Serialise without pydantic's per-element validation: attention arrays hold millions of floats."""
-    return Response(json.dumps(payload, separators=(",", ":"), allow_nan=False), media_type="application/json")

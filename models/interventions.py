@@ -157,14 +157,24 @@ def intervened_attention(
 
     scores = torch.matmul(query, key.transpose(-1, -2))  # (B, H, T_q, T_k) Ŝ, unscaled
     device = scores.device
-    blocked = plan.key_mask.to(device)[None, :, None, :]  # (1, H, 1, T_k)
+    blocked = None  # bool, broadcastable to (B, H, T_q, T_k); None = nothing masked (the fast path)
+    if bool(plan.key_mask.any()):
+        blocked = plan.key_mask.to(device)[None, :, None, :]  # (1, H, 1, T_k)
     if bool(plan.causal.any()):
         future = torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).triu(1)  # (T_q, T_k)
-        blocked = blocked | (plan.causal.to(device)[None, :, None, None] & future)  # (1, H, T_q, T_k)
-    if allowed is not None:
-        blocked = blocked | ~allowed
-    beta = plan.beta.to(device, scores.dtype)[None, :, None, None]  # (1, H, 1, 1)
-    probs, dead_rows = masked_softmax(beta * scores, blocked)  # (B, H, T_q, T_k)
+        causal = plan.causal.to(device)[None, :, None, None] & future  # (1, H, T_q, T_k)
+        blocked = causal if blocked is None else blocked | causal
+    if allowed is not None and not bool(allowed.all()):
+        blocked = ~allowed if blocked is None else blocked | ~allowed
+    if bool((plan.beta == native_beta).all()):
+        logits = scores * native_beta  # (B, H, T_q, T_k)
+    else:
+        logits = scores * plan.beta.to(device, scores.dtype)[None, :, None, None]
+    if blocked is None:
+        probs = torch.softmax(logits, dim=-1)
+        dead_rows = torch.zeros(probs.shape[:-1], dtype=torch.bool, device=device)  # (B, H, T_q)
+    else:
+        probs, dead_rows = masked_softmax(logits, blocked)  # (B, H, T_q, T_k)
     output = torch.matmul(probs.to(value.dtype), value)  # (B, H, T_q, d_v)
     if bool(plan.ablate.any()):
         output = output.masked_fill(plan.ablate.to(device)[None, :, None, None], 0.0)

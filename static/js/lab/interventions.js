@@ -62,6 +62,7 @@ export function resetControl(lab, key) {
   const fresh = createLab()[key];
   if (key === "beta") { lab.beta.logRatio = 0; return; } // keep mode and scope
   if (key === "perturb") { lab.perturb.on = false; lab.perturb.tokens.clear(); return; }
+  if (key === "masks") { lab.masks.tokens.clear(); return; } // in place: a page may share this Set
   Object.assign(lab[key], fresh, { scope: lab[key].scope });
 }
 

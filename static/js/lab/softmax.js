@@ -66,16 +66,18 @@ export function mountSoftmaxPanel(container, { onError = () => {} } = {}) {
     vectorControls.style.display = useRow ? "none" : "";
     let s, beta, labels, masked = null;
     if (useRow) {
-      if (query.options.length !== ctx.tokens.length || query.dataset.sig !== ctx.tokens.join("\u0001")) {
-        query.replaceChildren(...ctx.tokens.map((t, i) => new Option(`${i}: ${t}`, i)));
-        query.dataset.sig = ctx.tokens.join("\u0001");
+      // Query rows offered (default: every token) and key labels (default: the same tokens).
+      const queries = ctx.queryLabels ?? ctx.tokens.map((t, i) => `${i}: ${t}`);
+      if (query.dataset.sig !== queries.join("\u0001")) {
+        query.replaceChildren(...queries.map((t, i) => new Option(t, i)));
+        query.dataset.sig = queries.join("\u0001");
       }
-      const q = Math.min(ctx.query ?? 0, ctx.tokens.length - 1);
+      const q = Math.min(ctx.query ?? 0, queries.length - 1);
       query.value = q;
       s = ctx.scores[q];
       beta = ctx.beta;
       masked = ctx.masked;
-      labels = ctx.tokens.map((t, i) => `${i}:${t}`);
+      labels = ctx.keyLabels ?? ctx.tokens.map((t, i) => `${i}:${t}`);
     } else {
       try {
         s = parseVector(vector.value);

@@ -30,11 +30,17 @@ export function labToParams(lab, params = new URLSearchParams()) {
   return params;
 }
 
+// Sets are refilled in place: a page may hold the same Set (e.g. its own masked patches).
+function replaceSet(set, values) {
+  set.clear();
+  for (const v of values) set.add(v);
+}
+
 export function paramsToLab(params, lab) {
   lab.beta.logRatio = Math.max(-3, Math.min(3, num(params.get("b"), lab.beta.logRatio)));
   if (["view", "run"].includes(params.get("bm"))) lab.beta.mode = params.get("bm");
   lab.beta.scope = scope(params.get("bs"), lab.beta.scope);
-  lab.masks.tokens = new Set(ints(params.get("mk")));
+  replaceSet(lab.masks.tokens, ints(params.get("mk")));
   lab.masks.scope = scope(params.get("ms"), lab.masks.scope);
   lab.causal.on = params.get("c") === "1";
   lab.causal.scope = scope(params.get("cs"), lab.causal.scope);
@@ -43,7 +49,7 @@ export function paramsToLab(params, lab) {
   const p = lab.perturb;
   p.on = params.get("pon") === "1";
   if (["keys", "queries"].includes(params.get("pt"))) p.target = params.get("pt");
-  p.tokens = new Set(ints(params.get("pk")));
+  replaceSet(p.tokens, ints(params.get("pk")));
   p.sigma = Math.max(0, num(params.get("ps"), p.sigma));
   p.alpha = num(params.get("pa"), p.alpha);
   p.seed = Math.max(0, Math.round(num(params.get("pseed"), p.seed)));

@@ -16,6 +16,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from app.routes import pages, service, text
 from app.routes import images
+from app.routes import gaussian
 from app.runtime import Overloaded, Runtime, request_deadline
 from app.settings import Settings, get_settings
 
@@ -114,6 +115,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(text.router)
     app.include_router(pages.router)
     app.include_router(images.router)
+    app.include_router(gaussian.router)
     return app
 
 

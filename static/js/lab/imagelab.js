@@ -95,12 +95,24 @@ export function mountImageLab(container, page) {
     return { layer, head, query: s.query };
   };
   const ctx = () => ({ ...selection(), nativeBeta: response?.native_beta ?? 1 });
-  const interventions = () => wire(buildInterventions(lab, ctx()).filter((iv) => iv.op !== "temperature"));
+  // A new image, model or resolution makes chosen patch indices meaningless: drop them.
+  let lastKey = null;
+  const inputKey = () => `${page.state.model}|${page.state.imageId}|${page.state.sizeFactor}`;
+  const interventions = () => {
+    if (lastKey !== null && inputKey() !== lastKey && (lab.perturb.tokens.size || lab.perturb.on)) {
+      lab.perturb.tokens.clear();
+      lab.perturb.on = false;
+      perturb.update();
+    }
+    return wire(buildInterventions(lab, ctx()).filter((iv) => iv.op !== "temperature"));
+  };
+  const labOnly = (list) => JSON.stringify(list.filter((iv) => iv.op !== "temperature"));
   const samples = () => (lab.perturb.on ? lab.perturb.samples : 1);
 
   async function update(r, body) {
     response = r;
     request = body;
+    lastKey = inputKey();
     base = null;
     $("reupload").hidden = true;
     if (body.interventions.length) {
@@ -117,6 +129,8 @@ export function mountImageLab(container, page) {
   function render() {
     if (!response) return;
     const r = response;
+    // Scoped interventions follow the selected head: a selection change the page only redrew needs a run.
+    if (request && labOnly(interventions()) !== labOnly(request.interventions)) { page.reload(); return; }
     const { layer, head, query } = selection();
     const li = page.state.layer, hi = page.state.head;
     masks.update();
@@ -200,9 +214,14 @@ export function mountImageLab(container, page) {
   }
 
   // Fill the page state from the URL; returns the params (or null when the URL holds no view).
-  function restoreInto(state, { models = [] } = {}) {
+  function restoreInto(state, { models = [], samples: examples = [] } = {}) {
     const params = readHash();
     if (!params.get("img")) return null;
+    const example = examples.find((x) => x.image_id === params.get("img"));
+    if (example) state.source = { url: example.url, name: example.file }; // an example photo restores at once
+    const size = Number(params.get("z"));
+    state.sizeFactor = size === 2 ? 2 : 1;
+    const setControl = (id, value) => { const el = document.getElementById(id); if (el && value !== null && value !== undefined) el.value = String(value); };
     paramsToLab(params, lab);
     lab.beta.logRatio = 0; // the page's own slider holds β
     const model = params.get("m");
@@ -213,6 +232,9 @@ export function mountImageLab(container, page) {
     state.query = intParam(params, "q", 0);
     const b = Number(params.get("b"));
     state.logBeta = Number.isFinite(b) ? b : 0;
+    setControl("model-select", state.model);
+    setControl("beta-slider", state.logBeta);
+    if (["all", "layer", "head"].includes(params.get("bs"))) setControl("beta-scope", params.get("bs"));
     masks.update();
     perturb.update();
     return params;

@@ -21,6 +21,7 @@ function numberInput(id, value, { min = null, max = null, step = "any" } = {}) {
 // With showTokenStrip the panel draws clickable chips for the tokens; a page that picks patches on an
 // image instead calls togglePick(j) from its own click handler.
 export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = true, unit = "token" }) {
+  const units = unit.endsWith("ch") ? `${unit}es` : `${unit}s`;
   const p = lab.perturb;
   const target = el("select", { id: "perturb-target" });
   target.append(new Option("keys  k̂_j = α k_j + ε", "keys"), new Option("queries  q̂_i = α q_i + ε", "queries"));
@@ -55,10 +56,10 @@ export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = t
       el("label", {}, "target ", target), el("label", {}, "σ ", sigma), el("label", {}, "α ", alpha),
       el("label", {}, "seed ", seed), el("label", {}, "samples n ", samples), el("label", {}, "scope ", scope), apply, reset),
     el("p", { className: "help", id: "perturb-help" }),
-    el("div", { className: "controls" }, el("span", { className: "help" }, `chosen ${unit}s:`), chosen),
+    el("div", { className: "controls" }, el("span", { className: "help" }, `chosen ${units}:`), chosen),
     strip,
     el("p", { className: "help" },
-      `Click ${unit}s to choose them (none chosen = every ${unit}). σ: noise ε ~ N(0, σ²I_d) from a generator seeded by `
+      `Click ${units} to choose them (none chosen = every ${unit}). σ: noise ε ~ N(0, σ²I_d) from a generator seeded by `
       + "seed (same seed, same ε). α > 1 elongates: sharpens the preference for or against the key according to the sign of S[i,j]. "
       + "n > 1 averages every effect over seeds seed … seed+n−1 and shows ± one standard deviation."),
   );

@@ -21,7 +21,7 @@ export function drawEffect({ outputEl, hiddenEl, tvEl, warningsEl }, response) {
   if (effect.hidden_cosine_std) trace.error_y = { type: "data", array: effect.hidden_cosine_std, visible: true };
   Plotly.react(hiddenEl, [trace], {
     title: { text: "hidden-state cosine (after vs before)", font: { size: 13 } },
-    margin: { l: 55, r: 10, t: 30, b: 35 }, yaxis: { range: cosineRange(hc, effect.hidden_cosine_std) },
+    margin: { l: 70, r: 10, t: 30, b: 35 }, yaxis: { range: cosineRange(hc, effect.hidden_cosine_std) },
   }, CONFIG);
   const tv = effect.attention_tv_all || effect.attention_tv;
   Plotly.react(tvEl, [{

@@ -96,6 +96,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the CPU is shared: default 1)")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N training images (pilot runs)")
     parser.add_argument("--no-augment", action="store_true")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="start from a saved vit-fashion folder (fine-tuning; the config comes from there)")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -110,8 +112,13 @@ def main() -> int:
     x_train, y_train = to_tensor(train_images), torch.from_numpy(train_labels.astype(np.int64))
     x_test, y_test = to_tensor(test_images), torch.from_numpy(test_labels.astype(np.int64))
 
-    config = build_config(args)
-    model = ViTForImageClassification(config, add_pooling_layer=False) if _accepts_pooling() else ViTForImageClassification(config)
+    if args.init_from:
+        model = ViTForImageClassification.from_pretrained(args.init_from)
+        config = model.config
+        args.patch, args.hidden, args.layers, args.heads = config.patch_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads
+    else:
+        config = build_config(args)
+        model = ViTForImageClassification(config, add_pooling_layer=False) if _accepts_pooling() else ViTForImageClassification(config)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"vit-fashion: {n_params:,} parameters, {(28 // args.patch) ** 2} patches + CLS, "
           f"{args.layers} layers × {args.heads} heads, hidden {args.hidden}; {len(x_train)} train images; "
@@ -179,6 +186,7 @@ def main() -> int:
         "seed": args.seed, "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
         "weight_decay": args.weight_decay, "augment": not args.no_augment, "threads": args.threads,
         "parameters": n_params, "test_accuracy": final_accuracy,
+        "init_from": str(args.init_from) if args.init_from else None,
         "train_seconds": round(time.time() - start, 1), "history": history,
         "note": "inputs: white-on-black garments as in Fashion-MNIST (no inversion)",
     }, indent=2) + "\n")

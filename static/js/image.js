@@ -1,0 +1,405 @@
+// The image page: upload a photo (drag-and-drop or picker, with progress), see one head's attention
+// over it for a chosen query patch (CLS by default), every layer × head at once, the rollout, β,
+// key masks by click or brush, predictions before/after, and the mean attention distance per head.
+import { ApiError, isAbort, postJSON, setStatus } from "./api.js";
+import { decodeTensor, fmt } from "./mathx.js";
+
+const config = JSON.parse(document.getElementById("page-config").textContent);
+const $ = (id) => document.getElementById(id);
+const PLOT = { responsive: true, displaylogo: false };
+// Overlay colours: low attention transparent so the photo shows through, high attention bright.
+const OVERLAY_SCALE = [
+  [0, "rgba(10,10,40,0)"], [0.15, "rgba(60,20,120,0.25)"], [0.45, "rgba(180,40,120,0.55)"],
+  [0.75, "rgba(250,120,30,0.75)"], [1, "rgba(255,240,80,0.9)"],
+];
+
+const state = {
+  model: config.model,
+  imageId: null,
+  source: null, // {blob | url}: what to upload again if the server evicted the image (404)
+  sizeFactor: 1, // 1 = native resolution, 2 = twice (position embeddings interpolated)
+  nativeSize: {}, // model id → native image size, learnt from responses
+  layer: 0,
+  head: 0,
+  query: 0, // token index; 0 = CLS
+  masked: new Set(), // masked key tokens (patch token indices)
+  logBeta: 0, // log10(β/β₀)
+  response: null,
+};
+
+// ---- helpers ---------------------------------------------------------------------------------------
+const grid = () => state.response.grid; // [rows, cols]
+const prefix = () => state.response.prefix_tokens;
+const patchToken = (r, c) => prefix() + r * grid()[1] + c;
+const tokenPatch = (t) => (t < prefix() ? null : [Math.floor((t - prefix()) / grid()[1]), (t - prefix()) % grid()[1]]);
+
+function reshape(flat, rows, cols) {
+  const out = [];
+  for (let r = 0; r < rows; r++) out.push(flat.slice(r * cols, (r + 1) * cols));
+  return out;
+}
+
+function interventions() {
+  const ivs = [];
+  if (Math.abs(state.logBeta) > 1e-9 && state.response) {
+    const beta = state.response.native_beta * 10 ** state.logBeta;
+    const scope = $("beta-scope").value;
+    ivs.push({
+      op: "temperature", beta,
+      layers: scope === "all" ? null : [state.layer],
+      heads: scope === "head" ? [state.head] : null,
+    });
+  }
+  if (state.masked.size) ivs.push({ op: "mask_keys", tokens: [...state.masked].sort((a, b) => a - b) });
+  return ivs;
+}
+
+function requestBody() {
+  const native = state.nativeSize[state.model];
+  const ivs = interventions();
+  return {
+    model: state.model,
+    image_id: state.imageId,
+    image_size: state.sizeFactor === 1 || !native ? null : native * state.sizeFactor,
+    queries: [state.query],
+    interventions: ivs,
+    compare: ivs.length > 0,
+  };
+}
+
+// ---- upload ----------------------------------------------------------------------------------------
+function uploadBlob(blob, name = "image") {
+  // XMLHttpRequest rather than fetch: it reports upload progress.
+  return new Promise((resolve, reject) => {
+    const xhr = new XMLHttpRequest();
+    const progress = $("upload-progress");
+    progress.hidden = false;
+    progress.value = 0;
+    xhr.upload.onprogress = (e) => { if (e.lengthComputable) progress.value = e.loaded / e.total; };
+    xhr.onload = () => {
+      progress.hidden = true;
+      let payload = {};
+      try { payload = JSON.parse(xhr.responseText); } catch { payload = { detail: xhr.statusText }; }
+      if (xhr.status >= 200 && xhr.status < 300) resolve(payload);
+      else reject(new ApiError(xhr.status, payload.detail));
+    };
+    xhr.onerror = () => { progress.hidden = true; reject(new Error("network error during upload")); };
+    const form = new FormData();
+    form.append("file", blob, name);
+    xhr.open("POST", "/api/images");
+    xhr.send(form);
+  });
+}
+
+async function useFile(file) {
+  setStatus(`uploading ${file.name}…`);
+  try {
+    const r = await uploadBlob(file, file.name);
+    state.source = { blob: file, name: file.name };
+    await selectImage(r.image_id);
+    setStatus(`${file.name}: ${r.width}×${r.height}`);
+  } catch (err) {
+    setStatus(`upload refused: ${err.message}`, { error: true });
+  }
+}
+
+async function reupload() {
+  const src = state.source;
+  if (!src) throw new Error("the server no longer holds this image; upload it again");
+  const blob = src.blob ?? (await (await fetch(src.url)).blob());
+  const r = await uploadBlob(blob, src.name);
+  state.imageId = r.image_id;
+}
+
+async function selectImage(imageId) {
+  state.imageId = imageId;
+  state.query = 0;
+  state.masked.clear();
+  await load();
+}
+
+// ---- loading ---------------------------------------------------------------------------------------
+let seq = 0;
+async function load({ retried = false } = {}) {
+  if (!state.imageId) return;
+  const mySeq = ++seq;
+  setStatus("running…");
+  const started = performance.now();
+  try {
+    const r = await postJSON("/api/image/attention", requestBody(), { channel: "image" });
+    if (mySeq !== seq) return;
+    state.response = r;
+    state.response.attention = decodeTensor(r.attention); // [L][H][1][T]
+    if (!state.sizeFactor || state.sizeFactor === 1) state.nativeSize[state.model] = r.image_size;
+    state.layer = Math.min(state.layer, r.layers.length - 1);
+    state.head = Math.min(state.head, r.heads.length - 1);
+    render();
+    const ms = performance.now() - started;
+    setStatus(`${r.model} · ${r.image_size} px · ${r.tokens.length} tokens · ${ms.toFixed(0)} ms`);
+  } catch (err) {
+    if (isAbort(err)) return;
+    if (err.status === 404 && !retried && state.source) {
+      setStatus("the server evicted the image: uploading it again…");
+      try { await reupload(); return load({ retried: true }); } catch (e) { err = e; }
+    }
+    setStatus(err.message, { error: true });
+  }
+}
+
+let pending = null;
+function loadSoon(delay = 120) { // slider moves: coalesce, the api client aborts stale requests
+  clearTimeout(pending);
+  pending = setTimeout(() => load(), delay);
+}
+
+// ---- rendering -------------------------------------------------------------------------------------
+function render() {
+  renderSelectors();
+  renderOverlay();
+  renderModelGrid();
+  renderOutput();
+  renderDistance();
+  renderReadouts();
+}
+
+function renderSelectors() {
+  const r = state.response;
+  fillSelect($("layer-select"), r.layers.map((l) => [l, `layer ${l}`]), state.layer);
+  fillSelect($("head-select"), r.heads.map((h) => [h, `head ${h}`]), state.head);
+  const native = state.nativeSize[state.model] ?? r.image_size;
+  fillSelect($("size-select"), [[1, `${native} px (native)`], [2, `${native * 2} px (interpolated)`]], state.sizeFactor);
+}
+
+function fillSelect(el, options, value) {
+  const key = JSON.stringify(options);
+  if (el.dataset.key !== key) {
+    el.replaceChildren(...options.map(([v, label]) => new Option(label, v)));
+    el.dataset.key = key;
+  }
+  el.value = String(value);
+}
+
+function currentMap() {
+  const r = state.response;
+  const [rows, cols] = grid();
+  if ($("rollout-toggle").checked) return { z: r.rollout, title: "rollout: CLS row of Ã_L⋯Ã_1 over the patches" };
+  const row = r.attention[state.layer][state.head][0]; // (T,) P[query, :]
+  const q = r.tokens[state.query];
+  return {
+    z: reshape(row.slice(prefix()), rows, cols),
+    title: `layer ${state.layer}, head ${state.head}, query ${q}; P to prefix tokens: ${fmt(row.slice(0, prefix()).reduce((a, b) => a + b, 0))}`,
+  };
+}
+
+function renderOverlay() {
+  const r = state.response;
+  const [rows, cols] = grid();
+  const { z, title } = currentMap();
+  $("overlay-title").textContent = title;
+  const viewSize = Math.min(1036, Math.max(448, r.image_size));
+  const heat = {
+    type: "heatmap", z, colorscale: OVERLAY_SCALE, zmin: 0, showscale: true,
+    colorbar: { thickness: 12 }, hovertemplate: "patch (%{y}, %{x})<br>%{z:.4f}<extra></extra>",
+  };
+  const maskedCells = [...state.masked].map(tokenPatch).filter(Boolean);
+  const masks = {
+    type: "scatter", mode: "markers", x: maskedCells.map((p) => p[1]), y: maskedCells.map((p) => p[0]),
+    marker: { symbol: "x-thin", size: Math.max(6, 360 / cols), line: { width: 2, color: "#2ee6ff" } },
+    hoverinfo: "skip", showlegend: false,
+  };
+  const qp = tokenPatch(state.query);
+  const query = {
+    type: "scatter", mode: "markers", x: qp ? [qp[1]] : [], y: qp ? [qp[0]] : [],
+    marker: { symbol: "square-open", size: Math.max(8, 420 / cols), line: { width: 3, color: "#00e676" } },
+    hoverinfo: "skip", showlegend: false,
+  };
+  const layout = {
+    margin: { l: 30, r: 10, t: 10, b: 30 },
+    xaxis: { range: [-0.5, cols - 0.5], showgrid: false, zeroline: false, constrain: "domain" },
+    yaxis: { range: [rows - 0.5, -0.5], showgrid: false, zeroline: false, scaleanchor: "x" },
+    images: [{
+      source: `/api/images/${state.imageId}/view?size=${viewSize}`, xref: "x", yref: "y",
+      x: -0.5, y: -0.5, sizex: cols, sizey: rows, xanchor: "left", yanchor: "top", sizing: "stretch", layer: "below",
+    }],
+    dragmode: $("click-mode").value === "mask" ? "select" : "zoom",
+  };
+  Plotly.react($("overlay"), [heat, masks, query], layout, PLOT);
+}
+
+function renderModelGrid() {
+  const r = state.response;
+  const [rows, cols] = grid();
+  const L = r.layers.length, H = r.heads.length;
+  // one composite heatmap: layer-major blocks of rows × cols with one-cell gaps (null)
+  const height = L * (rows + 1) - 1, width = H * (cols + 1) - 1;
+  const z = Array.from({ length: height }, () => new Array(width).fill(null));
+  for (let l = 0; l < L; l++) {
+    for (let h = 0; h < H; h++) {
+      const row = r.attention[l][h][0].slice(prefix());
+      const max = Math.max(...row) || 1;
+      for (let i = 0; i < rows; i++) for (let j = 0; j < cols; j++) z[l * (rows + 1) + i][h * (cols + 1) + j] = row[i * cols + j] / max;
+    }
+  }
+  const heat = { type: "heatmap", z, colorscale: "Viridis", showscale: false, hoverinfo: "none" };
+  const box = {
+    type: "scatter", mode: "lines", hoverinfo: "skip", showlegend: false, line: { color: "#00e676", width: 2 },
+    x: [-0.5, cols - 0.5, cols - 0.5, -0.5, -0.5].map((v) => v + state.head * (cols + 1)),
+    y: [-0.5, -0.5, rows - 0.5, rows - 0.5, -0.5].map((v) => v + state.layer * (rows + 1)),
+  };
+  const layout = {
+    margin: { l: 40, r: 10, t: 24, b: 10 },
+    xaxis: { tickvals: r.heads.map((h, i) => i * (cols + 1) + cols / 2 - 0.5), ticktext: r.heads.map((h) => `h${h}`), side: "top", showgrid: false, zeroline: false },
+    yaxis: { tickvals: r.layers.map((l, i) => i * (rows + 1) + rows / 2 - 0.5), ticktext: r.layers.map((l) => `L${l}`), autorange: "reversed", showgrid: false, zeroline: false },
+  };
+  Plotly.react($("model-grid"), [heat, box], layout, PLOT);
+}
+
+function renderOutput() {
+  const r = state.response;
+  const out = r.effect?.output;
+  const dl = $("output-effect");
+  dl.replaceChildren();
+  const add = (k, v) => { const dt = document.createElement("dt"); dt.textContent = k; const dd = document.createElement("dd"); dd.textContent = v; dl.append(dt, dd); };
+  $("predictions").hidden = !r.predictions;
+  if (r.predictions) {
+    $("output-title").textContent = "class probabilities, before and after the interventions";
+    const rows = out?.classes ?? r.predictions.map((p) => ({ label: p.label, before: p.prob, after: p.prob }));
+    const traces = [
+      { type: "bar", orientation: "h", name: "before", y: rows.map((c) => c.label), x: rows.map((c) => c.before), marker: { color: "#98a2b3" } },
+      { type: "bar", orientation: "h", name: out ? "after" : "now", y: rows.map((c) => c.label), x: rows.map((c) => c.after), marker: { color: "#3b5bdb" } },
+    ];
+    Plotly.react($("predictions"), traces, {
+      barmode: "group", margin: { l: 110, r: 10, t: 10, b: 30 }, xaxis: { range: [0, 1], title: { text: "probability" } },
+      yaxis: { autorange: "reversed" }, legend: { orientation: "h" },
+    }, PLOT);
+    if (out) { add("KL(before ‖ after)", fmt(out.kl)); add("top-1 changed", out.top1_changed ? "yes" : "no"); }
+  } else {
+    $("output-title").textContent = "backbone: CLS embedding";
+    Plotly.purge($("predictions"));
+    add("CLS cosine (after vs before)", out ? fmt(out.cls_cosine) : "1 (no intervention)");
+  }
+  if (r.effect) {
+    const tv = r.effect.attention_tv.flat();
+    add("mean attention TV", fmt(tv.reduce((a, b) => a + b, 0) / tv.length));
+    add("hidden cosine, last layer", fmt(r.effect.hidden_cosine[r.effect.hidden_cosine.length - 1]));
+  }
+  $("warnings").textContent = (r.warnings || []).join(" ");
+}
+
+function renderDistance() {
+  const r = state.response;
+  const traces = r.heads.map((h, hi) => ({
+    type: "scatter", mode: "markers", name: `head ${h}`,
+    x: r.layers.map((l) => l + (hi - (r.heads.length - 1) / 2) * 0.06), y: r.mean_distance.map((perHead) => perHead[hi]),
+    hovertemplate: `layer %{x:.0f}, head ${h}: %{y:.1f} px<extra></extra>`,
+  }));
+  Plotly.react($("distance-plot"), traces, {
+    margin: { l: 50, r: 10, t: 10, b: 40 }, xaxis: { title: { text: "layer" }, dtick: 1 },
+    yaxis: { title: { text: "mean attention distance (px)" }, rangemode: "tozero" }, showlegend: false,
+  }, PLOT);
+}
+
+function renderReadouts() {
+  const r = state.response;
+  const beta = r.native_beta * 10 ** state.logBeta;
+  $("beta-readout").textContent = `β = ${beta.toPrecision(3)} (β₀ = ${r.native_beta.toPrecision(3)}), T = ${(1 / beta).toPrecision(3)}`;
+  $("query-readout").textContent = `query: ${r.tokens[state.query]} · masked keys: ${state.masked.size}`;
+}
+
+// ---- events ----------------------------------------------------------------------------------------
+function onOverlayClick(ev) {
+  const point = ev.points?.[0];
+  if (!point || !state.response) return;
+  const [rows, cols] = grid();
+  const c = Math.round(point.x), r = Math.round(point.y);
+  if (r < 0 || r >= rows || c < 0 || c >= cols) return;
+  const token = patchToken(r, c);
+  if ($("click-mode").value === "mask") {
+    if (state.masked.has(token)) state.masked.delete(token); else state.masked.add(token);
+  } else {
+    state.query = token;
+  }
+  load();
+}
+
+function onOverlaySelect(ev) { // the brush: box/lasso selection masks every patch inside it
+  if (!ev || !ev.range && !ev.lassoPoints || $("click-mode").value !== "mask") return;
+  const [rows, cols] = grid();
+  const xs = ev.range?.x, ys = ev.range?.y;
+  if (!xs || !ys) return;
+  for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) {
+    if (c >= Math.min(...xs) && c <= Math.max(...xs) && r >= Math.min(...ys) && r <= Math.max(...ys)) state.masked.add(patchToken(r, c));
+  }
+  load();
+}
+
+function onGridClick(ev) {
+  const point = ev.points?.[0];
+  if (!point || !state.response) return;
+  const [rows, cols] = grid();
+  const h = Math.floor((point.x + 0.5) / (cols + 1)), l = Math.floor((point.y + 0.5) / (rows + 1));
+  if (h < state.response.heads.length && l < state.response.layers.length) {
+    state.head = h;
+    state.layer = l;
+    if (Math.abs(state.logBeta) > 1e-9 && $("beta-scope").value !== "all") load(); else render();
+  }
+}
+
+function wire() {
+  const drop = $("drop-zone");
+  ["dragenter", "dragover"].forEach((t) => drop.addEventListener(t, (e) => { e.preventDefault(); drop.classList.add("dragover"); }));
+  ["dragleave", "drop"].forEach((t) => drop.addEventListener(t, (e) => { e.preventDefault(); drop.classList.remove("dragover"); }));
+  drop.addEventListener("drop", (e) => { const f = e.dataTransfer?.files?.[0]; if (f) useFile(f); });
+  $("file-input").addEventListener("change", (e) => { const f = e.target.files?.[0]; if (f) useFile(f); });
+
+  fillSelect($("model-select"), config.models.map((m) => [m.id, m.id]), state.model);
+  $("model-select").addEventListener("change", (e) => {
+    state.model = e.target.value; state.layer = 0; state.head = 0; state.query = 0; state.masked.clear(); state.sizeFactor = 1;
+    load();
+  });
+  $("size-select").addEventListener("change", (e) => { state.sizeFactor = Number(e.target.value); state.query = 0; state.masked.clear(); load(); });
+  $("layer-select").addEventListener("change", (e) => { state.layer = state.response.layers.indexOf(Number(e.target.value)); render(); });
+  $("head-select").addEventListener("change", (e) => { state.head = state.response.heads.indexOf(Number(e.target.value)); render(); });
+  $("rollout-toggle").addEventListener("change", () => renderOverlay());
+  $("click-mode").addEventListener("change", () => renderOverlay());
+  $("query-cls").addEventListener("click", () => { state.query = 0; load(); });
+  $("clear-masks").addEventListener("click", () => { state.masked.clear(); load(); });
+  $("beta-slider").addEventListener("input", (e) => { state.logBeta = Number(e.target.value); if (state.response) renderReadouts(); loadSoon(); });
+  $("beta-reset").addEventListener("click", () => { state.logBeta = 0; $("beta-slider").value = "0"; load(); });
+  $("beta-scope").addEventListener("change", () => { if (Math.abs(state.logBeta) > 1e-9) load(); });
+
+  $("overlay").on?.("plotly_click", onOverlayClick);
+  $("overlay").on?.("plotly_selected", onOverlaySelect);
+  $("model-grid").on?.("plotly_click", onGridClick);
+
+  const buttons = $("sample-buttons");
+  for (const sample of config.samples) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = sample.name;
+    b.dataset.sample = sample.file;
+    b.addEventListener("click", () => {
+      state.source = { url: sample.url, name: sample.file };
+      if (sample.model && config.models.some((m) => m.id === sample.model)) {
+        state.model = sample.model; $("model-select").value = sample.model; state.sizeFactor = 1;
+      }
+      buttons.querySelectorAll("button").forEach((x) => x.classList.toggle("active", x === b));
+      selectImage(sample.image_id);
+    });
+    buttons.append(b);
+  }
+}
+
+async function start() {
+  // Plotly attaches .on() to a div once it holds a plot: draw empty figures first, then wire.
+  for (const id of ["overlay", "model-grid"]) await Plotly.newPlot($(id), [], { margin: { t: 10 } }, PLOT);
+  wire();
+  const first = config.samples.find((s) => s.model === state.model) ?? config.samples[0];
+  if (first) {
+    document.querySelector(`#sample-buttons button[data-sample="${first.file}"]`)?.click();
+  } else {
+    setStatus("drop a photo to start");
+  }
+}
+
+start();

@@ -216,6 +216,13 @@ def test_summaries_and_softmax_panel(page, page_log, live_server):
     page.click('#summary-table th[data-sort="distance"]')
     assert column(4) == sorted(column(4))
 
+    # A click on a summary heatmap cell selects that head everywhere.
+    page.evaluate("() => document.getElementById('summary-entropy').emit('plotly_click', {points: [{x: 4, y: 1}]})")
+    page.wait_for_function("() => document.getElementById('heatmap-title').textContent.startsWith('layer 1, head 4')", timeout=30_000)
+    wait_idle(page)
+    assert page.input_value("#layer-select") == "1" and page.input_value("#head-select") == "4"
+    assert page.locator("#summary-table tr.selected").get_attribute("data-head") == "4"
+
     # The softmax panel: the query row at the current β matches the heatmap's row, and its Jacobian.
     page.select_option("#softmax-query", "5")
     bars = page.evaluate("() => document.getElementById('softmax-bars').data[0].y")

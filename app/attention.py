@@ -1,6 +1,7 @@
 """Building an attention response (text or image) from a request, an adapter and an encoded input."""
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import torch
@@ -104,10 +105,11 @@ def build_attention_response(
         "native_beta": info.native_beta,
         "attention": tensor_field(attention, req.encoding),
         "scores": tensor_field(result.scores[layers][:, heads], req.encoding) if req.include_scores else None,
-        "entropy": row_entropy(result.attention).mean(dim=-1).tolist(),  # (L, H) for every head: cheap summary
-        "mean_distance": mean_token_distance(result.attention).tolist(),  # (L, H) in tokens (SPEC §6)
+        # (L, H) summaries of every head, computed once per cached result
+        "entropy": result.summary("entropy", lambda: row_entropy(result.attention).mean(dim=-1).tolist()),
+        "mean_distance": result.summary("mean_distance", lambda: mean_token_distance(result.attention).tolist()),
         "output": adapter.output_summary(result),
-        "thumbnails": tensor_field(thumbnails(result.attention, req.thumbnail_size), req.encoding)
+        "thumbnails": result.summary(f"thumbnails{req.thumbnail_size}", lambda: thumbnails(result.attention, req.thumbnail_size))
         if req.thumbnail_size else None,
         "effect": effect,
         "warnings": warnings,
@@ -116,11 +118,20 @@ def build_attention_response(
 
 
 
-def thumbnails(attention: torch.Tensor, size: int) -> torch.Tensor:
-    """Every head's map average-pooled to at most size × size. (L, H, T, T) → (L, H, t, t)."""
+def thumbnails(attention: torch.Tensor, size: int) -> dict[str, Any]:
+    """Every head's map average-pooled to at most size × size, as pictures: uint8 relative to each head's
+    maximum (`max`, (L, H)), base64. (L, H, T, T) → {"dtype": "uint8", "shape": [L, H, t, t], "max", "data"}."""
     n_layers, n_heads, n_tokens, _ = attention.shape
-    if n_tokens <= size:
-        return attention
-    pooled = torch.nn.functional.adaptive_avg_pool2d(attention.reshape(n_layers * n_heads, 1, n_tokens, n_tokens), size)
-    return pooled.reshape(n_layers, n_heads, size, size)
+    pooled = attention
+    if n_tokens > size:
+        flat = attention.reshape(n_layers * n_heads, 1, n_tokens, n_tokens)
+        pooled = torch.nn.functional.adaptive_avg_pool2d(flat, size).reshape(n_layers, n_heads, size, size)
+    peak = pooled.amax(dim=(-1, -2)).clamp_min(1e-12)  # (L, H)
+    levels = torch.round(pooled / peak[..., None, None] * 255).to(torch.uint8)  # (L, H, t, t)
+    return {
+        "dtype": "uint8",
+        "shape": list(levels.shape),
+        "max": peak.tolist(),
+        "data": base64.b64encode(levels.numpy().tobytes()).decode("ascii"),
+    }
 

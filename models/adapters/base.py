@@ -53,6 +53,13 @@ class AttentionResult:
     hidden_states: torch.Tensor  # (L+1, T, D) embeddings then every layer's output
     output: dict[str, torch.Tensor]  # raw model output used for effects (embedding, logits, ...)
     warnings: list[str] = field(default_factory=list)
+    derived: dict[str, Any] = field(default_factory=dict)  # summaries computed once per cached result
+
+    def summary(self, name: str, compute) -> Any:
+        """`compute()` once per result; repeated views of a cached result reuse it."""
+        if name not in self.derived:
+            self.derived[name] = compute()
+        return self.derived[name]
 
     @property
     def nbytes(self) -> int:

@@ -30,10 +30,12 @@ export function entropy(row) {
   return h;
 }
 
-// Decode a tensor field: nested lists pass through; {"dtype":"float16","shape","data"} is unpacked.
+// Decode a tensor field: nested lists pass through; {"dtype":"float16"|"uint8","shape","data"} is unpacked
+// (uint8 thumbnails come back as 0..1, relative to each head's maximum).
 export function decodeTensor(field) {
   if (!field || Array.isArray(field)) return field;
   const bytes = Uint8Array.from(atob(field.data), (c) => c.charCodeAt(0));
+  if (field.dtype === "uint8") return reshape(Array.from(bytes, (b) => b / 255), field.shape);
   const halves = new Uint16Array(bytes.buffer);
   const flat = Array.from(halves, halfToFloat);
   return reshape(flat, field.shape);

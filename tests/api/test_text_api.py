@@ -186,3 +186,19 @@ def test_security_headers_on_pages(client):
     assert r.status_code == 200
     assert r.headers["x-content-type-options"] == "nosniff"
     assert "default-src 'self'" in r.headers["content-security-policy"]
+
+
+def test_thumbnails_are_every_head_pooled_as_uint8_pictures(client):
+    text = " ".join(["the cat sat on the mat"] * 4)  # 26 tokens > 8
+    data = post(client, text=text, layers=[0], heads=[0], thumbnail_size=8).json()
+    thumbs = data["thumbnails"]
+    assert thumbs["dtype"] == "uint8" and thumbs["shape"] == [2, 4, 8, 8]
+    levels = np.frombuffer(base64.b64decode(thumbs["data"]), dtype=np.uint8).reshape(thumbs["shape"])
+    assert (levels.reshape(8, -1).max(-1) == 255).all()  # each head scaled to its own maximum
+    full = np.array(post(client, text=text).json()["attention"])  # (2, 4, T, T)
+    T = full.shape[-1]
+    bins = [(i * T // 8, -(-(i + 1) * T // 8)) for i in range(8)]  # adaptive pooling's bins
+    pooled = np.array([[[[full[l, h, r0:r1, c0:c1].mean() for c0, c1 in bins] for r0, r1 in bins]
+                        for h in range(4)] for l in range(2)])
+    assert np.allclose(thumbs["max"], pooled.max(axis=(-1, -2)), rtol=1e-4)
+    assert np.abs(levels / 255.0 - pooled / pooled.max(axis=(-1, -2), keepdims=True)).max() <= 0.5 / 255 + 1e-6

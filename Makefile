@@ -36,6 +36,7 @@ test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q tests/unit tests/api
 
 bench: setup browser
+	$(PY) -m pip install -q -r requirements-bench.txt
 	$(PY) benchmarks/run_all.py
 
 clean:

@@ -3,6 +3,7 @@
 // key masks by click or brush, predictions before/after, and the mean attention distance per head.
 import { ApiError, isAbort, postJSON, setStatus } from "./api.js";
 import { decodeTensor, fmt } from "./mathx.js";
+import { mountImageLab } from "./lab/imagelab.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
 const $ = (id) => document.getElementById(id);
@@ -50,7 +51,7 @@ function interventions() {
       heads: scope === "head" ? [state.head] : null,
     });
   }
-  if (state.masked.size) ivs.push({ op: "mask_keys", tokens: [...state.masked].sort((a, b) => a - b) });
+  ivs.push(...imageLab.interventions()); // the lab: scoped key masks, causal, ablation, perturbations
   return ivs;
 }
 
@@ -64,6 +65,8 @@ function requestBody() {
     queries: [state.query],
     interventions: ivs,
     compare: ivs.length > 0,
+    include_scores: true, // the lab's softmax panel needs Ŝ of the query row
+    samples: ivs.length > 0 ? imageLab.samples() : 1,
   };
 }
 
@@ -126,7 +129,10 @@ async function load({ retried = false } = {}) {
   setStatus("running…");
   const started = performance.now();
   try {
-    const r = await postJSON("/api/image/attention", requestBody(), { channel: "image" });
+    const body = requestBody();
+    const r = await postJSON("/api/image/attention", body, { channel: "image" });
+    if (mySeq !== seq) return;
+    await imageLab.update(r, body); // fetches P without the interventions when needed
     if (mySeq !== seq) return;
     state.response = r;
     state.response.attention = decodeTensor(r.attention); // [L][H][1][T]
@@ -143,6 +149,7 @@ async function load({ retried = false } = {}) {
       try { await reupload(); return load({ retried: true }); } catch (e) { err = e; }
     }
     setStatus(err.message, { error: true });
+    imageLab.loadFailed(err);
   }
 }
 
@@ -160,6 +167,7 @@ function render() {
   renderOutput();
   renderDistance();
   renderReadouts();
+  imageLab.render();
 }
 
 function renderSelectors() {
@@ -314,6 +322,7 @@ function onOverlayClick(ev) {
   const c = Math.round(point.x), r = Math.round(point.y);
   if (r < 0 || r >= rows || c < 0 || c >= cols) return;
   const token = patchToken(r, c);
+  if ($("click-mode").value === "perturb") { imageLab.togglePick(token); imageLab.render(); return; }
   if ($("click-mode").value === "mask") {
     if (state.masked.has(token)) state.masked.delete(token); else state.masked.add(token);
   } else {
@@ -394,6 +403,7 @@ async function start() {
   // Plotly attaches .on() to a div once it holds a plot: draw empty figures first, then wire.
   for (const id of ["overlay", "model-grid"]) await Plotly.newPlot($(id), [], { margin: { t: 10 } }, PLOT);
   wire();
+  if (imageLab.restoreInto(state, { models: config.models, samples: config.samples })) return load(); // a shared link
   const first = config.samples.find((s) => s.model === state.model) ?? config.samples[0];
   if (first) {
     document.querySelector(`#sample-buttons button[data-sample="${first.file}"]`)?.click();
@@ -401,5 +411,14 @@ async function start() {
     setStatus("drop a photo to start");
   }
 }
+
+// The laboratory's panels (static/js/lab/imagelab.js), below the page's own figures.
+const imageLab = mountImageLab($("lab"), {
+  state,
+  reload: () => load(),
+  selectHead: (layer, head) => { if (layer >= 0 && head >= 0) { state.layer = layer; state.head = head; render(); } },
+  beta: () => (state.response ? state.response.native_beta * 10 ** state.logBeta : 1),
+  pageParams: () => new URLSearchParams({ m: state.model, b: String(state.logBeta), bs: $("beta-scope").value, z: String(state.sizeFactor) }),
+});
 
 start();

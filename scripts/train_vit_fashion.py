@@ -79,6 +79,31 @@ def evaluate(model: ViTForImageClassification, x: torch.Tensor, y: torch.Tensor,
     return correct / len(x)
 
 
+def save(model: ViTForImageClassification, args: argparse.Namespace, history: list[dict], n_params: int,
+         seconds: float) -> None:
+    """save_pretrained (safetensors, config with id2label) + the preprocessing and training record."""
+    final_accuracy = history[-1]["test_accuracy"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out, safe_serialization=True)
+    # The image processor config: grayscale 28×28, no resize surprises, training normalisation.
+    (args.out / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "ViTImageProcessor",
+        "do_resize": True, "size": {"height": 28, "width": 28},
+        "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": [FASHION_MEAN], "image_std": [FASHION_STD],
+        "do_convert_rgb": False,
+    }, indent=2) + "\n")
+    (args.out / "training.json").write_text(json.dumps({
+        "dataset": "Fashion-MNIST (Debian dataset-fashion-mnist), train 60k / test 10k",
+        "seed": args.seed, "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
+        "weight_decay": args.weight_decay, "augment": not args.no_augment, "threads": args.threads,
+        "parameters": n_params, "test_accuracy": final_accuracy,
+        "init_from": str(args.init_from) if args.init_from else None,
+        "train_seconds": round(seconds, 1), "history": history,
+        "note": "inputs: white-on-black garments as in Fashion-MNIST (no inversion)",
+    }, indent=2) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "models/trained/vit-fashion")
@@ -96,6 +121,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the CPU is shared: default 1)")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N training images (pilot runs)")
     parser.add_argument("--no-augment", action="store_true")
+    parser.add_argument("--save-every-epoch", action="store_true", help="save after every epoch, not only at the end")
     parser.add_argument("--init-from", type=Path, default=None,
                         help="start from a saved vit-fashion folder (fine-tuning; the config comes from there)")
     args = parser.parse_args()
@@ -169,27 +195,11 @@ def main() -> int:
         elapsed = time.time() - start
         history.append({"epoch": epoch + 1, "test_accuracy": accuracy, "elapsed_s": round(elapsed, 1)})
         print(f"epoch {epoch + 1}: test accuracy {accuracy:.4f}  ({elapsed / 60:.1f} min)", flush=True)
+        if args.save_every_epoch and epoch + 1 < args.epochs:  # a usable model even if the run is cut short
+            save(model, args, history, n_params, elapsed)
 
     final_accuracy = history[-1]["test_accuracy"]
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(args.out, safe_serialization=True)
-    # The image processor config: grayscale 28×28, no resize surprises, training normalisation.
-    (args.out / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "ViTImageProcessor",
-        "do_resize": True, "size": {"height": 28, "width": 28},
-        "do_rescale": True, "rescale_factor": 1 / 255,
-        "do_normalize": True, "image_mean": [FASHION_MEAN], "image_std": [FASHION_STD],
-        "do_convert_rgb": False,
-    }, indent=2) + "\n")
-    (args.out / "training.json").write_text(json.dumps({
-        "dataset": "Fashion-MNIST (Debian dataset-fashion-mnist), train 60k / test 10k",
-        "seed": args.seed, "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
-        "weight_decay": args.weight_decay, "augment": not args.no_augment, "threads": args.threads,
-        "parameters": n_params, "test_accuracy": final_accuracy,
-        "init_from": str(args.init_from) if args.init_from else None,
-        "train_seconds": round(time.time() - start, 1), "history": history,
-        "note": "inputs: white-on-black garments as in Fashion-MNIST (no inversion)",
-    }, indent=2) + "\n")
+    save(model, args, history, n_params, time.time() - start)
     print(f"saved to {args.out}: test accuracy {final_accuracy:.4f}, {(time.time() - start) / 60:.1f} min", flush=True)
     return 0
 

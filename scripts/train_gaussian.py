@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ffn-hidden", type=int, help="override the feed-forward width")
     p.add_argument("--gelu", choices=["exact", "tanh"], default="exact")
     p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=5e-3)
+    p.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
     p.add_argument("--center-lr-mult", type=float, default=1.0, help="learning-rate multiplier of centers/widths")
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--no-flip", action="store_true", help="no random horizontal flips")
@@ -97,9 +98,9 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.train_subset:
         x_train, y_train = x_train[:args.train_subset], y_train[:args.train_subset]
-    x_train_t = torch.from_numpy(np.ascontiguousarray(x_train))            # (N, C, S, S) uint8
+    x_train_t = torch.from_numpy(np.array(x_train))                        # (N, C, S, S) uint8
     y_train_t = torch.from_numpy(np.asarray(y_train, dtype=np.int64))     # (N,)
-    x_test_t = torch.from_numpy(np.ascontiguousarray(x_test))
+    x_test_t = torch.from_numpy(np.array(x_test))
     y_test_t = torch.from_numpy(np.asarray(y_test, dtype=np.int64))
 
     model = GaussianEncoder(cfg)
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     ], lr=args.lr)
     steps_per_epoch = (len(x_train_t) + args.batch_size - 1) // args.batch_size
     total_steps = args.epochs * steps_per_epoch
-    warmup = min(200, total_steps // 10)
+    warmup = min(args.warmup, total_steps // 10)
     base_lrs = [g["lr"] for g in optimizer.param_groups]
 
     def set_lr(step: int) -> None:  # linear warm-up, then cosine to 0

@@ -68,7 +68,7 @@ def test_image_perturb_export_and_reload(page, page_log, live_server, tmp_path):
     wait_idle(page)
     summary_after = page.inner_text("#effect-summary")
     assert summary_after != summary_before and "±" in summary_after
-    assert float(page.get_attribute("#diff-map", "data-max-abs")) > 0
+    page.wait_for_function("() => Number(document.getElementById('diff-map').dataset.maxAbs) > 0", timeout=60_000)
     assert "pk=" in page.url and "mk=" in page.url and "pn=2" in page.url
     screenshot(page, "image-lab-perturbed")
 

@@ -109,20 +109,23 @@ export function mountImageLab(container, page) {
   const labOnly = (list) => JSON.stringify(list.filter((iv) => iv.op !== "temperature"));
   const samples = () => (lab.perturb.on ? lab.perturb.samples : 1);
 
-  async function update(r, body) {
+  function update(r, body) {
     response = r;
     request = body;
     lastKey = inputKey();
     base = null;
     $("reupload").hidden = true;
     if (body.interventions.length) {
-      try {
-        const b = await postJSON("/api/image/attention",
-          { ...body, interventions: [], compare: false, samples: 1, include_scores: false }, { channel: "image-base" });
-        base = decodeTensor(b.attention);
-      } catch (err) {
-        setStatus(`P before the interventions: ${err.message}`, { error: true });
-      }
+      // Not awaited: the page draws at once; the P̂ − P map follows when P (a cached run) arrives.
+      postJSON("/api/image/attention", { ...body, interventions: [], compare: false, samples: 1, include_scores: false },
+        { channel: "image-base" })
+        .then((b) => {
+          if (response !== r) return;
+          base = decodeTensor(b.attention);
+          const s = page.state;
+          renderDiff(s.layer, s.head, selection().layer, selection().head);
+        })
+        .catch((err) => { if (err.name !== "AbortError") setStatus(`P before the interventions: ${err.message}`, { error: true }); });
     }
   }
 

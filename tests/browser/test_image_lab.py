@@ -55,6 +55,13 @@ def test_image_perturb_export_and_reload(page, page_log, live_server, tmp_path):
     wait_idle(page)
     assert plot_data(page, OVERLAY) != overlay_before
 
+    # Arrow keys move between heads and layers.
+    page.focus("#overlay")
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowDown")
+    page.wait_for_function("() => document.getElementById('head-select').value === '1' && document.getElementById('layer-select').value === '1'")
+    wait_idle(page)
+
     # Choose two patches and perturb them as keys at the shown head, two samples.
     page.select_option("#click-mode", "perturb")
     click_patch(page, 7, 5)

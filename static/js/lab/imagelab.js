@@ -276,5 +276,15 @@ export function mountImageLab(container, page) {
     try { await navigator.clipboard.writeText(window.location.href); setStatus("link copied"); } catch { setStatus("select the link and copy it"); }
   });
 
+  // Keyboard: ← → heads, ↑ ↓ layers (outside form fields), as on the text page.
+  document.addEventListener("keydown", (e) => {
+    if (!response || ["INPUT", "TEXTAREA", "SELECT"].includes(document.activeElement?.tagName)) return;
+    const moves = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] };
+    if (!moves[e.key]) return;
+    e.preventDefault();
+    const clamp = (v, n) => Math.max(0, Math.min(n - 1, v));
+    page.selectHead(clamp(page.state.layer + moves[e.key][0], response.layers.length), clamp(page.state.head + moves[e.key][1], response.heads.length));
+  });
+
   return { lab, interventions, samples, update, render, loadFailed, togglePick: (j) => perturb.togglePick(j), restoreInto };
 }

@@ -182,7 +182,7 @@ export function mountImageLab(container, page) {
       Plotly.react(el, [], {
         title: { text: `P̂ − P at layer ${layer}, head ${head}`, font: { size: 13 } }, margin: { l: 30, r: 10, t: 30, b: 30 },
         xaxis: { visible: false }, yaxis: { visible: false },
-        annotations: [{ text: "no interventions active: P̂ = P", showarrow: false, font: { color: "#667085" } }],
+        annotations: [{ text: r.effect ? "fetching P without the interventions…" : "no interventions active: P̂ = P", showarrow: false, font: { color: "#667085" } }],
       }, PLOT);
       return;
     }

@@ -8,6 +8,7 @@ repeated views of the same input skip the model entirely.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 import time
 from collections import OrderedDict
@@ -23,6 +24,12 @@ from models.registry import ModelSpec, build_registry
 
 class UnknownModel(KeyError):
     pass
+
+
+# Per-request time limit: the HTTP layer sets a monotonic deadline when a request arrives (see
+# app.main.request_deadline); every wait for the model inside that request counts against it, so a
+# request that queues twice (encode, then run) still waits at most `request_timeout_s` in all.
+request_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("request_deadline", default=None)
 
 
 class Overloaded(RuntimeError):
@@ -123,13 +130,18 @@ class Runtime:
             if self._waiting >= self.settings.queue_depth:
                 raise Overloaded(f"server busy: {self._waiting} requests already waiting (queue_depth)")
             self._waiting += 1
+        deadline = request_deadline.get()
+        timeout = self.settings.request_timeout_s if deadline is None else deadline - time.monotonic()
         try:
-            acquired = self._run_lock.acquire(timeout=self.settings.request_timeout_s)
+            acquired = timeout > 0 and self._run_lock.acquire(timeout=timeout)
         finally:
             with self._waiting_lock:
                 self._waiting -= 1
         if not acquired:
-            raise Overloaded(f"timed out after {self.settings.request_timeout_s:.0f} s waiting for the model")
+            raise Overloaded(
+                f"timed out after {self.settings.request_timeout_s:g} s waiting for the model (request_timeout_s)",
+                retry_after=max(1, round(self.settings.request_timeout_s / 4)),
+            )
         try:
             yield
         finally:

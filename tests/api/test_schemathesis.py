@@ -1,0 +1,98 @@
+"""Property-based API fuzzing: schemathesis generates requests from /openapi.json (in-process, ASGI)
+and no request may produce a server error (5xx other than the queue's 503).
+
+Bounded for a 2-core machine: tiny random-weight BERTs (plus minilm when a request leaves `model` out,
+with max_tokens=32), a few dozen examples per operation, fewer for the image endpoints.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import schemathesis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, Phase, settings
+
+from app.main import create_app
+from app.settings import Settings
+
+HEAVY = r"^/api/image"  # image upload/attention: each example decodes an image or runs a ViT
+
+
+# The schema is read at import (it does not depend on the models); the tiny models are copied into
+# these folders and the runtime is started by the module fixture below, before the first example runs.
+MODELS_DIR = Path(tempfile.mkdtemp(prefix="attnlab-fuzz-"))
+app = create_app(
+    Settings(
+        default_models=["tiny"],
+        extra_text_models={"tiny": str(MODELS_DIR / "tiny"), "tiny-mlm": str(MODELS_DIR / "tiny-mlm")},
+        max_text_chars=2000,
+        max_tokens=32,
+        max_response_numbers=50_000,
+        max_upload_bytes=512 * 1024,
+        queue_depth=32,
+    )
+)
+
+
+async def without_lifespan(scope, receive, send):
+    """The app for schemathesis: it opens a client per call, which would start a new runtime each time."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    await app(scope, receive, send)
+
+
+schema = schemathesis.openapi.from_asgi("/openapi.json", without_lifespan)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def running_app(tiny_bert, tiny_mlm):
+    shutil.copytree(tiny_bert, MODELS_DIR / "tiny", dirs_exist_ok=True)
+    shutil.copytree(tiny_mlm, MODELS_DIR / "tiny-mlm", dirs_exist_ok=True)
+    with TestClient(app):  # runs the lifespan once: app.state.runtime serves every call below
+        app.state.runtime.warm_up()
+        yield app
+    shutil.rmtree(MODELS_DIR, ignore_errors=True)
+
+
+def test_schema_covers_the_api():
+    paths = {op.path for op in (r.ok() for r in schema.get_all_operations())}
+    assert {"/api/health", "/api/ready", "/api/models", "/api/text/attention"} <= paths
+
+
+FUZZ = settings(
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.generate, Phase.shrink],
+    derandomize=True,
+    database=None,
+)
+
+
+def check_no_server_error(case) -> None:
+    response = case.call()
+    allowed_503 = response.status_code == 503 and "retry-after" in {k.lower() for k in response.headers}
+    assert response.status_code < 500 or allowed_503, (
+        f"{case.method} {case.formatted_path} → {response.status_code}: {response.text[:500]}"
+    )
+    assert "Traceback" not in response.text
+
+
+@schema.exclude(path_regex=HEAVY).parametrize()
+@settings(FUZZ, max_examples=30)
+def test_no_server_errors(case):
+    check_no_server_error(case)
+
+
+@schema.include(path_regex=HEAVY).parametrize()
+@settings(FUZZ, max_examples=10)
+def test_no_server_errors_image_endpoints(case):
+    check_no_server_error(case)

@@ -97,6 +97,8 @@ def save(model: ViTForImageClassification, args: argparse.Namespace, history: li
         "dataset": "Fashion-MNIST (Debian dataset-fashion-mnist), train 60k / test 10k",
         "seed": args.seed, "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
         "weight_decay": args.weight_decay, "augment": not args.no_augment, "threads": args.threads,
+        "label_smoothing": args.label_smoothing, "warmup_steps": args.warmup_steps,
+        "patch": args.patch, "hidden": args.hidden, "layers": args.layers, "heads": args.heads, "mlp_ratio": args.mlp_ratio,
         "parameters": n_params, "test_accuracy": final_accuracy,
         "init_from": str(args.init_from) if args.init_from else None,
         "train_seconds": round(seconds, 1), "history": history,
@@ -121,6 +123,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the CPU is shared: default 1)")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N training images (pilot runs)")
     parser.add_argument("--no-augment", action="store_true")
+    parser.add_argument("--label-smoothing", type=float, default=0.1)
     parser.add_argument("--save-every-epoch", action="store_true", help="save after every epoch, not only at the end")
     parser.add_argument("--init-from", type=Path, default=None,
                         help="start from a saved vit-fashion folder (fine-tuning; the config comes from there)")
@@ -182,7 +185,7 @@ def main() -> int:
             if not args.no_augment:
                 xb = augment(xb, generator)
             logits = model(pixel_values=xb).logits  # (B, 10)
-            loss = F.cross_entropy(logits, yb, label_smoothing=0.1)
+            loss = F.cross_entropy(logits, yb, label_smoothing=args.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -311,7 +311,7 @@ function renderReadouts() {
   const r = state.response;
   const beta = r.native_beta * 10 ** state.logBeta;
   $("beta-readout").textContent = `β = ${beta.toPrecision(3)} (β₀ = ${r.native_beta.toPrecision(3)}), T = ${(1 / beta).toPrecision(3)}`;
-  $("query-readout").textContent = `query: ${r.tokens[state.query]} · masked keys: ${state.masked.size}`;
+  $("query-readout").textContent = `query: ${r.tokens[state.query] ?? "CLS"} · masked keys: ${state.masked.size}`;
 }
 
 // ---- events ----------------------------------------------------------------------------------------
@@ -328,6 +328,7 @@ function onOverlayClick(ev) {
   } else {
     state.query = token;
   }
+  renderReadouts(); // at once: the re-run may take a moment
   load();
 }
 
@@ -339,6 +340,7 @@ function onOverlaySelect(ev) { // the brush: box/lasso selection masks every pat
   for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) {
     if (c >= Math.min(...xs) && c <= Math.max(...xs) && r >= Math.min(...ys) && r <= Math.max(...ys)) state.masked.add(patchToken(r, c));
   }
+  renderReadouts();
   load();
 }
 

@@ -78,7 +78,7 @@ def test_image_page_journey(live_server, page, page_log):
     # the β slider re-runs the model and redraws: β = 10^1.5 β₀ sharpens the row
     prefix_share_before = prefix_share(pg)
     pg.eval_on_selector("#beta-slider", "el => { el.value = '1.5'; el.dispatchEvent(new Event('input', {bubbles: true})); }")
-    pg.wait_for_selector("#beta-readout:has-text('β = 3.95')", timeout=10_000)
+    pg.wait_for_selector("#beta-readout:has-text('β = 3.95')", timeout=60_000)
     for _ in range(200):
         sharp = overlay_z(pg)
         if np.abs(sharp - after_click).max() > 1e-4:
@@ -94,7 +94,7 @@ def test_image_page_journey(live_server, page, page_log):
     # mask a patch as a key by clicking in mask mode
     pg.select_option("#click-mode", "mask")
     click_patch(pg, 3, 3)
-    pg.wait_for_selector("#query-readout:has-text('masked keys: 1')", timeout=10_000)
+    pg.wait_for_selector("#query-readout:has-text('masked keys: 1')", timeout=60_000)
     wait_idle(pg)
     assert overlay_z(pg)[3, 3] == 0  # column j of P is 0 for a masked key
     screenshot(pg, "image-04-mask")

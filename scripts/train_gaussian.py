@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the CPU is shared)")
     p.add_argument("--out", type=Path, default=Path("models/trained/gaussian-fashion"))
     p.add_argument("--model-id", default="gaussian-fashion")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out (its config, final weights and history) for --epochs more epochs, "
+                        "with a new warm-up + cosine schedule from --lr; the history keeps counting epochs")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -103,7 +106,15 @@ def main(argv: list[str] | None = None) -> None:
     x_test_t = torch.from_numpy(np.array(x_test))
     y_test_t = torch.from_numpy(np.asarray(y_test, dtype=np.int64))
 
+    previous = None
+    if args.resume:
+        from safetensors.torch import load_file
+
+        cfg = GaussianConfig.from_dict(json.loads((args.out / "config.json").read_text()))
+        previous = json.loads((args.out / "history.json").read_text())
     model = GaussianEncoder(cfg)
+    if previous is not None:
+        model.load_state_dict(load_file(str(args.out / "model.safetensors")))
     print(f"config {cfg.to_dict()}\nparameters {param_count(model):,}  train {len(x_train_t)}  test {len(x_test_t)}",
           flush=True)
 
@@ -125,19 +136,29 @@ def main(argv: list[str] | None = None) -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    history = {"model": args.model_id, "dataset": args.dataset, "config": cfg.to_dict(),
-               "parameters": param_count(model),
-               "training": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "cifar_dir"},
-               "epochs": [snapshot(model, 0, evaluate(model, x_test_t, y_test_t), None, 0.0)]}
-    print(f"epoch 0 test accuracy {history['epochs'][0]['accuracy']:.4f}", flush=True)
+    first_epoch = 1
+    if previous is not None:  # continue the same run: same history, epochs keep counting, a new data order
+        history = previous
+        first_epoch = history["epochs"][-1]["epoch"] + 1
+        data_order.manual_seed(args.seed + first_epoch)
+        history.setdefault("continued", []).append(
+            {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "cifar_dir"}
+            | {"from_epoch": first_epoch, "previous_wall_time_s": history.get("wall_time_s")})
+        start -= history.get("wall_time_s") or 0.0
+    else:
+        history = {"model": args.model_id, "dataset": args.dataset, "config": cfg.to_dict(),
+                   "parameters": param_count(model),
+                   "training": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "cifar_dir"},
+                   "epochs": [snapshot(model, 0, evaluate(model, x_test_t, y_test_t), None, 0.0)]}
+        print(f"epoch 0 test accuracy {history['epochs'][0]['accuracy']:.4f}", flush=True)
 
     step = 0
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(first_epoch, first_epoch + args.epochs):
         model.train()
         order = torch.randperm(len(x_train_t), generator=data_order)
         flips = torch.rand(len(x_train_t), generator=data_order) < (0.0 if args.no_flip else 0.5)
         loss_sum, seen = 0.0, 0
-        bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch}/{args.epochs}", mininterval=10, file=sys.stdout)
+        bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch}/{first_epoch + args.epochs - 1}", mininterval=10, file=sys.stdout)
         for i in bar:
             idx = order[i * args.batch_size:(i + 1) * args.batch_size]
             images = x_train_t[idx].float() / 255.0                                  # (b, C, S, S)

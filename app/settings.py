@@ -29,6 +29,7 @@ class Settings(BaseSettings):
     max_upload_bytes: int = 10 * 1024 * 1024
     max_image_pixels: int = 40_000_000
     image_cache_items: int = 256
+    image_cache_bytes: int = 512 * 1024 * 1024  # decoded uploads kept (RGB, shorter side ≤ 1024 px)
 
     # Runtime.
     queue_depth: int = 32  # requests waiting for a model at once before 503

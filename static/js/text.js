@@ -164,6 +164,25 @@ function renderDiff(P) {
   const maxAbs = Math.max(1e-9, ...diff.flat().map(Math.abs));
   const labels = tokenLabels(v.tokens);
   const dense = v.tokens.length > 40;
+  $("diff-heatmap").dataset.maxAbs = String(maxAbs === 1e-9 ? 0 : maxAbs);
+  if ($("diff-kind").value === "ratio") {
+    // P̂ / P where P > 1e-6 (else blank); log scale colours: 1 = unchanged.
+    const ratio = P.map((row, i) => row.map((p, j) => (v.base[i][j] > 1e-6 ? p / v.base[i][j] : null)));
+    const logs = ratio.flat().filter((x) => x !== null && x > 0).map((x) => Math.abs(Math.log10(x)));
+    const span = Math.max(1e-6, ...logs);
+    Plotly.react($("diff-heatmap"), [{
+      type: "heatmap", z: ratio.map((row) => row.map((x) => (x === null || x <= 0 ? null : Math.log10(x)))), x: labels, y: labels,
+      customdata: ratio, colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -span, zmax: span,
+      hovertemplate: "query %{y}<br>key %{x}<br>P̂ / P = %{customdata:.5f}<extra></extra>",
+      colorbar: { thickness: 12, title: { text: "log₁₀" } },
+    }], {
+      title: { text: `P̂ / P at layer ${state.layer}, head ${state.head} (log₁₀ colour; blank where P ≈ 0)`, font: { size: 13 } },
+      margin: { l: dense ? 40 : 90, r: 10, t: 30, b: dense ? 40 : 90 },
+      xaxis: { title: { text: "key" }, tickangle: -60, type: "category", showticklabels: !dense },
+      yaxis: { title: { text: "query" }, autorange: "reversed", type: "category", showticklabels: !dense },
+    }, PLOT);
+    return;
+  }
   Plotly.react($("diff-heatmap"), [{
     type: "heatmap", z: diff, x: labels, y: labels, colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -maxAbs, zmax: maxAbs,
     hovertemplate: "query %{y}<br>key %{x}<br>P̂ − P = %{z:.5f}<extra></extra>", colorbar: { thickness: 12 },
@@ -173,7 +192,6 @@ function renderDiff(P) {
     xaxis: { title: { text: "key" }, tickangle: -60, type: "category", showticklabels: !dense },
     yaxis: { title: { text: "query" }, autorange: "reversed", type: "category", showticklabels: !dense },
   }, PLOT);
-  $("diff-heatmap").dataset.maxAbs = String(maxAbs === 1e-9 ? 0 : maxAbs);
 }
 
 function renderEffectSummary(P) {
@@ -339,6 +357,7 @@ async function init() {
   $("beta-reset").addEventListener("click", () => { $("beta-slider").value = 0; onBetaInput(); });
   $("scope-select").addEventListener("change", () => { lab.beta.scope = $("scope-select").value; load(); });
   $("mode-select").addEventListener("change", () => { lab.beta.mode = $("mode-select").value; load(); });
+  $("diff-kind").addEventListener("change", () => { if (state.view) renderDiff(shownAttention()); });
   $("export-json").addEventListener("click", () => {
     if (!state.view) return setStatus("nothing to export yet", { error: true });
     downloadJSON({ request: state.view.request, response: state.view.response, url: window.location.href },

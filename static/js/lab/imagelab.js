@@ -11,7 +11,7 @@
 import { postJSON, setStatus } from "../api.js";
 import { decodeTensor, fmt } from "../mathx.js";
 import { drawEffect } from "../views/effects.js";
-import { downloadJSON, downloadPNG, installPngButtons } from "./export.js";
+import { downloadJSON, downloadPNG, installPngButtons, pngButton } from "./export.js";
 import { buildInterventions, createLab, renderActiveList, wire } from "./interventions.js";
 import { mountMaskPanel } from "./masks.js";
 import { mountPerturbPanel } from "./perturb.js";
@@ -87,6 +87,11 @@ export function mountImageLab(container, page) {
   perturb.setTokens([]);
   const softmax = mountSoftmaxPanel($("softmax-panel"), { onError: (msg) => setStatus(msg, { error: true }) });
   installPngButtons(container, "attnlab-image");
+  for (const id of ["overlay", "model-grid", "predictions", "distance-plot"]) { // the page's own figures
+    const plot = document.getElementById(id);
+    const heading = plot?.closest("section")?.querySelector("h2");
+    if (heading && !heading.querySelector(".export-png")) heading.append(" ", pngButton(plot, `attnlab-image-${id}`));
+  }
 
   const selection = () => {
     const s = page.state;

@@ -2,6 +2,7 @@
 // ∂p/∂s = β (diag(p) − p pᵀ), for a query row of the selected head or an editable score vector.
 // The default vector (−3, 1, 100, 5, −1) at β = 1 shows saturation: every Jacobian entry ≈ 0.
 import { entropy, fmt, softmaxRow } from "../mathx.js";
+import { pngButton } from "./export.js";
 
 const CONFIG = { responsive: true, displaylogo: false };
 export const DEFAULT_VECTOR = [-3, 1, 100, 5, -1];
@@ -49,7 +50,9 @@ export function mountSoftmaxPanel(container, { onError = () => {} } = {}) {
     el("div", { className: "controls" }, el("label", {}, "row ", source), rowControls, vectorControls),
     el("p", { className: "help" }, "The row uses the selected head's scores Ŝ and the current β and masks (click a heatmap cell to pick its query). "
       + "With a score far above the others (e.g. 100) the row is one-hot and every Jacobian entry is ≈ 0: the softmax is saturated and passes no gradient."),
-    readout, el("div", { className: "row" }, el("div", { className: "grow" }, bars), el("div", { className: "grow" }, jac)),
+    readout, el("div", { className: "row" },
+      el("div", { className: "grow" }, el("div", { className: "fig-tools" }, pngButton(bars, "attnlab-softmax-probabilities")), bars),
+      el("div", { className: "grow" }, el("div", { className: "fig-tools" }, pngButton(jac, "attnlab-softmax-jacobian")), jac)),
   );
 
   let last = null;

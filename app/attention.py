@@ -2,19 +2,19 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 
-from app.encoding import fast_json, tensor_field  # noqa: F401  (fast_json re-exported for routes)
+from app.encoding import fast_json, tensor_field  # noqa: F401  (fast_json: routes import it from here)
 from app.runtime import Runtime
 from app.schemas import AttentionRequestBase, to_engine
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
 from models.effects import attention_tv, hidden_cosine, mean_and_std
 from models.interventions import Intervention, row_entropy
-from models.summaries import mean_token_distance
 
 
 def field_error(loc: tuple, message: str) -> RequestValidationError:
@@ -65,21 +65,32 @@ def _merge_samples(effects: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def build_attention_response(
-    runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req: AttentionRequestBase
+    runtime: Runtime,
+    adapter: AttentionAdapter,
+    encoded: Encoded,
+    req: AttentionRequestBase,
+    family_fields: Callable[[AttentionResult], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """The response shared by text and image: slices of P (and Ŝ), effects, summaries of every head.
+
+    `family_fields(result)` adds what one model family shows besides (e.g. rollout and grid for images).
+    A request with a `queries` field (images) gets only those query rows: [l][h][len(queries)][T].
+    """
     info = adapter.info
     n_tokens = len(encoded.tokens)
     layers = _check_indices(req.layers, info.layers, ("layers",), "layer")
     heads = _check_indices(req.heads, info.heads, ("heads",), "head")
+    requested_queries = getattr(req, "queries", None)
+    queries = _check_indices(requested_queries, n_tokens, ("queries",), "query token")
     interventions = engine_interventions(req, adapter, n_tokens)
 
-    numbers = len(layers) * len(heads) * n_tokens * n_tokens * (2 if req.include_scores else 1)
+    numbers = len(layers) * len(heads) * len(queries) * n_tokens * (2 if req.include_scores else 1)
     cap = runtime.settings.max_response_numbers
     if numbers > cap:
         raise HTTPException(
             413,
             detail=f"the response would hold {numbers:,} numbers, over the cap max_response_numbers={cap:,}; "
-            f"ask for fewer layers/heads (fields 'layers', 'heads') or turn off include_scores",
+            "ask for fewer layers/heads/queries (fields 'layers', 'heads', 'queries') or turn off include_scores",
         )
 
     sample_sets = [tuple(iv.with_seed_offset(s) for iv in interventions) for s in range(req.samples)]
@@ -92,7 +103,11 @@ def build_attention_response(
             effects.append(_effect(adapter, base, runtime.run(adapter, encoded, sample, False), encoded, layers, heads))
         effect = effects[0] if len(effects) == 1 else _merge_samples(effects)
 
-    attention = result.attention[layers][:, heads]  # (l, h, T, T)
+    rows = slice(None) if requested_queries is None else queries
+
+    def sliced(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor[layers][:, heads][:, :, rows]  # (l, h, q, T)
+
     warnings = list(result.warnings)
     if encoded.truncated:
         warnings.append(f"input truncated to {n_tokens} tokens (the model's max_tokens)")
@@ -103,19 +118,22 @@ def build_attention_response(
         "layers": layers,
         "heads": heads,
         "native_beta": info.native_beta,
-        "attention": tensor_field(attention, req.encoding),
-        "scores": tensor_field(result.scores[layers][:, heads], req.encoding) if req.include_scores else None,
+        "attention": tensor_field(sliced(result.attention), req.encoding),
+        "scores": tensor_field(sliced(result.scores), req.encoding) if req.include_scores else None,
         # (L, H) summaries of every head, computed once per cached result
         "entropy": result.summary("entropy", lambda: row_entropy(result.attention).mean(dim=-1).tolist()),
-        "mean_distance": result.summary("mean_distance", lambda: mean_token_distance(result.attention).tolist()),
         "output": adapter.output_summary(result),
         "thumbnails": result.summary(f"thumbnails{req.thumbnail_size}", lambda: thumbnails(result.attention, req.thumbnail_size))
         if req.thumbnail_size else None,
         "effect": effect,
         "warnings": warnings,
+        "elapsed_s": getattr(result, "elapsed_s", None),
     }
+    if requested_queries is not None:
+        response["queries"] = queries
+    if family_fields is not None:
+        response.update(family_fields(result))
     return response
-
 
 
 def thumbnails(attention: torch.Tensor, size: int) -> dict[str, Any]:

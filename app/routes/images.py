@@ -19,14 +19,12 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import Field
 from starlette.datastructures import UploadFile
 
-from app.attention import engine_interventions, fast_json, field_error
+from app.attention import build_attention_response, fast_json, field_error
 from app.deps import RuntimeDep
-from app.encoding import tensor_field
 from app.runtime import Runtime, UnknownModel
 from app.schemas import AttentionRequestBase, AttentionResponse, IndexList
 from app.templating import templates
 from models.adapters.base import AttentionResult, Encoded
-from models.effects import attention_tv, hidden_cosine, mean_and_std
 from models.images import (
     IMAGE_ID_HEX_CHARS,
     ImageInputError,
@@ -37,7 +35,6 @@ from models.images import (
     image_id_for,
     model_view,
 )
-from models.interventions import row_entropy
 from models.summaries import cls_rollout_map, mean_attention_distance
 
 router = APIRouter(tags=["image"])
@@ -69,7 +66,7 @@ def get_image_store(request: Request) -> ImageStore:
                 configure_pillow(settings.max_image_pixels)
                 store = ImageStore(
                     max_items=settings.image_cache_items,
-                    max_bytes=getattr(settings, "image_cache_bytes", 512 * 1024 * 1024),
+                    max_bytes=settings.image_cache_bytes,
                 )
                 state.image_store = store
     return store
@@ -184,85 +181,29 @@ class ImageAttentionRequest(AttentionRequestBase):
     )
 
 
-def _indices(values: list[int] | None, size: int, loc: tuple, what: str) -> list[int]:
-    if values is None:
-        return list(range(size))
-    bad = [v for v in values if v >= size]
-    if bad:
-        raise field_error(loc, f"{what} {bad} out of range: this model/input has {size} {what}s (0..{size - 1})")
-    return list(dict.fromkeys(values))
-
-
-def _effect(adapter, base: AttentionResult, run: AttentionResult, encoded: Encoded, layers, heads) -> dict[str, Any]:
-    return {
-        "attention_tv": attention_tv(run.attention[layers][:, heads], base.attention[layers][:, heads]).tolist(),
-        "hidden_cosine": hidden_cosine(run.hidden_states, base.hidden_states).tolist(),
-        "output": adapter.output_effect(base, run, encoded),
-    }
-
-
-def build_image_response(runtime: Runtime, adapter, encoded: Encoded, req: ImageAttentionRequest, item: StoredImage) -> dict[str, Any]:
+def image_fields(adapter, encoded: Encoded, req: ImageAttentionRequest, item: StoredImage):
+    """What the image page shows besides the shared fields: geometry, rollout, distance in px, predictions."""
     info = adapter.info
-    n_tokens = len(encoded.tokens)
-    layers = _indices(req.layers, info.layers, ("layers",), "layer")
-    heads = _indices(req.heads, info.heads, ("heads",), "head")
-    queries = _indices(req.queries, n_tokens, ("queries",), "query token")
-    interventions = engine_interventions(req, adapter, n_tokens)
-
-    numbers = len(layers) * len(heads) * len(queries) * n_tokens * (2 if req.include_scores else 1)
-    cap = runtime.settings.max_response_numbers
-    if numbers > cap:
-        raise HTTPException(413, detail=(
-            f"the response would hold {numbers:,} numbers, over the cap max_response_numbers={cap:,}; ask for "
-            "fewer layers/heads/queries (fields 'layers', 'heads', 'queries') or turn off include_scores"))
-
-    sample_sets = [tuple(iv.with_seed_offset(s) for iv in interventions) for s in range(req.samples)]
-    result = runtime.run(adapter, encoded, sample_sets[0], req.include_scores)
-    effect = None
-    if req.compare:
-        base = runtime.run(adapter, encoded, (), False)
-        effects = [_effect(adapter, base, result, encoded, layers, heads)]
-        for sample in sample_sets[1:]:
-            effects.append(_effect(adapter, base, runtime.run(adapter, encoded, sample, False), encoded, layers, heads))
-        if len(effects) == 1:
-            effect = effects[0]
-        else:
-            effect = mean_and_std([{k: v for k, v in e.items() if k != "output"} for e in effects])
-            effect["output"] = mean_and_std([e["output"] for e in effects])
-            effect["samples"] = len(effects)
-
     grid = encoded.extra["grid"]
     prefix = encoded.extra["prefix_tokens"]
-    query_index = list(queries) if req.queries is not None else slice(None)
-    attention = result.attention[layers][:, heads][:, :, query_index]  # (l, h, q, T)
-    scores = result.scores[layers][:, heads][:, :, query_index] if req.include_scores else None
-    predictions = adapter.predictions(result) if hasattr(adapter, "predictions") else None
-    return {
-        "model": info.id,
-        "image_id": req.image_id,
-        "tokens": encoded.tokens,
-        "truncated": False,
-        "layers": layers,
-        "heads": heads,
-        "queries": queries,
-        "native_beta": info.native_beta,
-        "image_size": encoded.extra["image_size"],
-        "patch_size": info.patch_size,
-        "grid": list(grid),
-        "prefix_tokens": prefix,
-        "crop_box": list(encoded.extra["crop_box"]),  # in the stored image's pixels (see `stored_size`)
-        "stored_size": [item.image.width, item.image.height],
-        "attention": tensor_field(attention, req.encoding),
-        "scores": tensor_field(scores, req.encoding) if scores is not None else None,
-        "rollout": cls_rollout_map(result.attention, prefix, grid).tolist(),  # (rows, cols)
-        "entropy": row_entropy(result.attention).mean(dim=-1).tolist(),  # (L, H)
-        "mean_distance": mean_attention_distance(result.attention, prefix, grid, info.patch_size).tolist(),  # (L, H) px
-        "predictions": predictions,
-        "output": adapter.output_summary(result),
-        "effect": effect,
-        "warnings": list(result.warnings),
-        "elapsed_s": getattr(result, "elapsed_s", None),
-    }
+
+    def fields(result: AttentionResult) -> dict[str, Any]:
+        return {
+            "image_id": req.image_id,
+            "image_size": encoded.extra["image_size"],
+            "patch_size": info.patch_size,
+            "grid": list(grid),
+            "prefix_tokens": prefix,
+            "crop_box": list(encoded.extra["crop_box"]),  # in the stored image's pixels (see `stored_size`)
+            "stored_size": [item.image.width, item.image.height],
+            "rollout": result.summary("rollout", lambda: cls_rollout_map(result.attention, prefix, grid).tolist()),
+            "mean_distance": result.summary(  # (L, H) in input pixels
+                "mean_distance", lambda: mean_attention_distance(result.attention, prefix, grid, info.patch_size).tolist()
+            ),
+            "predictions": adapter.predictions(result) if hasattr(adapter, "predictions") else None,
+        }
+
+    return fields
 
 
 @router.post("/api/image/attention", responses={
@@ -290,7 +231,7 @@ def image_attention(req: ImageAttentionRequest, request: Request, runtime: Runti
     except ValueError as exc:
         raise field_error(("image_size",), str(exc)) from None
     encoded = runtime.encode(adapter, ("image", req.image_id, size), lambda: adapter.encode(item.image, req.image_id, size))
-    return fast_json(build_image_response(runtime, adapter, encoded, req, item))
+    return fast_json(build_attention_response(runtime, adapter, encoded, req, image_fields(adapter, encoded, req, item)))
 
 
 # ---- page ------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ from app.attention import build_attention_response, fast_json, field_error
 from app.deps import RuntimeDep
 from app.runtime import UnknownModel
 from app.schemas import AttentionResponse, TextAttentionRequest
+from models.adapters.base import AttentionResult
+from models.summaries import mean_token_distance
 
 router = APIRouter(prefix="/api/text", tags=["text"])
 
@@ -32,4 +34,9 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep) -> Response:
     encoded = runtime.encode(
         adapter, ("text", req.text, req.text_pair), lambda: adapter.encode(req.text, req.text_pair)
     )
-    return fast_json(build_attention_response(runtime, adapter, encoded, req))
+    return fast_json(build_attention_response(runtime, adapter, encoded, req, text_fields))
+
+
+def text_fields(result: AttentionResult) -> dict:
+    """Text-only summaries: mean attention distance in tokens for every head (SPEC §6)."""
+    return {"mean_distance": result.summary("mean_distance", lambda: mean_token_distance(result.attention).tolist())}

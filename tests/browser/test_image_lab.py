@@ -67,6 +67,8 @@ def test_image_perturb_export_and_reload(page, page_log, live_server, tmp_path):
     click_patch(page, 7, 5)
     click_patch(page, 7, 6)
     assert "p(7,5)" in page.inner_text("#perturb-chosen") and "p(7,6)" in page.inner_text("#perturb-chosen")
+    rings = page.evaluate("() => document.getElementById('overlay').data.find(t => t.name === 'perturbed patches')")
+    assert sorted(zip(rings["y"], rings["x"])) == [(7, 5), (7, 6)]
     set_number(page, "#perturb-sigma", 20)
     set_number(page, "#perturb-samples", 2)
     summary_before = page.inner_text("#effect-summary")

@@ -161,6 +161,7 @@ export function mountImageLab(container, page) {
     }
     $("effect-summary").textContent = parts.length ? parts.join("  ·  ") : "no interventions active: move β, mask patches, ablate, or perturb";
     renderDiff(li, hi, layer, head);
+    drawPicks();
     drawSummaries({ entropyEl: $("summary-entropy"), distanceEl: $("summary-distance"), tableEl: $("summary-table") }, {
       entropy: r.entropy, distance: r.mean_distance ?? null, distanceUnit: "px", layer, head,
       onSelect: (l, h) => page.selectHead(r.layers.indexOf(l), r.heads.indexOf(h)),
@@ -175,6 +176,25 @@ export function mountImageLab(container, page) {
       });
     }
     writeUrl();
+  }
+
+  // The patches chosen for the perturbation, as orange rings over the page's overlay figure.
+  function drawPicks() {
+    const el = document.getElementById("overlay");
+    if (!el || !el.data || !response) return;
+    const [, cols] = response.grid;
+    const prefix = response.prefix_tokens;
+    const picked = [...lab.perturb.tokens].filter((t) => t >= prefix).map((t) => [Math.floor((t - prefix) / cols), (t - prefix) % cols]);
+    const x = picked.map((p) => p[1]), y = picked.map((p) => p[0]);
+    const index = el.data.findIndex((t) => t.name === "perturbed patches");
+    if (index >= 0) {
+      Plotly.restyle(el, { x: [x], y: [y] }, [index]);
+    } else {
+      Plotly.addTraces(el, {
+        type: "scatter", mode: "markers", name: "perturbed patches", x, y, hoverinfo: "skip", showlegend: false,
+        marker: { symbol: "circle-open", size: Math.max(8, 300 / cols), line: { width: 3, color: "#ff9f1c" } },
+      });
+    }
   }
 
   function renderDiff(li, hi, layer, head) {

@@ -51,6 +51,7 @@ class GaussianConfig:
     ffn_hidden: int = 72        # width of the feed-forward block
     n_classes: int = 10
     gelu: str = "exact"         # "exact": x*Phi(x)  |  "tanh": the tanh approximation
+    position_embedding: bool = False  # add a learned absolute embedding per token (the heads stay content-free)
     dropout: float = 0.0
     center_init_std: float = 0.5  # centers start near 0 so that their motion during training shows
     alpha_init: float = 1.0
@@ -224,6 +225,8 @@ class GaussianEncoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Linear(cfg.token_dim, cfg.hidden)
+        # optional: lets the mean-pooled features depend on where a pattern is, not only on what it is
+        self.position = nn.Parameter(torch.zeros(cfg.n_tokens, cfg.hidden)) if cfg.position_embedding else None  # (T, C)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.head = nn.Linear(cfg.hidden, cfg.n_classes)
 
@@ -233,6 +236,8 @@ class GaussianEncoder(nn.Module):
             images = images[:, None]                                       # (B, 1, H, W)
         x = (images - self.cfg.pixel_mean) / self.cfg.pixel_std            # (B, C, H, W)
         x = self.embed(space_to_depth(x, self.cfg.patch))                  # (B, T, C)
+        if self.position is not None:
+            x = x + self.position                                          # (B, T, C)
         for block in self.blocks:
             x = block(x)                                                   # (B, T, C)
         return self.head(x.mean(dim=1))                                    # (B, classes)

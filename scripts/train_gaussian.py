@@ -1,6 +1,6 @@
 """Train the Gaussian-attention encoder (models/gaussian.py) and record its centers after every epoch.
 
-    .venv/bin/python scripts/train_gaussian.py                       # Fashion-MNIST, the committed run
+    .venv/bin/python scripts/train_gaussian.py --position-embedding --train-subset 30000   # the committed run
     .venv/bin/python scripts/train_gaussian.py --dataset cifar10 --cifar-dir ~/cifar-10-batches-py --cordonnier
 
 Writes to --out: history.json (epoch 0 = the initial centers, then one entry per epoch with centers,
@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hidden", type=int, help="override the hidden width")
     p.add_argument("--ffn-hidden", type=int, help="override the feed-forward width")
     p.add_argument("--gelu", choices=["exact", "tanh"], default="exact")
+    p.add_argument("--position-embedding", action="store_true", help="add a learned absolute embedding per token")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=5e-3)
@@ -97,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         if value is not None:
             cfg_kwargs[name] = value
     cfg_kwargs["gelu"] = args.gelu
+    cfg_kwargs["position_embedding"] = args.position_embedding
     cfg = GaussianConfig.cordonnier(**cfg_kwargs) if args.cordonnier else GaussianConfig(**cfg_kwargs)
 
     if args.train_subset:
@@ -178,10 +181,12 @@ def main(argv: list[str] | None = None) -> None:
         history["epochs"].append(snapshot(model, epoch, accuracy, loss_sum / seen, time.time() - start))
         print(f"epoch {epoch} train loss {loss_sum / seen:.4f} test accuracy {accuracy:.4f} "
               f"elapsed {time.time() - start:.0f}s", flush=True)
-        # write after every epoch so an interrupted run still leaves its history
+        # write after every epoch so an interrupted run still leaves a consistent history + weights
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(args.out / "model.safetensors"))
+        (args.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+        history["wall_time_s"] = round(time.time() - start, 1)
         (args.out / "history.json").write_text(json.dumps(history, indent=1))
 
-    from safetensors.torch import save_file
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(args.out / "model.safetensors"))
     (args.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     history["wall_time_s"] = round(time.time() - start, 1)

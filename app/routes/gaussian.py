@@ -73,6 +73,8 @@ def _model_info(model_id: str) -> dict:
         "parameters": history.get("parameters"),
         "wall_time_s": history.get("wall_time_s"),
         "gelu": cfg.gelu,
+        "position_embedding": cfg.position_embedding,
+        "train_images": (history.get("training") or {}).get("train_subset") or None,
         "source": "trained by scripts/train_gaussian.py (committed under models/trained/)",
     }
 

@@ -286,7 +286,9 @@ async function loadModel(modelId) {
   const info = state.info;
   $("run-title").textContent =
     `${info.id}: ${info.dataset}, ${info.layers} layers × ${info.heads} heads, grid ${info.grid[0]}×${info.grid[1]}, ` +
-    `${fmtInt(info.parameters)} parameters, final test accuracy ${(100 * info.accuracy).toFixed(2)} %` +
+    `${fmtInt(info.parameters)} parameters${info.position_embedding ? " (with a learned position embedding)" : ""}, ` +
+    `${info.train_images ? `${fmtInt(info.train_images)} training images per epoch, ` : ""}` +
+    `final test accuracy ${(100 * info.accuracy).toFixed(2)} %` +
     (info.wall_time_s ? `, trained in ${(info.wall_time_s / 60).toFixed(1)} min` : "");
   fillSelect($("layer-select"), info.layers);
   fillSelect($("head-select"), info.heads);

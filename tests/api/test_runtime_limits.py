@@ -210,3 +210,21 @@ def test_sigterm_lets_in_flight_request_finish_and_exits_0(tmp_path):
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def test_pickled_checkpoints_are_refused(tiny_bert, tmp_path):
+    """Safetensors only: a checkpoint that holds only a pickle (pytorch_model.bin) never reaches torch.load."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from models.adapters.bert import BertAdapter
+
+    folder = tmp_path / "pickled"
+    shutil.copytree(tiny_bert, folder)
+    torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    BertAdapter("ok", str(tiny_bert), max_tokens=16, device="cpu")  # the same model as safetensors loads
+    with pytest.raises((OSError, ValueError)):
+        BertAdapter("pickled", str(folder), max_tokens=16, device="cpu")

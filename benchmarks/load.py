@@ -1,0 +1,305 @@
+"""Load and soak test of the real server, on loopback only.
+
+Starts `python -m app.serve` (uvicorn, default settings unless ATTNLAB_* are set) on 127.0.0.1 and a free
+port, waits for /api/ready, then:
+
+1. load: N concurrent clients (default 50) for D seconds (default 60), each posting text-attention
+   requests back to back (fresh sentences and repeats, so both forwards and cache hits); only 200 and
+   503 (+ Retry-After) are allowed; p50/p99 latency of admitted (200) requests, latency of rejections
+   (503), server RSS before/after;
+2. soak: M clients (default 8) for S seconds (default 300), RSS sampled every 5 s: drift between the
+   first minute's mean and the last minute's mean must stay under 5 %, with no error.
+
+Writes a Markdown report (default benchmarks/results/load.md) and the raw numbers as JSON beside it.
+Every request loop is bounded in time; the server is stopped (SIGTERM, by PID) at the end.
+
+    .venv/bin/python benchmarks/load.py [--clients 50 --duration 60 --soak 300 --soak-clients 8]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+WORDS = (
+    "the a animal street cat dog tired because it was did not cross sat on mat rug river bank money "
+    "bird flew over house quickly slowly red green small large old young teacher student book read "
+    "wrote letter friend city night morning rain sun"
+).split()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def machine() -> dict:
+    model = "unknown"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        model = next((l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name")), model)
+    except OSError:
+        pass
+    import torch
+
+    return {
+        "cpu_model": model,
+        "cores": os.cpu_count(),
+        "device": "cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_average_at_start": [round(x, 1) for x in os.getloadavg()],
+    }
+
+
+def make_request(rng: random.Random, repeat_pool: list[str]) -> dict:
+    if rng.random() < 0.3:
+        text = rng.choice(repeat_pool)  # a slider move / re-view of the same input: cache hit
+    else:
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 40))) + "."
+    layer = rng.randrange(6)
+    return {"text": text, "layers": [layer], "heads": [rng.randrange(12)], "encoding": rng.choice(["json", "f16"])}
+
+
+async def client_loop(client: httpx.AsyncClient, url: str, until: float, seed: int, log: dict) -> None:
+    rng = random.Random(seed)
+    repeat_pool = [" ".join(rng.choice(WORDS) for _ in range(12)) + "." for _ in range(4)]
+    while time.monotonic() < until:
+        body = make_request(rng, repeat_pool)
+        started = time.perf_counter()
+        try:
+            r = await client.post(url, json=body)
+            elapsed = time.perf_counter() - started
+            status = r.status_code
+            if status == 503 and "retry-after" not in r.headers:
+                status = "503-without-Retry-After"
+            if status == 200:
+                data = r.json()
+                if not data.get("tokens"):
+                    status = "200-without-tokens"
+        except httpx.HTTPError as exc:
+            elapsed, status = time.perf_counter() - started, f"transport:{type(exc).__name__}"
+        log["statuses"][str(status)] = log["statuses"].get(str(status), 0) + 1
+        if status == 200:
+            log["ok"].append(elapsed)
+        elif status == 503:
+            log["rejected"].append(elapsed)
+            await asyncio.sleep(0.05)  # a client would honour Retry-After; keep the pressure on anyway
+        else:
+            log["errors"].append(f"{status} after {elapsed:.3f}s")
+
+
+async def run_phase(base: str, clients: int, seconds: float, pid: int, sample_every: float | None = None) -> dict:
+    log: dict = {"statuses": {}, "ok": [], "rejected": [], "errors": [], "rss": []}
+    until = time.monotonic() + seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
+
+        async def sampler():
+            start = time.monotonic()
+            while time.monotonic() < until:
+                log["rss"].append((round(time.monotonic() - start, 1), rss_mb(pid)))
+                await asyncio.sleep(sample_every)
+
+        tasks = [client_loop(client, "/api/text/attention", until, seed, log) for seed in range(clients)]
+        if sample_every:
+            tasks.append(sampler())
+        started = time.monotonic()
+        await asyncio.gather(*tasks)
+        log["wall_s"] = time.monotonic() - started
+    return log
+
+
+def summary(log: dict) -> dict:
+    ms = lambda v: None if v is None else round(v * 1000, 1)  # noqa: E731
+    n = sum(log["statuses"].values())
+    return {
+        "requests": n,
+        "statuses": log["statuses"],
+        "throughput_rps": round(n / log["wall_s"], 1),
+        "admitted_rps": round(len(log["ok"]) / log["wall_s"], 2),
+        "admitted_p50_ms": ms(percentile(log["ok"], 0.5)),
+        "admitted_p99_ms": ms(percentile(log["ok"], 0.99)),
+        "rejected_p50_ms": ms(percentile(log["rejected"], 0.5)),
+        "rejected_p99_ms": ms(percentile(log["rejected"], 0.99)),
+        "errors": log["errors"][:20],
+        "error_count": len(log["errors"]),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--duration", type=float, default=60)
+    ap.add_argument("--soak", type=float, default=300)
+    ap.add_argument("--soak-clients", type=int, default=8)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "load.md")
+    args = ap.parse_args()
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server_log = open(args.out.with_suffix(".server.log"), "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port), "--no-access-log"],
+        cwd=ROOT, stdout=server_log, stderr=subprocess.STDOUT,
+    )
+    result: dict = {"machine": machine(), "settings": {}}
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if server.poll() is not None:
+                raise SystemExit("server exited during start-up; see the server log")
+            try:
+                if httpx.get(base + "/api/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("server not ready after 300 s")
+            time.sleep(0.5)
+        from app.settings import Settings
+
+        s = Settings()
+        result["settings"] = {"queue_depth": s.queue_depth, "request_timeout_s": s.request_timeout_s,
+                              "torch_threads": s.torch_threads, "default_models": s.default_models}
+        rss_before = rss_mb(server.pid)
+        print(f"ready; RSS {rss_before:.0f} MB; load: {args.clients} clients × {args.duration:.0f} s", flush=True)
+        load = run_phase_sync(base, args.clients, args.duration, server.pid)
+        rss_after = rss_mb(server.pid)
+        result["load"] = {**summary(load), "clients": args.clients, "duration_s": args.duration,
+                          "rss_before_mb": round(rss_before, 1), "rss_after_mb": round(rss_after, 1)}
+        print(json.dumps(result["load"], indent=1), flush=True)
+        if args.soak > 0:
+            print(f"soak: {args.soak_clients} clients × {args.soak:.0f} s", flush=True)
+            soak = run_phase_sync(base, args.soak_clients, args.soak, server.pid, sample_every=5.0)
+            rss = soak["rss"]
+            first = [v for t, v in rss if t <= 60] or [rss[0][1]]
+            last = [v for t, v in rss if t >= rss[-1][0] - 60] or [rss[-1][1]]
+            drift = (statistics.mean(last) - statistics.mean(first)) / statistics.mean(first) * 100
+            result["soak"] = {**summary(soak), "clients": args.soak_clients, "duration_s": args.soak,
+                              "rss_first_minute_mb": round(statistics.mean(first), 1),
+                              "rss_last_minute_mb": round(statistics.mean(last), 1),
+                              "rss_min_mb": round(min(v for _, v in rss), 1),
+                              "rss_max_mb": round(max(v for _, v in rss), 1),
+                              "rss_drift_percent": round(drift, 2), "rss_samples": rss}
+            print(json.dumps({k: v for k, v in result["soak"].items() if k != "rss_samples"}, indent=1), flush=True)
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                result["server_exit_code"] = server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                result["server_exit_code"] = "killed"
+        server_log.close()
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    args.out.write_text(report(result))
+    ok = verdicts(result)
+    print("\n".join(f"{'PASS' if good else 'FAIL'}: {what}" for what, good in ok))
+    return 0 if all(good for _, good in ok) else 1
+
+
+def run_phase_sync(*a, **kw) -> dict:
+    return asyncio.run(run_phase(*a, **kw))
+
+
+def verdicts(result: dict) -> list[tuple[str, bool]]:
+    load = result.get("load", {})
+    out = [
+        ("load: only 200 and 503 (with Retry-After), no transport error", load.get("error_count", 1) == 0
+         and set(load.get("statuses", {})) <= {"200", "503"}),
+        ("load: some requests admitted", load.get("statuses", {}).get("200", 0) > 0),
+        ("server exited 0 on SIGTERM", result.get("server_exit_code") == 0),
+    ]
+    if "soak" in result:
+        soak = result["soak"]
+        out += [
+            ("soak: no error", soak["error_count"] == 0 and set(soak["statuses"]) <= {"200", "503"}),
+            ("soak: RSS drift < 5 %", abs(soak["rss_drift_percent"]) < 5),
+        ]
+    return out
+
+
+def report(result: dict) -> str:
+    m, load = result["machine"], result["load"]
+    lines = [
+        "# Load and soak test",
+        "",
+        f"`benchmarks/load.py` against `python -m app.serve` on 127.0.0.1 (uvicorn, one process), "
+        f"settings {json.dumps(result['settings'])}.",
+        "",
+        f"Machine: {m['cpu_model']}, {m['cores']} cores, {m['device']} (no GPU), torch {m['torch']}, "
+        f"Python {m['python']}; shared with other work: load average at start {m['load_average_at_start']}. "
+        "Client and server share the 2 cores.",
+        "",
+        "Requests: `POST /api/text/attention` (minilm, 6–40 random words or one of 4 repeated sentences per client, "
+        "one random layer × head, json or f16); each client posts back to back (after a 503 it waits 50 ms).",
+        "",
+        f"## Load: {load['clients']} clients × {load['duration_s']:.0f} s",
+        "",
+        "| | |",
+        "|---|---:|",
+        f"| requests | {load['requests']} ({load['throughput_rps']} /s) |",
+        f"| status counts | {', '.join(f'{k}: {v}' for k, v in sorted(load['statuses'].items()))} |",
+        f"| admitted (200) | {load['statuses'].get('200', 0)} ({load['admitted_rps']} /s) |",
+        f"| admitted latency p50 / p99 | {load['admitted_p50_ms']} ms / {load['admitted_p99_ms']} ms |",
+        f"| rejected (503) latency p50 / p99 | {load['rejected_p50_ms']} ms / {load['rejected_p99_ms']} ms |",
+        f"| errors (anything but 200/503) | {load['error_count']} |",
+        f"| server RSS before / after | {load['rss_before_mb']} MB / {load['rss_after_mb']} MB |",
+        "",
+    ]
+    if "soak" in result:
+        s = result["soak"]
+        lines += [
+            f"## Soak: {s['clients']} clients × {s['duration_s']:.0f} s",
+            "",
+            "| | |",
+            "|---|---:|",
+            f"| requests | {s['requests']} ({s['throughput_rps']} /s) |",
+            f"| status counts | {', '.join(f'{k}: {v}' for k, v in sorted(s['statuses'].items()))} |",
+            f"| admitted latency p50 / p99 | {s['admitted_p50_ms']} ms / {s['admitted_p99_ms']} ms |",
+            f"| errors | {s['error_count']} |",
+            f"| RSS mean of first minute → last minute | {s['rss_first_minute_mb']} MB → {s['rss_last_minute_mb']} MB "
+            f"(**drift {s['rss_drift_percent']:+.2f} %**) |",
+            f"| RSS min / max | {s['rss_min_mb']} MB / {s['rss_max_mb']} MB |",
+            "",
+        ]
+    lines += ["## Verdicts", ""] + [f"- {'PASS' if good else 'FAIL'}: {what}" for what, good in verdicts(result)]
+    lines += ["", f"Server exit code after SIGTERM: {result.get('server_exit_code')}.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

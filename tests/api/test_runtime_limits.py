@@ -301,3 +301,17 @@ def test_admission_gate_refuses_on_the_event_loop():
     assert [r.status_code for r in done] == [200, 200, 200]
     assert entered.count("/api/text/attention") == 2  # the refused one never reached the app
     assert in_flight == 0
+
+
+def test_server_code_never_unpickles_or_fetches_urls():
+    """No torch.load / pickle of anything (user data included), no server-side URL fetching, no remote code."""
+    forbidden = ("torch.load(", "pickle.load", "urllib.request", "urlopen(", "import httpx", "import requests",
+                 "trust_remote_code=True")
+    offenders = [
+        f"{path.relative_to(ROOT)}: {needle}"
+        for folder in ("app", "models")
+        for path in (ROOT / folder).rglob("*.py")
+        for needle in forbidden
+        if needle in path.read_text(encoding="utf-8")
+    ]
+    assert offenders == []

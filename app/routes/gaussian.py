@@ -75,6 +75,9 @@ def _model_info(model_id: str) -> dict:
         "gelu": cfg.gelu,
         "position_embedding": cfg.position_embedding,
         "train_images": (history.get("training") or {}).get("train_subset") or None,
+        # a run continued with --resume: from which epoch, on how many images, at which peak learning rate
+        "continued": [{"from_epoch": c.get("from_epoch"), "train_images": c.get("train_subset") or None, "lr": c.get("lr")}
+                      for c in history.get("continued", [])],
         "source": "trained by scripts/train_gaussian.py (committed under models/trained/)",
     }
 

@@ -289,6 +289,7 @@ async function loadModel(modelId) {
     `${fmtInt(info.parameters)} parameters${info.position_embedding ? " (with a learned position embedding)" : ""}, ` +
     `${info.train_images ? `${fmtInt(info.train_images)} training images per epoch, ` : ""}` +
     `final test accuracy ${(100 * info.accuracy).toFixed(2)} %` +
+    (info.continued || []).map((c) => `; continued from epoch ${c.from_epoch} on ${c.train_images ? fmtInt(c.train_images) : "all"} training images`).join("") +
     (info.wall_time_s ? `, trained in ${(info.wall_time_s / 60).toFixed(1)} min` : "");
   fillSelect($("layer-select"), info.layers);
   fillSelect($("head-select"), info.heads);

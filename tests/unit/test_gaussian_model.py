@@ -227,3 +227,18 @@ def test_training_script_reads_cifar10_pickles(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert (cfg["image_size"], cfg["in_channels"]) == (32, 3)
     assert g.GaussianConfig.from_dict(cfg).grid == (16, 16)
+
+
+def test_training_is_reproducible_from_the_seed(tmp_path):
+    from scripts.train_gaussian import main
+
+    args = ["--epochs", "1", "--train-subset", "256", "--layers", "1", "--hidden", "18", "--ffn-hidden", "18",
+            "--position-embedding"]
+    runs = []
+    for name in ("a", "b", "c"):
+        seed = ["--seed", "1"] if name == "c" else []
+        main(args + seed + ["--out", str(tmp_path / name)])
+        runs.append(json.loads((tmp_path / name / "history.json").read_text())["epochs"])
+    strip = lambda epochs: [(e["accuracy"], e["train_loss"], e["layers"]) for e in epochs]
+    assert strip(runs[0]) == strip(runs[1])
+    assert strip(runs[0]) != strip(runs[2])

@@ -54,4 +54,6 @@ def test_adapter_path_predicts_a_sneaker():
     result = adapter.run(encoded)
     predictions = adapter.predictions(result)
     assert predictions[0]["label"] == "Sneaker"
-    assert len(encoded.tokens) == 50 and encoded.extra["grid"] == (7, 7)
+    side = 28 // adapter.patch_size
+    assert len(encoded.tokens) == 1 + side * side and encoded.extra["grid"] == (side, side)
+    assert encoded.tokens[0] == "CLS" and encoded.tokens[-1] == f"p({side - 1},{side - 1})"

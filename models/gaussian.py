@@ -6,9 +6,10 @@ learned width alpha_h > 0. Its score for query pixel q and key pixel k is
     A_h[q, k] = -alpha_h * ||(k - q) - mu_h||^2
 
 which does not look at the content at all: the attention pattern P = softmax_k(A) is one (H, T, T)
-tensor shared by every image of the batch. The forward pass therefore computes P once per layer and
-applies it with one batched matrix product (cost O(T^2 d + T d^2) -> the T^2 term no longer multiplies
-a query/key dot product, see `layer_cost`).
+tensor shared by every image of the batch (no Q K^T: O(T^2 + T d^2) instead of O(T^2 d + T d^2), see
+`layer_cost`). More: the score is a sum of a row term and a column term and the grid is a rectangle, so
+P_h = P_row_h (x) P_col_h, and the forward pass applies it as two small (14 x 14) products per head
+instead of one (196 x 196) one (`GaussianAttention.forward`; `dense=True` keeps the reference path).
 
 Input: a 28x28 Fashion-MNIST image is reduced by 2x2 space-to-depth to a 14x14 grid of 4-value tokens
 (Cordonnier, Loukas & Jaggi, ICLR 2020 did the same to CIFAR-10: 32x32x3 -> 16x16x12).

@@ -8,6 +8,10 @@ import { mountImageLab } from "./lab/imagelab.js";
 const config = JSON.parse(document.getElementById("page-config").textContent);
 const $ = (id) => document.getElementById(id);
 const PLOT = { responsive: true, displaylogo: false };
+// Patch clicks come in quick succession (masking several patches): a short double-click window keeps
+// the second click a click instead of Plotly's "reset zoom" double-click.
+const OVERLAY_PLOT = { ...PLOT, doubleClickDelay: 120 };
+const CELL_PX = 480; // about the overlay's plotted width: markers stay inside their patch
 // Overlay colours: low attention transparent so the photo shows through, high attention bright.
 const OVERLAY_SCALE = [
   [0, "rgba(10,10,40,0)"], [0.15, "rgba(60,20,120,0.25)"], [0.45, "rgba(180,40,120,0.55)"],
@@ -212,13 +216,13 @@ function renderOverlay() {
   const maskedCells = [...state.masked].map(tokenPatch).filter(Boolean);
   const masks = {
     type: "scatter", mode: "markers", x: maskedCells.map((p) => p[1]), y: maskedCells.map((p) => p[0]),
-    marker: { symbol: "x-thin", size: Math.max(6, 360 / cols), line: { width: 2, color: "#2ee6ff" } },
+    marker: { symbol: "x-thin", size: Math.max(6, 0.55 * CELL_PX / cols), line: { width: 2, color: "#2ee6ff" } },
     hoverinfo: "skip", showlegend: false,
   };
   const qp = tokenPatch(state.query);
   const query = {
     type: "scatter", mode: "markers", x: qp ? [qp[1]] : [], y: qp ? [qp[0]] : [],
-    marker: { symbol: "square-open", size: Math.max(8, 420 / cols), line: { width: 3, color: "#00e676" } },
+    marker: { symbol: "square-open", size: Math.max(8, 0.8 * CELL_PX / cols), line: { width: 3, color: "#00e676" } },
     hoverinfo: "skip", showlegend: false,
   };
   const layout = {
@@ -231,7 +235,7 @@ function renderOverlay() {
     }],
     dragmode: $("click-mode").value === "mask" ? "select" : "zoom",
   };
-  Plotly.react($("overlay"), [heat, masks, query], layout, PLOT);
+  Plotly.react($("overlay"), [heat, masks, query], layout, OVERLAY_PLOT);
 }
 
 function renderModelGrid() {
@@ -403,7 +407,7 @@ function wire() {
 
 async function start() {
   // Plotly attaches .on() to a div once it holds a plot: draw empty figures first, then wire.
-  for (const id of ["overlay", "model-grid"]) await Plotly.newPlot($(id), [], { margin: { t: 10 } }, PLOT);
+  for (const id of ["overlay", "model-grid"]) await Plotly.newPlot($(id), [], { margin: { t: 10 } }, id === "overlay" ? OVERLAY_PLOT : PLOT);
   wire();
   if (imageLab.restoreInto(state, { models: config.models, samples: config.samples })) return load(); // a shared link
   const first = config.samples.find((s) => s.model === state.model) ?? config.samples[0];

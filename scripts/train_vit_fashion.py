@@ -101,6 +101,8 @@ def save(model: ViTForImageClassification, args: argparse.Namespace, history: li
         "patch": args.patch, "hidden": args.hidden, "layers": args.layers, "heads": args.heads, "mlp_ratio": args.mlp_ratio,
         "parameters": n_params, "test_accuracy": final_accuracy,
         "init_from": str(args.init_from) if args.init_from else None,
+        # the record of the run(s) this one continued, so the whole recipe stays in the model folder
+        "previous": _previous_record(args.init_from),
         "train_seconds": round(seconds, 1), "history": history,
         "note": "inputs: white-on-black garments as in Fashion-MNIST (no inversion)",
     }, indent=2) + "\n")
@@ -145,6 +147,7 @@ def main() -> int:
         model = ViTForImageClassification.from_pretrained(args.init_from)
         config = model.config
         args.patch, args.hidden, args.layers, args.heads = config.patch_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads
+        args.mlp_ratio = config.intermediate_size // config.hidden_size
     else:
         config = build_config(args)
         model = ViTForImageClassification(config, add_pooling_layer=False) if _accepts_pooling() else ViTForImageClassification(config)
@@ -205,6 +208,11 @@ def main() -> int:
     save(model, args, history, n_params, time.time() - start)
     print(f"saved to {args.out}: test accuracy {final_accuracy:.4f}, {(time.time() - start) / 60:.1f} min", flush=True)
     return 0
+
+
+def _previous_record(init_from: Path | None) -> dict | None:
+    path = init_from / "training.json" if init_from else None
+    return json.loads(path.read_text()) if path and path.is_file() else None
 
 
 def _accepts_pooling() -> bool:

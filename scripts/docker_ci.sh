@@ -188,11 +188,10 @@ fi
 log "$(find .docker-wheels -name '*.whl' | wc -l) wheels; ${wheels_only:+pip in the build uses no index}"
 
 step "build $IMAGE (CPU, --network=host)"
-docker_ rmi "$IMAGE" >/dev/null 2>&1 || true   # untag the previous build: a failed build must not pass
-DOCKER_BUILDKIT=0 docker_ build --network=host --build-arg TORCH_VARIANT=cpu \
-  --build-arg PIP_WHEELS_ONLY="$wheels_only" -t "$IMAGE" . 2>&1 \
-  | grep -E --line-buffered '^(Step [0-9]+/|Successfully|\[prepare_weights\]|ERROR|error)' || true
-docker_ image inspect "$IMAGE" >/dev/null || { log "build failed"; exit 1; }
+{ DOCKER_BUILDKIT=0 docker_ build --network=host --build-arg TORCH_VARIANT=cpu \
+    --build-arg PIP_WHEELS_ONLY="$wheels_only" -t "$IMAGE" . 2>&1; echo $? >"$WORK/build.rc"; } \
+  | tee "$WORK/build.log" | grep -E --line-buffered '^(Step [0-9]+/|Successfully|\[prepare_weights\]|ERROR|error)' || true
+[ "$(cat "$WORK/build.rc")" = 0 ] || { tail -n 40 "$WORK/build.log"; log "build failed (exit $(cat "$WORK/build.rc"))"; exit 1; }
 log "image size: $(docker_ image inspect "$IMAGE" --format '{{.Size}}' | awk '{printf "%.2f GB", $1/1e9}')"
 # Untagged images of earlier builds older than a week go; recent ones stay: they include the deps and
 # weights stages, the layer cache of the next run (the final image does not descend from them).

@@ -27,7 +27,7 @@ browser:
 	@test -d /usr/share/datasets/fashion-mnist || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist)
 
 run: setup
-	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT)
+	$(PY) -m app.serve --host $(HOST) --port $(PORT)
 
 test: setup browser
 	$(PY) -m pytest -q -p no:cacheprovider tests

@@ -25,10 +25,22 @@ def attention_rollout(attention: torch.Tensor) -> torch.Tensor:
 
 def cls_rollout_map(attention: torch.Tensor, prefix_tokens: int, grid: tuple[int, int]) -> torch.Tensor:
     """The CLS row of the rollout over the patches, as a (rows, cols) map (sums to ≤ 1: the rest
-    flows from the prefix tokens)."""
+    flows from the prefix tokens).
+
+    Only row 0 of R = Ã_L ⋯ Ã_1 is needed, so it is built from the left as a row vector,
+    e₀ᵀ Ã_L ⋯ Ã_1: L vector–matrix products, O(L T²) instead of the full product's O(L T³)
+    (1025 tokens at 448 px: milliseconds instead of seconds).
+    """
     rows, cols = grid
-    rollout = attention_rollout(attention)  # (T, T)
-    return rollout[0, prefix_tokens:].reshape(rows, cols)
+    n_layers, _, n_tokens, _ = attention.shape
+    row = torch.zeros(n_tokens, dtype=torch.float64)
+    row[0] = 1.0  # e₀ᵀ
+    for layer in reversed(range(n_layers)):
+        mixed = 0.5 * attention[layer].double().mean(dim=0)  # (T, T)
+        mixed.diagonal().add_(0.5)
+        mixed = mixed / mixed.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+        row = row @ mixed  # (T,)
+    return row[prefix_tokens:].reshape(rows, cols).float()
 
 
 def patch_centres(grid: tuple[int, int], patch_size: int) -> torch.Tensor:
@@ -46,9 +58,9 @@ def mean_attention_distance(attention: torch.Tensor, prefix_tokens: int, grid: t
     attention: (L, H, T, T) → (L, H)
     """
     centres = patch_centres(grid, patch_size)  # (N, 2)
-    distances = torch.cdist(centres, centres)  # (N, N) in pixels
-    patch_probs = attention[:, :, prefix_tokens:, prefix_tokens:].double()  # (L, H, N, N)
-    return (patch_probs * distances).sum(dim=-1).mean(dim=-1).float()  # (L, H)
+    distances = torch.cdist(centres, centres).float()  # (N, N) in pixels; float32 keeps 448 px (75M products) fast
+    patch_probs = attention[:, :, prefix_tokens:, prefix_tokens:].float()  # (L, H, N, N)
+    return (patch_probs * distances).sum(dim=-1).mean(dim=-1)  # (L, H)
 
 
 def mean_token_distance(attention: torch.Tensor) -> torch.Tensor:

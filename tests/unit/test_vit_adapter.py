@@ -75,3 +75,10 @@ def test_rollout_and_distance_by_hand():
     uniform = torch.full((3, 2, 5, 5), 0.2)
     rollout = attention_rollout(uniform)
     assert torch.allclose(rollout.sum(-1), torch.ones(5), atol=1e-6)
+
+
+def test_cls_rollout_row_equals_the_full_product():
+    torch.manual_seed(0)
+    attention = torch.softmax(torch.randn(4, 3, 10, 10), dim=-1)  # (L, H, T, T)
+    full = attention_rollout(attention)  # (T, T)
+    assert torch.allclose(cls_rollout_map(attention, 1, (3, 3)), full[0, 1:].reshape(3, 3), atol=1e-6)

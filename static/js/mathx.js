@@ -59,3 +59,13 @@ function reshape(flat, shape) {
 }
 
 export const fmt = (x, digits = 4) => (x === null || x === undefined ? "–" : Number(x).toPrecision(digits));
+
+// max |x| over a (nested) array with a loop: Math.max(...xs) overflows the call stack past ~100k values.
+export function maxAbs(values, floor = 0) {
+  let max = floor;
+  const visit = (v) => {
+    if (Array.isArray(v)) { for (const x of v) visit(x); } else if (Math.abs(v) > max) max = Math.abs(v);
+  };
+  visit(values);
+  return max;
+}

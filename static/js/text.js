@@ -1,7 +1,7 @@
 // The text page: sentence → every layer and head, β slider, masks, ablation, perturbations, effects,
 // head summaries, the softmax panel, export and a shareable URL (the laboratory, SPEC §2–6).
 import { getJSON, isAbort, postJSON, setStatus } from "./api.js";
-import { decodeTensor, entropy, fmt, softmaxRow } from "./mathx.js";
+import { decodeTensor, entropy, fmt, maxAbs, softmaxRow } from "./mathx.js";
 import { drawEffect } from "./views/effects.js";
 import { drawHeadView } from "./views/headview.js";
 import { drawHeatmap, tokenLabels } from "./views/heatmap.js";
@@ -161,15 +161,15 @@ function renderDiff(P) {
     return;
   }
   const diff = P.map((row, i) => row.map((p, j) => p - v.base[i][j]));
-  const maxAbs = Math.max(1e-9, ...diff.flat().map(Math.abs));
+  const maxAbsDiff = maxAbs(diff, 1e-9);
   const labels = tokenLabels(v.tokens);
   const dense = v.tokens.length > 40;
-  $("diff-heatmap").dataset.maxAbs = String(maxAbs === 1e-9 ? 0 : maxAbs);
+  $("diff-heatmap").dataset.maxAbs = String(maxAbsDiff === 1e-9 ? 0 : maxAbsDiff);
   if ($("diff-kind").value === "ratio") {
     // P̂ / P where P > 1e-6 (else blank); log scale colours: 1 = unchanged.
     const ratio = P.map((row, i) => row.map((p, j) => (v.base[i][j] > 1e-6 ? p / v.base[i][j] : null)));
     const logs = ratio.flat().filter((x) => x !== null && x > 0).map((x) => Math.abs(Math.log10(x)));
-    const span = Math.max(1e-6, ...logs);
+    const span = maxAbs(logs, 1e-6);
     Plotly.react($("diff-heatmap"), [{
       type: "heatmap", z: ratio.map((row) => row.map((x) => (x === null || x <= 0 ? null : Math.log10(x)))), x: labels, y: labels,
       customdata: ratio, colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -span, zmax: span,
@@ -184,10 +184,10 @@ function renderDiff(P) {
     return;
   }
   Plotly.react($("diff-heatmap"), [{
-    type: "heatmap", z: diff, x: labels, y: labels, colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -maxAbs, zmax: maxAbs,
+    type: "heatmap", z: diff, x: labels, y: labels, colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -maxAbsDiff, zmax: maxAbsDiff,
     hovertemplate: "query %{y}<br>key %{x}<br>P̂ − P = %{z:.5f}<extra></extra>", colorbar: { thickness: 12 },
   }], {
-    title: { text: `P̂ − P at layer ${state.layer}, head ${state.head}  (max |Δ| = ${fmt(maxAbs === 1e-9 ? 0 : maxAbs, 3)})`, font: { size: 13 } },
+    title: { text: `P̂ − P at layer ${state.layer}, head ${state.head}  (max |Δ| = ${fmt(maxAbsDiff === 1e-9 ? 0 : maxAbsDiff, 3)})`, font: { size: 13 } },
     margin: { l: dense ? 40 : 90, r: 10, t: 30, b: dense ? 40 : 90 },
     xaxis: { title: { text: "key" }, tickangle: -60, type: "category", showticklabels: !dense },
     yaxis: { title: { text: "query" }, autorange: "reversed", type: "category", showticklabels: !dense },

@@ -63,3 +63,17 @@ def test_clicking_a_token_masks_it_as_a_key(page, page_log, live_server):
     page.wait_for_function("() => document.querySelector('#output-effect').textContent.includes('cosine')", timeout=30_000)
     screenshot(page, "text-masked-key")
     page_log.check()
+
+
+def test_a_512_token_text_draws_without_errors(page, page_log, live_server):
+    """Long inputs once overflowed the call stack (Math.max over 262k values): the page must still draw."""
+    from urllib.parse import quote
+
+    text = " ".join(["the cat sat on a mat and"] * 120)  # far past the model's 512 tokens
+    page.goto(f"{live_server}/#m=minilm&t={quote(text)}")
+    page.wait_for_function("() => { const el = document.querySelector('#heatmap'); "
+                           "return el && el.data && el.data[0] && el.data[0].z && el.data[0].z.length === 512; }",
+                           timeout=90_000)
+    page.wait_for_function("() => document.querySelector('#status').textContent.includes('truncated')", timeout=30_000)
+    screenshot(page, "text-512-tokens")
+    page_log.check()

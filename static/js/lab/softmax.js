@@ -1,7 +1,7 @@
 // Softmax panel (SPEC §2): one row's probabilities p = softmax(β s) and the Jacobian
 // ∂p/∂s = β (diag(p) − p pᵀ), for a query row of the selected head or an editable score vector.
 // The default vector (−3, 1, 100, 5, −1) at β = 1 shows saturation: every Jacobian entry ≈ 0.
-import { entropy, fmt, softmaxRow } from "../mathx.js";
+import { entropy, fmt, maxAbs, softmaxRow } from "../mathx.js";
 import { pngButton } from "./export.js";
 
 const CONFIG = { responsive: true, displaylogo: false };
@@ -96,8 +96,8 @@ export function mountSoftmaxPanel(container, { onError = () => {} } = {}) {
     }
     const p = softmaxRow(s, beta, masked);
     const J = jacobian(p, beta);
-    const maxJ = Math.max(...J.flat().map(Math.abs));
-    readout.textContent = `β = ${fmt(beta)} · max p = ${fmt(Math.max(...p))} · entropy = ${fmt(entropy(p))} nats (log n = ${fmt(Math.log(p.length))}) · max |∂p/∂s| = ${fmt(maxJ)}`;
+    const maxJ = maxAbs(J);
+    readout.textContent = `β = ${fmt(beta)} · max p = ${fmt(maxAbs(p))} · entropy = ${fmt(entropy(p))} nats (log n = ${fmt(Math.log(p.length))}) · max |∂p/∂s| = ${fmt(maxJ)}`;
     readout.dataset.maxJacobian = String(maxJ);
     Plotly.react(bars, [{ type: "bar", x: labels, y: p, marker: { color: "#3b5bdb" }, hovertemplate: "%{x}<br>p = %{y:.6f}<extra></extra>" }], {
       title: { text: "probabilities p", font: { size: 13 } }, margin: { l: 45, r: 10, t: 30, b: 70 },

@@ -227,8 +227,8 @@ function renderOverlay() {
   };
   const layout = {
     margin: { l: 30, r: 10, t: 10, b: 30 },
-    xaxis: { range: [-0.5, cols - 0.5], showgrid: false, zeroline: false, constrain: "domain" },
-    yaxis: { range: [rows - 0.5, -0.5], showgrid: false, zeroline: false, scaleanchor: "x" },
+    xaxis: { range: [-0.5, cols - 0.5], showgrid: false, zeroline: false, constrain: "domain", dtick: cols <= 16 ? 1 : 4 },
+    yaxis: { range: [rows - 0.5, -0.5], showgrid: false, zeroline: false, scaleanchor: "x", dtick: rows <= 16 ? 1 : 4 },
     images: [{
       source: `/api/images/${state.imageId}/view?size=${viewSize}`, xref: "x", yref: "y",
       x: -0.5, y: -0.5, sizex: cols, sizey: rows, xanchor: "left", yanchor: "top", sizing: "stretch", layer: "below",

@@ -189,20 +189,27 @@ def bench_browser(server: Server, raw: RawForward, moves: int) -> dict:
     from urllib.parse import quote
 
     p, browser = chromium()
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
     result: dict = {}
+
+    def fresh_page():
+        # A new page per measurement: a goto that changes only the URL hash would not reload the page.
+        return browser.new_page(viewport={"width": 1400, "height": 1000})
+
     # Time to first figure at 128 and 512 tokens: navigation start → heatmap drawn.
     for n in (128, 512):
         text = text_of(n, 700 + n)
+        page = fresh_page()
         start = time.perf_counter()
         page.goto(f"{server.url}/#m=minilm&t={quote(text)}")
         page.wait_for_function(WAIT_HEATMAP, timeout=120_000)
         page.wait_for_function(f"() => document.querySelector('#heatmap').data[0].z.length === {n}", timeout=120_000)
         result[f"first_figure_s_{n}"] = time.perf_counter() - start
         print(f"  first figure at {n} tokens: {result[f'first_figure_s_{n}']:.2f} s")
+        page.close()
 
     # β slider → redraw. The page marks each finished draw of #heatmap through Plotly's afterplot event.
     def slider_latencies(mode: str, n_tokens: int, count: int) -> list[float]:
+        page = fresh_page()
         page.goto(f"{server.url}/#m=minilm&t={quote(text_of(n_tokens, 900 + n_tokens))}&bm={mode}")
         page.wait_for_function(WAIT_HEATMAP, timeout=120_000)
         page.wait_for_function(f"() => document.querySelector('#heatmap').data[0].z.length === {n_tokens}", timeout=120_000)
@@ -228,6 +235,7 @@ def bench_browser(server: Server, raw: RawForward, moves: int) -> dict:
                    }""", value)
             if ms >= 0:
                 out.append(ms)
+        page.close()
         return out
 
     view = slider_latencies("view", 128, moves)

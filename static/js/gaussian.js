@@ -27,6 +27,15 @@ function report(err) {
   setStatus(err.message || String(err), { error: true });
 }
 
+// Plotly.react is asynchronous; two overlapping redraws of one figure (a slider dragged while the
+// previous answer is drawn) can trip over each other inside Plotly, so each figure's draws run in turn.
+const drawing = new WeakMap();
+function react(el, traces, layout, config) {
+  const next = (drawing.get(el) || Promise.resolve()).then(() => Plotly.react(el, traces, layout, config)).catch(report);
+  drawing.set(el, next);
+  return next;
+}
+
 // ---------------------------------------------------------------------------------------------
 // centers per layer
 
@@ -102,7 +111,7 @@ function centersFigure() {
 function drawCenters() {
   const { traces, layout } = centersFigure();
   const el = $("centers-plot");
-  Plotly.react(el, traces, layout, PLOT_CONFIG);
+  react(el, traces, layout, PLOT_CONFIG);
   const entry = state.history[state.epochIndex];
   $("epoch-readout").textContent =
     `epoch ${entry.epoch} / ${state.history[state.history.length - 1].epoch} · test accuracy ${(100 * entry.accuracy).toFixed(2)} %` +
@@ -138,7 +147,7 @@ async function drawAttention() {
     xaxis: { range: [-0.5, cols - 0.5], dtick: 1, title: { text: "key col", standoff: 2 }, constrain: "domain" },
     yaxis: { range: [rows - 0.5, -0.5], dtick: 1, scaleanchor: "x", title: { text: "key row", standoff: 2 } },
   };
-  Plotly.react($("attention-plot"), traces, layout, PLOT_CONFIG);
+  react($("attention-plot"), traces, layout, PLOT_CONFIG);
   const learned = headOf().alpha;
   const where = res.nearest_pixel ? `(${res.nearest_pixel[0]}, ${res.nearest_pixel[1]})` : "outside the grid";
   $("alpha-readout").textContent =
@@ -191,7 +200,7 @@ async function drawConv() {
   };
   layout.xaxis2.anchor = "y2";
   layout.xaxis3.anchor = "y3";
-  Plotly.react($("conv-plot"), traces, layout, PLOT_CONFIG);
+  react($("conv-plot"), traces, layout, PLOT_CONFIG);
 
   const errTraces = [
     { type: "scatter", mode: "lines+markers", x: res.error_by_alpha.map((p) => p[0]),
@@ -204,7 +213,7 @@ async function drawConv() {
     xaxis: { type: "log", title: { text: "α", standoff: 2 } },
     yaxis: { type: "log", title: { text: "max |MHSA − conv|", standoff: 2 }, exponentformat: "power" },
   };
-  Plotly.react($("conv-error-plot"), errTraces, errLayout, PLOT_CONFIG);
+  react($("conv-error-plot"), errTraces, errLayout, PLOT_CONFIG);
   const interior = res.interior_max_abs_error === null ? "– (no interior pixel)" : res.interior_max_abs_error.toExponential(2);
   $("conv-readout").textContent =
     `${res.heads} heads · α = ${fmt(body.alpha, 3)} · max |error| = ${res.max_abs_error.toExponential(2)} · ` +
@@ -220,7 +229,7 @@ async function drawBlocks() {
   try { res = await getJSON(`/api/gaussian/blocks?model=${encodeURIComponent(state.model)}`); } catch (err) { report(err); return; }
   const g = res.gelu;
   const diff = g.exact.map((v, i) => v - g.tanh[i]);
-  Plotly.react($("gelu-plot"), [
+  react($("gelu-plot"), [
     { type: "scatter", mode: "lines", x: g.x, y: g.exact, name: "exact x·Φ(x)", line: { color: "#3b5bdb", width: 3 } },
     { type: "scatter", mode: "lines", x: g.x, y: g.tanh, name: "tanh approx.", line: { color: "#e8590c", dash: "dash" } },
     { type: "scatter", mode: "lines", x: g.x, y: diff, name: "exact − tanh", yaxis: "y2", line: { color: "#868e96", width: 1 } },

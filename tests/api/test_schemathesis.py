@@ -83,7 +83,7 @@ def check_no_server_error(case) -> None:
     assert response.status_code < 500 or allowed_503, (
         f"{case.method} {case.formatted_path} → {response.status_code}: {response.text[:500]}"
     )
-    assert "Traceback" not in response.text
+    assert "Traceback (most recent call last)" not in response.text  # the bare word may be echoed input
 
 
 @schema.exclude(path_regex=HEAVY).parametrize()

@@ -9,6 +9,18 @@ const el = (tag, props = {}, ...children) => {
   return node;
 };
 
+// An on/off intervention with a scope and a reset: its checkbox, scope select and reset button,
+// with ids `${key}-toggle`, `${key}-scope`, `${key}-reset`.
+function toggleControl(lab, key, onChange) {
+  const box = el("input", { id: `${key}-toggle`, type: "checkbox" });
+  box.addEventListener("change", () => { lab[key].on = box.checked; onChange(key); });
+  const scope = scopeSelect(lab[key].scope, (v) => { lab[key].scope = v; if (lab[key].on) onChange(key); });
+  scope.id = `${key}-scope`;
+  const reset = el("button", { id: `${key}-reset`, type: "button", textContent: "reset" });
+  reset.addEventListener("click", () => { resetControl(lab, key); onChange(key); });
+  return [box, scope, reset];
+}
+
 // mount(container, lab, {onChange(key), tokenName(j)}) → {update()}: update() refreshes the shown state.
 export function mountMaskPanel(container, lab, { onChange, tokenName = (j) => String(j), pickHint = "click a token to mask it as a key" }) {
   const masked = el("span", { id: "mask-list", className: "mono" });
@@ -17,19 +29,8 @@ export function mountMaskPanel(container, lab, { onChange, tokenName = (j) => St
   const maskReset = el("button", { id: "mask-reset", type: "button", textContent: "reset" });
   maskReset.addEventListener("click", () => { resetControl(lab, "masks"); onChange("masks"); });
 
-  const causal = el("input", { id: "causal-toggle", type: "checkbox" });
-  causal.addEventListener("change", () => { lab.causal.on = causal.checked; onChange("causal"); });
-  const causalScope = scopeSelect(lab.causal.scope, (v) => { lab.causal.scope = v; if (lab.causal.on) onChange("causal"); });
-  causalScope.id = "causal-scope";
-  const causalReset = el("button", { id: "causal-reset", type: "button", textContent: "reset" });
-  causalReset.addEventListener("click", () => { resetControl(lab, "causal"); onChange("causal"); });
-
-  const ablate = el("input", { id: "ablate-toggle", type: "checkbox" });
-  ablate.addEventListener("change", () => { lab.ablate.on = ablate.checked; onChange("ablate"); });
-  const ablateScope = scopeSelect(lab.ablate.scope, (v) => { lab.ablate.scope = v; if (lab.ablate.on) onChange("ablate"); });
-  ablateScope.id = "ablate-scope";
-  const ablateReset = el("button", { id: "ablate-reset", type: "button", textContent: "reset" });
-  ablateReset.addEventListener("click", () => { resetControl(lab, "ablate"); onChange("ablate"); });
+  const [causal, causalScope, causalReset] = toggleControl(lab, "causal", onChange);
+  const [ablate, ablateScope, ablateReset] = toggleControl(lab, "ablate", onChange);
 
   container.replaceChildren(
     el("h2", {}, "Masks and ablation ", el("small", {}, "M is added to β·S before the softmax; scopes follow the selected layer/head")),

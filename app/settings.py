@@ -28,6 +28,10 @@ class Settings(BaseSettings):
     max_response_numbers: int = 4_000_000
     max_upload_bytes: int = 10 * 1024 * 1024
     max_image_pixels: int = 40_000_000
+    # Image decodes running at once (a 40-megapixel decode holds a few hundred MB while it runs); an upload
+    # that finds no free slot within decode_wait_s is answered 503 + Retry-After.
+    max_concurrent_decodes: int = Field(2, ge=1)
+    decode_wait_s: float = Field(10.0, ge=0)
     image_cache_items: int = 256
     image_cache_bytes: int = 512 * 1024 * 1024  # decoded uploads kept (RGB, shorter side ≤ 1024 px)
 

@@ -2,17 +2,20 @@
 image attention (POST /api/image/attention) and the page (/image).
 
 Uploads are size-checked before the body is read (Content-Length) and while it streams, decoded in
-the thread pool (models/images.py: allowlist, pixel limit before decoding, EXIF, every mode to RGB)
+the thread pool (models/images.py: allowlist, pixel limit before decoding, EXIF, every mode to RGB),
+at most `max_concurrent_decodes` at once (DecodeGate: one waiting longer than `decode_wait_s` gets 503),
 and kept in a bounded LRU keyed by the content hash; an evicted id answers 404 and the page uploads
 the file again.
 """
 from __future__ import annotations
 
 import io
+import math
 import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -72,6 +75,45 @@ def get_image_store(request: Request) -> ImageStore:
     return store
 
 
+class DecodeGate:
+    """At most `limit` image decodes at once: a decode holds the whole bitmap (and a copy or two while it
+    converts), so a burst of large uploads is made to take turns instead of adding up to gigabytes.
+    A request that gets no slot within `wait_s` is refused (503 + Retry-After) rather than left hanging.
+    One per app, used on its event loop (see `decode_gate`)."""
+
+    def __init__(self, limit: int, wait_s: float):
+        self.limit, self.wait_s = limit, wait_s
+        self._semaphore = anyio.Semaphore(limit)
+
+    @property
+    def in_use(self) -> int:
+        return self.limit - self._semaphore.value
+
+    async def acquire(self) -> bool:
+        """Take a slot, waiting at most `wait_s`; False when none came free in time."""
+        try:
+            self._semaphore.acquire_nowait()  # a free slot is taken even when wait_s is 0
+            return True
+        except anyio.WouldBlock:
+            pass
+        with anyio.move_on_after(self.wait_s):
+            await self._semaphore.acquire()
+            return True
+        return False
+
+    def release(self) -> None:
+        self._semaphore.release()
+
+
+def decode_gate(app) -> DecodeGate:
+    """The app's gate, built from its settings on first use (on the event loop: no lock needed)."""
+    gate = getattr(app.state, "decode_gate", None)
+    if gate is None:
+        settings = app.state.runtime.settings
+        gate = app.state.decode_gate = DecodeGate(settings.max_concurrent_decodes, settings.decode_wait_s)
+    return gate
+
+
 def _too_large(limit: int, detail: str | None = None) -> JSONResponse:
     return JSONResponse(
         {"detail": detail or f"file: the upload is larger than the limit of {limit:,} bytes (max_upload_bytes)"},
@@ -100,6 +142,7 @@ UPLOAD_OPENAPI = {
         "413": {"description": "over max_upload_bytes or max_image_pixels"},
         "415": {"description": "not PNG, JPEG or WebP, or not multipart/form-data"},
         "422": {"description": "no `file` field"},
+        "503": {"description": "max_concurrent_decodes decodes already running for longer than decode_wait_s (Retry-After)"},
     },
 }
 
@@ -108,7 +151,8 @@ UPLOAD_OPENAPI = {
 async def upload_image(request: Request) -> JSONResponse:
     """Store an image (multipart field `file`) and return its content-hash id and size (after EXIF
     orientation). ≤ max_upload_bytes (413 before the body is read when Content-Length says so),
-    ≤ max_image_pixels (413, checked from the header before decoding), PNG/JPEG/WebP only (415)."""
+    ≤ max_image_pixels (413, checked from the header before decoding), PNG/JPEG/WebP only (415).
+    At most max_concurrent_decodes decode at once; one that waits longer than decode_wait_s gets 503."""
     settings = request.app.state.runtime.settings
     limit = settings.max_upload_bytes
     content_type = request.headers.get("content-type", "")
@@ -136,10 +180,19 @@ async def upload_image(request: Request) -> JSONResponse:
         await form.close()
     if len(data) > limit:
         return _too_large(limit)
+    gate = decode_gate(request.app)
+    if not await gate.acquire():
+        return JSONResponse(
+            {"detail": f"server busy: {gate.limit} image decodes already running (max_concurrent_decodes) "
+                       f"and none finished within {gate.wait_s:g} s (decode_wait_s); try again in a moment"},
+            status_code=503, headers={"Retry-After": str(max(1, math.ceil(gate.wait_s / 4)))},
+        )
     try:
         decoded = await run_in_threadpool(decode_image, data, settings.max_image_pixels)
     except ImageInputError as exc:
         return _error(exc.status, str(exc))
+    finally:
+        gate.release()
     image_id = image_id_for(data)
     store = get_image_store(request)
     store.put(image_id, decoded)

@@ -148,8 +148,8 @@ def thumbnails(attention: torch.Tensor, size: int) -> dict[str, Any]:
     n_layers, n_heads, n_tokens, _ = attention.shape
     pooled = attention
     if n_tokens > size:
-        flat = attention.reshape(n_layers * n_heads, 1, n_tokens, n_tokens)
-        pooled = torch.nn.functional.adaptive_avg_pool2d(flat, size).reshape(n_layers, n_heads, size, size)
+        pool = pooling_matrix(n_tokens, size)  # (size, T)
+        pooled = pool @ attention @ pool.T  # (L, H, size, size): two batched products, no copy of the maps
     peak = pooled.amax(dim=(-1, -2)).clamp_min(1e-12)  # (L, H)
     levels = torch.round(pooled / peak[..., None, None] * 255).to(torch.uint8)  # (L, H, t, t)
     return {
@@ -159,3 +159,12 @@ def thumbnails(attention: torch.Tensor, size: int) -> dict[str, Any]:
         "data": base64.b64encode(levels.numpy().tobytes()).decode("ascii"),
     }
 
+
+def pooling_matrix(n: int, size: int) -> torch.Tensor:
+    """The averaging of adaptive_avg_pool over one axis as a (size, n) matrix: bin i covers
+    [⌊i n / size⌋, ⌈(i + 1) n / size⌉), so A M Aᵀ equals adaptive_avg_pool2d(M, size)."""
+    matrix = torch.zeros(size, n)
+    for i in range(size):
+        start, end = (i * n) // size, -((-(i + 1) * n) // size)
+        matrix[i, start:end] = 1.0 / (end - start)
+    return matrix

@@ -119,16 +119,34 @@ def plan_layer(
     return plan
 
 
-def masked_softmax(logits: torch.Tensor, blocked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def masked_softmax(
+    logits: torch.Tensor, blocked: torch.Tensor, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Row softmax with −∞ at `blocked`; a row with every key blocked is all zeros (never NaN).
 
-    logits: (..., T_q, T_k); blocked: bool, broadcastable. Returns (P, dead_rows (..., T_q) bool).
+    logits: (..., T_q, T_k); blocked: bool, broadcastable; out: where to write P (optional).
+    Returns (P, dead_rows (..., T_q) bool).
     """
     blocked = blocked.expand_as(logits)
     dead_rows = blocked.all(dim=-1)  # (..., T_q)
-    probs = torch.softmax(logits.masked_fill(blocked, float("-inf")), dim=-1)
-    probs = probs.masked_fill(dead_rows.unsqueeze(-1), 0.0)
+    probs = torch.softmax(logits.masked_fill(blocked, float("-inf")), dim=-1, out=out)
+    probs.masked_fill_(dead_rows.unsqueeze(-1), 0.0)
     return probs, dead_rows
+
+
+def mean_row_entropy(logits: torch.Tensor, probs: torch.Tensor, blocked: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over query rows of −Σ_j P log P, without a log per entry (one log per row).
+
+    For P = softmax(z) over the allowed keys, log p_ij = z_ij − lse_i, so H_i = lse_i − Σ_j p_ij z_ij;
+    and lse_i = max_j z_ij − log max_j p_ij (the largest logit has the largest probability). Blocked
+    keys have p = 0 and drop out of the sum; a row with every key blocked counts as 0.
+    logits, probs: (..., T_q, T_k) → (...)
+    """
+    top_logit = (logits if blocked is None else logits.masked_fill(blocked, float("-inf"))).amax(dim=-1)  # (..., T_q)
+    top_prob = probs.amax(dim=-1)  # (..., T_q)
+    entropy = top_logit - torch.log(top_prob) - torch.linalg.vecdot(probs, logits)  # (..., T_q)
+    entropy = torch.where(top_prob > 0, entropy, torch.zeros_like(entropy)).clamp_min(0.0)
+    return entropy.mean(dim=-1)
 
 
 def intervened_attention(
@@ -140,12 +158,21 @@ def intervened_attention(
     layer: int,
     native_beta: float,
     interventions: tuple[Intervention, ...] = (),
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    need_scores: bool = True,
+    probs_out: torch.Tensor | None = None,
+    scores_out: torch.Tensor | None = None,
+    entropy_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """One attention layer with the interventions applied.
 
     query: (B, H, T_q, d), key: (B, H, T_k, d), value: (B, H, T_k, d_v);
     allowed: the model's own mask, bool broadcastable to (B, H, T_q, T_k), True = may attend (None = all).
     Returns (head outputs H = P V (B, H, T_q, d_v), P (B, H, T_q, T_k), Ŝ (B, H, T_q, T_k), dead rows (B, H, T_q)).
+
+    With `need_scores=False`, Ŝ is not formed (None is returned for it). For recording a run, P is written into
+    `probs_out` and Ŝ into `scores_out` when given (slices of one (L, …) buffer, so a run's maps need
+    no copy at the end), and `entropy_out` (B, H) receives the mean row entropy while the logits are
+    at hand.
     """
     _, n_heads, n_queries, _ = query.shape
     n_keys = key.shape[2]
@@ -155,8 +182,12 @@ def intervened_attention(
     for iv in plan.query_perturbations:
         query = perturb_vectors(query, iv, layer)
 
-    scores = torch.matmul(query, key.transpose(-1, -2))  # (B, H, T_q, T_k) Ŝ, unscaled
-    device = scores.device
+    device = query.device
+    beta = plan.beta.to(device, query.dtype)[None, :, None, None]  # (1, H, 1, 1)
+    # β scales the (T × d) queries rather than the (T × T) scores: one pass less, and P comes out
+    # bit-identical whether or not Ŝ is recorded (effects compare runs made either way).
+    logits = torch.matmul(query * beta, key.transpose(-1, -2))  # (B, H, T_q, T_k) β Ŝ
+    scores = torch.matmul(query, key.transpose(-1, -2), out=scores_out) if need_scores else None  # Ŝ, unscaled
     blocked = None  # bool, broadcastable to (B, H, T_q, T_k); None = nothing masked (the fast path)
     if bool(plan.key_mask.any()):
         blocked = plan.key_mask.to(device)[None, :, None, :]  # (1, H, 1, T_k)
@@ -166,15 +197,14 @@ def intervened_attention(
         blocked = causal if blocked is None else blocked | causal
     if allowed is not None and not bool(allowed.all()):
         blocked = ~allowed if blocked is None else blocked | ~allowed
-    if bool((plan.beta == native_beta).all()):
-        logits = scores * native_beta  # (B, H, T_q, T_k)
-    else:
-        logits = scores * plan.beta.to(device, scores.dtype)[None, :, None, None]
     if blocked is None:
-        probs = torch.softmax(logits, dim=-1)
+        probs = torch.softmax(logits, dim=-1, out=probs_out)
         dead_rows = torch.zeros(probs.shape[:-1], dtype=torch.bool, device=device)  # (B, H, T_q)
     else:
-        probs, dead_rows = masked_softmax(logits, blocked)  # (B, H, T_q, T_k)
+        probs, dead_rows = masked_softmax(logits, blocked, out=probs_out)  # (B, H, T_q, T_k)
+        blocked = blocked.expand_as(logits)
+    if entropy_out is not None:
+        entropy_out.copy_(mean_row_entropy(logits, probs, blocked))
     output = torch.matmul(probs.to(value.dtype), value)  # (B, H, T_q, d_v)
     if bool(plan.ablate.any()):
         output = output.masked_fill(plan.ablate.to(device)[None, :, None, None], 0.0)

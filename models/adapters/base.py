@@ -105,13 +105,14 @@ class AttentionAdapter:
         self, encoded: Encoded, outputs: Any, scope: RunScope, hidden_states: tuple[torch.Tensor, ...],
         output: dict[str, torch.Tensor],
     ) -> AttentionResult:
-        layers = range(self.info.layers)
-        attention = torch.stack([scope.attention[l][0] for l in layers]).float().cpu()  # (L, H, T, T)
-        scores = torch.stack([scope.scores[l][0] for l in layers]).float().cpu() if scope.record_scores else None
+        attention = scope.stacked("attention").float().cpu()  # (L, H, T, T)
+        scores = scope.stacked("scores").float().cpu() if scope.record_scores else None
         hidden = torch.stack([h[0] for h in hidden_states]).float().cpu()  # (L+1, T, D)
+        entropy = torch.stack([scope.entropy[l][0] for l in range(self.info.layers)]).double()  # (L, H)
         return AttentionResult(
             tokens=encoded.tokens, attention=attention, scores=scores, hidden_states=hidden,
             output={k: v.detach().float().cpu() for k, v in output.items()}, warnings=list(scope.warnings),
+            derived={"entropy": entropy.tolist()},
         )
 
     # Implemented by each family.

@@ -52,11 +52,13 @@ class BertAdapter(AttentionAdapter):
 
     # ---- input -------------------------------------------------------------------------------------
     def _tokenize(self, text: str, text_pair: str | None) -> tuple[dict[str, torch.Tensor], bool]:
-        full_length = len(self.tokenizer(text, text_pair, add_special_tokens=True, verbose=False)["input_ids"])
+        inputs = self.tokenizer(text, text_pair, return_tensors="pt", verbose=False)
+        if inputs["input_ids"].shape[1] <= self.max_tokens:  # the usual case: one tokenizer call
+            return dict(inputs), False
         inputs = self.tokenizer(
             text, text_pair, truncation=True, max_length=self.max_tokens, return_tensors="pt", verbose=False
         )
-        return dict(inputs), full_length > self.max_tokens
+        return dict(inputs), True
 
     def encode(self, text: str, text_pair: str | None = None) -> Encoded:
         joint_pair = text_pair if self.info.output != "similarity" else None

@@ -108,3 +108,21 @@ def test_truncation_is_flagged(adapter):
     encoded = adapter.encode(" ".join(["cat"] * 200))
     assert encoded.truncated and len(encoded.tokens) == 64
     assert not adapter.encode("the cat").truncated
+
+
+def test_a_run_records_entropy_and_maps_in_place(adapter):
+    """The run's P comes from one buffer filled layer by layer; its entropy summary, computed inside the
+    attention function, matches −Σ P log P of the returned maps; Ŝ (when recorded) reproduces P."""
+    from models.interventions import row_entropy
+
+    encoded = adapter.encode("the animal did not cross the street because it was tired")
+    for ivs in [(), (Intervention("mask_keys", tokens=(2,)), Intervention("temperature", beta=0.05, layers=(1,)))]:
+        result = adapter.run(encoded, ivs, record_scores=True)
+        expected = row_entropy(result.attention.double()).mean(dim=-1)  # (L, H)
+        assert torch.allclose(torch.tensor(result.derived["entropy"], dtype=torch.float64), expected, atol=1e-5)
+        without = adapter.run(encoded, ivs, record_scores=False)
+        assert without.scores is None
+        assert torch.allclose(without.attention, result.attention, atol=1e-6)
+    beta0 = adapter.info.native_beta
+    plain = adapter.run(encoded, (), record_scores=True)
+    assert torch.allclose(torch.softmax(beta0 * plain.scores, dim=-1), plain.attention, atol=1e-6)

@@ -175,3 +175,41 @@ def test_bad_interventions_are_refused():
         Intervention("temperature", beta=0.0)
     with pytest.raises(ValueError):
         Intervention("mask_keys")
+
+
+@pytest.mark.parametrize("beta", [1e-3, 1.0, 30.0, 1e4])
+def test_mean_row_entropy_without_a_log_per_entry_matches_the_definition(qkv, beta):
+    """The recorded entropy (lse − Σ p z, one log per row) equals −Σ P log P, with masks and dead rows."""
+    from models.interventions import mean_row_entropy
+
+    q, k, _ = qkv
+    logits = beta * BETA0 * (q @ k.transpose(-1, -2))  # (B, H, T, T)
+    blocked = torch.zeros_like(logits, dtype=torch.bool)
+    blocked[..., 3] = True  # a masked key
+    blocked[0, 1, 2, :] = True  # a dead row: every key masked
+    probs = torch.softmax(logits.masked_fill(blocked, float("-inf")), dim=-1).nan_to_num(0.0)
+    expected = row_entropy(probs.double()).mean(dim=-1)  # (B, H)
+    got = mean_row_entropy(logits, probs, blocked)
+    assert got.shape == expected.shape
+    assert torch.allclose(got.double(), expected, atol=1e-5), (got, expected)
+    plain = torch.softmax(logits, dim=-1)
+    assert torch.allclose(mean_row_entropy(logits, plain).double(), row_entropy(plain.double()).mean(dim=-1), atol=1e-5)
+
+
+@pytest.mark.parametrize("ivs", [(), (Intervention("temperature", beta=2.0, heads=(1,)),),
+                                 (Intervention("mask_keys", tokens=(0, 4)), Intervention("causal", heads=(0,)))])
+def test_recording_into_buffers_and_skipping_scores_change_nothing(qkv, ivs):
+    """The recording path (P and Ŝ written into preallocated buffers; β folded into the queries when Ŝ is
+    not needed) gives the same outputs, P and Ŝ as the plain path."""
+    q, k, v = qkv
+    out, probs, scores, dead = intervened_attention(q, k, v, None, layer=0, native_beta=BETA0, interventions=ivs)
+    probs_buf, scores_buf, entropy = torch.empty(2, *probs.shape), torch.empty(2, *probs.shape), torch.empty(B, H)
+    out2, probs2, scores2, dead2 = intervened_attention(
+        q, k, v, None, layer=0, native_beta=BETA0, interventions=ivs,
+        probs_out=probs_buf[1], scores_out=scores_buf[1], entropy_out=entropy)
+    assert probs2.data_ptr() == probs_buf[1].data_ptr() and scores2.data_ptr() == scores_buf[1].data_ptr()
+    assert torch.equal(probs2, probs) and torch.equal(scores2, scores) and torch.equal(out2, out) and torch.equal(dead2, dead)
+    assert torch.allclose(entropy.double(), row_entropy(probs.double()).mean(dim=-1), atol=1e-5)
+    out3, probs3, scores3, _ = intervened_attention(q, k, v, None, layer=0, native_beta=BETA0, interventions=ivs, need_scores=False)
+    assert scores3 is None
+    assert torch.allclose(probs3, probs, atol=1e-6) and torch.allclose(out3, out, atol=1e-5)

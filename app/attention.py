@@ -90,7 +90,8 @@ def build_attention_response(
     queries = _check_indices(requested_queries, n_tokens, ("queries",), "query token")
     interventions = engine_interventions(req, adapter, n_tokens)
 
-    numbers = len(layers) * len(heads) * len(queries) * n_tokens * (2 if req.include_scores else 1)
+    maps = 1 + int(req.include_scores) + int(req.compare and req.include_base)  # P, Ŝ, P without interventions
+    numbers = len(layers) * len(heads) * len(queries) * n_tokens * maps
     cap = runtime.settings.max_response_numbers
     if numbers > cap:
         raise HTTPException(
@@ -101,7 +102,7 @@ def build_attention_response(
 
     sample_sets = [tuple(iv.with_seed_offset(s) for iv in interventions) for s in range(req.samples)]
     result = runtime.run(adapter, encoded, sample_sets[0], req.include_scores)
-    effect = None
+    effect = base = None
     if req.compare:
         base = runtime.run(adapter, encoded, (), False)
         effects = [_effect(adapter, base, result, encoded, layers, heads)]
@@ -126,6 +127,7 @@ def build_attention_response(
         "native_beta": info.native_beta,
         "attention": tensor_field(sliced(result.attention), req.encoding),
         "scores": tensor_field(sliced(result.scores), req.encoding) if req.include_scores else None,
+        "base_attention": tensor_field(sliced(base.attention), req.encoding) if base is not None and req.include_base else None,
         # (L, H) summaries of every head, computed once per cached result
         "entropy": result.summary("entropy", lambda: row_entropy(result.attention).mean(dim=-1).tolist()),
         "output": adapter.output_summary(result),

@@ -85,6 +85,10 @@ class AttentionRequestBase(_Strict):
     include_scores: bool = False
     interventions: Annotated[list[InterventionIn], Field(max_length=256)] = Field(default_factory=list)
     compare: bool = False
+    include_base: bool = Field(
+        False, description="with compare: also return the same slices of P without interventions as `base_attention` "
+        "(for P̂ − P maps without a second request)"
+    )
     samples: int = Field(1, ge=1, le=64)
     thumbnail_size: int | None = Field(
         None, ge=2, le=64, description="also return every layer × head pooled to at most n × n (for a model view)"
@@ -138,5 +142,6 @@ class AttentionResponse(BaseModel):
     heads: list[int]
     attention: Any = Field(description="[L][H][T][T] probabilities after interventions (or base64 f16)")
     scores: Any = None
+    base_attention: Any = Field(None, description="with compare and include_base: the same slices of P without interventions")
     effect: Effect | None = None
     warnings: list[str]

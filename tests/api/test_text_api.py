@@ -67,6 +67,20 @@ def test_compare_effect_and_scoped_beta(client):
     assert effect["output"]["kind"] == "embedding" and effect["output"]["cls_cosine"] < 1
 
 
+def test_include_base_returns_the_same_slice_without_interventions(client):
+    """One request gives P̂ and P for the P̂ − P map: base_attention equals a plain request's attention."""
+    ivs = [{"op": "mask_keys", "tokens": [3]}]
+    data = post(client, interventions=ivs, compare=True, include_base=True, layers=[1], heads=[0, 2]).json()
+    plain = post(client, layers=[1], heads=[0, 2]).json()
+    assert data["base_attention"] == plain["attention"]
+    assert data["attention"] != plain["attention"]
+    assert np.array(data["attention"])[..., 3].max() == 0 and np.array(data["base_attention"])[..., 3].min() > 0
+    assert post(client, interventions=ivs, compare=True, layers=[1]).json()["base_attention"] is None  # opt-in
+    assert post(client, include_base=True).json()["base_attention"] is None  # only with compare
+    f16 = post(client, interventions=ivs, compare=True, include_base=True, encoding="f16").json()["base_attention"]
+    assert f16["dtype"] == "float16" and f16["shape"] == [2, 4, len(plain["tokens"]), len(plain["tokens"])]
+
+
 def test_key_perturbation_through_the_api_keeps_row_ratios(client):
     j = 4
     base = post(client, include_scores=True, layers=[0]).json()

@@ -26,21 +26,7 @@ const SKELETON = `
   <section class="panel grow" id="masks-panel"></section>
   <section class="panel grow" id="perturb-panel"></section>
 </div>
-<section class="panel" id="effect-panel">
-  <h2>Effect of the interventions <small>intervened run vs the same image without them (SPEC §5)</small></h2>
-  <div id="interventions-list" class="iv-list"></div>
-  <div id="effect-summary" class="mono effect-summary"></div>
-  <div class="row">
-    <div class="grow"><dl id="lab-output" class="kv"></dl><div id="lab-warnings" class="warnings"></div>
-      <p class="help">Output change: class probabilities before/after and KL(before ‖ after) (classifiers), CLS-embedding cosine (backbones); ± one std over samples.</p></div>
-    <div class="grow"><div class="fig-tools" data-png-for="hidden-cosine-plot"></div><div id="hidden-cosine-plot" class="plot" style="height:260px"></div>
-      <p class="help">Mean over tokens of cos(h_after, h_before) per layer output (emb = embeddings); error bars: ± one std over samples.</p></div>
-    <div class="grow"><div class="fig-tools" data-png-for="tv-plot"></div><div id="tv-plot" class="plot" style="height:260px"></div>
-      <p class="help">Attention change per layer × head: ½ Σ_j |P̂ − P| for the shown query row.</p></div>
-    <div class="grow"><div class="fig-tools" data-png-for="diff-map"></div><div id="diff-map" class="plot" style="height:300px"></div>
-      <p class="help">P̂ − P of the query row over the patches at the selected layer/head (after minus before).</p></div>
-  </div>
-</section>
+<div id="effect-panel-slot"></div>
 <div class="row">
   <section class="panel grow" id="summaries-panel">
     <h2>Head summaries <small>SPEC §6; after the interventions; click a cell or row to select that head</small></h2>
@@ -70,7 +56,12 @@ const SKELETON = `
 
 // page: {state, reload(), selectHead(layer, head), beta() → β of the shown head, pageParams() → URLSearchParams}
 export function mountImageLab(container, page) {
+  // The effect panel is rendered by the server (templates/partials/effect_panel.html, shared with the text
+  // page) inside the container: keep it, lay out the other panels, and put it back in its place.
+  const effectPanel = container.querySelector("#effect-panel");
+  if (!effectPanel) throw new Error("the page has no #effect-panel (templates/partials/effect_panel.html)");
   container.innerHTML = SKELETON;
+  container.querySelector("#effect-panel-slot").replaceWith(effectPanel);
   const $ = (id) => container.querySelector(`#${id}`);
   const lab = createLab();
   lab.masks.tokens = page.state.masked; // shared with the page's click/brush masking

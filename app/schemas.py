@@ -93,8 +93,9 @@ class AttentionRequestBase(_Strict):
     thumbnail_size: int | None = Field(
         None, ge=2, le=64, description="also return every layer × head pooled to at most n × n (for a model view)"
     )
-    encoding: Literal["json", "f16"] = Field(
-        "json", description="'f16': attention/scores as base64 little-endian float16 (shape in `shape`)"
+    encoding: Literal["json", "f16", "f32"] = Field(
+        "json", description="'f16' / 'f32': attention/scores as base64 little-endian float16 / float32 "
+        "(shape in `shape`); 'f32' is exact"
     )
 
 

@@ -128,6 +128,16 @@ def test_f16_encoding_matches_json(client):
     assert arr.shape == js.shape and np.allclose(arr, js, atol=1e-3)
 
 
+def test_f32_encoding_is_exact(client):
+    """'f32' carries the very float32 values the JSON lists carry (P and Ŝ), in base64 little-endian."""
+    js = post(client, layers=[1], heads=[2, 3], include_scores=True).json()
+    binary = post(client, layers=[1], heads=[2, 3], include_scores=True, encoding="f32").json()
+    for field in ("attention", "scores"):
+        arr = np.frombuffer(base64.b64decode(binary[field]["data"]), dtype="<f4").reshape(binary[field]["shape"])
+        assert binary[field]["dtype"] == "float32"
+        assert np.array_equal(arr, np.array(js[field], dtype=np.float32))
+
+
 def test_truncation_flagged(client):
     data = post(client, text=" ".join(["cat"] * 300), layers=[0], heads=[0]).json()
     assert data["truncated"] is True and len(data["tokens"]) == 64

@@ -9,11 +9,12 @@ from app.runtime import Runtime
 from app.settings import Settings
 
 
-def get_runtime(request: Request) -> Runtime:
+# async: FastAPI would run a plain `def` dependency in a worker thread, a thread hop per request for a lookup.
+async def get_runtime(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
-def get_app_settings(request: Request) -> Settings:
+async def get_app_settings(request: Request) -> Settings:
     return request.app.state.runtime.settings
 
 

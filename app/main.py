@@ -18,7 +18,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from app.routes import pages, service, text
 from app.routes import images
 from app.routes import gaussian
-from app.runtime import Overloaded, Runtime, request_deadline
+from app.runtime import Overloaded, Runtime, request_deadline, request_timings
 from app.settings import Settings, get_settings
 
 log = logging.getLogger("attnlab")
@@ -39,6 +39,56 @@ def plotly_js_path() -> Path:
     import plotly
 
     return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+class SecurityHeaders:
+    """Pure ASGI middleware adding SECURITY_HEADERS to every HTTP response that lacks them. (Starlette's
+    BaseHTTPMiddleware re-streams each body through a task group: several ms per request here.)"""
+
+    RAW = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in SECURITY_HEADERS.items()]
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                present = {name.lower() for name, _ in message.get("headers", [])}
+                extra = [(name, value) for name, value in self.RAW if name not in present]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+class ServerTiming:
+    """Pure ASGI middleware: a Server-Timing header on API responses (shown by browsers' dev tools and
+    readable from the Resource Timing API): time waiting for the model, running it, and in the app."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith("/api/"):
+            return await self.app(scope, receive, send)
+        timings: dict[str, float] = {}
+        token = request_timings.set(timings)
+        started = time.perf_counter()
+
+        async def send_with_timing(message):
+            if message["type"] == "http.response.start":
+                parts = [f"{name};dur={seconds * 1000:.1f}" for name, seconds in timings.items()]
+                parts.append(f"app;dur={(time.perf_counter() - started) * 1000:.1f}")
+                message = {**message, "headers": [*message.get("headers", []), (b"server-timing", ", ".join(parts).encode())]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_timing)
+        finally:
+            request_timings.reset(token)
 
 
 class RequestDeadline:
@@ -114,15 +164,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
 
     app.add_middleware(RequestDeadline, seconds=settings.request_timeout_s)
+    app.add_middleware(ServerTiming)
     # queue_depth waiting + the one running + a few cache hits / uploads that never wait for the model.
     app.add_middleware(AdmissionGate, limit=settings.queue_depth + 4)
 
-    @app.middleware("http")
-    async def security_headers(request: Request, call_next):
-        response = await call_next(request)
-        for name, value in SECURITY_HEADERS.items():
-            response.headers.setdefault(name, value)
-        return response
+    app.add_middleware(SecurityHeaders)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):

@@ -30,6 +30,15 @@ class UnknownModel(KeyError):
 # app.main.request_deadline); every wait for the model inside that request counts against it, so a
 # request that queues twice (encode, then run) still waits at most `request_timeout_s` in all.
 request_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("request_deadline", default=None)
+# Seconds this request spent waiting for the model ("queue") and running it ("model"), for the
+# Server-Timing header (app.main.ServerTiming); a dict shared with the worker thread of the request.
+request_timings: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("request_timings", default=None)
+
+
+def _add_timing(name: str, seconds: float) -> None:
+    timings = request_timings.get()
+    if timings is not None:
+        timings[name] = timings.get(name, 0.0) + seconds
 
 
 class Overloaded(RuntimeError):
@@ -134,9 +143,11 @@ class Runtime:
             self._waiting += 1
         deadline = request_deadline.get()
         timeout = self.settings.request_timeout_s if deadline is None else deadline - time.monotonic()
+        waited_from = time.perf_counter()
         try:
             acquired = timeout > 0 and self._acquire_in_order(timeout)
         finally:
+            _add_timing("queue", time.perf_counter() - waited_from)
             with self._waiting_lock:
                 self._waiting -= 1
         if not acquired:
@@ -206,5 +217,6 @@ class Runtime:
                 started = time.perf_counter()
                 result = adapter.run(encoded, interventions, record_scores)
                 result.elapsed_s = time.perf_counter() - started  # type: ignore[attr-defined]
+                _add_timing("model", result.elapsed_s)
                 self.cache.put(key, result)
         return result

@@ -30,15 +30,31 @@ export function entropy(row) {
   return h;
 }
 
-// Decode a tensor field: nested lists pass through; {"dtype":"float16"|"uint8","shape","data"} is unpacked
-// (uint8 thumbnails come back as 0..1, relative to each head's maximum).
+// Decode a tensor field: nested lists pass through; {"dtype": "float32" | "float16" | "uint8", "shape",
+// "data": base64} is unpacked into nested arrays of numbers (uint8 thumbnails come back as 0..1,
+// relative to each head's maximum).
 export function decodeTensor(field) {
   if (!field || Array.isArray(field)) return field;
-  const bytes = Uint8Array.from(atob(field.data), (c) => c.charCodeAt(0));
+  const bytes = base64Bytes(field.data);
   if (field.dtype === "uint8") return reshape(Array.from(bytes, (b) => b / 255), field.shape);
-  const halves = new Uint16Array(bytes.buffer);
-  const flat = Array.from(halves, halfToFloat);
-  return reshape(flat, field.shape);
+  if (field.dtype === "float32") return reshape(new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4), field.shape);
+  const halves = new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.length / 2);
+  return reshape(Array.from(halves, halfToFloat), field.shape);
+}
+
+// Tensor fields of a response as nested lists (for a JSON export that reads without a decoder).
+export function decodedFields(response, names = ["attention", "scores", "base_attention"]) {
+  const out = { ...response };
+  for (const name of names) if (out[name] && !Array.isArray(out[name])) out[name] = decodeTensor(out[name]);
+  return out;
+}
+
+function base64Bytes(data) {
+  if (Uint8Array.fromBase64) return Uint8Array.fromBase64(data);
+  const text = atob(data);
+  const bytes = new Uint8Array(text.length);
+  for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+  return bytes;
 }
 
 function halfToFloat(h) {
@@ -50,11 +66,12 @@ function halfToFloat(h) {
   return s * 2 ** (e - 15) * (1 + f / 1024);
 }
 
-function reshape(flat, shape) {
-  if (shape.length === 1) return flat;
+// flat: an array or typed array; the innermost rows come back as plain arrays of numbers.
+function reshape(flat, shape, offset = 0) {
+  if (shape.length === 1) return Array.from(flat.subarray ? flat.subarray(offset, offset + shape[0]) : flat.slice(offset, offset + shape[0]));
   const step = shape.slice(1).reduce((a, b) => a * b, 1);
   const out = [];
-  for (let i = 0; i < shape[0]; i++) out.push(reshape(flat.slice(i * step, (i + 1) * step), shape.slice(1)));
+  for (let i = 0; i < shape[0]; i++) out.push(reshape(flat, shape.slice(1), offset + i * step));
   return out;
 }
 

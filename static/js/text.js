@@ -1,10 +1,10 @@
 // The text page: sentence → every layer and head, β slider, masks, ablation, perturbations, effects,
 // head summaries, the softmax panel, export and a shareable URL (the laboratory, SPEC §2–6).
 import { getJSON, isAbort, postJSON, setStatus } from "./api.js";
-import { decodeTensor, entropy, fmt, maxAbs, softmaxRow } from "./mathx.js";
+import { decodedFields, decodeTensor, entropy, fmt, maxAbs, softmaxRow } from "./mathx.js";
 import { drawEffect } from "./views/effects.js";
 import { drawHeadView } from "./views/headview.js";
-import { drawHeatmap, tokenLabels } from "./views/heatmap.js";
+import { drawHeatmap, paintHeatmap, paintPreview, tokenLabels } from "./views/heatmap.js";
 import { drawModelView } from "./views/modelview.js";
 import { downloadJSON, downloadPNG, installPngButtons } from "./lab/export.js";
 import { betaIsNative as labBetaIsNative, betaOf, buildInterventions, createLab, renderActiveList, wire } from "./lab/interventions.js";
@@ -13,11 +13,15 @@ import { mountPerturbPanel } from "./lab/perturb.js";
 import { mountSoftmaxPanel } from "./lab/softmax.js";
 import { drawSummaries } from "./lab/summaries.js";
 import { intParam, labToParams, paramsToLab, readHash, writeHash } from "./lab/urlstate.js";
+import { loadPlotly } from "./vendor.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
 const $ = (id) => document.getElementById(id);
 const THUMB = 24;
 const PLOT = { responsive: true, displaylogo: false };
+// While a slider moves, only the heatmap's cells follow it; every other panel (and Plotly's own
+// drawing of the heatmap) catches up once no move came for this long.
+const SETTLE_MS = 150;
 
 // The page state: the selection, the laboratory's interventions (lab), and what the server returned.
 const lab = createLab();
@@ -37,8 +41,11 @@ const betaIsNative = () => labBetaIsNative(lab);
 const interventions = () => buildInterventions(lab, ctx());
 const samples = () => (lab.perturb.on ? lab.perturb.samples : 1);
 
-function request({ thumbnails = false } = {}) {
+// partial: while a slider drags, ask only for what the heatmap needs (no effects, no thumbnails); the
+// full request follows once input settles, and finds the model run in the server's cache.
+function request({ thumbnails = false, partial = false } = {}) {
   const ivs = wire(interventions());
+  const compare = ivs.length > 0 && !partial;
   const pair = $("pair-input").value.trim();
   return {
     model: state.model,
@@ -48,36 +55,33 @@ function request({ thumbnails = false } = {}) {
     heads: [state.head],
     include_scores: true,
     interventions: ivs,
-    compare: ivs.length > 0,
-    samples: ivs.length > 0 ? samples() : 1,
-    thumbnail_size: thumbnails ? THUMB : null,
+    compare,
+    include_base: compare, // P without interventions, for P̂ − P, in the same response
+    samples: compare ? samples() : 1,
+    thumbnail_size: thumbnails && !partial ? THUMB : null,
+    encoding: "f32", // exact, and decoded without parsing a number per cell
   };
 }
 
 let loadSeq = 0;
-async function load({ thumbnails = true } = {}) {
+// settle > 0: the load follows a slider; only the heatmap's cells are repainted until input settles.
+async function load({ thumbnails = true, settle = 0 } = {}) {
   const started = performance.now();
   const seq = ++loadSeq;
   setStatus("running…");
   try {
-    const body = request({ thumbnails });
+    const partial = settle > 0;
+    const body = request({ thumbnails, partial });
     const r = await postJSON("/api/text/attention", body, { channel: "text" });
-    // P before: the same slice without interventions (the server caches the forward pass of the compare).
-    let base = null;
-    if (body.interventions.length) {
-      const b = await postJSON("/api/text/attention", { ...body, interventions: [], compare: false, samples: 1, include_scores: false, thumbnail_size: null }, { channel: "text-base" });
-      base = decodeTensor(b.attention)[0][0];
-    }
     if (seq !== loadSeq) return; // a newer load started meanwhile
     const attention = decodeTensor(r.attention)[0][0];
     state.view = {
-      tokens: r.tokens, attention, scores: decodeTensor(r.scores)[0][0], base: base ?? attention,
-      response: r, request: body,
+      tokens: r.tokens, attention, scores: decodeTensor(r.scores)[0][0],
+      base: r.base_attention ? decodeTensor(r.base_attention)[0][0] : attention, response: r, request: body,
     };
     if (r.thumbnails) state.thumbs = decodeTensor(r.thumbnails);
     state.query = Math.min(state.query, r.tokens.length - 1);
-    render();
-    writeUrl();
+    showHead({ settle, onSettle: partial ? () => load({ thumbnails }) : null });
     setStatus(`${r.tokens.length} tokens${r.truncated ? " (truncated)" : ""} · ${Math.round(performance.now() - started)} ms`);
   } catch (err) {
     if (!isAbort(err)) setStatus(err.message, { error: true });
@@ -98,8 +102,61 @@ function shownAttention() {
   return v.attention;
 }
 
-function render() {
-  renderHead();
+// Draw the shown head: the heatmap at once, everything else after the first paint (a new view) or
+// once input settles (a slider). With settle > 0 the heatmap's cells are repainted without Plotly.
+let settleTimer = null;
+// onSettle: what to do once input settles instead of drawing the details (a partial load: the full load).
+function showHead({ settle = 0, onSettle = null } = {}) {
+  const v = state.view;
+  const P = shownAttention();
+  const el = $("heatmap");
+  $("heatmap-title").textContent = `layer ${state.layer}, head ${state.head} · β = ${fmt(beta())}`;
+  clearTimeout(settleTimer);
+  if (!window.Plotly) { // the first view: paint the cells now, build the figure once plotly.js is in
+    paintPreview(el, P, "loading the interactive figure…");
+    heatmapShown("attnlab:first-heatmap", { preview: true });
+    loadPlotly().then(() => { if (state.view === v) showHead(); })
+      .catch((err) => setStatus(`${err.message}: figures cannot be drawn`, { error: true }));
+    return;
+  }
+  const painted = settle > 0 && paintHeatmap(el, P, v.tokens);
+  if (!painted) {
+    drawHeatmap(el, P, v.tokens, { zmax: 1 });
+    wireHeatmapClicks();
+  }
+  heatmapShown(painted ? null : "attnlab:heatmap-figure", { painted });
+  const details = () => {
+    settleTimer = null;
+    if (state.view !== v) return;
+    if (onSettle) return onSettle();
+    if (painted) drawHeatmap(el, shownAttention(), v.tokens, { zmax: 1 });
+    renderDetails();
+  };
+  // A new view: let the browser paint the heatmap first (a frame), then build the other panels.
+  if (settle > 0) settleTimer = setTimeout(details, settle);
+  else requestAnimationFrame(() => { settleTimer = setTimeout(details, 0); });
+}
+
+// Benchmarks time these: an "attnlab:heatmap" event on #heatmap after every repaint of the shown head,
+// and a performance mark the first time each kind of drawing happens (first paint, first Plotly figure).
+const marked = new Set();
+function heatmapShown(mark, detail) {
+  if (mark && !marked.has(mark)) { marked.add(mark); performance.mark(mark); }
+  $("heatmap").dispatchEvent(new CustomEvent("attnlab:heatmap", { detail }));
+}
+
+let clicksWired = false;
+function wireHeatmapClicks() {
+  if (clicksWired || !$("heatmap").on) return;
+  clicksWired = true;
+  $("heatmap").on("plotly_click", (ev) => {
+    const pt = ev.points?.[0];
+    if (pt) selectQuery(pt.pointIndex?.[0] ?? tokenLabels(state.view.tokens).indexOf(pt.y));
+  });
+}
+
+// Everything besides the heatmap.
+function renderDetails() {
   renderTokens();
   masksPanel.update();
   perturbPanel.setTokens(state.view.tokens);
@@ -111,7 +168,9 @@ function render() {
   drawEffect({ outputEl: $("output-effect"), hiddenEl: $("hidden-cosine-plot"), tvEl: $("tv-plot"), warningsEl: $("warnings") },
     state.view.response);
   renderSummaries();
+  renderHeadDetails(shownAttention());
   renderInterventionList();
+  writeUrl();
 }
 
 function renderSummaries() {
@@ -122,12 +181,9 @@ function renderSummaries() {
   });
 }
 
-// Everything that depends on the shown head only: cheap, redrawn on every slider move.
-function renderHead() {
+// The panels that depend on the shown head's P: head view, row entropy, P̂ − P, softmax panel.
+function renderHeadDetails(P) {
   const v = state.view;
-  const P = shownAttention();
-  $("heatmap-title").textContent = `layer ${state.layer}, head ${state.head} · β = ${fmt(beta())}`;
-  drawHeatmap($("heatmap"), P, v.tokens, { zmax: 1 });
   drawHeadView($("headview"), P, v.tokens, { masked: lab.masks.tokens, onToggleKey: toggleMask });
   const rowEntropy = P.map(entropy);
   const labels = tokenLabels(v.tokens);
@@ -284,7 +340,7 @@ function selectQuery(i) {
   state.query = i;
   renderTokens();
   softmaxPanel.setSource("row");
-  renderHead();
+  renderHeadDetails(shownAttention());
   writeUrl();
 }
 
@@ -295,16 +351,23 @@ function toggleMask(index) {
   load();
 }
 
-let betaFrame = null;
+// Run mode: one model run in flight per slider; moves meanwhile collapse into one run of the latest β.
+let betaRun = null;
+let betaRunWanted = false;
+function runBeta() {
+  if (betaRun) { betaRunWanted = true; return; }
+  betaRun = load({ settle: SETTLE_MS }).finally(() => {
+    betaRun = null;
+    if (betaRunWanted) { betaRunWanted = false; runBeta(); }
+  });
+}
+
 function onBetaInput() {
   lab.beta.logRatio = Number($("beta-slider").value);
   renderBetaReadout();
-  if (lab.beta.mode === "view") {
-    // Coalesce slider events into one redraw per animation frame.
-    if (betaFrame === null) betaFrame = requestAnimationFrame(() => { betaFrame = null; if (state.view) { renderHead(); renderInterventionList(); writeUrl(); } });
-  } else {
-    load(); // stale requests are aborted by the client
-  }
+  if (!state.view) return;
+  if (lab.beta.mode === "view") showHead({ settle: SETTLE_MS }); // re-normalised here: a few ms at 128 tokens
+  else runBeta();
 }
 
 function fillSelect(select, n, prefix) {
@@ -368,7 +431,7 @@ async function init() {
   $("diff-kind").addEventListener("change", () => { if (state.view) renderDiff(shownAttention()); });
   $("export-json").addEventListener("click", () => {
     if (!state.view) return setStatus("nothing to export yet", { error: true });
-    downloadJSON({ request: state.view.request, response: state.view.response, url: window.location.href },
+    downloadJSON({ request: state.view.request, response: decodedFields(state.view.response), url: window.location.href },
       `attnlab-${state.model}-L${state.layer}-H${state.head}.json`);
   });
   $("export-png").addEventListener("click", () => downloadPNG($("heatmap"), `attnlab-${state.model}-L${state.layer}-H${state.head}`)
@@ -386,10 +449,6 @@ async function init() {
   });
   await load();
   installPngButtons(document, `attnlab-${state.model}`);
-  $("heatmap").on?.("plotly_click", (ev) => {
-    const pt = ev.points?.[0];
-    if (pt) selectQuery(pt.pointIndex?.[0] ?? tokenLabels(state.view.tokens).indexOf(pt.y));
-  });
 }
 
 init().catch((err) => setStatus(`failed to start: ${err.message}`, { error: true }));

@@ -315,3 +315,16 @@ def test_server_code_never_unpickles_or_fetches_urls():
         if needle in path.read_text(encoding="utf-8")
     ]
     assert offenders == []
+
+
+def test_server_timing_reports_the_model_run_only_when_it_ran(client):
+    """Server-Timing: a fresh request names the model run and its queue wait; a cached repeat has no model run."""
+    import re
+
+    body = {"model": "tiny", "text": "server timing sentence one", "layers": [0], "heads": [0]}
+    fresh = client.post("/api/text/attention", json=body)
+    timing = dict(re.findall(r"(\w+);dur=([\d.]+)", fresh.headers["server-timing"]))
+    assert {"queue", "model", "app"} <= set(timing)
+    assert 0 < float(timing["model"]) <= float(timing["app"])
+    repeat = client.post("/api/text/attention", json=body)
+    assert "model;" not in repeat.headers["server-timing"] and "app;dur=" in repeat.headers["server-timing"]

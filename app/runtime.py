@@ -186,6 +186,19 @@ class Runtime:
         return self._waiting
 
     # ---- runs --------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _threads_for(self, n_tokens: int) -> Iterator[None]:
+        """One torch thread for small inputs (settings.single_thread_max_tokens); called under the model lock."""
+        threads = torch.get_num_threads()
+        if n_tokens > self.settings.single_thread_max_tokens or threads == 1:
+            yield
+            return
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
     def encode(self, adapter: AttentionAdapter, input_key: tuple, encode: Callable[[], Encoded]) -> Encoded:
         """Encoded inputs are cached too; encoding may run the model (a pair's embedding), so it is admitted."""
         key = (adapter.info.id, input_key)
@@ -215,7 +228,8 @@ class Runtime:
             result = self.cache.get(key)  # another request may have computed it while we waited
             if result is None:
                 started = time.perf_counter()
-                result = adapter.run(encoded, interventions, record_scores)
+                with self._threads_for(len(encoded.tokens)):
+                    result = adapter.run(encoded, interventions, record_scores)
                 result.elapsed_s = time.perf_counter() - started  # type: ignore[attr-defined]
                 _add_timing("model", result.elapsed_s)
                 self.cache.put(key, result)

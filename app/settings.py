@@ -19,6 +19,9 @@ class Settings(BaseSettings):
 
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     torch_threads: int = 0  # 0 = leave torch's default
+    # Inputs of at most this many tokens run on one thread: as fast on such small matrices (measured on the
+    # 2-core CI machine, benchmarks/results), and the other cores stay free for HTTP, JSON and a browser.
+    single_thread_max_tokens: int = 48
 
     # Limits on input.
     max_text_chars: int = 20_000

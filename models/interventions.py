@@ -145,8 +145,9 @@ def mean_row_entropy(logits: torch.Tensor, probs: torch.Tensor, blocked: torch.T
     top_logit = (logits if blocked is None else logits.masked_fill(blocked, float("-inf"))).amax(dim=-1)  # (..., T_q)
     top_prob = probs.amax(dim=-1)  # (..., T_q)
     entropy = top_logit - torch.log(top_prob) - torch.linalg.vecdot(probs, logits)  # (..., T_q)
-    entropy = torch.where(top_prob > 0, entropy, torch.zeros_like(entropy)).clamp_min(0.0)
-    return entropy.mean(dim=-1)
+    if blocked is not None:  # rows with every key blocked: top_prob = 0
+        entropy = torch.where(top_prob > 0, entropy, torch.zeros_like(entropy))
+    return entropy.clamp_min_(0.0).mean(dim=-1)
 
 
 def intervened_attention(
@@ -176,6 +177,8 @@ def intervened_attention(
     """
     _, n_heads, n_queries, _ = query.shape
     n_keys = key.shape[2]
+    if not any(iv.applies_to_layer(layer) for iv in interventions):
+        return _plain_attention(query, key, value, allowed, native_beta, need_scores, probs_out, scores_out, entropy_out)
     plan = plan_layer(interventions, layer, n_heads, n_keys, native_beta)
     for iv in plan.key_perturbations:
         key = perturb_vectors(key, iv, layer)
@@ -209,6 +212,27 @@ def intervened_attention(
     if bool(plan.ablate.any()):
         output = output.masked_fill(plan.ablate.to(device)[None, :, None, None], 0.0)
     return output, probs, scores, dead_rows
+
+
+def _plain_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None, native_beta: float,
+    need_scores: bool, probs_out: torch.Tensor | None, scores_out: torch.Tensor | None, entropy_out: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """intervened_attention for a layer no intervention touches: the same arithmetic (so P is bit-identical
+    to the general path at β₀), with none of the per-head plan tensors; at 32 tokens those small
+    operations cost about as much as the attention itself."""
+    logits = torch.matmul(query * native_beta, key.transpose(-1, -2))  # (B, H, T_q, T_k) β₀ Ŝ
+    scores = torch.matmul(query, key.transpose(-1, -2), out=scores_out) if need_scores else None
+    blocked = None if allowed is None or bool(allowed.all()) else ~allowed
+    if blocked is None:
+        probs = torch.softmax(logits, dim=-1, out=probs_out)
+        dead_rows = torch.zeros(probs.shape[:-1], dtype=torch.bool, device=probs.device)  # (B, H, T_q)
+    else:
+        probs, dead_rows = masked_softmax(logits, blocked, out=probs_out)
+        blocked = blocked.expand_as(logits)
+    if entropy_out is not None:
+        entropy_out.copy_(mean_row_entropy(logits, probs, blocked))
+    return torch.matmul(probs.to(value.dtype), value), probs, scores, dead_rows
 
 
 def softmax_jacobian(scores: torch.Tensor, beta: float = 1.0) -> torch.Tensor:

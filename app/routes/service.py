@@ -1,6 +1,8 @@
 """Service endpoints: health, readiness and the model list."""
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
@@ -23,10 +25,12 @@ def ready(runtime: RuntimeDep):
 
 
 @router.get("/models", response_model=ModelsOut)
-def list_models(runtime: RuntimeDep) -> dict:
-    """Every model a request may name. Models not loaded yet are loaded here (once)."""
+def list_models(runtime: RuntimeDep, kind: Literal["text", "image"] | None = None) -> dict:
+    """Every model a request may name (of one `kind` if given). Models not loaded yet are loaded here (once)."""
     infos = []
     for model_id, spec in runtime.specs.items():
+        if kind is not None and spec.kind != kind:
+            continue
         try:
             infos.append(runtime.adapter(model_id).info.to_dict())
         except (ImportError, OSError, ValueError) as exc:  # weights not prepared on this machine

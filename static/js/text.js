@@ -394,7 +394,7 @@ function restoreFromUrl(models) {
 }
 
 async function init() {
-  const { models } = await getJSON("/api/models");
+  const { models } = config.models ? { models: config.models } : await getJSON("/api/models?kind=text");
   const textModels = models.filter((m) => m.kind === "text");
   $("model-select").replaceChildren(...textModels.map((m) => new Option(`${m.id} (${m.layers}×${m.heads}, ${m.output})`, m.id)));
   restoreFromUrl(textModels);

@@ -328,3 +328,24 @@ def test_server_timing_reports_the_model_run_only_when_it_ran(client):
     assert 0 < float(timing["model"]) <= float(timing["app"])
     repeat = client.post("/api/text/attention", json=body)
     assert "model;" not in repeat.headers["server-timing"] and "app;dur=" in repeat.headers["server-timing"]
+
+
+def test_small_inputs_run_on_one_thread_and_the_count_is_restored(api_settings, monkeypatch):
+    """single_thread_max_tokens: a short input runs with one torch thread, a long one with the usual count."""
+    import torch
+
+    from app.runtime import Runtime
+
+    seen = []
+    runtime = Runtime(api_settings.model_copy(update={"single_thread_max_tokens": 8}))
+    adapter = runtime.adapter("tiny")
+    real_run = adapter.run
+    monkeypatch.setattr(adapter, "run", lambda *a, **k: (seen.append(torch.get_num_threads()), real_run(*a, **k))[1])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runtime.run(adapter, adapter.encode("a short one"), (), False)  # 5 tokens
+        runtime.run(adapter, adapter.encode("a much longer sentence that has more than eight tokens in it"), (), False)
+        assert seen == [1, 2] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -25,6 +25,20 @@ def test_health_ready_models(client):
     assert tiny["native_beta"] == pytest.approx(8**-0.5)
     assert tiny["max_tokens"] == 64
     assert models["tiny-mlm"]["output"] == "mlm"
+    text_only = client.get("/api/models", params={"kind": "text"}).json()["models"]
+    assert {m["kind"] for m in text_only} == {"text"} and {m["id"] for m in text_only} == {i for i, m in models.items() if m["kind"] == "text"}
+    assert client.get("/api/models", params={"kind": "audio"}).status_code == 422
+
+
+def test_text_page_embeds_the_loaded_text_models(client):
+    """The page config carries the text models' infos (all loaded), so the page's first request need not wait."""
+    import json
+    import re
+
+    client.get("/api/models")  # loads every model
+    html = client.get("/").text
+    config = json.loads(re.search(r'<script[^>]*id="page-config"[^>]*>(.*?)</script>', html, re.S).group(1))
+    assert {m["id"] for m in config["models"]} >= {"tiny", "tiny-mlm"} and {m["kind"] for m in config["models"]} == {"text"}
 
 
 def test_full_response_shapes_and_rows(client):

@@ -126,7 +126,7 @@ def build_attention_response(
         "heads": heads,
         "native_beta": info.native_beta,
         "attention": tensor_field(sliced(result.attention), req.encoding),
-        "scores": tensor_field(sliced(result.scores), req.encoding) if req.include_scores else None,
+        "scores": tensor_field(result.scores_slice(layers, heads, rows), req.encoding) if req.include_scores else None,
         "base_attention": tensor_field(sliced(base.attention), req.encoding) if base is not None and req.include_base else None,
         # (L, H) summaries of every head, computed once per cached result
         "entropy": result.summary("entropy", lambda: row_entropy(result.attention).mean(dim=-1).tolist()),

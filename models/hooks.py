@@ -29,29 +29,27 @@ class RunScope:
     interventions: tuple[Intervention, ...] = ()
     record_scores: bool = False
     attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer → P (B, H, T, T)
-    scores: dict[int, torch.Tensor] = field(default_factory=dict)  # layer → Ŝ (B, H, T, T)
+    # With record_scores: layer → (q̂, k̂), each (B, H, T, d), the queries and keys after perturbation;
+    # Ŝ = q̂ k̂ᵀ is formed only for the heads a request asks for (T × d each instead of T × T).
+    queries_keys: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     entropy: dict[int, torch.Tensor] = field(default_factory=dict)  # layer → mean row entropy (B, H)
     warnings: list[str] = field(default_factory=list)
-    # One (L, B, H, T, T) buffer for P (and one for Ŝ), allocated at the first layer and filled in
-    # place, so the run's maps are ready at the end without stacking (a copy of L·H·T² floats).
+    # One (L, B, H, T, T) buffer for P, allocated at the first layer and filled in place, so the run's
+    # maps are ready at the end without stacking (a copy of L·H·T² floats).
     probs_buffer: torch.Tensor | None = None
-    scores_buffer: torch.Tensor | None = None
 
-    def buffers_for(self, layer: int, maps_shape: tuple[int, ...], like: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Where layer `layer` writes P and Ŝ; maps_shape: (B, H, T_q, T_k), like: a tensor of the dtype and device."""
+    def buffer_for(self, layer: int, maps_shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor | None:
+        """Where layer `layer` writes P; maps_shape: (B, H, T_q, T_k), like: a tensor of the dtype and device."""
         shape = (len(self.layer_of), *maps_shape)
         if self.probs_buffer is None:
             self.probs_buffer = like.new_empty(shape)
-            if self.record_scores:
-                self.scores_buffer = like.new_empty(shape)
         elif self.probs_buffer.shape != shape:  # layers of different shapes: each keeps its own tensor
-            return None, None
-        return self.probs_buffer[layer], (self.scores_buffer[layer] if self.scores_buffer is not None else None)
+            return None
+        return self.probs_buffer[layer]
 
-    def stacked(self, which: str) -> torch.Tensor:
-        """P ('attention') or Ŝ ('scores') of the first batch item for every layer: (L, H, T, T)."""
-        buffer = self.probs_buffer if which == "attention" else self.scores_buffer
-        maps = getattr(self, which)
+    def stacked_attention(self) -> torch.Tensor:
+        """P of the first batch item for every layer: (L, H, T, T)."""
+        maps, buffer = self.attention, self.probs_buffer
         if buffer is not None and all(maps[l].data_ptr() == buffer[l].data_ptr() for l in maps):
             return buffer[:, 0]
         return torch.stack([maps[l][0] for l in range(len(maps))])
@@ -96,16 +94,17 @@ def attnlab_attention(
         return output.transpose(1, 2).contiguous(), probs
     layer = scope.layer_of[id(module)]
     n_batch, n_heads, n_queries = query.shape[:3]
-    probs_out, scores_out = scope.buffers_for(layer, (n_batch, n_heads, n_queries, key.shape[2]), query)
+    probs_out = scope.buffer_for(layer, (n_batch, n_heads, n_queries, key.shape[2]), query)
     entropy = query.new_empty(n_batch, n_heads)  # (B, H)
-    output, probs, scores, dead_rows = intervened_attention(
+    queries_keys: list | None = [] if scope.record_scores else None
+    output, probs, _, dead_rows = intervened_attention(
         query, key, value, allowed, layer=layer, native_beta=native_beta, interventions=scope.interventions,
-        need_scores=scope.record_scores, probs_out=probs_out, scores_out=scores_out, entropy_out=entropy,
+        need_scores=False, probs_out=probs_out, entropy_out=entropy, qk_out=queries_keys,
     )
     scope.attention[layer] = probs.detach()
     scope.entropy[layer] = entropy
-    if scope.record_scores:
-        scope.scores[layer] = scores.detach()
+    if queries_keys is not None:
+        scope.queries_keys[layer] = (queries_keys[0].detach(), queries_keys[1].detach())
     if bool(dead_rows.any()):
         heads = sorted({int(h) for h in dead_rows.nonzero()[:, 1]})
         scope.warnings.append(

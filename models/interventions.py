@@ -163,6 +163,7 @@ def intervened_attention(
     probs_out: torch.Tensor | None = None,
     scores_out: torch.Tensor | None = None,
     entropy_out: torch.Tensor | None = None,
+    qk_out: list | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """One attention layer with the interventions applied.
 
@@ -173,17 +174,22 @@ def intervened_attention(
     With `need_scores=False`, Ŝ is not formed (None is returned for it). For recording a run, P is written into
     `probs_out` and Ŝ into `scores_out` when given (slices of one (L, …) buffer, so a run's maps need
     no copy at the end), and `entropy_out` (B, H) receives the mean row entropy while the logits are
-    at hand.
+    at hand. `qk_out` (a list) receives (q̂, k̂), the queries and keys after perturbation: Ŝ = q̂ k̂ᵀ of
+    any head can be formed later from those T × d matrices instead of keeping every T × T one.
     """
     _, n_heads, n_queries, _ = query.shape
     n_keys = key.shape[2]
     if not any(iv.applies_to_layer(layer) for iv in interventions):
+        if qk_out is not None:
+            qk_out.extend((query, key))
         return _plain_attention(query, key, value, allowed, native_beta, need_scores, probs_out, scores_out, entropy_out)
     plan = plan_layer(interventions, layer, n_heads, n_keys, native_beta)
     for iv in plan.key_perturbations:
         key = perturb_vectors(key, iv, layer)
     for iv in plan.query_perturbations:
         query = perturb_vectors(query, iv, layer)
+    if qk_out is not None:
+        qk_out.extend((query, key))
 
     device = query.device
     beta = plan.beta.to(device, query.dtype)[None, :, None, None]  # (1, H, 1, 1)

@@ -49,11 +49,33 @@ class Encoded:
 class AttentionResult:
     tokens: list[str]
     attention: torch.Tensor  # (L, H, T, T) P after interventions, float32 on the CPU
-    scores: torch.Tensor | None  # (L, H, T, T) Ŝ, when recorded
     hidden_states: torch.Tensor  # (L+1, T, D) embeddings then every layer's output
     output: dict[str, torch.Tensor]  # raw model output used for effects (embedding, logits, ...)
+    # When scores are recorded: the queries and keys after perturbation, each (L, H, T, d); Ŝ = q̂ k̂ᵀ.
+    queries: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
     warnings: list[str] = field(default_factory=list)
     derived: dict[str, Any] = field(default_factory=dict)  # summaries computed once per cached result
+
+    @property
+    def has_scores(self) -> bool:
+        return self.queries is not None
+
+    def scores_slice(self, layers: list[int], heads: list[int], rows: slice | list[int] = slice(None)) -> torch.Tensor:
+        """Ŝ = q̂ k̂ᵀ (unscaled) for the given layers, heads and query rows: (l, h, q, T)."""
+        if self.queries is None or self.keys is None:
+            raise ValueError("this run did not record scores (record_scores=False)")
+        queries = self.queries[layers][:, heads][:, :, rows]  # (l, h, q, d)
+        keys = self.keys[layers][:, heads]  # (l, h, T, d)
+        return queries @ keys.transpose(-1, -2)
+
+    @property
+    def scores(self) -> torch.Tensor | None:
+        """Ŝ of every layer and head, (L, H, T, T), formed on demand; None when not recorded."""
+        if not self.has_scores:
+            return None
+        every = list(range(self.attention.shape[0]))
+        return self.scores_slice(every, list(range(self.attention.shape[1])))
 
     def summary(self, name: str, compute) -> Any:
         """`compute()` once per result; repeated views of a cached result reuse it."""
@@ -64,8 +86,8 @@ class AttentionResult:
     @property
     def nbytes(self) -> int:
         tensors = [self.attention, self.hidden_states, *self.output.values()]
-        if self.scores is not None:
-            tensors.append(self.scores)
+        if self.queries is not None and self.keys is not None:
+            tensors += [self.queries, self.keys]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -105,12 +127,16 @@ class AttentionAdapter:
         self, encoded: Encoded, outputs: Any, scope: RunScope, hidden_states: tuple[torch.Tensor, ...],
         output: dict[str, torch.Tensor],
     ) -> AttentionResult:
-        attention = scope.stacked("attention").float().cpu()  # (L, H, T, T)
-        scores = scope.stacked("scores").float().cpu() if scope.record_scores else None
+        layers = range(self.info.layers)
+        attention = scope.stacked_attention().float().cpu()  # (L, H, T, T)
+        queries = keys = None
+        if scope.record_scores:
+            queries = torch.stack([scope.queries_keys[l][0][0] for l in layers]).float().cpu()  # (L, H, T, d)
+            keys = torch.stack([scope.queries_keys[l][1][0] for l in layers]).float().cpu()  # (L, H, T, d)
         hidden = torch.stack([h[0] for h in hidden_states]).float().cpu()  # (L+1, T, D)
-        entropy = torch.stack([scope.entropy[l][0] for l in range(self.info.layers)]).double()  # (L, H)
+        entropy = torch.stack([scope.entropy[l][0] for l in layers]).double()  # (L, H)
         return AttentionResult(
-            tokens=encoded.tokens, attention=attention, scores=scores, hidden_states=hidden,
+            tokens=encoded.tokens, attention=attention, queries=queries, keys=keys, hidden_states=hidden,
             output={k: v.detach().float().cpu() for k, v in output.items()}, warnings=list(scope.warnings),
             derived={"entropy": entropy.tolist()},
         )

@@ -126,3 +126,20 @@ def test_a_run_records_entropy_and_maps_in_place(adapter):
     beta0 = adapter.info.native_beta
     plain = adapter.run(encoded, (), record_scores=True)
     assert torch.allclose(torch.softmax(beta0 * plain.scores, dim=-1), plain.attention, atol=1e-6)
+
+
+def test_scores_come_from_the_recorded_queries_and_keys(adapter):
+    """Ŝ is kept as q̂, k̂ (T × d per head) and formed per slice; a key perturbation shows in k̂ only."""
+    encoded = adapter.encode("the animal did not cross the street because it was tired")
+    plain = adapter.run(encoded, (), record_scores=True)
+    n = len(encoded.tokens)
+    assert plain.queries.shape == plain.keys.shape == (2, 4, n, adapter.info.head_dim)
+    full = plain.scores  # (L, H, T, T)
+    assert torch.allclose(plain.scores_slice([1], [2, 0], [3, 5]), full[[1]][:, [2, 0]][:, :, [3, 5]], atol=1e-6)
+    kick = Intervention("perturb_keys", layers=(0,), heads=(1,), tokens=(4,), noise_std=2.0, seed=1)
+    perturbed = adapter.run(encoded, (kick,), record_scores=True)
+    moved = (perturbed.keys[0, 1] - plain.keys[0, 1]).abs().amax(dim=-1)  # (T,)
+    assert float(moved[4]) > 0.1 and float(moved[[t for t in range(n) if t != 4]].max()) == 0.0
+    assert torch.equal(perturbed.queries[0], plain.queries[0])
+    with pytest.raises(ValueError, match="did not record scores"):
+        adapter.run(encoded, (), record_scores=False).scores_slice([0], [0])

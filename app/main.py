@@ -20,6 +20,7 @@ from app.routes import images
 from app.routes import gaussian
 from app.runtime import Overloaded, Runtime, request_deadline, request_timings
 from app.settings import Settings, get_settings
+from app.vendor import plotly_bundle
 
 log = logging.getLogger("attnlab")
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,12 +34,6 @@ SECURITY_HEADERS = {
         "script-src 'self'; connect-src 'self'; object-src 'none'; frame-ancestors 'none'"
     ),
 }
-
-
-def plotly_js_path() -> Path:
-    import plotly
-
-    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
 class SecurityHeaders:
@@ -187,7 +182,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/static/vendor/plotly.min.js", include_in_schema=False)
     def plotly_js() -> FileResponse:
-        return FileResponse(plotly_js_path(), media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+        return FileResponse(plotly_bundle(), media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
 
     app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
     app.include_router(service.router)

@@ -1,0 +1,35 @@
+"""Which plotly.js file the pages get: the cartesian partial bundle when scripts/fetch_plotly_bundle.py has
+fetched it (same plotly.js version as the plotly package), else the full bundle from the plotly package."""
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+VENDOR = Path(__file__).resolve().parent.parent / "static" / "vendor"
+
+
+def full_bundle_path() -> Path:
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def plotly_js_version(bundle: Path) -> str:
+    """The version in a plotly.js bundle's banner comment ('plotly.js v4.1.1')."""
+    with bundle.open("rb") as handle:
+        found = re.search(rb"plotly\.js[^\n]*? v([\d.]+)", handle.read(400))
+    if not found:
+        raise ValueError(f"{bundle} has no plotly.js version banner")
+    return found.group(1).decode()
+
+
+def cartesian_bundle_path(version: str) -> Path:
+    return VENDOR / f"plotly-cartesian-{version}.min.js"
+
+
+@functools.lru_cache
+def plotly_bundle() -> Path:
+    full = full_bundle_path()
+    partial = cartesian_bundle_path(plotly_js_version(full))
+    return partial if partial.is_file() else full

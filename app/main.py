@@ -140,8 +140,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         runtime = Runtime(settings)
         app.state.runtime = runtime
-        # Load the default models in the background: /api/health answers at once, /api/ready turns 200 when warm.
-        threading.Thread(target=runtime.warm_up, name="warm-up", daemon=True).start()
+        # Load the default models in the background: /api/health answers at once, /api/ready turns 200 when
+        # warm. Then run the text page's example once, so its first view is already cached.
+        def warm() -> None:
+            runtime.warm_up()
+            try:
+                pages.warm_example(runtime)
+            except Exception:  # a warm-up is an optimisation: never let it take the server down
+                log.exception("warming the text page's example failed")
+
+        threading.Thread(target=warm, name="warm-up", daemon=True).start()
         # Sync endpoints run in anyio's worker threads (40 by default): enough for every admitted request.
         limiter = anyio.to_thread.current_default_thread_limiter()
         limiter.total_tokens = max(limiter.total_tokens, settings.queue_depth + 8)

@@ -34,3 +34,20 @@ def loaded_infos(runtime: Runtime, kind: str) -> list[dict] | None:
     if not ids or any(model_id not in loaded for model_id in ids):
         return None
     return [loaded[model_id].to_dict() for model_id in ids]
+
+
+def warm_example(runtime: Runtime, model_id: str = "minilm") -> bool:
+    """Run the text page's first view of its example once, at start-up: the first visitor's request is
+    then a cache hit, and the first forward's one-time costs (kernel set-up, allocations) are paid here.
+    Returns whether it ran (the model must be one of the loaded text models)."""
+    from app.routes.text import text_attention
+    from app.schemas import TextAttentionRequest
+
+    if model_id not in {adapter.info.id for adapter in runtime.loaded_adapters() if adapter.info.kind == "text"}:
+        return False
+    request = TextAttentionRequest(  # what static/js/text.js asks for on a first view
+        model=model_id, text=EXAMPLE_TEXT, text_pair=EXAMPLE_PAIR, layers=[0], heads=[0], include_scores=True,
+        thumbnail_size=24, encoding="f32",
+    )
+    text_attention(request, runtime)
+    return True

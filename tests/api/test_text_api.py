@@ -240,3 +240,17 @@ def test_thumbnails_are_every_head_pooled_as_uint8_pictures(client):
                         for h in range(4)] for l in range(2)])
     assert np.allclose(thumbs["max"], pooled.max(axis=(-1, -2)), rtol=1e-4)
     assert np.abs(levels / 255.0 - pooled / pooled.max(axis=(-1, -2), keepdims=True)).max() <= 0.5 / 255 + 1e-6
+
+
+def test_warming_the_example_makes_the_pages_first_view_a_cache_hit(client):
+    from app.routes.pages import EXAMPLE_PAIR, EXAMPLE_TEXT, warm_example
+
+    runtime = client.app.state.runtime
+    assert warm_example(runtime, "no-such-model") is False
+    assert warm_example(runtime, "tiny") is True
+    hits = runtime.cache.hits
+    body = {"model": "tiny", "text": EXAMPLE_TEXT, "text_pair": EXAMPLE_PAIR, "layers": [0], "heads": [0],
+            "include_scores": True, "thumbnail_size": 24, "encoding": "f32"}
+    response = client.post("/api/text/attention", json=body)
+    assert response.status_code == 200 and runtime.cache.hits == hits + 1
+    assert "model;" not in response.headers["server-timing"]  # no model run for the visitor

@@ -33,6 +33,7 @@ LENGTHS = [16, 32, 64, 128, 256, 512]
 # Words that are single WordPiece tokens in MiniLM's vocabulary: a text of n-2 of them is n tokens.
 WORDS = ("the cat sat on a mat and the dog ran to the park while it was warm so we all went out "
          "for lunch near old river bank").split()
+FIRST_VIEW_REPEATS = 5
 FRESH_WORDS = "red blue green black white brown pink gray gold silver orange purple".split()
 
 
@@ -203,15 +204,20 @@ def bench_browser(server: Server, raw: RawForward, moves: int) -> dict:
     # the attention map's cells painted (before plotly.js is evaluated), then the full Plotly figure.
     marks = ("attnlab:first-heatmap", "attnlab:heatmap-figure")
     for n in (128, 512):
-        text = text_of(n, 700 + n)
-        page = fresh_page()
-        page.goto(f"{server.url}/#m=minilm&t={quote(text)}")
-        page.wait_for_function(f"() => performance.getEntriesByName('{marks[1]}').length > 0", timeout=120_000)
-        page.wait_for_function(f"() => document.querySelector('#heatmap').data[0].z.length === {n}", timeout=120_000)
-        first, figure = (page.evaluate(f"() => performance.getEntriesByName('{m}')[0].startTime") / 1000 for m in marks)
-        result[f"first_figure_s_{n}"], result[f"plotly_figure_s_{n}"] = first, figure
-        print(f"  first figure at {n} tokens: cells painted {first:.2f} s, Plotly figure {figure:.2f} s")
-        page.close()
+        firsts, figures = [], []
+        for k in range(FIRST_VIEW_REPEATS):  # a fresh input and a new page each time; the median is reported
+            page = fresh_page()
+            page.goto(f"{server.url}/#m=minilm&t={quote(text_of(n, 700 + 10 * n + k))}")
+            page.wait_for_function(f"() => performance.getEntriesByName('{marks[1]}').length > 0", timeout=120_000)
+            page.wait_for_function(f"() => document.querySelector('#heatmap').data[0].z.length === {n}", timeout=120_000)
+            first, figure = (page.evaluate(f"() => performance.getEntriesByName('{m}')[0].startTime") / 1000 for m in marks)
+            firsts.append(first)
+            figures.append(figure)
+            page.close()
+        result[f"first_figure_s_{n}"], result[f"plotly_figure_s_{n}"] = statistics.median(firsts), statistics.median(figures)
+        result[f"first_figure_all_s_{n}"] = firsts
+        print(f"  first figure at {n} tokens (median of {len(firsts)}): cells painted {statistics.median(firsts):.2f} s "
+              f"(range {min(firsts):.2f}–{max(firsts):.2f}), Plotly figure {statistics.median(figures):.2f} s")
 
     # β slider → redraw. The page fires "attnlab:heatmap" on #heatmap after each repaint of the shown head
     # (its cells on a canvas while a slider moves, Plotly's full drawing once input settles).
@@ -382,6 +388,10 @@ def plot(results: dict) -> None:
         fig.savefig(RESULTS / "concurrency.png", dpi=110)
 
 
+def fmt_range(values: list[float] | None) -> str:
+    return f"{min(values):.2f}–{max(values):.2f} s" if values else "n/a"
+
+
 def verdict(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
@@ -432,15 +442,16 @@ def write_report(results: dict) -> None:
                   f"| view-mode β → redraw, 128×128 head | {b['view_p50_ms']:.1f} ms | {b['view_p95_ms']:.1f} ms |",
                   f"| run-mode β → redraw, 32 tokens (model re-run) | {b['run_p50_ms']:.1f} ms | {b['run_p95_ms']:.1f} ms |",
                   "", f"Raw forward at 32 tokens: {b['raw32_ms']:.1f} ms. First figure (navigation → the attention "
-                  f"map's cells painted, before plotly.js is evaluated): {b['first_figure_s_128']:.2f} s at 128 tokens, "
-                  f"{b['first_figure_s_512']:.2f} s at 512 tokens; the full Plotly figure (axes, hover, colour bar) follows "
-                  f"at {b.get('plotly_figure_s_128', float('nan')):.2f} s and {b.get('plotly_figure_s_512', float('nan')):.2f} s.",
+                  f"map's cells painted, before plotly.js is evaluated; median of {FIRST_VIEW_REPEATS} page loads): "
+                  f"{b['first_figure_s_128']:.2f} s at 128 tokens, {b['first_figure_s_512']:.2f} s at 512 tokens "
+                  f"(range {fmt_range(b.get('first_figure_all_s_512'))}); the full Plotly figure (axes, hover, colour bar) "
+                  f"follows at {b.get('plotly_figure_s_128', float('nan')):.2f} s and {b.get('plotly_figure_s_512', float('nan')):.2f} s.",
                   "Slider redraws are timed from the input event to the page's `attnlab:heatmap` event: while the "
                   "slider moves, the heatmap's cells are repainted on a canvas over the Plotly figure; Plotly and the "
                   "other panels catch up 150 ms after the last move.", ""]
         targets.append(("view-mode β redraw p95 ≤ 33 ms (128×128)", f"{b['view_p95_ms']:.1f} ms", b["view_p95_ms"] <= 33))
         targets.append(("run-mode β p95 ≤ 1.3 × raw forward (32 tokens)", f"{b['run_p95_ratio']:.2f}×", b["run_p95_ratio"] <= 1.3))
-        targets.append(("first figure at 512 tokens ≤ 1.5 s", f"{b['first_figure_s_512']:.2f} s", b["first_figure_s_512"] <= 1.5))
+        targets.append(("first figure at 512 tokens ≤ 1.5 s (median)", f"{b['first_figure_s_512']:.2f} s", b["first_figure_s_512"] <= 1.5))
     if results.get("images"):
         lines += ["## 4. Images (dinov2-small)", "", "| px | tokens | raw forward ms | API ms (fresh image) | ratio |",
                   "|---:|---:|---:|---:|---:|"]
@@ -489,7 +500,8 @@ def main() -> None:
     if args.only:  # a partial run updates its sections of the last full results and keeps the others
         previous_path = RESULTS / "results.json"
         previous = json.loads(previous_path.read_text()) if previous_path.exists() else {}
-        machines = previous.get("machines", {})
+        sections_before = ("latency", "payload", "browser", "images", "concurrency")
+        machines = previous.get("machines") or {name: previous["machine"] for name in sections_before if name in previous}
         machines.update({section: results["machine"] for section in sections})
         results = {**previous, **results, "machines": machines}
     (RESULTS / "results.json").write_text(json.dumps(results, indent=2))

@@ -121,7 +121,7 @@ function showHead({ settle = 0, onSettle = null } = {}) {
   }
   const painted = settle > 0 && paintHeatmap(el, P, v.tokens);
   if (!painted) {
-    drawHeatmap(el, P, v.tokens, { zmax: 1 });
+    drawHeatmap(el, P, v.tokens, { zmax: colourMax(P) });
     wireHeatmapClicks();
   }
   heatmapShown(painted ? null : "attnlab:heatmap-figure", { painted });
@@ -129,12 +129,18 @@ function showHead({ settle = 0, onSettle = null } = {}) {
     settleTimer = null;
     if (state.view !== v) return;
     if (onSettle) return onSettle();
-    if (painted) drawHeatmap(el, shownAttention(), v.tokens, { zmax: 1 });
+    if (painted) { const settled = shownAttention(); drawHeatmap(el, settled, v.tokens, { zmax: colourMax(settled) }); }
     renderDetails();
   };
   // A new view: let the browser paint the heatmap first (a frame), then build the other panels.
   if (settle > 0) settleTimer = setTimeout(details, settle);
   else requestAnimationFrame(() => { settleTimer = setTimeout(details, 0); });
+}
+
+// The top of the heatmap's colour scale: 1, or this map's largest value (long inputs spread attention thin:
+// at 512 tokens a 0–1 scale shows an almost uniform dark square).
+function colourMax(P) {
+  return $("zscale").value === "fixed" ? 1 : Math.max(1e-6, maxAbs(P));
 }
 
 // Benchmarks time these: an "attnlab:heatmap" event on #heatmap after every repaint of the shown head,
@@ -429,6 +435,7 @@ async function init() {
   $("scope-select").addEventListener("change", () => { lab.beta.scope = $("scope-select").value; load(); });
   $("mode-select").addEventListener("change", () => { lab.beta.mode = $("mode-select").value; load(); });
   $("diff-kind").addEventListener("change", () => { if (state.view) renderDiff(shownAttention()); });
+  $("zscale").addEventListener("change", () => { if (state.view) showHead(); });
   $("export-json").addEventListener("click", () => {
     if (!state.view) return setStatus("nothing to export yet", { error: true });
     downloadJSON({ request: state.view.request, response: decodedFields(state.view.response), url: window.location.href },

@@ -63,3 +63,18 @@ def test_run_mode_drag_asks_for_the_slice_then_the_full_view(page, page_log, liv
     assert all(b["encoding"] == "f32" for b in bodies)
     screenshot(page, "text-run-mode-settled")
     page_log.check()
+
+
+def test_colour_scale_follows_the_maps_max_or_stays_at_one(page, page_log, live_server):
+    """Long inputs spread attention thin: by default the colour scale tops at the map's max, not at 1."""
+    from urllib.parse import quote
+
+    page.goto(f"{live_server}/#m=minilm&t={quote(' '.join(['the cat sat on a mat and'] * 12))}")
+    wait_for_heatmap(page)
+    top = "() => document.querySelector('#heatmap')._fullData[0].zmax"
+    z = plot_data(page, HEATMAP)
+    assert abs(page.evaluate(top) - max(max(row) for row in z)) < 1e-6 and page.evaluate(top) < 1
+    page.select_option("#zscale", "fixed")
+    page.wait_for_function(f"() => ({top})() === 1", timeout=10_000)
+    screenshot(page, "text-colour-scale-fixed")
+    page_log.check()

@@ -1,12 +1,16 @@
 """Which plotly.js file the pages get: the cartesian partial bundle when scripts/fetch_plotly_bundle.py has
-fetched it (same plotly.js version as the plotly package), else the full bundle from the plotly package."""
+fetched it (same plotly.js version as the plotly package), else the full bundle from the plotly package.
+
+The fetched bundle lives beside the installed packages (<venv>/share/attnlab/), not in static/: it is a
+third-party build like the plotly package itself, and the source tree holds only what the project writes."""
 from __future__ import annotations
 
 import functools
 import re
+import sys
 from pathlib import Path
 
-VENDOR = Path(__file__).resolve().parent.parent / "static" / "vendor"
+VENDOR = Path(sys.prefix) / "share" / "attnlab"
 
 
 def full_bundle_path() -> Path:

@@ -2,8 +2,8 @@
 
 The plotly pip package ships only the full bundle (4.8 MB), which takes about 2 s to evaluate in Chromium
 on the 2-core CI machine; the cartesian bundle of the same plotly.js version (1.5 MB) takes about 1.1 s
-(benchmarks/results/NOTES.md). The app serves the partial bundle when this script has put it in
-static/vendor/, and the full one otherwise, so a machine without npm still works.
+(benchmarks/results/NOTES.md). The app serves the partial bundle when this script has put it beside the
+installed packages (<venv>/share/attnlab/), and the full one otherwise, so a machine without npm works.
 
 Usage: python scripts/fetch_plotly_bundle.py   (a no-op when the file is already there)
 """
@@ -27,7 +27,7 @@ def main() -> int:
     version = plotly_js_version(full_bundle_path())
     target = cartesian_bundle_path(version)
     if target.is_file():
-        print(f"[plotly] {target.relative_to(ROOT)} present")
+        print(f"[plotly] {target} present")
         return 0
     npm = shutil.which("npm")
     if npm is None:
@@ -55,7 +55,7 @@ def main() -> int:
         return 0
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
-    print(f"[plotly] {package}: {len(data) / 1e6:.1f} MB → {target.relative_to(ROOT)}")
+    print(f"[plotly] {package}: {len(data) / 1e6:.1f} MB → {target}")
     return 0
 
 

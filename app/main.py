@@ -1,6 +1,7 @@
 """The ASGI app: assembles settings, the runtime, routers, pages and error handling."""
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ from app.routes import images
 from app.routes import gaussian
 from app.runtime import Overloaded, Runtime, request_deadline, request_timings
 from app.settings import Settings, get_settings
+from app.templating import templates
 from app.vendor import plotly_bundle
 
 log = logging.getLogger("attnlab")
@@ -34,6 +36,14 @@ SECURITY_HEADERS = {
         "script-src 'self'; connect-src 'self'; object-src 'none'; frame-ancestors 'none'"
     ),
 }
+
+
+def swagger_ui_dist() -> str:
+    """The Swagger UI 5 files shipped in the swagger-ui-py package (found without importing it)."""
+    spec = importlib.util.find_spec("swagger_ui")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("package swagger-ui-py is not installed (see requirements.txt)")
+    return str(Path(spec.origin).parent / "static")
 
 
 class SecurityHeaders:
@@ -160,6 +170,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Attention maps, interventions (β, masks, perturbations) and their effects for Transformers.",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's /docs loads Swagger UI from a CDN: served from swagger-ui-py below
+        redoc_url=None,
     )
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
@@ -192,6 +204,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def plotly_js() -> FileResponse:
         return FileResponse(plotly_bundle(), media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
 
+    @app.get("/docs", include_in_schema=False)
+    def api_docs(request: Request):
+        """Swagger UI 5 for /openapi.json, from the swagger-ui-py package (no CDN, works offline; its
+        start-up script is a file, so the page keeps the strict script-src 'self' policy)."""
+        return templates.TemplateResponse(request, "api_docs.html", {"page": "api"})
+
+    app.mount("/static/vendor/swagger-ui", StaticFiles(directory=swagger_ui_dist()), name="swagger-ui")
     app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
     app.include_router(service.router)
     app.include_router(text.router)

@@ -1,4 +1,4 @@
-"""Request and response schemas shared by the text and image routes (API.md)."""
+"""Request and response schemas shared by the text and image routes (docs/api.md)."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
@@ -22,27 +22,27 @@ class _Scoped(_Strict):
 
 
 class Temperature(_Scoped):
-    """Set the softmax inverse temperature β (SPEC §2); T = 1/β."""
+    """Set the softmax inverse temperature β (see /guide#s2); T = 1/β."""
 
     op: Literal["temperature"]
     beta: float = Field(gt=0, le=1e4, description="inverse temperature β, 0 < β ≤ 1e4")
 
 
 class MaskKeys(_Scoped):
-    """M[:, j] = −∞ for the listed key tokens (SPEC §3)."""
+    """M[:, j] = −∞ for the listed key tokens (see /guide#s3)."""
 
     op: Literal["mask_keys"]
     tokens: IndexList
 
 
 class Causal(_Scoped):
-    """M[i, j] = −∞ for j > i (SPEC §3)."""
+    """M[i, j] = −∞ for j > i (see /guide#s3)."""
 
     op: Literal["causal"]
 
 
 class AblateHeads(_Scoped):
-    """The scoped heads output zeros before W_O (SPEC §3)."""
+    """The scoped heads output zeros before W_O (see /guide#s3)."""
 
     op: Literal["ablate_heads"]
 
@@ -55,13 +55,13 @@ class _Perturb(_Scoped):
 
 
 class PerturbKeys(_Perturb):
-    """k̂_j = α k_j + ε (SPEC §4): only column j of the scores changes."""
+    """k̂_j = α k_j + ε (see /guide#s4): only column j of the scores changes."""
 
     op: Literal["perturb_keys"]
 
 
 class PerturbQueries(_Perturb):
-    """q̂_i = α q_i + ε (SPEC §4): only row i of the scores changes at that layer."""
+    """q̂_i = α q_i + ε (see /guide#s4): only row i of the scores changes at that layer."""
 
     op: Literal["perturb_queries"]
 

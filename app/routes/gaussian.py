@@ -1,4 +1,4 @@
-"""Gaussian attention heads (SPEC §7-8): trained runs, their centers over training, one head's pattern,
+"""Gaussian attention heads (docs/science.md §7–8): trained runs, their centers over training, one head's pattern,
 the attention-as-convolution theorem, and the page /gaussian.
 
 Models are named by registry id (models/gaussian.py GAUSSIAN_REGISTRY), never by a path. The history
@@ -193,7 +193,7 @@ def conv_equivalence(req: ConvEquivalenceRequest) -> dict:
 
 @router.get("/api/gaussian/blocks")
 def gaussian_blocks(model: ModelId = engine.DEFAULT_GAUSSIAN_MODEL) -> dict:
-    """SPEC §8: GELU exact vs tanh, one layer's parameter count and cost (content vs Gaussian attention)."""
+    """GELU exact vs tanh, one layer's parameter count and cost (content vs Gaussian attention); see /guide#s8."""
     cfg = engine.GaussianConfig.from_dict(_history(model)["config"])
     return {
         "gelu": engine.gelu_curves(),

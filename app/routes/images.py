@@ -267,7 +267,7 @@ def image_attention(req: ImageAttentionRequest, request: Request, runtime: Runti
 
     Tokens: "CLS", any "dist"/"reg0"… prefix tokens, then patches "p(row,col)" row-major; `grid` is
     [rows, cols] and `prefix_tokens` how many tokens precede the patches. `rollout` is the CLS row of
-    the attention rollout over the patches (SPEC §6), `mean_distance` the mean attention distance per
+    the attention rollout over the patches (see /guide#s6), `mean_distance` the mean attention distance per
     layer/head in input pixels, `predictions` the top-5 classes (classifiers). With `compare`,
     `effect.output` holds the class probabilities before/after and their KL (classifiers) or the
     CLS-embedding cosine (backbones).

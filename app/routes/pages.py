@@ -1,9 +1,10 @@
-"""The text page. (The image and Gaussian pages live with their own routers.)"""
+"""The text page and the guide (docs/ rendered). (The image and Gaussian pages live with their own routers.)"""
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
+from app import guide
 from app.deps import RuntimeDep, SettingsDep
 from app.runtime import Runtime
 from app.templating import templates
@@ -25,6 +26,25 @@ def text_page(request: Request, settings: SettingsDep, runtime: RuntimeDep):
         "models": loaded_infos(runtime, "text"),
     }
     return templates.TemplateResponse(request, "text.html", {"config": config, "page": "text"})
+
+
+@router.get("/guide", response_class=HTMLResponse)
+def guide_page(request: Request):
+    """The science (docs/science.md): what every number means, an anchor per section (#s1 … #s9)."""
+    return _guide(request, "")
+
+
+@router.get("/guide/{name}", response_class=HTMLResponse)
+def guide_subpage(request: Request, name: str):
+    """docs/api.md, docs/configuration.md, docs/docker.md as /guide/api, /guide/configuration, /guide/docker."""
+    if not name or name not in guide.BY_SLUG:
+        raise HTTPException(404, detail=f"no guide page {name!r}; pages: {[p.url for p in guide.PAGES]}")
+    return _guide(request, name)
+
+
+def _guide(request: Request, slug: str):
+    doc = guide.render(slug)
+    return templates.TemplateResponse(request, "guide.html", {"doc": doc, "pages": guide.PAGES, "page": "guide"})
 
 
 def loaded_infos(runtime: Runtime, kind: str) -> list[dict] | None:

@@ -17,7 +17,7 @@ router = APIRouter(prefix="/api/text", tags=["text"])
 def text_attention(req: TextAttentionRequest, runtime: RuntimeDep) -> Response:
     """Attention of every requested layer/head for a sentence (and optional second sentence).
 
-    Interventions (SPEC §2–4) are applied in order; with `compare` the same input is also run without
+    Interventions (see /guide#s2, /guide#s3, /guide#s4) are applied in order; with `compare` the same input is also run without
     them and `effect` holds the attention TV distance, hidden-state cosine per layer and the output change.
     """
     limit = runtime.settings.max_text_chars
@@ -38,5 +38,5 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep) -> Response:
 
 
 def text_fields(result: AttentionResult) -> dict:
-    """Text-only summaries: mean attention distance in tokens for every head (SPEC §6)."""
+    """Text-only summaries: mean attention distance in tokens for every head (docs/science.md §6)."""
     return {"mean_distance": result.summary("mean_distance", lambda: mean_token_distance(result.attention).tolist())}

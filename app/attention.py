@@ -10,6 +10,7 @@ from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 
 from app.encoding import fast_json, tensor_field  # noqa: F401  (fast_json: routes import it from here)
+from app.lifecycle import check_cancelled
 from app.runtime import Runtime
 from app.schemas import AttentionRequestBase, to_engine
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
@@ -101,12 +102,15 @@ def build_attention_response(
         )
 
     sample_sets = [tuple(iv.with_seed_offset(s) for iv in interventions) for s in range(req.samples)]
+    check_cancelled()  # before each model run: a client that left (or a shutdown) stops the work here
     result = runtime.run(adapter, encoded, sample_sets[0], req.include_scores)
     effect = base = None
     if req.compare:
+        check_cancelled()
         base = runtime.run(adapter, encoded, (), False)
         effects = [_effect(adapter, base, result, encoded, layers, heads)]
         for sample in sample_sets[1:]:
+            check_cancelled()
             effects.append(_effect(adapter, base, runtime.run(adapter, encoded, sample, False), encoded, layers, heads))
         effect = effects[0] if len(effects) == 1 else _merge_samples(effects)
 
@@ -135,7 +139,7 @@ def build_attention_response(
         if req.thumbnail_size else None,
         "effect": effect,
         "warnings": warnings,
-        "elapsed_s": getattr(result, "elapsed_s", None),
+        "elapsed_s": getattr(result, "elapsed_s", None) if limits.expose_timings else None,  # a cache oracle otherwise
     }
     if requested_queries is not None:
         response["queries"] = queries

@@ -12,13 +12,17 @@ import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse
+from fastapi.routing import APIRoute, request_response
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import ClientDisconnect
 
 from app.routes import pages, service, text
 from app.routes import images
 from app.routes import gaussian
+from app.lifecycle import RequestCancelled, RequestGuard, use_parsed_json
 from app.runtime import Overloaded, Runtime, request_deadline, request_timings
 from app.settings import Settings, get_settings
 from app.templating import templates
@@ -178,10 +182,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.trusted_hosts != ["*"]:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
 
+    # Outermost last. A request reaches the admission gate only once RequestGuard has its whole body.
     app.add_middleware(RequestDeadline, seconds=settings.request_timeout_s)
-    app.add_middleware(ServerTiming)
+    if settings.expose_timings:  # off by default: the model time says whether someone sent this input before
+        app.add_middleware(ServerTiming)
     # queue_depth waiting + the one running + a few cache hits / uploads that never wait for the model.
     app.add_middleware(AdmissionGate, limit=settings.queue_depth + 4)
+    app.add_middleware(RequestGuard, settings=settings)
 
     app.add_middleware(SecurityHeaders)
 
@@ -194,6 +201,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(Overloaded)
     async def overloaded(request: Request, exc: Overloaded):
         return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(RequestCancelled)
+    async def cancelled(request: Request, exc: RequestCancelled):  # the client left or the server stops
+        log.info("%s %s stopped: %s", request.method, request.url.path,
+                 "client left" if exc.reason == "client" else "server shutting down")
+        return JSONResponse({"detail": "the server is shutting down; retry in a moment" if exc.reason == "shutdown"
+                             else "request cancelled: the client left"}, status_code=503, headers={"Retry-After": "5"})
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_left(request: Request, exc: ClientDisconnect):  # one line, not a traceback per abort
+        log.info("client left during %s %s", request.method, request.url.path)
+        return JSONResponse({"detail": "client disconnected"}, status_code=400)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):  # a bug: log it, never leak a trace
@@ -217,7 +236,35 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(pages.router)
     app.include_router(images.router)
     app.include_router(gaussian.router)
+    for route in app.router.routes:  # JSON bodies: take the value RequestGuard parsed (off the event loop)
+        if isinstance(route, APIRoute) and route.body_field is not None and "POST" in route.methods:
+            route.app = request_response(use_parsed_json(route.get_route_handler()))
+    app.openapi = lambda: _openapi_with_guard_responses(app)
     return app
+
+
+# What RequestGuard, the admission gate and the runtime may answer besides each route's own responses.
+GUARD_RESPONSES = {
+    "400": "malformed body: not UTF-8, nested too deeply, a number with too many digits, bad Content-Length",
+    "408": "the body did not arrive within body_timeout_s (upload_timeout_s for uploads)",
+    "413": "the body is over max_json_bytes (max_upload_bytes for uploads), or the work/response is over a cap",
+    "415": "the body is not application/json (multipart/form-data for uploads)",
+    "503": "server busy (queue_depth, request_timeout_s) or shutting down; see Retry-After",
+}
+
+
+def _openapi_with_guard_responses(app: FastAPI) -> dict:
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    for operations in schema.get("paths", {}).values():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            codes = ["503"] if method != "post" else list(GUARD_RESPONSES)
+            for code in codes:
+                responses.setdefault(code, {"description": GUARD_RESPONSES[code]})
+    app.openapi_schema = schema
+    return schema
 
 
 app = create_app()

@@ -12,8 +12,9 @@ IndexList = Annotated[list[NonNegInt], Field(max_length=4096)]
 
 
 class _Strict(BaseModel):
-    # Python's JSON parser accepts NaN/Infinity: refuse them here so they end in a 422.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # Python's JSON parser accepts NaN/Infinity: refuse them here so they end in a 422. strict: no coercion
+    # ("heads": [true] is not head 1, "samples": "2" is not 2, "seed": false is not 0): a wrong type is a 422.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class _Scoped(_Strict):

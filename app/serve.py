@@ -1,34 +1,130 @@
-"""`python -m app.serve [APP] [uvicorn options]`: uvicorn's command line, exiting 0 after a graceful SIGTERM.
+"""`python -m app.serve [APP] [uvicorn options]`: uvicorn's command line, with attnlab's process lifecycle.
 
-uvicorn catches SIGTERM, stops accepting connections, lets in-flight requests finish (at most
-`--timeout-graceful-shutdown` seconds, default here 8 so that `docker stop`'s 10 s suffice), runs the
-lifespan shutdown, and then re-raises the signal with the handler that was in place before it started,
-so the process would die *of* SIGTERM (exit status 143 / -15). A no-op handler installed first turns
-that into a normal exit 0. APP defaults to app.main:app.
+- **SIGTERM during start-up** (importing torch, loading the app: before uvicorn installs its own
+  handlers) exits at once, status 0: `docker stop` of a starting container never waits for its kill.
+- **Graceful SIGTERM**: uvicorn stops accepting connections and lets in-flight requests finish; at
+  `shutdown_grace_s` (setting, 5 s) after the signal, app/lifecycle.py answers every request still
+  running **503 + Retry-After (JSON)** and tells its work to stop; uvicorn's own
+  `--timeout-graceful-shutdown` (grace + 2 s) is only a safety net. Then the lifespan shutdown runs and
+  the process exits 0 without waiting for worker threads still inside a forward (they hold nothing that
+  needs flushing): the whole shutdown stays well inside `docker stop`'s 10 s. (Plain uvicorn re-raises
+  the SIGTERM after its graceful shutdown and dies of it, status 143.)
+- **Slow or idle connections**: a connection must deliver its request line and headers within
+  `header_timeout_s` (10 s) of opening or of its previous response, else it is closed (uvicorn's
+  keep-alive timeout, 5 s, closes idle ones; it cannot see a client trickling a header byte at a time);
+  at most `max_connections` connections + requests at once (uvicorn's `--limit-concurrency`).
+  Bodies are timed by the app (`body_timeout_s`, app/lifecycle.py).
+
+APP defaults to app.main:app. Explicit uvicorn options win over these defaults.
 """
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import sys
 
 import uvicorn
+import uvicorn.main
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from app.lifecycle import LIFECYCLE
+from app.settings import get_settings
 
 DEFAULT_APP = "app.main:app"
-GRACEFUL_SHUTDOWN_S = "8"
+SAFETY_NET_S = 2.0  # uvicorn's --timeout-graceful-shutdown = shutdown_grace_s + this
+
+
+def _exit_now(signum=None, frame=None) -> None:
+    """SIGTERM before uvicorn serves (or re-raised by uvicorn after its graceful shutdown): exit 0 now,
+    without waiting for worker threads (a forward in progress, the model warm-up)."""
+    try:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(0)
+
+
+class HeaderTimeoutH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection that has not delivered a request's headers within
+    `header_timeout_s` of opening (or of its previous response). A request that is running is never timed
+    here (its body is timed by the app)."""
+
+    header_timeout_s = 10.0
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.cycle is not None and not self.cycle.response_complete and self._header_timer is not None:
+            self._header_timer.cancel()  # a request's headers arrived
+            self._header_timer = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+
+    def connection_lost(self, exc) -> None:
+        if getattr(self, "_header_timer", None) is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().connection_lost(exc)
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+            self.transport.close()
+
+
+class AttnlabServer(uvicorn.Server):
+    """uvicorn's Server: tells the app's lifecycle when shutdown begins, and uses the header timeout."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        if config.http in ("auto", "h11"):  # httptools is not installed here; h11 is what "auto" picks
+            config.http = HeaderTimeoutH11Protocol
+        super().__init__(config)
+
+    def handle_exit(self, sig, frame) -> None:
+        LIFECYCLE.begin_shutdown(get_settings().shutdown_grace_s)
+        super().handle_exit(sig, frame)
 
 
 def build_args(argv: list[str]) -> list[str]:
+    settings = get_settings()
     args = list(argv)
     if not args or args[0].startswith("-"):
         args.insert(0, DEFAULT_APP)
     if not any(a.startswith("--timeout-graceful-shutdown") for a in args):
-        args += ["--timeout-graceful-shutdown", GRACEFUL_SHUTDOWN_S]
+        args += ["--timeout-graceful-shutdown", f"{settings.shutdown_grace_s + SAFETY_NET_S:g}"]
+    if not any(a.startswith("--limit-concurrency") for a in args):
+        args += ["--limit-concurrency", str(settings.max_connections)]
+    if not any(a.startswith("--timeout-keep-alive") for a in args):
+        args += ["--timeout-keep-alive", "5"]
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # only until uvicorn installs its own
-    uvicorn.main.main(args=build_args(sys.argv[1:] if argv is None else argv), prog_name="uvicorn")
+    signal.signal(signal.SIGTERM, _exit_now)  # until uvicorn installs its own (and again when it restores this)
+    HeaderTimeoutH11Protocol.header_timeout_s = get_settings().header_timeout_s
+    uvicorn.main.Server = AttnlabServer  # uvicorn.main.run builds its Server from this module global
+    try:
+        uvicorn.main.main(args=build_args(sys.argv[1:] if argv is None else argv), prog_name="uvicorn")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    else:
+        code = 0
+    try:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)  # don't wait for worker threads still inside a forward
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -34,6 +36,9 @@ from PIL import Image, ImageFile, ImageOps
 ALLOWED_FORMATS = ("PNG", "JPEG", "WEBP")
 IMAGE_ID_HEX_CHARS = 32  # 128 bits of sha256: collisions are not a practical concern
 DEFAULT_MAX_PIXELS = 40_000_000
+DEFAULT_MAX_ASPECT_RATIO = 20.0  # longer side ÷ shorter side; a 40,000,000 × 1 PNG is no photo
+
+log = logging.getLogger(__name__)
 
 ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is an error, never silently grey pixels
 
@@ -64,6 +69,12 @@ class ImageTooLarge(ImageInputError):
     """Too many pixels (or too many bytes, when raised by the upload route)."""
 
     status = 413
+
+
+class ImageShapeRefused(ImageInputError):
+    """Decodable, but too elongated to be a picture the models can use (the aspect-ratio limit)."""
+
+    status = 422
 
 
 # ---- format sniffing -------------------------------------------------------------------------------
@@ -120,8 +131,10 @@ def configure_pillow(max_pixels: int) -> None:
 configure_pillow(DEFAULT_MAX_PIXELS)  # the app calls it again with its settings at start-up
 
 
-def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> DecodedImage:
-    """Decode an untrusted upload into 8-bit RGB, or raise an ImageInputError subclass."""
+def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS,
+                 max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO) -> DecodedImage:
+    """Decode an untrusted upload into 8-bit RGB, or raise an ImageInputError subclass. Messages name our
+    limits (max_image_pixels, max_image_aspect_ratio), never Pillow's internals."""
     if not data:
         raise EmptyImage("the file is empty")
     sniffed = sniff_format(data)
@@ -138,7 +151,12 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> DecodedIm
             raise CorruptImage(f"the image header gives an empty size {width}×{height}")
         if width * height > max_pixels:  # before a single pixel is decoded
             raise ImageTooLarge(
-                f"the image is {width}×{height} = {width * height:,} pixels; the limit is {max_pixels:,}"
+                f"the image is {width}×{height} = {width * height:,} pixels; the limit is {max_pixels:,} (max_image_pixels)"
+            )
+        if max(width, height) > max_aspect_ratio * min(width, height):
+            raise ImageShapeRefused(
+                f"the image is {width}×{height}: its longer side is {max(width, height) / min(width, height):,.1f} times "
+                f"its shorter side; the limit is {max_aspect_ratio:g} (max_image_aspect_ratio)"
             )
         image.load()
         source_mode = image.mode
@@ -146,12 +164,18 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> DecodedIm
         rgb = to_rgb(image)
     except ImageInputError:
         raise
-    except Image.DecompressionBombError as exc:
-        raise ImageTooLarge(f"the image has too many pixels (limit {max_pixels:,}): {exc}") from None
+    except Image.DecompressionBombError as exc:  # Pillow's guard (it says "twice" our limit): our words
+        found = re.search(r"\((\d+) pixels\)", str(exc))
+        pixels = f"{int(found.group(1)):,} pixels" if found else "too many pixels"
+        raise ImageTooLarge(f"the image has {pixels}; the limit is {max_pixels:,} (max_image_pixels)") from None
     except Image.UnidentifiedImageError:
         raise CorruptImage(f"the file starts like a {sniffed} image but cannot be decoded") from None
     except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, StructError) as exc:
-        raise CorruptImage(f"the {sniffed} image is truncated or corrupt: {exc}") from None
+        # Pillow's own text ("image file is truncated (3 bytes not processed)", "broken data stream when
+        # reading image file", …) names its internals, not what the user can do: keep it for the log.
+        log.debug("undecodable %s upload: %s", sniffed, exc)
+        what = "truncated (the file ends before the image does)" if "truncated" in str(exc) else "corrupt (its data cannot be decoded)"
+        raise CorruptImage(f"the {sniffed} image is {what}; re-export or re-upload the file") from None
     return DecodedImage(image=rgb, format=sniffed, source_mode=source_mode, width=rgb.width, height=rgb.height)
 
 
@@ -233,11 +257,14 @@ class ImageStore:
     """Thread-safe LRU of decoded images keyed by content id, bounded by count and bytes.
 
     Images are kept with their shorter side at most `max_short_side` (no model here uses more than
-    518 px), so a 40-megapixel upload costs a few MB, not 120.
+    518 px) and their longer side at most `max_long_side`, so a 40-megapixel upload costs a few MB, not
+    120, whatever its shape: at most max_long_side × max_short_side × 3 bytes (12 MiB) per image.
     """
 
-    def __init__(self, max_items: int = 256, max_bytes: int = 512 * 1024 * 1024, max_short_side: int = 1024):
+    def __init__(self, max_items: int = 256, max_bytes: int = 512 * 1024 * 1024, max_short_side: int = 1024,
+                 max_long_side: int = 4096):
         self.max_items, self.max_bytes, self.max_short_side = max_items, max_bytes, max_short_side
+        self.max_long_side = max_long_side
         self._items: OrderedDict[str, StoredImage] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -259,9 +286,9 @@ class ImageStore:
 
     def put(self, image_id: str, decoded: DecodedImage) -> StoredImage:
         image = decoded.image
-        short = min(image.size)
-        if short > self.max_short_side:
-            factor = self.max_short_side / short
+        short, long = min(image.size), max(image.size)
+        factor = min(1.0, self.max_short_side / short, self.max_long_side / long)
+        if factor < 1.0:
             size = (max(1, round(image.width * factor)), max(1, round(image.height * factor)))
             image = image.resize(size, Image.Resampling.BICUBIC, reducing_gap=3.0)
         item = StoredImage(image_id, image, decoded.width, decoded.height, decoded.format, decoded.source_mode)

@@ -24,6 +24,7 @@ from starlette.datastructures import UploadFile
 
 from app.attention import build_attention_response, fast_json, field_error
 from app.deps import RuntimeDep
+from app.lifecycle import check_cancelled
 from app.runtime import Runtime, UnknownModel
 from app.schemas import AttentionRequestBase, AttentionResponse, IndexList
 from app.templating import templates
@@ -139,9 +140,10 @@ UPLOAD_OPENAPI = {
                 "image_id": {"type": "string"}, "width": {"type": "integer"}, "height": {"type": "integer"},
             }}}}},
         "400": {"description": "empty, truncated or undecodable image, or a malformed multipart body"},
+        "408": {"description": "the upload did not arrive within upload_timeout_s"},
         "413": {"description": "over max_upload_bytes or max_image_pixels"},
         "415": {"description": "not PNG, JPEG or WebP, or not multipart/form-data"},
-        "422": {"description": "no `file` field"},
+        "422": {"description": "no `file` field, or longer than max_image_aspect_ratio × its shorter side"},
         "503": {"description": "max_concurrent_decodes decodes already running for longer than decode_wait_s (Retry-After)"},
     },
 }
@@ -188,7 +190,7 @@ async def upload_image(request: Request) -> JSONResponse:
             status_code=503, headers={"Retry-After": str(max(1, math.ceil(gate.wait_s / 4)))},
         )
     try:
-        decoded = await run_in_threadpool(decode_image, data, settings.max_image_pixels)
+        decoded = await run_in_threadpool(decode_image, data, settings.max_image_pixels, settings.max_image_aspect_ratio)
     except ImageInputError as exc:
         return _error(exc.status, str(exc))
     finally:
@@ -261,7 +263,8 @@ def image_fields(adapter, encoded: Encoded, req: ImageAttentionRequest, item: St
 
 @router.post("/api/image/attention", responses={
     200: {"model": AttentionResponse}, 404: {"description": "unknown or evicted image_id"},
-    413: {"description": "response over the size cap"}, 503: {"description": "queue full"}})
+    413: {"description": "over max_image_tokens (image_size too large) or the response over max_response_numbers"},
+    503: {"description": "queue full"}})
 def image_attention(req: ImageAttentionRequest, request: Request, runtime: RuntimeDep) -> Response:
     """Attention of every requested layer/head for an uploaded image (see POST /api/images).
 
@@ -283,8 +286,27 @@ def image_attention(req: ImageAttentionRequest, request: Request, runtime: Runti
         size = adapter.check_image_size(req.image_size)
     except ValueError as exc:
         raise field_error(("image_size",), str(exc)) from None
+    tokens = image_tokens(adapter, size)
+    cap = runtime.settings.max_image_tokens
+    if tokens > cap:  # before any work: attention costs T² per head and layer in time and memory
+        raise HTTPException(413, detail=(
+            f"image_size={size} gives {tokens:,} tokens on {req.model} ({size // adapter.info.patch_size}² patches "
+            f"+ {len(adapter.prefix_labels)}); the limit is max_image_tokens={cap:,}: ask for a smaller image_size "
+            f"(at most {max_image_size(adapter, cap)} px on this model)"))
+    check_cancelled()
     encoded = runtime.encode(adapter, ("image", req.image_id, size), lambda: adapter.encode(item.image, req.image_id, size))
     return fast_json(build_attention_response(runtime, adapter, encoded, req, image_fields(adapter, encoded, req, item)))
+
+
+def image_tokens(adapter, size: int) -> int:
+    """Tokens of a size × size input: (size / patch)² patches + the prefix tokens (CLS, …)."""
+    return (size // adapter.info.patch_size) ** 2 + len(adapter.prefix_labels)
+
+
+def max_image_size(adapter, max_tokens: int) -> int:
+    """The largest image_size (a multiple of the patch size) within max_tokens on this model."""
+    side = math.isqrt(max(0, max_tokens - len(adapter.prefix_labels)))
+    return max(1, side) * adapter.info.patch_size
 
 
 # ---- page ------------------------------------------------------------------------------------------
@@ -319,5 +341,6 @@ def image_page(request: Request):
         "samples": _sample_config(request),
         "max_upload_bytes": settings.max_upload_bytes,
         "max_image_pixels": settings.max_image_pixels,
+        "max_image_tokens": settings.max_image_tokens,  # the page offers only sizes within it
     }
     return templates.TemplateResponse(request, "image.html", {"config": config, "page": "image"})

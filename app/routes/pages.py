@@ -53,7 +53,9 @@ def loaded_infos(runtime: Runtime, kind: str) -> list[dict] | None:
     ids = [model_id for model_id, spec in runtime.specs.items() if spec.kind == kind]
     if not ids or any(model_id not in loaded for model_id in ids):
         return None
-    return [loaded[model_id].to_dict() for model_id in ids]
+    from app.routes.service import public_info  # `source` without server paths
+
+    return [public_info(runtime, loaded[model_id].to_dict()) for model_id in ids]
 
 
 def warm_example(runtime: Runtime, model_id: str = "minilm") -> bool:

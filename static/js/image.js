@@ -179,7 +179,10 @@ function renderSelectors() {
   fillSelect($("layer-select"), r.layers.map((l) => [l, `layer ${l}`]), state.layer);
   fillSelect($("head-select"), r.heads.map((h) => [h, `head ${h}`]), state.head);
   const native = state.nativeSize[state.model] ?? r.image_size;
-  fillSelect($("size-select"), [[1, `${native} px (native)`], [2, `${native * 2} px (interpolated)`]], state.sizeFactor);
+  // only sizes the server accepts: (size / patch)² + prefix tokens ≤ max_image_tokens
+  const fits = (f) => ((native * f) / r.patch_size) ** 2 + r.prefix_tokens <= (config.max_image_tokens ?? Infinity);
+  const sizes = [[1, `${native} px (native)`], [2, `${native * 2} px (interpolated)`]].filter(([f]) => f === 1 || fits(f));
+  fillSelect($("size-select"), sizes, state.sizeFactor);
 }
 
 function fillSelect(el, options, value) {

@@ -14,6 +14,7 @@ def api_settings(tiny_bert, tiny_mlm) -> Settings:
         extra_text_models={"tiny": str(tiny_bert), "tiny-mlm": str(tiny_mlm)},
         max_text_chars=2000,
         max_response_numbers=20_000,
+        expose_timings=True,  # Server-Timing is off by default (issue 12); its tests read it
     )
 
 

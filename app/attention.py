@@ -134,7 +134,7 @@ def build_attention_response(
         "base_attention": tensor_field(sliced(base.attention), req.encoding) if base is not None and req.include_base else None,
         # (L, H) summaries of every head, computed once per cached result
         "entropy": result.summary("entropy", lambda: row_entropy(result.attention).mean(dim=-1).tolist()),
-        "output": adapter.output_summary(result),
+        "output": adapter.output_summary(result, encoded),
         "thumbnails": result.summary(f"thumbnails{req.thumbnail_size}", lambda: thumbnails(result.attention, req.thumbnail_size))
         if req.thumbnail_size else None,
         "effect": effect,

@@ -16,9 +16,13 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from models.interventions import Intervention, intervened_attention
+from models.interventions import Intervention, LogitExtras, intervened_attention
 
 ATTN_IMPLEMENTATION = "attnlab"
+
+
+class UnsupportedAttention(RuntimeError):
+    """The model's attention does something attnlab cannot reproduce (it is refused at load)."""
 
 
 @dataclass
@@ -28,7 +32,11 @@ class RunScope:
     layer_of: dict[int, int]  # id(attention module) → layer index, built once at load
     interventions: tuple[Intervention, ...] = ()
     record_scores: bool = False
-    attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer → P (B, H, T, T)
+    # False for decoding steps: nothing is kept, the interventions still apply.
+    record: bool = True
+    # Token position of the first query of this forward: 0, or the KV cache's length during decoding.
+    query_offset: int = 0
+    attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer → P (B, H, T_q, T_k)
     # With record_scores: layer → (q̂, k̂), each (B, H, T, d), the queries and keys after perturbation;
     # Ŝ = q̂ k̂ᵀ is formed only for the heads a request asks for (T × d each instead of T × T).
     queries_keys: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
@@ -47,19 +55,31 @@ class RunScope:
             return None
         return self.probs_buffer[layer]
 
-    def stacked_attention(self) -> torch.Tensor:
-        """P of the first batch item for every layer: (L, H, T, T)."""
+    def stacked_attention(self, layers: list[int] | None = None) -> torch.Tensor:
+        """P of the first batch item for the given layers (default: all, in order): (L, H, T_q, T_k)."""
         maps, buffer = self.attention, self.probs_buffer
-        if buffer is not None and all(maps[l].data_ptr() == buffer[l].data_ptr() for l in maps):
+        layers = list(range(len(maps))) if layers is None else layers
+        if (
+            buffer is not None and layers == list(range(buffer.shape[0]))
+            and all(maps[l].data_ptr() == buffer[l].data_ptr() for l in layers)
+        ):
             return buffer[:, 0]
-        return torch.stack([maps[l][0] for l in range(len(maps))])
+        return torch.stack([maps[l][0] for l in layers])
 
 
-_current_run: contextvars.ContextVar[RunScope | None] = contextvars.ContextVar("attnlab_run", default=None)
+@dataclass
+class CallTrace:
+    """Set as the current run to learn which modules call the attention function, in call order (the
+    load-time probe); the attention itself is computed plainly."""
+
+    modules: list[nn.Module] = field(default_factory=list)
+
+
+_current_run: contextvars.ContextVar[RunScope | CallTrace | None] = contextvars.ContextVar("attnlab_run", default=None)
 
 
 @contextlib.contextmanager
-def run_scope(scope: RunScope):
+def run_scope(scope: RunScope | CallTrace):
     token = _current_run.set(scope)
     try:
         yield scope
@@ -67,39 +87,79 @@ def run_scope(scope: RunScope):
         _current_run.reset(token)
 
 
-def _allowed_from_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """The model's own mask as bool 'may attend' (sdpa masks are bool; eager ones additive floats)."""
+def split_mask(attention_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The model's own mask as (bool 'may attend', finite additive part or None).
+
+    Our registered mask function gives bool masks; a model that builds its own float mask may fold a bias
+    into it (0 / large negative, or a position bias): the large negatives block, the rest is added.
+    """
     if attention_mask is None:
-        return None
+        return None, None
     if attention_mask.dtype == torch.bool:
-        return attention_mask
-    return attention_mask > torch.finfo(attention_mask.dtype).min / 2
+        return attention_mask, None
+    allowed = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+    bias = attention_mask.masked_fill(~allowed, 0.0)
+    return allowed, (bias.float() if bool(bias.any()) else None)
+
+
+def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, H_kv, T, d) → (B, H_kv·n_rep, T, d): query head h reads K/V head h // n_rep (grouped-query attention)."""
+    if n_rep == 1:
+        return x
+    return x.repeat_interleave(n_rep, dim=1)
 
 
 def attnlab_attention(
     module: nn.Module,
     query: torch.Tensor,  # (B, H, T_q, d)
-    key: torch.Tensor,  # (B, H, T_k, d)
-    value: torch.Tensor,  # (B, H, T_k, d_v)
+    key: torch.Tensor,  # (B, H_kv, T_k, d)
+    value: torch.Tensor,  # (B, H_kv, T_k, d_v)
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,  # models run in eval mode: no dropout
+    softcap: float | None = None,  # Gemma 2's logit soft-capping
+    position_bias: torch.Tensor | None = None,  # T5's relative position bias, (1|B, H, T_q, T_k)
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
+        raise UnsupportedAttention("attention sinks (s_aux) are not supported")
     native_beta = scaling if scaling is not None else query.shape[-1] ** -0.5
+    n_heads, n_kv_heads = query.shape[1], key.shape[1]
+    if n_heads % n_kv_heads:
+        raise UnsupportedAttention(f"{n_heads} query heads do not divide into {n_kv_heads} key/value heads")
+    # Repeat K/V per query head *before* any perturbation, so a key perturbation scoped to query head h
+    # changes head h only, never the other heads that share its K/V head (SPEC §9).
+    key, value = _repeat_kv(key, n_heads // n_kv_heads), _repeat_kv(value, n_heads // n_kv_heads)  # (B, H, T_k, ·)
+    out_dtype = value.dtype
+    if query.dtype in (torch.float16, torch.bfloat16):  # softmax in float32, as eager attention does
+        query, key = query.float(), key.float()
+    allowed, mask_bias = split_mask(attention_mask)
+    extras = LogitExtras(
+        bias=None if position_bias is None else position_bias.to(query.dtype), softcap=softcap, mask_bias=mask_bias
+    )
     scope = _current_run.get()
-    allowed = _allowed_from_mask(attention_mask)
-    if scope is None:  # called outside a run (e.g. training): plain attention, nothing recorded
-        output, probs, _, _ = intervened_attention(query, key, value, allowed, layer=-1, native_beta=native_beta)
-        return output.transpose(1, 2).contiguous(), probs
+    if isinstance(scope, CallTrace):
+        scope.modules.append(module)
+        scope = None
+    if scope is None:  # outside a run (e.g. training, or the load-time probe): plain attention, nothing recorded
+        output, probs, _, _ = intervened_attention(
+            query, key, value, allowed, layer=-1, native_beta=native_beta, extras=extras, need_scores=False
+        )
+        return output.to(out_dtype).transpose(1, 2).contiguous(), probs
     layer = scope.layer_of[id(module)]
-    n_batch, n_heads, n_queries = query.shape[:3]
+    n_batch, _, n_queries = query.shape[:3]
+    common = dict(
+        layer=layer, native_beta=native_beta, interventions=scope.interventions, extras=extras,
+        query_offset=scope.query_offset, need_scores=False,
+    )
+    if not scope.record:
+        output, probs, _, _ = intervened_attention(query, key, value, allowed, **common)
+        return output.to(out_dtype).transpose(1, 2).contiguous(), probs
     probs_out = scope.buffer_for(layer, (n_batch, n_heads, n_queries, key.shape[2]), query)
     entropy = query.new_empty(n_batch, n_heads)  # (B, H)
     queries_keys: list | None = [] if scope.record_scores else None
     output, probs, _, dead_rows = intervened_attention(
-        query, key, value, allowed, layer=layer, native_beta=native_beta, interventions=scope.interventions,
-        need_scores=False, probs_out=probs_out, entropy_out=entropy, qk_out=queries_keys,
+        query, key, value, allowed, **common, probs_out=probs_out, entropy_out=entropy, qk_out=queries_keys,
     )
     scope.attention[layer] = probs.detach()
     scope.entropy[layer] = entropy
@@ -111,13 +171,21 @@ def attnlab_attention(
             f"layer {layer}: {int(dead_rows.sum())} query rows in heads {heads} have every key masked; "
             "their attention and output are 0"
         )
-    return output.transpose(1, 2).contiguous(), probs  # (B, T_q, H, d_v), (B, H, T_q, T_k)
+    return output.to(out_dtype).transpose(1, 2).contiguous(), probs  # (B, T_q, H, d_v), (B, H, T_q, T_k)
+
+
+def _materialized_mask(*args, **kwargs):
+    """sdpa's bool mask, always materialised: sdpa itself may return None for a plain causal mask and rely on
+    its own `is_causal` flag, which our function would read as "no mask" (a decoder seeing the future)."""
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
 
 
 def register() -> str:
     """Register the attention and mask functions with transformers (idempotent); returns the name."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, attnlab_attention)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)  # bool masks; without it padding is dropped
+    # bool masks; without a registered mask function padding masks would be dropped
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _materialized_mask)
     return ATTN_IMPLEMENTATION
 
 

@@ -48,27 +48,44 @@ class Intervention:
         return Intervention(**{**self.__dict__, "seed": self.seed + offset})
 
 
-def noise_for(seed: int, layer: int, head: int, n_tokens: int, dim: int, std: float) -> torch.Tensor:
-    """ε for one (layer, head): drawn on the CPU from a generator seeded by (seed, layer, head).
+# ε is drawn in blocks of NOISE_BLOCK positions, each from a generator seeded by (seed, layer, head, block):
+# the ε of token position t is then the same whatever the sequence length, so a token keeps its ε as a
+# continuation grows (KV cache or not, SPEC §9), and only the blocks that hold perturbed tokens are drawn.
+NOISE_BLOCK = 64
 
-    Same request → same ε on every device and every run; different heads get independent draws.
+
+def noise_for(seed: int, layer: int, head: int, positions: list[int], dim: int, std: float) -> torch.Tensor:
+    """ε for the given token positions of one (layer, head), drawn on the CPU: (len(positions), d).
+
+    A function of (seed, layer, head, position) only: the same on every device, every run and every
+    sequence length; different heads, layers and positions get independent draws.
     """
-    generator = torch.Generator().manual_seed(hash((seed, layer, head)) & 0x7FFF_FFFF_FFFF_FFFF)
-    return torch.randn(n_tokens, dim, generator=generator, dtype=torch.float32) * std  # (n, d)
+    blocks = sorted({p // NOISE_BLOCK for p in positions})
+    drawn = {}
+    for block in blocks:
+        generator = torch.Generator().manual_seed(hash((seed, layer, head, block)) & 0x7FFF_FFFF_FFFF_FFFF)
+        drawn[block] = torch.randn(NOISE_BLOCK, dim, generator=generator, dtype=torch.float32)  # (NOISE_BLOCK, d)
+    rows = [drawn[p // NOISE_BLOCK][p % NOISE_BLOCK] for p in positions]
+    return torch.stack(rows) * std if rows else torch.zeros(0, dim)  # (n, d)
 
 
-def perturb_vectors(x: torch.Tensor, iv: Intervention, layer: int) -> torch.Tensor:
-    """x̂_j = α x_j + ε for the scoped heads and tokens. x: (B, H, T, d) → new tensor (B, H, T, d)."""
+def perturb_vectors(x: torch.Tensor, iv: Intervention, layer: int, offset: int = 0) -> torch.Tensor:
+    """x̂_t = α x_t + ε_t for the scoped heads and token positions. x: (B, H, T, d) → new tensor (B, H, T, d).
+
+    Row r of x is token position `offset + r` (a decoding step with a KV cache sees only its new queries);
+    positions the request names that are outside this window are not in this call and are left alone.
+    """
     _, n_heads, n_tokens, dim = x.shape
-    tokens = list(range(n_tokens)) if iv.tokens is None else list(iv.tokens)
-    if any(t < 0 or t >= n_tokens for t in tokens):
-        raise ValueError(f"{iv.op}: token index out of range 0..{n_tokens - 1}: {tokens}")
-    if not tokens:
+    positions = range(offset, offset + n_tokens) if iv.tokens is None else [t for t in iv.tokens if offset <= t < offset + n_tokens]
+    if any(t < 0 for t in positions):
+        raise ValueError(f"{iv.op}: negative token index in {list(positions)}")
+    positions = list(positions)
+    if not positions:
         return x
     x = x.clone()
-    idx = torch.tensor(tokens, device=x.device)
+    idx = torch.tensor([t - offset for t in positions], device=x.device)
     for head in iv.head_list(n_heads):
-        eps = noise_for(iv.seed, layer, head, len(tokens), dim, iv.noise_std).to(x.device, x.dtype)  # (n, d)
+        eps = noise_for(iv.seed, layer, head, positions, dim, iv.noise_std).to(x.device, x.dtype)  # (n, d)
         x[:, head, idx, :] = iv.scale * x[:, head, idx, :] + eps
     return x
 
@@ -150,6 +167,49 @@ def mean_row_entropy(logits: torch.Tensor, probs: torch.Tensor, blocked: torch.T
     return entropy.clamp_min_(0.0).mean(dim=-1)
 
 
+@dataclass(frozen=True)
+class LogitExtras:
+    """What a model's own eager attention adds to the scaled scores before the softmax (SPEC §9).
+
+    The native logits are z₀ = softcap(β₀ Ŝ + bias) + mask_bias, with softcap(z) = c·tanh(z / c); a
+    temperature β scales them all: z = (β / β₀)·z₀, which is β Ŝ for a model without extras. So β → ∞ is
+    still one-hot on the largest logit and β → 0 uniform, for every model.
+    """
+
+    bias: torch.Tensor | None = None  # broadcastable to (B, H, T_q, T_k): relative position bias (T5), ALiBi, …
+    softcap: float | None = None  # logit soft-capping (Gemma 2)
+    mask_bias: torch.Tensor | None = None  # the finite part of an additive float mask, added after the cap
+
+    @property
+    def empty(self) -> bool:
+        return self.bias is None and self.softcap is None and self.mask_bias is None
+
+
+NO_EXTRAS = LogitExtras()
+
+
+def attention_logits(
+    query: torch.Tensor, key: torch.Tensor, beta: torch.Tensor | float, native_beta: float, extras: LogitExtras
+) -> torch.Tensor:
+    """z = (β / β₀)·z₀ (see LogitExtras). query: (B, H, T_q, d), key: (B, H, T_k, d), β: float or (1, H, 1, 1).
+
+    Without extras β scales the (T × d) queries rather than the (T × T) scores: one pass less, and P comes
+    out bit-identical whether or not Ŝ is recorded (effects compare runs made either way).
+    """
+    if extras.empty:
+        return torch.matmul(query * beta, key.transpose(-1, -2))  # (B, H, T_q, T_k) β Ŝ
+    logits = torch.matmul(query * native_beta, key.transpose(-1, -2))  # (B, H, T_q, T_k) β₀ Ŝ
+    if extras.bias is not None:
+        logits = logits + extras.bias
+    if extras.softcap is not None:
+        logits = torch.tanh(logits / extras.softcap) * extras.softcap
+    if extras.mask_bias is not None:
+        logits = logits + extras.mask_bias
+    if isinstance(beta, torch.Tensor) or beta != native_beta:
+        logits = logits * (beta / native_beta)
+    return logits
+
+
 def intervened_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -159,6 +219,8 @@ def intervened_attention(
     layer: int,
     native_beta: float,
     interventions: tuple[Intervention, ...] = (),
+    extras: LogitExtras = NO_EXTRAS,
+    query_offset: int = 0,
     need_scores: bool = True,
     probs_out: torch.Tensor | None = None,
     scores_out: torch.Tensor | None = None,
@@ -167,8 +229,11 @@ def intervened_attention(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """One attention layer with the interventions applied.
 
-    query: (B, H, T_q, d), key: (B, H, T_k, d), value: (B, H, T_k, d_v);
-    allowed: the model's own mask, bool broadcastable to (B, H, T_q, T_k), True = may attend (None = all).
+    query: (B, H, T_q, d), key: (B, H, T_k, d), value: (B, H, T_k, d_v) — K and V already repeated to the H
+    query heads for grouped-query models, so every scope names query heads;
+    allowed: the model's own mask, bool broadcastable to (B, H, T_q, T_k), True = may attend (None = all);
+    extras: what the model's eager attention adds to the logits; query_offset: the token position of query
+    row 0 (a decoding step with a KV cache sees only its new queries; keys always start at position 0).
     Returns (head outputs H = P V (B, H, T_q, d_v), P (B, H, T_q, T_k), Ŝ (B, H, T_q, T_k), dead rows (B, H, T_q)).
 
     With `need_scores=False`, Ŝ is not formed (None is returned for it). For recording a run, P is written into
@@ -182,62 +247,66 @@ def intervened_attention(
     if not any(iv.applies_to_layer(layer) for iv in interventions):
         if qk_out is not None:
             qk_out.extend((query, key))
-        return _plain_attention(query, key, value, allowed, native_beta, need_scores, probs_out, scores_out, entropy_out)
+        return _plain_attention(
+            query, key, value, allowed, native_beta, extras, need_scores, probs_out, scores_out, entropy_out
+        )
     plan = plan_layer(interventions, layer, n_heads, n_keys, native_beta)
     for iv in plan.key_perturbations:
         key = perturb_vectors(key, iv, layer)
     for iv in plan.query_perturbations:
-        query = perturb_vectors(query, iv, layer)
+        query = perturb_vectors(query, iv, layer, offset=query_offset)
     if qk_out is not None:
         qk_out.extend((query, key))
 
     device = query.device
     beta = plan.beta.to(device, query.dtype)[None, :, None, None]  # (1, H, 1, 1)
-    # β scales the (T × d) queries rather than the (T × T) scores: one pass less, and P comes out
-    # bit-identical whether or not Ŝ is recorded (effects compare runs made either way).
-    logits = torch.matmul(query * beta, key.transpose(-1, -2))  # (B, H, T_q, T_k) β Ŝ
+    logits = attention_logits(query, key, beta, native_beta, extras)  # (B, H, T_q, T_k)
     scores = torch.matmul(query, key.transpose(-1, -2), out=scores_out) if need_scores else None  # Ŝ, unscaled
     blocked = None  # bool, broadcastable to (B, H, T_q, T_k); None = nothing masked (the fast path)
     if bool(plan.key_mask.any()):
         blocked = plan.key_mask.to(device)[None, :, None, :]  # (1, H, 1, T_k)
     if bool(plan.causal.any()):
-        future = torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).triu(1)  # (T_q, T_k)
+        # query row i is token position query_offset + i; key column j is position j
+        future = torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).triu(1 + query_offset)  # (T_q, T_k)
         causal = plan.causal.to(device)[None, :, None, None] & future  # (1, H, T_q, T_k)
         blocked = causal if blocked is None else blocked | causal
     if allowed is not None and not bool(allowed.all()):
         blocked = ~allowed if blocked is None else blocked | ~allowed
-    if blocked is None:
-        probs = torch.softmax(logits, dim=-1, out=probs_out)
-        dead_rows = torch.zeros(probs.shape[:-1], dtype=torch.bool, device=device)  # (B, H, T_q)
-    else:
-        probs, dead_rows = masked_softmax(logits, blocked, out=probs_out)  # (B, H, T_q, T_k)
-        blocked = blocked.expand_as(logits)
-    if entropy_out is not None:
-        entropy_out.copy_(mean_row_entropy(logits, probs, blocked))
+    probs, dead_rows, blocked = _softmax_recorded(logits, blocked, probs_out, entropy_out)
     output = torch.matmul(probs.to(value.dtype), value)  # (B, H, T_q, d_v)
     if bool(plan.ablate.any()):
         output = output.masked_fill(plan.ablate.to(device)[None, :, None, None], 0.0)
     return output, probs, scores, dead_rows
 
 
-def _plain_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None, native_beta: float,
-    need_scores: bool, probs_out: torch.Tensor | None, scores_out: torch.Tensor | None, entropy_out: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """intervened_attention for a layer no intervention touches: the same arithmetic (so P is bit-identical
-    to the general path at β₀), with none of the per-head plan tensors; at 32 tokens those small
-    operations cost about as much as the attention itself."""
-    logits = torch.matmul(query * native_beta, key.transpose(-1, -2))  # (B, H, T_q, T_k) β₀ Ŝ
-    scores = torch.matmul(query, key.transpose(-1, -2), out=scores_out) if need_scores else None
-    blocked = None if allowed is None or bool(allowed.all()) else ~allowed
+def _softmax_recorded(
+    logits: torch.Tensor, blocked: torch.Tensor | None, probs_out: torch.Tensor | None, entropy_out: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """P = softmax(logits) with `blocked` keys at −∞, written into probs_out; the mean row entropy into
+    entropy_out. Returns (P, dead rows (B, H, T_q), blocked expanded to the logits' shape or None)."""
     if blocked is None:
         probs = torch.softmax(logits, dim=-1, out=probs_out)
         dead_rows = torch.zeros(probs.shape[:-1], dtype=torch.bool, device=probs.device)  # (B, H, T_q)
     else:
-        probs, dead_rows = masked_softmax(logits, blocked, out=probs_out)
+        probs, dead_rows = masked_softmax(logits, blocked, out=probs_out)  # (B, H, T_q, T_k)
         blocked = blocked.expand_as(logits)
     if entropy_out is not None:
         entropy_out.copy_(mean_row_entropy(logits, probs, blocked))
+    return probs, dead_rows, blocked
+
+
+def _plain_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None, native_beta: float,
+    extras: LogitExtras, need_scores: bool, probs_out: torch.Tensor | None, scores_out: torch.Tensor | None,
+    entropy_out: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """intervened_attention for a layer no intervention touches: the same arithmetic (so P is bit-identical
+    to the general path at β₀), with none of the per-head plan tensors; at 32 tokens those small
+    operations cost about as much as the attention itself."""
+    logits = attention_logits(query, key, native_beta, native_beta, extras)  # (B, H, T_q, T_k)
+    scores = torch.matmul(query, key.transpose(-1, -2), out=scores_out) if need_scores else None
+    blocked = None if allowed is None or bool(allowed.all()) else ~allowed
+    probs, dead_rows, _ = _softmax_recorded(logits, blocked, probs_out, entropy_out)
     return torch.matmul(probs.to(value.dtype), value), probs, scores, dead_rows
 
 

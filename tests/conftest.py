@@ -21,7 +21,7 @@ def build_tiny_bert(folder: Path, *, masked_lm: bool = False, seed: int = 0) -> 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", *WORDS]
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    tokenizer = BertTokenizerFast(vocab=str(folder / "vocab.txt"), do_lower_case=True)  # `vocab=`: transformers 5 ignores vocab_file
     tokenizer.save_pretrained(folder)
     config = BertConfig(
         vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,

@@ -6,6 +6,7 @@ scores Ŝ for every layer and head, hidden states, and the raw output from which
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from torch import nn
 
 from models.hooks import RunScope, map_attention_modules, run_scope
 from models.interventions import Intervention
+from models.probe import ProbeReport, probe
 
 
 @dataclass
@@ -24,11 +26,18 @@ class ModelInfo:
     heads: int
     head_dim: int
     native_beta: float
-    output: str  # "similarity" | "classes" | "mlm" | "embedding"
+    output: str  # "similarity" | "classes" | "mlm" | "embedding" | "next_token" | "seq2seq"
     source: str
     max_tokens: int | None = None  # text
     image_size: int | None = None  # image
     patch_size: int | None = None  # image
+    kv_heads: int | None = None  # language models: K/V heads per layer (grouped-query attention when < heads)
+    parity: float | None = None  # max |Δ output| of the load-time probe against eager attention (SPEC §9)
+    chat: bool | None = None  # next_token models: a chat template is available
+    max_new_tokens: int | None = None  # next_token models: the longest continuation a request may ask for
+    architecture: str | None = None  # the transformers class, e.g. "LlamaForCausalLM"
+    decoder_layers: int | None = None  # seq2seq: the decoder's layers and heads (`layers`/`heads` are the encoder's)
+    decoder_heads: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -56,6 +65,9 @@ class AttentionResult:
     keys: torch.Tensor | None = None
     warnings: list[str] = field(default_factory=list)
     derived: dict[str, Any] = field(default_factory=dict)  # summaries computed once per cached result
+    # Encoder–decoders: P per attention kind ("encoder", "decoder", "cross"), each (L, H, T_q, T_k);
+    # `attention` is then the encoder's.
+    by_kind: dict[str, torch.Tensor] | None = None
 
     @property
     def has_scores(self) -> bool:
@@ -86,6 +98,8 @@ class AttentionResult:
     @property
     def nbytes(self) -> int:
         tensors = [self.attention, self.hidden_states, *self.output.values()]
+        if self.by_kind is not None:
+            tensors += [t for kind, t in self.by_kind.items() if kind != "encoder"]
         if self.queries is not None and self.keys is not None:
             tensors += [self.queries, self.keys]
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -110,6 +124,19 @@ class AttentionAdapter:
         self.device = device
         self.layer_of = map_attention_modules(self.model)
 
+    def _attach_probed(
+        self, model: nn.Module, device: torch.device, probe_inputs: dict[str, torch.Tensor],
+        output_of: Callable[[Any], torch.Tensor],
+    ) -> ProbeReport:
+        """Attach, then run the load-time probe (models/probe.py) on `probe_inputs`: refuses the model with
+        the reason, or numbers its attention modules in call order and returns the parity figure."""
+        self.model = model.eval().to(device)
+        self.device = device
+        inputs = {k: v.to(device) for k, v in probe_inputs.items()}
+        report = probe(self.model, lambda: self.model(**inputs, return_dict=True), output_of)
+        self.layer_of = {id(m): i for i, m in enumerate(report.modules)}
+        return report
+
     @torch.inference_mode()
     def _forward(
         self, inputs: dict[str, torch.Tensor], interventions: tuple[Intervention, ...], record_scores: bool
@@ -117,10 +144,11 @@ class AttentionAdapter:
         scope = RunScope(layer_of=self.layer_of, interventions=interventions, record_scores=record_scores)
         with run_scope(scope):
             outputs = self.model(
-                **{k: v.to(self.device) for k, v in inputs.items()}, output_hidden_states=True, return_dict=True
+                **{k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()},
+                output_hidden_states=True, return_dict=True,
             )
-        if len(scope.attention) != self.info.layers:
-            raise RuntimeError(f"recorded {len(scope.attention)} attention layers, expected {self.info.layers}")
+        if len(scope.attention) != len(self.layer_of):
+            raise RuntimeError(f"recorded {len(scope.attention)} attention layers, expected {len(self.layer_of)}")
         return outputs, scope
 
     def _result(
@@ -145,7 +173,7 @@ class AttentionAdapter:
     def run(self, encoded: Encoded, interventions: tuple[Intervention, ...] = (), record_scores: bool = False) -> AttentionResult:
         raise NotImplementedError
 
-    def output_summary(self, result: AttentionResult) -> dict[str, Any] | None:
+    def output_summary(self, result: AttentionResult, encoded: Encoded | None = None) -> dict[str, Any] | None:
         """What the model says for one run (e.g. top-5 predictions); None when there's nothing to show."""
         return None
 

@@ -111,7 +111,7 @@ class BertAdapter(AttentionAdapter):
             })
         return predictions
 
-    def output_summary(self, result: AttentionResult) -> dict[str, Any] | None:
+    def output_summary(self, result: AttentionResult, encoded: Encoded | None = None) -> dict[str, Any] | None:
         if self.info.output == "mlm":
             return {"kind": "mlm", "masks": self._mask_predictions(result)}
         return None

@@ -168,7 +168,7 @@ class VitAdapter(AttentionAdapter):
         top = torch.topk(probs, min(k, probs.numel()))
         return [{"label": self.labels[int(i)], "prob": float(p)} for p, i in zip(top.values, top.indices)]
 
-    def output_summary(self, result: AttentionResult) -> dict[str, Any] | None:
+    def output_summary(self, result: AttentionResult, encoded: Encoded | None = None) -> dict[str, Any] | None:
         if self.info.output == "classes":
             return {"kind": "classes", "predictions": self.predictions(result)}
         return None

@@ -116,7 +116,7 @@ def test_key_perturbation_changes_only_column_j_and_keeps_row_ratios(qkv, scale,
     # Ŝ[i, j] = α S[i, j] + q_i · ε with the seeded ε
     q = qkv[0]
     for h in range(H):
-        eps = noise_for(7, 0, h, 1, D, std)[0]
+        eps = noise_for(7, 0, h, [j], D, std)[0]
         assert torch.allclose(scores[0, h, :, j], scale * base_s[0, h, :, j] + q[0, h] @ eps, atol=1e-5)
     ratio = probs[..., others] / base[..., others]  # the same for every k ≠ j in a row
     assert torch.allclose(ratio, ratio[..., :1].expand_as(ratio), rtol=1e-4)
@@ -144,12 +144,21 @@ def test_query_perturbation_changes_only_row_i(qkv):
 
 
 def test_noise_is_seeded_per_layer_and_head():
-    a = noise_for(5, 1, 2, 3, D, 1.0)
-    assert torch.equal(a, noise_for(5, 1, 2, 3, D, 1.0))
-    assert not torch.equal(a, noise_for(6, 1, 2, 3, D, 1.0))
-    assert not torch.equal(a, noise_for(5, 1, 1, 3, D, 1.0))
-    assert not torch.equal(a, noise_for(5, 0, 2, 3, D, 1.0))
-    assert float(noise_for(0, 0, 0, 4000, D, 2.0).std()) == pytest.approx(2.0, rel=0.05)
+    a = noise_for(5, 1, 2, [0, 1, 2], D, 1.0)
+    assert torch.equal(a, noise_for(5, 1, 2, [0, 1, 2], D, 1.0))
+    assert not torch.equal(a, noise_for(6, 1, 2, [0, 1, 2], D, 1.0))
+    assert not torch.equal(a, noise_for(5, 1, 1, [0, 1, 2], D, 1.0))
+    assert not torch.equal(a, noise_for(5, 0, 2, [0, 1, 2], D, 1.0))
+    assert float(noise_for(0, 0, 0, list(range(4000)), D, 2.0).std()) == pytest.approx(2.0, rel=0.05)
+
+
+def test_noise_is_a_function_of_the_token_position_only():
+    """ε_t does not depend on which other positions are drawn nor on the sequence length (SPEC §9: a token
+    keeps its ε as a continuation grows)."""
+    every = noise_for(3, 2, 1, list(range(200)), D, 1.0)  # (200, D), spans several blocks
+    assert torch.equal(noise_for(3, 2, 1, [130], D, 1.0)[0], every[130])
+    assert torch.equal(noise_for(3, 2, 1, [5, 70, 199], D, 1.0), every[[5, 70, 199]])
+    assert not torch.equal(every[0], every[1])
 
 
 def test_same_request_same_effect(qkv):

@@ -1,0 +1,206 @@
+"""Decoder language models (GPT-2, Llama, Qwen2, Mistral, Gemma 2, SmolLM2, …): next-token predictions and
+greedy continuations, with the interventions active at every step (SPEC §9).
+
+Output "next_token": the distribution p(· | tokens ≤ i) at a chosen position i (the last by default), its
+top-k, and with a comparison KL(before ‖ after), the change of the before-top token's probability and the
+ranks of each side's top tokens on the other side.
+
+Only the final hidden states (T × D) are kept per run; the logits of a position are formed on demand with
+the model's own head (T × V would be 100 MB at 512 tokens for a 49k vocabulary). The probe at load checks
+that this reproduces the model's logits.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, pick_device
+from models.effects import kl_divergence
+from models.hooks import RunScope, UnsupportedAttention, register, run_scope
+from models.interventions import Intervention
+
+TOP_K = 10
+PROBE_TEXT = "The capital of France is Paris, and the capital of Italy is"
+
+
+@dataclasses.dataclass
+class Step:
+    """One new token of a continuation."""
+
+    token: str
+    id: int
+    prob: float
+
+
+class CausalLMAdapter(AttentionAdapter):
+    def __init__(self, model_id: str, source: str, max_tokens: int = 512, device: str = "auto",
+                 max_new_tokens: int = 64, source_label: str | None = None):
+        attn = register()
+        config = AutoConfig.from_pretrained(source)
+        self.tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, attn_implementation=attn, use_safetensors=True, dtype=torch.float32  # never a pickle
+        )
+        probe_inputs = dict(self.tokenizer(PROBE_TEXT, return_tensors="pt"))
+        probe_inputs.pop("token_type_ids", None)
+        report = self._attach_probed(model, pick_device(device), probe_inputs, lambda out: out.logits)
+        self._check_head_reproduces_logits(probe_inputs)
+        self.config = config
+        n_heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+        first = report.modules[0]
+        native_beta = float(getattr(first, "scaling", head_dim**-0.5))
+        self.max_tokens = min(max_tokens, getattr(config, "max_position_embeddings", max_tokens) or max_tokens)
+        self.max_new_tokens = max_new_tokens
+        self.info = ModelInfo(
+            id=model_id, kind="text", layers=len(report.modules), heads=n_heads, head_dim=head_dim,
+            native_beta=native_beta, output="next_token", source=source_label or Path(source).name,
+            max_tokens=self.max_tokens, kv_heads=getattr(config, "num_key_value_heads", None) or n_heads,
+            parity=report.parity, chat=bool(getattr(self.tokenizer, "chat_template", None)),
+            max_new_tokens=max_new_tokens, architecture=type(model).__name__,
+        )
+        self.eos_ids = self._eos_ids()
+
+    # ---- load-time checks ----------------------------------------------------------------------------
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's head on final hidden states: (..., D) → (..., V), with Gemma 2's final soft-cap."""
+        logits = self.model.get_output_embeddings()(hidden.to(self.device))
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    @torch.inference_mode()
+    def _check_head_reproduces_logits(self, inputs: dict[str, torch.Tensor]) -> None:
+        outputs = self.model(**{k: v.to(self.device) for k, v in inputs.items()}, output_hidden_states=True)
+        error = float((self._logits(outputs.hidden_states[-1]) - outputs.logits).abs().max())
+        if not error <= 1e-4:
+            raise UnsupportedAttention(
+                f"the output head applied to the last hidden state differs from the logits by {error:.3g}"
+            )
+
+    def _eos_ids(self) -> set[int]:
+        ids = set()
+        for value in (getattr(self.model.generation_config, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return ids
+
+    # ---- input -------------------------------------------------------------------------------------
+    def prompt_ids(self, text: str, chat: bool = False) -> list[int]:
+        if chat:
+            if not self.info.chat:
+                raise ValueError(f"model {self.info.id} has no chat template")
+            rendered = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            )
+            return self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(text)["input_ids"]
+
+    def token_text(self, token_id: int) -> str:
+        """A token as the text it adds (" Paris"), not its vocabulary spelling ("ĠParis")."""
+        return self.tokenizer.decode([token_id])
+
+    def encode(self, text: str, chat: bool = False) -> Encoded:
+        ids = self.prompt_ids(text, chat)
+        truncated = len(ids) > self.max_tokens
+        ids = ids[: self.max_tokens]
+        input_ids = torch.tensor([ids])  # (1, T)
+        return Encoded(
+            key=("lm", text, chat, self.max_tokens), tokens=[self.token_text(i) for i in ids],
+            inputs={"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}, truncated=truncated,
+            extra={"position": len(ids) - 1},
+        )
+
+    @staticmethod
+    def at_position(encoded: Encoded, position: int | None) -> Encoded:
+        """The same input (same cache key) with the query position whose prediction is shown."""
+        last = len(encoded.tokens) - 1
+        return dataclasses.replace(encoded, extra={**encoded.extra, "position": last if position is None else position})
+
+    # ---- forward -----------------------------------------------------------------------------------
+    def run(self, encoded: Encoded, interventions: tuple[Intervention, ...] = (), record_scores: bool = False) -> AttentionResult:
+        # the head runs on demand (_logits), so the forward computes the logits of one position only
+        outputs, scope = self._forward({**encoded.inputs, "logits_to_keep": 1}, interventions, record_scores)
+        hidden_states = outputs.hidden_states  # L+1 × (1, T, D); the last is the final norm's output
+        return self._result(encoded, outputs, scope, hidden_states, {"final_hidden": hidden_states[-1][0]})
+
+    def distribution(self, result: AttentionResult, position: int) -> torch.Tensor:
+        """p(· | tokens ≤ position), float64: (V,)"""
+        with torch.inference_mode():
+            logits = self._logits(result.output["final_hidden"][position])
+        return torch.softmax(logits.double().cpu(), dim=-1)
+
+    def _top(self, probs: torch.Tensor, k: int = TOP_K) -> list[dict[str, Any]]:
+        top = torch.topk(probs, min(k, probs.numel()))
+        return [
+            {"token": self.token_text(int(i)), "id": int(i), "prob": float(p)} for p, i in zip(top.values, top.indices)
+        ]
+
+    def output_summary(self, result: AttentionResult, encoded: Encoded | None = None) -> dict[str, Any]:
+        position = (encoded.extra["position"] if encoded is not None else len(result.tokens) - 1)
+        return {"kind": "next_token", "position": position, "top": self._top(self.distribution(result, position))}
+
+    def output_effect(self, before: AttentionResult, after: AttentionResult, encoded: Encoded) -> dict[str, Any]:
+        position = encoded.extra["position"]
+        p, q = self.distribution(before, position), self.distribution(after, position)
+        top_before, top_after = self._top(p), self._top(q)
+        for item in top_before:
+            item["rank_after"] = rank_of(q, item["id"])
+        for item in top_after:
+            item["rank_before"] = rank_of(p, item["id"])
+        first = top_before[0]["id"]
+        return {
+            "kind": "next_token", "position": position, "kl": kl_divergence(p, q),
+            "prob_change": float(q[first] - p[first]), "top_before": top_before, "top_after": top_after,
+        }
+
+    # ---- continuation --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _next_logits(self, ids: torch.Tensor, cache: DynamicCache | None, n_done: int,
+                     interventions: tuple[Intervention, ...]) -> torch.Tensor:
+        """Logits after `ids` (1, T); with a cache only the tokens from position n_done on are fed. (V,)"""
+        scope = RunScope(layer_of=self.layer_of, interventions=interventions, record=False, query_offset=n_done)
+        new = ids[:, n_done:] if cache is not None else ids
+        if cache is None:
+            scope.query_offset = 0
+        with run_scope(scope):
+            outputs = self.model(
+                input_ids=new.to(self.device), past_key_values=cache, use_cache=cache is not None, logits_to_keep=1,
+                return_dict=True,
+            )
+        return outputs.logits[0, -1]
+
+    def continuation(
+        self, prompt: list[int], interventions: tuple[Intervention, ...], max_new_tokens: int, use_cache: bool = True
+    ) -> Iterator[Step]:
+        """Greedy decoding with the interventions active at every step: token positions keep their masks and
+        their ε as the sequence grows (SPEC §9). Yields one Step per new token; stops at end of sequence.
+        Each step is a separate forward, so a caller may stop between steps (a closed connection)."""
+        ids = torch.tensor([prompt])  # (1, T)
+        cache = DynamicCache() if use_cache else None
+        n_done = 0
+        for _ in range(max_new_tokens):
+            logits = self._next_logits(ids, cache, n_done, interventions)  # (V,)
+            n_done = ids.shape[1]
+            probs = torch.softmax(logits.double(), dim=-1)
+            token = int(probs.argmax())
+            yield Step(self.token_text(token), token, float(probs[token]))
+            if token in self.eos_ids:
+                return
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def rank_of(probs: torch.Tensor, token_id: int) -> int:
+    """0-based rank of a token in a distribution (how many tokens are more probable)."""
+    return int((probs > probs[token_id]).sum())

@@ -1,0 +1,166 @@
+"""Encoder–decoder models (BART, Marian, mBART, T5, …): three kinds of attention (SPEC §9, seed 004 §2.3).
+
+- "encoder": encoder self-attention over the M source tokens (bidirectional), M × M;
+- "decoder": decoder self-attention over the N target tokens (causal), N × N;
+- "cross":   decoder queries × encoder keys, N × M (Q from the target, K and V from the source).
+
+The engine numbers every attention module in call order (encoder layers, then the decoder's self and cross
+modules interleaved); this adapter keeps the kind and the layer within the kind of each, translates the
+interventions' (kind, layers) scopes into those global numbers, and splits the recorded maps by kind.
+
+Output "seq2seq": the decoded target with the probability of each target token given the source and the
+target before it (teacher forcing), before and after the interventions. Without a target the model's own
+greedy output (no interventions) is used.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+
+from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, pick_device
+from models.effects import kl_divergence
+from models.hooks import register
+from models.interventions import Intervention
+
+KINDS = ("encoder", "decoder", "cross")
+_CROSS = re.compile(r"encoder_attn|EncDecAttention|crossattention", re.IGNORECASE)
+PROBE_SOURCE = "the cat sat on the mat because it was tired"
+
+
+def kind_of(module_name: str) -> str:
+    if _CROSS.search(module_name):
+        return "cross"
+    return "decoder" if "decoder" in module_name.split(".")[:2] or module_name.startswith("decoder") else "encoder"
+
+
+@dataclasses.dataclass(frozen=True)
+class KindScopedIntervention:
+    """An intervention with the attention kind it targets (None = every kind); layers count within the kind."""
+
+    intervention: Intervention
+    kind: str | None = None
+
+
+class Seq2SeqAdapter(AttentionAdapter):
+    def __init__(self, model_id: str, source: str, max_tokens: int = 512, device: str = "auto",
+                 max_new_tokens: int = 64, source_label: str | None = None):
+        attn = register()
+        config = AutoConfig.from_pretrained(source)
+        self.tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForSeq2SeqLM.from_pretrained(source, attn_implementation=attn, use_safetensors=True)
+        start = config.decoder_start_token_id
+        if start is None:
+            raise ValueError(f"{source}: the config has no decoder_start_token_id")
+        self.decoder_start = int(start)
+        source_ids = self.tokenizer(PROBE_SOURCE, return_tensors="pt")["input_ids"]  # (1, M)
+        probe_inputs = {"input_ids": source_ids, "decoder_input_ids": torch.cat([torch.tensor([[start]]), source_ids[:, :5]], 1)}
+        report = self._attach_probed(model, pick_device(device), probe_inputs, lambda out: out.logits)
+        # global engine layer → (kind, layer within the kind), in call order
+        self.kind_layers: dict[str, list[int]] = {kind: [] for kind in KINDS}
+        for index, module in enumerate(report.modules):
+            self.kind_layers[kind_of(report.names[id(module)])].append(index)
+        missing = [kind for kind in KINDS if not self.kind_layers[kind]]
+        if missing:
+            raise ValueError(f"{source}: found no {', '.join(missing)} attention modules")
+        self.max_tokens = min(max_tokens, getattr(config, "max_position_embeddings", None) or max_tokens)
+        self.max_new_tokens = max_new_tokens
+        n_heads = _first(config, "encoder_attention_heads", "num_heads", "num_attention_heads")
+        d_model = _first(config, "d_model", "hidden_size")
+        head_dim = getattr(config, "d_kv", None) or d_model // n_heads
+        native_beta = float(getattr(report.modules[0], "scaling", head_dim**-0.5))
+        self.info = ModelInfo(
+            id=model_id, kind="text", layers=len(self.kind_layers["encoder"]), heads=n_heads, head_dim=head_dim,
+            native_beta=native_beta, output="seq2seq", source=source_label or Path(source).name,
+            max_tokens=self.max_tokens, parity=report.parity, max_new_tokens=max_new_tokens,
+            architecture=type(model).__name__, decoder_layers=len(self.kind_layers["decoder"]),
+            decoder_heads=_first(config, "decoder_attention_heads", "num_heads", "num_attention_heads"),
+        )
+
+    def layers_of(self, kind: str) -> int:
+        return len(self.kind_layers[kind])
+
+    # ---- input -------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def encode(self, text: str, target: str | None = None) -> Encoded:
+        source = self.tokenizer(text, truncation=True, max_length=self.max_tokens, return_tensors="pt")
+        truncated = len(self.tokenizer(text)["input_ids"]) > self.max_tokens
+        if target is None:  # the model's own greedy output, without interventions
+            generated = self.model.generate(
+                input_ids=source["input_ids"].to(self.device), attention_mask=source["attention_mask"].to(self.device),
+                max_new_tokens=self.max_new_tokens, do_sample=False, num_beams=1,
+            )[0].tolist()
+            labels = generated[1:] if generated[0] == self.decoder_start else generated
+        else:
+            labels = self.tokenizer(text_target=target, truncation=True, max_length=self.max_tokens)["input_ids"]
+        labels = labels[: self.max_tokens] or [self.tokenizer.eos_token_id or 0]
+        decoder_inputs = [self.decoder_start] + labels[:-1]  # teacher forcing: position t predicts labels[t]
+        return Encoded(
+            key=("seq2seq", text, target, self.max_tokens),
+            tokens=self.tokenizer.convert_ids_to_tokens(source["input_ids"][0].tolist()),
+            inputs={"input_ids": source["input_ids"], "attention_mask": source["attention_mask"],
+                    "decoder_input_ids": torch.tensor([decoder_inputs])},
+            truncated=truncated,
+            extra={"target_tokens": self.tokenizer.convert_ids_to_tokens(decoder_inputs),
+                   "labels": labels, "label_tokens": self.tokenizer.convert_ids_to_tokens(labels)},
+        )
+
+    def engine_interventions(self, scoped: list[KindScopedIntervention]) -> tuple[Intervention, ...]:
+        """Translate (kind, layers within the kind) scopes into the engine's global layer numbers."""
+        result = []
+        for item in scoped:
+            iv = item.intervention
+            kinds = KINDS if item.kind is None else (item.kind,)
+            layers = tuple(
+                self.kind_layers[kind][l] for kind in kinds
+                for l in (range(self.layers_of(kind)) if iv.layers is None else iv.layers) if l < self.layers_of(kind)
+            )
+            result.append(dataclasses.replace(iv, layers=layers))
+        return tuple(result)
+
+    # ---- forward -----------------------------------------------------------------------------------
+    def run(self, encoded: Encoded, interventions: tuple[Intervention, ...] = (), record_scores: bool = False) -> AttentionResult:
+        outputs, scope = self._forward(encoded.inputs, interventions, record_scores)
+        by_kind = {kind: scope.stacked_attention(self.kind_layers[kind]).float().cpu() for kind in KINDS}  # (L, H, ·, ·)
+        entropy = {
+            kind: torch.stack([scope.entropy[l][0] for l in self.kind_layers[kind]]).double().tolist() for kind in KINDS
+        }
+        logits = outputs.logits[0].double().cpu()  # (N, V)
+        log_probs = torch.log_softmax(logits, dim=-1)
+        hidden = torch.stack([h[0] for h in outputs.decoder_hidden_states]).float().cpu()  # (L_dec + 1, N, D)
+        labels = torch.tensor(encoded.extra["labels"])
+        return AttentionResult(
+            tokens=encoded.tokens, attention=by_kind["encoder"], hidden_states=hidden,
+            output={"label_log_probs": log_probs.gather(1, labels[:, None])[:, 0], "probs": log_probs.exp().float()},
+            warnings=list(scope.warnings), derived={"entropy": entropy}, by_kind=by_kind,
+        )
+
+    # ---- output and its change ---------------------------------------------------------------------
+    def output_summary(self, result: AttentionResult, encoded: Encoded | None = None) -> dict[str, Any]:
+        assert encoded is not None
+        return {
+            "kind": "seq2seq", "target_tokens": encoded.extra["label_tokens"],
+            "probs": result.output["label_log_probs"].exp().tolist(),
+            "text": self.tokenizer.decode(encoded.extra["labels"], skip_special_tokens=True),
+        }
+
+    def output_effect(self, before: AttentionResult, after: AttentionResult, encoded: Encoded) -> dict[str, Any]:
+        p, q = before.output["probs"], after.output["probs"]  # (N, V)
+        return {
+            "kind": "seq2seq",
+            "probs_before": before.output["label_log_probs"].exp().tolist(),
+            "probs_after": after.output["label_log_probs"].exp().tolist(),
+            "kl": [kl_divergence(p[t], q[t]) for t in range(p.shape[0])],
+        }
+
+
+def _first(config, *names: str) -> int:
+    for name in names:
+        value = getattr(config, name, None)
+        if value:
+            return int(value)
+    raise ValueError(f"config has none of {names}")

@@ -1,0 +1,100 @@
+"""Tiny random-weight models of many transformers families, built from configs (no download), each saved with
+a real WordPiece tokenizer like a hub checkpoint, so the product loads them the way an operator's models load.
+
+Used by the family tests (every family loads, passes the parity probe and moves under β), the API tests
+and the browser test of the cross-attention view.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+WORDS = (
+    "the a cat dog sat on mat rug it was tired because street animal cross did not ran sleep "
+    "capital of france is paris big small red blue house car tree"
+).split()
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ","]
+PAD, UNK, CLS, SEP = 0, 1, 2, 3
+
+
+def save_tokenizer(folder: Path) -> int:
+    """A lower-casing WordPiece tokenizer over a small vocabulary; returns the vocabulary size."""
+    from transformers import BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = SPECIALS + WORDS
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tokenizer = BertTokenizerFast(vocab=str(folder / "vocab.txt"), do_lower_case=True)  # `vocab=`: transformers 5 ignores vocab_file
+    tokenizer.save_pretrained(folder)
+    return len(vocab)
+
+
+def _config(family: str, vocab: int):
+    import transformers as tf
+
+    # weights larger than the usual 0.02 init, so attention is far from uniform and β visibly matters
+    small = dict(vocab_size=vocab, pad_token_id=PAD, bos_token_id=CLS, eos_token_id=SEP, initializer_range=0.3)
+    decoder = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=128, **small)
+    seq2seq = dict(decoder_start_token_id=CLS, forced_eos_token_id=None, **small)
+    return {
+        "gpt2": lambda: (tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, **small), tf.GPT2LMHeadModel),
+        "llama": lambda: (tf.LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **decoder), tf.LlamaForCausalLM),
+        "qwen2": lambda: (tf.Qwen2Config(num_attention_heads=4, num_key_value_heads=2, **decoder), tf.Qwen2ForCausalLM),
+        # soft-capping and a sliding window narrower than the test inputs, so both matter for parity
+        "gemma2": lambda: (tf.Gemma2Config(num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
+                                           attn_logit_softcapping=5.0, final_logit_softcapping=3.0, **decoder),
+                           tf.Gemma2ForCausalLM),
+        "bart": lambda: (tf.BartConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                       decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                       max_position_embeddings=128, **seq2seq), tf.BartForConditionalGeneration),
+        "marian": lambda: (tf.MarianConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                           decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                           max_position_embeddings=128, **seq2seq), tf.MarianMTModel),
+        "t5": lambda: (tf.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+                                   relative_attention_num_buckets=8, **seq2seq), tf.T5ForConditionalGeneration),
+        "bert": lambda: (tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=64, max_position_embeddings=128, vocab_size=vocab),
+                         tf.BertForMaskedLM),
+    }[family]()
+
+
+TEXT_FAMILIES = ("gpt2", "llama", "qwen2", "gemma2", "bart", "marian", "t5", "bert")
+CAUSAL_FAMILIES = ("gpt2", "llama", "qwen2", "gemma2")
+SEQ2SEQ_FAMILIES = ("bart", "marian", "t5")
+
+
+def build_text_model(family: str, folder: Path, seed: int = 0) -> Path:
+    """A tiny random model of `family` (see TEXT_FAMILIES) with its tokenizer, saved into `folder`."""
+    import torch
+
+    vocab = save_tokenizer(folder)
+    config, model_class = _config(family, vocab)
+    torch.manual_seed(seed)
+    model = model_class(config)
+    if family in CAUSAL_FAMILIES + SEQ2SEQ_FAMILIES:
+        model.generation_config.pad_token_id = PAD
+        model.generation_config.eos_token_id = SEP
+    model.save_pretrained(folder)
+    return folder
+
+
+def build_image_model(family: str, folder: Path, seed: int = 0) -> Path:
+    """A tiny random ViT classifier or CLIP vision tower, saved with an image processor config."""
+    import torch
+    import transformers as tf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    if family == "vit":
+        config = tf.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                              image_size=32, patch_size=8, num_labels=3)
+        model = tf.ViTForImageClassification(config)
+        tf.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    elif family == "clip_vision":
+        config = tf.CLIPVisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                     image_size=32, patch_size=8)
+        model = tf.CLIPVisionModel(config)
+        tf.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
+    else:
+        raise ValueError(family)
+    model.save_pretrained(folder)
+    return folder

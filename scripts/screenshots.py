@@ -1,0 +1,187 @@
+"""Screenshots of every page for the README, into docs/img/ (small PNGs).
+
+    .venv/bin/python scripts/screenshots.py            # all pages
+    .venv/bin/python scripts/screenshots.py text guide # some of them
+
+Starts the app on a free 127.0.0.1 port (like the browser tests), opens each page in Debian's Chromium
+(/usr/bin/chromium, driven by Playwright; never a browser download), waits until its figures are drawn
+and the page is idle, and saves a 1200 px wide view (800 px high, more for the text pages), reduced to a 256-colour palette with Pillow (the pages
+are flat colours and text: this keeps each file near 100 KB). The LM view is taken when /api/models
+lists a model whose output is "next_token". Nothing is fetched outside the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "img"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+VIEWPORT = {"width": 1200, "height": 800}
+# Taller views where the first figures sit below the controls.
+HEIGHTS = {"text": 1150, "lm": 1150, "image": 900}
+MAX_BYTES = 150_000
+
+COUNT_DRAWN = "() => [...document.querySelectorAll('.js-plotly-plot')].filter(el => el.data && el.data.length).length"
+
+
+def log(msg: str) -> None:
+    print(f"[screenshots] {msg}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int, log_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    handle = open(log_path, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
+    )
+    deadline = time.time() + 300
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/ready", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise SystemExit(f"the server did not become ready; see {log_path}")
+        time.sleep(0.5)
+
+
+def wait_drawn(page, figures: int, timeout_s: float = 180) -> None:
+    """Until at least `figures` Plotly figures hold data, the status line is not busy, and both stay so
+    for a moment (late panels catch up ~150 ms after the first)."""
+    deadline, stable = time.time() + timeout_s, 0
+    while time.time() < deadline:
+        drawn = page.evaluate(COUNT_DRAWN)
+        status = page.evaluate("() => (document.querySelector('#status') || {}).textContent || ''")
+        stable = stable + 1 if drawn >= figures and "running" not in status and "loading" not in status else 0
+        if stable >= 4:
+            page.wait_for_timeout(500)
+            return
+        page.wait_for_timeout(250)
+    raise SystemExit(f"{page.url}: only {page.evaluate(COUNT_DRAWN)} of {figures} figures drawn in {timeout_s:.0f} s")
+
+
+def save_small(png: bytes, path: Path) -> int:
+    """The screenshot as an optimised 256-colour PNG; fewer colours if it is still over MAX_BYTES."""
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    for colours in (256, 128, 64):
+        buffer = io.BytesIO()
+        image.quantize(colors=colours, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
+            buffer, "PNG", optimize=True)
+        if buffer.tell() <= MAX_BYTES:
+            break
+    path.write_bytes(buffer.getvalue())
+    return buffer.tell()
+
+
+def next_token_model(url: str) -> str | None:
+    with urllib.request.urlopen(f"{url}/api/models?kind=text", timeout=120) as r:
+        models = json.load(r)["models"]
+    return next((m["id"] for m in models if m.get("output") == "next_token"), None)
+
+
+def shoot_text(page, url):
+    page.goto(f"{url}/")
+    wait_drawn(page, 4)
+
+
+def shoot_image(page, url):
+    page.goto(f"{url}/image")
+    page.wait_for_selector("#overlay g.hm image", state="attached", timeout=180_000)
+    wait_drawn(page, 3)
+
+
+def shoot_gaussian(page, url):
+    page.goto(f"{url}/gaussian")
+    wait_drawn(page, 5)
+
+
+def shoot_guide(page, url):
+    page.goto(f"{url}/guide#s4")
+    page.wait_for_selector("#s4")
+    page.wait_for_timeout(300)
+
+
+def shoot_lm(page, url):
+    model = next_token_model(url)
+    if model is None:
+        log("no model with output 'next_token' listed by /api/models: LM view skipped")
+        return False
+    page.goto(f"{url}/")
+    wait_drawn(page, 4)
+    page.select_option("#model-select", model)
+    page.wait_for_selector("#lm-panels:not([hidden])", timeout=300_000)
+    wait_drawn(page, 4, timeout_s=300)
+    return True
+
+
+SHOTS = {"text": shoot_text, "image": shoot_image, "gaussian": shoot_gaussian, "guide": shoot_guide, "lm": shoot_lm}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("pages", nargs="*", help=f"some of {', '.join(SHOTS)} (default: all)")
+    args = parser.parse_args()
+    names = args.pages or list(SHOTS)
+    unknown = [n for n in names if n not in SHOTS]
+    if unknown:
+        parser.error(f"unknown page(s) {unknown}; choose from {list(SHOTS)}")
+    if not Path(CHROMIUM).exists():
+        raise SystemExit(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = ROOT / "artifacts" / "screenshots-server.log"
+    log_path.parent.mkdir(exist_ok=True)
+    log(f"starting the app on {url} (log: {log_path})")
+    server = start_server(port, log_path)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            for name in names:
+                viewport = {**VIEWPORT, "height": HEIGHTS.get(name, VIEWPORT["height"])}
+                context = browser.new_context(viewport=viewport, device_scale_factor=1)
+                page = context.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                started = time.time()
+                if SHOTS[name](page, url) is False:
+                    context.close()
+                    continue
+                size = save_small(page.screenshot(), OUT / f"{name}.png")
+                log(f"{name}: docs/img/{name}.png, {size / 1000:.0f} KB, {time.time() - started:.1f} s"
+                    + (f"; page errors: {errors}" if errors else ""))
+                context.close()
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

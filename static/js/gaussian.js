@@ -1,9 +1,9 @@
 // The Gaussian-heads page: centers over training (epoch slider + play), one head's attention over the
 // grid (query and α), the attention ⇔ convolution theorem, and the building blocks (GELU, LayerNorm, cost).
 import { getJSON, isAbort, postJSON, setStatus } from "./api.js";
+import { byId as $, numbered, setOptions } from "./dom.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
-const $ = (id) => document.getElementById(id);
 const PLOT_CONFIG = { displaylogo: false, responsive: true };
 const HEAD_COLORS = ["#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#7048e8", "#0c8599", "#e67700", "#5c940d", "#862e9c"];
 
@@ -282,10 +282,6 @@ function togglePlay() {
   }, 700);
 }
 
-function fillSelect(el, n, prefix = "") {
-  el.innerHTML = Array.from({ length: n }, (_, i) => `<option value="${i}">${prefix}${i}</option>`).join("");
-}
-
 async function loadModel(modelId) {
   state.model = modelId;
   const [history] = await Promise.all([getJSON(`/api/gaussian/history?model=${encodeURIComponent(modelId)}`)]);
@@ -300,15 +296,15 @@ async function loadModel(modelId) {
     `final test accuracy ${(100 * info.accuracy).toFixed(2)} %` +
     (info.continued || []).map((c) => `; continued from epoch ${c.from_epoch} on ${c.train_images ? fmtInt(c.train_images) : "all"} training images`).join("") +
     (info.wall_time_s ? `, trained in ${(info.wall_time_s / 60).toFixed(1)} min` : "");
-  fillSelect($("layer-select"), info.layers);
-  fillSelect($("head-select"), info.heads);
+  setOptions($("layer-select"), numbered(info.layers, "").map(([i]) => [i, String(i)]));
+  setOptions($("head-select"), numbered(info.heads, "").map(([i]) => [i, String(i)]));
   state.query = [Math.floor(info.grid[0] / 2), Math.floor(info.grid[1] / 2)];
   $("epoch-slider").max = String(state.history.length - 1);
   syncSelects();
   setEpochIndex(state.history.length - 1);
 }
 
-function wire() {
+function bindEvents() {
   $("epoch-slider").addEventListener("input", (e) => setEpochIndex(Number(e.target.value)));
   $("play-button").addEventListener("click", togglePlay);
   $("layer-select").addEventListener("change", (e) => { state.layer = Number(e.target.value); drawCenters(); drawAttention(); });
@@ -350,7 +346,7 @@ async function main() {
   $("model-select").innerHTML = models.map((m) => `<option value="${m}">${m}</option>`).join("");
   // Draw empty figures first so the click handlers can be attached, then fill them.
   for (const id of ["centers-plot", "attention-plot"]) Plotly.newPlot($(id), [], {}, PLOT_CONFIG);
-  wire();
+  bindEvents();
   setStatus("loading the trained run…");
   await Promise.all([loadModel(config.model), drawConv(), drawBlocks()]);
   setStatus("");

@@ -1,12 +1,14 @@
 // The image page: upload a photo (drag-and-drop or picker, with progress), see one head's attention
 // over it for a chosen query patch (CLS by default), every layer × head at once, the rollout, β,
 // key masks by click or brush, predictions before/after, and the mean attention distance per head.
+// The laboratory below the figures is the same module as on the text page (static/js/lab/lab.js).
 import { ApiError, isAbort, postJSON, setStatus } from "./api.js";
+import { byId as $, setOptions } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
-import { mountImageLab } from "./lab/imagelab.js";
+import { mountLab } from "./lab/lab.js";
+import { intParam } from "./lab/urlstate.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
-const $ = (id) => document.getElementById(id);
 const PLOT = { responsive: true, displaylogo: false };
 // Patch clicks come in quick succession (masking several patches): a short double-click window keeps
 // the second click a click instead of Plotly's "reset zoom" double-click.
@@ -27,9 +29,9 @@ const state = {
   layer: 0,
   head: 0,
   query: 0, // token index; 0 = CLS
-  masked: new Set(), // masked key tokens (patch token indices)
-  logBeta: 0, // log10(β/β₀)
+  masked: null, // masked key tokens (patch token indices): the lab's own Set (lab.masks.tokens)
   response: null,
+  request: null,
 };
 
 // ---- helpers ---------------------------------------------------------------------------------------
@@ -44,24 +46,9 @@ function reshape(flat, rows, cols) {
   return out;
 }
 
-function interventions() {
-  const ivs = [];
-  if (Math.abs(state.logBeta) > 1e-9 && state.response) {
-    const beta = state.response.native_beta * 10 ** state.logBeta;
-    const scope = $("beta-scope").value;
-    ivs.push({
-      op: "temperature", beta,
-      layers: scope === "all" ? null : [state.layer],
-      heads: scope === "head" ? [state.head] : null,
-    });
-  }
-  ivs.push(...imageLab.interventions()); // the lab: scoped key masks, causal, ablation, perturbations
-  return ivs;
-}
-
 function requestBody() {
   const native = state.nativeSize[state.model];
-  const ivs = interventions();
+  const ivs = imageLab.interventions(); // β, scoped key masks, causal, ablation, perturbations
   return {
     model: state.model,
     image_id: state.imageId,
@@ -69,6 +56,7 @@ function requestBody() {
     queries: [state.query],
     interventions: ivs,
     compare: ivs.length > 0,
+    include_base: ivs.length > 0, // P without interventions, for P̂ − P, in the same response
     include_scores: true, // the lab's softmax panel needs Ŝ of the query row
     samples: ivs.length > 0 ? imageLab.samples() : 1,
   };
@@ -121,7 +109,7 @@ async function reupload() {
 async function selectImage(imageId) {
   state.imageId = imageId;
   state.query = 0;
-  state.masked.clear();
+  imageLab.forgetTokens(); // patch indices of another image mean nothing
   await load();
 }
 
@@ -136,9 +124,9 @@ async function load({ retried = false } = {}) {
     const body = requestBody();
     const r = await postJSON("/api/image/attention", body, { channel: "image" });
     if (mySeq !== seq) return;
-    await imageLab.update(r, body); // fetches P without the interventions when needed
-    if (mySeq !== seq) return;
     state.response = r;
+    state.request = body;
+    $("reupload").hidden = true;
     state.response.attention = decodeTensor(r.attention); // [L][H][1][T]
     if (!state.sizeFactor || state.sizeFactor === 1) state.nativeSize[state.model] = r.image_size;
     state.layer = Math.min(state.layer, r.layers.length - 1);
@@ -153,45 +141,33 @@ async function load({ retried = false } = {}) {
       try { await reupload(); return load({ retried: true }); } catch (e) { err = e; }
     }
     setStatus(err.message, { error: true });
-    imageLab.loadFailed(err);
+    if (err.status === 404) $("reupload").hidden = false; // a link to an image the server no longer holds
   }
-}
-
-let pending = null;
-function loadSoon(delay = 120) { // slider moves: coalesce, the api client aborts stale requests
-  clearTimeout(pending);
-  pending = setTimeout(() => load(), delay);
 }
 
 // ---- rendering -------------------------------------------------------------------------------------
 function render() {
+  // Scoped interventions follow the selected head: a selection change the page only redrew needs a run.
+  if (imageLab.stale(state.request)) { load(); return; }
   renderSelectors();
   renderOverlay();
   renderModelGrid();
   renderOutput();
   renderDistance();
   renderReadouts();
-  imageLab.render();
+  imageLab.render(state.response, state.request);
+  drawPicks();
 }
 
 function renderSelectors() {
   const r = state.response;
-  fillSelect($("layer-select"), r.layers.map((l) => [l, `layer ${l}`]), state.layer);
-  fillSelect($("head-select"), r.heads.map((h) => [h, `head ${h}`]), state.head);
+  setOptions($("layer-select"), r.layers.map((l) => [l, `layer ${l}`]), state.layer);
+  setOptions($("head-select"), r.heads.map((h) => [h, `head ${h}`]), state.head);
   const native = state.nativeSize[state.model] ?? r.image_size;
   // only sizes the server accepts: (size / patch)² + prefix tokens ≤ max_image_tokens
   const fits = (f) => ((native * f) / r.patch_size) ** 2 + r.prefix_tokens <= (config.max_image_tokens ?? Infinity);
   const sizes = [[1, `${native} px (native)`], [2, `${native * 2} px (interpolated)`]].filter(([f]) => f === 1 || fits(f));
-  fillSelect($("size-select"), sizes, state.sizeFactor);
-}
-
-function fillSelect(el, options, value) {
-  const key = JSON.stringify(options);
-  if (el.dataset.key !== key) {
-    el.replaceChildren(...options.map(([v, label]) => new Option(label, v)));
-    el.dataset.key = key;
-  }
-  el.value = String(value);
+  setOptions($("size-select"), sizes, state.sizeFactor);
 }
 
 function currentMap() {
@@ -316,8 +292,6 @@ function renderDistance() {
 
 function renderReadouts() {
   const r = state.response;
-  const beta = r.native_beta * 10 ** state.logBeta;
-  $("beta-readout").textContent = `β = ${beta.toPrecision(3)} (β₀ = ${r.native_beta.toPrecision(3)}), T = ${(1 / beta).toPrecision(3)}`;
   $("query-readout").textContent = `query: ${r.tokens[state.query] ?? "CLS"} · masked keys: ${state.masked.size}`;
 }
 
@@ -329,7 +303,7 @@ function onOverlayClick(ev) {
   const c = Math.round(point.x), r = Math.round(point.y);
   if (r < 0 || r >= rows || c < 0 || c >= cols) return;
   const token = patchToken(r, c);
-  if ($("click-mode").value === "perturb") { imageLab.togglePick(token); imageLab.render(); return; }
+  if ($("click-mode").value === "perturb") { imageLab.togglePick(token); drawPicks(); return; }
   if ($("click-mode").value === "mask") {
     if (state.masked.has(token)) state.masked.delete(token); else state.masked.add(token);
   } else {
@@ -359,32 +333,31 @@ function onGridClick(ev) {
   if (h < state.response.heads.length && l < state.response.layers.length) {
     state.head = h;
     state.layer = l;
-    if (Math.abs(state.logBeta) > 1e-9 && $("beta-scope").value !== "all") load(); else render();
+    render(); // runs again when scoped interventions follow the selection
   }
 }
 
-function wire() {
+function bindEvents() {
   const drop = $("drop-zone");
   ["dragenter", "dragover"].forEach((t) => drop.addEventListener(t, (e) => { e.preventDefault(); drop.classList.add("dragover"); }));
   ["dragleave", "drop"].forEach((t) => drop.addEventListener(t, (e) => { e.preventDefault(); drop.classList.remove("dragover"); }));
   drop.addEventListener("drop", (e) => { const f = e.dataTransfer?.files?.[0]; if (f) useFile(f); });
   $("file-input").addEventListener("change", (e) => { const f = e.target.files?.[0]; if (f) useFile(f); });
 
-  fillSelect($("model-select"), config.models.map((m) => [m.id, m.id]), state.model);
+  setOptions($("model-select"), config.models.map((m) => [m.id, m.id]), state.model);
   $("model-select").addEventListener("change", (e) => {
-    state.model = e.target.value; state.layer = 0; state.head = 0; state.query = 0; state.masked.clear(); state.sizeFactor = 1;
+    state.model = e.target.value; state.layer = 0; state.head = 0; state.query = 0; state.sizeFactor = 1;
+    imageLab.forgetTokens();
     load();
   });
-  $("size-select").addEventListener("change", (e) => { state.sizeFactor = Number(e.target.value); state.query = 0; state.masked.clear(); load(); });
+  $("size-select").addEventListener("change", (e) => { state.sizeFactor = Number(e.target.value); state.query = 0; imageLab.forgetTokens(); load(); });
   $("layer-select").addEventListener("change", (e) => { state.layer = state.response.layers.indexOf(Number(e.target.value)); render(); });
   $("head-select").addEventListener("change", (e) => { state.head = state.response.heads.indexOf(Number(e.target.value)); render(); });
   $("rollout-toggle").addEventListener("change", () => renderOverlay());
   $("click-mode").addEventListener("change", () => renderOverlay());
   $("query-cls").addEventListener("click", () => { state.query = 0; load(); });
   $("clear-masks").addEventListener("click", () => { state.masked.clear(); load(); });
-  $("beta-slider").addEventListener("input", (e) => { state.logBeta = Number(e.target.value); if (state.response) renderReadouts(); loadSoon(); });
-  $("beta-reset").addEventListener("click", () => { state.logBeta = 0; $("beta-slider").value = "0"; load(); });
-  $("beta-scope").addEventListener("change", () => { if (Math.abs(state.logBeta) > 1e-9) load(); });
+  $("reupload-input").addEventListener("change", (ev) => { const f = ev.target.files?.[0]; if (f) reuploadForLink(f); });
 
   $("overlay").on?.("plotly_click", onOverlayClick);
   $("overlay").on?.("plotly_selected", onOverlaySelect);
@@ -411,8 +384,8 @@ function wire() {
 async function start() {
   // Plotly attaches .on() to a div once it holds a plot: draw empty figures first, then wire.
   for (const id of ["overlay", "model-grid"]) await Plotly.newPlot($(id), [], { margin: { t: 10 } }, id === "overlay" ? OVERLAY_PLOT : PLOT);
-  wire();
-  if (imageLab.restoreInto(state, { models: config.models, samples: config.samples })) return load(); // a shared link
+  bindEvents();
+  if (restoreFromUrl()) return load(); // a shared link
   const first = config.samples.find((s) => s.model === state.model) ?? config.samples[0];
   if (first) {
     document.querySelector(`#sample-buttons button[data-sample="${first.file}"]`)?.click();
@@ -421,13 +394,117 @@ async function start() {
   }
 }
 
-// The laboratory's panels (static/js/lab/imagelab.js), below the page's own figures.
-const imageLab = mountImageLab($("lab"), {
-  state,
-  reload: () => load(),
-  selectHead: (layer, head) => { if (layer >= 0 && head >= 0) { state.layer = layer; state.head = head; render(); } },
-  beta: () => (state.response ? state.response.native_beta * 10 ** state.logBeta : 1),
-  pageParams: () => new URLSearchParams({ m: state.model, b: String(state.logBeta), bs: $("beta-scope").value, z: String(state.sizeFactor) }),
+// ---- the laboratory (static/js/lab/lab.js), below the page's own figures --------------------------
+// Indices into the response's layer/head arrays (li, hi) and the model's own numbers (layer, head).
+function selection() {
+  const r = state.response;
+  return { layer: r?.layers[state.layer] ?? state.layer, head: r?.heads[state.head] ?? state.head, query: state.query, li: state.layer, hi: state.head };
+}
+
+// P̂ − P of the query row, laid out on the patch grid (prefix tokens listed in the subtitle).
+function diffOnGrid() {
+  const r = state.response;
+  if (!r?.effect || !r.base_attention) return null;
+  const [rows, cols] = grid();
+  const after = r.attention[state.layer][state.head][0];
+  const before = decodeTensor(r.base_attention)[state.layer][state.head][0];
+  const shifts = after.slice(0, prefix()).map((p, j) => {
+    const d = p - before[j];
+    return `${r.tokens[j]} ${d >= 0 ? "+" : ""}${fmt(d, 3)}`;
+  });
+  const { layer, head } = selection();
+  return {
+    after: reshape(after.slice(prefix()), rows, cols), before: reshape(before.slice(prefix()), rows, cols),
+    where: `layer ${layer}, head ${head}`, subtitle: `prefix tokens: ${shifts.join(", ")}`, square: true,
+  };
+}
+
+function softmaxRowContext() {
+  const r = state.response;
+  if (!r?.scores) return null;
+  const row = decodeTensor(r.scores)[state.layer][state.head][0];
+  const masks = imageLab.lab.masks.tokens, causal = imageLab.lab.causal.on;
+  return {
+    tokens: r.tokens, scores: [row], query: 0, queryLabels: [`${state.query}: ${r.tokens[state.query]} (the query patch)`],
+    keyLabels: r.tokens.map((t, j) => `${j}:${t}`), beta: imageLab.beta(),
+    masked: r.tokens.map((_, j) => masks.has(j) || (causal && j > state.query)),
+  };
+}
+
+// The patches chosen for the perturbation, as orange rings over the overlay.
+function drawPicks() {
+  const el = $("overlay");
+  if (!el || !el.data || !state.response) return;
+  const cols = grid()[1];
+  const picked = [...imageLab.lab.perturb.tokens].map(tokenPatch).filter(Boolean);
+  const x = picked.map((p) => p[1]), y = picked.map((p) => p[0]);
+  const index = el.data.findIndex((t) => t.name === "perturbed patches");
+  if (index >= 0) {
+    Plotly.restyle(el, { x: [x], y: [y] }, [index]);
+  } else {
+    Plotly.addTraces(el, {
+      type: "scatter", mode: "markers", name: "perturbed patches", x, y, hoverinfo: "skip", showlegend: false,
+      marker: { symbol: "circle-open", size: Math.max(8, 300 / cols), line: { width: 3, color: "#ff9f1c" } },
+    });
+  }
+}
+
+// Fill the page state from the URL; true when the URL holds a view.
+function restoreFromUrl() {
+  const params = imageLab.restore();
+  if (!params?.get("img")) return false;
+  const example = config.samples.find((x) => x.image_id === params.get("img"));
+  if (example) state.source = { url: example.url, name: example.file }; // an example photo restores at once
+  state.sizeFactor = Number(params.get("z")) === 2 ? 2 : 1;
+  const model = params.get("m");
+  if (model && config.models.some((m) => m.id === model)) state.model = model;
+  state.imageId = params.get("img");
+  state.layer = intParam(params, "l", 0);
+  state.head = intParam(params, "h", 0);
+  state.query = intParam(params, "q", 0);
+  $("model-select").value = state.model;
+  return true;
+}
+
+// The link's image is gone from the server: the user chose the file again.
+async function reuploadForLink(file) {
+  try {
+    const r = await uploadBlob(file, file.name);
+    if (r.image_id !== state.imageId) setStatus("this is not the image of the link: showing it with the link's settings");
+    state.imageId = r.image_id;
+    state.source = { blob: file, name: file.name };
+    $("reupload").hidden = true;
+    load();
+  } catch (err) {
+    setStatus(`upload refused: ${err.message}`, { error: true });
+  }
+}
+
+const imageLab = mountLab({
+  run: () => load(),
+  redraw: () => render(),
+  labels: () => state.response?.tokens ?? [],
+  selection,
+  shape: () => ({ layers: state.response?.layers.length ?? 1, heads: state.response?.heads.length ?? 1 }),
+  nativeBeta: () => state.response?.native_beta ?? config.models.find((m) => m.id === state.model)?.native_beta ?? 1,
+  selectHead: (layer, head) => {
+    const r = state.response;
+    const l = r.layers.indexOf(layer), h = r.heads.indexOf(head);
+    if (l >= 0 && h >= 0) { state.layer = l; state.head = h; render(); }
+  },
+  pageParams: () => new URLSearchParams({
+    m: state.model, z: String(state.sizeFactor), img: state.imageId ?? "", l: String(state.layer), h: String(state.head), q: String(state.query),
+  }),
+  mainFigure: () => $("overlay"),
+  exportName: () => `attnlab-${state.model}-L${selection().layer}-H${selection().head}`,
+  diff: diffOnGrid,
+  softmax: softmaxRowContext,
+}, {
+  unit: "patch", showTokenStrip: false, maskScope: "all", distanceUnit: "px", maxSamples: config.limits?.samples ?? 64,
+  pickHint: "choose \"mask / unmask it as a key\" under \"Click a patch to\" and click patches (or brush a region)",
+  outputId: "lab-output", warningsId: "lab-warnings", diffId: "diff-map",
 });
+state.masked = imageLab.lab.masks.tokens; // the overlay's clicks and brush mask into the lab's own Set
+imageLab.installPngButtons("attnlab-image");
 
 start();

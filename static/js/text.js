@@ -1,66 +1,75 @@
-// The text page: sentence → every layer and head, β slider, masks, ablation, perturbations, effects,
-// head summaries, the softmax panel, export and a shareable URL (the laboratory, SPEC §2–6).
+// The text page: sentence → every layer and head of a text encoder, a decoder LM or an encoder–decoder, with
+// the laboratory (static/js/lab/lab.js: β, masks, ablation, perturbations, effects, summaries, softmax panel,
+// export, shareable URL). Language models add the next-token panel and the two continuations (lm.js);
+// encoder–decoders add the attention kind (encoder / decoder / cross) and the decoded target.
 import { getJSON, isAbort, postJSON, setStatus } from "./api.js";
-import { decodedFields, decodeTensor, entropy, fmt, maxAbs, softmaxRow } from "./mathx.js";
-import { drawEffect } from "./views/effects.js";
+import { byId as $, numbered, setOptions } from "./dom.js";
+import { decodeTensor, entropy, fmt, maxAbs, softmaxRow } from "./mathx.js";
 import { drawHeadView } from "./views/headview.js";
 import { drawHeatmap, paintHeatmap, paintPreview, tokenLabels } from "./views/heatmap.js";
 import { drawModelView } from "./views/modelview.js";
-import { downloadJSON, downloadPNG, installPngButtons } from "./lab/export.js";
-import { betaIsNative as labBetaIsNative, betaOf, buildInterventions, createLab, renderActiveList, wire } from "./lab/interventions.js";
-import { mountMaskPanel } from "./lab/masks.js";
-import { mountPerturbPanel } from "./lab/perturb.js";
-import { mountSoftmaxPanel } from "./lab/softmax.js";
-import { drawSummaries } from "./lab/summaries.js";
-import { intParam, labToParams, paramsToLab, readHash, writeHash } from "./lab/urlstate.js";
+import { mountLab } from "./lab/lab.js";
+import { intParam } from "./lab/urlstate.js";
+import { drawNextToken, drawTarget, kvGroups, mountContinuation } from "./lm.js";
 import { loadPlotly } from "./vendor.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
-const $ = (id) => document.getElementById(id);
+const limits = config.limits ?? {};
 const THUMB = 24;
 const PLOT = { responsive: true, displaylogo: false };
-// While a slider moves, only the heatmap's cells follow it; every other panel (and Plotly's own
-// drawing of the heatmap) catches up once no move came for this long.
-const SETTLE_MS = 150;
 
-// The page state: the selection, the laboratory's interventions (lab), and what the server returned.
-const lab = createLab();
+// The page state: the selection and what the server returned.
 const state = {
   model: config.model,
   info: null, // ModelInfo of the selected model
+  kind: "encoder", // encoder–decoders: which attention is shown (encoder | decoder | cross)
   layer: 0,
   head: 0,
   query: 0, // query row shown in the softmax panel
-  view: null, // {tokens, attention (T×T), scores (T×T), base (T×T, without interventions), response, request}
+  position: null, // language models: the query position whose next token is shown (null = last)
+  // {tokens (keys), queryTokens, attention, scores, base (without interventions), response, request}
+  view: null,
   thumbs: null,
 };
 
-const ctx = () => ({ layer: state.layer, head: state.head, nativeBeta: state.info.native_beta });
-const beta = () => betaOf(lab, state.info.native_beta);
-const betaIsNative = () => labBetaIsNative(lab);
-const interventions = () => buildInterventions(lab, ctx());
-const samples = () => (lab.perturb.on ? lab.perturb.samples : 1);
+const output = () => state.info?.output;
+const isLM = () => output() === "next_token";
+const isSeq2seq = () => output() === "seq2seq";
+// A tensor field of a response: per attention kind for encoder–decoders, else the field itself.
+const ofKind = (field) => (field && isSeq2seq() && !Array.isArray(field) && !field.dtype ? field[state.kind] : field);
+const shape = () => (isSeq2seq() && state.kind !== "encoder"
+  ? { layers: state.info.decoder_layers ?? state.info.layers, heads: state.info.decoder_heads ?? state.info.heads }
+  : { layers: state.info.layers, heads: state.info.heads });
+// The shown map is causal: a decoder LM, or an encoder–decoder's decoder self-attention.
+const causalMap = () => isLM() || (isSeq2seq() && state.kind === "decoder");
 
 // partial: while a slider drags, ask only for what the heatmap needs (no effects, no thumbnails); the
 // full request follows once input settles, and finds the model run in the server's cache.
 function request({ thumbnails = false, partial = false } = {}) {
-  const ivs = wire(interventions());
+  const ivs = lab.interventions();
   const compare = ivs.length > 0 && !partial;
-  const pair = $("pair-input").value.trim();
-  return {
+  const body = {
     model: state.model,
     text: $("text-input").value,
-    text_pair: pair ? pair : null,
     layers: [state.layer],
     heads: [state.head],
     include_scores: true,
     interventions: ivs,
     compare,
     include_base: compare, // P without interventions, for P̂ − P, in the same response
-    samples: compare ? samples() : 1,
+    samples: compare ? lab.samples() : 1,
     thumbnail_size: thumbnails && !partial ? THUMB : null,
     encoding: "f32", // exact, and decoded without parsing a number per cell
   };
+  if (isLM()) {
+    body.position = state.position;
+    body.chat = $("chat-toggle").checked && Boolean(state.info.chat);
+  } else if (isSeq2seq()) {
+    body.target = $("target-input").value.trim() || null;
+  } else {
+    body.text_pair = $("pair-input").value.trim() || null;
+  }
+  return body;
 }
 
 let loadSeq = 0;
@@ -74,13 +83,9 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
     const body = request({ thumbnails, partial });
     const r = await postJSON("/api/text/attention", body, { channel: "text" });
     if (seq !== loadSeq) return; // a newer load started meanwhile
-    const attention = decodeTensor(r.attention)[0][0];
-    state.view = {
-      tokens: r.tokens, attention, scores: decodeTensor(r.scores)[0][0],
-      base: r.base_attention ? decodeTensor(r.base_attention)[0][0] : attention, response: r, request: body,
-    };
-    if (r.thumbnails) state.thumbs = decodeTensor(r.thumbnails);
-    state.query = Math.min(state.query, r.tokens.length - 1);
+    state.view = viewOf(r, body);
+    if (r.thumbnails) state.thumbs = decodeTensor(ofKind(r.thumbnails)) ?? null;
+    state.query = Math.min(state.query, state.view.queryTokens.length - 1);
     showHead({ settle, onSettle: partial ? () => load({ thumbnails }) : null });
     setStatus(`${r.tokens.length} tokens${r.truncated ? " (truncated)" : ""} · ${Math.round(performance.now() - started)} ms`);
   } catch (err) {
@@ -88,16 +93,30 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
   }
 }
 
+// The shown head's maps from a response. Encoder–decoders: cross-attention has target queries (rows) and
+// source keys (columns); decoder self-attention is target × target.
+function viewOf(r, body) {
+  const attention = decodeTensor(ofKind(r.attention))[0][0];
+  const scores = r.scores ? decodeTensor(ofKind(r.scores))?.[0]?.[0] ?? null : null;
+  const base = r.base_attention ? decodeTensor(ofKind(r.base_attention))[0][0] : attention;
+  const target = r.target_tokens ?? [];
+  const tokens = isSeq2seq() && state.kind === "decoder" ? target : r.tokens;
+  const queryTokens = isSeq2seq() && state.kind !== "encoder" ? target : r.tokens;
+  return { tokens, queryTokens, attention, scores, base, response: r, request: body };
+}
+
 // Which keys the browser masks for query row i when it re-normalises in view mode.
 function maskedRow(i, n) {
-  return Array.from({ length: n }, (_, j) => lab.masks.tokens.has(j) || (lab.causal.on && j > i));
+  const masks = lab.lab.masks.tokens;
+  const causal = lab.lab.causal.on || causalMap();
+  return Array.from({ length: n }, (_, j) => masks.has(j) || (causal && j > i));
 }
 
 // The shown head's attention: from the server, or re-normalised here in view mode (SPEC §2).
 function shownAttention() {
   const v = state.view;
-  if (lab.beta.mode === "view" && !betaIsNative()) {
-    return v.scores.map((row, i) => softmaxRow(row, beta(), maskedRow(i, row.length)));
+  if (lab.viewBeta() && v.scores) {
+    return v.scores.map((row, i) => softmaxRow(row, lab.beta(), maskedRow(i, row.length)));
   }
   return v.attention;
 }
@@ -108,9 +127,11 @@ let settleTimer = null;
 // onSettle: what to do once input settles instead of drawing the details (a partial load: the full load).
 function showHead({ settle = 0, onSettle = null } = {}) {
   const v = state.view;
+  if (!v) return;
   const P = shownAttention();
   const el = $("heatmap");
-  $("heatmap-title").textContent = `layer ${state.layer}, head ${state.head} · β = ${fmt(beta())}`;
+  const kind = isSeq2seq() ? `${state.kind} · ` : "";
+  $("heatmap-title").textContent = `${kind}layer ${state.layer}, head ${state.head} · β = ${fmt(lab.beta())}`;
   clearTimeout(settleTimer);
   if (!window.Plotly) { // the first view: paint the cells now, build the figure once plotly.js is in
     paintPreview(el, P, "loading the interactive figure…");
@@ -119,9 +140,10 @@ function showHead({ settle = 0, onSettle = null } = {}) {
       .catch((err) => setStatus(`${err.message}: figures cannot be drawn`, { error: true }));
     return;
   }
-  const painted = settle > 0 && paintHeatmap(el, P, v.tokens);
+  const draw = (matrix) => drawHeatmap(el, matrix, v.tokens, { zmax: colourMax(matrix), yTokens: v.queryTokens });
+  const painted = settle > 0 && paintHeatmap(el, P, v.tokens, v.queryTokens);
   if (!painted) {
-    drawHeatmap(el, P, v.tokens, { zmax: colourMax(P) });
+    draw(P);
     wireHeatmapClicks();
   }
   heatmapShown(painted ? null : "attnlab:heatmap-figure", { painted });
@@ -129,7 +151,7 @@ function showHead({ settle = 0, onSettle = null } = {}) {
     settleTimer = null;
     if (state.view !== v) return;
     if (onSettle) return onSettle();
-    if (painted) { const settled = shownAttention(); drawHeatmap(el, settled, v.tokens, { zmax: colourMax(settled) }); }
+    if (painted) draw(shownAttention());
     renderDetails();
   };
   // A new view: let the browser paint the heatmap first (a frame), then build the other panels.
@@ -138,7 +160,7 @@ function showHead({ settle = 0, onSettle = null } = {}) {
 }
 
 // The top of the heatmap's colour scale: 1, or this map's largest value (long inputs spread attention thin:
-// at 512 tokens a 0–1 scale shows an almost uniform dark square).
+// at 512 tokens a 0–1 scale showed a uniform dark square).
 function colourMax(P) {
   return $("zscale").value === "fixed" ? 1 : Math.max(1e-6, maxAbs(P));
 }
@@ -157,305 +179,270 @@ function wireHeatmapClicks() {
   clicksWired = true;
   $("heatmap").on("plotly_click", (ev) => {
     const pt = ev.points?.[0];
-    if (pt) selectQuery(pt.pointIndex?.[0] ?? tokenLabels(state.view.tokens).indexOf(pt.y));
+    if (pt) selectQuery(pt.pointIndex?.[0] ?? tokenLabels(state.view.queryTokens).indexOf(pt.y));
   });
 }
 
 // Everything besides the heatmap.
 function renderDetails() {
+  const v = state.view, r = v.response;
   renderTokens();
-  masksPanel.update();
-  perturbPanel.setTokens(state.view.tokens);
   if (state.thumbs) {
     drawModelView($("modelview"), state.thumbs, {
-      layer: state.layer, head: state.head, entropy: state.view.response.entropy, onSelect: selectHead,
+      layer: state.layer, head: state.head, entropy: ofKind(r.entropy), onSelect: selectHead,
     });
   }
-  drawEffect({ outputEl: $("output-effect"), hiddenEl: $("hidden-cosine-plot"), tvEl: $("tv-plot"), warningsEl: $("warnings") },
-    state.view.response);
-  renderSummaries();
+  lab.render(r, v.request, derived(r));
   renderHeadDetails(shownAttention());
-  renderInterventionList();
-  writeUrl();
+  if (isLM() && r.output) {
+    renderPositions();
+    drawNextToken(r, r.tokens);
+    continuation.followChanges(); // only full views reach here: a drag's partial loads do not
+  }
+  if (isSeq2seq() && r.output) drawTarget(r);
 }
 
-function renderSummaries() {
-  const r = state.view.response;
-  drawSummaries({ entropyEl: $("summary-entropy"), distanceEl: $("summary-distance"), tableEl: $("summary-table") }, {
-    entropy: r.entropy, distance: r.mean_distance ?? null, distanceUnit: "tokens",
-    layer: state.layer, head: state.head, onSelect: selectHead,
-  });
+// What the lab draws that differs by model: encoder–decoders report TV, entropy and distance per kind.
+// attention_tv is the requested slice when attention_tv_all (every head) comes with it.
+function derived(r) {
+  const e = r.effect;
+  const out = { entropy: ofKind(r.entropy), distance: ofKind(r.mean_distance) ?? null };
+  if (e) {
+    const all = ofKind(e.attention_tv_all), sliced = ofKind(e.attention_tv), std = ofKind(e.attention_tv_std);
+    out.tv = all ?? sliced;
+    out.tvAt = all ? [sliced?.[0]?.[0], std?.[0]?.[0]] : [sliced?.[state.layer]?.[state.head], std?.[state.layer]?.[state.head]];
+  }
+  return out;
 }
 
 // The panels that depend on the shown head's P: head view, row entropy, P̂ − P, softmax panel.
 function renderHeadDetails(P) {
   const v = state.view;
-  drawHeadView($("headview"), P, v.tokens, { masked: lab.masks.tokens, onToggleKey: toggleMask });
+  drawHeadView($("headview"), P, v.tokens, { masked: lab.lab.masks.tokens, onToggleKey: lab.toggleMask, queryTokens: v.queryTokens });
   const rowEntropy = P.map(entropy);
-  const labels = tokenLabels(v.tokens);
+  const labels = tokenLabels(v.queryTokens);
+  const uniform = Math.log(v.tokens.length);
   Plotly.react($("entropy-plot"), [
     { type: "bar", x: labels, y: rowEntropy, name: "row entropy", marker: { color: "#3b5bdb" } },
-    { type: "scatter", mode: "lines", x: [labels[0], labels.at(-1)],
-      y: [Math.log(v.tokens.length), Math.log(v.tokens.length)], name: "log n (uniform)", line: { dash: "dot", color: "#999" } },
+    { type: "scatter", mode: "lines", x: [labels[0], labels.at(-1)], y: [uniform, uniform], name: "log n (uniform)", line: { dash: "dot", color: "#999" } },
   ], {
     margin: { l: 40, r: 10, t: 10, b: 60 }, showlegend: true, legend: { orientation: "h", y: 1.12 },
-    xaxis: { type: "category", tickangle: -60, showticklabels: v.tokens.length <= 40 }, yaxis: { title: { text: "nats" }, rangemode: "tozero" },
+    xaxis: { type: "category", tickangle: -60, showticklabels: v.queryTokens.length <= 40 }, yaxis: { title: { text: "nats" }, rangemode: "tozero" },
   }, PLOT);
-  renderDiff(P);
-  renderEffectSummary(P);
-  softmaxPanel.update({
-    tokens: v.tokens, scores: v.scores, beta: beta(), query: state.query,
-    masked: maskedRow(state.query, v.tokens.length),
-  });
-}
-
-// P̂ − P at the selected head (SPEC §4): after the interventions minus the same input without them.
-function renderDiff(P) {
-  const v = state.view;
-  const active = v.request.interventions.length > 0 || (lab.beta.mode === "view" && !betaIsNative());
-  if (!active) {
-    $("diff-heatmap").dataset.maxAbs = "0";
-    Plotly.react($("diff-heatmap"), [], {
-      title: { text: `P̂ − P at layer ${state.layer}, head ${state.head}`, font: { size: 13 } },
-      margin: { l: 40, r: 10, t: 30, b: 30 }, xaxis: { visible: false }, yaxis: { visible: false },
-      annotations: [{ text: "no interventions active: P̂ = P", showarrow: false, font: { color: "#667085" } }],
-    }, PLOT);
-    return;
-  }
-  const diff = P.map((row, i) => row.map((p, j) => p - v.base[i][j]));
-  const maxAbsDiff = maxAbs(diff, 1e-9);
-  const labels = tokenLabels(v.tokens);
-  const dense = v.tokens.length > 40;
-  $("diff-heatmap").dataset.maxAbs = String(maxAbsDiff === 1e-9 ? 0 : maxAbsDiff);
-  if ($("diff-kind").value === "ratio") {
-    // P̂ / P where P > 1e-6 (else blank); log scale colours: 1 = unchanged.
-    const ratio = P.map((row, i) => row.map((p, j) => (v.base[i][j] > 1e-6 ? p / v.base[i][j] : null)));
-    const logs = ratio.flat().filter((x) => x !== null && x > 0).map((x) => Math.abs(Math.log10(x)));
-    const span = maxAbs(logs, 1e-6);
-    Plotly.react($("diff-heatmap"), [{
-      type: "heatmap", z: ratio.map((row) => row.map((x) => (x === null || x <= 0 ? null : Math.log10(x)))), x: labels, y: labels,
-      customdata: ratio, colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -span, zmax: span,
-      hovertemplate: "query %{y}<br>key %{x}<br>P̂ / P = %{customdata:.5f}<extra></extra>",
-      colorbar: { thickness: 12, title: { text: "log₁₀" } },
-    }], {
-      title: { text: `P̂ / P at layer ${state.layer}, head ${state.head} (log₁₀ colour; blank where P ≈ 0)`, font: { size: 13 } },
-      margin: { l: dense ? 40 : 90, r: 10, t: 30, b: dense ? 40 : 90 },
-      xaxis: { title: { text: "key" }, tickangle: -60, type: "category", showticklabels: !dense },
-      yaxis: { title: { text: "query" }, autorange: "reversed", type: "category", showticklabels: !dense },
-    }, PLOT);
-    return;
-  }
-  Plotly.react($("diff-heatmap"), [{
-    type: "heatmap", z: diff, x: labels, y: labels, colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -maxAbsDiff, zmax: maxAbsDiff,
-    hovertemplate: "query %{y}<br>key %{x}<br>P̂ − P = %{z:.5f}<extra></extra>", colorbar: { thickness: 12 },
-  }], {
-    title: { text: `P̂ − P at layer ${state.layer}, head ${state.head}  (max |Δ| = ${fmt(maxAbsDiff === 1e-9 ? 0 : maxAbsDiff, 3)})`, font: { size: 13 } },
-    margin: { l: dense ? 40 : 90, r: 10, t: 30, b: dense ? 40 : 90 },
-    xaxis: { title: { text: "key" }, tickangle: -60, type: "category", showticklabels: !dense },
-    yaxis: { title: { text: "query" }, autorange: "reversed", type: "category", showticklabels: !dense },
-  }, PLOT);
-}
-
-function renderEffectSummary(P) {
-  const r = state.view.response;
-  const e = r.effect;
-  const parts = [];
-  if (lab.beta.mode === "view" && !betaIsNative()) {
-    const tv = P.reduce((acc, row, i) => acc + 0.5 * row.reduce((s, p, j) => s + Math.abs(p - state.view.base[i][j]), 0), 0) / P.length;
-    parts.push(`view-only TV at L${state.layer} h${state.head}: ${fmt(tv)}`);
-  }
-  if (e) {
-    const pm = (x, s) => fmt(x) + (s !== undefined && s !== null ? ` ± ${fmt(s, 2)}` : "");
-    parts.push(`TV at L${state.layer} h${state.head}: ${pm(e.attention_tv[0][0], e.attention_tv_std?.[0]?.[0])}`);
-    const last = e.hidden_cosine.length - 1;
-    parts.push(`last-layer hidden cosine: ${pm(e.hidden_cosine[last], e.hidden_cosine_std?.[last])}`);
-    if (e.output?.embedding_cosine !== undefined) parts.push(`embedding cosine: ${pm(e.output.embedding_cosine, e.output.embedding_cosine_std)}`);
-    if (e.samples) parts.push(`n = ${e.samples} samples`);
-  }
-  $("effect-summary").textContent = parts.length ? parts.join("  ·  ") : "no interventions active: change β in run mode, mask a token, ablate, or perturb";
+  lab.renderDiff();
+  lab.renderSoftmax();
 }
 
 function renderTokens() {
-  const strip = $("token-strip");
-  strip.replaceChildren(...state.view.tokens.map((tok, i) => {
+  const masks = lab.lab.masks.tokens;
+  const square = state.view.tokens === state.view.queryTokens;
+  $("token-strip").replaceChildren(...state.view.tokens.map((tok, i) => {
     const el = document.createElement("span");
-    el.className = "tok" + (lab.masks.tokens.has(i) ? " masked" : "") + (i === state.query ? " query" : "");
+    el.className = "tok" + (masks.has(i) ? " masked" : "") + (square && i === state.query ? " query" : "");
     el.textContent = tok;
-    el.title = `token ${i}: click to ${lab.masks.tokens.has(i) ? "unmask" : "mask"} as a key`;
+    el.title = `token ${i}: click to ${masks.has(i) ? "unmask" : "mask"} as a key`;
     el.dataset.index = i;
-    el.addEventListener("click", () => toggleMask(i));
+    el.addEventListener("click", () => lab.toggleMask(i));
     return el;
   }));
 }
 
-function renderInterventionList() {
-  const extra = lab.beta.mode === "view" && !betaIsNative() ? [`temperature (view only, in the browser): β = ${fmt(beta())} on the shown head`] : [];
-  renderActiveList($("interventions-list"), lab, ctx(), {
-    tokens: state.view?.tokens, extra, samples: samples(), onChange: labChanged,
-  });
+// Language models: which query position's next token is shown (the last by default).
+function renderPositions() {
+  const tokens = state.view.response.tokens;
+  const options = [["", `the last token (${tokens.length - 1})`], ...tokens.map((t, i) => [i, `${i}: ${t}`])];
+  setOptions($("position-select"), options, state.position ?? "");
 }
 
-function renderBetaReadout() {
-  const b = beta();
-  $("beta-readout").textContent = `β = ${fmt(b)}  T = ${fmt(1 / b)}  (β₀ = ${fmt(state.info.native_beta)})`;
-}
+// ---- the lab ---------------------------------------------------------------------------------------
+const lab = mountLab({
+  run: ({ settle = 0 } = {}) => load({ settle }),
+  redraw: ({ settle = 0 } = {}) => showHead({ settle }),
+  labels: () => state.view?.tokens ?? [],
+  selection: () => ({ layer: state.layer, head: state.head, query: state.query, kind: isSeq2seq() ? state.kind : undefined }),
+  shape: () => shape(),
+  nativeBeta: () => state.info?.native_beta ?? 1,
+  selectHead: (layer, head) => selectHead(layer, head),
+  pageParams,
+  mainFigure: () => $("heatmap"),
+  exportName: () => `attnlab-${state.model}-L${state.layer}-H${state.head}`,
+  diff: () => {
+    const v = state.view;
+    if (!(v.request.interventions.length > 0 || lab.viewBeta())) return null;
+    const kind = isSeq2seq() ? `${state.kind}, ` : "";
+    return { after: shownAttention(), before: v.base, x: tokenLabels(v.tokens), y: tokenLabels(v.queryTokens), where: `${kind}layer ${state.layer}, head ${state.head}` };
+  },
+  softmax: () => {
+    const v = state.view;
+    if (!v?.scores) return null;
+    return {
+      tokens: v.tokens, scores: v.scores, beta: lab.beta(), query: state.query,
+      queryLabels: v.queryTokens.map((t, i) => `${i}: ${t}`), keyLabels: tokenLabels(v.tokens),
+      masked: maskedRow(state.query, v.tokens.length),
+    };
+  },
+  summaryExtra: () => {
+    if (!lab.viewBeta() || !state.view) return [];
+    const P = shownAttention(), base = state.view.base;
+    const tv = P.reduce((acc, row, i) => acc + 0.5 * row.reduce((s, p, j) => s + Math.abs(p - base[i][j]), 0), 0) / P.length;
+    return [`view-only TV at L${state.layer} h${state.head}: ${fmt(tv)}`];
+  },
+  activeExtra: () => (lab.viewBeta() ? [`temperature (view only, in the browser): β = ${fmt(lab.beta())} on the shown head`] : []),
+}, { maxSamples: limits.samples ?? 64, pickHint: "click tokens in the strip above or key labels in the head view" });
 
-// Controls mirror the lab state (after a URL restore or an edit in the active list).
-function syncControls() {
-  $("beta-slider").value = String(lab.beta.logRatio);
-  $("scope-select").value = lab.beta.scope;
-  $("mode-select").value = lab.beta.mode;
-  $("layer-select").value = state.layer;
-  $("head-select").value = state.head;
-  renderBetaReadout();
-  masksPanel.update();
-  perturbPanel.update();
-}
+const continuation = mountContinuation({
+  body: () => ({
+    model: state.model, text: $("text-input").value, chat: $("chat-toggle").checked && Boolean(state.info?.chat),
+    max_new_tokens: Math.max(1, Math.min(Number($("max-new-tokens").max) || 64, Math.round(Number($("max-new-tokens").value) || 1))),
+    interventions: lab.interventions(),
+  }),
+  onError: (msg) => setStatus(msg, { error: true }),
+});
 
-function writeUrl() {
+function pageParams() {
   const params = new URLSearchParams();
   params.set("m", state.model);
   params.set("t", $("text-input").value);
-  const pair = $("pair-input").value.trim();
-  if (pair) params.set("p", pair);
+  if (isLM()) {
+    if (state.position !== null) params.set("pos", String(state.position));
+    if ($("chat-toggle").checked) params.set("chat", "1");
+  } else if (isSeq2seq()) {
+    params.set("k", state.kind);
+    const target = $("target-input").value.trim();
+    if (target) params.set("tg", target);
+  } else {
+    const pair = $("pair-input").value.trim();
+    if (pair) params.set("p", pair);
+  }
   params.set("l", String(state.layer));
   params.set("h", String(state.head));
   params.set("q", String(state.query));
-  labToParams(lab, params);
-  writeHash(params);
-  $("share-url").value = window.location.href;
+  return params;
 }
 
 // ---- interactions ----------------------------------------------------------------------------------
-function labChanged() {
-  syncControls();
-  load({ thumbnails: true });
-}
-
 function selectHead(layer, head) {
-  state.layer = Math.max(0, Math.min(state.info.layers - 1, layer));
-  state.head = Math.max(0, Math.min(state.info.heads - 1, head));
+  const { layers, heads } = shape();
+  state.layer = Math.max(0, Math.min(layers - 1, layer));
+  state.head = Math.max(0, Math.min(heads - 1, head));
   $("layer-select").value = state.layer;
   $("head-select").value = state.head;
   // Scoped interventions follow the selection, so they must re-run; otherwise the cache answers fast.
-  const scoped = interventions().some((iv) => iv.layers !== null);
+  const scoped = lab.interventions().some((iv) => iv.layers !== null);
   load({ thumbnails: scoped });
 }
 
 function selectQuery(i) {
   state.query = i;
   renderTokens();
-  softmaxPanel.setSource("row");
-  renderHeadDetails(shownAttention());
-  writeUrl();
+  lab.renderSoftmax({ row: true });
+  lab.writeUrl();
 }
 
-function toggleMask(index) {
-  if (lab.masks.tokens.has(index)) lab.masks.tokens.delete(index);
-  else lab.masks.tokens.add(index);
-  masksPanel.update();
-  load();
+// Layer and head selects for the shown model (and kind); GQA: which query heads share a K/V head.
+function fillHeadSelects() {
+  const { layers, heads } = shape();
+  state.layer = Math.min(state.layer, layers - 1);
+  state.head = Math.min(state.head, heads - 1);
+  const kv = state.info.kv_heads;
+  const group = kv && kv < heads && !(isSeq2seq() && state.kind !== "encoder") ? heads / kv : null;
+  setOptions($("layer-select"), numbered(layers, "layer"), state.layer);
+  setOptions($("head-select"), numbered(heads, "head").map(([h, label]) => [h, group ? `${label} · K/V ${Math.floor(h / group)}` : label]), state.head);
 }
 
-// Run mode: one model run in flight per slider; moves meanwhile collapse into one run of the latest β.
-let betaRun = null;
-let betaRunWanted = false;
-function runBeta() {
-  if (betaRun) { betaRunWanted = true; return; }
-  betaRun = load({ settle: SETTLE_MS }).finally(() => {
-    betaRun = null;
-    if (betaRunWanted) { betaRunWanted = false; runBeta(); }
-  });
+function showModelInfo() {
+  const info = state.info;
+  $("pair-box").hidden = isLM() || isSeq2seq();
+  $("target-box").hidden = !isSeq2seq();
+  $("kind-box").hidden = !isSeq2seq();
+  $("position-box").hidden = !isLM();
+  $("chat-box").hidden = !(isLM() && info.chat);
+  $("lm-panels").hidden = !isLM();
+  $("seq2seq-panel").hidden = !isSeq2seq();
+  const groups = kvGroups(info.heads, info.kv_heads);
+  $("gqa-note").hidden = !groups;
+  $("gqa-note").textContent = groups ? `Grouped-query attention: ${info.heads} query heads per layer, ${info.kv_heads} key/value heads; ${groups}. Scopes name query heads; a key perturbation on one head leaves the heads that share its K/V head alone.` : "";
+  const parity = typeof info.parity === "number" ? info.parity : null;
+  $("parity-badge").hidden = parity === null;
+  $("parity-badge").textContent = parity === null ? "" : `parity ${parity === 0 ? "0" : parity.toExponential(0)} vs eager`;
+  $("parity-badge").title = "max |Δ logits| of the load-time probe: this model through attnlab's attention function vs its own eager attention";
+  const maxNew = Math.min(limits.max_new_tokens ?? 64, info.max_new_tokens ?? 64);
+  $("max-new-tokens").max = String(maxNew);
+  if (Number($("max-new-tokens").value) > maxNew) $("max-new-tokens").value = String(maxNew);
+  $("kind-select").value = state.kind;
 }
-
-function onBetaInput() {
-  lab.beta.logRatio = Number($("beta-slider").value);
-  renderBetaReadout();
-  if (!state.view) return;
-  if (lab.beta.mode === "view") showHead({ settle: SETTLE_MS }); // re-normalised here: a few ms at 128 tokens
-  else runBeta();
-}
-
-function fillSelect(select, n, prefix) {
-  select.replaceChildren(...Array.from({ length: n }, (_, i) => new Option(`${prefix} ${i}`, i)));
-}
-
-const tokenName = (j) => state.view?.tokens[j] ?? "?";
-const masksPanel = mountMaskPanel($("masks-panel"), lab, { onChange: labChanged, tokenName, pickHint: "click tokens in the strip above or key labels in the head view" });
-const perturbPanel = mountPerturbPanel($("perturb-panel"), lab, { onChange: labChanged });
-const softmaxPanel = mountSoftmaxPanel($("softmax-panel"), { onError: (msg) => setStatus(msg, { error: true }) });
 
 // Restore a shared view from the URL hash (model, input, selection, β, masks, perturbations).
 function restoreFromUrl(models) {
-  const params = readHash();
-  if (![...params.keys()].length) return;
+  const params = lab.restore();
+  if (!params) return;
   const model = params.get("m");
   if (model && models.some((m) => m.id === model)) state.model = model;
   if (params.has("t")) $("text-input").value = params.get("t");
   $("pair-input").value = params.get("p") ?? (params.has("t") ? "" : $("pair-input").value);
+  $("target-input").value = params.get("tg") ?? "";
+  if (["encoder", "decoder", "cross"].includes(params.get("k"))) state.kind = params.get("k");
+  $("chat-toggle").checked = params.get("chat") === "1";
+  state.position = params.has("pos") ? intParam(params, "pos", null) : null;
   state.layer = intParam(params, "l", state.layer);
   state.head = intParam(params, "h", state.head);
   state.query = intParam(params, "q", state.query);
-  paramsToLab(params, lab);
+}
+
+function modelLabel(m) {
+  const kv = m.kv_heads && m.kv_heads < m.heads ? `, ${m.kv_heads} K/V` : "";
+  return `${m.id} (${m.layers}×${m.heads}${kv}, ${m.output})`;
 }
 
 async function init() {
   const { models } = config.models ? { models: config.models } : await getJSON("/api/models?kind=text");
   const textModels = models.filter((m) => m.kind === "text");
-  $("model-select").replaceChildren(...textModels.map((m) => new Option(`${m.id} (${m.layers}×${m.heads}, ${m.output})`, m.id)));
+  setOptions($("model-select"), textModels.map((m) => [m.id, modelLabel(m)]));
   restoreFromUrl(textModels);
   $("model-select").value = state.model;
   const chooseModel = () => {
     state.info = textModels.find((m) => m.id === state.model) ?? textModels[0];
     state.model = state.info.id;
-    fillSelect($("layer-select"), state.info.layers, "layer");
-    fillSelect($("head-select"), state.info.heads, "head");
-    state.layer = Math.min(state.layer, state.info.layers - 1);
-    state.head = Math.min(state.head, state.info.heads - 1);
-    syncControls();
+    if (!isSeq2seq()) state.kind = "encoder";
+    showModelInfo();
+    fillHeadSelects();
+    lab.syncControls();
   };
   chooseModel();
-  // A new input makes token indices meaningless: drop masks and the chosen tokens (and switch a
-  // token-targeted perturbation off rather than let it silently become "every token").
+  // A new input makes token indices meaningless.
   const resetInput = () => {
-    lab.masks.tokens.clear();
-    if (lab.perturb.tokens.size) { lab.perturb.tokens.clear(); lab.perturb.on = false; }
+    lab.forgetTokens();
     state.query = 0;
-    masksPanel.update();
-    perturbPanel.update();
+    state.position = null;
   };
+  const rerun = () => { resetInput(); load(); };
 
-  $("model-select").addEventListener("change", () => { state.model = $("model-select").value; resetInput(); chooseModel(); load(); });
-  $("run-button").addEventListener("click", () => { resetInput(); load(); });
-  $("text-input").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { resetInput(); load(); } });
+  $("model-select").addEventListener("change", () => {
+    state.model = $("model-select").value;
+    resetInput();
+    continuation.reset();
+    chooseModel();
+    load();
+  });
+  $("run-button").addEventListener("click", rerun);
+  $("text-input").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) rerun(); });
+  $("kind-select").addEventListener("change", () => {
+    state.kind = $("kind-select").value;
+    lab.forgetTokens(); // key indices belong to another sequence now
+    state.query = 0;
+    fillHeadSelects();
+    load();
+  });
+  $("position-select").addEventListener("change", () => {
+    state.position = $("position-select").value === "" ? null : Number($("position-select").value);
+    load({ thumbnails: false });
+  });
+  $("chat-toggle").addEventListener("change", rerun);
   $("layer-select").addEventListener("change", () => selectHead(Number($("layer-select").value), state.head));
   $("head-select").addEventListener("change", () => selectHead(state.layer, Number($("head-select").value)));
-  $("beta-slider").addEventListener("input", onBetaInput);
-  $("beta-reset").addEventListener("click", () => { $("beta-slider").value = 0; onBetaInput(); });
-  $("scope-select").addEventListener("change", () => { lab.beta.scope = $("scope-select").value; load(); });
-  $("mode-select").addEventListener("change", () => { lab.beta.mode = $("mode-select").value; load(); });
-  $("diff-kind").addEventListener("change", () => { if (state.view) renderDiff(shownAttention()); });
   $("zscale").addEventListener("change", () => { if (state.view) showHead(); });
-  $("export-json").addEventListener("click", () => {
-    if (!state.view) return setStatus("nothing to export yet", { error: true });
-    downloadJSON({ request: state.view.request, response: decodedFields(state.view.response), url: window.location.href },
-      `attnlab-${state.model}-L${state.layer}-H${state.head}.json`);
-  });
-  $("export-png").addEventListener("click", () => downloadPNG($("heatmap"), `attnlab-${state.model}-L${state.layer}-H${state.head}`)
-    .catch((err) => setStatus(`PNG export failed: ${err.message}`, { error: true })));
-  $("copy-link").addEventListener("click", async () => {
-    $("share-url").select();
-    try { await navigator.clipboard.writeText(window.location.href); setStatus("link copied"); } catch { setStatus("select the link and copy it"); }
-  });
-  document.addEventListener("keydown", (e) => {
-    if (["INPUT", "TEXTAREA", "SELECT"].includes(document.activeElement?.tagName)) return;
-    const moves = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] };
-    if (!moves[e.key]) return;
-    e.preventDefault();
-    selectHead(state.layer + moves[e.key][0], state.head + moves[e.key][1]);
-  });
   await load();
-  installPngButtons(document, `attnlab-${state.model}`);
+  lab.installPngButtons(`attnlab-${state.model}`);
 }
 
 init().catch((err) => setStatus(`failed to start: ${err.message}`, { error: true }));

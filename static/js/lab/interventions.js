@@ -4,6 +4,8 @@
 // Scopes follow the selection: "head" = the selected layer and head, "layer" = every head of the
 // selected layer, "all" = every layer and head.
 
+import { button } from "../dom.js";
+
 export const SCOPE_LABELS = { all: "all layers & heads", layer: "this layer", head: "this head" };
 
 export const HELP = {
@@ -25,10 +27,13 @@ export function createLab() {
   };
 }
 
-export function scopeFields(scope, { layer, head }) {
-  if (scope === "all") return { layers: null, heads: null };
-  if (scope === "layer") return { layers: [layer], heads: null };
-  return { layers: [layer], heads: [head] };
+// ctx.kind (encoder–decoder models): which attention the selection is in ("encoder" | "decoder" | "cross");
+// every intervention then names it. Other models leave it undefined and send no kind.
+export function scopeFields(scope, { layer, head, kind }) {
+  const named = kind ? { kind } : {};
+  if (scope === "all") return { layers: null, heads: null, ...named };
+  if (scope === "layer") return { layers: [layer], heads: null, ...named };
+  return { layers: [layer], heads: [head], ...named };
 }
 
 export const betaOf = (lab, nativeBeta) => nativeBeta * 10 ** lab.beta.logRatio;
@@ -36,7 +41,7 @@ export const betaIsNative = (lab) => Math.abs(lab.beta.logRatio) < 1e-9;
 const sorted = (set) => [...set].sort((a, b) => a - b);
 
 // The list sent to the server, in a fixed order. Each item carries `_key` (which control made it),
-// stripped by `wire()` before sending. View-mode β is done in the browser and is not sent.
+// stripped by `forServer()` before sending. View-mode β is done in the browser and is not sent.
 export function buildInterventions(lab, ctx) {
   const list = [];
   if (!betaIsNative(lab) && lab.beta.mode === "run") {
@@ -56,7 +61,7 @@ export function buildInterventions(lab, ctx) {
   return list;
 }
 
-export const wire = (list) => list.map(({ _key, ...rest }) => rest);
+export const forServer = (list) => list.map(({ _key, ...rest }) => rest);
 
 export function resetControl(lab, key) {
   const fresh = createLab()[key];
@@ -81,7 +86,7 @@ function describe(iv, tokens) {
   }
 }
 
-const where = (iv) => (iv.layers === null ? "all layers & heads"
+const where = (iv) => (iv.kind ? `${iv.kind} attention, ` : "") + (iv.layers === null ? "all layers & heads"
   : `layer ${iv.layers.join(",")}${iv.heads === null ? ", all heads" : `, head ${iv.heads.join(",")}`}`);
 
 // The editable list: one row per active intervention with its scope (changeable) and a remove button.
@@ -129,10 +134,3 @@ export function scopeSelect(value, onChange) {
   return select;
 }
 
-function button(text, onClick) {
-  const b = document.createElement("button");
-  b.type = "button";
-  b.textContent = text;
-  b.addEventListener("click", onClick);
-  return b;
-}

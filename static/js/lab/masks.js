@@ -1,13 +1,7 @@
 // Masks and ablation controls (SPEC §3): key masks, causal mask, head ablation, each with a visible
 // scope and a one-click reset. The key-mask tokens are chosen by clicking tokens (or patches) elsewhere.
 import { HELP, resetControl, scopeSelect } from "./interventions.js";
-
-const el = (tag, props = {}, ...children) => {
-  const node = document.createElement(tag);
-  Object.assign(node, props);
-  node.append(...children);
-  return node;
-};
+import { el } from "../dom.js";
 
 // An on/off intervention with a scope and a reset: its checkbox, scope select and reset button,
 // with ids `${key}-toggle`, `${key}-scope`, `${key}-reset`.

@@ -1,13 +1,7 @@
 // Perturbation panel (SPEC §4): target keys or queries, tokens/patches chosen by clicking, noise σ,
 // scale α, seed, samples n (n > 1 → mean ± spread of each effect over seeds seed, seed+1, …).
 import { HELP, resetControl, scopeSelect } from "./interventions.js";
-
-const el = (tag, props = {}, ...children) => {
-  const node = document.createElement(tag);
-  Object.assign(node, props);
-  node.append(...children);
-  return node;
-};
+import { el } from "../dom.js";
 
 function numberInput(id, value, { min = null, max = null, step = "any" } = {}) {
   const input = el("input", { id, type: "number", value: String(value), step: String(step) });
@@ -17,10 +11,11 @@ function numberInput(id, value, { min = null, max = null, step = "any" } = {}) {
   return input;
 }
 
-// mount(container, lab, {onChange(key), showTokenStrip}) → {update(), setTokens(labels)}.
+// mount(container, lab, {onChange(key), showTokenStrip, unit, maxSamples}) → {update(), setTokens(labels)}.
 // With showTokenStrip the panel draws clickable chips for the tokens; a page that picks patches on an
 // image instead calls togglePick(j) from its own click handler.
-export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = true, unit = "token" }) {
+// maxSamples: the server's limit (settings.max_samples, from the page config).
+export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = true, unit = "token", maxSamples = 64 }) {
   const units = unit.endsWith("ch") ? `${unit}es` : `${unit}s`;
   const p = lab.perturb;
   const target = el("select", { id: "perturb-target" });
@@ -28,7 +23,7 @@ export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = t
   const sigma = numberInput("perturb-sigma", p.sigma, { min: 0, max: 1e4, step: 0.1 });
   const alpha = numberInput("perturb-alpha", p.alpha, { min: -1e4, max: 1e4, step: 0.1 });
   const seed = numberInput("perturb-seed", p.seed, { min: 0, step: 1 });
-  const samples = numberInput("perturb-samples", p.samples, { min: 1, max: 64, step: 1 });
+  const samples = numberInput("perturb-samples", p.samples, { min: 1, max: maxSamples, step: 1 });
   const scope = scopeSelect(p.scope, (v) => { p.scope = v; if (p.on) onChange("perturb"); });
   scope.id = "perturb-scope";
   const apply = el("button", { id: "perturb-apply", type: "button", className: "primary" });
@@ -42,7 +37,7 @@ export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = t
     p.sigma = Math.max(0, num(sigma, p.sigma));
     p.alpha = num(alpha, p.alpha);
     p.seed = Math.max(0, Math.round(num(seed, p.seed)));
-    p.samples = Math.min(64, Math.max(1, Math.round(num(samples, p.samples))));
+    p.samples = Math.min(maxSamples, Math.max(1, Math.round(num(samples, p.samples))));
   };
   for (const input of [target, sigma, alpha, seed, samples]) {
     input.addEventListener("change", () => { read(); update(); if (p.on) onChange("perturb"); });

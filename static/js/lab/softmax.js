@@ -3,6 +3,7 @@
 // The default vector (−3, 1, 100, 5, −1) at β = 1 shows saturation: every Jacobian entry ≈ 0.
 import { entropy, fmt, maxAbs, softmaxRow } from "../mathx.js";
 import { pngButton } from "./export.js";
+import { el } from "../dom.js";
 
 const CONFIG = { responsive: true, displaylogo: false };
 export const DEFAULT_VECTOR = [-3, 1, 100, 5, -1];
@@ -10,13 +11,6 @@ export const DEFAULT_VECTOR = [-3, 1, 100, 5, -1];
 export function jacobian(p, beta) {
   return p.map((pi, i) => p.map((pj, j) => beta * ((i === j ? pi : 0) - pi * pj)));
 }
-
-const el = (tag, props = {}, ...children) => {
-  const node = document.createElement(tag);
-  Object.assign(node, props);
-  node.append(...children);
-  return node;
-};
 
 export function parseVector(text) {
   const parts = text.replace(/−/g, "-").split(/[\s,;]+/).filter(Boolean);

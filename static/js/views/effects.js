@@ -3,7 +3,8 @@ import { fmt } from "../mathx.js";
 
 const CONFIG = { responsive: true, displaylogo: false };
 
-export function drawEffect({ outputEl, hiddenEl, tvEl, warningsEl }, response) {
+// tv: the TV grid to draw ([L][H]); by default the response's own (an encoder–decoder page picks a kind).
+export function drawEffect({ outputEl, hiddenEl, tvEl, warningsEl }, response, { tv = null } = {}) {
   const effect = response.effect;
   warningsEl.textContent = (response.warnings || []).join(" · ");
   if (!effect) {
@@ -23,7 +24,7 @@ export function drawEffect({ outputEl, hiddenEl, tvEl, warningsEl }, response) {
     title: { text: "hidden-state cosine (after vs before)", font: { size: 13 } },
     margin: { l: 70, r: 10, t: 30, b: 35 }, yaxis: { range: cosineRange(hc, effect.hidden_cosine_std) },
   }, CONFIG);
-  const tv = effect.attention_tv_all || effect.attention_tv;
+  tv ??= effect.attention_tv_all || effect.attention_tv;
   Plotly.react(tvEl, [{
     type: "heatmap", z: tv, colorscale: "Reds", zmin: 0, zmax: Math.max(1e-6, ...tv.flat()),
     hovertemplate: "layer %{y}, head %{x}<br>TV = %{z:.4f}<extra></extra>", colorbar: { thickness: 10 },
@@ -76,6 +77,16 @@ function outputRows(output) {
     add("predictions before", top(output.before));
     add("predictions after", top(output.after));
     add("KL(before ‖ after)", fmt(output.kl) + std("kl"));
+  } else if (output.kind === "next_token") {
+    const top = (list) => list.slice(0, 5).map((t) => `${JSON.stringify(t.token)} ${fmt(t.prob, 2)}`).join(", ");
+    add(`next token after position ${output.position}: KL(before ‖ after)`, fmt(output.kl) + std("kl"));
+    add("p(before's top) after − before", fmt(output.prob_change) + std("prob_change"));
+    add("top before", top(output.top_before));
+    add("top after", top(output.top_after));
+  } else if (output.kind === "seq2seq") {
+    const kl = output.kl ?? [];
+    add("target tokens", String(output.probs_before?.length ?? kl.length));
+    add("mean KL(before ‖ after) per target token", fmt(kl.reduce((a, b) => a + b, 0) / Math.max(1, kl.length)));
   }
   return rows;
 }

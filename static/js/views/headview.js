@@ -4,9 +4,10 @@ const NS = "http://www.w3.org/2000/svg";
 const MIN_WEIGHT = 0.02; // lines below this are not drawn (keeps 512-token views light)
 const MAX_TOKENS = 160;
 
-export function drawHeadView(container, matrix, tokens, { masked = new Set(), onToggleKey = null } = {}) {
+// tokens: the keys (right); queryTokens: the queries (left), the same tokens unless the map is rectangular.
+export function drawHeadView(container, matrix, tokens, { masked = new Set(), onToggleKey = null, queryTokens = tokens } = {}) {
   container.replaceChildren();
-  const n = tokens.length;
+  const n = Math.max(tokens.length, queryTokens.length);
   if (n > MAX_TOKENS) {
     const note = document.createElement("p");
     note.className = "help";
@@ -22,8 +23,8 @@ export function drawHeadView(container, matrix, tokens, { masked = new Set(), on
   const xl = 150, xr = width - 150;
   const lines = document.createElementNS(NS, "g");
   const y = (i) => top + i * rowH + rowH / 2;
-  for (let i = 0; i < n; i++) {
-    for (let j = 0; j < n; j++) {
+  for (let i = 0; i < queryTokens.length; i++) {
+    for (let j = 0; j < tokens.length; j++) {
       const w = matrix[i][j];
       if (w < MIN_WEIGHT) continue;
       const line = document.createElementNS(NS, "line");
@@ -43,8 +44,9 @@ export function drawHeadView(container, matrix, tokens, { masked = new Set(), on
       line.style.display = on ? "" : "none";
     }
   };
-  tokens.forEach((tok, i) => {
-    for (const [side, x, anchor] of [["q", xl, "end"], ["k", xr, "start"]]) {
+  const sides = [["q", xl, "end", queryTokens], ["k", xr, "start", tokens]];
+  for (const [side, x, anchor, labels] of sides) {
+    labels.forEach((tok, i) => {
       const label = document.createElementNS(NS, "text");
       label.setAttribute("x", x); label.setAttribute("y", y(i) + 4);
       label.setAttribute("text-anchor", anchor);
@@ -55,7 +57,7 @@ export function drawHeadView(container, matrix, tokens, { masked = new Set(), on
       if (side === "k" && onToggleKey) label.addEventListener("click", () => onToggleKey(i));
       label.dataset.side = side; label.dataset.index = i;
       svg.append(label);
-    }
-  });
+    });
+  }
   container.append(svg);
 }

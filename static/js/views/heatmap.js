@@ -11,17 +11,19 @@ import { viridis } from "../colors.js";
 // Plotly merges duplicate category labels, so each token label gets its index.
 export const tokenLabels = (tokens) => tokens.map((t, i) => `${i}:${t}`);
 
-const drawnTokens = new WeakMap(); // plot element → the tokens its axes show
+const drawnTokens = new WeakMap(); // plot element → the tokens its axes show ({x, y})
 
-export function drawHeatmap(el, matrix, tokens, { title = "", zmax = null, colorscale = "Viridis", zmid = null } = {}) {
+// tokens: the keys (x); yTokens: the queries (y), the same tokens unless the map is rectangular
+// (cross-attention: target queries × source keys).
+export function drawHeatmap(el, matrix, tokens, { title = "", zmax = null, colorscale = "Viridis", zmid = null, yTokens = tokens } = {}) {
   const labels = tokenLabels(tokens);
   const trace = {
-    type: "heatmap", z: matrix, x: labels, y: labels, colorscale,
+    type: "heatmap", z: matrix, x: labels, y: tokenLabels(yTokens), colorscale,
     zmin: zmid === null ? 0 : -zmax, zmax: zmax ?? undefined, zmid: zmid ?? undefined,
     hovertemplate: "query %{y}<br>key %{x}<br>P = %{z:.4f}<extra></extra>",
     colorbar: { thickness: 12 },
   };
-  const dense = tokens.length > 40;
+  const dense = Math.max(tokens.length, yTokens.length) > 40;
   const layout = {
     title: { text: title, font: { size: 13 } },
     margin: { l: dense ? 40 : 90, r: 10, t: title ? 30 : 10, b: dense ? 40 : 90 },
@@ -29,7 +31,7 @@ export function drawHeatmap(el, matrix, tokens, { title = "", zmax = null, color
     yaxis: { title: { text: "query" }, autorange: "reversed", showticklabels: !dense, type: "category" },
   };
   const drawn = Plotly.react(el, [trace], layout, { responsive: true, displaylogo: false });
-  drawnTokens.set(el, tokens);
+  drawnTokens.set(el, { x: tokens, y: yTokens });
   const cells = el.querySelector(":scope > canvas.fast-cells");
   if (cells) cells.hidden = true; // Plotly shows the same values now
   el.querySelector(":scope > .preview-note")?.remove();
@@ -39,15 +41,15 @@ export function drawHeatmap(el, matrix, tokens, { title = "", zmax = null, color
 // Repaint the cells of an already drawn heatmap with new values for the same tokens. Returns false
 // (and paints nothing) when that is not possible: nothing drawn yet, other tokens, or a zoomed view;
 // the caller then draws with Plotly.
-export function paintHeatmap(el, matrix, tokens) {
+export function paintHeatmap(el, matrix, tokens, yTokens = tokens) {
   const layout = el._fullLayout;
   const trace = el._fullData?.[0];
   const shown = drawnTokens.get(el);
-  if (!layout || !trace || trace.type !== "heatmap" || !shown || !sameTokens(shown, tokens)) return false;
-  const n = matrix.length;
+  if (!layout || !trace || trace.type !== "heatmap" || !shown || !sameTokens(shown.x, tokens) || !sameTokens(shown.y, yTokens)) return false;
+  const n = matrix.length, m = matrix[0]?.length ?? 0;
   const [x0, x1] = layout.xaxis.range, [y0, y1] = layout.yaxis.range;
   const whole = (a, b) => Math.abs(a - b) < 1e-6;
-  if (!(whole(x0, -0.5) && whole(x1, n - 0.5) && whole(y0, n - 0.5) && whole(y1, -0.5))) return false; // zoomed
+  if (!(whole(x0, -0.5) && whole(x1, m - 0.5) && whole(y0, n - 0.5) && whole(y1, -0.5))) return false; // zoomed
   const { l, t, w, h } = layout._size; // the plot area, in CSS pixels from the element's corner
   paintCells(cellsCanvas(el), matrix, { left: l, top: t, width: w, height: h }, colourTable(trace.colorscale), trace.zmin, trace.zmax);
   return true;
@@ -56,8 +58,7 @@ export function paintHeatmap(el, matrix, tokens) {
 // Before plotly.js is ready (it takes 1–2 s to evaluate on a slow machine, see benchmarks/): the cells
 // alone, on a canvas about where the figure's plot area will be, with a note; drawHeatmap replaces them.
 export function paintPreview(el, matrix, note = "") {
-  const n = matrix.length;
-  const dense = n > 40;
+  const dense = Math.max(matrix.length, matrix[0]?.length ?? 0) > 40;
   const { width, height } = el.getBoundingClientRect();
   const box = { left: dense ? 40 : 90, top: 10, width: 0, height: 0 };
   box.width = Math.max(40, width - box.left - 70); // 70: Plotly's colour bar and right margin

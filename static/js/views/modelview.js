@@ -27,18 +27,19 @@ function axis(text) {
   return el;
 }
 
+// rows × cols: cross-attention thumbnails are rectangular (target queries × source keys).
 function drawThumb(matrix) {
-  const n = matrix.length;
+  const n = matrix.length, m = matrix[0]?.length ?? 0;
   const canvas = document.createElement("canvas");
-  canvas.width = n; canvas.height = n;
+  canvas.width = m; canvas.height = n;
   const ctx = canvas.getContext("2d");
-  const image = ctx.createImageData(n, n);
+  const image = ctx.createImageData(m, n);
   let max = 1e-12;
   for (const row of matrix) for (const v of row) if (v > max) max = v;
   for (let i = 0; i < n; i++) {
-    for (let j = 0; j < n; j++) {
+    for (let j = 0; j < m; j++) {
       const [r, g, b] = viridis(matrix[i][j] / max);
-      const o = 4 * (i * n + j);
+      const o = 4 * (i * m + j);
       image.data[o] = r; image.data[o + 1] = g; image.data[o + 2] = b; image.data[o + 3] = 255;
     }
   }

@@ -1,0 +1,46 @@
+// Small DOM helpers shared by every page and the lab (one meaning per name).
+
+export const byId = (id) => document.getElementById(id);
+
+// A new element: el("button", {type: "button", textContent: "go"}, child, "text", …).
+export function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  Object.assign(node, props);
+  node.append(...children);
+  return node;
+}
+
+export function button(text, onClick, props = {}) {
+  const b = el("button", { type: "button", textContent: text, ...props });
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+// Fill a <select> with [value, label] pairs (rebuilt only when the options change) and select `value`.
+export function setOptions(select, options, value = null) {
+  const key = JSON.stringify(options);
+  if (select.dataset.options !== key) {
+    select.replaceChildren(...options.map(([v, label]) => new Option(label, v)));
+    select.dataset.options = key;
+  }
+  if (value !== null && value !== undefined) select.value = String(value);
+}
+
+// [[0, "layer 0"], [1, "layer 1"], …]
+export const numbered = (n, prefix) => Array.from({ length: n }, (_, i) => [i, `${prefix} ${i}`]);
+
+// A <dl> filled with (term, value) rows.
+export function fillList(dl, rows) {
+  dl.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { textContent: k }), el("dd", { textContent: v })]));
+}
+
+// Arrow keys outside form fields: ← → move the head, ↑ ↓ the layer.
+export function onArrowKeys(move) {
+  document.addEventListener("keydown", (e) => {
+    if (["INPUT", "TEXTAREA", "SELECT"].includes(document.activeElement?.tagName)) return;
+    const moves = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] };
+    if (!moves[e.key]) return;
+    e.preventDefault();
+    move(...moves[e.key]);
+  });
+}

@@ -1,0 +1,236 @@
+// The laboratory: one module mounted by every page (text encoders, language models, encoder–decoders,
+// images). It owns the interventions (β in view and run modes, key masks, causal mask, ablation,
+// perturbations with samples), the effect panel, head summaries, the softmax panel, export and the
+// shareable URL. The markup is server-rendered (templates/partials/lab.html, effect_panel.html); the
+// masks, perturbation and softmax sections are filled by their builders here.
+//
+// The page says how to run and draw, through callbacks:
+//   run({settle})      run the model with lab.interventions() (returns a promise); settle > 0: a slider
+//                      moves, the page may ask for the shown slice only and repaint lightly
+//   redraw({settle})   redraw without a run (view-mode β re-normalises in the browser)
+//   labels()           token or patch labels of the shown input
+//   selection()        {layer, head, query, li, hi, kind?}: the shown head in model numbering, and its
+//                      index (li, hi) in the response's arrays
+//   shape()            {layers, heads} of the shown model (kind)
+//   nativeBeta()       β₀ of the shown model
+//   selectHead(l, h)   select a head (summaries, arrow keys)
+//   pageParams()       the page's own part of the link (URLSearchParams)
+//   mainFigure()       the element #export-png downloads
+//   exportName()       file name stem for downloads
+//   diff()             {after, before, x, y, title, square} matrices for the P̂ − P figure, or null
+//   softmax()          the softmax panel's context ({tokens, scores, query, beta, masked, …}) or null
+//   summaryExtra()     extra parts for the effect summary line (e.g. view-only TV), optional
+//   activeExtra()      extra rows for the active-interventions list, optional
+import { setStatus } from "../api.js";
+import { byId, onArrowKeys } from "../dom.js";
+import { decodedFields, fmt } from "../mathx.js";
+import { drawDiff } from "../views/diff.js";
+import { drawEffect } from "../views/effects.js";
+import { downloadJSON, downloadPNG, installPngButtons } from "./export.js";
+import { betaIsNative, betaOf, buildInterventions, createLab, forServer, renderActiveList } from "./interventions.js";
+import { mountMaskPanel } from "./masks.js";
+import { mountPerturbPanel } from "./perturb.js";
+import { mountSoftmaxPanel } from "./softmax.js";
+import { drawSummaries } from "./summaries.js";
+import { labToParams, paramsToLab, readHash, writeHash } from "./urlstate.js";
+
+// While a slider moves, only the heatmap's cells follow it; every other panel catches up once no move
+// came for this long.
+export const SETTLE_MS = 150;
+
+// options: {unit ("token" | "patch"), showTokenStrip, maskScope, pickHint, distanceUnit, maxSamples,
+//           outputId, warningsId, diffId}
+export function mountLab(page, options = {}) {
+  const {
+    unit = "token", showTokenStrip = true, maskScope = "head", pickHint = "click a token to mask it as a key",
+    distanceUnit = "tokens", maxSamples = 64, outputId = "output-effect", warningsId = "warnings", diffId = "diff-heatmap",
+  } = options;
+  const lab = createLab();
+  lab.masks.scope = maskScope;
+  const modeSelect = byId("mode-select"); // absent: the page has run mode only
+  if (!modeSelect) lab.beta.mode = "run";
+  let response = null, request = null;
+
+  const ctx = () => {
+    const s = page.selection();
+    return { layer: s.layer, head: s.head, kind: s.kind, nativeBeta: page.nativeBeta() };
+  };
+  const beta = () => betaOf(lab, page.nativeBeta());
+  const samples = () => (lab.perturb.on ? lab.perturb.samples : 1);
+  const interventions = () => forServer(buildInterventions(lab, ctx()));
+  const viewBeta = () => lab.beta.mode === "view" && !betaIsNative(lab);
+
+  const changed = () => { syncControls(); page.run({}); };
+  const masks = mountMaskPanel(byId("masks-panel"), lab, {
+    onChange: changed, tokenName: (j) => page.labels()[j] ?? "?", pickHint,
+  });
+  const perturb = mountPerturbPanel(byId("perturb-panel"), lab, { onChange: changed, showTokenStrip, unit, maxSamples });
+  const softmax = mountSoftmaxPanel(byId("softmax-panel"), { onError: (msg) => setStatus(msg, { error: true }) });
+
+  // ---- β --------------------------------------------------------------------------------------------
+  function renderBetaReadout() {
+    const b = beta();
+    byId("beta-readout").textContent = `β = ${fmt(b)}  T = ${fmt(1 / b)}  (β₀ = ${fmt(page.nativeBeta())})`;
+  }
+
+  // Run mode: one model run in flight; moves meanwhile collapse into one run of the latest β.
+  let betaRun = null, betaRunWanted = false;
+  function runBeta() {
+    if (betaRun) { betaRunWanted = true; return; }
+    betaRun = Promise.resolve(page.run({ settle: SETTLE_MS })).finally(() => {
+      betaRun = null;
+      if (betaRunWanted) { betaRunWanted = false; runBeta(); }
+    });
+  }
+
+  function onBetaInput() {
+    lab.beta.logRatio = Number(byId("beta-slider").value);
+    renderBetaReadout();
+    if (!response) return;
+    if (lab.beta.mode === "view") page.redraw({ settle: SETTLE_MS }); // re-normalised here: a few ms at 128 tokens
+    else runBeta();
+  }
+  byId("beta-slider").addEventListener("input", onBetaInput);
+  byId("beta-reset").addEventListener("click", () => { byId("beta-slider").value = "0"; onBetaInput(); });
+  byId("scope-select").addEventListener("change", () => { lab.beta.scope = byId("scope-select").value; page.run({}); });
+  modeSelect?.addEventListener("change", () => { lab.beta.mode = modeSelect.value; page.run({}); });
+
+  // Controls mirror the lab state (after a URL restore or an edit in the active list).
+  function syncControls() {
+    byId("beta-slider").value = String(lab.beta.logRatio);
+    byId("scope-select").value = lab.beta.scope;
+    if (modeSelect) modeSelect.value = lab.beta.mode;
+    renderBetaReadout();
+    masks.update();
+    perturb.update();
+  }
+
+  // ---- after each response ---------------------------------------------------------------------------
+  // derived: what differs between kinds of models: {tv [L][H], entropy [L][H], distance [L][H] | null}.
+  function render(r, body, derived = {}) {
+    response = r;
+    request = body;
+    const { li = 0, hi = 0, layer, head } = page.selection();
+    renderBetaReadout(); // β₀ may be known only now
+    masks.update();
+    perturb.setTokens(page.labels());
+    renderActiveList(byId("interventions-list"), lab, ctx(), {
+      tokens: page.labels(), extra: page.activeExtra?.() ?? [], samples: samples(), onChange: () => changed(),
+    });
+    const tv = derived.tv ?? r.effect?.attention_tv_all ?? r.effect?.attention_tv;
+    drawEffect({ outputEl: byId(outputId), hiddenEl: byId("hidden-cosine-plot"), tvEl: byId("tv-plot"), warningsEl: byId(warningsId) },
+      r, { tv });
+    renderSummaryLine({ li, hi, layer, head, tvAt: derived.tvAt });
+    renderDiff();
+    drawSummaries({ entropyEl: byId("summary-entropy"), distanceEl: byId("summary-distance"), tableEl: byId("summary-table") }, {
+      entropy: derived.entropy ?? r.entropy, distance: derived.distance ?? r.mean_distance ?? null, distanceUnit,
+      layer, head, onSelect: (l, h) => page.selectHead(l, h),
+    });
+    renderSoftmax();
+    writeUrl();
+  }
+
+  // The effect summary line: attention TV at the shown head, the last hidden cosine, the output's change.
+  function renderSummaryLine({ li, hi, layer, head, tvAt = null }) {
+    const e = response?.effect;
+    const parts = [...(page.summaryExtra?.() ?? [])];
+    if (e) {
+      const pm = (x, s) => fmt(x) + (s !== undefined && s !== null ? ` ± ${fmt(s, 2)}` : "");
+      const [tv, tvStd] = tvAt ?? [e.attention_tv[li]?.[hi], e.attention_tv_std?.[li]?.[hi]];
+      parts.push(`TV at L${layer} h${head}: ${pm(tv, tvStd)}`);
+      const last = e.hidden_cosine.length - 1;
+      parts.push(`last-layer hidden cosine: ${pm(e.hidden_cosine[last], e.hidden_cosine_std?.[last])}`);
+      const o = e.output ?? {};
+      if (o.embedding_cosine !== undefined) parts.push(`embedding cosine: ${pm(o.embedding_cosine, o.embedding_cosine_std)}`);
+      if (o.cls_cosine !== undefined) parts.push(`CLS cosine: ${pm(o.cls_cosine, o.cls_cosine_std)}`);
+      if (typeof o.kl === "number") parts.push(`KL(before ‖ after): ${pm(o.kl, o.kl_std)}`);
+      if (o.prob_change !== undefined) parts.push(`Δp(top): ${pm(o.prob_change, o.prob_change_std)}`);
+      if (e.samples) parts.push(`n = ${e.samples} samples`);
+    }
+    byId("effect-summary").textContent = parts.length ? parts.join("  ·  ")
+      : `no interventions active: change β in run mode, mask a ${unit}, ablate, or perturb`;
+  }
+
+  function renderDiff() {
+    const el = byId(diffId);
+    if (!el || !response) return;
+    const d = page.diff();
+    const ratio = byId("diff-kind")?.value === "ratio";
+    drawDiff(el, d, { ratio });
+  }
+  byId("diff-kind")?.addEventListener("change", renderDiff);
+
+  // row: show the selected query row (a click on a map picks a row) rather than the user's score vector.
+  function renderSoftmax({ row = false } = {}) {
+    const c = page.softmax();
+    if (!c) return;
+    if (row) softmax.setSource("row");
+    softmax.update(c);
+  }
+
+  // ---- URL ------------------------------------------------------------------------------------------
+  function writeUrl() {
+    const params = new URLSearchParams();
+    for (const [k, v] of page.pageParams()) params.set(k, v);
+    labToParams(lab, params);
+    writeHash(params);
+    byId("share-url").value = window.location.href;
+  }
+
+  // The link's parameters, with the lab's part applied (null when the URL holds no view).
+  function restore() {
+    const params = readHash();
+    if (![...params.keys()].length) return null;
+    paramsToLab(params, lab);
+    if (!modeSelect) lab.beta.mode = "run";
+    syncControls();
+    return params;
+  }
+
+  // ---- export -----------------------------------------------------------------------------------------
+  byId("export-json").addEventListener("click", () => {
+    if (!response) return setStatus("nothing to export yet", { error: true });
+    downloadJSON({ request, response: decodedFields(response), url: window.location.href }, `${page.exportName()}.json`);
+  });
+  byId("export-png").addEventListener("click", () => downloadPNG(page.mainFigure(), page.exportName())
+    .catch((err) => setStatus(`PNG export failed: ${err.message}`, { error: true })));
+  byId("copy-link").addEventListener("click", async () => {
+    byId("share-url").select();
+    try { await navigator.clipboard.writeText(window.location.href); setStatus("link copied"); } catch { setStatus("select the link and copy it"); }
+  });
+
+  onArrowKeys((dl, dh) => {
+    if (!response) return;
+    const { layer, head } = page.selection();
+    const { layers, heads } = page.shape();
+    const clamp = (v, n) => Math.max(0, Math.min(n - 1, v));
+    page.selectHead(clamp(layer + dl, layers), clamp(head + dh, heads));
+  });
+
+  // A new input makes token indices meaningless: drop masks and the chosen tokens (and switch a
+  // token-targeted perturbation off rather than let it silently become "every token").
+  function forgetTokens() {
+    lab.masks.tokens.clear();
+    if (lab.perturb.tokens.size) { lab.perturb.tokens.clear(); lab.perturb.on = false; }
+    masks.update();
+    perturb.update();
+  }
+
+  function toggleMask(j) {
+    if (lab.masks.tokens.has(j)) lab.masks.tokens.delete(j); else lab.masks.tokens.add(j);
+    masks.update();
+    page.run({});
+  }
+
+  syncControls();
+  return {
+    lab, beta, samples, interventions, viewBeta, render, restore, syncControls, writeUrl, forgetTokens, toggleMask,
+    togglePick: (j) => perturb.togglePick(j),
+    betaIsNative: () => betaIsNative(lab),
+    renderSoftmax,
+    renderDiff,
+    // The request ran with other interventions than the selection needs now (scoped ones follow the head).
+    stale: (body) => JSON.stringify(interventions()) !== JSON.stringify(body?.interventions ?? []),
+    installPngButtons: (prefix) => installPngButtons(document, prefix),
+  };
+}

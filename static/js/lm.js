@@ -1,0 +1,204 @@
+// The output side of language models on the text page (SPEC §9): the next-token distribution before and
+// after the interventions, the two greedy continuations streamed side by side, and an encoder–decoder's
+// decoded target with its per-token probabilities.
+import { ApiError } from "./api.js";
+import { byId, el, fillList } from "./dom.js";
+import { fmt } from "./mathx.js";
+
+const CONFIG = { responsive: true, displaylogo: false };
+const BEFORE = "#98a2b3", AFTER = "#3b5bdb";
+
+// A token as the user should read it: leading spaces and newlines made visible.
+export const showToken = (t) => JSON.stringify(t).slice(1, -1).replace(/^ /, "␣").replace(/ $/, "␣") || "∅";
+
+// Query heads that share a key/value head (grouped-query attention): "heads 0–2 share K/V head 0, …".
+export function kvGroups(heads, kvHeads) {
+  if (!kvHeads || kvHeads >= heads) return null;
+  const size = heads / kvHeads;
+  return Array.from({ length: kvHeads }, (_, g) => {
+    const first = g * size, last = first + size - 1;
+    return `heads ${first}–${last} share K/V head ${g}`;
+  }).join(", ");
+}
+
+// ---- next token ------------------------------------------------------------------------------------
+// response.output: {kind: "next_token", position, top}; response.effect?.output: the before/after comparison.
+export function drawNextToken(response, tokens) {
+  const out = response.output;
+  const cmp = response.effect?.output?.kind === "next_token" ? response.effect.output : null;
+  const panel = byId("lm-output");
+  const where = `after position ${out.position} (${showToken(tokens[out.position] ?? "?")})`;
+  byId("lm-output-title").textContent = where;
+  const before = cmp ? cmp.top_before : out.top;
+  const after = cmp ? cmp.top_after : null;
+  panel.dataset.top = before[0]?.token ?? "";
+  panel.dataset.topAfter = (after ?? before)[0]?.token ?? "";
+  panel.dataset.kl = cmp ? String(cmp.kl) : "0";
+  const label = (t, i) => `${i + 1}. ${showToken(t.token)}`;
+  const traces = [{
+    type: "bar", orientation: "h", name: cmp ? "before" : "now", y: before.map(label), x: before.map((t) => t.prob),
+    marker: { color: cmp ? BEFORE : AFTER }, hovertemplate: "%{y}: p = %{x:.4f}<extra></extra>", xaxis: "x", yaxis: "y",
+  }];
+  if (after) {
+    traces.push({
+      type: "bar", orientation: "h", name: "after", y: after.map(label), x: after.map((t) => t.prob),
+      marker: { color: AFTER }, hovertemplate: "%{y}: p = %{x:.4f}<extra></extra>", xaxis: "x2", yaxis: "y2",
+    });
+  }
+  const axis = (domain, title) => ({ domain, range: [0, 1], title: { text: title } });
+  const cat = (anchor) => ({ autorange: "reversed", type: "category", anchor, automargin: true });
+  Plotly.react(byId("topk-plot"), traces, {
+    margin: { l: 10, r: 10, t: 24, b: 40 }, showlegend: false,
+    xaxis: axis(after ? [0, 0.44] : [0, 1], after ? "p before" : "p"), yaxis: cat("x"),
+    ...(after ? { xaxis2: axis([0.56, 1], "p after"), yaxis2: cat("x2") } : {}),
+    annotations: after ? [] : [{ text: "no interventions: before = after", xref: "paper", yref: "paper", x: 1, y: 1.08, showarrow: false, font: { color: "#667085", size: 11 } }],
+  }, CONFIG);
+
+  const rows = [["position", where]];
+  if (cmp) {
+    const std = (k) => (cmp[`${k}_std`] !== undefined ? ` ± ${fmt(cmp[`${k}_std`], 2)}` : "");
+    rows.push(["KL(before ‖ after)", `${fmt(cmp.kl)} nats${std("kl")}`]);
+    rows.push([`Δp of ${showToken(before[0].token)}`, `${cmp.prob_change >= 0 ? "+" : ""}${fmt(cmp.prob_change)}${std("prob_change")}`]);
+    rows.push(["top token", before[0].token === after[0].token ? `unchanged: ${showToken(before[0].token)}`
+      : `${showToken(before[0].token)} → ${showToken(after[0].token)}`]);
+  } else {
+    rows.push(["top token", `${showToken(before[0].token)} (p = ${fmt(before[0].prob, 3)})`]);
+  }
+  fillList(byId("lm-effect"), rows);
+  drawRankTable(byId("topk-table"), before, after);
+}
+
+// Ranks: each before-top token's probability and where it went, beside the after-top tokens.
+function drawRankTable(table, before, after) {
+  const head = el("tr", {}, ...["#", "before", "p", ...(after ? ["rank after", "after", "p", "rank before"] : [])].map((t) => el("th", { textContent: t })));
+  const rank = (r) => (r === null || r === undefined ? "–" : String(r + 1));
+  const moved = (from, to) => (to === null || to === undefined ? "" : to < from ? " ▲" : to > from ? " ▼" : "");
+  const body = before.map((b, i) => {
+    const cells = [String(i + 1), showToken(b.token), fmt(b.prob, 3)];
+    if (after) {
+      const a = after[i];
+      cells.push(rank(b.rank_after) + moved(i, b.rank_after), a ? showToken(a.token) : "", a ? fmt(a.prob, 3) : "", a ? rank(a.rank_before) : "");
+    }
+    return el("tr", {}, ...cells.map((t) => el("td", { textContent: t })));
+  });
+  table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...body));
+}
+
+// ---- continuation ----------------------------------------------------------------------------------
+// body(): the generate request ({model, text, chat, max_new_tokens, interventions}).
+// Automatic re-runs: once a continuation was asked for, followChanges() generates again when the request
+// differs from the one shown and "follow changes" is on.
+export function mountContinuation({ body, onError }) {
+  const run = byId("generate-button"), stop = byId("stop-button"), status = byId("continuation-status");
+  const cols = { base: byId("continuation-base"), intervened: byId("continuation-intervened") };
+  let controller = null, shownKey = null, asked = false;
+
+  async function generate() {
+    controller?.abort();
+    const mine = new AbortController();
+    controller = mine;
+    asked = true;
+    const request = body();
+    shownKey = JSON.stringify(request);
+    cols.base.replaceChildren();
+    cols.intervened.replaceChildren();
+    const panel = byId("continuation");
+    panel.dataset.state = "running";
+    panel.dataset.differs = "";
+    run.disabled = true;
+    stop.disabled = false;
+    status.textContent = "generating…";
+    let steps = 0, firstDiff = null;
+    try {
+      const res = await fetch("/api/text/generate", {
+        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(request), signal: mine.signal,
+      });
+      if (!res.ok) {
+        const payload = await res.json().catch(() => ({ detail: res.statusText }));
+        throw new ApiError(res.status, payload.detail);
+      }
+      for await (const event of serverEvents(res.body)) {
+        if (event.done) {
+          status.textContent = `${steps} tokens · ${firstDiff === null ? "identical" : `they differ from token ${firstDiff + 1}`}`;
+          panel.dataset.state = "done";
+          break;
+        }
+        if (event.error) throw new Error(event.error);
+        const differs = event.id !== event.base_id;
+        if (differs && firstDiff === null) firstDiff = event.step;
+        cols.base.append(tokenSpan(event.base_token, event.base_prob, differs, event.step));
+        cols.intervened.append(tokenSpan(event.token, event.prob, differs, event.step));
+        steps += 1;
+        status.textContent = `${steps} tokens…`;
+      }
+      panel.dataset.differs = firstDiff === null ? "no" : "yes";
+    } catch (err) {
+      if (err.name === "AbortError") {
+        if (controller === mine) { status.textContent = `stopped after ${steps} tokens`; panel.dataset.state = "stopped"; }
+        return;
+      }
+      panel.dataset.state = "error";
+      status.textContent = "";
+      onError(`continuation: ${err.message}`);
+    } finally {
+      if (controller === mine) { controller = null; run.disabled = false; stop.disabled = true; }
+    }
+  }
+
+  run.addEventListener("click", generate);
+  stop.addEventListener("click", () => controller?.abort());
+  return {
+    generate,
+    followChanges() {
+      if (asked && byId("auto-generate").checked && JSON.stringify(body()) !== shownKey) generate();
+    },
+    reset() { controller?.abort(); asked = false; shownKey = null; cols.base.replaceChildren(); cols.intervened.replaceChildren(); status.textContent = ""; },
+  };
+}
+
+function tokenSpan(token, prob, differs, step) {
+  return el("span", {
+    className: "gen-tok" + (differs ? " differs" : ""), textContent: token,
+    title: `step ${step + 1}: ${showToken(token)}, p = ${fmt(prob, 3)}`,
+  });
+}
+
+// Server-sent events from a fetch() body: events are separated by a blank line, payload lines start with
+// "data:". (EventSource cannot POST.)
+async function* serverEvents(stream) {
+  const reader = stream.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
+      if (data) yield JSON.parse(data);
+    }
+  }
+}
+
+// ---- encoder–decoder target ------------------------------------------------------------------------
+export function drawTarget(response) {
+  const out = response.output;
+  const cmp = response.effect?.output?.kind === "seq2seq" ? response.effect.output : null;
+  const tokens = out.target_tokens ?? response.target_tokens;
+  const before = cmp?.probs_before ?? out.probs;
+  const after = cmp?.probs_after ?? null;
+  byId("target-tokens").replaceChildren(...tokens.map((t, i) => el("span", {
+    className: "tok", textContent: t,
+    title: `target ${i}: p = ${fmt(before[i], 3)}` + (after ? ` → ${fmt(after[i], 3)}, KL ${fmt(cmp.kl?.[i], 3)}` : ""),
+  })));
+  const labels = tokens.map((t, i) => `${i}:${t}`);
+  const traces = [{ type: "bar", name: after ? "before" : "p", x: labels, y: before, marker: { color: after ? BEFORE : AFTER } }];
+  if (after) traces.push({ type: "bar", name: "after", x: labels, y: after, marker: { color: AFTER } });
+  Plotly.react(byId("target-probs-plot"), traces, {
+    barmode: "group", margin: { l: 45, r: 10, t: 10, b: 70 }, yaxis: { range: [0, 1.02], title: { text: "p(target token)" } },
+    xaxis: { type: "category", tickangle: -50 }, legend: { orientation: "h", y: 1.1 },
+  }, CONFIG);
+}

@@ -14,6 +14,7 @@ from app.lifecycle import check_cancelled
 from app.runtime import Runtime
 from app.schemas import AttentionRequestBase, to_engine
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
+from models.adapters.seq2seq import KINDS, KindScopedIntervention, Seq2SeqAdapter
 from models.effects import attention_tv, hidden_cosine, mean_and_std
 from models.interventions import Intervention, row_entropy
 
@@ -37,6 +38,8 @@ def engine_interventions(req: AttentionRequestBase, adapter: AttentionAdapter, n
     info = adapter.info
     result = []
     for i, item in enumerate(req.interventions):
+        if item.kind is not None:
+            raise field_error(("interventions", i, "kind"), f"model {info.id} has one kind of attention; kind must be null")
         _check_indices(item.layers, info.layers, ("interventions", i, "layers"), "layer")
         _check_indices(item.heads, info.heads, ("interventions", i, "heads"), "head")
         tokens = getattr(item, "tokens", None)
@@ -44,6 +47,18 @@ def engine_interventions(req: AttentionRequestBase, adapter: AttentionAdapter, n
             _check_indices(tokens, n_tokens, ("interventions", i, "tokens"), "token")
         result.append(to_engine(item))
     return tuple(result)
+
+
+def check_run_budget(runtime: Runtime, maps: list[tuple[int, int, int, int]], field: str = "text") -> None:
+    """413 before a run whose recorded attention maps, (layers, heads, queries, keys) per stack, would exceed
+    the settings' max_run_bytes: every map of a run is recorded (and cached), not only the returned slices."""
+    needed = sum(4 * l * h * q * k for l, h, q, k in maps)  # float32
+    cap = runtime.settings.max_run_bytes
+    if needed > cap:
+        raise HTTPException(
+            413, detail=f"{field}: this input's attention maps take {needed / 2**20:,.0f} MiB per run, over the cap "
+            f"max_run_bytes={cap / 2**20:,.0f} MiB; use a shorter input",
+        )
 
 
 def _effect(adapter: AttentionAdapter, base: AttentionResult, run: AttentionResult, encoded: Encoded,
@@ -90,6 +105,8 @@ def build_attention_response(
     requested_queries = getattr(req, "queries", None)
     queries = _check_indices(requested_queries, n_tokens, ("queries",), "query token")
     interventions = engine_interventions(req, adapter, n_tokens)
+    check_run_budget(runtime, [(len(adapter.layer_of), info.heads, n_tokens, n_tokens)],
+                     "text" if info.kind == "text" else "image_size")
 
     maps = 1 + int(req.include_scores) + int(req.compare and req.include_base)  # P, Ŝ, P without interventions
     numbers = len(layers) * len(heads) * len(queries) * n_tokens * maps
@@ -146,6 +163,86 @@ def build_attention_response(
     if family_fields is not None:
         response.update(family_fields(result))
     return response
+
+
+def seq2seq_interventions(req: AttentionRequestBase, adapter: Seq2SeqAdapter, n_source: int, n_target: int):
+    """Validate each intervention against the kinds it targets, then translate (kind, layers) into the engine's
+    global layers. Keys are source tokens for encoder and cross attention, target tokens for the decoder."""
+    info = adapter.info
+    layers_of = {"encoder": info.layers, "decoder": info.decoder_layers, "cross": info.decoder_layers}
+    heads_of = {"encoder": info.heads, "decoder": info.decoder_heads, "cross": info.decoder_heads}
+    keys_of = {"encoder": n_source, "decoder": n_target, "cross": n_source}
+    scoped = []
+    for i, item in enumerate(req.interventions):
+        kinds = KINDS if item.kind is None else (item.kind,)
+        where = "the smallest over kinds " + "/".join(kinds) if len(kinds) > 1 else f"{kinds[0]} attention"
+        _check_indices(item.layers, min(layers_of[k] for k in kinds), ("interventions", i, "layers"), f"layer ({where})")
+        _check_indices(item.heads, min(heads_of[k] for k in kinds), ("interventions", i, "heads"), f"head ({where})")
+        tokens = getattr(item, "tokens", None)
+        if tokens is not None:
+            _check_indices(tokens, min(keys_of[k] for k in kinds), ("interventions", i, "tokens"), f"token ({where})")
+        scoped.append(KindScopedIntervention(to_engine(item), item.kind))
+    return adapter.engine_interventions(scoped)
+
+
+def build_seq2seq_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: Encoded, req: AttentionRequestBase) -> dict[str, Any]:
+    """The response for an encoder–decoder: attention, entropy and effects per kind (encoder M × M, decoder
+    N × N, cross N × M) for the requested layers/heads, the target tokens and their probabilities."""
+    info = adapter.info
+    limits = runtime.settings
+    if req.samples > limits.max_samples:
+        raise field_error(("samples",), f"samples={req.samples}; the limit is {limits.max_samples} (max_samples)")
+    if len(req.interventions) > limits.max_interventions:
+        raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
+                          f"{limits.max_interventions} (max_interventions)")
+    if req.include_scores:
+        raise field_error(("include_scores",), "scores are not offered for encoder–decoder models yet")
+    n_source, n_target = len(encoded.tokens), len(encoded.extra["target_tokens"])
+    layers = _check_indices(req.layers, min(info.layers, info.decoder_layers), ("layers",), "layer")
+    heads = _check_indices(req.heads, min(info.heads, info.decoder_heads), ("heads",), "head")
+    interventions = seq2seq_interventions(req, adapter, n_source, n_target)
+    shapes = {"encoder": (n_source, n_source), "decoder": (n_target, n_target), "cross": (n_target, n_source)}
+    numbers = sum(len(layers) * len(heads) * q * k for q, k in shapes.values()) * (1 + int(req.compare and req.include_base))
+    if numbers > limits.max_response_numbers:
+        raise HTTPException(413, detail=f"the response would hold {numbers:,} numbers, over the cap "
+                            f"max_response_numbers={limits.max_response_numbers:,}; ask for fewer layers/heads")
+    check_run_budget(runtime, [
+        (info.layers, info.heads, *shapes["encoder"]), (info.decoder_layers, info.decoder_heads, *shapes["decoder"]),
+        (info.decoder_layers, info.decoder_heads, *shapes["cross"]),
+    ])
+
+    def sliced(result: AttentionResult) -> dict[str, Any]:
+        return {kind: tensor_field(maps[layers][:, heads], req.encoding) for kind, maps in result.by_kind.items()}
+
+    sample_sets = [tuple(iv.with_seed_offset(s) for iv in interventions) for s in range(req.samples)]
+    check_cancelled()
+    result = runtime.run(adapter, encoded, sample_sets[0], False)
+    effect = base = None
+    if req.compare:
+        check_cancelled()
+        base = runtime.run(adapter, encoded, (), False)
+        effects = []
+        for sample in sample_sets:
+            check_cancelled()
+            run = result if sample is sample_sets[0] else runtime.run(adapter, encoded, sample, False)
+            effects.append({
+                "attention_tv": {kind: attention_tv(run.by_kind[kind][layers][:, heads], base.by_kind[kind][layers][:, heads]).tolist()
+                                 for kind in KINDS},
+                "hidden_cosine": hidden_cosine(run.hidden_states, base.hidden_states).tolist(),
+                "output": adapter.output_effect(base, run, encoded),
+            })
+        effect = effects[0] if len(effects) == 1 else _merge_samples(effects)
+    warnings = list(result.warnings)
+    if encoded.truncated:
+        warnings.append(f"source truncated to {n_source} tokens (the model's max_tokens)")
+    return {
+        "model": info.id, "tokens": encoded.tokens, "target_tokens": encoded.extra["target_tokens"],
+        "truncated": encoded.truncated, "layers": layers, "heads": heads, "native_beta": info.native_beta,
+        "kinds": list(KINDS), "attention": sliced(result),
+        "base_attention": sliced(base) if base is not None and req.include_base else None,
+        "scores": None, "entropy": result.derived["entropy"], "output": adapter.output_summary(result, encoded),
+        "effect": effect, "warnings": warnings,
+    }
 
 
 def thumbnails(attention: torch.Tensor, size: int) -> dict[str, Any]:

@@ -94,6 +94,7 @@ class Runtime:
         self.specs: dict[str, ModelSpec] = build_registry(
             max_tokens=settings.max_tokens, weights_dir=settings.weights_dir,
             extra_text=settings.extra_text_models, extra_image=settings.extra_image_models,
+            extra=settings.extra_models, max_new_tokens=settings.max_new_tokens,
         )
         self._adapters: dict[str, AttentionAdapter] = {}
         self.unavailable: dict[str, str] = {}  # model id → why it could not load

@@ -17,9 +17,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
+AttentionKind = Literal["encoder", "decoder", "cross"]
+
+
 class _Scoped(_Strict):
     layers: IndexList | None = Field(None, description="layers the intervention applies to (null = all)")
-    heads: IndexList | None = Field(None, description="heads the intervention applies to (null = all)")
+    heads: IndexList | None = Field(None, description="heads the intervention applies to (null = all; always query heads)")
+    kind: AttentionKind | None = Field(
+        None, description="encoder–decoder models: the attention kind targeted (null = all kinds; see /guide#s9); "
+        "layers count within the kind. Other models: must be null"
+    )
 
 
 class Temperature(_Scoped):
@@ -73,7 +80,7 @@ InterventionIn = Annotated[
 
 
 def to_engine(item: InterventionIn) -> Intervention:
-    data = item.model_dump()
+    data = item.model_dump(exclude={"kind"})  # the kind is resolved into layers by the seq2seq adapter
     for name in ("layers", "heads", "tokens"):
         if data.get(name) is not None:
             data[name] = tuple(data[name])
@@ -102,8 +109,26 @@ class AttentionRequestBase(_Strict):
 
 class TextAttentionRequest(AttentionRequestBase):
     model: str = "minilm"
+    text: str = Field(min_length=1, max_length=1_000_000, description="the sentence; for encoder–decoders the source")
+    text_pair: str | None = Field(None, max_length=1_000_000, description="encoders only: a second sentence")
+    position: NonNegInt | None = Field(
+        None, description="decoder LMs: the query position whose next-token distribution is shown (null = the last)"
+    )
+    chat: bool = Field(False, description="decoder LMs with a chat template: wrap `text` as a user turn")
+    target: str | None = Field(
+        None, max_length=1_000_000,
+        description="encoder–decoders: the target text (null = the model's greedy output without interventions)",
+    )
+
+
+class GenerateRequest(_Strict):
+    """Greedy continuations with and without the interventions (see /guide#s9)."""
+
+    model: str = "smollm2-135m"
     text: str = Field(min_length=1, max_length=1_000_000)
-    text_pair: str | None = Field(None, max_length=1_000_000)
+    chat: bool = False
+    max_new_tokens: int = Field(16, ge=1, le=4096, description="1 … the server's max_new_tokens (default 64)")
+    interventions: Annotated[list[InterventionIn], Field(max_length=256)] = Field(default_factory=list)
 
 
 class ModelInfoOut(BaseModel):

@@ -11,10 +11,14 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNLAB_", env_file=None)
 
     # Which registry models are loaded at start-up (before /api/ready turns 200); others load on first use.
-    default_models: list[str] = Field(default_factory=lambda: ["minilm"])
+    default_models: list[str] = Field(default_factory=lambda: ["minilm", "smollm2-135m"])
     # Extra text models: {"id": "hub-id-or-local-folder"}; ids only, a request never names a path.
     extra_text_models: dict[str, str] = Field(default_factory=dict)
     extra_image_models: dict[str, str] = Field(default_factory=dict)
+    # Extra models of any family: {"id": "hub-id-or-local-folder"}; the adapter is chosen from the config
+    # (decoder LM, encoder–decoder, ViT-family or BERT-family), and a load-time probe proves the attention is
+    # ours and faithful, or the model is refused with the reason. `attnlab serve --model` adds entries here.
+    extra_models: dict[str, str] = Field(default_factory=dict)
     weights_dir: str = "weights"  # prepared weights (dinov2-small) live here; ignored by git
 
     device: str = "auto"  # "auto" | "cpu" | "cuda"
@@ -29,6 +33,10 @@ class Settings(BaseSettings):
     max_interventions: int = 64
     max_samples: int = 16
     max_response_numbers: int = 4_000_000
+    # Attention maps one model run may record (L·H·T_q·T_k float32 per run): a bigger run is refused with 413
+    # before it starts. 512 tokens of the 30 × 9-head smollm2-135m take 283 MB.
+    max_run_bytes: int = 512 * 1024 * 1024
+    max_new_tokens: int = 64  # the longest continuation POST /api/text/generate may ask for
     max_upload_bytes: int = 10 * 1024 * 1024
     max_image_pixels: int = 40_000_000
     # Image decodes running at once (a 40-megapixel decode holds a few hundred MB while it runs); an upload

@@ -34,6 +34,9 @@ def mean_and_std(samples: list[dict]) -> dict:
     merged: dict = {}
     for name, value in first.items():
         values = [s[name] for s in samples]
+        if isinstance(value, dict):  # e.g. one entry per attention kind
+            merged[name] = mean_and_std(values)
+            continue
         if isinstance(value, bool) or not _is_numeric(value):
             merged[name] = value
             continue

@@ -18,6 +18,57 @@ class ModelSpec:
     kind: str  # "text" | "image"
     load: Callable[[str], AttentionAdapter]  # device preference → adapter
     description: str = ""
+    family: str = "encoder"  # "encoder" | "causal_lm" | "seq2seq" | "vision": which adapter loads it
+
+
+def detect_family(source: str) -> str:
+    """Which adapter serves a checkpoint, from its config alone (no weights read): causal LMs, encoder–decoders,
+    ViT-family vision models, or BERT-family encoders."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(source)
+    architectures = config.architectures or []
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+        return "causal_lm"
+    from models.adapters.vit import SUPPORTED_MODEL_TYPES
+
+    if config.model_type in SUPPORTED_MODEL_TYPES:
+        return "vision"
+    return "encoder"
+
+
+def _lm_spec(model_id: str, source: Callable[[], str] | str, family: str, max_tokens: int, max_new_tokens: int,
+             description: str) -> ModelSpec:
+    def load(device: str) -> AttentionAdapter:
+        if family == "seq2seq":
+            from models.adapters.seq2seq import Seq2SeqAdapter as adapter_class
+        else:
+            from models.adapters.causal_lm import CausalLMAdapter as adapter_class
+        return adapter_class(model_id, source() if callable(source) else source, max_tokens=max_tokens, device=device,
+                             max_new_tokens=max_new_tokens)
+
+    return ModelSpec(model_id, "text", load, description, family)
+
+
+def _auto_spec(model_id: str, source: str, max_tokens: int, max_new_tokens: int) -> ModelSpec:
+    """An operator's checkpoint (hub id or local folder), served by the adapter its config calls for."""
+    try:
+        family = detect_family(source)
+    except (OSError, ValueError) as exc:  # listed, and refused with the reason when used
+        reason = f"model {model_id!r}: cannot read its config ({exc})"
+
+        def refuse(device: str) -> AttentionAdapter:
+            raise ValueError(reason)
+
+        return ModelSpec(model_id, "text", refuse, reason, "unknown")
+    description = f"{family.replace('_', ' ')} model added by the operator"
+    if family == "vision":
+        return _image_spec(model_id, source, description)
+    if family == "encoder":
+        return _text_spec(model_id, source, max_tokens, description)
+    return _lm_spec(model_id, source, family, max_tokens, max_new_tokens, description)
 
 
 def _text_spec(model_id: str, source: Callable[[], str] | str, max_tokens: int, description: str) -> ModelSpec:
@@ -35,7 +86,7 @@ def _image_spec(model_id: str, source: Callable[[], str] | str, description: str
 
         return VitAdapter(model_id, source() if callable(source) else source, device=device)
 
-    return ModelSpec(model_id, "image", load, description)
+    return ModelSpec(model_id, "image", load, description, "vision")
 
 
 def build_registry(
@@ -44,7 +95,11 @@ def build_registry(
     weights_dir: str | Path = "weights",
     extra_text: dict[str, str] | None = None,
     extra_image: dict[str, str] | None = None,
+    extra: dict[str, str] | None = None,
+    max_new_tokens: int = 64,
 ) -> dict[str, ModelSpec]:
+    """The default models, then the operator's: `extra` entries of any family (detected from their config),
+    `extra_text` as BERT-family encoders, `extra_image` as ViT-family models."""
     from models.adapters.bert import minilm_source
 
     weights_dir = Path(weights_dir)
@@ -53,7 +108,10 @@ def build_registry(
         _text_spec("minilm", minilm_source, max_tokens, "all-MiniLM-L6-v2 sentence encoder (6 × 12 heads)"),
         _image_spec("dinov2-small", str(weights_dir / "dinov2-small"), "DINOv2 ViT-S/14 backbone (12 × 6 heads)"),
         _image_spec("vit-fashion", str(trained_dir / "vit-fashion"), "small ViT trained on Fashion-MNIST"),
+        _lm_spec("smollm2-135m", str(weights_dir / "smollm2-135m"), "causal_lm", max_tokens, max_new_tokens,
+                 "SmolLM2-135M-Instruct decoder LM (30 layers × 9 query heads, 3 K/V heads)"),
     ]
     specs += [_text_spec(i, s, max_tokens, f"text model from {s}") for i, s in (extra_text or {}).items()]
     specs += [_image_spec(i, s, f"image model from {s}") for i, s in (extra_image or {}).items()]
+    specs += [_auto_spec(i, s, max_tokens, max_new_tokens) for i, s in (extra or {}).items()]
     return {spec.id: spec for spec in specs}

@@ -1,16 +1,46 @@
-"""Text attention: POST /api/text/attention."""
+"""Text attention: POST /api/text/attention (encoders, decoder LMs, encoder–decoders) and POST /api/text/generate."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+import json
+from collections.abc import Iterator
 
-from app.attention import build_attention_response, fast_json, field_error
+from fastapi import APIRouter, Response
+from fastapi.responses import StreamingResponse
+
+from app.attention import build_attention_response, build_seq2seq_response, engine_interventions, fast_json, field_error
 from app.deps import RuntimeDep
-from app.runtime import UnknownModel
-from app.schemas import AttentionResponse, TextAttentionRequest
-from models.adapters.base import AttentionResult
+from app.lifecycle import RequestCancelled, check_cancelled
+from app.runtime import Overloaded, Runtime, UnknownModel
+from app.schemas import AttentionResponse, GenerateRequest, TextAttentionRequest
+from models.adapters.base import AttentionAdapter, AttentionResult
+from models.adapters.causal_lm import CausalLMAdapter
+from models.adapters.seq2seq import Seq2SeqAdapter
 from models.summaries import mean_token_distance
 
 router = APIRouter(prefix="/api/text", tags=["text"])
+
+
+def _text_adapter(runtime: Runtime, model: str) -> AttentionAdapter:
+    try:
+        return runtime.adapter(model, kind="text")
+    except UnknownModel as exc:
+        raise field_error(("model",), str(exc.args[0])) from None
+
+
+def _check_text(runtime: Runtime, name: str, value: str | None) -> None:
+    limit = runtime.settings.max_text_chars
+    if value is not None and len(value) > limit:
+        raise field_error((name,), f"{name} has {len(value):,} characters; the limit is {limit:,} (max_text_chars)")
+
+
+def _refuse_fields(req: TextAttentionRequest, output: str) -> None:
+    """Fields that only some kinds of model take: 422 naming the field for the others."""
+    allowed = {"text_pair": ("similarity", "mlm", "embedding"), "position": ("next_token",), "target": ("seq2seq",)}
+    for name, outputs in allowed.items():
+        if getattr(req, name) is not None and output not in outputs:
+            raise field_error((name,), f"{name} is not used by a model whose output is {output!r}")
+    if req.chat and output != "next_token":
+        raise field_error(("chat",), f"chat is for decoder language models, not a model whose output is {output!r}")
 
 
 @router.post("/attention", responses={200: {"model": AttentionResponse}, 413: {"description": "response over the size cap"}, 503: {"description": "queue full"}})
@@ -19,24 +49,96 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep) -> Response:
 
     Interventions (see /guide#s2, /guide#s3, /guide#s4) are applied in order; with `compare` the same input is also run without
     them and `effect` holds the attention TV distance, hidden-state cosine per layer and the output change.
+    Decoder LMs (output `next_token`, /guide#s9) also take `position` and `chat` and answer the next-token
+    distribution; encoder–decoders (output `seq2seq`) take a `target` and answer attention per kind.
     """
-    limit = runtime.settings.max_text_chars
-    if len(req.text) > limit:
-        raise field_error(("text",), f"text has {len(req.text):,} characters; the limit is {limit:,} (max_text_chars)")
-    if req.text_pair is not None and len(req.text_pair) > limit:
-        raise field_error(("text_pair",), f"text_pair has {len(req.text_pair):,} characters; the limit is {limit:,}")
+    for name in ("text", "text_pair", "target"):
+        _check_text(runtime, name, getattr(req, name))
     if not req.text.strip():
         raise field_error(("text",), "text is empty or only white space")
-    try:
-        adapter = runtime.adapter(req.model, kind="text")
-    except UnknownModel as exc:
-        raise field_error(("model",), str(exc.args[0])) from None
-    encoded = runtime.encode(
-        adapter, ("text", req.text, req.text_pair), lambda: adapter.encode(req.text, req.text_pair)
-    )
+    adapter = _text_adapter(runtime, req.model)
+    _refuse_fields(req, adapter.info.output)
+    if isinstance(adapter, Seq2SeqAdapter):
+        encoded = runtime.encode(adapter, ("seq2seq", req.text, req.target), lambda: adapter.encode(req.text, req.target))
+        return fast_json(build_seq2seq_response(runtime, adapter, encoded, req))
+    if isinstance(adapter, CausalLMAdapter):
+        encoded = runtime.encode(adapter, ("lm", req.text, req.chat), lambda: _lm_encode(adapter, req.text, req.chat))
+        if req.position is not None and req.position >= len(encoded.tokens):
+            raise field_error(("position",), f"position {req.position} is past the last token ({len(encoded.tokens) - 1})")
+        encoded = adapter.at_position(encoded, req.position)
+    else:
+        encoded = runtime.encode(
+            adapter, ("text", req.text, req.text_pair), lambda: adapter.encode(req.text, req.text_pair)
+        )
     return fast_json(build_attention_response(runtime, adapter, encoded, req, text_fields))
 
 
+def _lm_encode(adapter: CausalLMAdapter, text: str, chat: bool):
+    try:
+        return adapter.encode(text, chat)
+    except ValueError as exc:  # no chat template
+        raise field_error(("chat",), str(exc)) from None
+
+
 def text_fields(result: AttentionResult) -> dict:
-    """Text-only summaries: mean attention distance in tokens for every head (docs/science.md §6)."""
+    """Text-only summaries: mean attention distance in tokens for every head (SPEC §6)."""
     return {"mean_distance": result.summary("mean_distance", lambda: mean_token_distance(result.attention).tolist())}
+
+
+@router.post(
+    "/generate",
+    responses={200: {"content": {"text/event-stream": {}}, "description": "one event per new token, then a done event"},
+               503: {"description": "queue full"}},
+)
+def generate(req: GenerateRequest, runtime: RuntimeDep) -> StreamingResponse:
+    """Greedy continuations of a decoder LM's prompt, with the interventions active at every step and without
+    them, streamed as server-sent events (see /guide#s9): `{"step", "token", "id", "prob", "base_token",
+    "base_id", "base_prob"}` per new token (null once a side has ended), then `{"done": true, "text",
+    "base_text"}`. Closing the connection stops the generation after the step in progress.
+    """
+    _check_text(runtime, "text", req.text)
+    if not req.text.strip():
+        raise field_error(("text",), "text is empty or only white space")
+    limit = runtime.settings.max_new_tokens
+    if req.max_new_tokens > limit:
+        raise field_error(("max_new_tokens",), f"max_new_tokens={req.max_new_tokens}; the limit is {limit} (max_new_tokens)")
+    adapter = _text_adapter(runtime, req.model)
+    if not isinstance(adapter, CausalLMAdapter):
+        raise field_error(("model",), f"model {req.model} is not a decoder language model (output {adapter.info.output!r})")
+    encoded = runtime.encode(adapter, ("lm", req.text, req.chat), lambda: _lm_encode(adapter, req.text, req.chat))
+    interventions = engine_interventions(req, adapter, len(encoded.tokens))
+    prompt = encoded.inputs["input_ids"][0].tolist()
+    return StreamingResponse(
+        _events(runtime, adapter, prompt, interventions, req.max_new_tokens), media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+def _events(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], interventions, max_new_tokens: int) -> Iterator[str]:
+    """Both continuations step by step; each step takes the model lock on its own, so other requests interleave."""
+    sides = {"": adapter.continuation(prompt, interventions, max_new_tokens),
+             "base_": adapter.continuation(prompt, (), max_new_tokens)}
+    ids: dict[str, list[int]] = {"": [], "base_": []}
+    try:
+        for step in range(max_new_tokens):
+            check_cancelled()
+            event: dict = {"step": step}
+            for prefix, stream in list(sides.items()):
+                with runtime.admitted():
+                    new = next(stream, None)
+                if new is None:
+                    del sides[prefix]
+                    event.update({f"{prefix}token": None, f"{prefix}id": None, f"{prefix}prob": None})
+                else:
+                    ids[prefix].append(new.id)
+                    event.update({f"{prefix}token": new.token, f"{prefix}id": new.id, f"{prefix}prob": new.prob})
+            if not sides:
+                break
+            yield f"data: {json.dumps(event)}\n\n"
+    except RequestCancelled:
+        return
+    except Overloaded as exc:  # the stream has started: say it in the stream, not with a status
+        yield f"data: {json.dumps({'error': str(exc), 'retry_after': exc.retry_after})}\n\n"
+        return
+    done = {"done": True, "text": adapter.decode(ids[""]), "base_text": adapter.decode(ids["base_"])}
+    yield f"data: {json.dumps(done)}\n\n"

@@ -18,6 +18,7 @@ import torch
 
 from app.settings import Settings
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
+from models.hooks import UnsupportedAttention
 from models.interventions import Intervention
 from models.registry import ModelSpec, build_registry
 
@@ -122,7 +123,13 @@ class Runtime:
             with self._load_lock:
                 adapter = self._adapters.get(model_id)
                 if adapter is None:
-                    adapter = spec.load(self.settings.device)
+                    if model_id in self.unavailable:  # refused once: say why again, without retrying the load
+                        raise UnknownModel(f"model {model_id!r} is unavailable: {self.unavailable[model_id]}")
+                    try:
+                        adapter = spec.load(self.settings.device)
+                    except (ImportError, OSError, ValueError, UnsupportedAttention) as exc:
+                        self.unavailable[model_id] = str(exc)
+                        raise UnknownModel(f"model {model_id!r} is unavailable: {exc}") from exc
                     self._adapters[model_id] = adapter
         return adapter
 

@@ -189,6 +189,21 @@ def register() -> str:
     return ATTN_IMPLEMENTATION
 
 
+def load_with_attnlab(model_class, source: str, **kwargs) -> nn.Module:
+    """`model_class.from_pretrained(source)` with our attention function, safetensors only (never a pickle).
+    A family that builds its attention modules from its own table of implementations (Falcon, BLIP) fails
+    here: it is refused with the reason."""
+    try:
+        return model_class.from_pretrained(source, attn_implementation=register(), use_safetensors=True, **kwargs)
+    except KeyError as exc:
+        if ATTN_IMPLEMENTATION not in str(exc):
+            raise
+        raise UnsupportedAttention(
+            f"{source}: computes attention outside transformers' AttentionInterface: not supported "
+            f"(the model has no {ATTN_IMPLEMENTATION!r} attention)"
+        ) from None
+
+
 def map_attention_modules(model: nn.Module, class_suffix: str = "SelfAttention") -> dict[int, int]:
     """id(module) → layer index for every self-attention module, in forward order.
 

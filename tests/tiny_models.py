@@ -52,7 +52,8 @@ def _config(family: str, vocab: int):
         "t5": lambda: (tf.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
                                    relative_attention_num_buckets=8, **seq2seq), tf.T5ForConditionalGeneration),
         "bert": lambda: (tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                       intermediate_size=64, max_position_embeddings=128, vocab_size=vocab),
+                                       intermediate_size=64, max_position_embeddings=128, vocab_size=vocab,
+                                       initializer_range=0.3),
                          tf.BertForMaskedLM),
     }[family]()
 
@@ -86,12 +87,12 @@ def build_image_model(family: str, folder: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     if family == "vit":
         config = tf.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                              image_size=32, patch_size=8, num_labels=3)
+                              image_size=32, patch_size=8, num_labels=3, initializer_range=0.3)
         model = tf.ViTForImageClassification(config)
         tf.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
     elif family == "clip_vision":
         config = tf.CLIPVisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                     image_size=32, patch_size=8)
+                                     image_size=32, patch_size=8, initializer_factor=3.0)
         model = tf.CLIPVisionModel(config)
         tf.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
     else:

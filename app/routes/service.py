@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from app.deps import RuntimeDep
-from app.runtime import Runtime
+from app.runtime import UnknownModel, Runtime
 from app.schemas import ModelsOut
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,8 +39,8 @@ def list_models(runtime: RuntimeDep, kind: Literal["text", "image"] | None = Non
             continue
         try:
             infos.append(public_info(runtime, runtime.adapter(model_id).info.to_dict()))
-        except (ImportError, OSError, ValueError) as exc:  # weights not prepared on this machine
-            runtime.unavailable[model_id] = str(exc)
+        except UnknownModel:  # weights not prepared here, or refused by the load-time probe: in runtime.unavailable
+            continue
     return {"models": infos}
 
 

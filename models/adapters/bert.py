@@ -41,13 +41,17 @@ class BertAdapter(AttentionAdapter):
             output_kind, model_cls = "embedding", AutoModel
         model = model_cls.from_pretrained(source, attn_implementation=attn, use_safetensors=True)  # never a pickle
         self.tokenizer = AutoTokenizer.from_pretrained(source)
-        self._attach(model, pick_device(device))
+        probe_inputs = dict(self.tokenizer("the cat sat on the mat", "it was tired", return_tensors="pt"))
+        report = self._attach_probed(
+            model, pick_device(device), probe_inputs,
+            lambda out: out.logits if output_kind == "mlm" else out.last_hidden_state,
+        )
         head_dim = config.hidden_size // config.num_attention_heads
         self.max_tokens = min(max_tokens, config.max_position_embeddings)
         self.info = ModelInfo(
             id=model_id, kind="text", layers=config.num_hidden_layers, heads=config.num_attention_heads,
             head_dim=head_dim, native_beta=head_dim**-0.5, output=output_kind, source=str(source),
-            max_tokens=self.max_tokens,
+            max_tokens=self.max_tokens, parity=report.parity, architecture=type(model).__name__,
         )
 
     # ---- input -------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynami
 
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, pick_device
 from models.effects import kl_divergence
-from models.hooks import RunScope, UnsupportedAttention, register, run_scope
+from models.hooks import RunScope, UnsupportedAttention, load_with_attnlab, run_scope
 from models.interventions import Intervention
 
 TOP_K = 10
@@ -40,12 +40,9 @@ class Step:
 class CausalLMAdapter(AttentionAdapter):
     def __init__(self, model_id: str, source: str, max_tokens: int = 512, device: str = "auto",
                  max_new_tokens: int = 64, source_label: str | None = None):
-        attn = register()
         config = AutoConfig.from_pretrained(source)
         self.tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, attn_implementation=attn, use_safetensors=True, dtype=torch.float32  # never a pickle
-        )
+        model = load_with_attnlab(AutoModelForCausalLM, source, dtype=torch.float32)
         probe_inputs = dict(self.tokenizer(PROBE_TEXT, return_tensors="pt"))
         probe_inputs.pop("token_type_ids", None)
         report = self._attach_probed(model, pick_device(device), probe_inputs, lambda out: out.logits)

@@ -24,7 +24,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, pick_device
 from models.effects import kl_divergence
-from models.hooks import register
+from models.hooks import load_with_attnlab
 from models.interventions import Intervention
 
 KINDS = ("encoder", "decoder", "cross")
@@ -49,10 +49,9 @@ class KindScopedIntervention:
 class Seq2SeqAdapter(AttentionAdapter):
     def __init__(self, model_id: str, source: str, max_tokens: int = 512, device: str = "auto",
                  max_new_tokens: int = 64, source_label: str | None = None):
-        attn = register()
         config = AutoConfig.from_pretrained(source)
         self.tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForSeq2SeqLM.from_pretrained(source, attn_implementation=attn, use_safetensors=True)
+        model = load_with_attnlab(AutoModelForSeq2SeqLM, source)
         start = config.decoder_start_token_id
         if start is None:
             raise ValueError(f"{source}: the config has no decoder_start_token_id")

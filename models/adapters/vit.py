@@ -30,7 +30,7 @@ from models.images import PreprocessSpec, crop_box, preprocess
 from models.interventions import Intervention
 
 TOP_K = 5
-SUPPORTED_MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers")
+SUPPORTED_MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "clip_vision_model", "siglip_vision_model")
 MAX_IMAGE_SIZE = 1036  # 74 × 14 px: a DINOv2 ViT-S at this size has 5477 tokens; beyond that is impractical
 
 
@@ -64,7 +64,14 @@ class VitAdapter(AttentionAdapter):
         is_classifier = any("ForImageClassification" in a for a in architectures)
         model_cls = AutoModelForImageClassification if is_classifier else AutoModel
         model = model_cls.from_pretrained(source, attn_implementation=attn, use_safetensors=True)  # never a pickle
-        self._attach_vit(model, pick_device(device), config.num_hidden_layers)
+        size = int(config.image_size[0] if isinstance(config.image_size, (list, tuple)) else config.image_size)
+        probe_inputs = {"pixel_values": torch.randn(1, int(config.num_channels), size, size, generator=torch.Generator().manual_seed(0))}
+        report = self._attach_probed(
+            model, pick_device(device), probe_inputs, lambda out: out.logits if is_classifier else out.last_hidden_state
+        )
+        if len(report.modules) != config.num_hidden_layers:
+            raise ValueError(f"found {len(report.modules)} attention modules for {config.num_hidden_layers} layers "
+                             f"in {type(model).__name__}")
 
         patch = config.patch_size
         self.patch_size = int(patch[0] if isinstance(patch, (list, tuple)) else patch)
@@ -82,17 +89,9 @@ class VitAdapter(AttentionAdapter):
         self.info = ModelInfo(
             id=model_id, kind="image", layers=config.num_hidden_layers, heads=config.num_attention_heads,
             head_dim=head_dim, native_beta=head_dim**-0.5, output="classes" if is_classifier else "embedding",
-            source=str(source), image_size=self.native_size, patch_size=self.patch_size,
+            source=str(source), image_size=self.native_size, patch_size=self.patch_size, parity=report.parity,
+            architecture=type(model).__name__,
         )
-
-    def _attach_vit(self, model: torch.nn.Module, device: torch.device, n_layers: int) -> None:
-        """Like AttentionAdapter._attach, but ViT-family attention classes end in "Attention"
-        (ViTAttention, DeiTAttention, Dinov2Attention), not "SelfAttention"."""
-        self.model = model.eval().to(device)
-        self.device = device
-        self.layer_of = map_attention_modules(self.model, class_suffix="Attention")
-        if len(self.layer_of) != n_layers:
-            raise ValueError(f"found {len(self.layer_of)} attention modules for {n_layers} layers in {type(model).__name__}")
 
     def _prefix_labels(self, config) -> list[str]:
         labels = ["CLS"]

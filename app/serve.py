@@ -19,18 +19,20 @@ APP defaults to app.main:app. Explicit uvicorn options win over these defaults.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
 import sys
 
 import uvicorn
-import uvicorn.main
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.lifecycle import LIFECYCLE
 from app.settings import get_settings
 
+# The module (the package's `uvicorn.main` attribute is the click command of the same name).
+uvicorn_main = importlib.import_module("uvicorn.main")
 DEFAULT_APP = "app.main:app"
 SAFETY_NET_S = 2.0  # uvicorn's --timeout-graceful-shutdown = shutdown_grace_s + this
 
@@ -109,12 +111,24 @@ def build_args(argv: list[str]) -> list[str]:
     return args
 
 
+def _log_to_stderr() -> None:
+    """The app's logger ("attnlab": cancelled requests, aborted uploads, errors) beside uvicorn's, at INFO."""
+    logger = logging.getLogger("attnlab")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)-9s attnlab: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _exit_now)  # until uvicorn installs its own (and again when it restores this)
+    _log_to_stderr()
     HeaderTimeoutH11Protocol.header_timeout_s = get_settings().header_timeout_s
-    uvicorn.main.Server = AttnlabServer  # uvicorn.main.run builds its Server from this module global
+    uvicorn_main.Server = AttnlabServer  # uvicorn.main.run builds its Server from this module global
     try:
-        uvicorn.main.main(args=build_args(sys.argv[1:] if argv is None else argv), prog_name="uvicorn")
+        uvicorn_main.main.main(args=build_args(sys.argv[1:] if argv is None else argv), prog_name="uvicorn")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     else:

@@ -1,0 +1,68 @@
+"""Issue 12, item 3: JSON bodies are capped in bytes before they are read or parsed (max_json_bytes → 413),
+and a body is never parsed while /api/health waits. Before the fix a 63 MB body took 7 s to reach its 422
+and stalled /api/health meanwhile; a 200 MB body was read whole."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+
+from tests.faults.conftest import text_models
+
+
+def test_oversized_json_is_413_before_it_is_read(tiny_bert, start_server):
+    server = start_server({**text_models(tiny_bert), "max_json_bytes": 1024 * 1024})
+    server.wait_ready()
+    # declared: 63 MB announced, nothing sent; the answer comes at once
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    started = time.monotonic()
+    s.sendall(b"POST /api/text/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 63000000\r\n\r\n")
+    answer = s.recv(4096)
+    s.close()
+    assert answer.startswith(b"HTTP/1.1 413") and b"max_json_bytes" in answer, answer[:300]
+    assert time.monotonic() - started < 1.0
+    # chunked (no Content-Length): counted as it arrives, refused past the cap
+    def chunks():
+        yield b'{"text": "'
+        for _ in range(64):
+            yield b"a" * 65536
+    r = httpx.post(server.base + "/api/text/attention", content=chunks(), headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 413 and "max_json_bytes" in r.json()["detail"]
+
+
+def test_health_stays_fast_while_large_bodies_arrive(tiny_bert, start_server):
+    server = start_server({**text_models(tiny_bert)})  # default max_json_bytes (1 MiB)
+    server.wait_ready()
+    big = json.dumps({"model": "tiny", "text": "x", "heads": [0] * 170_000}).encode()  # ~1 MB: parsed, then 422
+    assert len(big) < 1024 * 1024
+    stop = time.monotonic() + 6
+    statuses: list[int] = []
+
+    def hammer():
+        with httpx.Client(timeout=30) as client:
+            while time.monotonic() < stop:
+                statuses.append(client.post(server.base + "/api/text/attention", content=big,
+                                            headers={"content-type": "application/json"}).status_code)
+
+    workers = [threading.Thread(target=hammer) for _ in range(3)]
+    for w in workers:
+        w.start()
+    latencies = []
+    with httpx.Client(timeout=10) as client:
+        while time.monotonic() < stop:
+            started = time.perf_counter()
+            assert client.get(server.base + "/api/health").status_code == 200
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.05)
+    for w in workers:
+        w.join(timeout=30)
+    latencies.sort()
+    p99 = latencies[int(0.99 * (len(latencies) - 1))]
+    print(f"\n{len(statuses)} 1-MB bodies in 6 s ({set(statuses)}); /api/health p50 {latencies[len(latencies) // 2] * 1000:.0f} ms, "
+          f"p99 {p99 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms over {len(latencies)} requests")
+    assert statuses and set(statuses) == {422}  # 4096 heads at most: a clear 422, after a full parse
+    assert p99 < 0.25, p99

@@ -1,0 +1,133 @@
+"""The real default decoder, smollm2-135m, through attnlab (SPEC §9): the France prompt, exact causal zeros,
+parity with eager attention, β moving the prediction, continuations equal to `generate`, and a streamed
+generation that stops when its client leaves."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from models.interventions import Intervention
+
+ROOT = Path(__file__).resolve().parents[2]
+WEIGHTS = ROOT / "weights" / "smollm2-135m"
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def lm():
+    if not (WEIGHTS / "prepared.json").is_file():
+        pytest.fail("weights/smollm2-135m is missing: run `make weights`")
+    from models.adapters.causal_lm import CausalLMAdapter
+
+    return CausalLMAdapter("smollm2-135m", str(WEIGHTS), device="cpu")
+
+
+def test_paris_is_the_top_prediction(lm):
+    encoded = lm.at_position(lm.encode(PROMPT), None)
+    summary = lm.output_summary(lm.run(encoded), encoded)
+    assert summary["top"][0]["token"] == " Paris"
+    assert 0.6 < summary["top"][0]["prob"] < 0.9
+
+
+def test_facts_and_parity(lm):
+    info = lm.info
+    assert (info.layers, info.heads, info.kv_heads, info.head_dim) == (30, 9, 3, 64)
+    assert info.parity <= 1e-4 and info.chat
+
+
+def test_every_future_entry_is_exactly_zero(lm):
+    result = lm.run(lm.encode("Attention is causal in a decoder, so no token sees the ones after it."))
+    n = result.attention.shape[-1]
+    future = torch.ones(n, n, dtype=torch.bool).triu(1)  # j > i
+    assert torch.all(result.attention[..., future] == 0)
+    assert torch.all(result.attention[..., ~future] > 0)
+
+
+def test_small_beta_on_middle_layers_moves_the_prediction(lm):
+    encoded = lm.at_position(lm.encode(PROMPT), None)
+    before = lm.run(encoded)
+    kls = []
+    for beta in (0.1, 0.02, 0.005):
+        after = lm.run(encoded, (Intervention("temperature", beta=beta, layers=(9, 10, 11)),))
+        kls.append(lm.output_effect(before, after, encoded)["kl"])
+    assert kls[0] > 1e-4 and kls[-1] > kls[0]  # flatter attention, further from the model's own answer
+
+
+def test_plain_continuation_equals_generate_and_chat_answers(lm):
+    prompt = lm.prompt_ids("What is the capital of France?", chat=True)
+    ours = [s.id for s in lm.continuation(prompt, (), 12)]
+    with torch.inference_mode():
+        theirs = lm.model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, num_beams=1)[0]
+    assert ours == theirs[len(prompt):].tolist()[: len(ours)]
+    assert "Paris" in lm.decode(ours)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_generation_stops_when_the_client_disconnects():
+    """A real server: read two events of a 64-token generation, close the connection, and the process goes
+    idle (without the stop it would compute ~60 more steps of two continuations)."""
+    port = _free_port()
+    env = {**os.environ, "ATTNLAB_DEFAULT_MODELS": '["smollm2-135m"]'}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT, env=env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/api/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("server not ready in 120 s")
+        for _ in range(30):  # start-up work (e.g. the example's first view) may still run after ready: wait it out
+            used = _cpu_seconds(server.pid)
+            time.sleep(1.0)
+            if _cpu_seconds(server.pid) - used < 0.05:
+                break
+        body = {"model": "smollm2-135m", "text": "Once upon a time", "max_new_tokens": 64}
+        with httpx.stream("POST", f"{base}/api/text/generate", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            events = 0
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    assert "done" not in json.loads(line[6:])
+                    events += 1
+                    if events == 2:
+                        break
+        time.sleep(1.5)  # the step in progress finishes
+        used_before = _cpu_seconds(server.pid)
+        time.sleep(3.0)
+        idle_cpu = _cpu_seconds(server.pid) - used_before
+        assert idle_cpu < 0.5, f"the server kept working after the client left ({idle_cpu:.2f} CPU s in 3 s)"
+        assert httpx.get(f"{base}/api/health", timeout=5).status_code == 200
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()

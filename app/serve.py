@@ -16,10 +16,15 @@
   Bodies are timed by the app (`body_timeout_s`, app/lifecycle.py).
 
 APP defaults to app.main:app. Explicit uvicorn options win over these defaults.
+
+`--model SOURCE` (repeatable) adds an operator's checkpoint, a hub id in the local cache or a folder, of any
+family (e.g. `--model gpt2 --model ./my-vit`); its id is the last path part, or give one: `--model id=SOURCE`.
+It is the command-line form of the `extra_models` setting (ATTNLAB_EXTRA_MODELS); a request never adds one.
 """
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import signal
@@ -122,13 +127,40 @@ def _log_to_stderr() -> None:
         logger.propagate = False
 
 
+def take_models(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Split `--model [ID=]SOURCE` options off the command line: (the rest, {id: source})."""
+    rest, models = [], {}
+    args = iter(argv)
+    for arg in args:
+        if arg == "--model" or arg.startswith("--model="):
+            value = arg.split("=", 1)[1] if arg.startswith("--model=") else next(args, None)
+            if not value:
+                raise SystemExit("--model needs a value: a hub id, a folder, or ID=SOURCE")
+            model_id, _, source = value.rpartition("=") if "=" in value else ("", "", value)
+            models[model_id or source.rstrip("/").rsplit("/", 1)[-1]] = source
+        else:
+            rest.append(arg)
+    return rest, models
+
+
+def add_models(models: dict[str, str]) -> None:
+    """Merge command-line models into ATTNLAB_EXTRA_MODELS, read when the app builds its settings."""
+    if not models:
+        return
+    configured = json.loads(os.environ.get("ATTNLAB_EXTRA_MODELS") or "{}")
+    os.environ["ATTNLAB_EXTRA_MODELS"] = json.dumps({**configured, **models})
+    get_settings.cache_clear()
+
+
 def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _exit_now)  # until uvicorn installs its own (and again when it restores this)
+    argv, models = take_models(sys.argv[1:] if argv is None else argv)
+    add_models(models)
     _log_to_stderr()
     HeaderTimeoutH11Protocol.header_timeout_s = get_settings().header_timeout_s
     uvicorn_main.Server = AttnlabServer  # uvicorn.main.run builds its Server from this module global
     try:
-        uvicorn_main.main.main(args=build_args(sys.argv[1:] if argv is None else argv), prog_name="uvicorn")
+        uvicorn_main.main.main(args=build_args(argv), prog_name="uvicorn")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     else:

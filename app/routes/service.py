@@ -53,8 +53,9 @@ def public_info(runtime: Runtime, info: dict) -> dict:
 
 def public_source(runtime: Runtime, model_id: str, source: str) -> str:
     settings = runtime.settings
-    if model_id in settings.extra_text_models or model_id in settings.extra_image_models:
-        configured = settings.extra_text_models.get(model_id) or settings.extra_image_models.get(model_id) or ""
+    added = {**settings.extra_text_models, **settings.extra_image_models, **settings.extra_models}
+    if model_id in added:
+        configured = added[model_id]
         if "/" in configured and not configured.startswith(("/", ".", "~")) and configured.count("/") == 1 \
                 and not Path(configured).exists():
             return f"hub:{configured}"  # a hub id (org/name) is public already

@@ -126,8 +126,9 @@ export function mountContinuation({ body, onError }) {
         if (event.error) throw new Error(event.error);
         const differs = event.id !== event.base_id;
         if (differs && firstDiff === null) firstDiff = event.step;
-        cols.base.append(tokenSpan(event.base_token, event.base_prob, differs, event.step));
-        cols.intervened.append(tokenSpan(event.token, event.prob, differs, event.step));
+        // A side that has ended (end of sequence) sends null from then on.
+        if (event.base_token !== null) cols.base.append(tokenSpan(event.base_token, event.base_prob, differs, event.step));
+        if (event.token !== null) cols.intervened.append(tokenSpan(event.token, event.prob, differs, event.step));
         steps += 1;
         status.textContent = `${steps} tokens…`;
       }

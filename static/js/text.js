@@ -53,7 +53,7 @@ function request({ thumbnails = false, partial = false } = {}) {
     text: $("text-input").value,
     layers: [state.layer],
     heads: [state.head],
-    include_scores: true,
+    include_scores: !isSeq2seq(), // Ŝ for view-mode β and the softmax panel (not offered for encoder–decoders)
     interventions: ivs,
     compare,
     include_base: compare, // P without interventions, for P̂ − P, in the same response
@@ -84,7 +84,7 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
     const r = await postJSON("/api/text/attention", body, { channel: "text" });
     if (seq !== loadSeq) return; // a newer load started meanwhile
     state.view = viewOf(r, body);
-    if (r.thumbnails) state.thumbs = decodeTensor(ofKind(r.thumbnails)) ?? null;
+    if (body.thumbnail_size) state.thumbs = r.thumbnails ? decodeTensor(ofKind(r.thumbnails)) ?? null : null;
     state.query = Math.min(state.query, state.view.queryTokens.length - 1);
     showHead({ settle, onSettle: partial ? () => load({ thumbnails }) : null });
     setStatus(`${r.tokens.length} tokens${r.truncated ? " (truncated)" : ""} · ${Math.round(performance.now() - started)} ms`);
@@ -191,6 +191,8 @@ function renderDetails() {
     drawModelView($("modelview"), state.thumbs, {
       layer: state.layer, head: state.head, entropy: ofKind(r.entropy), onSelect: selectHead,
     });
+  } else {
+    $("modelview").replaceChildren(Object.assign(document.createElement("p"), { className: "help", textContent: "the server sends no thumbnails for this model: use the layer and head selectors or the head summaries" }));
   }
   lab.render(r, v.request, derived(r));
   renderHeadDetails(shownAttention());
@@ -370,6 +372,9 @@ function showModelInfo() {
   $("max-new-tokens").max = String(maxNew);
   if (Number($("max-new-tokens").value) > maxNew) $("max-new-tokens").value = String(maxNew);
   $("kind-select").value = state.kind;
+  // Encoder–decoders: no scores from the server, so no browser-side re-normalisation (view mode).
+  $("mode-select").disabled = isSeq2seq();
+  if (isSeq2seq() && lab.lab.beta.mode === "view") { lab.lab.beta.mode = "run"; lab.syncControls(); }
 }
 
 // Restore a shared view from the URL hash (model, input, selection, β, masks, perturbations).

@@ -35,6 +35,7 @@ export function drawSummaries(els, { entropy, distance = null, distanceUnit = "t
     if (distance) {
       heatmap(els.distanceEl, distance, { title: `mean attention distance Σ_j P[i,j]·|pos_i − pos_j| (${distanceUnit})`, colorscale: "Oranges", unit: distanceUnit, layer, head, onSelect });
     } else {
+      Plotly.purge(els.distanceEl);
       els.distanceEl.textContent = "mean attention distance: not provided by the server";
     }
   }

@@ -1,0 +1,129 @@
+"""The language-model view of the text page on the real smollm2-135m (issue 11), in Debian's Chromium: type a
+prompt, see " Paris" on top of the next-token distribution, a causal heatmap, the GQA groups and the parity
+badge; drag β down on every layer in run mode and watch the prediction move (KL > 0); the two continuations,
+identical without interventions, differ with them; Stop aborts a running continuation."""
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from tests.browser.conftest import plot_data, screenshot
+from tests.browser.test_text_page import HEATMAP, set_slider, wait_for_heatmap
+
+PROMPT = "The capital of France is"
+
+
+def wait_idle(page, timeout=120_000):
+    page.wait_for_function("() => /tokens/.test(document.getElementById('status').textContent)", timeout=timeout)
+
+
+def lm_output(page) -> dict:
+    return page.eval_on_selector("#lm-output", "el => ({top: el.dataset.top, after: el.dataset.topAfter, kl: Number(el.dataset.kl)})")
+
+
+def continuation(page) -> dict:
+    return page.evaluate("""() => ({
+        state: document.getElementById('continuation').dataset.state,
+        differs: document.getElementById('continuation').dataset.differs,
+        base: document.getElementById('continuation-base').textContent,
+        intervened: document.getElementById('continuation-intervened').textContent,
+        highlighted: document.querySelectorAll('#continuation-intervened .gen-tok.differs').length,
+    })""")
+
+
+def generate_and_wait(page):
+    page.wait_for_function("() => !document.getElementById('generate-button').disabled", timeout=120_000)
+    page.click("#generate-button")
+    page.wait_for_function("() => document.getElementById('continuation').dataset.state === 'done'", timeout=180_000)
+
+
+def open_prompt(page, live_server):
+    page.goto(f"{live_server}/#m=smollm2-135m&t={quote(PROMPT)}")
+    wait_for_heatmap(page)
+    wait_idle(page)
+    page.wait_for_function("() => document.getElementById('lm-output').dataset.top !== undefined", timeout=120_000)
+
+
+def test_lm_journey_prediction_and_continuation_move_with_beta(page, page_log, live_server):
+    open_prompt(page, live_server)
+    assert page.input_value("#model-select") == "smollm2-135m"
+    assert page.is_visible("#lm-panels") and not page.is_visible("#pair-box")
+    assert lm_output(page)["top"] == " Paris"
+    probs = page.eval_on_selector("#topk-plot", "el => el.data[0].x")
+    assert probs == sorted(probs, reverse=True) and 0.5 < probs[0] < 1
+
+    # The heatmap is causal: no attention above the diagonal, every row sums to 1.
+    z = plot_data(page, HEATMAP)
+    assert len(z) >= 5
+    assert all(z[i][j] == 0 for i in range(len(z)) for j in range(i + 1, len(z)))
+    assert all(abs(sum(row) - 1) < 1e-4 for row in z)
+
+    # Grouped-query attention (9 query heads, 3 K/V heads) and the parity figure of the load-time probe.
+    note = page.inner_text("#gqa-note")
+    assert "heads 0–2 share K/V head 0" in note and "heads 6–8 share K/V head 2" in note
+    assert "K/V 1" in page.inner_text("#head-select option[value='4']")
+    badge = page.inner_text("#parity-badge")
+    assert page.is_visible("#parity-badge") and badge.startswith("parity ") and badge.endswith("vs eager")
+    assert float(badge.split()[1]) <= 1e-4
+    screenshot(page, "lm-01-first-view")
+
+    # Without interventions the two continuations are the same greedy text.
+    page.fill("#max-new-tokens", "12")
+    generate_and_wait(page)
+    plain = continuation(page)
+    assert plain["base"] and plain["base"] == plain["intervened"] and plain["differs"] == "no" and plain["highlighted"] == 0
+
+    # Run mode, every layer and head: β down to β₀/30. The next token's distribution moves (KL > 0) …
+    page.select_option("#scope-select", "all")
+    wait_idle(page)
+    set_slider(page, "-1.5")
+    page.wait_for_function("() => Number(document.getElementById('lm-output').dataset.kl) > 0", timeout=180_000)
+    wait_idle(page)
+    out = lm_output(page)
+    assert out["kl"] > 0.01 and out["top"] == " Paris"
+    assert "KL(before ‖ after)" in page.inner_text("#lm-effect")
+    assert len(page.eval_on_selector("#topk-plot", "el => el.data")) == 2  # before and after
+    assert "temperature" in page.inner_text("#interventions-list")
+    # … and the continuation follows the change once it settles (it was asked for once): it now differs.
+    page.wait_for_function("() => document.getElementById('continuation').dataset.differs === 'yes'", timeout=180_000)
+    moved = continuation(page)
+    assert moved["base"] == plain["base"] and moved["intervened"] != moved["base"] and moved["highlighted"] > 0
+    screenshot(page, "lm-02-beta-all-layers")
+
+    # The causal structure survives any β: still nothing above the diagonal.
+    z = plot_data(page, HEATMAP)
+    assert all(z[i][j] == 0 for i in range(len(z)) for j in range(i + 1, len(z)))
+    page_log.check()
+
+
+def test_position_selector_and_stop(page, page_log, live_server):
+    open_prompt(page, live_server)
+    # The prediction after an earlier position ("The capital" → next token) is another distribution.
+    last_top = lm_output(page)["top"]
+    page.select_option("#position-select", "1")
+    page.wait_for_function("() => document.getElementById('lm-output-title').textContent.startsWith('after position 1')", timeout=120_000)
+    assert lm_output(page)["top"] != last_top
+    assert "pos=1" in page.url
+
+    # Stop aborts a running continuation.
+    page.fill("#max-new-tokens", page.get_attribute("#max-new-tokens", "max"))
+    page.click("#generate-button")
+    page.wait_for_function("() => document.querySelectorAll('#continuation-base .gen-tok').length >= 1", timeout=120_000)
+    page.click("#stop-button")
+    page.wait_for_function("() => document.getElementById('continuation').dataset.state === 'stopped'", timeout=30_000)
+    shown = len(page.query_selector_all("#continuation-base .gen-tok"))
+    page.wait_for_timeout(1500)
+    assert len(page.query_selector_all("#continuation-base .gen-tok")) == shown < int(page.get_attribute("#max-new-tokens", "max"))
+    page_log.check()
+
+
+def test_lm_view_on_a_phone(browser, live_server):
+    context = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2)
+    page = context.new_page()
+    try:
+        open_prompt(page, live_server)
+        generate_and_wait(page)
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        assert width <= 390 + 1, f"the page scrolls sideways on a phone: {width} px"
+        screenshot(page, "lm-03-phone")
+    finally:
+        context.close()

@@ -1,0 +1,103 @@
+"""The encoder–decoder view of the text page on a tiny random BART (built from a config by tests/tiny_models.py,
+no download), served as an operator's extra model (settings.extra_models: the family is read from its config): the attention kind selector, cross-attention maps with the
+target's N tokens as query rows and the source's M tokens as key columns, the decoded target with its
+per-token probabilities, and interventions that name the kind they act on."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from urllib.parse import quote
+
+import pytest
+
+from tests.browser.conftest import ROOT, _free_port, plot_data, screenshot
+from tests.browser.test_text_page import HEATMAP, wait_for_heatmap
+from tests.tiny_models import build_text_model
+
+SOURCE = "the cat sat on the red mat because it was tired"
+TARGET = "a dog ran"
+
+
+@pytest.fixture(scope="module")
+def bart_server(tmp_path_factory):
+    folder = build_text_model("bart", tmp_path_factory.mktemp("models") / "tiny-bart")
+    port = _free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ATTNLAB_EXTRA_MODELS": json.dumps({"tiny-bart": str(folder)})}
+    (ROOT / "artifacts").mkdir(exist_ok=True)
+    with open(ROOT / "artifacts" / "browser-server-bart.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError("server with the tiny BART did not become ready; see artifacts/browser-server-bart.log")
+            time.sleep(0.5)
+        yield url
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def wait_idle(page):
+    page.wait_for_function("() => /tokens/.test(document.getElementById('status').textContent)", timeout=60_000)
+
+
+def test_cross_attention_view(page, page_log, bart_server):
+    page.goto(f"{bart_server}/#m=tiny-bart&t={quote(SOURCE)}&tg={quote(TARGET)}&k=encoder")
+    wait_for_heatmap(page)
+    wait_idle(page)
+    assert page.is_visible("#kind-select") and page.is_visible("#target-input") and not page.is_visible("#pair-box")
+    assert page.input_value("#target-input") == TARGET
+    source = page.locator("#token-strip .tok").all_inner_texts()
+    target = page.locator("#target-tokens .tok").all_inner_texts()
+    m, n = len(source), len(target)
+    assert m > n > 1
+    encoder = plot_data(page, HEATMAP)
+    assert len(encoder) == m and all(len(row) == m for row in encoder)
+
+    bodies = []
+    page.on("request", lambda r: bodies.append(json.loads(r.post_data)) if r.url.endswith("/api/text/attention") else None)
+    page.select_option("#kind-select", "cross")
+    page.wait_for_function("() => document.getElementById('heatmap-title').textContent.startsWith('cross')", timeout=60_000)
+    wait_idle(page)
+    cross = plot_data(page, HEATMAP)
+    assert len(cross) == n and all(len(row) == m for row in cross), "cross-attention: N target rows × M source columns"
+    assert all(abs(sum(row) - 1) < 1e-4 for row in cross)
+    keys, queries = page.eval_on_selector(HEATMAP, "el => [el.data[0].x, el.data[0].y]")
+    assert [label.split(":", 1)[1] for label in keys] == source  # keys on x: the source
+    # queries on y: the decoder's input positions (the target shifted right behind the start token)
+    assert len(queries) == n and [label.split(":", 1)[1] for label in queries][-3:] == TARGET.split()
+    assert "k=cross" in page.url
+    screenshot(page, "seq2seq-cross")
+
+    # An intervention made while the cross-attention is shown names that kind.
+    page.check("#ablate-toggle")
+    page.wait_for_selector('#interventions-list .iv-row[data-key="ablate"]', timeout=60_000)
+    page.wait_for_function("() => /hidden cosine/.test(document.getElementById('effect-summary').textContent)", timeout=60_000)
+    wait_idle(page)
+    assert "cross attention" in page.inner_text('#interventions-list .iv-row[data-key="ablate"]')
+    sent = [iv for body in bodies for iv in body["interventions"]]
+    assert sent and all(iv["kind"] == "cross" for iv in sent)
+    after = page.eval_on_selector("#target-probs-plot", "el => el.data.map(t => t.y)")
+    assert len(after) == 2 and all(len(ys) == n for ys in after)  # before and after, one bar per target token
+
+    # The decoder's self-attention is causal over the target.
+    page.uncheck("#ablate-toggle")
+    page.select_option("#kind-select", "decoder")
+    page.wait_for_function("() => document.getElementById('heatmap-title').textContent.startsWith('decoder')", timeout=60_000)
+    wait_idle(page)
+    decoder = plot_data(page, HEATMAP)
+    assert len(decoder) == n and all(decoder[i][j] == 0 for i in range(n) for j in range(i + 1, n))
+    screenshot(page, "seq2seq-decoder")
+    page_log.check()

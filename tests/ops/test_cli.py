@@ -1,0 +1,71 @@
+"""The installed `attnlab` command (pyproject.toml's console script, `pip install -e .`), run from the venv's
+bin/ as an operator would, from a directory outside the checkout."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ATTNLAB = Path(sys.executable).parent / "attnlab"
+WEIGHTS = ROOT / "weights"
+
+
+def run(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ATTNLAB), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed():
+    if not ATTNLAB.is_file():
+        pytest.fail(f"{ATTNLAB} is missing: `pip install -e .` (make setup) installs the console script")
+
+
+def test_help_lists_the_commands(tmp_path):
+    result = run("--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for command in ("serve", "prepare", "bench"):
+        assert f"\n  {command} " in result.stdout
+    unknown = run("frobnicate", cwd=tmp_path)
+    assert unknown.returncode == 2 and "unknown command 'frobnicate'" in unknown.stderr
+
+
+def test_serve_help_shows_model_and_uvicorn_options(tmp_path):
+    result = run("serve", "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "--model [ID=]SOURCE" in result.stdout  # attnlab's own option
+    assert "--port INTEGER" in result.stdout and "--host TEXT" in result.stdout  # uvicorn's, passed through
+
+
+def test_the_package_is_the_checkout(tmp_path):
+    """An editable install: app/ and models/ import from this checkout (static/, templates/ sit beside them)."""
+    code = "import app, models, models.prepare; print(app.__file__); print(models.prepare.ROOT)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    app_file, root = result.stdout.split()
+    assert Path(app_file) == ROOT / "app" / "__init__.py" and Path(root) == ROOT
+    assert (Path(root) / "templates").is_dir() and (Path(root) / "static").is_dir()
+
+
+def test_prepare_is_a_fast_no_op_when_weights_exist(tmp_path):
+    if not (WEIGHTS / "dinov2-small" / "prepared.json").is_file() or not (WEIGHTS / "smollm2-135m" / "prepared.json").is_file():
+        pytest.skip("weights not prepared here (make weights)")
+    before = {p: p.stat().st_mtime_ns for p in WEIGHTS.rglob("*") if p.is_file()}
+    start = time.perf_counter()
+    result = run("prepare", cwd=tmp_path)  # outside the checkout: the weights are still the checkout's
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("skipping") == 2, result.stdout  # dinov2-small and smollm2-135m
+    assert {p: p.stat().st_mtime_ns for p in WEIGHTS.rglob("*") if p.is_file()} == before
+    assert elapsed < 30, f"a no-op prepare took {elapsed:.1f} s"
+    assert not (tmp_path / "weights").exists()
+
+
+def test_wrapper_script_runs_the_same_code(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare_weights.py"), "--help"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "usage: attnlab prepare" in result.stdout and "--weights-dir" in result.stdout

@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from app.vendor import cartesian_bundle_path, full_bundle_path, plotly_js_version  # noqa: E402
 

@@ -8,14 +8,12 @@ Fashion-MNIST test image (MIT licence), upscaled, for the vit-fashion classifier
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 OUT = ROOT / "static" / "samples"
 W, H = 640, 480
 

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.datasets import load_fashion_mnist  # noqa: E402
 from models.gaussian import GaussianConfig, GaussianEncoder, param_count  # noqa: E402
 

@@ -24,7 +24,6 @@ from tqdm import tqdm
 from transformers import ViTConfig, ViTForImageClassification
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 from models.datasets import FASHION_MNIST_CLASSES, load_fashion_mnist  # noqa: E402
 
 # Fashion-MNIST statistics over the training split (pixels scaled to [0, 1]); stored in

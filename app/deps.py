@@ -5,6 +5,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.imagestore import UploadStore, get_image_store
 from app.runtime import Runtime
 from app.settings import Settings
 
@@ -20,3 +21,4 @@ async def get_app_settings(request: Request) -> Settings:
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+ImageStoreDep = Annotated[UploadStore, Depends(get_image_store)]  # uploads: memory or Redis (app/imagestore.py)

@@ -46,6 +46,14 @@ class Settings(BaseSettings):
     image_cache_items: int = 256
     image_cache_bytes: int = 512 * 1024 * 1024  # decoded uploads kept (RGB, shorter side ≤ 1024 px)
 
+    # Shared upload store for replicas (app/imagestore.py): uploaded bytes in Redis, so any replica behind a load
+    # balancer can serve any image id; None = this process's memory only (the default).
+    redis_url: str | None = None  # e.g. "redis://redis:6379/0"
+    redis_ttl_s: int = Field(3600, ge=1)  # an upload lives this long after its upload or its last read from Redis
+    redis_max_item_bytes: int = Field(10 * 1024 * 1024, ge=1024)  # per upload; the total is Redis's maxmemory
+    redis_timeout_s: float = Field(1.0, gt=0)  # connect/read timeout: a down Redis answers 503 fast
+    redis_key_prefix: str = "attnlab:image:"
+
     # Runtime.
     queue_depth: int = 32  # requests waiting for a model at once before 503
     request_timeout_s: float = 60.0

@@ -5,13 +5,13 @@ Uploads are size-checked before the body is read (Content-Length) and while it s
 the thread pool (models/images.py: allowlist, pixel limit before decoding, EXIF, every mode to RGB),
 at most `max_concurrent_decodes` at once (DecodeGate: one waiting longer than `decode_wait_s` gets 503),
 and kept in a bounded LRU keyed by the content hash; an evicted id answers 404 and the page uploads
-the file again.
+the file again. With `redis_url` the uploaded bytes are also written to Redis, shared by every replica
+(app/imagestore.py, reached through the ImageStoreDep dependency); Redis unreachable → 503 naming it.
 """
 from __future__ import annotations
 
 import io
 import math
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ from pydantic import Field
 from starlette.datastructures import UploadFile
 
 from app.attention import build_attention_response, fast_json, field_error
-from app.deps import RuntimeDep
+from app.deps import ImageStoreDep, RuntimeDep
+from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.lifecycle import check_cancelled
 from app.runtime import Runtime, UnknownModel
 from app.schemas import AttentionRequestBase, AttentionResponse, IndexList
@@ -32,9 +33,7 @@ from models.adapters.base import AttentionResult, Encoded
 from models.images import (
     IMAGE_ID_HEX_CHARS,
     ImageInputError,
-    ImageStore,
     StoredImage,
-    configure_pillow,
     decode_image,
     image_id_for,
     model_view,
@@ -54,27 +53,6 @@ SAMPLES = [
     {"name": "Fruit bowl", "file": "fruit.jpg", "model": "dinov2-small"},
     {"name": "Sneaker (Fashion-MNIST)", "file": "fashion-sneaker.png", "model": "vit-fashion"},
 ]
-
-_store_lock = threading.Lock()
-
-
-def get_image_store(request: Request) -> ImageStore:
-    """One store per app, created on first use with the app's settings."""
-    state = request.app.state
-    store = getattr(state, "image_store", None)
-    if store is None:
-        with _store_lock:
-            store = getattr(state, "image_store", None)
-            if store is None:
-                settings = state.runtime.settings
-                configure_pillow(settings.max_image_pixels)
-                store = ImageStore(
-                    max_items=settings.image_cache_items,
-                    max_bytes=settings.image_cache_bytes,
-                )
-                state.image_store = store
-    return store
-
 
 class DecodeGate:
     """At most `limit` image decodes at once: a decode holds the whole bitmap (and a copy or two while it
@@ -144,13 +122,14 @@ UPLOAD_OPENAPI = {
         "413": {"description": "over max_upload_bytes or max_image_pixels"},
         "415": {"description": "not PNG, JPEG or WebP, or not multipart/form-data"},
         "422": {"description": "no `file` field, or longer than max_image_aspect_ratio × its shorter side"},
-        "503": {"description": "max_concurrent_decodes decodes already running for longer than decode_wait_s (Retry-After)"},
+        "503": {"description": "max_concurrent_decodes decodes already running for longer than decode_wait_s, "
+                               "or the shared image store (Redis, redis_url) unreachable (Retry-After)"},
     },
 }
 
 
 @router.post("/api/images", openapi_extra=UPLOAD_OPENAPI)
-async def upload_image(request: Request) -> JSONResponse:
+async def upload_image(request: Request, store: ImageStoreDep) -> JSONResponse:
     """Store an image (multipart field `file`) and return its content-hash id and size (after EXIF
     orientation). ≤ max_upload_bytes (413 before the body is read when Content-Length says so),
     ≤ max_image_pixels (413, checked from the header before decoding), PNG/JPEG/WebP only (415).
@@ -182,6 +161,9 @@ async def upload_image(request: Request) -> JSONResponse:
         await form.close()
     if len(data) > limit:
         return _too_large(limit)
+    if store.max_item_bytes is not None and len(data) > store.max_item_bytes:
+        return _too_large(store.max_item_bytes, f"file: the upload is larger than the shared image store's limit of "
+                                                f"{store.max_item_bytes:,} bytes per image (redis_max_item_bytes)")
     gate = decode_gate(request.app)
     if not await gate.acquire():
         return JSONResponse(
@@ -196,14 +178,23 @@ async def upload_image(request: Request) -> JSONResponse:
     finally:
         gate.release()
     image_id = image_id_for(data)
-    store = get_image_store(request)
-    store.put(image_id, decoded)
+    try:  # a Redis round trip (and the LRU's downscale): off the event loop
+        await run_in_threadpool(store.put, image_id, data, decoded)
+    except StoreUnavailable as exc:
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+    except StoreItemTooLarge as exc:
+        return _too_large(store.max_item_bytes or limit, f"file: {exc}")
     return JSONResponse({"image_id": image_id, "width": decoded.width, "height": decoded.height,
                          "format": decoded.format, "mode": decoded.source_mode})
 
 
-def _stored(request: Request, image_id: str) -> StoredImage:
-    item = get_image_store(request).get(image_id)
+def _stored(store: ImageStoreDep, image_id: str) -> StoredImage:
+    try:
+        item = store.get(image_id)
+    except StoreUnavailable as exc:
+        raise HTTPException(503, detail=str(exc), headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    if item is None:
+        item = _sample_image(store, image_id)  # the page's photos: every replica has them in static/
     if item is None:
         raise HTTPException(404, detail=f"image_id {image_id!r} is not held by the server (evicted or never uploaded): upload the image again")
     return item
@@ -211,12 +202,12 @@ def _stored(request: Request, image_id: str) -> StoredImage:
 
 @router.get("/api/images/{image_id}/view", response_class=Response,
             responses={200: {"content": {"image/png": {}}}, 404: {"description": "unknown or evicted image_id"}})
-def image_view(request: Request, image_id: str, size: int = Query(448, ge=16, le=MAX_VIEW_SIZE)) -> Response:
+def image_view(store: ImageStoreDep, image_id: str, size: int = Query(448, ge=16, le=MAX_VIEW_SIZE)) -> Response:
     """The square the models see (center crop of the shorter side), resized to `size` px, as PNG —
     what the page draws the attention over."""
     if len(image_id) != IMAGE_ID_HEX_CHARS or any(c not in "0123456789abcdef" for c in image_id):
         raise HTTPException(404, detail=f"image_id {image_id!r} is not a valid id")
-    item = _stored(request, image_id)
+    item = _stored(store, image_id)
     buffer = io.BytesIO()
     model_view(item.image, size).save(buffer, "PNG", optimize=False, compress_level=3)
     return Response(buffer.getvalue(), media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
@@ -265,7 +256,7 @@ def image_fields(adapter, encoded: Encoded, req: ImageAttentionRequest, item: St
     200: {"model": AttentionResponse}, 404: {"description": "unknown or evicted image_id"},
     413: {"description": "over max_image_tokens (image_size too large) or the response over max_response_numbers"},
     503: {"description": "queue full"}})
-def image_attention(req: ImageAttentionRequest, request: Request, runtime: RuntimeDep) -> Response:
+def image_attention(req: ImageAttentionRequest, runtime: RuntimeDep, store: ImageStoreDep) -> Response:
     """Attention of every requested layer/head for an uploaded image (see POST /api/images).
 
     Tokens: "CLS", any "dist"/"reg0"… prefix tokens, then patches "p(row,col)" row-major; `grid` is
@@ -275,7 +266,7 @@ def image_attention(req: ImageAttentionRequest, request: Request, runtime: Runti
     `effect.output` holds the class probabilities before/after and their KL (classifiers) or the
     CLS-embedding cosine (backbones).
     """
-    item = _stored(request, req.image_id)
+    item = _stored(store, req.image_id)
     try:
         adapter = runtime.adapter(req.model, kind="image")
     except UnknownModel as exc:
@@ -313,9 +304,22 @@ def max_image_size(adapter, max_tokens: int) -> int:
 _sample_ids: dict[str, str] = {}
 
 
-def _sample_config(request: Request) -> list[dict[str, Any]]:
+def _sample_image(store, image_id: str) -> StoredImage | None:
+    """An example photo by id, decoded from static/samples into this replica's store (never into Redis)."""
+    for sample in SAMPLES:
+        path = SAMPLES_DIR / sample["file"]
+        if not path.is_file():
+            continue
+        if sample["file"] not in _sample_ids:
+            _sample_ids[sample["file"]] = image_id_for(path.read_bytes())
+        if _sample_ids[sample["file"]] == image_id:
+            data = path.read_bytes()
+            return store.put(image_id, data, decode_image(data), shared=False)
+    return None
+
+
+def _sample_config(store) -> list[dict[str, Any]]:
     """The example photos, decoded into the store so the page can draw the first one at once."""
-    store = get_image_store(request)
     samples = []
     for sample in SAMPLES:
         path = SAMPLES_DIR / sample["file"]
@@ -324,21 +328,21 @@ def _sample_config(request: Request) -> list[dict[str, Any]]:
         data = path.read_bytes()
         image_id = _sample_ids.get(sample["file"]) or image_id_for(data)
         if image_id not in store:
-            store.put(image_id, decode_image(data))
+            store.put(image_id, data, decode_image(data), shared=False)
         _sample_ids[sample["file"]] = image_id
         samples.append({**sample, "url": f"/static/samples/{sample['file']}", "image_id": image_id})
     return samples
 
 
 @router.get("/image", response_class=HTMLResponse, include_in_schema=False)
-def image_page(request: Request):
+def image_page(request: Request, store: ImageStoreDep):
     runtime: Runtime = request.app.state.runtime
     models = [{"id": i, "default_size": None} for i, s in runtime.specs.items() if s.kind == "image"]
     settings = runtime.settings
     config = {
         "models": models,
         "model": "dinov2-small",
-        "samples": _sample_config(request),
+        "samples": _sample_config(store),
         "max_upload_bytes": settings.max_upload_bytes,
         "max_image_pixels": settings.max_image_pixels,
         "max_image_tokens": settings.max_image_tokens,  # the page offers only sizes within it

@@ -7,6 +7,10 @@ port, waits for /api/ready, then:
    requests back to back (fresh sentences and repeats, so both forwards and cache hits); only 200 and
    503 (+ Retry-After) are allowed; p50/p99 latency of admitted (200) requests, latency of rejections
    (503), server RSS before/after;
+   At the same time (issue 12): `--stalled` clients (default 40) that send headers and a few body bytes
+   and then stall (reconnecting after each 408), `--heavy` clients (default 2) asking for oversized work
+   (image_size 1036 on dinov2-small → 413 max_image_tokens; 16 samples of a 512-token text), and a
+   health probe every 100 ms: only 200/4xx/503 answers, health p99 < 100 ms, RSS sampled every second;
 2. soak: M clients (default 8) for S seconds (default 300), RSS sampled every 5 s: drift between the
    first minute's mean and the last minute's mean must stay under 5 %, with no error.
 
@@ -121,8 +125,70 @@ async def client_loop(client: httpx.AsyncClient, url: str, until: float, seed: i
             log["errors"].append(f"{status} after {elapsed:.3f}s")
 
 
-async def run_phase(base: str, clients: int, seconds: float, pid: int, sample_every: float | None = None) -> dict:
-    log: dict = {"statuses": {}, "ok": [], "rejected": [], "errors": [], "rss": []}
+async def stalled_loop(port: int, until: float, log: dict) -> None:
+    """A client that announces a body, sends 10 bytes of it and stalls; after the server's 408 (or close)
+    it does it again. Counts the answers it gets."""
+    while time.monotonic() < until:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError as exc:
+            key = f"connect:{type(exc).__name__}"
+            log["stalled"][key] = log["stalled"].get(key, 0) + 1
+            await asyncio.sleep(0.5)
+            continue
+        try:
+            writer.write(b"POST /api/text/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{\"text\": \"")
+            await writer.drain()
+            line = await asyncio.wait_for(reader.readline(), timeout=max(0.1, until - time.monotonic()))
+            key = line.split(b" ")[1].decode() if line.startswith(b"HTTP/1.1 ") else "closed"
+        except (asyncio.TimeoutError, OSError):
+            key = "still-stalled-at-end" if time.monotonic() >= until - 0.2 else "error"
+        finally:
+            writer.close()
+        log["stalled"][key] = log["stalled"].get(key, 0) + 1
+
+
+async def heavy_loop(client: httpx.AsyncClient, until: float, image_id: str | None, log: dict) -> None:
+    """Oversized work, back to back: a 1036-px dinov2-small request and 16 samples of a 512-token text."""
+    rng = random.Random(99)
+    while time.monotonic() < until:
+        requests = [("/api/text/attention", {"text": " ".join(rng.choice(WORDS) for _ in range(600)), "compare": True,
+                                             "samples": 16, "layers": [0], "heads": [0],
+                                             "interventions": [{"op": "perturb_keys", "noise_std": 0.3,
+                                                                "seed": rng.randrange(10**6)}]})]
+        if image_id:
+            requests.append(("/api/image/attention", {"model": "dinov2-small", "image_id": image_id, "image_size": 1036,
+                                                      "layers": [0], "heads": [0]}))
+        for path, body in requests:
+            started = time.perf_counter()
+            try:
+                r = await client.post(path, json=body, timeout=120)
+                key = f"{path} {r.status_code}"
+            except httpx.HTTPError as exc:
+                key = f"{path} transport:{type(exc).__name__}"
+            log["heavy"].setdefault(key, []).append(round(time.perf_counter() - started, 3))
+            if key.endswith(" 503"):
+                await asyncio.sleep(1.0)
+
+
+async def health_loop(client: httpx.AsyncClient, until: float, log: dict) -> None:
+    while time.monotonic() < until:
+        started = time.perf_counter()
+        try:
+            r = await client.get("/api/health", timeout=30)
+            log["health"].append(time.perf_counter() - started)
+            if r.status_code != 200:
+                log["health_errors"].append(r.status_code)
+        except httpx.HTTPError as exc:
+            log["health_errors"].append(type(exc).__name__)
+        await asyncio.sleep(0.1)
+
+
+async def run_phase(base: str, clients: int, seconds: float, pid: int, sample_every: float | None = None,
+                    stalled: int = 0, heavy: int = 0, image_id: str | None = None) -> dict:
+    log: dict = {"statuses": {}, "ok": [], "rejected": [], "errors": [], "rss": [], "stalled": {}, "heavy": {},
+                 "health": [], "health_errors": []}
     until = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
@@ -136,6 +202,16 @@ async def run_phase(base: str, clients: int, seconds: float, pid: int, sample_ev
         tasks = [client_loop(client, "/api/text/attention", until, seed, log) for seed in range(clients)]
         if sample_every:
             tasks.append(sampler())
+        if stalled or heavy:
+            port = int(base.rsplit(":", 1)[1])
+            tasks += [stalled_loop(port, until, log) for _ in range(stalled)]
+            async with httpx.AsyncClient(base_url=base, timeout=120) as side:  # its own pool: not queued behind the load
+                tasks += [heavy_loop(side, until, image_id, log) for _ in range(heavy)]
+                tasks.append(health_loop(side, until, log))
+                started = time.monotonic()
+                await asyncio.gather(*tasks)
+                log["wall_s"] = time.monotonic() - started
+            return log
         started = time.monotonic()
         await asyncio.gather(*tasks)
         log["wall_s"] = time.monotonic() - started
@@ -165,6 +241,8 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=60)
     ap.add_argument("--soak", type=float, default=300)
     ap.add_argument("--soak-clients", type=int, default=8)
+    ap.add_argument("--stalled", type=int, default=40, help="slow-body clients during the load phase")
+    ap.add_argument("--heavy", type=int, default=2, help="oversized-work clients during the load phase")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "load.md")
     args = ap.parse_args()
 
@@ -194,12 +272,29 @@ def main() -> int:
         s = Settings()
         result["settings"] = {"queue_depth": s.queue_depth, "request_timeout_s": s.request_timeout_s,
                               "torch_threads": s.torch_threads, "default_models": s.default_models}
+        image_id = None
+        if args.heavy:
+            with open(ROOT / "static" / "samples" / "street.jpg", "rb") as f:
+                up = httpx.post(base + "/api/images", files={"file": ("street.jpg", f, "image/jpeg")}, timeout=60)
+            image_id = up.json().get("image_id") if up.status_code == 200 else None
         rss_before = rss_mb(server.pid)
-        print(f"ready; RSS {rss_before:.0f} MB; load: {args.clients} clients × {args.duration:.0f} s", flush=True)
-        load = run_phase_sync(base, args.clients, args.duration, server.pid)
+        print(f"ready; RSS {rss_before:.0f} MB; load: {args.clients} clients × {args.duration:.0f} s "
+              f"+ {args.stalled} stalled + {args.heavy} heavy", flush=True)
+        load = run_phase_sync(base, args.clients, args.duration, server.pid, sample_every=1.0,
+                              stalled=args.stalled, heavy=args.heavy, image_id=image_id)
         rss_after = rss_mb(server.pid)
+        health = load["health"]
         result["load"] = {**summary(load), "clients": args.clients, "duration_s": args.duration,
-                          "rss_before_mb": round(rss_before, 1), "rss_after_mb": round(rss_after, 1)}
+                          "rss_before_mb": round(rss_before, 1), "rss_after_mb": round(rss_after, 1),
+                          "rss_max_mb": round(max([v for _, v in load["rss"]] or [rss_after]), 1),
+                          "stalled_clients": args.stalled, "stalled_answers": load["stalled"],
+                          "heavy_clients": args.heavy,
+                          "heavy": {k: {"n": len(v), "p50_s": percentile(v, 0.5), "max_s": max(v)}
+                                    for k, v in load["heavy"].items()},
+                          "health_n": len(health), "health_errors": load["health_errors"][:20],
+                          "health_p50_ms": round(percentile(health, 0.5) * 1000, 1) if health else None,
+                          "health_p99_ms": round(percentile(health, 0.99) * 1000, 1) if health else None,
+                          "health_max_ms": round(max(health) * 1000, 1) if health else None}
         print(json.dumps(result["load"], indent=1), flush=True)
         if args.soak > 0:
             print(f"soak: {args.soak_clients} clients × {args.soak:.0f} s", flush=True)
@@ -243,6 +338,16 @@ def verdicts(result: dict) -> list[tuple[str, bool]]:
         ("load: some requests admitted", load.get("statuses", {}).get("200", 0) > 0),
         ("server exited 0 on SIGTERM", result.get("server_exit_code") == 0),
     ]
+    if load.get("health_n"):
+        heavy_codes = {k.rsplit(" ", 1)[1] for k in load.get("heavy", {})}
+        out += [
+            ("load: /api/health p99 < 100 ms with the stalled and heavy clients",
+             load["health_p99_ms"] < 100 and not load["health_errors"]),
+            ("load: stalled bodies answered 408 (or still stalled at the end), nothing else",
+             set(load.get("stalled_answers", {})) <= {"408", "still-stalled-at-end"}),
+            ("load: heavy clients got only 200/4xx/503, no 500",
+             all(c.isdigit() and (c[0] in "24" or c == "503") for c in heavy_codes)),
+        ]
     if "soak" in result:
         soak = result["soak"]
         out += [
@@ -280,6 +385,18 @@ def report(result: dict) -> str:
         f"| server RSS before / after | {load['rss_before_mb']} MB / {load['rss_after_mb']} MB |",
         "",
     ]
+    if load.get("health_n"):
+        lines[-1:] = [
+            f"| server RSS max (sampled every second) | {load['rss_max_mb']} MB |",
+            f"| alongside: stalled-body clients | {load['stalled_clients']}: answers "
+            f"{', '.join(f'{k}: {v}' for k, v in sorted(load['stalled_answers'].items()))} |",
+            f"| alongside: oversized-work clients | {load['heavy_clients']}: "
+            + "; ".join(f"{k}: {v['n']} (p50 {v['p50_s']:.2f} s, max {v['max_s']:.2f} s)"
+                        for k, v in sorted(load['heavy'].items())) + " |",
+            f"| `/api/health` every 100 ms: p50 / p99 / max | {load['health_p50_ms']} / {load['health_p99_ms']} / "
+            f"{load['health_max_ms']} ms ({load['health_n']} probes, errors {load['health_errors'] or 'none'}) |",
+            "",
+        ]
     if "soak" in result:
         s = result["soak"]
         lines += [

@@ -253,10 +253,44 @@ user="$(docker_ exec "$CID" id -u)"
 docker_ exec "$CID" sh -c 'touch /app/x 2>/dev/null && exit 1 || exit 0' || { log "root filesystem is writable"; exit 1; }
 docker_ exec "$CID" python -c 'import os, urllib.request as u; u.urlopen("http://127.0.0.1:%s/api/health" % os.environ["UVICORN_PORT"], timeout=4)'
 log "uid $user, read-only root, healthcheck command OK"
-t_stop=$(date +%s)
+# docker stop DURING a request (issue 12): a long request (16 samples of a 500-word text, about a minute
+# here) is running when `docker stop -t 10` sends SIGTERM; the container must exit 0 before docker's
+# SIGKILL, and the request must get a JSON 503 with Retry-After (shutdown_grace_s = 5 s), not a 500 or a cut.
+python3 - "$PORT" >"$WORK/stop_request.json" <<'PY' &
+import json, random, sys, time, urllib.error, urllib.request
+words = "the a cat dog sat on mat river bank money bird flew over house red green small old book".split()
+rng = random.Random(1)
+body = {"text": " ".join(rng.choice(words) for _ in range(500)), "compare": True, "samples": 16, "layers": [0], "heads": [0],
+        "interventions": [{"op": "perturb_keys", "noise_std": 0.5, "seed": 12345}]}
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/api/text/attention", data=json.dumps(body).encode(),
+                             headers={"Content-Type": "application/json"})
+started = time.monotonic()
+try:
+    with urllib.request.urlopen(req, timeout=60) as r:
+        out = {"status": r.status, "retry_after": r.headers.get("Retry-After"), "type": r.headers.get("Content-Type")}
+except urllib.error.HTTPError as e:
+    out = {"status": e.code, "retry_after": e.headers.get("Retry-After"), "type": e.headers.get("Content-Type"),
+           "body": e.read().decode(errors="replace")[:300]}
+except Exception as e:  # noqa: BLE001 — a cut connection is a failure, reported as such
+    out = {"status": None, "error": repr(e)}
+out["seconds"] = round(time.monotonic() - started, 2)
+print(json.dumps(out))
+PY
+REQ_PID=$!
+sleep 3   # the request is inside its forwards
+t_stop=$(date +%s%N)
 docker_ stop -t 10 "$CID" >/dev/null
+stop_ms=$(( ($(date +%s%N) - t_stop) / 1000000 ))
+wait "$REQ_PID" || true
 code="$(docker_ inspect -f '{{.State.ExitCode}}' "$CID")"
-log "docker stop: exit code $code after $(( $(date +%s) - t_stop )) s"
-[ "$code" = 0 ] || { log "container did not exit 0 on SIGTERM"; exit 1; }
+log "docker stop during a request: exit code $code after ${stop_ms} ms; the request got $(cat "$WORK/stop_request.json")"
+[ "$code" = 0 ] || { log "container did not exit 0 on SIGTERM (137 = killed after docker's 10 s)"; exit 1; }
+[ "$stop_ms" -lt 9000 ] || { log "shutdown took ${stop_ms} ms: no margin inside docker stop's 10 s"; exit 1; }
+python3 - "$WORK/stop_request.json" <<'PY' || { log "the request cut off by the shutdown did not get a JSON 503 + Retry-After"; exit 1; }
+import json, sys
+out = json.load(open(sys.argv[1]))
+ok = out["status"] == 200 or (out["status"] == 503 and out.get("retry_after") and "json" in (out.get("type") or ""))
+sys.exit(0 if ok else 1)
+PY
 step_end
 log "OK"

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The short GPU check (docs/deploy.md): from a fresh clone on a GPU machine (PyPI reachable), in under 8 minutes:
+#   1. setup: `make setup` (venv, pinned requirements, attnlab editable, weights); torch must see CUDA — when the
+#      venv got the CPU build it reinstalls torch==2.13.0 from PyPI (the CUDA build on Linux x86_64), once;
+#   2. parity of the built-in models on the device against the CPU, float32 and float16/bfloat16, and the
+#      engine's latency at 128 and 512 tokens (scripts/gpu_parity.py);
+#   3. the bench's latency section on the device (benchmarks/run_all.py --only latency [lm] --device D), its
+#      output kept apart: benchmarks/results/{README.md,results.json,*.png} are restored afterwards;
+#   4. writes benchmarks/results/gpu.md (or --out FILE).
+#
+#   bash scripts/gpu_check.sh                         # on the GPU machine
+#   bash scripts/gpu_check.sh --device cpu --quick    # the same steps on a CPU, short (how it is tested)
+#
+# Options: --device cuda|cpu (default cuda), --quick (few models and repeats), --no-setup (use the existing
+# .venv), --with-lm (also the bench's LM section: needs Chromium; default: only when /usr/bin/chromium exists),
+# --out FILE.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+DEVICE=cuda QUICK="" SETUP=1 WITH_LM="" OUT="$ROOT/benchmarks/results/gpu.md"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) DEVICE="$2"; shift 2 ;;
+    --device=*) DEVICE="${1#*=}"; shift ;;
+    --quick) QUICK=1; shift ;;
+    --no-setup) SETUP=""; shift ;;
+    --with-lm) WITH_LM=1; shift ;;
+    --out) OUT="$2"; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+case "$DEVICE" in cuda|cpu) ;; *) echo "gpu_check: --device must be cuda or cpu" >&2; exit 2 ;; esac
+[ -z "$WITH_LM" ] && [ -x /usr/bin/chromium ] && [ -z "$QUICK" ] && WITH_LM=1
+
+PY="$ROOT/.venv/bin/python"
+T0=$(date +%s)
+WORK="$(mktemp -d /tmp/gpu_check.XXXXXX)"
+RESULTS="$ROOT/benchmarks/results"
+BACKUP="$WORK/results.before"
+BENCH_FILES=(README.md results.json latency.png concurrency.png lm_memory.png server.log)
+declare -A STEP_S=()
+log() { echo "[gpu_check $(printf '%4d' $(( $(date +%s) - T0 )))s] $*"; }
+
+restore_results() {
+  # Put back what the bench overwrote (a GPU run must not replace the committed CPU results), remove what it added.
+  [ -d "$BACKUP" ] || return 0
+  for name in "${BENCH_FILES[@]}"; do
+    if [ -f "$BACKUP/$name" ]; then cp -p "$BACKUP/$name" "$RESULTS/$name"; else rm -f "$RESULTS/$name"; fi
+  done
+  rm -rf "$BACKUP"
+}
+cleanup() { set +e; restore_results; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+step() {  # step NAME TIMEOUT_S COMMAND...: runs it, records its duration, fails the check when it fails
+  local name="$1" limit="$2"; shift 2
+  local start=$(date +%s) rc=0
+  log "==> $name (limit ${limit}s)"
+  timeout "$limit" "$@" || rc=$?
+  STEP_S[$name]=$(( $(date +%s) - start ))
+  log "done: $name in ${STEP_S[$name]} s (exit $rc)"
+  return $rc
+}
+
+# ---- 1. setup -------------------------------------------------------------------------------------------
+if [ -n "$SETUP" ]; then
+  step setup 420 make setup
+fi
+[ -x "$PY" ] || { echo "gpu_check: $PY missing (run without --no-setup)" >&2; exit 1; }
+if ! "$PY" -c 'import matplotlib, psutil' 2>/dev/null; then  # the bench's own requirements (as `make bench`)
+  step bench-deps 180 "$PY" -m pip install -q -r requirements-bench.txt
+fi
+if [ "$DEVICE" = cuda ] && ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  log "torch in .venv does not see CUDA ($("$PY" -c 'import torch; print(torch.__version__)')): installing torch==2.13.0 from PyPI (CUDA build)"
+  step torch-cuda 300 env PIP_FIND_LINKS= "$PY" -m pip install -q --force-reinstall "torch==2.13.0" --index-url https://pypi.org/simple
+  "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
+    || { echo "gpu_check: torch still sees no CUDA device (driver? nvidia-smi below)" >&2; nvidia-smi >&2 || true; exit 1; }
+fi
+MACHINE="$("$PY" - "$DEVICE" <<'EOF'
+import os, platform, sys, torch
+device = sys.argv[1]
+gpu = f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}, {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB" \
+    if device == "cuda" else "none (CPU run)"
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+print(f"GPU: {gpu}; CPU: {cpu}, {os.cpu_count()} cores; torch {torch.__version__}; Python {platform.python_version()}")
+EOF
+)"
+log "$MACHINE"
+
+# ---- 2. parity + engine latency -------------------------------------------------------------------------
+PARITY_ARGS=(--device "$DEVICE" --out "$WORK/parity.md" --json "$WORK/parity.json")
+[ -n "$QUICK" ] && PARITY_ARGS+=(--quick)
+step parity 240 "$PY" scripts/gpu_parity.py "${PARITY_ARGS[@]}"
+
+# ---- 3. the bench's latency section on the device -------------------------------------------------------
+mkdir -p "$BACKUP"
+for name in "${BENCH_FILES[@]}"; do [ -f "$RESULTS/$name" ] && cp -p "$RESULTS/$name" "$BACKUP/$name"; done
+rm -f "$RESULTS/results.json"  # a partial run merges the last results: start from none, so the report is this run's only
+SECTIONS=(latency); [ -n "$WITH_LM" ] && SECTIONS+=(lm)
+PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+BENCH_ARGS=(--only "${SECTIONS[@]}" --device "$DEVICE" --port "$PORT")
+if [ -n "$QUICK" ]; then BENCH_ARGS+=(--repeats 2 --moves 5 --lm-seconds 5); else BENCH_ARGS+=(--repeats 7 --moves 20 --lm-seconds 20); fi
+BENCH_RC=0
+step bench 300 "$PY" benchmarks/run_all.py "${BENCH_ARGS[@]}" || BENCH_RC=$?
+[ -f "$RESULTS/README.md" ] && cp "$RESULTS/README.md" "$WORK/bench.md"
+[ -f "$RESULTS/results.json" ] && cp "$RESULTS/results.json" "$WORK/bench.json"
+restore_results
+
+# ---- 4. the report --------------------------------------------------------------------------------------
+TOTAL=$(( $(date +%s) - T0 ))
+{
+  echo "# GPU check ($DEVICE)"
+  echo
+  echo "\`bash scripts/gpu_check.sh$([ "$DEVICE" = cpu ] && echo " --device cpu")$([ -n "$QUICK" ] && echo " --quick")\` on $(date -u '+%Y-%m-%d %H:%M UTC')."
+  echo "$MACHINE."
+  echo
+  echo -n "Steps: "
+  for name in setup bench-deps torch-cuda parity bench; do [ -n "${STEP_S[$name]:-}" ] && echo -n "$name ${STEP_S[$name]} s; "; done
+  echo "total ${TOTAL} s (budget 480 s: $([ "$TOTAL" -le 480 ] && echo met || echo '**missed**'))."
+  [ "$DEVICE" = cpu ] && echo "On a CPU the \"device\" is the CPU too: float32 parity must be exactly 0; the figures only show the script works."
+  echo
+  cat "$WORK/parity.md"
+  echo
+  echo "## Bench: \`benchmarks/run_all.py ${BENCH_ARGS[*]}\`"
+  echo
+  if [ "$BENCH_RC" -ne 0 ]; then echo "The bench exited with status $BENCH_RC (its log: benchmarks/results/server.log on that machine)."; echo; fi
+  if [ -z "$WITH_LM" ]; then echo "The LM section (Chromium needed) was not run: no /usr/bin/chromium here."; echo; fi
+  if [ -f "$WORK/bench.md" ]; then sed -e 's/^# /### /' -e 's/^## /### /' -e '/^!\[/d' "$WORK/bench.md"; else echo "No bench report was written."; fi
+  echo
+  echo "## Not covered"
+  echo
+  echo "- The CUDA Docker image (\`docker build --build-arg TORCH_VARIANT=cuda .\`) is not built by this check."
+  echo "- The server runs float32; float16/bfloat16 figures above are the engine on a cast model (no dtype setting)."
+} > "$OUT"
+log "wrote $OUT (total ${TOTAL} s)"
+[ "$BENCH_RC" -eq 0 ] || exit "$BENCH_RC"

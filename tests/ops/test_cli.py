@@ -69,3 +69,46 @@ def test_wrapper_script_runs_the_same_code(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "usage: attnlab prepare" in result.stdout and "--weights-dir" in result.stdout
+
+
+def test_serve_from_outside_the_checkout(tmp_path):
+    """`attnlab serve` started elsewhere finds its templates, static files and prepared weights (the checkout's),
+    answers, and exits 0 on SIGTERM."""
+    import os
+    import signal
+
+    import httpx
+
+    from tests.faults.conftest import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNLAB_")}
+    env["ATTNLAB_DEFAULT_MODELS"] = '["vit-fashion"]'
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([str(ATTNLAB), "serve", "--port", str(port)], cwd=tmp_path, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        end = time.monotonic() + 180
+        while time.monotonic() < end:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                if httpx.get(base + "/api/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        else:
+            raise AssertionError("not ready after 180 s:\n" + (tmp_path / "serve.log").read_text())
+        page = httpx.get(base + "/image", timeout=30)
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        assert httpx.get(base + "/static/samples/fruit.jpg", timeout=30).status_code == 200
+        models = httpx.get(base + "/api/models?kind=image", timeout=120).json()["models"]
+        assert "dinov2-small" in [m["id"] for m in models]  # loaded from the checkout's weights/
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
 from PIL import Image
 
@@ -33,6 +34,7 @@ VIEWPORT = {"width": 1200, "height": 800}
 # Taller views where the first figures sit below the controls.
 HEIGHTS = {"text": 1150, "lm": 1150, "image": 900}
 MAX_BYTES = 150_000
+LM_PROMPT = "The capital of France is"
 
 COUNT_DRAWN = "() => [...document.querySelectorAll('.js-plotly-plot')].filter(el => el.data && el.data.length).length"
 
@@ -129,11 +131,17 @@ def shoot_lm(page, url):
     if model is None:
         log("no model with output 'next_token' listed by /api/models: LM view skipped")
         return False
-    page.goto(f"{url}/")
-    wait_drawn(page, 4)
-    page.select_option("#model-select", model)
+    page.goto(f"{url}/#m={quote(model)}&t={quote(LM_PROMPT)}")
     page.wait_for_selector("#lm-panels:not([hidden])", timeout=300_000)
     wait_drawn(page, 4, timeout_s=300)
+    page.wait_for_selector("#generate-button:not([disabled])", timeout=120_000)
+    page.fill("#max-new-tokens", "8")
+    page.click("#generate-button")  # the two continuations, streamed
+    page.wait_for_selector("#continuation[data-state]:not([data-state='running'])", state="attached", timeout=300_000)
+    state = page.get_attribute("#continuation", "data-state")
+    if state != "done":
+        raise SystemExit(f"continuation {state}: {page.text_content('#status')!r}")
+    page.wait_for_timeout(300)
     return True
 
 

@@ -75,7 +75,7 @@ def test_guide_fits_a_phone(live_server, browser):
         context.close()
 
 
-@pytest.mark.parametrize("path, figures", [("/", 3), ("/image", 3), ("/gaussian", 5)])
+@pytest.mark.parametrize("path, figures", [("/", 3), ("/image", 3), ("/gaussian", 5), ("/#m=smollm2-135m", 4)])
 def test_every_section_link_on_a_page_resolves(live_server, page, page_log, path, figures):
     page.goto(live_server + path)
     wait_drawn(page, figures)  # help built by the page's scripts is there too

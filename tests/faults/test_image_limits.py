@@ -43,7 +43,8 @@ def test_pillow_decoder_errors_are_ours(make_client):
     r = upload(make_client(), data[: len(data) - 30])  # cut inside the pixel data
     assert r.status_code == 400
     message = r.json()["detail"][0]["msg"]
-    assert "PNG image is" in message and "not processed" not in message and "broken data stream" not in message
+    assert message.startswith("the PNG image is truncated") and "re-upload" in message
+    assert "image file is" not in message and "not processed" not in message and "broken data stream" not in message
 
 
 def test_elongated_image_is_422_naming_the_limit(make_client):

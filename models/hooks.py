@@ -202,14 +202,3 @@ def load_with_attnlab(model_class, source: str, **kwargs) -> nn.Module:
             f"{source}: computes attention outside transformers' AttentionInterface: not supported "
             f"(the model has no {ATTN_IMPLEMENTATION!r} attention)"
         ) from None
-
-
-def map_attention_modules(model: nn.Module, class_suffix: str = "SelfAttention") -> dict[int, int]:
-    """id(module) → layer index for every self-attention module, in forward order.
-
-    ViT/DINOv2 attention modules carry no layer index, so we number them once at load.
-    """
-    modules = [m for m in model.modules() if type(m).__name__.endswith(class_suffix)]
-    if not modules:
-        raise ValueError(f"no attention modules whose class ends with {class_suffix!r} in {type(model).__name__}")
-    return {id(m): i for i, m in enumerate(modules)}

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.hooks import RunScope, map_attention_modules, run_scope
+from models.hooks import RunScope, run_scope
 from models.interventions import Intervention
 from models.probe import ProbeReport, probe
 
@@ -118,11 +118,6 @@ class AttentionAdapter:
     model: nn.Module
     device: torch.device
     layer_of: dict[int, int]
-
-    def _attach(self, model: nn.Module, device: torch.device) -> None:
-        self.model = model.eval().to(device)
-        self.device = device
-        self.layer_of = map_attention_modules(self.model)
 
     def _attach_probed(
         self, model: nn.Module, device: torch.device, probe_inputs: dict[str, torch.Tensor],

@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokeni
 
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, pick_device
 from models.effects import cosine, kl_divergence
-from models.hooks import register
+from models.hooks import load_with_attnlab
 from models.interventions import Intervention
 
 TOP_K = 5
@@ -30,7 +30,6 @@ def _is_sentence_transformer(source: str) -> bool:
 
 class BertAdapter(AttentionAdapter):
     def __init__(self, model_id: str, source: str, max_tokens: int = 512, device: str = "auto"):
-        attn = register()
         config = AutoConfig.from_pretrained(source)
         architectures = config.architectures or []
         if any(a.endswith("ForMaskedLM") for a in architectures):
@@ -39,7 +38,7 @@ class BertAdapter(AttentionAdapter):
             output_kind, model_cls = "similarity", AutoModel
         else:
             output_kind, model_cls = "embedding", AutoModel
-        model = model_cls.from_pretrained(source, attn_implementation=attn, use_safetensors=True)  # never a pickle
+        model = load_with_attnlab(model_cls, source)
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         probe_inputs = dict(self.tokenizer("the cat sat on the mat", "it was tired", return_tensors="pt"))
         report = self._attach_probed(

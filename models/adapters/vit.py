@@ -25,7 +25,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
 
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, pick_device
 from models.effects import cosine, kl_divergence
-from models.hooks import RunScope, map_attention_modules, register, run_scope
+from models.hooks import RunScope, load_with_attnlab, run_scope
 from models.images import PreprocessSpec, crop_box, preprocess
 from models.interventions import Intervention
 
@@ -56,14 +56,13 @@ def _native_size(config, preprocessor: dict[str, Any]) -> int:
 
 class VitAdapter(AttentionAdapter):
     def __init__(self, model_id: str, source: str, device: str = "auto"):
-        attn = register()
         config = AutoConfig.from_pretrained(source)
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"{source}: model_type {config.model_type!r} is not a ViT-family model {SUPPORTED_MODEL_TYPES}")
         architectures = config.architectures or []
         is_classifier = any("ForImageClassification" in a for a in architectures)
         model_cls = AutoModelForImageClassification if is_classifier else AutoModel
-        model = model_cls.from_pretrained(source, attn_implementation=attn, use_safetensors=True)  # never a pickle
+        model = load_with_attnlab(model_cls, source)
         size = int(config.image_size[0] if isinstance(config.image_size, (list, tuple)) else config.image_size)
         probe_inputs = {"pixel_values": torch.randn(1, int(config.num_channels), size, size, generator=torch.Generator().manual_seed(0))}
         report = self._attach_probed(

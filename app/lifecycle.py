@@ -187,10 +187,21 @@ def _is_json(content_type: str) -> bool:
 
 class RequestGuard:
     """See the module docstring. `settings` needs max_json_bytes, max_upload_bytes, body_timeout_s,
-    upload_timeout_s; `upload_paths` are the API POSTs whose body is a multipart upload, not JSON."""
+    upload_timeout_s; `upload_paths` are the API POSTs whose body is a multipart upload, not JSON;
+    `post_paths()` gives the paths that take a POST (read once, at the first request: the routes are all
+    in place by then); a POST to any other path goes on untouched, to its 404/405."""
 
-    def __init__(self, app, settings, upload_paths: tuple[str, ...] = ("/api/images",), lifecycle: Lifecycle = LIFECYCLE):
+    def __init__(self, app, settings, upload_paths: tuple[str, ...] = ("/api/images",), lifecycle: Lifecycle = LIFECYCLE,
+                 post_paths: Callable[[], set[str]] | None = None):
         self.app, self.settings, self.upload_paths, self.lifecycle = app, settings, upload_paths, lifecycle
+        self._post_paths_of, self._post_paths = post_paths, None
+
+    def _takes_post(self, path: str) -> bool:
+        if self._post_paths_of is None:
+            return True
+        if self._post_paths is None:
+            self._post_paths = set(self._post_paths_of())
+        return path in self._post_paths
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"].startswith("/static/"):
@@ -206,7 +217,7 @@ class RequestGuard:
         watcher: asyncio.Task | None = None
         app_receive = receive
 
-        if scope["method"] == "POST" and scope["path"].startswith("/api/"):
+        if scope["method"] == "POST" and scope["path"].startswith("/api/") and self._takes_post(scope["path"]):
             outcome = await self._read_body(scope, receive, send)
             if outcome is None:
                 return  # answered (408/413/415/400/422) or the client left

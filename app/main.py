@@ -188,7 +188,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(ServerTiming)
     # queue_depth waiting + the one running + a few cache hits / uploads that never wait for the model.
     app.add_middleware(AdmissionGate, limit=settings.queue_depth + 4)
-    app.add_middleware(RequestGuard, settings=settings)
+    app.add_middleware(RequestGuard, settings=settings, post_paths=lambda: {
+        path for path, operations in app.openapi().get("paths", {}).items() if "post" in operations})
 
     app.add_middleware(SecurityHeaders)
 
@@ -236,11 +237,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(pages.router)
     app.include_router(images.router)
     app.include_router(gaussian.router)
-    for route in app.router.routes:  # JSON bodies: take the value RequestGuard parsed (off the event loop)
-        if isinstance(route, APIRoute) and route.body_field is not None and "POST" in route.methods:
-            route.app = request_response(use_parsed_json(route.get_route_handler()))
+    for route in _api_routes(app.router.routes):  # JSON bodies: take the value RequestGuard parsed (off the loop)
+        if route.body_field is not None and "POST" in route.methods and not getattr(route, "_parsed_json", False):
+            handler_of = route.get_route_handler  # FastAPI builds each route's ASGI app from this method
+            route.get_route_handler = lambda handler_of=handler_of: use_parsed_json(handler_of())
+            route.app = request_response(route.get_route_handler())
+            route._parsed_json = True  # the routers are module objects: wrap once however many apps are made
     app.openapi = lambda: _openapi_with_guard_responses(app)
     return app
+
+
+def _api_routes(routes) -> list[APIRoute]:
+    """Every APIRoute, also inside included routers (FastAPI ≥ 0.16x keeps those as their own router objects)."""
+    found = []
+    for route in routes:
+        if isinstance(route, APIRoute):
+            found.append(route)
+        elif getattr(route, "original_router", None) is not None:
+            found += _api_routes(route.original_router.routes)
+    return found
 
 
 # What RequestGuard, the admission gate and the runtime may answer besides each route's own responses.

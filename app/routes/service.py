@@ -18,13 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 router = APIRouter(prefix="/api", tags=["service"])
 
 
+# async: answered on the event loop. A plain `def` takes a worker thread, and under load every worker
+# thread may be held by a request waiting for the model: health then waited behind them (p99 0.7 s).
 @router.get("/health")
-def health() -> dict[str, str]:
+async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
 @router.get("/ready", responses={503: {"description": "default models still loading"}})
-def ready(runtime: RuntimeDep):
+async def ready(runtime: RuntimeDep):
     if not runtime.ready:
         return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "2"})
     return {"status": "ready", "models": [a.info.id for a in runtime.loaded_adapters()]}

@@ -66,3 +66,23 @@ def test_health_stays_fast_while_large_bodies_arrive(tiny_bert, start_server):
           f"p99 {p99 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms over {len(latencies)} requests")
     assert statuses and set(statuses) == {422}  # 4096 heads at most: a clear 422, after a full parse
     assert p99 < 0.25, p99
+
+
+def test_the_body_is_parsed_once_by_the_guard(make_client, monkeypatch):
+    """FastAPI takes the value RequestGuard parsed (in a worker thread for large bodies) instead of calling
+    json.loads again on the event loop: with Starlette's json.loads broken, requests still work."""
+    import types
+
+    import starlette.requests
+
+    client = make_client()
+
+    def no_second_parse(*args, **kwargs):
+        raise AssertionError("the body was parsed a second time")
+
+    monkeypatch.setattr(starlette.requests, "json", types.SimpleNamespace(loads=no_second_parse))  # Request.json()'s
+    big = {"model": "tiny", "text": "the cat sat on " * 1200, "layers": [0], "heads": [0]}  # > 16 KiB
+    for body in ({"model": "tiny", "text": "the cat", "layers": [0], "heads": [0]}, big):
+        r = client.post("/api/text/attention", json=body)
+        assert r.status_code == 200, r.text[:300]
+    assert client.post("/api/health").status_code == 405  # a POST to a GET-only path: not taken for JSON

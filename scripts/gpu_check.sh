@@ -126,7 +126,7 @@ TOTAL=$(( $(date +%s) - T0 ))
   echo "## Bench: \`benchmarks/run_all.py ${BENCH_ARGS[*]}\`"
   echo
   if [ "$BENCH_RC" -ne 0 ]; then echo "The bench exited with status $BENCH_RC (its log: benchmarks/results/server.log on that machine)."; echo; fi
-  if [ -z "$WITH_LM" ]; then echo "The LM section (Chromium needed) was not run: no /usr/bin/chromium here."; echo; fi
+  if [ -z "$WITH_LM" ]; then echo "The bench's LM section was not run ($([ -n "$QUICK" ] && echo "--quick" || echo "no /usr/bin/chromium here; it drives Chromium"); --with-lm runs it)."; echo; fi
   if [ -f "$WORK/bench.md" ]; then sed -e 's/^# /### /' -e 's/^## /### /' -e '/^!\[/d' "$WORK/bench.md"; else echo "No bench report was written."; fi
   echo
   echo "## Not covered"

@@ -156,7 +156,6 @@ function render() {
   renderDistance();
   renderReadouts();
   imageLab.render(state.response, state.request);
-  drawPicks();
 }
 
 function renderSelectors() {
@@ -214,7 +213,8 @@ function renderOverlay() {
     }],
     dragmode: $("click-mode").value === "mask" ? "select" : "zoom",
   };
-  Plotly.react($("overlay"), [heat, masks, query], layout, OVERLAY_PLOT);
+  // One drawing with every layer (a second redraw for the rings would widen the window in which a click is lost).
+  Plotly.react($("overlay"), [heat, masks, query, picksTrace()], layout, OVERLAY_PLOT);
 }
 
 function renderModelGrid() {
@@ -432,21 +432,22 @@ function softmaxRowContext() {
 }
 
 // The patches chosen for the perturbation, as orange rings over the overlay.
+function picksTrace() {
+  const picked = [...imageLab.lab.perturb.tokens].map(tokenPatch).filter(Boolean);
+  return {
+    type: "scatter", mode: "markers", name: "perturbed patches", x: picked.map((p) => p[1]), y: picked.map((p) => p[0]),
+    hoverinfo: "skip", showlegend: false,
+    marker: { symbol: "circle-open", size: Math.max(8, 300 / grid()[1]), line: { width: 3, color: "#ff9f1c" } },
+  };
+}
+
+// A patch chosen or dropped: only the rings move.
 function drawPicks() {
   const el = $("overlay");
-  if (!el || !el.data || !state.response) return;
-  const cols = grid()[1];
-  const picked = [...imageLab.lab.perturb.tokens].map(tokenPatch).filter(Boolean);
-  const x = picked.map((p) => p[1]), y = picked.map((p) => p[0]);
-  const index = el.data.findIndex((t) => t.name === "perturbed patches");
-  if (index >= 0) {
-    Plotly.restyle(el, { x: [x], y: [y] }, [index]);
-  } else {
-    Plotly.addTraces(el, {
-      type: "scatter", mode: "markers", name: "perturbed patches", x, y, hoverinfo: "skip", showlegend: false,
-      marker: { symbol: "circle-open", size: Math.max(8, 300 / cols), line: { width: 3, color: "#ff9f1c" } },
-    });
-  }
+  const index = el?.data?.findIndex((t) => t.name === "perturbed patches") ?? -1;
+  if (index < 0 || !state.response) return;
+  const { x, y } = picksTrace();
+  Plotly.restyle(el, { x: [x], y: [y] }, [index]);
 }
 
 // Fill the page state from the URL; true when the URL holds a view.

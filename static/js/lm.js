@@ -199,7 +199,8 @@ export function drawTarget(response) {
   const traces = [{ type: "bar", name: after ? "before" : "p", x: labels, y: before, marker: { color: after ? BEFORE : AFTER } }];
   if (after) traces.push({ type: "bar", name: "after", x: labels, y: after, marker: { color: AFTER } });
   Plotly.react(byId("target-probs-plot"), traces, {
-    barmode: "group", margin: { l: 45, r: 10, t: 10, b: 70 }, yaxis: { range: [0, 1.02], title: { text: "p(target token)" } },
+    // up to the largest probability shown: a random test model's probabilities are far below 1
+    barmode: "group", margin: { l: 45, r: 10, t: 10, b: 70 }, yaxis: { range: [0, 1.05 * Math.max(1e-3, ...before, ...(after ?? []))], title: { text: "p(target token)" } },
     xaxis: { type: "category", tickangle: -50 }, legend: { orientation: "h", y: 1.1 },
   }, CONFIG);
 }

@@ -42,10 +42,12 @@ export function decodeTensor(field) {
   return reshape(Array.from(halves, halfToFloat), field.shape);
 }
 
-// Tensor fields of a response as nested lists (for a JSON export that reads without a decoder).
-export function decodedFields(response, names = ["attention", "scores", "base_attention"]) {
+// Tensor fields of a response as nested lists (for a JSON export that reads without a decoder); an
+// encoder–decoder's fields hold one tensor per attention kind.
+export function decodedFields(response, names = ["attention", "scores", "base_attention", "thumbnails"]) {
   const out = { ...response };
-  for (const name of names) if (out[name] && !Array.isArray(out[name])) out[name] = decodeTensor(out[name]);
+  const decode = (field) => (!field || Array.isArray(field) || field.dtype ? decodeTensor(field) : Object.fromEntries(Object.entries(field).map(([k, v]) => [k, decode(v)])));
+  for (const name of names) if (out[name] && !Array.isArray(out[name])) out[name] = decode(out[name]);
   return out;
 }
 

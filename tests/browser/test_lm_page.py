@@ -1,7 +1,8 @@
 """The language-model view of the text page on the real smollm2-135m (issue 11), in Debian's Chromium: type a
 prompt, see " Paris" on top of the next-token distribution, a causal heatmap, the GQA groups and the parity
-badge; drag β down on every layer in run mode and watch the prediction move (KL > 0); the two continuations,
-identical without interventions, differ with them; Stop aborts a running continuation."""
+badge; drag β down on layers 10–12 in run mode and watch the prediction move (KL > 0, p(" Paris") down), then on
+every layer; the two continuations, identical without interventions, differ with them; the position
+selector; Stop aborts a running continuation; the view fits a phone."""
 from __future__ import annotations
 
 from urllib.parse import quote
@@ -33,7 +34,7 @@ def continuation(page) -> dict:
 def generate_and_wait(page):
     page.wait_for_function("() => !document.getElementById('generate-button').disabled", timeout=120_000)
     page.click("#generate-button")
-    page.wait_for_function("() => document.getElementById('continuation').dataset.state === 'done'", timeout=180_000)
+    page.wait_for_function("() => document.getElementById('continuation').dataset.state === 'done'", timeout=300_000)
 
 
 def open_prompt(page, live_server):
@@ -67,27 +68,40 @@ def test_lm_journey_prediction_and_continuation_move_with_beta(page, page_log, l
     screenshot(page, "lm-01-first-view")
 
     # Without interventions the two continuations are the same greedy text.
-    page.fill("#max-new-tokens", "12")
+    page.fill("#max-new-tokens", "6")
     generate_and_wait(page)
     plain = continuation(page)
     assert plain["base"] and plain["base"] == plain["intervened"] and plain["differs"] == "no" and plain["highlighted"] == 0
 
-    # Run mode, every layer and head: β down to β₀/30. The next token's distribution moves (KL > 0) …
-    page.select_option("#scope-select", "all")
-    wait_idle(page)
+    # Run mode, β down to β₀/30 on every head of layers 10–12: the next token's distribution moves (KL > 0, the
+    # probability of " Paris" drops) though " Paris" stays on top.
+    page.select_option("#scope-select", "layers")
+    page.fill("#beta-from", "10")
+    page.dispatch_event("#beta-from", "change")
+    page.fill("#beta-to", "12")
+    page.dispatch_event("#beta-to", "change")
     set_slider(page, "-1.5")
-    page.wait_for_function("() => Number(document.getElementById('lm-output').dataset.kl) > 0", timeout=180_000)
+    page.wait_for_function("() => Number(document.getElementById('lm-output').dataset.kl) > 0", timeout=300_000)
     wait_idle(page)
     out = lm_output(page)
-    assert out["kl"] > 0.01 and out["top"] == " Paris"
-    assert "KL(before ‖ after)" in page.inner_text("#lm-effect")
+    assert out["kl"] > 1e-3 and out["top"] == " Paris"
+    effect = page.evaluate("() => Object.fromEntries([...document.querySelectorAll('#lm-effect dt')].map(dt => [dt.textContent, dt.nextElementSibling.textContent]))")
+    assert "KL(before ‖ after)" in effect and float(effect["Δp of ␣Paris"]) < 0
     assert len(page.eval_on_selector("#topk-plot", "el => el.data")) == 2  # before and after
-    assert "temperature" in page.inner_text("#interventions-list")
-    # … and the continuation follows the change once it settles (it was asked for once): it now differs.
-    page.wait_for_function("() => document.getElementById('continuation').dataset.differs === 'yes'", timeout=180_000)
+    assert "layer 10,11,12, all heads" in page.inner_text('#interventions-list .iv-row[data-key="beta"]')
+    assert "bs=layers" in page.url and "br=10-12" in page.url
+    screenshot(page, "lm-02-beta-layers-10-12")
+
+    # The same β on every layer: the prediction collapses, and the continuation follows once the change
+    # settles (it was asked for once): it now differs from the plain one.
+    page.select_option("#scope-select", "all")
+    page.wait_for_function("() => Number(document.getElementById('lm-output').dataset.kl) > 1", timeout=300_000)
+    page.wait_for_function("() => document.getElementById('continuation').dataset.differs === 'yes'", timeout=300_000)
+    wait_idle(page)
+    assert lm_output(page)["after"] != " Paris"
     moved = continuation(page)
     assert moved["base"] == plain["base"] and moved["intervened"] != moved["base"] and moved["highlighted"] > 0
-    screenshot(page, "lm-02-beta-all-layers")
+    screenshot(page, "lm-03-beta-all-layers")
 
     # The causal structure survives any β: still nothing above the diagonal.
     z = plot_data(page, HEATMAP)
@@ -103,6 +117,22 @@ def test_position_selector_and_stop(page, page_log, live_server):
     page.wait_for_function("() => document.getElementById('lm-output-title').textContent.startsWith('after position 1')", timeout=120_000)
     assert lm_output(page)["top"] != last_top
     assert "pos=1" in page.url
+
+    # The lab's perturbation with n = 2 samples on a decoder: the next-token KL comes with its spread.
+    page.select_option("#position-select", "")
+    page.fill("#perturb-sigma", "5")
+    page.dispatch_event("#perturb-sigma", "change")
+    page.fill("#perturb-samples", "2")
+    page.dispatch_event("#perturb-samples", "change")
+    page.select_option("#perturb-scope", "all")
+    page.click("#perturb-apply")
+    page.wait_for_function("() => /n = 2 samples/.test(document.getElementById('effect-summary').textContent)", timeout=300_000)
+    wait_idle(page)
+    kl_row = page.evaluate("() => [...document.querySelectorAll('#lm-effect dt')].find(dt => dt.textContent.startsWith('KL')).nextElementSibling.textContent")
+    assert "nats ±" in kl_row and lm_output(page)["kl"] > 0
+    page.click("#perturb-apply")  # off again
+    page.wait_for_function("() => document.getElementById('interventions-list').textContent.includes('none')", timeout=300_000)
+    wait_idle(page)
 
     # Stop aborts a running continuation.
     page.fill("#max-new-tokens", page.get_attribute("#max-new-tokens", "max"))
@@ -121,9 +151,10 @@ def test_lm_view_on_a_phone(browser, live_server):
     page = context.new_page()
     try:
         open_prompt(page, live_server)
+        page.fill("#max-new-tokens", "4")
         generate_and_wait(page)
         width = page.evaluate("() => document.documentElement.scrollWidth")
         assert width <= 390 + 1, f"the page scrolls sideways on a phone: {width} px"
-        screenshot(page, "lm-03-phone")
+        screenshot(page, "lm-04-phone")
     finally:
         context.close()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -91,6 +92,13 @@ def test_cross_attention_view(page, page_log, bart_server):
     assert sent and all(iv["kind"] == "cross" for iv in sent)
     after = page.eval_on_selector("#target-probs-plot", "el => el.data.map(t => t.y)")
     assert len(after) == 2 and all(len(ys) == n for ys in after)  # before and after, one bar per target token
+
+    # The JSON export holds every kind's map as plain lists.
+    with page.expect_download(timeout=30_000) as dl:
+        page.click("#export-json")
+    exported = json.loads(Path(dl.value.path()).read_text())
+    assert set(exported["response"]["attention"]) == {"encoder", "decoder", "cross"}
+    assert len(exported["response"]["attention"]["cross"][0][0]) == n and len(exported["response"]["attention"]["cross"][0][0][0]) == m
 
     # The decoder's self-attention is causal over the target.
     page.uncheck("#ablate-toggle")

@@ -2,11 +2,13 @@
 // editable list of active interventions. Meaning of every op: SPEC §2–4; wire format: API.md.
 //
 // Scopes follow the selection: "head" = the selected layer and head, "layer" = every head of the
-// selected layer, "all" = every layer and head.
+// selected layer, "all" = every layer and head. β alone also takes "layers": every head of layers
+// from … to … (e.g. layers 10–12 of a 30-layer LM).
 
 import { button } from "../dom.js";
 
 export const SCOPE_LABELS = { all: "all layers & heads", layer: "this layer", head: "this head" };
+export const RANGE_LABEL = "layers from … to …";
 
 export const HELP = {
   temperature: "P = softmax(β·S + M); T = 1/β. β → ∞: one-hot rows; β → 0: uniform over unmasked keys (SPEC §2)",
@@ -19,7 +21,7 @@ export const HELP = {
 
 export function createLab() {
   return {
-    beta: { logRatio: 0, scope: "head", mode: "run" }, // logRatio = log10(β / β₀)
+    beta: { logRatio: 0, scope: "head", mode: "run", from: 0, to: 0 }, // logRatio = log10(β / β₀); from/to: scope "layers"
     masks: { tokens: new Set(), scope: "head" },
     causal: { on: false, scope: "all" },
     ablate: { on: false, scope: "head" },
@@ -45,7 +47,11 @@ const sorted = (set) => [...set].sort((a, b) => a - b);
 export function buildInterventions(lab, ctx) {
   const list = [];
   if (!betaIsNative(lab) && lab.beta.mode === "run") {
-    list.push({ _key: "beta", op: "temperature", beta: betaOf(lab, ctx.nativeBeta), ...scopeFields(lab.beta.scope, ctx) });
+    const b = lab.beta;
+    const where = b.scope === "layers"
+      ? { ...scopeFields("all", ctx), layers: Array.from({ length: Math.abs(b.to - b.from) + 1 }, (_, i) => Math.min(b.from, b.to) + i) }
+      : scopeFields(b.scope, ctx);
+    list.push({ _key: "beta", op: "temperature", beta: betaOf(lab, ctx.nativeBeta), ...where });
   }
   if (lab.masks.tokens.size) list.push({ _key: "masks", op: "mask_keys", tokens: sorted(lab.masks.tokens), ...scopeFields(lab.masks.scope, ctx) });
   if (lab.causal.on) list.push({ _key: "causal", op: "causal", ...scopeFields(lab.causal.scope, ctx) });
@@ -117,7 +123,7 @@ export function renderActiveList(el, lab, ctx, { tokens = null, extra = [], samp
     label.className = "mono";
     label.textContent = `${iv.op}: ${describe(iv, tokens)} @ ${where(iv)}`;
     label.title = HELP[iv.op] || "";
-    const scope = scopeSelect(lab[iv._key].scope, (value) => { lab[iv._key].scope = value; onChange(iv._key); });
+    const scope = scopeSelect(lab[iv._key].scope, (value) => { lab[iv._key].scope = value; onChange(iv._key); }, { range: iv._key === "beta" });
     const remove = button("×", () => { resetControl(lab, iv._key); onChange(iv._key); });
     remove.title = "remove this intervention";
     remove.className = "iv-remove";
@@ -126,9 +132,11 @@ export function renderActiveList(el, lab, ctx, { tokens = null, extra = [], samp
   });
 }
 
-export function scopeSelect(value, onChange) {
+// range: offer "layers from … to …" (β only).
+export function scopeSelect(value, onChange, { range = false } = {}) {
   const select = document.createElement("select");
   for (const [v, text] of Object.entries(SCOPE_LABELS)) select.append(new Option(text, v));
+  if (range) select.append(new Option(RANGE_LABEL, "layers"));
   select.value = value;
   select.addEventListener("change", () => onChange(select.value));
   return select;

@@ -92,13 +92,34 @@ export function mountLab(page, options = {}) {
   }
   byId("beta-slider").addEventListener("input", onBetaInput);
   byId("beta-reset").addEventListener("click", () => { byId("beta-slider").value = "0"; onBetaInput(); });
-  byId("scope-select").addEventListener("change", () => { lab.beta.scope = byId("scope-select").value; page.run({}); });
+  byId("scope-select").addEventListener("change", () => {
+    lab.beta.scope = byId("scope-select").value;
+    if (lab.beta.scope === "layers" && lab.beta.from === 0 && lab.beta.to === 0) { // start from the selected layer
+      lab.beta.from = lab.beta.to = page.selection().layer;
+    }
+    syncControls();
+    page.run({});
+  });
+  // Scope "layers": every head of layers from … to … (clamped to the model's layers).
+  for (const id of ["beta-from", "beta-to"]) {
+    byId(id).addEventListener("change", () => {
+      const last = page.shape().layers - 1;
+      const read = (el) => Math.max(0, Math.min(last, Math.round(Number(el.value) || 0)));
+      lab.beta.from = read(byId("beta-from"));
+      lab.beta.to = read(byId("beta-to"));
+      syncControls();
+      if (!betaIsNative(lab)) page.run({});
+    });
+  }
   modeSelect?.addEventListener("change", () => { lab.beta.mode = modeSelect.value; page.run({}); });
 
   // Controls mirror the lab state (after a URL restore or an edit in the active list).
   function syncControls() {
     byId("beta-slider").value = String(lab.beta.logRatio);
     byId("scope-select").value = lab.beta.scope;
+    byId("beta-range").hidden = lab.beta.scope !== "layers";
+    byId("beta-from").value = String(lab.beta.from);
+    byId("beta-to").value = String(lab.beta.to);
     if (modeSelect) modeSelect.value = lab.beta.mode;
     renderBetaReadout();
     masks.update();
@@ -182,6 +203,7 @@ export function mountLab(page, options = {}) {
     const params = readHash();
     if (![...params.keys()].length) return null;
     paramsToLab(params, lab);
+    lab.perturb.samples = Math.min(maxSamples, lab.perturb.samples); // the server's limit, from the page config
     if (!modeSelect) lab.beta.mode = "run";
     syncControls();
     return params;

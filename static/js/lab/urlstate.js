@@ -1,6 +1,6 @@
 // Shareable state in the URL hash: model, input, layer, head, β, mode, scopes, masks, perturbations.
 // Opening such a URL restores the view. Keys are short; lists are comma-separated.
-//   b=log10(β/β₀)  bm=view|run  bs=scope
+//   b=log10(β/β₀)  bm=view|run  bs=scope (or "layers" with br=from-to)
 //   mk=1,4 (masked keys)  ms=scope  c=1 cs=scope (causal)  ab=1 as=scope (ablation)
 //   pt=keys|queries pk=3,5 pσ… stored as ps (σ) pa (α) pseed pn (samples) pscope pon=1
 const SCOPES = new Set(["all", "layer", "head"]);
@@ -13,6 +13,7 @@ export function labToParams(lab, params = new URLSearchParams()) {
   params.set("b", String(Math.round(lab.beta.logRatio * 1000) / 1000));
   params.set("bm", lab.beta.mode);
   params.set("bs", lab.beta.scope);
+  if (lab.beta.scope === "layers") params.set("br", `${lab.beta.from}-${lab.beta.to}`);
   if (lab.masks.tokens.size) { params.set("mk", [...lab.masks.tokens].sort((a, b) => a - b).join(",")); params.set("ms", lab.masks.scope); }
   if (lab.causal.on) { params.set("c", "1"); params.set("cs", lab.causal.scope); }
   if (lab.ablate.on) { params.set("ab", "1"); params.set("as", lab.ablate.scope); }
@@ -39,7 +40,9 @@ function replaceSet(set, values) {
 export function paramsToLab(params, lab) {
   lab.beta.logRatio = Math.max(-3, Math.min(3, num(params.get("b"), lab.beta.logRatio)));
   if (["view", "run"].includes(params.get("bm"))) lab.beta.mode = params.get("bm");
-  lab.beta.scope = scope(params.get("bs"), lab.beta.scope);
+  lab.beta.scope = params.get("bs") === "layers" ? "layers" : scope(params.get("bs"), lab.beta.scope);
+  const range = /^(\d+)-(\d+)$/.exec(params.get("br") ?? "");
+  if (range) [lab.beta.from, lab.beta.to] = [Number(range[1]), Number(range[2])];
   replaceSet(lab.masks.tokens, ints(params.get("mk")));
   lab.masks.scope = scope(params.get("ms"), lab.masks.scope);
   lab.causal.on = params.get("c") === "1";

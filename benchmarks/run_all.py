@@ -8,6 +8,9 @@ machines are shared and noisy. Sections:
   3. β slider in Chromium: input → redraw, view mode and run mode
   4. images at 224 and 448 px
   5. throughput and p99 at 1, 4 and 16 concurrent clients
+  6. lm: the decoder smollm2-135m (first view, run-mode β in Chromium, continuations, first figure, RSS
+     under a 60-second mixed load)
+`--device cpu|cuda|auto` runs the server under test (ATTNLAB_DEVICE) and the in-process baselines there.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -52,6 +56,20 @@ def text_of(n_tokens: int, variant: int = 0) -> str:
     return " ".join(words)
 
 
+def resolve_device(preference: str) -> str:
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here")
+    return "cuda" if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+DEVICE = "cpu"  # set from --device in main(): the in-process baselines run here, the server under test too
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def machine() -> dict:
     model = "unknown"
     try:
@@ -64,7 +82,7 @@ def machine() -> dict:
     info = {
         "cpu": model, "cores": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(), "device": "cuda: " + torch.cuda.get_device_name(0)
-        if torch.cuda.is_available() else "cpu",
+        if DEVICE == "cuda" else "cpu",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_average_at_start": os.getloadavg(),
     }
@@ -72,15 +90,23 @@ def machine() -> dict:
 
 
 class Server:
-    """The real app under uvicorn, on loopback."""
+    """The real app under uvicorn, on loopback (benchmarks/serve_probe.py: uvicorn.run(app.main.app) plus a
+    file with the result cache's size, refreshed every second). Server-Timing headers are on (queue, model,
+    app ms), for the breakdowns."""
 
     def __init__(self, port: int, env: dict[str, str] | None = None):
         self.url = f"http://127.0.0.1:{port}"
+        self.cache_file = RESULTS / "cache-size.json"
+        self.cache_file.unlink(missing_ok=True)
         log = open(RESULTS / "server.log", "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
-             "--log-level", "warning"],
-            cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, str(ROOT / "benchmarks" / "serve_probe.py"), str(port)],
+            cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", "ATTNLAB_DEVICE": DEVICE, "ATTNLAB_EXPOSE_TIMINGS": "1",
+                           # a generate stream must end within request_timeout_s of its arrival (60 s by
+                           # default), which a 32-token stream of two continuations can pass on a busy machine
+                           "ATTNLAB_REQUEST_TIMEOUT_S": "300",
+                           "ATTNLAB_BENCH_CACHE_FILE": str(self.cache_file), **(env or {})},
+            stdout=log, stderr=subprocess.STDOUT,
         )
         deadline = time.time() + 240
         while time.time() < deadline:
@@ -95,6 +121,13 @@ class Server:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=20)
+        self.cache_file.unlink(missing_ok=True)
+
+    def cache_size(self) -> dict | None:
+        try:
+            return json.loads(self.cache_file.read_text())
+        except (OSError, ValueError):
+            return None
 
 
 class RawForward:
@@ -106,12 +139,14 @@ class RawForward:
         from models.adapters.bert import minilm_source
 
         self.tokenizer = AutoTokenizer.from_pretrained(minilm_source())
-        self.model = AutoModel.from_pretrained(minilm_source(), attn_implementation="eager").eval()
+        self.model = AutoModel.from_pretrained(minilm_source(), attn_implementation="eager").eval().to(DEVICE)
 
     @torch.inference_mode()
     def __call__(self, text: str):
-        inputs = self.tokenizer(text, return_tensors="pt", truncation=True, max_length=512)
-        return self.model(**inputs, output_attentions=True)
+        inputs = self.tokenizer(text, return_tensors="pt", truncation=True, max_length=512).to(DEVICE)
+        out = self.model(**inputs, output_attentions=True)
+        sync()
+        return out
 
 
 def first_view_body(text: str, layer: int = 0, head: int = 0, thumbnails: bool = True) -> dict:
@@ -190,70 +225,89 @@ def chromium():
 WAIT_HEATMAP = "() => { const el = document.querySelector('#heatmap'); return el && el.data && el.data[0] && el.data[0].z; }"
 
 
-def bench_browser(server: Server, raw: RawForward, moves: int) -> dict:
+def new_page(browser):
+    # A new page per measurement: a goto that changes only the URL hash would not reload the page.
+    return browser.new_page(viewport={"width": 1400, "height": 1000})
+
+
+# The page's performance marks, from navigation start: the attention map's cells painted (before plotly.js
+# is evaluated), then the full Plotly figure.
+FIGURE_MARKS = ("attnlab:first-heatmap", "attnlab:heatmap-figure")
+
+
+def first_figures(browser, server: Server, model: str, texts: list[str], n_tokens: int, extra_wait: str | None = None):
+    """Page loads, a new page and a fresh input each: ([cells painted s], [Plotly figure s], [extra s]).
+    extra_wait: a JS condition whose time (performance.now() when seen, polled every 20 ms) is also returned."""
     from urllib.parse import quote
 
+    firsts, figures, extras = [], [], []
+    for text in texts:
+        page = new_page(browser)
+        page.goto(f"{server.url}/#m={model}&t={quote(text)}")
+        page.wait_for_function(f"() => performance.getEntriesByName('{FIGURE_MARKS[1]}').length > 0", timeout=120_000)
+        page.wait_for_function(f"() => document.querySelector('#heatmap').data[0].z.length === {n_tokens}", timeout=120_000)
+        first, figure = (page.evaluate(f"() => performance.getEntriesByName('{m}')[0].startTime") / 1000 for m in FIGURE_MARKS)
+        if extra_wait:
+            extras.append(page.wait_for_function(f"() => ({extra_wait}) && performance.now()", polling=20,
+                                                 timeout=120_000).json_value() / 1000)
+        firsts.append(first)
+        figures.append(figure)
+        page.close()
+    return firsts, figures, extras
+
+
+def slider_latencies(browser, server: Server, mode: str, text: str, n_tokens: int, count: int,
+                     model: str = "minilm") -> list[float]:
+    """β slider → redraw, ms per move. The page fires "attnlab:heatmap" on #heatmap after each repaint of the
+    shown head (its cells on a canvas while a slider moves, Plotly's full drawing once input settles)."""
+    from urllib.parse import quote
+
+    page = new_page(browser)
+    page.goto(f"{server.url}/#m={model}&t={quote(text)}&bm={mode}")
+    page.wait_for_function(WAIT_HEATMAP, timeout=120_000)
+    page.wait_for_function(f"() => document.querySelector('#heatmap').data[0].z.length === {n_tokens}", timeout=120_000)
+    if page.eval_on_selector("#mode-select", "el => el.value") != mode:
+        page.select_option("#mode-select", mode)
+        time.sleep(1.5)
+    out = []
+    for i in range(count):
+        value = round(-1.5 + 3 * ((i * 7) % count) / count, 2)
+        # Waits on the page's event (no polling: a spinning page would take CPU from the server).
+        ms = page.evaluate(
+            """(v) => new Promise((resolve) => {
+                 const el = document.querySelector('#heatmap');
+                 const timeout = setTimeout(() => resolve(-1), 20000);
+                 let t0 = 0;
+                 el.addEventListener('attnlab:heatmap', () => { clearTimeout(timeout); resolve(performance.now() - t0); }, {once: true});
+                 const slider = document.querySelector('#beta-slider');
+                 slider.value = v;
+                 t0 = performance.now();
+                 slider.dispatchEvent(new Event('input', {bubbles: true}));
+               })""", value)
+        if ms >= 0:
+            out.append(ms)
+    page.close()
+    return out
+
+
+def bench_browser(server: Server, raw: RawForward, moves: int) -> dict:
     p, browser = chromium()
     result: dict = {}
 
-    def fresh_page():
-        # A new page per measurement: a goto that changes only the URL hash would not reload the page.
-        return browser.new_page(viewport={"width": 1400, "height": 1000})
-
-    # Time to first figure at 128 and 512 tokens, from navigation start (the page's performance marks):
-    # the attention map's cells painted (before plotly.js is evaluated), then the full Plotly figure.
-    marks = ("attnlab:first-heatmap", "attnlab:heatmap-figure")
+    # Time to first figure at 128 and 512 tokens, from navigation start (the page's performance marks).
     for n in (128, 512):
-        firsts, figures = [], []
-        for k in range(FIRST_VIEW_REPEATS):  # a fresh input and a new page each time; the median is reported
-            page = fresh_page()
-            page.goto(f"{server.url}/#m=minilm&t={quote(text_of(n, 700 + 10 * n + k))}")
-            page.wait_for_function(f"() => performance.getEntriesByName('{marks[1]}').length > 0", timeout=120_000)
-            page.wait_for_function(f"() => document.querySelector('#heatmap').data[0].z.length === {n}", timeout=120_000)
-            first, figure = (page.evaluate(f"() => performance.getEntriesByName('{m}')[0].startTime") / 1000 for m in marks)
-            firsts.append(first)
-            figures.append(figure)
-            page.close()
+        texts = [text_of(n, 700 + 10 * n + k) for k in range(FIRST_VIEW_REPEATS)]
+        firsts, figures, _ = first_figures(browser, server, "minilm", texts, n)
         result[f"first_figure_s_{n}"], result[f"plotly_figure_s_{n}"] = statistics.median(firsts), statistics.median(figures)
         result[f"first_figure_all_s_{n}"] = firsts
         print(f"  first figure at {n} tokens (median of {len(firsts)}): cells painted {statistics.median(firsts):.2f} s "
               f"(range {min(firsts):.2f}–{max(firsts):.2f}), Plotly figure {statistics.median(figures):.2f} s")
 
-    # β slider → redraw. The page fires "attnlab:heatmap" on #heatmap after each repaint of the shown head
-    # (its cells on a canvas while a slider moves, Plotly's full drawing once input settles).
-    def slider_latencies(mode: str, n_tokens: int, count: int) -> list[float]:
-        page = fresh_page()
-        page.goto(f"{server.url}/#m=minilm&t={quote(text_of(n_tokens, 900 + n_tokens))}&bm={mode}")
-        page.wait_for_function(WAIT_HEATMAP, timeout=120_000)
-        page.wait_for_function(f"() => document.querySelector('#heatmap').data[0].z.length === {n_tokens}", timeout=120_000)
-        if page.eval_on_selector("#mode-select", "el => el.value") != mode:
-            page.select_option("#mode-select", mode)
-            time.sleep(1.5)
-        out = []
-        for i in range(count):
-            value = round(-1.5 + 3 * ((i * 7) % count) / count, 2)
-            # Waits on the page's event (no polling: a spinning page would take CPU from the server).
-            ms = page.evaluate(
-                """(v) => new Promise((resolve) => {
-                     const el = document.querySelector('#heatmap');
-                     const timeout = setTimeout(() => resolve(-1), 20000);
-                     let t0 = 0;
-                     el.addEventListener('attnlab:heatmap', () => { clearTimeout(timeout); resolve(performance.now() - t0); }, {once: true});
-                     const slider = document.querySelector('#beta-slider');
-                     slider.value = v;
-                     t0 = performance.now();
-                     slider.dispatchEvent(new Event('input', {bubbles: true}));
-                   })""", value)
-            if ms >= 0:
-                out.append(ms)
-        page.close()
-        return out
-
-    view = slider_latencies("view", 128, moves)
+    view = slider_latencies(browser, server, "view", text_of(128, 1028), 128, moves)
     # The baseline right before and right after the moves. (Interleaving it with the moves would make the
     # two processes' OpenMP threads, still spinning after each forward, slow each other down on 2 cores.)
     raws32 = [timed(lambda: raw(text_of(32, k))) for k in range(15)]
-    run = slider_latencies("run", 32, moves)
+    run = slider_latencies(browser, server, "run", text_of(32, 932), 32, moves)
     raws32 += [timed(lambda: raw(text_of(32, k))) for k in range(15, 30)]
     raw32 = statistics.median(raws32) * 1000
     result.update({
@@ -278,7 +332,7 @@ def bench_images(server: Server, repeats: int) -> list[dict]:
     if not weights.exists():
         print("  (skipped: weights/dinov2-small not prepared)")
         return []
-    model = Dinov2Model.from_pretrained(weights, attn_implementation="eager").eval()
+    model = Dinov2Model.from_pretrained(weights, attn_implementation="eager").eval().to(DEVICE)
     client = httpx.Client(timeout=300)
     rows = []
     import io
@@ -291,7 +345,7 @@ def bench_images(server: Server, repeats: int) -> list[dict]:
         for i in range(repeats):
             pixels = torch.randn(1, 3, size, size)
             with torch.inference_mode():
-                raws.append(timed(lambda: model(pixel_values=pixels, output_attentions=True)))
+                raws.append(timed(lambda: (model(pixel_values=pixels.to(DEVICE), output_attentions=True), sync())))
             buf = io.BytesIO()
             Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(buf, format="PNG")
             image_id = client.post(server.url + "/api/images", files={"file": ("x.png", buf.getvalue(), "image/png")}).json()["image_id"]
@@ -347,6 +401,307 @@ def bench_concurrency(server: Server, seconds: float) -> list[dict]:
     return rows
 
 
+# ---- 6. a decoder LM (issue 11 §6) ------------------------------------------------------------------------
+LM = "smollm2-135m"
+LM_WEIGHTS = ROOT / "weights" / LM
+LM_BETA_LAYERS = [9, 10, 11]  # β on layers 10–12 (counted from 1), as in the issue's headline
+LM_NEW_TOKENS = 32
+# Prompts for the continuations: open-ended, so that greedy decoding does not stop at an end of sequence.
+LM_PROMPTS = [
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+    "The history of the printing press begins in the fifteenth century, when",
+    "To make a good cup of tea, you first need to",
+    "The most important thing I learned at university was that",
+    "In the year 2050, cities will look very different because",
+]
+
+
+class RawLM:
+    """The LM baseline, in this process: its tokenizer + AutoModelForCausalLM with eager attention."""
+
+    def __init__(self):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(LM_WEIGHTS)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            LM_WEIGHTS, attn_implementation="eager", dtype=torch.float32).eval().to(DEVICE)
+
+    def text(self, n_tokens: int, variant: int) -> str:
+        # Every word of WORDS and FRESH_WORDS after a space is one token of this vocabulary, and no BOS is
+        # added; at the start of the text some split ("pink" → "p", "ink"), hence the leading "The".
+        text = "The " + text_of(n_tokens + 1, variant)
+        count = len(self.tokenizer(text)["input_ids"])
+        if count != n_tokens:
+            raise RuntimeError(f"the {LM} text of {n_tokens} tokens has {count}")
+        return text
+
+    @torch.inference_mode()
+    def __call__(self, text: str):
+        inputs = self.tokenizer(text, return_tensors="pt").to(DEVICE)
+        out = self.model(**inputs, output_attentions=True)
+        sync()
+        return out
+
+    @torch.inference_mode()
+    def generate(self, ids: list[int], n: int) -> list[int]:
+        input_ids = torch.tensor([ids], device=DEVICE)
+        out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=n,
+                                  do_sample=False, use_cache=True, pad_token_id=self.tokenizer.eos_token_id)
+        sync()
+        return out[0, len(ids):].tolist()
+
+
+def lm_first_view_body(text: str, thumbnails: bool = True) -> dict:
+    """The text page's first request for an LM: one head with its scores, thumbnails, f32, next token at the end."""
+    return {"model": LM, "text": text, "layers": [0], "heads": [0], "include_scores": True,
+            "thumbnail_size": 24 if thumbnails else None, "encoding": "f32", "position": None, "chat": False}
+
+
+def lm_interventions(native_beta: float) -> list[dict]:
+    return [{"op": "temperature", "beta": native_beta * 0.5, "layers": LM_BETA_LAYERS}]
+
+
+def server_timing(response: httpx.Response) -> dict[str, float]:
+    """Server-Timing "queue;dur=0.1, model;dur=400.2, app;dur=412.0" → {"queue": 0.1, …} (ms)."""
+    out = {}
+    for part in response.headers.get("server-timing", "").split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if dur:
+            out[name] = float(dur)
+    return out
+
+
+def bench_lm_first_view(server: Server, raw: RawLM, repeats: int) -> list[dict]:
+    """Fresh first views (API) interleaved with raw eager forwards with attentions, at 32 and 128 tokens."""
+    rows = []
+    client = httpx.Client(timeout=300)
+    variant = 5000
+    for n in (128,):
+        raw(raw.text(n, 4999))  # warm
+        client.post(server.url + "/api/text/attention", json=lm_first_view_body(raw.text(n, 4998))).raise_for_status()
+        raws, fresh, model_ms, app_ms = [], [], [], []
+        for _ in range(repeats):
+            variant += 1
+            text = raw.text(n, variant)
+            raws.append(timed(lambda: raw(text)))
+            variant += 1
+            body = lm_first_view_body(raw.text(n, variant))
+            response = None
+
+            def call():
+                nonlocal response
+                response = client.post(server.url + "/api/text/attention", json=body)
+                response.raise_for_status()
+
+            fresh.append(timed(call))
+            timing = server_timing(response)
+            model_ms.append(timing.get("model", float("nan")))
+            app_ms.append(timing.get("app", float("nan")))
+        r, f = statistics.median(raws) * 1000, statistics.median(fresh) * 1000
+        row = {"tokens": n, "raw_ms": r, "fresh_ms": f, "fresh_ratio": f / r, "server_model_ms": statistics.median(model_ms),
+               "server_app_ms": statistics.median(app_ms), "bytes": len(response.content),
+               "top": response.json()["output"]["top"][0]["token"]}
+        rows.append(row)
+        print(f"  {n:4d} tokens: raw {r:7.1f} ms · fresh first view {f:7.1f} ms ({f / r:.2f}×) · server: model "
+              f"{row['server_model_ms']:.1f} ms, whole request in the app {row['server_app_ms']:.1f} ms")
+    return rows
+
+
+def read_stream(client: httpx.Client, url: str, body: dict) -> dict:
+    """POST /api/text/generate; the events' count, the time to the first event and to the done event."""
+    start = time.perf_counter()
+    first, steps, done = None, 0, None
+    with client.stream("POST", url, json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(f"generate stream: {event}")
+            if first is None:
+                first = time.perf_counter() - start
+            if event.get("done"):
+                done = event
+                break
+            steps += 1
+    return {"s": time.perf_counter() - start, "first_s": first, "steps": steps, "done": done}
+
+
+def bench_lm_continuation(server: Server, raw: RawLM, repeats: int) -> dict:
+    """32 new tokens: the engine's continuation() with a temperature intervention (and with none), and the HTTP
+    stream (which carries both continuations), interleaved with model.generate (greedy, with cache)."""
+    from models.adapters.causal_lm import CausalLMAdapter
+    from models.interventions import Intervention
+
+    adapter = CausalLMAdapter(LM, str(LM_WEIGHTS), device=DEVICE)
+    ivs_json = lm_interventions(adapter.info.native_beta)
+    ivs = tuple(Intervention(op="temperature", beta=iv["beta"], layers=tuple(iv["layers"])) for iv in ivs_json)
+    client = httpx.Client(timeout=300)
+    url = server.url + "/api/text/generate"
+    n = LM_NEW_TOKENS
+
+    def engine(ids, interventions):
+        return [step.id for step in adapter.continuation(ids, interventions, n)]
+
+    prompts = [raw.tokenizer(p)["input_ids"] for p in LM_PROMPTS]
+    raw.generate(prompts[0], 4), engine(prompts[0], ivs)[:1]  # warm
+    read_stream(client, url, {"model": LM, "text": LM_PROMPTS[0], "max_new_tokens": 4, "interventions": ivs_json})
+    gen, cont, cont0, stream, stream_first = [], [], [], [], []
+    lengths = {"generate": [], "continuation": [], "continuation_none": [], "stream": []}
+    same_as_generate = True
+    for k in range(repeats):
+        ids = prompts[k % len(prompts)]
+        out = {}
+
+        def run(name, fn):
+            start = time.perf_counter()
+            out[name] = fn()
+            sync()
+            return time.perf_counter() - start
+
+        gen.append(run("g", lambda: raw.generate(ids, n)))
+        cont.append(run("c", lambda: engine(ids, ivs)))
+        cont0.append(run("c0", lambda: engine(ids, ())))
+        s = read_stream(client, url, {"model": LM, "text": LM_PROMPTS[k % len(prompts)], "max_new_tokens": n,
+                                      "interventions": ivs_json})
+        stream.append(s["s"])
+        stream_first.append(s["first_s"])
+        lengths["generate"].append(len(out["g"]))
+        lengths["continuation"].append(len(out["c"]))
+        lengths["continuation_none"].append(len(out["c0"]))
+        lengths["stream"].append(s["steps"])
+        same_as_generate &= out["c0"] == out["g"][: len(out["c0"])]
+    g, c, c0, st = (statistics.median(x) * 1000 for x in (gen, cont, cont0, stream))
+    result = {
+        "new_tokens": n, "generate_ms": g, "continuation_ms": c, "continuation_none_ms": c0, "stream_ms": st,
+        "stream_first_event_ms": statistics.median(stream_first) * 1000,
+        "continuation_ratio": c / g, "continuation_none_ratio": c0 / g, "stream_ratio": st / g,
+        "stream_ratio_per_continuation": st / (2 * g), "lengths": lengths,
+        "no_intervention_equals_generate": bool(same_as_generate), "repeats": repeats,
+        "intervention": ivs_json,
+    }
+    print(f"  {n} new tokens: generate {g:.0f} ms · continuation with β {c:.0f} ms ({c / g:.2f}×) · without "
+          f"{c0:.0f} ms ({c0 / g:.2f}×) · HTTP stream of both {st:.0f} ms ({st / g:.2f}× one generate, "
+          f"{st / (2 * g):.2f}× two), first event {result['stream_first_event_ms']:.0f} ms")
+    del adapter
+    return result
+
+
+def bench_lm_browser(server: Server, raw: RawLM, moves: int) -> dict:
+    p, browser = chromium()
+    result: dict = {}
+    n = 128
+    texts = [raw.text(n, 6000 + k) for k in range(FIRST_VIEW_REPEATS)]
+    topk = "document.querySelector('#lm-output') && document.querySelector('#lm-output').dataset.top"
+    firsts, figures, tops = first_figures(browser, server, LM, texts, n, extra_wait=topk)
+    result.update({"first_figure_s_128": statistics.median(firsts), "plotly_figure_s_128": statistics.median(figures),
+                   "next_token_panel_s_128": statistics.median(tops), "first_figure_all_s_128": firsts})
+    print(f"  first LM figure at {n} tokens (median of {len(firsts)}): cells painted {statistics.median(firsts):.2f} s "
+          f"(range {min(firsts):.2f}–{max(firsts):.2f}), Plotly figure {statistics.median(figures):.2f} s, "
+          f"next-token panel ≈{statistics.median(tops):.2f} s")
+    raws32 = [timed(lambda: raw(raw.text(32, 6100 + k))) for k in range(15)]
+    run = slider_latencies(browser, server, "run", raw.text(32, 6200), 32, moves, model=LM)
+    raws32 += [timed(lambda: raw(raw.text(32, 6100 + k))) for k in range(15, 30)]
+    raw32 = statistics.median(raws32) * 1000
+    result.update({"run_p50_ms": percentile(run, 50), "run_p95_ms": percentile(run, 95), "raw32_ms": raw32,
+                   "run_p95_ratio": percentile(run, 95) / raw32, "moves": len(run)})
+    print(f"  run-mode β (32 tokens): p50 {result['run_p50_ms']:.1f} ms, p95 {result['run_p95_ms']:.1f} ms "
+          f"= {result['run_p95_ratio']:.2f}× raw forward ({raw32:.1f} ms)")
+    browser.close()
+    p.stop()
+    return result
+
+
+def bench_lm_memory(server: Server, raw: RawLM, seconds: float, clients: int = 3) -> dict:
+    """RSS of the server process, sampled each second, under `seconds` of mixed LM requests from `clients`
+    clients: first views at 32, 128 and 512 tokens, a compare at 128 tokens, a 16-token generate."""
+    import psutil
+
+    proc = psutil.Process(server.proc.pid)
+    native_beta = httpx.get(server.url + "/api/models?kind=text", timeout=60).json()
+    native_beta = next(m["native_beta"] for m in native_beta["models"] if m["id"] == LM)
+    ivs = lm_interventions(native_beta)
+    texts = {n: [raw.text(n, 7000 + k) for k in range(400)] for n in (32, 128, 512)}
+    kinds = ["attention_32", "attention_128", "attention_512", "compare_128", "generate_16"]
+    counter = iter(range(10**9))
+    lock = threading.Lock()
+    done: list[tuple[str, int, float]] = []
+    samples: list[dict] = []
+    stop = time.time() + seconds
+
+    def sample():
+        cache = server.cache_size() or {}
+        samples.append({"t": round(time.time() - started, 1), "rss_mb": proc.memory_info().rss / 2**20,
+                        "cache_mb": (cache.get("bytes") or 0) / 2**20, "cache_items": cache.get("items")})
+
+    def worker(w: int):
+        with httpx.Client(timeout=300) as client:
+            i = w
+            while time.time() < stop:
+                with lock:
+                    v = next(counter)
+                kind = kinds[i % len(kinds)]
+                i += 1
+                start = time.perf_counter()
+                if kind == "generate_16":
+                    s = read_stream(client, server.url + "/api/text/generate",
+                                    {"model": LM, "text": texts[32][v % 400], "max_new_tokens": 16, "interventions": ivs})
+                    status = 200 if s["done"] else 0
+                else:
+                    n = int(kind.split("_")[1])
+                    body = lm_first_view_body(texts[n][v % 400])
+                    if kind.startswith("compare"):
+                        body.update(interventions=ivs, compare=True, include_base=True)
+                    status = client.post(server.url + "/api/text/attention", json=body).status_code
+                done.append((kind, status, time.perf_counter() - start))
+
+    started = time.time()
+    sample()
+    rss_before = samples[0]["rss_mb"]
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(clients)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        time.sleep(1)
+        sample()
+    time.sleep(1.5)  # the cache file is rewritten each second
+    sample()
+    by_kind = {}
+    for kind in kinds:
+        mine = [(s, lat) for k, s, lat in done if k == kind]
+        ok = [lat for s, lat in mine if s == 200]
+        by_kind[kind] = {"requests": len(mine), "ok": len(ok), "statuses": sorted({s for s, _ in mine}),
+                         "p50_ms": percentile(ok, 50) * 1000 if ok else None}
+    cache = server.cache_size() or {}
+    result = {
+        "seconds": seconds, "clients": clients, "rss_before_mb": rss_before,
+        "rss_peak_mb": max(s["rss_mb"] for s in samples), "rss_final_mb": samples[-1]["rss_mb"],
+        "cache_final_mb": (cache.get("bytes") or 0) / 2**20, "cache_peak_mb": max(s["cache_mb"] for s in samples),
+        "cache_items": cache.get("items"), "cache_max_mb": (cache.get("max_bytes") or 0) / 2**20,
+        "requests": by_kind, "samples": samples,
+    }
+    print(f"  {seconds:.0f} s of mixed LM requests from {clients} clients: RSS {rss_before:.0f} MB before, peak "
+          f"{result['rss_peak_mb']:.0f} MB, final {result['rss_final_mb']:.0f} MB; result cache {result['cache_final_mb']:.0f} MB "
+          f"in {result['cache_items']} results (peak {result['cache_peak_mb']:.0f} MB, bound {result['cache_max_mb']:.0f} MB)")
+    for kind, row in by_kind.items():
+        print(f"    {kind}: {row['ok']}/{row['requests']} ok, p50 {row['p50_ms'] or float('nan'):.0f} ms, statuses {row['statuses']}")
+    return result
+
+
+def bench_lm(server: Server, raw: RawLM, repeats: int, moves: int, seconds: float) -> dict:
+    out = {"model": LM}
+    print(" fresh first view vs a raw eager forward with attentions")
+    out["first_view"] = bench_lm_first_view(server, raw, repeats)
+    print(" continuations vs generate")
+    out["continuation"] = bench_lm_continuation(server, raw, max(3, repeats // 3))
+    print(" in Chromium")
+    out["browser"] = bench_lm_browser(server, raw, moves)
+    print(" memory under load")
+    out["memory"] = bench_lm_memory(server, raw, seconds)
+    return out
+
+
 def plot(results: dict) -> None:
     import matplotlib
 
@@ -386,6 +741,17 @@ def plot(results: dict) -> None:
         ax2.set_ylabel("p99 ms (line)")
         fig.tight_layout()
         fig.savefig(RESULTS / "concurrency.png", dpi=110)
+    memory = (results.get("lm") or {}).get("memory")
+    if memory:
+        fig, ax = plt.subplots(figsize=(6.5, 3.5))
+        t = [s["t"] for s in memory["samples"]]
+        ax.plot(t, [s["rss_mb"] for s in memory["samples"]], "-", c="C0", label="server RSS")
+        ax.plot(t, [s["cache_mb"] for s in memory["samples"]], "-", c="C1", label="result cache (bytes held)")
+        ax.axvline(memory["seconds"], ls=":", c="k", label="load ends")
+        ax.set(xlabel="s", ylabel="MB", title=f"{LM}: mixed LM requests from {memory['clients']} clients")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(RESULTS / "lm_memory.png", dpi=110)
 
 
 def fmt_range(values: list[float] | None) -> str:
@@ -394,6 +760,67 @@ def fmt_range(values: list[float] | None) -> str:
 
 def verdict(ok: bool) -> str:
     return "met" if ok else "**missed**"
+
+
+def lm_report(lm: dict, targets: list) -> list[str]:
+    lines = [f"## 6. Language model ({lm['model']}: 30 layers × 9 query heads, 3 K/V heads)", ""]
+    fv = lm.get("first_view")
+    if fv:
+        lines += ["Baseline: its tokenizer + `AutoModelForCausalLM(attn_implementation=\"eager\")(…, output_attentions=True)` "
+                  "in-process. attnlab: the text page's first request for an LM (one head with scores, 24×24 thumbnails, "
+                  "next-token top-10), a fresh text each time, interleaved with the baseline. Server-Timing: `model` is "
+                  "the model run inside the server, `app` the whole request inside the app.", "",
+                  "| tokens | raw forward ms | API fresh ms | fresh ÷ raw | server model ms | server app ms | bytes |",
+                  "|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in fv:
+            lines.append(f"| {r['tokens']} | {r['raw_ms']:.1f} | {r['fresh_ms']:.1f} | {r['fresh_ratio']:.2f} | "
+                         f"{r['server_model_ms']:.1f} | {r['server_app_ms']:.1f} | {r['bytes']:,} |")
+        lines.append("")
+        r128 = next(r for r in fv if r["tokens"] == 128)
+        targets.append(("LM fresh first view ≤ 1.2 × raw forward (128 tokens)", f"{r128['fresh_ratio']:.2f}×", r128["fresh_ratio"] <= 1.2))
+    c = lm.get("continuation")
+    if c:
+        iv = c["intervention"][0]
+        lines += [f"{c['new_tokens']} new tokens, greedy; median of {c['repeats']} prompts, each run interleaved. Baseline: "
+                  f"`model.generate(max_new_tokens={c['new_tokens']}, do_sample=False)` with its KV cache. The intervention: "
+                  f"β = {iv['beta']:.4g} (half the native β) on layers {iv['layers']}. The HTTP stream carries both "
+                  "continuations (with and without the interventions), step by step.", "",
+                  "| | ms | ÷ generate |", "|---|---:|---:|",
+                  f"| `model.generate` | {c['generate_ms']:.0f} | 1 |",
+                  f"| `CausalLMAdapter.continuation`, with β | {c['continuation_ms']:.0f} | {c['continuation_ratio']:.2f} |",
+                  f"| `CausalLMAdapter.continuation`, no intervention | {c['continuation_none_ms']:.0f} | {c['continuation_none_ratio']:.2f} |",
+                  f"| `POST /api/text/generate`, both continuations, to the done event | {c['stream_ms']:.0f} | "
+                  f"{c['stream_ratio']:.2f} ({c['stream_ratio_per_continuation']:.2f} per continuation) |",
+                  f"| the stream's first event | {c['stream_first_event_ms']:.0f} | |",
+                  "", f"Without interventions the continuation equals `generate`'s tokens: {c['no_intervention_equals_generate']}.", ""]
+        targets.append(("LM 32-token continuation with β ≤ 1.5 × generate", f"{c['continuation_ratio']:.2f}×", c["continuation_ratio"] <= 1.5))
+        targets.append(("LM HTTP stream ≤ 1.5 × generate per continuation", f"{c['stream_ratio_per_continuation']:.2f}×",
+                        c["stream_ratio_per_continuation"] <= 1.5))
+    b = lm.get("browser")
+    if b:
+        lines += [f"In Chromium. First LM figure (navigation → the attention map's cells painted; median of {FIRST_VIEW_REPEATS} "
+                  f"page loads, 128 tokens, fresh text): {b['first_figure_s_128']:.2f} s (range {fmt_range(b['first_figure_all_s_128'])}); "
+                  f"the Plotly figure follows at {b['plotly_figure_s_128']:.2f} s and the next-token panel at "
+                  f"≈{b['next_token_panel_s_128']:.2f} s (polled every 20 ms).",
+                  f"Run-mode β at 32 tokens ({b['moves']} moves): p50 {b['run_p50_ms']:.1f} ms, p95 {b['run_p95_ms']:.1f} ms; "
+                  f"raw forward at 32 tokens {b['raw32_ms']:.1f} ms (15 before the moves, 15 after).", ""]
+        targets.append(("LM run-mode β p95 ≤ 1.5 × raw forward (32 tokens)", f"{b['run_p95_ratio']:.2f}×", b["run_p95_ratio"] <= 1.5))
+        targets.append(("first LM figure on page load ≤ 2 s (median)", f"{b['first_figure_s_128']:.2f} s", b["first_figure_s_128"] <= 2))
+    m = lm.get("memory")
+    if m:
+        lines += [f"Memory: {m['seconds']:.0f} s of mixed LM requests from {m['clients']} clients (first views at 32, 128 and "
+                  "512 tokens, a compare with β at 128 tokens, a 16-token generate; fresh texts), the server's RSS sampled "
+                  "each second.", "",
+                  "| RSS before | RSS peak | RSS final | result cache final | cache peak | cache bound | results cached |",
+                  "|---:|---:|---:|---:|---:|---:|---:|",
+                  f"| {m['rss_before_mb']:.0f} MB | {m['rss_peak_mb']:.0f} MB | {m['rss_final_mb']:.0f} MB | "
+                  f"{m['cache_final_mb']:.0f} MB | {m['cache_peak_mb']:.0f} MB | {m['cache_max_mb']:.0f} MB | {m['cache_items']} |",
+                  "", "| request | done | 200 | p50 ms | statuses |", "|---|---:|---:|---:|---|"]
+        for kind, r in m["requests"].items():
+            p50 = f"{r['p50_ms']:.0f}" if r["p50_ms"] is not None else "–"
+            lines.append(f"| {kind} | {r['requests']} | {r['ok']} | {p50} | {r['statuses']} |")
+        lines += ["", "![LM memory](lm_memory.png)", ""]
+    return lines
 
 
 def write_report(results: dict) -> None:
@@ -465,9 +892,15 @@ def write_report(results: dict) -> None:
             lines.append(f"| {r['clients']} | {r['requests']} | {r['ok']} | {r['throughput_rps']:.1f} | {r['p50_ms']:.0f} | "
                          f"{r['p99_ms']:.0f} | {r['statuses']} |")
         lines += ["", "![concurrency](concurrency.png)", ""]
+    lm = results.get("lm")
+    if lm:
+        lines += lm_report(lm, targets)
     lines += ["## Targets", "", "| target | measured | |", "|---|---:|---|"]
     lines += [f"| {name} | {value} | {verdict(ok)} |" for name, value, ok in targets]
     (RESULTS / "README.md").write_text("\n".join(lines) + "\n")
+
+
+SECTIONS = ("latency", "payload", "browser", "images", "concurrency", "lm")
 
 
 def main() -> None:
@@ -476,12 +909,25 @@ def main() -> None:
     parser.add_argument("--moves", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--port", type=int, default=8123)
-    parser.add_argument("--only", nargs="*", default=None, help="latency payload browser images concurrency")
+    parser.add_argument("--lm-seconds", type=float, default=60, help="length of the LM memory load")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="where the server under test (ATTNLAB_DEVICE) and the baselines run")
+    parser.add_argument("--only", nargs="*", default=None, help=" ".join(SECTIONS))
+    parser.add_argument("--report-only", action="store_true", help="rewrite README.md and the plots from results.json")
     args = parser.parse_args()
+    if args.report_only:
+        results = json.loads((RESULTS / "results.json").read_text())
+        plot(results)
+        write_report(results)
+        return
+    global DEVICE
+    DEVICE = resolve_device(args.device)
     RESULTS.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    sections = set(args.only or ["latency", "payload", "browser", "images", "concurrency"])
+    sections = set(args.only or SECTIONS)
     results: dict = {"machine": machine()}
+    # `timeout` or Ctrl-C: stop the server under test too (the finally below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     server = Server(args.port)
     raw = RawForward()
     try:
@@ -495,13 +941,14 @@ def main() -> None:
             print("images"); results["images"] = bench_images(server, max(3, args.repeats // 3))
         if "concurrency" in sections:
             print("concurrency"); results["concurrency"] = bench_concurrency(server, args.seconds)
+        if "lm" in sections:  # last: its memory load fills the result cache
+            print(f"language model ({LM})"); results["lm"] = bench_lm(server, RawLM(), args.repeats, args.moves, args.lm_seconds)
     finally:
         server.stop()
     if args.only:  # a partial run updates its sections of the last full results and keeps the others
         previous_path = RESULTS / "results.json"
         previous = json.loads(previous_path.read_text()) if previous_path.exists() else {}
-        sections_before = ("latency", "payload", "browser", "images", "concurrency")
-        machines = previous.get("machines") or {name: previous["machine"] for name in sections_before if name in previous}
+        machines = previous.get("machines") or {name: previous["machine"] for name in SECTIONS if name in previous}
         machines.update({section: results["machine"] for section in sections})
         results = {**previous, **results, "machines": machines}
     (RESULTS / "results.json").write_text(json.dumps(results, indent=2))

@@ -346,6 +346,8 @@ function fillHeadSelects() {
   const { layers, heads } = shape();
   state.layer = Math.min(state.layer, layers - 1);
   state.head = Math.min(state.head, heads - 1);
+  const b = lab.lab.beta; // a β layer range of another model (or kind) must fit this one
+  [b.from, b.to] = [Math.min(b.from, layers - 1), Math.min(b.to, layers - 1)];
   const kv = state.info.kv_heads;
   const group = kv && kv < heads && !(isSeq2seq() && state.kind !== "encoder") ? heads / kv : null;
   setOptions($("layer-select"), numbered(layers, "layer"), state.layer);

@@ -106,6 +106,15 @@ def test_lm_journey_prediction_and_continuation_move_with_beta(page, page_log, l
     # The causal structure survives any β: still nothing above the diagonal.
     z = plot_data(page, HEATMAP)
     assert all(z[i][j] == 0 for i in range(len(z)) for j in range(i + 1, len(z)))
+
+    # The link restores the LM view: model, prompt, β and its scope, and the same prediction.
+    kl = lm_output(page)["kl"]
+    page.reload()
+    wait_for_heatmap(page)
+    page.wait_for_function("() => Number(document.getElementById('lm-output').dataset.kl) > 1", timeout=300_000)
+    assert page.input_value("#model-select") == "smollm2-135m" and page.input_value("#text-input") == PROMPT
+    assert page.input_value("#scope-select") == "all" and page.input_value("#beta-slider") == "-1.5"
+    assert abs(lm_output(page)["kl"] - kl) < 1e-6 * max(1, kl)
     page_log.check()
 
 
@@ -132,6 +141,16 @@ def test_position_selector_and_stop(page, page_log, live_server):
     assert "nats ±" in kl_row and lm_output(page)["kl"] > 0
     page.click("#perturb-apply")  # off again
     page.wait_for_function("() => document.getElementById('interventions-list').textContent.includes('none')", timeout=300_000)
+    wait_idle(page)
+
+    # The chat template wraps the prompt as a user turn: more tokens, the template's own among them.
+    n_plain = page.locator("#token-strip .tok").count()
+    page.check("#chat-toggle")
+    page.wait_for_function(f"() => document.querySelectorAll('#token-strip .tok').length > {n_plain}", timeout=300_000)
+    wait_idle(page)
+    assert "chat=1" in page.url and any("im_start" in t for t in page.locator("#token-strip .tok").all_inner_texts())
+    page.uncheck("#chat-toggle")
+    page.wait_for_function(f"() => document.querySelectorAll('#token-strip .tok').length === {n_plain}", timeout=300_000)
     wait_idle(page)
 
     # Stop aborts a running continuation.

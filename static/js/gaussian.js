@@ -1,7 +1,7 @@
 // The Gaussian-heads page: centers over training (epoch slider + play), one head's attention over the
 // grid (query and α), the attention ⇔ convolution theorem, and the building blocks (GELU, LayerNorm, cost).
 import { getJSON, isAbort, postJSON, setStatus } from "./api.js";
-import { byId as $, numbered, setOptions } from "./dom.js";
+import { byId as $, setOptions } from "./dom.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
 const PLOT_CONFIG = { displaylogo: false, responsive: true };
@@ -296,8 +296,9 @@ async function loadModel(modelId) {
     `final test accuracy ${(100 * info.accuracy).toFixed(2)} %` +
     (info.continued || []).map((c) => `; continued from epoch ${c.from_epoch} on ${c.train_images ? fmtInt(c.train_images) : "all"} training images`).join("") +
     (info.wall_time_s ? `, trained in ${(info.wall_time_s / 60).toFixed(1)} min` : "");
-  setOptions($("layer-select"), numbered(info.layers, "").map(([i]) => [i, String(i)]));
-  setOptions($("head-select"), numbered(info.heads, "").map(([i]) => [i, String(i)]));
+  const plain = (n) => Array.from({ length: n }, (_, i) => [i, String(i)]);
+  setOptions($("layer-select"), plain(info.layers));
+  setOptions($("head-select"), plain(info.heads));
   state.query = [Math.floor(info.grid[0] / 2), Math.floor(info.grid[1] / 2)];
   $("epoch-slider").max = String(state.history.length - 1);
   syncSelects();

@@ -207,6 +207,17 @@ class Runtime:
         finally:
             torch.set_num_threads(threads)
 
+    @contextlib.contextmanager
+    def step(self, n_tokens: int) -> Iterator[None]:
+        """One step of a longer job (a decoding step): admitted like a request of its own, with its own
+        `request_timeout_s` (a long stream is not cut off by its total time), on one thread for small inputs."""
+        token = request_deadline.set(time.monotonic() + self.settings.request_timeout_s)
+        try:
+            with self.admitted(), self._threads_for(n_tokens):
+                yield
+        finally:
+            request_deadline.reset(token)
+
     def encode(self, adapter: AttentionAdapter, input_key: tuple, encode: Callable[[], Encoded]) -> Encoded:
         """Encoded inputs are cached too; encoding may run the model (a pair's embedding), so it is admitted."""
         key = (adapter.info.id, input_key)

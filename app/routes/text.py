@@ -124,7 +124,7 @@ def _events(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], inter
             check_cancelled()
             event: dict = {"step": step}
             for prefix, stream in list(sides.items()):
-                with runtime.admitted():
+                with runtime.step(len(prompt) if step == 0 else 1):  # after the prompt, one new token a step
                     new = next(stream, None)
                 if new is None:
                     del sides[prefix]

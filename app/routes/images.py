@@ -346,5 +346,6 @@ def image_page(request: Request, store: ImageStoreDep):
         "max_upload_bytes": settings.max_upload_bytes,
         "max_image_pixels": settings.max_image_pixels,
         "max_image_tokens": settings.max_image_tokens,  # the page offers only sizes within it
+        "limits": {"samples": settings.max_samples},  # as on the text page: no more than a request may ask
     }
     return templates.TemplateResponse(request, "image.html", {"config": config, "page": "image"})

@@ -48,8 +48,13 @@ class RequestCancelled(Exception):
 
 # Set by RequestGuard for the request's task; the worker thread of a sync endpoint sees it too (anyio
 # copies the context into the thread).
-request_cancel: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("request_cancel", default=None)
-_cancel_reasons: dict[int, str] = {}
+class CancelEvent(threading.Event):
+    """Set when a request's work should stop; `reason` is "client" or "shutdown" (the first one set)."""
+
+    reason = "cancelled"
+
+
+request_cancel: contextvars.ContextVar[CancelEvent | None] = contextvars.ContextVar("request_cancel", default=None)
 
 
 def check_cancelled() -> None:
@@ -57,11 +62,12 @@ def check_cancelled() -> None:
     Cheap (an Event lookup): call it between samples and between model runs."""
     event = request_cancel.get()
     if event is not None and event.is_set():
-        raise RequestCancelled(_cancel_reasons.get(id(event), "cancelled"))
+        raise RequestCancelled(event.reason)
 
 
-def _cancel(event: threading.Event, reason: str) -> None:
-    _cancel_reasons.setdefault(id(event), reason)
+def _cancel(event: CancelEvent, reason: str) -> None:
+    if not event.is_set():
+        event.reason = reason
     event.set()
 
 
@@ -211,7 +217,7 @@ class RequestGuard:
         if lifecycle.shutting_down:
             return await _send_json(send, 503, "the server is shutting down; retry in a moment",
                                     {"Retry-After": str(SHUTDOWN_RETRY_AFTER_S), "Connection": "close"})
-        cancel = threading.Event()
+        cancel = CancelEvent()
         disconnected = asyncio.Event()
         state = {"started": False, "complete": False, "cut": False}
         watcher: asyncio.Task | None = None
@@ -275,7 +281,7 @@ class RequestGuard:
             return
         await self._cut(task, cancel, state, send, scope)
 
-    async def _cut(self, task: asyncio.Task, cancel: threading.Event, state: dict, send, scope) -> None:
+    async def _cut(self, task: asyncio.Task, cancel: CancelEvent, state: dict, send, scope) -> None:
         """Shutdown grace over: tell the work to stop, answer 503 if nothing was sent yet, don't wait."""
         _cancel(cancel, "shutdown")
         if not task.done():

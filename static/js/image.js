@@ -141,6 +141,7 @@ async function load({ retried = false } = {}) {
       try { await reupload(); return load({ retried: true }); } catch (e) { err = e; }
     }
     setStatus(err.message, { error: true });
+    imageLab.fail(err.message);
     if (err.status === 404) $("reupload").hidden = false; // a link to an image the server no longer holds
   }
 }
@@ -431,6 +432,17 @@ function softmaxRowContext() {
   };
 }
 
+// The shown query row's own TV, ½ Σ_j |P̂[q, j] − P[q, j]| (the response's attention_tv is the mean over every row).
+function shownRowTV() {
+  const r = state.response;
+  if (!r?.effect || !r.base_attention) return [];
+  const after = r.attention[state.layer][state.head][0];
+  const before = decodeTensor(r.base_attention)[state.layer][state.head][0];
+  const tv = 0.5 * after.reduce((s, p, j) => s + Math.abs(p - before[j]), 0);
+  const { layer, head } = selection();
+  return [`TV of the shown query row (${r.tokens[state.query] ?? "CLS"}) at L${layer} h${head}: ${fmt(tv)}`];
+}
+
 // The patches chosen for the perturbation, as orange rings over the overlay.
 function picksTrace() {
   const picked = [...imageLab.lab.perturb.tokens].map(tokenPatch).filter(Boolean);
@@ -500,6 +512,7 @@ const imageLab = mountLab({
   exportName: () => `attnlab-${state.model}-L${selection().layer}-H${selection().head}`,
   diff: diffOnGrid,
   softmax: softmaxRowContext,
+  summaryExtra: shownRowTV,
 }, {
   unit: "patch", showTokenStrip: false, maskScope: "all", distanceUnit: "px", maxSamples: config.limits?.samples ?? 64,
   pickHint: "choose \"mask / unmask it as a key\" under \"Click a patch to\" and click patches (or brush a region)",

@@ -77,6 +77,8 @@ let loadSeq = 0;
 async function load({ thumbnails = true, settle = 0 } = {}) {
   const started = performance.now();
   const seq = ++loadSeq;
+  if (!$("text-input").value.trim()) { emptyInput(); return; }
+  $("text-error").hidden = true;
   setStatus("running…");
   try {
     const partial = settle > 0;
@@ -89,8 +91,46 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
     showHead({ settle, onSettle: partial ? () => load({ thumbnails }) : null });
     setStatus(`${r.tokens.length} tokens${r.truncated ? " (truncated)" : ""} · ${Math.round(performance.now() - started)} ms`);
   } catch (err) {
-    if (!isAbort(err)) setStatus(err.message, { error: true });
+    if (isAbort(err) || seq !== loadSeq) return;
+    setStatus(err.message, { error: true });
+    lab.fail(err.message);
   }
+}
+
+// An empty (or white-space) text: say so at the input, and clear what showed the previous text.
+function emptyInput() {
+  const box = $("text-error");
+  box.textContent = "The sentence is empty: type or paste some text, then Run (Ctrl+Enter).";
+  box.hidden = false;
+  setStatus("nothing to run: the sentence is empty", { error: true });
+  state.view = null;
+  clearTimeout(settleTimer);
+  if (window.Plotly) Plotly.purge($("heatmap"));
+  clicksWired = false; // purge dropped the figure's click handler
+  $("heatmap").replaceChildren();
+  $("heatmap-title").textContent = "no input";
+  $("token-strip").replaceChildren();
+  for (const id of ["modelview", "headview"]) $(id)?.replaceChildren();
+  const summary = $("effect-summary");
+  summary.textContent = "no input: the panels below are from the previous text";
+  summary.classList.add("stale");
+  document.querySelectorAll("#effect-panel, #summaries-panel, #softmax-panel").forEach((el) => el.classList.add("stale"));
+}
+
+// A textarea holds at most max_text_chars characters: a longer paste is cut by the browser, so say so.
+function watchLength(id, noteId) {
+  const box = $(id), note = $(noteId), max = Number(box.maxLength);
+  if (!(max > 0)) return;
+  const show = (text) => { note.textContent = text; note.hidden = !text; };
+  box.addEventListener("paste", (e) => {
+    const pasted = e.clipboardData?.getData("text")?.length ?? 0;
+    const kept = box.value.length - (box.selectionEnd - box.selectionStart);
+    if (kept + pasted > max) show(`The paste was cut: this box holds at most ${max.toLocaleString("en")} characters (the server's max_text_chars); ${(kept + pasted - max).toLocaleString("en")} were dropped.`);
+  });
+  box.addEventListener("input", () => {
+    if (box.value.length >= max) { if (note.hidden) show(`At the limit: this box holds at most ${max.toLocaleString("en")} characters (the server's max_text_chars); the rest is cut.`); } else show("");
+  });
+  if (box.value.length >= max) box.dispatchEvent(new Event("input"));
 }
 
 // The shown head's maps from a response. Encoder–decoders: cross-attention has target queries (rows) and
@@ -186,6 +226,7 @@ function wireHeatmapClicks() {
 // Everything besides the heatmap.
 function renderDetails() {
   const v = state.view, r = v.response;
+  document.querySelectorAll(".stale").forEach((el) => el.classList.remove("stale"));
   renderTokens();
   if (state.thumbs) {
     drawModelView($("modelview"), state.thumbs, {
@@ -244,7 +285,11 @@ function renderTokens() {
     el.textContent = tok;
     el.title = `token ${i}: click to ${masks.has(i) ? "unmask" : "mask"} as a key`;
     el.dataset.index = i;
+    el.tabIndex = 0; // keyboard: Tab to a token, Enter or Space masks it
+    el.setAttribute("role", "button");
+    el.setAttribute("aria-pressed", String(masks.has(i)));
     el.addEventListener("click", () => lab.toggleMask(i));
+    el.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); lab.toggleMask(i); } });
     return el;
   }));
 }
@@ -432,7 +477,12 @@ async function init() {
     load();
   });
   $("run-button").addEventListener("click", rerun);
-  $("text-input").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) rerun(); });
+  for (const id of ["text-input", "pair-input", "target-input"]) { // Ctrl+Enter runs from any text box
+    $(id).addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); rerun(); } });
+  }
+  watchLength("text-input", "text-note");
+  watchLength("pair-input", "pair-note");
+  watchLength("target-input", "target-note");
   $("kind-select").addEventListener("change", () => {
     state.kind = $("kind-select").value;
     lab.forgetTokens(); // key indices belong to another sequence now

@@ -139,7 +139,7 @@ def test_position_selector_and_stop(page, page_log, live_server):
     wait_idle(page)
     kl_row = page.evaluate("() => [...document.querySelectorAll('#lm-effect dt')].find(dt => dt.textContent.startsWith('KL')).nextElementSibling.textContent")
     assert "nats ±" in kl_row and lm_output(page)["kl"] > 0
-    page.click("#perturb-apply")  # off again
+    page.click("#perturb-remove")  # off again
     page.wait_for_function("() => document.getElementById('interventions-list').textContent.includes('none')", timeout=300_000)
     wait_idle(page)
 

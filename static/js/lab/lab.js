@@ -158,7 +158,8 @@ export function mountLab(page, options = {}) {
     if (e) {
       const pm = (x, s) => fmt(x) + (s !== undefined && s !== null ? ` ± ${fmt(s, 2)}` : "");
       const [tv, tvStd] = tvAt ?? [e.attention_tv[li]?.[hi], e.attention_tv_std?.[li]?.[hi]];
-      parts.push(`TV at L${layer} h${head}: ${pm(tv, tvStd)}`);
+      // attention_tv is the mean over every query row (docs/science.md §5): say so, on every page
+      parts.push(`TV at L${layer} h${head}, mean over query rows: ${pm(tv, tvStd)}`);
       const last = e.hidden_cosine.length - 1;
       parts.push(`last-layer hidden cosine: ${pm(e.hidden_cosine[last], e.hidden_cosine_std?.[last])}`);
       const o = e.output ?? {};
@@ -168,8 +169,11 @@ export function mountLab(page, options = {}) {
       if (o.prob_change !== undefined) parts.push(`Δp(top): ${pm(o.prob_change, o.prob_change_std)}`);
       if (e.samples) parts.push(`n = ${e.samples} samples`);
     }
+    const note = perturb.maskedNote();
+    if (note) parts.push(note);
+    byId("effect-summary").classList.remove("stale");
     byId("effect-summary").textContent = parts.length ? parts.join("  ·  ")
-      : `no interventions active: change β in run mode, mask a ${unit}, ablate, or perturb`;
+      : `no interventions active: change β${modeSelect ? " in run mode" : ""}, mask a ${unit}, ablate, or perturb`;
   }
 
   function renderDiff() {
@@ -187,6 +191,17 @@ export function mountLab(page, options = {}) {
     if (!c) return;
     if (row) softmax.setSource("row");
     softmax.update(c);
+  }
+
+  // A request failed: the panels say what the lab holds now, and that the effects shown are older.
+  function fail(message) {
+    renderActiveList(byId("interventions-list"), lab, ctx(), {
+      tokens: page.labels(), extra: page.activeExtra?.() ?? [], samples: samples(), onChange: () => changed(),
+    });
+    syncControls();
+    const el = byId("effect-summary");
+    el.textContent = `the last run failed (${message}): the effects below are from the run before it`;
+    el.classList.add("stale");
   }
 
   // ---- URL ------------------------------------------------------------------------------------------
@@ -246,7 +261,7 @@ export function mountLab(page, options = {}) {
 
   syncControls();
   return {
-    lab, beta, samples, interventions, viewBeta, render, restore, syncControls, writeUrl, forgetTokens, toggleMask,
+    lab, beta, samples, interventions, viewBeta, render, fail, restore, syncControls, writeUrl, forgetTokens, toggleMask,
     togglePick: (j) => perturb.togglePick(j),
     betaIsNative: () => betaIsNative(lab),
     renderSoftmax,

@@ -26,7 +26,10 @@ export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = t
   const samples = numberInput("perturb-samples", p.samples, { min: 1, max: maxSamples, step: 1 });
   const scope = scopeSelect(p.scope, (v) => { p.scope = v; if (p.on) onChange("perturb"); });
   scope.id = "perturb-scope";
-  const apply = el("button", { id: "perturb-apply", type: "button", className: "primary" });
+  // Apply and remove are two buttons (one toggle flipped its meaning after each click); the state is spelt out.
+  const apply = el("button", { id: "perturb-apply", type: "button", className: "primary", textContent: "apply perturbation" });
+  const remove = el("button", { id: "perturb-remove", type: "button", textContent: "remove perturbation" });
+  const state = el("span", { id: "perturb-state", className: "badge", role: "status" });
   const reset = el("button", { id: "perturb-reset", type: "button", textContent: "reset" });
   const chosen = el("span", { id: "perturb-chosen", className: "mono" });
   const strip = el("div", { id: "perturb-tokens", className: "tokens" });
@@ -42,19 +45,21 @@ export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = t
   for (const input of [target, sigma, alpha, seed, samples]) {
     input.addEventListener("change", () => { read(); update(); if (p.on) onChange("perturb"); });
   }
-  apply.addEventListener("click", () => { read(); p.on = !p.on; update(); onChange("perturb"); });
+  apply.addEventListener("click", () => { read(); if (p.on) return; p.on = true; update(); onChange("perturb"); });
+  remove.addEventListener("click", () => { if (!p.on) return; p.on = false; update(); onChange("perturb"); });
   reset.addEventListener("click", () => { resetControl(lab, "perturb"); update(); onChange("perturb"); });
 
   container.replaceChildren(
     el("h2", {}, "Perturbation ", el("small", {}, "applied to K or Q before the scores are formed (SPEC §4)")),
     el("div", { className: "controls" },
       el("label", {}, "target ", target), el("label", {}, "σ ", sigma), el("label", {}, "α ", alpha),
-      el("label", {}, "seed ", seed), el("label", {}, "samples n ", samples), el("label", {}, "scope ", scope), apply, reset),
+      el("label", {}, "seed ", seed), el("label", {}, "samples n ", samples), el("label", {}, "scope ", scope), apply, remove, state, reset),
     el("p", { className: "help", id: "perturb-help" }),
+    el("p", { className: "warnings", id: "perturb-note", hidden: true }),
     el("div", { className: "controls" }, el("span", { className: "help" }, `chosen ${units}:`), chosen),
     strip,
     el("p", { className: "help" },
-      `Click ${units} to choose them (none chosen = every ${unit}). σ: noise ε ~ N(0, σ²I_d) from a generator seeded by `
+      `${showTokenStrip ? `Click ${units} to choose them` : `Choose ${units} by clicking them with "choose it for the perturbation" under "Click a ${unit} to"`} (none chosen = every ${unit}). σ: noise ε ~ N(0, σ²I_d) from a generator seeded by `
       + "seed (same seed, same ε). α > 1 elongates: sharpens the preference for or against the key according to the sign of S[i,j]. "
       + "n > 1 averages every effect over seeds seed … seed+n−1 and shows ± one standard deviation."),
   );
@@ -66,7 +71,10 @@ export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = t
     strip.replaceChildren(...labels.map((tok, j) => {
       const chip = el("span", { className: "tok", textContent: tok, title: `${unit} ${j}: click to choose for the perturbation` });
       chip.dataset.index = j;
+      chip.tabIndex = 0; // keyboard: Tab to a chip, Enter or Space chooses it
+      chip.setAttribute("role", "button");
       chip.addEventListener("click", () => togglePick(j));
+      chip.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); togglePick(j); } });
       return chip;
     }));
     update();
@@ -85,13 +93,31 @@ export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = t
     seed.value = String(p.seed);
     samples.value = String(p.samples);
     scope.value = p.scope;
-    apply.textContent = p.on ? "remove perturbation" : "apply perturbation";
-    apply.classList.toggle("primary", !p.on);
+    apply.disabled = p.on; // while on, every edit of the fields above re-runs at once
+    remove.disabled = !p.on;
+    state.textContent = p.on ? "on: edits apply at once" : "off";
+    state.classList.toggle("on", p.on);
+    const note = maskedNote(), noteEl = container.querySelector("#perturb-note");
+    noteEl.textContent = note;
+    noteEl.hidden = !note;
     container.querySelector("#perturb-help").textContent = (p.target === "queries" ? HELP.perturb_queries : HELP.perturb_keys) + ".";
     const ids = [...p.tokens].sort((a, b) => a - b);
     chosen.textContent = ids.length ? ids.map((j) => `${j}:${labels[j] ?? "?"}`).join("  ") : `none (every ${unit})`;
     for (const chip of strip.children) chip.classList.toggle("picked", p.tokens.has(Number(chip.dataset.index)));
   }
+  // A masked key's column of P is 0 whatever its score: perturbing it changes nothing (an honest "± 0").
+  function maskedNote() {
+    if (p.target !== "keys" || !lab.masks.tokens.size) return "";
+    const chosen = p.tokens.size ? [...p.tokens] : null;
+    const both = (chosen ?? [...lab.masks.tokens]).filter((j) => lab.masks.tokens.has(j)).sort((a, b) => a - b);
+    if (!both.length) return "";
+    const names = both.map((j) => `${j}:${labels[j] ?? "?"}`).join(" ");
+    const all = chosen && both.length === chosen.length;
+    return `${all ? "Every chosen key is" : `Key${both.length > 1 ? "s" : ""} ${names} ${both.length > 1 ? "are" : "is"}`} also masked`
+      + `${all ? ` (${names})` : ""}: a masked key's column of P is 0 whatever its score, so perturbing it changes nothing `
+      + "where the mask applies (the effects read ± 0 there).";
+  }
+
   update();
-  return { update, setTokens, togglePick };
+  return { update, setTokens, togglePick, maskedNote };
 }

@@ -8,7 +8,7 @@ export function drawEffect({ outputEl, hiddenEl, tvEl, warningsEl }, response, {
   const effect = response.effect;
   warningsEl.textContent = (response.warnings || []).join(" · ");
   if (!effect) {
-    outputEl.innerHTML = "<dt>no interventions</dt><dd>change β in run mode, or click a token to mask it</dd>";
+    outputEl.innerHTML = "<dt>no interventions</dt><dd>change β, mask a key, ablate or perturb</dd>";
     Plotly.react(hiddenEl, [], emptyLayout("hidden-state cosine per layer"), CONFIG);
     Plotly.react(tvEl, [], emptyLayout("attention change (TV) per layer × head"), CONFIG);
     return;

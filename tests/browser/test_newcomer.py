@@ -1,0 +1,147 @@
+"""A newcomer's experience (issue 13 §2–§5), in Debian's Chromium against the real server: honest panels,
+upload feedback, the keyboard and small screens. Light models only (minilm, vit-fashion)."""
+from __future__ import annotations
+
+import io
+import json
+
+from tests.browser.conftest import ROOT, screenshot
+
+HEATMAP = "#heatmap.js-plotly-plot"
+SHOTS = ROOT / "artifacts" / "newcomer"
+
+
+def shot(pg, name):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def wait_text_idle(page, timeout=90_000):
+    page.wait_for_function("() => /tokens/.test(document.getElementById('status').textContent)", timeout=timeout)
+
+
+def wait_heatmap(page):
+    page.wait_for_function(
+        "sel => { const el = document.querySelector(sel); return el && el.data && el.data.length && el.data[0].z; }",
+        arg=HEATMAP, timeout=90_000,
+    )
+
+
+def set_number(page, selector, value):
+    page.fill(selector, str(value))
+    page.dispatch_event(selector, "change")
+
+
+def config(page) -> dict:
+    return json.loads(page.inner_text("#page-config"))
+
+
+def open_text(page, live_server):
+    page.goto(live_server + "/")
+    wait_heatmap(page)
+    wait_text_idle(page)
+    page.wait_for_selector("#perturb-tokens .tok", timeout=30_000)
+
+
+def open_sneaker(page, live_server):
+    page.goto(live_server + "/image")
+    page.wait_for_selector("#sample-buttons button[data-sample='fashion-sneaker.png']", timeout=30_000)
+    page.click("#sample-buttons button[data-sample='fashion-sneaker.png']")
+    page.wait_for_function("() => /vit-fashion.*tokens/.test(document.getElementById('status').textContent)", timeout=120_000)
+
+
+def click_patch(page, row, col):
+    page.evaluate("([r, c]) => document.getElementById('overlay').emit('plotly_click', {points: [{x: c, y: r}]})", [row, col])
+
+
+# ---- §2: numbers and text that mislead -----------------------------------------------------------------
+
+def test_image_tv_label_says_mean_over_rows_and_shows_the_row(page, page_log, live_server):
+    open_sneaker(page, live_server)
+    page.select_option("#click-mode", "mask")
+    for r, c in [(3, 3), (3, 4), (4, 3), (4, 4)]:
+        click_patch(page, r, c)
+        page.wait_for_timeout(200)
+    page.wait_for_function("() => /mean over query rows/.test(document.getElementById('effect-summary').textContent)", timeout=120_000)
+    summary = page.inner_text("#effect-summary")
+    assert "TV of the shown query row" in summary
+    help_ = page.inner_text("#effect-panel")
+    assert "mean over query rows" in help_ and "for the shown query row." not in help_
+    page_log.check()
+
+
+def test_help_matches_each_pages_controls(page, page_log, live_server):
+    open_sneaker(page, live_server)
+    text = page.inner_text("main").lower()
+    for phrase in ("click a token", "run mode", "view mode"):
+        assert phrase not in text, phrase
+    page_log.check()
+
+
+def test_samples_limited_and_state_true_after_a_failed_request(page, page_log, live_server):
+    open_text(page, live_server)
+    limit = config(page)["limits"]["samples"]
+    assert page.get_attribute("#perturb-samples", "max") == str(limit)
+    set_number(page, "#perturb-samples", limit * 4)
+    assert page.input_value("#perturb-samples") == str(limit)
+    # α beyond the server's range: a real 422; the panels must still tell the truth
+    set_number(page, "#perturb-alpha", 1e6)
+    page.click("#perturb-apply")
+    page.wait_for_function("() => /failed/.test(document.getElementById('effect-summary').textContent)", timeout=60_000)
+    assert "none" not in page.inner_text("#interventions-list")
+    assert page.locator('#interventions-list .iv-row[data-key="perturb"]').count() == 1
+    assert page.inner_text("#perturb-state").startswith("on")
+    page_log.errors.clear()  # the 422 is logged by the browser as a failed resource
+    # §2: apply and remove are distinct; apply does not switch it off
+    assert page.is_disabled("#perturb-apply") and not page.is_disabled("#perturb-remove")
+    page.click("#perturb-remove")
+    page.wait_for_function("() => document.getElementById('interventions-list').textContent.includes('none')", timeout=60_000)
+    assert page.inner_text("#perturb-state") == "off" and page.is_disabled("#perturb-remove")
+
+
+def test_empty_text_message_at_input_and_stale_results_cleared(page, page_log, live_server):
+    open_text(page, live_server)
+    page.fill("#text-input", "   \n ")
+    page.click("#run-button")
+    page.wait_for_selector("#text-error:not([hidden])", timeout=10_000)
+    assert "empty" in page.inner_text("#text-error")
+    assert page.locator("#token-strip .tok").count() == 0
+    assert page.evaluate("() => !document.querySelector('#heatmap').data")
+    assert page.locator("#effect-panel.stale").count() == 1
+    page.fill("#text-input", "A cat sat on the mat.")
+    page.click("#run-button")
+    wait_heatmap(page)
+    wait_text_idle(page)
+    assert page.is_hidden("#text-error") and page.locator(".stale").count() == 0
+    page_log.check()
+
+
+def test_perturbing_a_masked_key_says_so(page, page_log, live_server):
+    open_text(page, live_server)
+    page.click('#token-strip .tok[data-index="2"]')
+    wait_text_idle(page)
+    page.click('#perturb-tokens .tok[data-index="2"]')
+    page.click("#perturb-apply")
+    page.wait_for_function("() => /also masked/.test(document.getElementById('effect-summary').textContent)", timeout=60_000)
+    assert "masked" in page.inner_text("#perturb-note")
+    page_log.check()
+
+
+def test_long_paste_is_announced_and_ctrl_enter_in_second_box(page, page_log, live_server):
+    open_text(page, live_server)
+    limit = config(page)["max_text_chars"]
+    page.fill("#text-input", "")
+    page.focus("#text-input")
+    page.evaluate("""n => { const dt = new DataTransfer(); dt.setData('text/plain', 'ab '.repeat(n));
+        document.getElementById('text-input').dispatchEvent(new ClipboardEvent('paste', {clipboardData: dt, bubbles: true})); }""",
+                  (limit + 10_000) // 3)
+    page.keyboard.insert_text("x" * (limit + 10_000))
+    assert len(page.input_value("#text-input")) == limit
+    note = page.inner_text("#text-note")
+    assert "cut" in note and f"{limit:,}" in note
+    page.fill("#text-input", "The bank raised rates.")
+    page.fill("#pair-input", "The river bank flooded.")
+    with page.expect_request(lambda r: r.url.endswith("/api/text/attention") and "river bank" in (r.post_data or "")):
+        page.press("#pair-input", "Control+Enter")
+    wait_text_idle(page)
+    page_log.check()

@@ -510,6 +510,8 @@ const imageLab = mountLab({
   }),
   mainFigure: () => $("overlay"),
   exportName: () => `attnlab-${state.model}-L${selection().layer}-H${selection().head}`,
+  modelName: () => state.model,
+  titleExtra: () => `query ${state.response?.tokens[state.query] ?? "CLS"}`,
   diff: diffOnGrid,
   softmax: softmaxRowContext,
   summaryExtra: shownRowTV,

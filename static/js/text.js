@@ -313,6 +313,7 @@ const lab = mountLab({
   pageParams,
   mainFigure: () => $("heatmap"),
   exportName: () => `attnlab-${state.model}-L${state.layer}-H${state.head}`,
+  modelName: () => state.model,
   diff: () => {
     const v = state.view;
     if (!(v.request.interventions.length > 0 || lab.viewBeta())) return null;

@@ -145,3 +145,23 @@ def test_long_paste_is_announced_and_ctrl_enter_in_second_box(page, page_log, li
         page.press("#pair-input", "Control+Enter")
     wait_text_idle(page)
     page_log.check()
+
+
+def test_exported_heatmap_png_has_a_title(page, page_log, live_server, tmp_path):
+    from PIL import Image
+
+    open_text(page, live_server)
+    with page.expect_download() as dl:
+        page.click("#export-png")
+    path = tmp_path / "heatmap.png"
+    dl.value.save_as(path)
+    img = Image.open(path).convert("L")
+    box = page.eval_on_selector("#heatmap", "el => el.getBoundingClientRect().height")
+    band = img.height - round(box)
+    assert band >= 20, (img.size, box)  # a title band above the figure
+    top = img.crop((0, 0, img.width, band))
+    assert top.getextrema()[0] < 100  # dark text drawn in it
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    Image.open(path).save(SHOTS / "export-heatmap.png")
+    assert page.inner_text("#heatmap-title").startswith("layer 0, head 0")
+    page_log.check()

@@ -15,18 +15,62 @@ export function pngButton(plotEl, filename) {
   return b;
 }
 
-export function downloadPNG(el, filename) {
+// title: drawn into the image above the figure (model, layer, head, β…), so the file says what it shows
+// without its name.
+export function downloadPNG(el, filename, { title = "" } = {}) {
   if (!el) return Promise.reject(new Error("no figure drawn yet"));
+  const save = (canvas) => downloadCanvas(title ? titledCanvas(canvas, title) : canvas, filename);
   if (el.classList.contains("js-plotly-plot")) {
     const { width, height } = el.getBoundingClientRect();
-    return Plotly.downloadImage(el, {
-      format: "png", filename, width: Math.max(300, Math.round(width)), height: Math.max(200, Math.round(height)),
-    });
+    const size = { format: "png", width: Math.max(300, Math.round(width)), height: Math.max(200, Math.round(height)) };
+    if (!title) return Plotly.downloadImage(el, { ...size, filename });
+    return Plotly.toImage(el, size).then(imageCanvas).then(save);
   }
-  if (el.querySelector("canvas[data-layer]")) return downloadCanvas(modelViewCanvas(el), filename);
+  if (el.querySelector("canvas[data-layer]")) return save(modelViewCanvas(el));
   const svg = el instanceof SVGSVGElement ? el : el.querySelector("svg");
-  if (svg) return svgCanvas(svg).then((canvas) => downloadCanvas(canvas, filename));
+  if (svg) return svgCanvas(svg).then(save);
   return Promise.reject(new Error("no figure drawn yet"));
+}
+
+function imageCanvas(src) {
+  return new Promise((resolve, reject) => {
+    const img = new Image();
+    img.onload = () => {
+      const canvas = document.createElement("canvas");
+      canvas.width = img.naturalWidth;
+      canvas.height = img.naturalHeight;
+      canvas.getContext("2d").drawImage(img, 0, 0);
+      resolve(canvas);
+    };
+    img.onerror = () => reject(new Error("the browser could not draw the figure"));
+    img.src = src;
+  });
+}
+
+// The figure below a white band holding its title (wrapped to the figure's width).
+export function titledCanvas(figure, title) {
+  const font = Math.max(13, Math.round(figure.width / 60));
+  const measure = document.createElement("canvas").getContext("2d");
+  measure.font = `600 ${font}px ${EXPORT_FONT}`;
+  const lines = [];
+  for (const word of title.split(" ")) {
+    const last = lines.at(-1);
+    if (last !== undefined && measure.measureText(`${last} ${word}`).width < figure.width - 2 * font) lines[lines.length - 1] = `${last} ${word}`;
+    else lines.push(word);
+  }
+  const band = Math.round(font * (0.8 + 1.4 * lines.length));
+  const canvas = document.createElement("canvas");
+  canvas.width = figure.width;
+  canvas.height = figure.height + band;
+  const ctx = canvas.getContext("2d");
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
+  ctx.fillStyle = "#1d2230";
+  ctx.font = measure.font;
+  ctx.textBaseline = "top";
+  lines.forEach((line, i) => ctx.fillText(line, font, Math.round(font * (0.5 + 1.4 * i))));
+  ctx.drawImage(figure, 0, band);
+  return canvas;
 }
 
 const EXPORT_FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif";

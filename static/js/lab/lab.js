@@ -17,6 +17,8 @@
 //   pageParams()       the page's own part of the link (URLSearchParams)
 //   mainFigure()       the element #export-png downloads
 //   exportName()       file name stem for downloads
+//   modelName()        the model's name for the exported figure's title, optional
+//   titleExtra()       more for that title (e.g. the query), optional
 //   diff()             {after, before, x, y, title, square} matrices for the P̂ − P figure, or null
 //   softmax()          the softmax panel's context ({tokens, scores, query, beta, masked, …}) or null
 //   summaryExtra()     extra parts for the effect summary line (e.g. view-only TV), optional
@@ -224,12 +226,21 @@ export function mountLab(page, options = {}) {
     return params;
   }
 
+  // The exported figure's title: model, layer, head and β (drawn into the PNG).
+  function exportTitle() {
+    const { layer, head, kind } = page.selection();
+    const b = beta();
+    return [page.modelName?.() ?? "", `${kind ? `${kind} attention, ` : ""}layer ${layer}, head ${head}`,
+      `β = ${fmt(b)}${betaIsNative(lab) ? " (native β₀)" : ` (β₀ = ${fmt(page.nativeBeta())})`}`, page.titleExtra?.() ?? ""]
+      .filter(Boolean).join(" · ");
+  }
+
   // ---- export -----------------------------------------------------------------------------------------
   byId("export-json").addEventListener("click", () => {
     if (!response) return setStatus("nothing to export yet", { error: true });
     downloadJSON({ request, response: decodedFields(response), url: window.location.href }, `${page.exportName()}.json`);
   });
-  byId("export-png").addEventListener("click", () => downloadPNG(page.mainFigure(), page.exportName())
+  byId("export-png").addEventListener("click", () => downloadPNG(page.mainFigure(), page.exportName(), { title: exportTitle() })
     .catch((err) => setStatus(`PNG export failed: ${err.message}`, { error: true })));
   byId("copy-link").addEventListener("click", async () => {
     byId("share-url").select();

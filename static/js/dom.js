@@ -44,3 +44,23 @@ export function onArrowKeys(move) {
     move(...moves[e.key]);
   });
 }
+
+// Keyboard for a clickable element that is not a button: in the tab order, Enter or Space does what a click does.
+export function keyActivate(node, action, label = null) {
+  node.tabIndex = 0;
+  node.setAttribute("role", "button");
+  if (label) node.setAttribute("aria-label", label);
+  node.addEventListener("keydown", (e) => {
+    if (e.key !== "Enter" && e.key !== " ") return;
+    e.preventDefault();
+    action(e);
+  });
+}
+
+// After a redraw replaced the element that had the focus (chosen with the keyboard), give it to its successor.
+export function keepFocus(container, selector) {
+  if (container.dataset.refocus !== "1") return;
+  delete container.dataset.refocus;
+  container.querySelector(selector)?.focus();
+}
+export const markRefocus = (container) => { container.dataset.refocus = "1"; };

@@ -7,12 +7,14 @@ import { byId as $, setOptions } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
 import { mountLab } from "./lab/lab.js";
 import { intParam } from "./lab/urlstate.js";
+import { MODEBAR_REMOVE } from "./vendor.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
 const PLOT = { responsive: true, displaylogo: false };
 // Patch clicks come in quick succession (masking several patches): a short double-click window keeps
 // the second click a click instead of Plotly's "reset zoom" double-click.
-const OVERLAY_PLOT = { ...PLOT, doubleClickDelay: 120 };
+// The overlay keeps box select: the brush that masks a region.
+const OVERLAY_PLOT = { ...PLOT, doubleClickDelay: 120, modeBarButtonsToRemove: MODEBAR_REMOVE.filter((b) => b !== "select2d") };
 const CELL_PX = 480; // about the overlay's plotted width: markers stay inside their patch
 // Overlay colours: low attention transparent so the photo shows through, high attention bright.
 const OVERLAY_SCALE = [
@@ -86,14 +88,37 @@ function uploadBlob(blob, name = "image") {
   });
 }
 
+const UPLOAD_TYPES = ["image/png", "image/jpeg", "image/webp"];
+const megabytes = (n) => `${(n / 1048576).toFixed(1)} MB`;
+
+// What the server would refuse, checked here before a byte is sent (size and type from the page config).
+function uploadProblem(file) {
+  if (file.type && !UPLOAD_TYPES.includes(file.type)) return `${file.name} is ${file.type}: choose a PNG, JPEG or WebP image`;
+  if (!file.type && !/\.(png|jpe?g|webp)$/i.test(file.name)) return `${file.name} is not a PNG, JPEG or WebP image`;
+  const max = config.max_upload_bytes;
+  if (max && file.size > max) return `${file.name} is ${megabytes(file.size)}: the limit is ${megabytes(max)}`;
+  return null;
+}
+
+// Upload feedback next to the drop zone (the header's status line is far from it).
+function uploadError(message) {
+  $("upload-error").textContent = message ?? "";
+  $("upload-error").hidden = !message;
+}
+
 async function useFile(file) {
+  const problem = uploadProblem(file);
+  if (problem) { uploadError(problem); setStatus("upload not sent", { error: true }); return; }
+  uploadError(null);
   setStatus(`uploading ${file.name}…`);
   try {
     const r = await uploadBlob(file, file.name);
     state.source = { blob: file, name: file.name };
+    $("sample-buttons").querySelectorAll("button").forEach((x) => x.classList.remove("active")); // your photo, not an example
     await selectImage(r.image_id);
     setStatus(`${file.name}: ${r.width}×${r.height}`);
   } catch (err) {
+    uploadError(`upload refused: ${err.message}`);
     setStatus(`upload refused: ${err.message}`, { error: true });
   }
 }
@@ -343,7 +368,17 @@ function bindEvents() {
   ["dragenter", "dragover"].forEach((t) => drop.addEventListener(t, (e) => { e.preventDefault(); drop.classList.add("dragover"); }));
   ["dragleave", "drop"].forEach((t) => drop.addEventListener(t, (e) => { e.preventDefault(); drop.classList.remove("dragover"); }));
   drop.addEventListener("drop", (e) => { const f = e.dataTransfer?.files?.[0]; if (f) useFile(f); });
-  $("file-input").addEventListener("change", (e) => { const f = e.target.files?.[0]; if (f) useFile(f); });
+  $("file-input").addEventListener("change", (e) => { const f = e.target.files?.[0]; e.target.value = ""; if (f) useFile(f); });
+  // Keyboard and mouse: Enter or Space on the drop zone (or its link), or a click anywhere in it, opens the chooser.
+  const choose = () => $("file-input").click();
+  drop.addEventListener("click", (e) => { if (!e.target.closest("label, input, progress")) choose(); });
+  for (const target of [drop, $("file-label")]) {
+    target.addEventListener("keydown", (e) => {
+      if (e.target !== target || (e.key !== "Enter" && e.key !== " ")) return;
+      e.preventDefault();
+      choose();
+    });
+  }
 
   setOptions($("model-select"), config.models.map((m) => [m.id, m.id]), state.model);
   $("model-select").addEventListener("change", (e) => {

@@ -165,3 +165,81 @@ def test_exported_heatmap_png_has_a_title(page, page_log, live_server, tmp_path)
     Image.open(path).save(SHOTS / "export-heatmap.png")
     assert page.inner_text("#heatmap-title").startswith("layer 0, head 0")
     page_log.check()
+
+
+# ---- §3: uploads --------------------------------------------------------------------------------------
+
+def png_bytes(size=64) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (size, size), (200, 40, 90)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_upload_checked_in_the_browser_errors_at_the_drop_zone(page, page_log, live_server):
+    open_sneaker(page, live_server)
+    assert page.locator("#sample-buttons button.active").count() == 1
+    uploads = []
+    page.on("request", lambda r: uploads.append(r.url) if r.method == "POST" and r.url.endswith("/api/images") else None)
+    limit = config(page)["max_upload_bytes"]
+    page.set_input_files("#file-input", {"name": "big.png", "mimeType": "image/png", "buffer": b"\0" * (limit + 1)})
+    page.wait_for_selector("#upload-error:not([hidden])")
+    assert "limit" in page.inner_text("#upload-error")
+    page.set_input_files("#file-input", {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"hello"})
+    page.wait_for_function("() => /PNG, JPEG or WebP/.test(document.getElementById('upload-error').textContent)")
+    assert uploads == []  # nothing was sent
+    page.set_input_files("#file-input", {"name": "mine.png", "mimeType": "image/png", "buffer": png_bytes()})
+    page.wait_for_function("() => /mine.png: 64×64/.test(document.getElementById('status').textContent)", timeout=120_000)
+    assert len(uploads) == 1 and page.is_hidden("#upload-error")
+    assert page.locator("#sample-buttons button.active").count() == 0
+    page_log.check()
+
+
+# ---- §4: keyboard -------------------------------------------------------------------------------------
+
+def test_drop_zone_and_its_link_from_the_keyboard(page, page_log, live_server):
+    page.goto(live_server + "/image")
+    page.wait_for_selector("#drop-zone")
+    page.focus("#drop-zone")
+    with page.expect_file_chooser(timeout=5_000):
+        page.keyboard.press("Enter")
+    page.keyboard.press("Tab")
+    assert page.evaluate("() => document.activeElement.id") == "file-label"
+    with page.expect_file_chooser(timeout=5_000):
+        page.keyboard.press(" ")
+    with page.expect_file_chooser(timeout=5_000):
+        page.click("#drop-zone strong")
+    page_log.check()
+
+
+def test_tokens_model_view_and_summary_rows_from_the_keyboard(page, page_log, live_server):
+    open_text(page, live_server)
+    page.wait_for_selector("#modelview canvas.selected")
+    # token chip: Tab-reachable, Enter masks it
+    page.focus('#token-strip .tok[data-index="3"]')
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => /3:/.test(document.getElementById('mask-list').textContent)", timeout=60_000)
+    wait_text_idle(page)
+    # model view: one tab stop (the selected head); arrows move, focus follows; Enter selects
+    assert page.locator("#modelview canvas[tabindex='0']").count() == 1
+    page.focus("#modelview canvas.selected")
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function("() => document.activeElement.matches('#modelview canvas.selected[data-head=\"1\"]')", timeout=60_000)
+    wait_text_idle(page)
+    page.focus('#modelview canvas[data-layer="2"][data-head="4"]')
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.getElementById('heatmap-title').textContent.startsWith('layer 2, head 4')", timeout=60_000)
+    wait_text_idle(page)
+    # summary table rows: Enter selects
+    page.wait_for_selector('#summary-table tr.selected[data-layer="2"][data-head="4"]', timeout=60_000)
+    page.focus('#summary-table tr[data-layer="5"][data-head="0"]')
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.getElementById('heatmap-title').textContent.startsWith('layer 5, head 0')", timeout=60_000)
+    wait_text_idle(page)
+    page.wait_for_function("() => document.activeElement.matches('#summary-table tr.selected')", timeout=30_000)
+    # Plotly mode bars: only zoom, pan and reset (no hidden share/export buttons filling the tab order)
+    buttons = page.evaluate("() => [...document.querySelectorAll('#heatmap .modebar-btn')].map(b => b.getAttribute('data-title'))")
+    assert 0 < len(buttons) <= 3, buttons
+    assert page.locator(".modebar-btn[data-title*='Share'], .modebar-btn[data-title*='png']").count() == 0
+    page_log.check()

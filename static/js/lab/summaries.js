@@ -1,6 +1,7 @@
 // Head summaries (SPEC §6): mean row entropy per layer × head and mean attention distance, as heatmaps
 // and as a sortable table. Clicking a cell or a row selects that head everywhere (onSelect).
 import { fmt } from "../mathx.js";
+import { keepFocus, keyActivate, markRefocus } from "../dom.js";
 
 const CONFIG = { responsive: true, displaylogo: false };
 const sortState = new WeakMap(); // table element → {key, dir}
@@ -74,7 +75,11 @@ function drawTable(tableEl, { entropy, distance, distanceUnit, layer, head, onSe
       row.append(td);
     }
     row.addEventListener("click", () => onSelect(r.layer, r.head));
+    keyActivate(row, () => { markRefocus(tableEl); onSelect(r.layer, r.head); }, `select layer ${r.layer}, head ${r.head}`);
+    row.tabIndex = r.layer === layer && r.head === head ? 0 : -1; // one tab stop; arrows move the selection
+    row.addEventListener("keydown", (e) => { if (e.key.startsWith("Arrow")) markRefocus(tableEl); });
     tbody.append(row);
   }
   tableEl.replaceChildren(thead, tbody);
+  keepFocus(tableEl, "tbody tr.selected");
 }

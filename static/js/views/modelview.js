@@ -1,5 +1,6 @@
 // Grid of every layer × head as canvas thumbnails (cheap to draw for 72+ heads); click selects.
 import { viridis } from "../colors.js";
+import { keepFocus, keyActivate, markRefocus } from "../dom.js";
 
 export function drawModelView(container, thumbs, { layer, head, onSelect, entropy = null }) {
   const nLayers = thumbs.length, nHeads = thumbs[0].length;
@@ -15,9 +16,17 @@ export function drawModelView(container, thumbs, { layer, head, onSelect, entrop
       canvas.title = `layer ${l}, head ${h}` + (entropy ? `, mean entropy ${entropy[l][h].toFixed(3)}` : "");
       if (l === layer && h === head) canvas.classList.add("selected");
       canvas.addEventListener("click", () => onSelect(l, h));
+      keyActivate(canvas, () => { markRefocus(container); onSelect(l, h); }, canvas.title);
+      // one tab stop for the grid (the selected head); ← → ↑ ↓ move the selection, Enter picks a cell
+      canvas.tabIndex = l === layer && h === head ? 0 : -1;
       container.append(canvas);
     }
   }
+  if (!container.dataset.arrowsBound) {
+    container.dataset.arrowsBound = "1";
+    container.addEventListener("keydown", (e) => { if (e.key.startsWith("Arrow")) markRefocus(container); });
+  }
+  keepFocus(container, "canvas.selected");
 }
 
 function axis(text) {

@@ -11,6 +11,7 @@ from fastapi import Response
 
 
 BINARY_ENCODINGS = {"f16": ("float16", "<f2"), "f32": ("float32", "<f4")}
+F16_MAX = float(np.finfo(np.float16).max)  # 65504
 
 
 def tensor_field(tensor: torch.Tensor, encoding: str = "json") -> object:
@@ -19,12 +20,19 @@ def tensor_field(tensor: torch.Tensor, encoding: str = "json") -> object:
     exact and about 2.5× smaller than JSON text, and a browser decodes it without parsing numbers."""
     array = np.ascontiguousarray(tensor.detach().cpu().numpy(), dtype=np.float32)
     if encoding in BINARY_ENCODINGS:
+        warning = None
+        if encoding == "f16" and array.size and float(np.abs(array).max()) > F16_MAX:  # would become ±inf
+            encoding = "f32"
+            warning = f"values beyond float16's range (|x| > {F16_MAX:g}): sent as float32 instead of f16"
         dtype, layout = BINARY_ENCODINGS[encoding]
-        return {
+        field = {
             "dtype": dtype,
             "shape": list(array.shape),
             "data": base64.b64encode(array.astype(layout, copy=False).tobytes()).decode("ascii"),
         }
+        if warning:
+            field["warning"] = warning
+        return field
     return array
 
 

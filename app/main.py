@@ -65,12 +65,22 @@ class SecurityHeaders:
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
-                present = {name.lower() for name, _ in message.get("headers", [])}
+                headers = [_relative_location(name, value) for name, value in message.get("headers", [])]
+                present = {name.lower() for name, _ in headers}
                 extra = [(name, value) for name, value in self.RAW if name not in present]
-                message = {**message, "headers": [*message.get("headers", []), *extra]}
+                message = {**message, "headers": [*headers, *extra]}
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+def _relative_location(name: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """A redirect to this same server as a path only: Starlette builds absolute ones from the request's Host
+    header (`/static` → `http://<Host>/static/`), which let any client choose where a redirect points."""
+    if name.lower() == b"location" and b"://" in value:
+        path = value.split(b"://", 1)[1].partition(b"/")
+        return name, path[1] + path[2] or b"/"
+    return name, value
 
 
 class ServerTiming:

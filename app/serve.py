@@ -113,6 +113,8 @@ def build_args(argv: list[str]) -> list[str]:
         args += ["--limit-concurrency", str(settings.max_connections)]
     if not any(a.startswith("--timeout-keep-alive") for a in args):
         args += ["--timeout-keep-alive", "5"]
+    if "--server-header" not in args and "--no-server-header" not in args:
+        args.append("--no-server-header")  # no `server: uvicorn`: nothing to fingerprint
     return args
 
 

@@ -56,10 +56,15 @@ function centersFigure() {
   const extent = centerExtent();
   const gap = 0.04;
   const width = (1 - gap * (L - 1)) / L;
+  // Square panels over the real range [−extent, extent]: the figure's height follows the panels' width (a
+  // fixed 400 px on a phone stretched each panel's y axis to −19…19).
+  const plotWidth = Math.max(200, ($("centers-plot")?.clientWidth || 900) - 50);
+  const panel = plotWidth * width;
+  const dtick = panel / (2 * extent) >= 14 ? 1 : panel / (2 * extent) >= 7 ? 2 : 4;
   const traces = [];
   const layout = {
     margin: { l: 40, r: 10, t: 36, b: 40 },
-    height: 400,
+    height: Math.round(Math.min(400, panel + 76)),
     showlegend: false,
     hovermode: "closest",
     annotations: [],
@@ -69,9 +74,9 @@ function centersFigure() {
     const suffix = l === 0 ? "" : String(l + 1);
     const x0 = l * (width + gap);
     layout[`xaxis${suffix}`] = { domain: [x0, x0 + width], range: [-extent, extent], zeroline: false,
-      title: { text: "Δcol", standoff: 2 }, anchor: `y${suffix}`, dtick: 1, gridcolor: "#eef0f4" };
+      title: { text: "Δcol", standoff: 2 }, anchor: `y${suffix}`, dtick, gridcolor: "#eef0f4", constrain: "domain" };
     layout[`yaxis${suffix}`] = { range: [extent, -extent], zeroline: false, scaleanchor: `x${suffix}`,
-      title: { text: l === 0 ? "Δrow" : "", standoff: 2 }, anchor: `x${suffix}`, dtick: 1, gridcolor: "#eef0f4" };
+      title: { text: l === 0 ? "Δrow" : "", standoff: 2 }, anchor: `x${suffix}`, dtick, gridcolor: "#eef0f4", constrain: "domain" };
     layout.annotations.push({ text: `layer ${l}`, xref: "paper", yref: "paper", x: x0 + width / 2, y: 1.07,
       showarrow: false, font: { size: 13 } });
     const xa = `x${suffix}`, ya = `y${suffix}`;
@@ -194,9 +199,11 @@ async function drawConv() {
     height: 250, margin: { l: 10, r: 30, t: 28, b: 10 },
     xaxis: axis([0, 0.3]), xaxis2: axis([0.34, 0.64]), xaxis3: axis([0.68, 0.96]),
     yaxis: yaxis("x"), yaxis2: { ...yaxis("x2"), anchor: "x2" }, yaxis3: { ...yaxis("x3"), anchor: "x3" },
-    annotations: [
-      { text: "zero-padded conv", x: 0.15 }, { text: "attention layer", x: 0.49 }, { text: "|difference|", x: 0.82 },
-    ].map((a) => ({ ...a, xref: "paper", yref: "paper", y: 1.12, showarrow: false })),
+    // short titles where three panels share a phone's width (the long ones overlapped)
+    annotations: (($("conv-plot")?.clientWidth || 900) < 520
+      ? [{ text: "conv", x: 0.15 }, { text: "attention", x: 0.49 }, { text: "|diff|", x: 0.82 }]
+      : [{ text: "zero-padded conv", x: 0.15 }, { text: "attention layer", x: 0.49 }, { text: "|difference|", x: 0.82 }]
+    ).map((a) => ({ ...a, xref: "paper", yref: "paper", y: 1.12, showarrow: false })),
   };
   layout.xaxis2.anchor = "y2";
   layout.xaxis3.anchor = "y3";

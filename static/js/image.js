@@ -232,7 +232,8 @@ function renderOverlay() {
   const layout = {
     margin: { l: 30, r: 10, t: 10, b: 30 },
     xaxis: { range: [-0.5, cols - 0.5], showgrid: false, zeroline: false, constrain: "domain", dtick: cols <= 16 ? 1 : 4 },
-    yaxis: { range: [rows - 0.5, -0.5], showgrid: false, zeroline: false, scaleanchor: "x", dtick: rows <= 16 ? 1 : 4 },
+    // constrain: the square keeps the real rows (scaling the range instead showed rows −11…26 on a phone)
+    yaxis: { range: [rows - 0.5, -0.5], showgrid: false, zeroline: false, scaleanchor: "x", constrain: "domain", dtick: rows <= 16 ? 1 : 4 },
     images: [{
       source: `/api/images/${state.imageId}/view?size=${viewSize}`, xref: "x", yref: "y",
       x: -0.5, y: -0.5, sizex: cols, sizey: rows, xanchor: "left", yanchor: "top", sizing: "stretch", layer: "below",
@@ -265,8 +266,9 @@ function renderModelGrid() {
   };
   const layout = {
     margin: { l: 40, r: 10, t: 24, b: 10 },
-    xaxis: { tickvals: r.heads.map((h, i) => i * (cols + 1) + cols / 2 - 0.5), ticktext: r.heads.map((h) => `h${h}`), side: "top", showgrid: false, zeroline: false },
-    yaxis: { tickvals: r.layers.map((l, i) => i * (rows + 1) + rows / 2 - 0.5), ticktext: r.layers.map((l) => `L${l}`), autorange: "reversed", showgrid: false, zeroline: false },
+    xaxis: { tickvals: r.heads.map((h, i) => i * (cols + 1) + cols / 2 - 0.5), ticktext: r.heads.map((h) => `h${h}`), side: "top", range: [-0.5, width - 0.5], constrain: "domain", showgrid: false, zeroline: false },
+    // square maps: one y unit = one x unit, within the figure (constrain), the real extent only
+    yaxis: { tickvals: r.layers.map((l, i) => i * (rows + 1) + rows / 2 - 0.5), ticktext: r.layers.map((l) => `L${l}`), range: [height - 0.5, -0.5], scaleanchor: "x", constrain: "domain", showgrid: false, zeroline: false },
   };
   Plotly.react($("model-grid"), [heat, box], layout, PLOT);
 }

@@ -243,3 +243,42 @@ def test_tokens_model_view_and_summary_rows_from_the_keyboard(page, page_log, li
     assert 0 < len(buttons) <= 3, buttons
     assert page.locator(".modebar-btn[data-title*='Share'], .modebar-btn[data-title*='png']").count() == 0
     page_log.check()
+
+
+# ---- §5: small screens --------------------------------------------------------------------------------
+
+def test_small_screens_no_sideways_scroll_real_axis_ranges(browser, live_server):
+    errors = []
+    for w, h in [(390, 844), (1000, 800)]:
+        ctx = browser.new_context(viewport={"width": w, "height": h})
+        pg = ctx.new_page()
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        for path in ["/", "/image", "/gaussian", "/guide"]:
+            pg.goto(live_server + path)
+            if path == "/":
+                wait_heatmap(pg)
+                wait_text_idle(pg)
+                if w == 390:
+                    assert pg.eval_on_selector("#heatmap", "el => el.getBoundingClientRect().width") > 300
+            elif path == "/image":
+                pg.click("#sample-buttons button[data-sample='fashion-sneaker.png']")
+                pg.wait_for_function("() => /vit-fashion.*tokens/.test(document.getElementById('status').textContent)", timeout=120_000)
+                pg.wait_for_timeout(300)
+                rows = pg.evaluate("() => document.getElementById('overlay').data[0].z.length")
+                y = pg.evaluate("() => document.getElementById('overlay')._fullLayout.yaxis.range")
+                assert y == [rows - 0.5, -0.5], (w, y)
+                # the model grid's maps are square: one unit is as long on y as on x
+                ratio = pg.evaluate("""() => { const L = document.getElementById('model-grid')._fullLayout;
+                    const u = (a) => a._length / Math.abs(a.range[1] - a.range[0]); return u(L.yaxis) / u(L.xaxis); }""")
+                assert abs(ratio - 1) < 0.02, ratio
+            elif path == "/gaussian":
+                pg.wait_for_function("() => document.getElementById('centers-plot')._fullLayout?.yaxis?.range", timeout=60_000)
+                pg.wait_for_timeout(300)
+                x, y = pg.evaluate("() => { const L = document.getElementById('centers-plot')._fullLayout; return [L.xaxis.range, L.yaxis.range]; }")
+                assert sorted(y) == sorted(x), (w, x, y)  # square panels over the real extent
+            nav_lines = pg.evaluate("() => [...document.querySelectorAll('.topbar nav a')].map(a => a.getClientRects().length)")
+            assert set(nav_lines) == {1}, nav_lines  # no link broken over two lines
+            assert pg.evaluate("() => document.documentElement.scrollWidth") <= w, (w, path)
+            shot(pg, f"{(path.strip('/') or 'text')}-{w}x{h}")
+        ctx.close()
+    assert errors == []

@@ -229,7 +229,11 @@ function renderOverlay() {
     marker: { symbol: "square-open", size: Math.max(8, 0.8 * CELL_PX / cols), line: { width: 3, color: "#00e676" } },
     hoverinfo: "skip", showlegend: false,
   };
+  // The figure's height follows its width, so the square grid fills it (on a phone a fixed 560 px left the
+  // y axis to stretch over rows that do not exist).
+  const plotW = Math.max(120, ($("overlay").clientWidth || 480) - 30 - 10 - 70); // margins and colour bar
   const layout = {
+    height: Math.round(Math.min(560, plotW * rows / cols + 40)),
     margin: { l: 30, r: 10, t: 10, b: 30 },
     xaxis: { range: [-0.5, cols - 0.5], showgrid: false, zeroline: false, constrain: "domain", dtick: cols <= 16 ? 1 : 4 },
     // constrain: the square keeps the real rows (scaling the range instead showed rows −11…26 on a phone)

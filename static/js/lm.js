@@ -1,4 +1,4 @@
-// The output side of language models on the text page (SPEC §9): the next-token distribution before and
+// The output side of language models on the text page (§9): the next-token distribution before and
 // after the interventions, the two greedy continuations streamed side by side, and an encoder–decoder's
 // decoded target with its per-token probabilities.
 import { ApiError } from "./api.js";

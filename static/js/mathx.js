@@ -1,4 +1,4 @@
-// Small numeric helpers shared by the views (SPEC §2).
+// Small numeric helpers shared by the views (§2).
 
 // Row softmax of β·s with masked entries at −∞; an all-masked row is all zeros (never NaN).
 export function softmaxRow(scores, beta, masked = null) {

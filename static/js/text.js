@@ -152,7 +152,7 @@ function maskedRow(i, n) {
   return Array.from({ length: n }, (_, j) => masks.has(j) || (causal && j > i));
 }
 
-// The shown head's attention: from the server, or re-normalised here in view mode (SPEC §2).
+// The shown head's attention: from the server, or re-normalised here in view mode (§2).
 function shownAttention() {
   const v = state.view;
   if (lab.viewBeta() && v.scores) {

@@ -17,7 +17,9 @@ COUNT_DRAWN = "() => [...document.querySelectorAll('.js-plotly-plot')].filter(el
 SECTION_LINKS = """() => {
   const links = [...document.querySelectorAll('a')].filter(a => a.textContent.includes('§'));
   const all = (document.body.innerText.match(/§/g) || []).length;
-  const linked = links.reduce((n, a) => n + (a.innerText.match(/§/g) || []).length, 0);
+  // innerText of a link that is not rendered (a hidden panel) is its whole text: count only shown links
+  const shown = links.filter(a => a.getClientRects().length > 0);
+  const linked = shown.reduce((n, a) => n + (a.innerText.match(/§/g) || []).length, 0);
   return {links: links.map(a => [a.getAttribute('href'), a.textContent]), unlinked: all - linked};
 }"""
 

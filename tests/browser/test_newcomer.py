@@ -200,7 +200,9 @@ def test_upload_checked_in_the_browser_errors_at_the_drop_zone(page, page_log, l
 
 def test_drop_zone_and_its_link_from_the_keyboard(page, page_log, live_server):
     page.goto(live_server + "/image")
-    page.wait_for_selector("#sample-buttons button")  # the page's handlers are bound
+    # image.js fills the model select right after binding the drop zone's handlers (the sample buttons may be
+    # in the HTML before any script ran)
+    page.wait_for_selector("#model-select option", state="attached", timeout=60_000)
     page.focus("#drop-zone")
     with page.expect_file_chooser(timeout=5_000):
         page.keyboard.press("Enter")

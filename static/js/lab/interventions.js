@@ -1,5 +1,5 @@
 // The laboratory's intervention state (one small store shared by the text and image pages) and the
-// editable list of active interventions. Meaning of every op: SPEC §2–4; wire format: API.md.
+// editable list of active interventions. Meaning of every op: §2–4; wire format: API.md.
 //
 // Scopes follow the selection: "head" = the selected layer and head, "layer" = every head of the
 // selected layer, "all" = every layer and head. β alone also takes "layers": every head of layers
@@ -11,12 +11,12 @@ export const SCOPE_LABELS = { all: "all layers & heads", layer: "this layer", he
 export const RANGE_LABEL = "layers from … to …";
 
 export const HELP = {
-  temperature: "P = softmax(β·S + M); T = 1/β. β → ∞: one-hot rows; β → 0: uniform over unmasked keys (SPEC §2)",
-  mask_keys: "M[:, j] = −∞: column j of P becomes 0, each row renormalises (SPEC §3)",
-  causal: "M[i, j] = −∞ for j > i: a decoder's self-attention (SPEC §3)",
-  ablate_heads: "the head's output H = PV is replaced by zeros before W_O (SPEC §3)",
-  perturb_keys: "k̂_j = α k_j + ε, ε ~ N(0, σ²I): only column j of S changes, Ŝ[i,j] = α S[i,j] + q_i·ε (SPEC §4)",
-  perturb_queries: "q̂_i = α q_i + ε: at that layer and head only row i of S and P changes (SPEC §4)",
+  temperature: "P = softmax(β·S + M); T = 1/β. β → ∞: one-hot rows; β → 0: uniform over unmasked keys (§2)",
+  mask_keys: "M[:, j] = −∞: column j of P becomes 0, each row renormalises (§3)",
+  causal: "M[i, j] = −∞ for j > i: a decoder's self-attention (§3)",
+  ablate_heads: "the head's output H = PV is replaced by zeros before W_O (§3)",
+  perturb_keys: "k̂_j = α k_j + ε, ε ~ N(0, σ²I): only column j of S changes, Ŝ[i,j] = α S[i,j] + q_i·ε (§4)",
+  perturb_queries: "q̂_i = α q_i + ε: at that layer and head only row i of S and P changes (§4)",
 };
 
 export function createLab() {

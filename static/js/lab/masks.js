@@ -1,6 +1,7 @@
-// Masks and ablation controls (SPEC §3): key masks, causal mask, head ablation, each with a visible
+// Masks and ablation controls (§3): key masks, causal mask, head ablation, each with a visible
 // scope and a one-click reset. The key-mask tokens are chosen by clicking tokens (or patches) elsewhere.
 import { HELP, resetControl, scopeSelect } from "./interventions.js";
+import { guideLinks } from "../guide-links.js";
 import { el } from "../dom.js";
 
 // An on/off intervention with a scope and a reset: its checkbox, scope select and reset button,
@@ -30,13 +31,13 @@ export function mountMaskPanel(container, lab, { onChange, tokenName = (j) => St
     el("h2", {}, "Masks and ablation ", el("small", {}, "M is added to β·S before the softmax; scopes follow the selected layer/head")),
     el("div", { className: "lab-control" },
       el("div", { className: "controls" }, el("b", {}, "Key mask"), masked, el("label", {}, "scope ", maskScope), maskReset),
-      el("p", { className: "help" }, `${HELP.mask_keys}. ${pickHint[0].toUpperCase() + pickHint.slice(1)}.`)),
+      el("p", { className: "help" }, ...guideLinks(`${HELP.mask_keys}. ${pickHint[0].toUpperCase() + pickHint.slice(1)}.`))),
     el("div", { className: "lab-control" },
       el("div", { className: "controls" }, el("label", {}, causal, el("b", {}, "Causal mask")), el("label", {}, "scope ", causalScope), causalReset),
-      el("p", { className: "help" }, HELP.causal + ".")),
+      el("p", { className: "help" }, ...guideLinks(HELP.causal + "."))),
     el("div", { className: "lab-control" },
       el("div", { className: "controls" }, el("label", {}, ablate, el("b", {}, "Ablate head")), el("label", {}, "scope ", ablateScope), ablateReset),
-      el("p", { className: "help" }, HELP.ablate_heads + "; the attention pattern itself is unchanged, later layers and the output change.")),
+      el("p", { className: "help" }, ...guideLinks(HELP.ablate_heads + "; the attention pattern itself is unchanged, later layers and the output change."))),
   );
 
   function update() {

@@ -1,6 +1,7 @@
-// Perturbation panel (SPEC §4): target keys or queries, tokens/patches chosen by clicking, noise σ,
+// Perturbation panel (§4): target keys or queries, tokens/patches chosen by clicking, noise σ,
 // scale α, seed, samples n (n > 1 → mean ± spread of each effect over seeds seed, seed+1, …).
 import { HELP, resetControl, scopeSelect } from "./interventions.js";
+import { guideLinks, setHelpText } from "../guide-links.js";
 import { el } from "../dom.js";
 
 function numberInput(id, value, { min = null, max = null, step = "any" } = {}) {
@@ -50,7 +51,7 @@ export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = t
   reset.addEventListener("click", () => { resetControl(lab, "perturb"); update(); onChange("perturb"); });
 
   container.replaceChildren(
-    el("h2", {}, "Perturbation ", el("small", {}, "applied to K or Q before the scores are formed (SPEC §4)")),
+    el("h2", {}, "Perturbation ", el("small", {}, ...guideLinks("applied to K or Q before the scores are formed (§4)"))),
     el("div", { className: "controls" },
       el("label", {}, "target ", target), el("label", {}, "σ ", sigma), el("label", {}, "α ", alpha),
       el("label", {}, "seed ", seed), el("label", {}, "samples n ", samples), el("label", {}, "scope ", scope), apply, remove, state, reset),
@@ -100,7 +101,7 @@ export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = t
     const note = maskedNote(), noteEl = container.querySelector("#perturb-note");
     noteEl.textContent = note;
     noteEl.hidden = !note;
-    container.querySelector("#perturb-help").textContent = (p.target === "queries" ? HELP.perturb_queries : HELP.perturb_keys) + ".";
+    setHelpText(container.querySelector("#perturb-help"), (p.target === "queries" ? HELP.perturb_queries : HELP.perturb_keys) + ".");
     const ids = [...p.tokens].sort((a, b) => a - b);
     chosen.textContent = ids.length ? ids.map((j) => `${j}:${labels[j] ?? "?"}`).join("  ") : `none (every ${unit})`;
     for (const chip of strip.children) chip.classList.toggle("picked", p.tokens.has(Number(chip.dataset.index)));

@@ -1,7 +1,8 @@
-// Softmax panel (SPEC §2): one row's probabilities p = softmax(β s) and the Jacobian
+// Softmax panel (§2): one row's probabilities p = softmax(β s) and the Jacobian
 // ∂p/∂s = β (diag(p) − p pᵀ), for a query row of the selected head or an editable score vector.
 // The default vector (−3, 1, 100, 5, −1) at β = 1 shows saturation: every Jacobian entry ≈ 0.
 import { entropy, fmt, maxAbs, softmaxRow } from "../mathx.js";
+import { guideLinks } from "../guide-links.js";
 import { pngButton } from "./export.js";
 import { el } from "../dom.js";
 
@@ -40,7 +41,7 @@ export function mountSoftmaxPanel(container, { onError = () => {} } = {}) {
   const vectorControls = el("span", { className: "controls" }, el("label", {}, "s = ", vector), el("label", {}, "β ", betaInput));
 
   container.replaceChildren(
-    el("h2", {}, "Softmax and its Jacobian ", el("small", {}, "p = softmax(β s),  ∂p/∂s = β (diag(p) − p pᵀ)  (SPEC §2)")),
+    el("h2", {}, "Softmax and its Jacobian ", el("small", {}, ...guideLinks("p = softmax(β s),  ∂p/∂s = β (diag(p) − p pᵀ)  (§2)"))),
     el("div", { className: "controls" }, el("label", {}, "row ", source), rowControls, vectorControls),
     el("p", { className: "help" }, "The row uses the selected head's scores Ŝ and the current β and masks (click a heatmap cell to pick its query). "
       + "With a score far above the others (e.g. 100) the row is one-hot and every Jacobian entry is ≈ 0: the softmax is saturated and passes no gradient."),

@@ -1,4 +1,4 @@
-// Head summaries (SPEC §6): mean row entropy per layer × head and mean attention distance, as heatmaps
+// Head summaries (§6): mean row entropy per layer × head and mean attention distance, as heatmaps
 // and as a sortable table. Clicking a cell or a row selects that head everywhere (onSelect).
 import { fmt } from "../mathx.js";
 import { keepFocus, keyActivate, markRefocus } from "../dom.js";

@@ -1,4 +1,4 @@
-// P̂ − P (or P̂ / P) of one head (SPEC §4): after the interventions minus the same input without them.
+// P̂ − P (or P̂ / P) of one head (§4): after the interventions minus the same input without them.
 // One figure for every page: a query × key matrix (text) or a query row laid out on the patch grid (images).
 import { fmt, maxAbs } from "../mathx.js";
 

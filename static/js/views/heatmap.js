@@ -1,4 +1,4 @@
-// Attention heatmap of one head: rows are queries, columns are keys (SPEC §1).
+// Attention heatmap of one head: rows are queries, columns are keys (§1).
 //
 // Plotly draws the figure: axes, hover, colour bar, zoom, PNG export. A Plotly redraw costs 15–40 ms
 // even for a small map (measured in Chromium on the CI machine), too slow to follow a slider, so

@@ -81,7 +81,7 @@ def _lm_encode(adapter: CausalLMAdapter, text: str, chat: bool):
 
 
 def text_fields(result: AttentionResult) -> dict:
-    """Text-only summaries: mean attention distance in tokens for every head (SPEC §6)."""
+    """Text-only summaries: mean attention distance in tokens for every head (docs/science.md §6)."""
     return {"mean_distance": result.summary("mean_distance", lambda: mean_token_distance(result.attention).tolist())}
 
 

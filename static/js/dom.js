@@ -39,7 +39,7 @@ export function onArrowKeys(move) {
   document.addEventListener("keydown", (e) => {
     if (["INPUT", "TEXTAREA", "SELECT"].includes(document.activeElement?.tagName)) return;
     const moves = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] };
-    if (!moves[e.key]) return;
+    if (!moves[e.key] || e.shiftKey) return; // Shift + arrows are the image overlay's patch cursor
     e.preventDefault();
     move(...moves[e.key]);
   });

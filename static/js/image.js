@@ -245,7 +245,7 @@ function renderOverlay() {
     dragmode: $("click-mode").value === "mask" ? "select" : "zoom",
   };
   // One drawing with every layer (a second redraw for the rings would widen the window in which a click is lost).
-  Plotly.react($("overlay"), [heat, masks, query, picksTrace()], layout, OVERLAY_PLOT);
+  Plotly.react($("overlay"), [heat, masks, query, picksTrace(), cursorTrace()], layout, OVERLAY_PLOT);
 }
 
 function renderModelGrid() {
@@ -334,6 +334,53 @@ function onOverlayClick(ev) {
   const [rows, cols] = grid();
   const c = Math.round(point.x), r = Math.round(point.y);
   if (r < 0 || r >= rows || c < 0 || c >= cols) return;
+  choosePatch(r, c);
+}
+
+// Keyboard: the overlay takes the focus; Shift + arrow keys move a patch cursor (plain arrows keep moving
+// the head), Enter or Space does to the cursor's patch what a click does in the current click mode.
+function bindPatchKeys() {
+  const overlay = $("overlay");
+  overlay.tabIndex = 0;
+  overlay.setAttribute("aria-label", "attention over the photo: Shift + arrow keys move the patch cursor, Enter chooses that patch");
+  overlay.addEventListener("keydown", (e) => {
+    if (!state.response || e.target !== overlay) return;
+    const moves = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] };
+    const [rows, cols] = grid();
+    if (e.shiftKey && moves[e.key]) {
+      e.preventDefault();
+      const [r, c] = state.cursor ?? tokenPatch(state.query) ?? [0, 0];
+      const [dr, dc] = moves[e.key];
+      state.cursor = [Math.min(rows - 1, Math.max(0, r + dr)), Math.min(cols - 1, Math.max(0, c + dc))];
+      drawCursor();
+    } else if ((e.key === "Enter" || e.key === " ") && state.cursor) {
+      e.preventDefault();
+      choosePatch(...state.cursor);
+    }
+  });
+}
+
+function cursorTrace() {
+  const at = state.cursor && state.cursor[0] < grid()[0] && state.cursor[1] < grid()[1] ? [state.cursor] : [];
+  return {
+    type: "scatter", mode: "markers", name: "keyboard cursor", x: at.map((p) => p[1]), y: at.map((p) => p[0]),
+    hoverinfo: "skip", showlegend: false,
+    marker: { symbol: "square-open", size: Math.max(10, 320 / grid()[1]), line: { width: 3, color: "#2ec4b6" } },
+  };
+}
+
+function drawCursor() {
+  const el = $("overlay");
+  const index = el?.data?.findIndex((t) => t.name === "keyboard cursor") ?? -1;
+  if (index >= 0) {
+    const { x, y } = cursorTrace();
+    Plotly.restyle(el, { x: [x], y: [y] }, [index]);
+  }
+  const [r, c] = state.cursor;
+  $("query-readout").textContent = `cursor: p(${r},${c}) — Enter to ${$("click-mode").selectedOptions[0]?.textContent ?? "choose"}`;
+}
+
+function choosePatch(r, c) {
   const token = patchToken(r, c);
   if ($("click-mode").value === "perturb") { imageLab.togglePick(token); drawPicks(); return; }
   if ($("click-mode").value === "mask") {
@@ -370,6 +417,7 @@ function onGridClick(ev) {
 }
 
 function bindEvents() {
+  bindPatchKeys();
   const drop = $("drop-zone");
   ["dragenter", "dragover"].forEach((t) => drop.addEventListener(t, (e) => { e.preventDefault(); drop.classList.add("dragover"); }));
   ["dragleave", "drop"].forEach((t) => drop.addEventListener(t, (e) => { e.preventDefault(); drop.classList.remove("dragover"); }));

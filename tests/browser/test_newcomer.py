@@ -6,6 +6,7 @@ import io
 import json
 
 from tests.browser.conftest import ROOT, screenshot
+from tests.browser.test_image_page import wait_idle
 
 HEATMAP = "#heatmap.js-plotly-plot"
 SHOTS = ROOT / "artifacts" / "newcomer"
@@ -288,3 +289,18 @@ def test_small_screens_no_sideways_scroll_real_axis_ranges(browser, live_server)
             shot(pg, f"{(path.strip('/') or 'text')}-{w}x{h}")
         ctx.close()
     assert errors == []
+
+
+def test_image_patches_from_the_keyboard(page, page_log, live_server):
+    """The overlay takes the focus; Shift + arrows move a patch cursor, Enter makes its patch the query."""
+    open_sneaker(page, live_server)
+    page.focus("#overlay")
+    for key in ("Shift+ArrowRight", "Shift+ArrowRight", "Shift+ArrowDown"):
+        page.keyboard.press(key)
+    cursor = page.text_content("#query-readout")
+    assert cursor.startswith("cursor: p("), cursor
+    row, col = (int(v) for v in cursor.split("p(", 1)[1].split(")", 1)[0].split(","))
+    page.keyboard.press("Enter")
+    wait_idle(page)
+    assert page.text_content("#query-readout").startswith(f"query: p({row},{col})")
+    page_log.check()

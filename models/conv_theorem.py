@@ -1,4 +1,4 @@
-"""The attention-as-convolution theorem (SPEC §7, Cordonnier, Loukas & Jaggi, ICLR 2020), numerically.
+"""The attention-as-convolution theorem (docs/science.md §7, Cordonnier, Loukas & Jaggi, ICLR 2020), numerically.
 
 A multi-head self-attention layer with K^2 Gaussian heads, head h centred on the kernel shift
 d * s_h (s_h in Delta_K = {-floor(K/2) .. floor((K-1)/2)}^2), with W^(h) = W_v^(h) W_out^(h) set to the

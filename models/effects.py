@@ -1,4 +1,4 @@
-"""Effects of an intervention: intervened run vs the same input without interventions (SPEC §5)."""
+"""Effects of an intervention: intervened run vs the same input without interventions (docs/science.md §5)."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""Gaussian relative positional attention (SPEC §7-8), one readable file in the nanoGPT style.
+"""Gaussian relative positional attention (docs/science.md §7-8), one readable file in the nanoGPT style.
 
 Every head h of every layer has a learned center mu_h in R^2 (a shift in grid cells, (row, col)) and a
 learned width alpha_h > 0. Its score for query pixel q and key pixel k is
@@ -46,7 +46,7 @@ class GaussianConfig:
     in_channels: int = 1        # 1 for Fashion-MNIST, 3 for CIFAR-10
     patch: int = 2              # space-to-depth factor: a patch x patch block becomes one token
     n_layers: int = 3
-    n_heads: int = 9            # 9 heads = enough to express a 3x3 convolution (theorem, SPEC §7)
+    n_heads: int = 9            # 9 heads = enough to express a 3x3 convolution (theorem, docs/science.md §7)
     hidden: int = 36            # d: width of the residual stream
     head_dim: int = 0           # 0 -> hidden // n_heads (as BERT and Cordonnier's code do)
     ffn_hidden: int = 72        # width of the feed-forward block

@@ -128,7 +128,7 @@ def attnlab_attention(
     if n_heads % n_kv_heads:
         raise UnsupportedAttention(f"{n_heads} query heads do not divide into {n_kv_heads} key/value heads")
     # Repeat K/V per query head *before* any perturbation, so a key perturbation scoped to query head h
-    # changes head h only, never the other heads that share its K/V head (SPEC §9).
+    # changes head h only, never the other heads that share its K/V head (docs/science.md §9).
     key, value = _repeat_kv(key, n_heads // n_kv_heads), _repeat_kv(value, n_heads // n_kv_heads)  # (B, H, T_k, ·)
     out_dtype = value.dtype
     if query.dtype in (torch.float16, torch.bfloat16):  # softmax in float32, as eager attention does

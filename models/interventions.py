@@ -1,4 +1,4 @@
-"""Interventions on attention, as pure functions of tensors (SPEC §2–4).
+"""Interventions on attention, as pure functions of tensors (docs/science.md §2–4).
 
 One head at one layer: queries q (T_q × d), keys k (T_k × d), values v (T_k × d_v).
 Raw scores S = q kᵀ (unscaled); P = softmax(β S + M) row-wise, M ∈ {0, −∞}.
@@ -50,7 +50,7 @@ class Intervention:
 
 # ε is drawn in blocks of NOISE_BLOCK positions, each from a generator seeded by (seed, layer, head, block):
 # the ε of token position t is then the same whatever the sequence length, so a token keeps its ε as a
-# continuation grows (KV cache or not, SPEC §9), and only the blocks that hold perturbed tokens are drawn.
+# continuation grows (KV cache or not, docs/science.md §9), and only the blocks that hold perturbed tokens are drawn.
 NOISE_BLOCK = 64
 
 
@@ -169,7 +169,7 @@ def mean_row_entropy(logits: torch.Tensor, probs: torch.Tensor, blocked: torch.T
 
 @dataclass(frozen=True)
 class LogitExtras:
-    """What a model's own eager attention adds to the scaled scores before the softmax (SPEC §9).
+    """What a model's own eager attention adds to the scaled scores before the softmax (docs/science.md §9).
 
     The native logits are z₀ = softcap(β₀ Ŝ + bias) + mask_bias, with softcap(z) = c·tanh(z / c); a
     temperature β scales them all: z = (β / β₀)·z₀, which is β Ŝ for a model without extras. So β → ∞ is

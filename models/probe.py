@@ -3,7 +3,7 @@
 A model is served only when one forward pass shows that
 (a) every attention module that ran called our function (transformers' AttentionInterface), and
 (b) with no interventions its outputs equal those of the model's own eager attention to within a tolerance
-    (SPEC §9: max |Δ logits| ≤ 1e-4 in float32).
+    (docs/science.md §9: max |Δ logits| ≤ 1e-4 in float32).
 Otherwise it is refused with the reason. The probe also yields the attention modules in call order, which is
 how layers are numbered (modules carry no reliable layer index: ViT's have none, encoder–decoders have three
 kinds).

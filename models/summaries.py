@@ -1,4 +1,4 @@
-"""Summaries of heads over a whole run (SPEC §6): attention rollout and mean attention distance.
+"""Summaries of heads over a whole run (docs/science.md §6): attention rollout and mean attention distance.
 
 (Row entropy lives in models/interventions.py, next to the softmax it describes.)
 """
@@ -70,7 +70,7 @@ def _weighted_row_sums(probs: torch.Tensor, weights: torch.Tensor) -> torch.Tens
 
 
 def mean_token_distance(attention: torch.Tensor) -> torch.Tensor:
-    """Mean attention distance for text (SPEC §6): Σ_j P[i,j] |i − j| averaged over query rows i,
+    """Mean attention distance for text (docs/science.md §6): Σ_j P[i,j] |i − j| averaged over query rows i,
     in tokens (positions in the returned token list, special tokens included). A row that is all zero
     (every key masked) contributes 0.
 

@@ -32,7 +32,7 @@ class ModelInfo:
     image_size: int | None = None  # image
     patch_size: int | None = None  # image
     kv_heads: int | None = None  # language models: K/V heads per layer (grouped-query attention when < heads)
-    parity: float | None = None  # max |Δ output| of the load-time probe against eager attention (SPEC §9)
+    parity: float | None = None  # max |Δ output| of the load-time probe against eager attention (docs/science.md §9)
     chat: bool | None = None  # next_token models: a chat template is available
     max_new_tokens: int | None = None  # next_token models: the longest continuation a request may ask for
     architecture: str | None = None  # the transformers class, e.g. "LlamaForCausalLM"

@@ -1,5 +1,5 @@
 """Decoder language models (GPT-2, Llama, Qwen2, Mistral, Gemma 2, SmolLM2, …): next-token predictions and
-greedy continuations, with the interventions active at every step (SPEC §9).
+greedy continuations, with the interventions active at every step (docs/science.md §9).
 
 Output "next_token": the distribution p(· | tokens ≤ i) at a chosen position i (the last by default), its
 top-k, and with a comparison KL(before ‖ after), the change of the before-top token's probability and the
@@ -179,7 +179,7 @@ class CausalLMAdapter(AttentionAdapter):
         self, prompt: list[int], interventions: tuple[Intervention, ...], max_new_tokens: int, use_cache: bool = True
     ) -> Iterator[Step]:
         """Greedy decoding with the interventions active at every step: token positions keep their masks and
-        their ε as the sequence grows (SPEC §9). Yields one Step per new token; stops at end of sequence.
+        their ε as the sequence grows (docs/science.md §9). Yields one Step per new token; stops at end of sequence.
         Each step is a separate forward, so a caller may stop between steps (a closed connection)."""
         ids = torch.tensor([prompt])  # (1, T)
         cache = DynamicCache() if use_cache else None

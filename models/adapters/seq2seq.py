@@ -1,4 +1,4 @@
-"""Encoder–decoder models (BART, Marian, mBART, T5, …): three kinds of attention (SPEC §9, seed 004 §2.3).
+"""Encoder–decoder models (BART, Marian, mBART, T5, …): three kinds of attention (docs/science.md §9, seed 004 §2.3).
 
 - "encoder": encoder self-attention over the M source tokens (bidirectional), M × M;
 - "decoder": decoder self-attention over the N target tokens (causal), N × N;

@@ -1,5 +1,5 @@
 // The laboratory's intervention state (one small store shared by the text and image pages) and the
-// editable list of active interventions. Meaning of every op: §2–4; wire format: API.md.
+// editable list of active interventions. Meaning of every op: §2–4; wire format: docs/api.md.
 //
 // Scopes follow the selection: "head" = the selected layer and head, "layer" = every head of the
 // selected layer, "all" = every layer and head. β alone also takes "layers": every head of layers

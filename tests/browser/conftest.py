@@ -31,33 +31,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def serve_app(env_extra: dict[str, str] | None = None, log_name: str = "browser-server.log"):
+    """Start `uvicorn app.main:app` on a free loopback port and wait for /api/ready; yields the base URL,
+    stops the server after. Its output goes to artifacts/<log_name>."""
+    port = _free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
+    (ROOT / "artifacts").mkdir(exist_ok=True)
+    log_path = ROOT / "artifacts" / log_name
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError(f"server did not become ready; see {log_path}")
+            time.sleep(0.5)
+        try:
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(timeout=15)
+
+
 @pytest.fixture(scope="session")
 def live_server():
-    port = _free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    (ROOT / "artifacts").mkdir(exist_ok=True)
-    log = open(ROOT / "artifacts" / "browser-server.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/api/ready", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise RuntimeError(f"server did not become ready; see {ROOT / 'artifacts' / 'browser-server.log'}")
-        time.sleep(0.5)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=15)
-    log.close()
+    yield from serve_app()
 
 
 @pytest.fixture(scope="session")

@@ -5,17 +5,12 @@ per-token probabilities, and interventions that name the kind they act on."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
-from tests.browser.conftest import ROOT, _free_port, plot_data, screenshot
+from tests.browser.conftest import plot_data, screenshot, serve_app
 from tests.browser.test_text_page import HEATMAP, wait_for_heatmap
 from tests.tiny_models import build_text_model
 
@@ -26,28 +21,7 @@ TARGET = "a dog ran"
 @pytest.fixture(scope="module")
 def bart_server(tmp_path_factory):
     folder = build_text_model("bart", tmp_path_factory.mktemp("models") / "tiny-bart")
-    port = _free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ATTNLAB_EXTRA_MODELS": json.dumps({"tiny-bart": str(folder)})}
-    (ROOT / "artifacts").mkdir(exist_ok=True)
-    with open(ROOT / "artifacts" / "browser-server-bart.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
-                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/api/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                raise RuntimeError("server with the tiny BART did not become ready; see artifacts/browser-server-bart.log")
-            time.sleep(0.5)
-        yield url
-        proc.terminate()
-        proc.wait(timeout=15)
+    yield from serve_app({"ATTNLAB_EXTRA_MODELS": json.dumps({"tiny-bart": str(folder)})}, "browser-server-bart.log")
 
 
 def wait_idle(page):

@@ -126,7 +126,7 @@ class Runtime:
                     if model_id in self.unavailable:  # refused once: say why again, without retrying the load
                         raise UnknownModel(f"model {model_id!r} is unavailable: {self.unavailable[model_id]}")
                     try:
-                        adapter = spec.load(self.settings.device)
+                        adapter = spec.load(self.settings.device, self.settings.dtype)
                     except (ImportError, OSError, ValueError, UnsupportedAttention) as exc:
                         self.unavailable[model_id] = str(exc)
                         raise UnknownModel(f"model {model_id!r} is unavailable: {exc}") from exc

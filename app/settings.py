@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +23,10 @@ class Settings(BaseSettings):
     weights_dir: str = "weights"  # prepared weights (dinov2-small) live here; ignored by git
 
     device: str = "auto"  # "auto" | "cpu" | "cuda"
+    # Weights and activations of the served models. float16/bfloat16 are for GPUs (half the memory, faster
+    # matrix units); attention logits and softmax stay float32. Each model reports `dtype_parity`, its max
+    # |Δ output| against float32 on its probe input (GET /api/models).
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     torch_threads: int = 0  # 0 = leave torch's default
     # Inputs of at most this many tokens run on one thread: as fast on such small matrices (measured on the
     # 2-core CI machine, benchmarks/results), and the other cores stay free for HTTP, JSON and a browser.

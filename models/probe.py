@@ -26,6 +26,7 @@ class ProbeReport:
     modules: list[nn.Module]  # attention modules in the order of their first call
     names: dict[int, str]  # id(module) → its dotted name in the model
     parity: float  # max |Δ output| against eager attention
+    dtype_parity: float | None = None  # served in float16/bfloat16: max |Δ output| against float32
 
 
 def attention_leaves(model: nn.Module) -> dict[int, str]:

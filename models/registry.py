@@ -16,7 +16,7 @@ from models.adapters.base import AttentionAdapter
 class ModelSpec:
     id: str
     kind: str  # "text" | "image"
-    load: Callable[[str], AttentionAdapter]  # device preference → adapter
+    load: Callable[..., AttentionAdapter]  # (device preference, dtype name = "float32") → adapter
     description: str = ""
     family: str = "encoder"  # "encoder" | "causal_lm" | "seq2seq" | "vision": which adapter loads it
 
@@ -41,13 +41,13 @@ def detect_family(source: str) -> str:
 
 def _lm_spec(model_id: str, source: Callable[[], str] | str, family: str, max_tokens: int, max_new_tokens: int,
              description: str) -> ModelSpec:
-    def load(device: str) -> AttentionAdapter:
+    def load(device: str, dtype: str = "float32") -> AttentionAdapter:
         if family == "seq2seq":
             from models.adapters.seq2seq import Seq2SeqAdapter as adapter_class
         else:
             from models.adapters.causal_lm import CausalLMAdapter as adapter_class
         return adapter_class(model_id, source() if callable(source) else source, max_tokens=max_tokens, device=device,
-                             max_new_tokens=max_new_tokens)
+                             max_new_tokens=max_new_tokens, dtype=dtype)
 
     return ModelSpec(model_id, "text", load, description, family)
 
@@ -59,7 +59,7 @@ def _auto_spec(model_id: str, source: str, max_tokens: int, max_new_tokens: int)
     except (OSError, ValueError) as exc:  # listed, and refused with the reason when used
         reason = f"model {model_id!r}: cannot read its config ({exc})"
 
-        def refuse(device: str) -> AttentionAdapter:
+        def refuse(device: str, dtype: str = "float32") -> AttentionAdapter:
             raise ValueError(reason)
 
         return ModelSpec(model_id, "text", refuse, reason, "unknown")
@@ -72,19 +72,20 @@ def _auto_spec(model_id: str, source: str, max_tokens: int, max_new_tokens: int)
 
 
 def _text_spec(model_id: str, source: Callable[[], str] | str, max_tokens: int, description: str) -> ModelSpec:
-    def load(device: str) -> AttentionAdapter:
+    def load(device: str, dtype: str = "float32") -> AttentionAdapter:
         from models.adapters.bert import BertAdapter
 
-        return BertAdapter(model_id, source() if callable(source) else source, max_tokens=max_tokens, device=device)
+        return BertAdapter(model_id, source() if callable(source) else source, max_tokens=max_tokens, device=device,
+                           dtype=dtype)
 
     return ModelSpec(model_id, "text", load, description)
 
 
 def _image_spec(model_id: str, source: Callable[[], str] | str, description: str) -> ModelSpec:
-    def load(device: str) -> AttentionAdapter:
+    def load(device: str, dtype: str = "float32") -> AttentionAdapter:
         from models.adapters.vit import VitAdapter  # written for the image page
 
-        return VitAdapter(model_id, source() if callable(source) else source, device=device)
+        return VitAdapter(model_id, source() if callable(source) else source, device=device, dtype=dtype)
 
     return ModelSpec(model_id, "image", load, description, "vision")
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.hooks import RunScope, run_scope
+from models.hooks import RunScope, UnsupportedAttention, run_scope
 from models.interventions import Intervention
 from models.probe import ProbeReport, probe
 
@@ -33,6 +33,8 @@ class ModelInfo:
     patch_size: int | None = None  # image
     kv_heads: int | None = None  # language models: K/V heads per layer (grouped-query attention when < heads)
     parity: float | None = None  # max |Δ output| of the load-time probe against eager attention (docs/science.md §9)
+    dtype: str = "float32"  # the dtype the model serves in (the `dtype` setting)
+    dtype_parity: float | None = None  # in float16/bfloat16: max |Δ output| on the probe input against float32
     chat: bool | None = None  # next_token models: a chat template is available
     max_new_tokens: int | None = None  # next_token models: the longest continuation a request may ask for
     architecture: str | None = None  # the transformers class, e.g. "LlamaForCausalLM"
@@ -105,6 +107,15 @@ class AttentionResult:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, not {name!r}")
+    return DTYPES[name]
+
+
 def pick_device(preference: str = "auto") -> torch.device:
     if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
         return torch.device("cuda")
@@ -117,20 +128,49 @@ class AttentionAdapter:
     info: ModelInfo
     model: nn.Module
     device: torch.device
+    dtype: torch.dtype = torch.float32  # of the weights and floating inputs; attention logits stay float32
     layer_of: dict[int, int]
 
     def _attach_probed(
         self, model: nn.Module, device: torch.device, probe_inputs: dict[str, torch.Tensor],
-        output_of: Callable[[Any], torch.Tensor],
+        output_of: Callable[[Any], torch.Tensor], dtype: str = "float32",
     ) -> ProbeReport:
         """Attach, then run the load-time probe (models/probe.py) on `probe_inputs`: refuses the model with
-        the reason, or numbers its attention modules in call order and returns the parity figure."""
-        self.model = model.eval().to(device)
-        self.device = device
+        the reason, or numbers its attention modules in call order and returns the parity figure.
+
+        The probe runs in float32, where its 1e-4 bound means something. For a float16/bfloat16 `dtype` the model
+        is then cast, and its output on the same input is compared with float32's: that figure
+        (report.dtype_parity) is what the lower precision costs, measured rather than assumed."""
+        target = resolve_dtype(dtype)
+        self.model = model.eval().to(device=device, dtype=torch.float32)
+        self.device, self.dtype = device, torch.float32
         inputs = {k: v.to(device) for k, v in probe_inputs.items()}
         report = probe(self.model, lambda: self.model(**inputs, return_dict=True), output_of)
         self.layer_of = {id(m): i for i, m in enumerate(report.modules)}
+        if target != torch.float32:
+            report.dtype_parity = self._cast_to(target, inputs, output_of, dtype)
         return report
+
+    @torch.inference_mode()
+    def _cast_to(
+        self, dtype: torch.dtype, inputs: dict[str, torch.Tensor], output_of: Callable[[Any], torch.Tensor], name: str,
+    ) -> float:
+        """Cast the model to `dtype`; return max |Δ output| against float32 on `inputs` (refused when not finite)."""
+        reference = output_of(self.model(**inputs, return_dict=True)).float()
+        self.model.to(dtype)
+        self.dtype = dtype
+        lowered = output_of(self.model(**self.model_inputs(inputs), return_dict=True)).float()
+        if not bool(torch.isfinite(lowered).all()):
+            raise UnsupportedAttention(f"in {name} the model's outputs overflow (inf or NaN): serve it in float32")
+        return float((lowered - reference).abs().max())
+
+    def model_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Inputs on the model's device; floating ones (pixels) in its dtype."""
+        return {
+            k: (v.to(self.device, self.dtype) if v.is_floating_point() else v.to(self.device))
+            if isinstance(v, torch.Tensor) else v
+            for k, v in inputs.items()
+        }
 
     @torch.inference_mode()
     def _forward(
@@ -138,10 +178,7 @@ class AttentionAdapter:
     ) -> tuple[Any, RunScope]:
         scope = RunScope(layer_of=self.layer_of, interventions=interventions, record_scores=record_scores)
         with run_scope(scope):
-            outputs = self.model(
-                **{k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()},
-                output_hidden_states=True, return_dict=True,
-            )
+            outputs = self.model(**self.model_inputs(inputs), output_hidden_states=True, return_dict=True)
         if len(scope.attention) != len(self.layer_of):
             raise RuntimeError(f"recorded {len(scope.attention)} attention layers, expected {len(self.layer_of)}")
         return outputs, scope

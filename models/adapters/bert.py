@@ -29,7 +29,8 @@ def _is_sentence_transformer(source: str) -> bool:
 
 
 class BertAdapter(AttentionAdapter):
-    def __init__(self, model_id: str, source: str, max_tokens: int = 512, device: str = "auto"):
+    def __init__(self, model_id: str, source: str, max_tokens: int = 512, device: str = "auto",
+                 dtype: str = "float32"):
         config = AutoConfig.from_pretrained(source)
         architectures = config.architectures or []
         if any(a.endswith("ForMaskedLM") for a in architectures):
@@ -43,7 +44,7 @@ class BertAdapter(AttentionAdapter):
         probe_inputs = dict(self.tokenizer("the cat sat on the mat", "it was tired", return_tensors="pt"))
         report = self._attach_probed(
             model, pick_device(device), probe_inputs,
-            lambda out: out.logits if output_kind == "mlm" else out.last_hidden_state,
+            lambda out: out.logits if output_kind == "mlm" else out.last_hidden_state, dtype,
         )
         head_dim = config.hidden_size // config.num_attention_heads
         self.max_tokens = min(max_tokens, config.max_position_embeddings)
@@ -51,6 +52,7 @@ class BertAdapter(AttentionAdapter):
             id=model_id, kind="text", layers=config.num_hidden_layers, heads=config.num_attention_heads,
             head_dim=head_dim, native_beta=head_dim**-0.5, output=output_kind, source=str(source),
             max_tokens=self.max_tokens, parity=report.parity, architecture=type(model).__name__,
+            dtype=dtype, dtype_parity=report.dtype_parity,
         )
 
     # ---- input -------------------------------------------------------------------------------------

@@ -39,13 +39,13 @@ class Step:
 
 class CausalLMAdapter(AttentionAdapter):
     def __init__(self, model_id: str, source: str, max_tokens: int = 512, device: str = "auto",
-                 max_new_tokens: int = 64, source_label: str | None = None):
+                 max_new_tokens: int = 64, source_label: str | None = None, dtype: str = "float32"):
         config = AutoConfig.from_pretrained(source)
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         model = load_with_attnlab(AutoModelForCausalLM, source, dtype=torch.float32)
         probe_inputs = dict(self.tokenizer(PROBE_TEXT, return_tensors="pt"))
         probe_inputs.pop("token_type_ids", None)
-        report = self._attach_probed(model, pick_device(device), probe_inputs, lambda out: out.logits)
+        report = self._attach_probed(model, pick_device(device), probe_inputs, lambda out: out.logits, dtype)
         self._check_head_reproduces_logits(probe_inputs)
         self.config = config
         n_heads = config.num_attention_heads
@@ -59,14 +59,15 @@ class CausalLMAdapter(AttentionAdapter):
             native_beta=native_beta, output="next_token", source=source_label or Path(source).name,
             max_tokens=self.max_tokens, kv_heads=getattr(config, "num_key_value_heads", None) or n_heads,
             parity=report.parity, chat=bool(getattr(self.tokenizer, "chat_template", None)),
-            max_new_tokens=max_new_tokens, architecture=type(model).__name__,
+            max_new_tokens=max_new_tokens, architecture=type(model).__name__, dtype=dtype,
+            dtype_parity=report.dtype_parity,
         )
         self.eos_ids = self._eos_ids()
 
     # ---- load-time checks ----------------------------------------------------------------------------
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's head on final hidden states: (..., D) → (..., V), with Gemma 2's final soft-cap."""
-        logits = self.model.get_output_embeddings()(hidden.to(self.device))
+        logits = self.model.get_output_embeddings()(hidden.to(self.device, self.dtype))
         cap = getattr(self.model.config, "final_logit_softcapping", None)
         if cap:
             logits = torch.tanh(logits / cap) * cap

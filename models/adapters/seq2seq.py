@@ -48,7 +48,7 @@ class KindScopedIntervention:
 
 class Seq2SeqAdapter(AttentionAdapter):
     def __init__(self, model_id: str, source: str, max_tokens: int = 512, device: str = "auto",
-                 max_new_tokens: int = 64, source_label: str | None = None):
+                 max_new_tokens: int = 64, source_label: str | None = None, dtype: str = "float32"):
         config = AutoConfig.from_pretrained(source)
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         model = load_with_attnlab(AutoModelForSeq2SeqLM, source)
@@ -58,7 +58,7 @@ class Seq2SeqAdapter(AttentionAdapter):
         self.decoder_start = int(start)
         source_ids = self.tokenizer(PROBE_SOURCE, return_tensors="pt")["input_ids"]  # (1, M)
         probe_inputs = {"input_ids": source_ids, "decoder_input_ids": torch.cat([torch.tensor([[start]]), source_ids[:, :5]], 1)}
-        report = self._attach_probed(model, pick_device(device), probe_inputs, lambda out: out.logits)
+        report = self._attach_probed(model, pick_device(device), probe_inputs, lambda out: out.logits, dtype)
         # global engine layer → (kind, layer within the kind), in call order
         self.kind_layers: dict[str, list[int]] = {kind: [] for kind in KINDS}
         for index, module in enumerate(report.modules):
@@ -76,7 +76,8 @@ class Seq2SeqAdapter(AttentionAdapter):
             id=model_id, kind="text", layers=len(self.kind_layers["encoder"]), heads=n_heads, head_dim=head_dim,
             native_beta=native_beta, output="seq2seq", source=source_label or Path(source).name,
             max_tokens=self.max_tokens, parity=report.parity, max_new_tokens=max_new_tokens,
-            architecture=type(model).__name__, decoder_layers=len(self.kind_layers["decoder"]),
+            architecture=type(model).__name__, decoder_layers=len(self.kind_layers["decoder"]), dtype=dtype,
+            dtype_parity=report.dtype_parity,
             decoder_heads=_first(config, "decoder_attention_heads", "num_heads", "num_attention_heads"),
         )
 

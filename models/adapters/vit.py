@@ -55,7 +55,7 @@ def _native_size(config, preprocessor: dict[str, Any]) -> int:
 
 
 class VitAdapter(AttentionAdapter):
-    def __init__(self, model_id: str, source: str, device: str = "auto"):
+    def __init__(self, model_id: str, source: str, device: str = "auto", dtype: str = "float32"):
         config = AutoConfig.from_pretrained(source)
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"{source}: model_type {config.model_type!r} is not a ViT-family model {SUPPORTED_MODEL_TYPES}")
@@ -66,7 +66,8 @@ class VitAdapter(AttentionAdapter):
         size = int(config.image_size[0] if isinstance(config.image_size, (list, tuple)) else config.image_size)
         probe_inputs = {"pixel_values": torch.randn(1, int(config.num_channels), size, size, generator=torch.Generator().manual_seed(0))}
         report = self._attach_probed(
-            model, pick_device(device), probe_inputs, lambda out: out.logits if is_classifier else out.last_hidden_state
+            model, pick_device(device), probe_inputs, lambda out: out.logits if is_classifier else out.last_hidden_state,
+            dtype,
         )
         if len(report.modules) != config.num_hidden_layers:
             raise ValueError(f"found {len(report.modules)} attention modules for {config.num_hidden_layers} layers "
@@ -89,7 +90,7 @@ class VitAdapter(AttentionAdapter):
             id=model_id, kind="image", layers=config.num_hidden_layers, heads=config.num_attention_heads,
             head_dim=head_dim, native_beta=head_dim**-0.5, output="classes" if is_classifier else "embedding",
             source=str(source), image_size=self.native_size, patch_size=self.patch_size, parity=report.parity,
-            architecture=type(model).__name__,
+            architecture=type(model).__name__, dtype=dtype, dtype_parity=report.dtype_parity,
         )
 
     def _prefix_labels(self, config) -> list[str]:
@@ -129,7 +130,7 @@ class VitAdapter(AttentionAdapter):
     @torch.inference_mode()
     def _forward(self, inputs: dict[str, torch.Tensor], interventions: tuple[Intervention, ...], record_scores: bool):
         scope = RunScope(layer_of=self.layer_of, interventions=interventions, record_scores=record_scores)
-        pixel_values = inputs["pixel_values"].to(self.device)  # (1, C, S, S)
+        pixel_values = inputs["pixel_values"].to(self.device, self.dtype)  # (1, C, S, S)
         kwargs: dict[str, Any] = {}
         if self.model_type in ("vit", "deit") and pixel_values.shape[-1] != self.config_image_size:
             kwargs["interpolate_pos_encoding"] = True  # DINOv2 interpolates on its own

@@ -194,14 +194,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # Outermost last. A request reaches the admission gate only once RequestGuard has its whole body.
     app.add_middleware(RequestDeadline, seconds=settings.request_timeout_s)
-    if settings.expose_timings:  # off by default: the model time says whether someone sent this input before
-        app.add_middleware(ServerTiming)
     # queue_depth waiting + the one running + a few cache hits / uploads that never wait for the model.
     app.add_middleware(AdmissionGate, limit=settings.queue_depth + 4)
     app.add_middleware(RequestGuard, settings=settings, post_paths=lambda: {
         path for path, operations in app.openapi().get("paths", {}).items() if "post" in operations})
 
     app.add_middleware(SecurityHeaders)
+    if settings.expose_timings:  # off by default: the model time says whether someone sent this input before
+        app.add_middleware(ServerTiming)  # outermost: `app` is the whole request, body and JSON parsing included
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):

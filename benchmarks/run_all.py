@@ -10,6 +10,8 @@ machines are shared and noisy. Sections:
   5. throughput and p99 at 1, 4 and 16 concurrent clients
   6. lm: the decoder smollm2-135m (first view, run-mode β in Chromium, continuations, first figure, RSS
      under a 60-second mixed load)
+  7. fixed: the fixed cost per request under `python -m app.serve` (fresh 128-token view, cache hit, run-mode
+     β at 32 tokens, each ÷ a raw forward interleaved with it)
 `--device cpu|cuda|auto` runs the server under test (ATTNLAB_DEVICE) and the in-process baselines there.
 """
 from __future__ import annotations
@@ -702,6 +704,157 @@ def bench_lm(server: Server, raw: RawLM, repeats: int, moves: int, seconds: floa
     return out
 
 
+# ---- 7. fixed cost per request (issue 14 §3) --------------------------------------------------------------
+FIXED_TOKENS = 128
+RUN_MODE_TOKENS = 32
+
+
+class ServeProcess:
+    """The app as operators run it (`python -m app.serve`: uvicorn with attnlab's protocol, header timeout and
+    middleware), minilm only, Server-Timing on. Its log goes to a temporary file (shown if it fails to start)."""
+
+    def __init__(self, port: int, env: dict[str, str] | None = None):
+        import tempfile
+
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="attnlab-fixed-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "ATTNLAB_DEVICE": DEVICE, "ATTNLAB_EXPOSE_TIMINGS": "1",
+                 "ATTNLAB_DEFAULT_MODELS": '["minilm"]', **(env or {})},
+        )
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            try:
+                if httpx.get(self.url + "/api/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"app.serve did not become ready: {Path(self.log.name).read_text()[-2000:]}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+        Path(self.log.name).unlink(missing_ok=True)
+
+
+def run_mode_body(text: str, beta: float) -> dict:
+    """What the text page sends while the β slider drags in run mode (text.js, a partial load)."""
+    return {"model": "minilm", "text": text, "layers": [0], "heads": [0], "include_scores": True,
+            "interventions": [{"op": "temperature", "beta": beta, "layers": None, "heads": None}],
+            "compare": False, "include_base": False, "samples": 1, "thumbnail_size": None, "encoding": "f32",
+            "text_pair": None}
+
+
+def bench_fixed(raw: RawForward, rounds: int, port: int) -> dict:
+    """Interleaved rounds, each: a raw forward at 128 tokens, a fresh 128-token first view, a cache hit (the
+    same first view again), a raw forward at 32 tokens, a run-mode β move at 32 tokens (a new β: a model run),
+    and GET /api/health. A short pause before each measure lets the other process's OpenMP threads stop
+    spinning (on 2 cores they would otherwise slow whichever side comes next)."""
+    server = ServeProcess(port)
+    url = server.url + "/api/text/attention"
+    client = httpx.Client(timeout=120)
+    out: dict = {k: [] for k in ("raw128", "fresh", "fresh_app", "fresh_model", "hit", "hit_app", "raw32", "run",
+                                 "run_app", "run_model", "health")}
+    try:
+        same = first_view_body(text_of(FIXED_TOKENS, 3997))
+        run_text = text_of(RUN_MODE_TOKENS, 3998)
+        for k in range(3):  # warm both sides, and put `same` in the result cache
+            raw(text_of(FIXED_TOKENS, 3900 + k))
+            raw(text_of(RUN_MODE_TOKENS, 3900 + k))
+            client.post(url, json=first_view_body(text_of(FIXED_TOKENS, 3950 + k))).raise_for_status()
+            client.post(url, json=run_mode_body(run_text, 0.2 + k)).raise_for_status()
+            client.post(url, json=same).raise_for_status()
+            client.get(server.url + "/api/health").raise_for_status()
+
+        def post(body: dict, total: str, parts: dict[str, str]) -> None:
+            time.sleep(0.03)
+            start = time.perf_counter()
+            response = client.post(url, json=body)
+            response.read()
+            out[total].append((time.perf_counter() - start) * 1000)
+            response.raise_for_status()
+            timing = server_timing(response)
+            for key, name in parts.items():
+                out[key].append(timing.get(name, 0.0))
+
+        def raw_at(n: int, variant: int, key: str) -> None:
+            time.sleep(0.03)
+            out[key].append(timed(lambda: raw(text_of(n, variant))) * 1000)
+
+        for i in range(rounds):
+            raw_at(FIXED_TOKENS, 4000 + i, "raw128")
+            post(first_view_body(text_of(FIXED_TOKENS, 5000 + i)), "fresh", {"fresh_app": "app", "fresh_model": "model"})
+            post(same, "hit", {"hit_app": "app"})
+            raw_at(RUN_MODE_TOKENS, 6000 + i, "raw32")
+            # a β that no earlier move used: every move is a model run, as when the slider drags
+            post(run_mode_body(run_text, round(0.25 + 0.0371 * i, 4)), "run", {"run_app": "app", "run_model": "model"})
+            time.sleep(0.03)
+            out["health"].append(timed(lambda: client.get(server.url + "/api/health").raise_for_status()) * 1000)
+    finally:
+        client.close()
+        server.stop()
+    med = {k: statistics.median(v) for k, v in out.items()}
+    result = {
+        "rounds": rounds, "load_average_after": os.getloadavg(), "samples_ms": out,
+        "raw128_ms": med["raw128"], "fresh_ms": med["fresh"], "fresh_ratio": med["fresh"] / med["raw128"],
+        "fresh_app_ms": med["fresh_app"], "fresh_model_ms": med["fresh_model"],
+        "fresh_model_ratio": med["fresh_model"] / med["raw128"],
+        "hit_ms": med["hit"], "hit_ratio": med["hit"] / med["raw128"], "hit_app_ms": med["hit_app"],
+        "hit_app_p95_ms": percentile(out["hit_app"], 95),
+        "raw32_ms": med["raw32"], "run_p50_ms": med["run"], "run_p95_ms": percentile(out["run"], 95),
+        "run_p95_ratio": percentile(out["run"], 95) / med["raw32"], "run_p50_ratio": med["run"] / med["raw32"],
+        "run_app_ms": med["run_app"], "run_model_ms": med["run_model"], "health_ms": med["health"],
+    }
+    print(f"  fresh {FIXED_TOKENS} tokens: {result['fresh_ms']:.1f} ms = {result['fresh_ratio']:.2f}× raw "
+          f"({result['raw128_ms']:.1f} ms); in the server: model {result['fresh_model_ms']:.1f} ms "
+          f"({result['fresh_model_ratio']:.2f}× raw), app {result['fresh_app_ms']:.1f} ms")
+    print(f"  cache hit: {result['hit_ms']:.1f} ms end to end ({result['hit_ratio']:.3f}× raw), "
+          f"{result['hit_app_ms']:.2f} ms in the server (p95 {result['hit_app_p95_ms']:.2f})")
+    print(f"  run-mode β {RUN_MODE_TOKENS} tokens: p50 {result['run_p50_ms']:.1f} ms, p95 {result['run_p95_ms']:.1f} ms "
+          f"= {result['run_p95_ratio']:.2f}× raw ({result['raw32_ms']:.1f} ms); in the server: model "
+          f"{result['run_model_ms']:.1f} ms, app {result['run_app_ms']:.1f} ms · GET /api/health {result['health_ms']:.2f} ms")
+    return result
+
+
+def fixed_report(f: dict, when: dict | None, targets: list) -> list[str]:
+    load = ", ".join(f"{x:.1f}" for x in (when or {}).get("load_average_at_start", ())) or "?"
+    lines = [
+        "## 7. Fixed cost per request (issue 14 §3)", "",
+        f"`python -m app.serve` (uvicorn as operators run it: attnlab's protocol with the header timeout, every "
+        f"middleware; minilm only, Server-Timing on) on loopback, {f['rounds']} interleaved rounds of: a raw eager "
+        f"forward at {FIXED_TOKENS} tokens in this process; a fresh {FIXED_TOKENS}-token first view (the text page's "
+        f"request); the same first view again (a result-cache hit); a raw forward at {RUN_MODE_TOKENS} tokens; a "
+        f"run-mode β move at {RUN_MODE_TOKENS} tokens (the page's partial request with a new β: a model run); "
+        f"GET /api/health. Load average at start {load}, after {', '.join(f'{x:.1f}' for x in f['load_average_after'])}. "
+        "Server-side ms are the Server-Timing `app` (the whole request inside the app, from the outermost middleware "
+        "on) and `model` (the model run).", "",
+        "| measure | median ms | ratio to raw | in the server |", "|---|---:|---:|---|",
+        f"| raw forward, {FIXED_TOKENS} tokens | {f['raw128_ms']:.1f} | 1 | |",
+        f"| fresh {FIXED_TOKENS}-token first view, end to end | {f['fresh_ms']:.1f} | {f['fresh_ratio']:.2f} | "
+        f"app {f['fresh_app_ms']:.1f} ms, of which model {f['fresh_model_ms']:.1f} ms ({f['fresh_model_ratio']:.2f}× raw) |",
+        f"| cache hit (same first view), end to end | {f['hit_ms']:.1f} | {f['hit_ratio']:.3f} | app {f['hit_app_ms']:.2f} ms "
+        f"(p95 {f['hit_app_p95_ms']:.2f}) |",
+        f"| raw forward, {RUN_MODE_TOKENS} tokens | {f['raw32_ms']:.1f} | 1 | |",
+        f"| run-mode β move, {RUN_MODE_TOKENS} tokens: p50 / p95 | {f['run_p50_ms']:.1f} / {f['run_p95_ms']:.1f} | "
+        f"{f['run_p50_ratio']:.2f} / {f['run_p95_ratio']:.2f} | app {f['run_app_ms']:.1f} ms, of which model "
+        f"{f['run_model_ms']:.1f} ms |",
+        f"| GET /api/health, end to end | {f['health_ms']:.2f} | | |", "",
+    ]
+    targets.append((f"fixed: fresh {FIXED_TOKENS}-token request ≤ 1.15 × raw forward", f"{f['fresh_ratio']:.2f}×",
+                    f["fresh_ratio"] <= 1.15))
+    targets.append(("fixed: cache hit ≤ 3 ms in the server (median)", f"{f['hit_app_ms']:.2f} ms", f["hit_app_ms"] <= 3))
+    targets.append((f"fixed: run-mode β p95 ≤ 1.3 × raw forward ({RUN_MODE_TOKENS} tokens)", f"{f['run_p95_ratio']:.2f}×",
+                    f["run_p95_ratio"] <= 1.3))
+    return lines
+
+
 def plot(results: dict) -> None:
     import matplotlib
 
@@ -895,12 +1048,14 @@ def write_report(results: dict) -> None:
     lm = results.get("lm")
     if lm:
         lines += lm_report(lm, targets)
+    if results.get("fixed"):
+        lines += fixed_report(results["fixed"], (results.get("machines") or {}).get("fixed") or results["machine"], targets)
     lines += ["## Targets", "", "| target | measured | |", "|---|---:|---|"]
     lines += [f"| {name} | {value} | {verdict(ok)} |" for name, value, ok in targets]
     (RESULTS / "README.md").write_text("\n".join(lines) + "\n")
 
 
-SECTIONS = ("latency", "payload", "browser", "images", "concurrency", "lm")
+SECTIONS = ("latency", "payload", "browser", "images", "concurrency", "lm", "fixed")
 
 
 def main() -> None:
@@ -910,6 +1065,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--lm-seconds", type=float, default=60, help="length of the LM memory load")
+    parser.add_argument("--fixed-rounds", type=int, default=60, help="interleaved rounds of the fixed-cost section")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="where the server under test (ATTNLAB_DEVICE) and the baselines run")
     parser.add_argument("--only", nargs="*", default=None, help=" ".join(SECTIONS))
@@ -928,7 +1084,7 @@ def main() -> None:
     results: dict = {"machine": machine()}
     # `timeout` or Ctrl-C: stop the server under test too (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    server = Server(args.port)
+    server = Server(args.port) if sections - {"fixed"} else None  # the fixed section starts its own
     raw = RawForward()
     try:
         if "latency" in sections:
@@ -944,7 +1100,10 @@ def main() -> None:
         if "lm" in sections:  # last: its memory load fills the result cache
             print(f"language model ({LM})"); results["lm"] = bench_lm(server, RawLM(), args.repeats, args.moves, args.lm_seconds)
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
+    if "fixed" in sections:  # after the other server has stopped: one server on the machine at a time
+        print("fixed cost per request"); results["fixed"] = bench_fixed(raw, args.fixed_rounds, args.port + 1)
     if args.only:  # a partial run updates its sections of the last full results and keeps the others
         previous_path = RESULTS / "results.json"
         previous = json.loads(previous_path.read_text()) if previous_path.exists() else {}

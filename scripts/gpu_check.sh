@@ -8,7 +8,8 @@
 #      output kept apart: benchmarks/results/{README.md,results.json,*.png} are restored afterwards;
 #   4. the LM's fresh first view through the API against a raw forward (scripts/gpu_lm_api.py: the bench's LM
 #      first-view measure; the rest of the bench's LM section drives Chromium);
-#   5. writes benchmarks/results/gpu.md (or --out FILE).
+#   5. where the model time goes: raw forward vs engine run, its pieces, torch.profiler (scripts/gpu_profile.py);
+#   6. writes benchmarks/results/gpu.md (or --out FILE).
 #
 #   bash scripts/gpu_check.sh                         # on the GPU machine
 #   bash scripts/gpu_check.sh --device cpu --quick    # the same steps on a CPU, short (how it is tested)
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --bundle) BUNDLE="$(cd "$2" && pwd)"; SETUP=""; shift 2 ;;
     --python) PY="$(command -v "$2")"; SETUP=""; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -141,7 +142,12 @@ LM_RC=0
 step lm-api 240 "$PY" scripts/gpu_lm_api.py --device "$DEVICE" --port "$PORT" --out "$WORK/lm_api.md" \
   --repeats "$([ -n "$QUICK" ] && echo 2 || echo 7)" || LM_RC=$?
 
-# ---- 5. the report --------------------------------------------------------------------------------------
+# ---- 5. where the model time goes ------------------------------------------------------------------------
+PROFILE_RC=0
+step profile 180 "$PY" scripts/gpu_profile.py --device "$DEVICE" --tokens "$([ -n "$QUICK" ] && echo 32 || echo 128)" \
+  --out "$WORK/profile.md" || PROFILE_RC=$?
+
+# ---- 6. the report --------------------------------------------------------------------------------------
 TOTAL=$(( $(date +%s) - T0 ))
 {
   echo "# GPU check ($DEVICE)"
@@ -150,7 +156,7 @@ TOTAL=$(( $(date +%s) - T0 ))
   echo "$MACHINE."
   echo
   echo -n "Steps: "
-  for name in setup bundle bench-deps torch-cuda parity bench lm-api; do [ -n "${STEP_S[$name]:-}" ] && echo -n "$name ${STEP_S[$name]} s; "; done
+  for name in setup bundle bench-deps torch-cuda parity bench lm-api profile; do [ -n "${STEP_S[$name]:-}" ] && echo -n "$name ${STEP_S[$name]} s; "; done
   echo "total ${TOTAL} s (budget 480 s: $([ "$TOTAL" -le 480 ] && echo met || echo '**missed**'))."
   [ "$DEVICE" = cpu ] && echo "On a CPU the \"device\" is the CPU too: float32 parity must be exactly 0; the figures only show the script works."
   echo
@@ -169,6 +175,10 @@ TOTAL=$(( $(date +%s) - T0 ))
   echo "difference is the server's fixed cost)."
   echo
   if [ -f "$WORK/lm_api.md" ]; then cat "$WORK/lm_api.md"; else echo "Not measured (exit status $LM_RC)."; fi
+  echo
+  echo "## Where the model time goes"
+  echo
+  if [ -f "$WORK/profile.md" ]; then cat "$WORK/profile.md"; else echo "Not measured (exit status $PROFILE_RC)."; fi
   echo
   echo "## Not covered"
   echo

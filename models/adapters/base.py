@@ -116,6 +116,25 @@ def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def to_host(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """float32 CPU copies of a run's tensors (None stays None). From a GPU they go into page-locked memory without
+    waiting for each other, then one synchronisation: a plain .cpu() per tensor stages every copy through a
+    driver buffer and stalls the CPU each time."""
+    present = [t for t in tensors if t is not None]
+    if not present or present[0].device.type != "cuda":
+        return [None if t is None else t.detach().float().cpu() for t in tensors]
+    out = []
+    for t in tensors:
+        if t is None:
+            out.append(None)
+            continue
+        host = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
+        host.copy_(t.detach().to(torch.float32), non_blocking=True)  # (dtype converted on the device)
+        out.append(host)
+    torch.cuda.current_stream(present[0].device).synchronize()
+    return out
+
+
 def pick_device(preference: str = "auto") -> torch.device:
     if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
         return torch.device("cuda")
@@ -188,17 +207,17 @@ class AttentionAdapter:
         output: dict[str, torch.Tensor],
     ) -> AttentionResult:
         layers = range(self.info.layers)
-        attention = scope.stacked_attention().float().cpu()  # (L, H, T, T)
+        attention = scope.stacked_attention()  # (L, H, T, T)
         queries = keys = None
         if scope.record_scores:
-            queries = torch.stack([scope.queries_keys[l][0][0] for l in layers]).float().cpu()  # (L, H, T, d)
-            keys = torch.stack([scope.queries_keys[l][1][0] for l in layers]).float().cpu()  # (L, H, T, d)
-        hidden = torch.stack([h[0] for h in hidden_states]).float().cpu()  # (L+1, T, D)
+            queries = torch.stack([scope.queries_keys[l][0][0] for l in layers])  # (L, H, T, d)
+            keys = torch.stack([scope.queries_keys[l][1][0] for l in layers])  # (L, H, T, d)
+        hidden = torch.stack([h[0] for h in hidden_states])  # (L+1, T, D)
         entropy = torch.stack([scope.entropy[l][0] for l in layers]).double()  # (L, H)
+        attention, queries, keys, hidden, *values = to_host([attention, queries, keys, hidden, *output.values()])
         return AttentionResult(
             tokens=encoded.tokens, attention=attention, queries=queries, keys=keys, hidden_states=hidden,
-            output={k: v.detach().float().cpu() for k, v in output.items()}, warnings=list(scope.warnings),
-            derived={"entropy": entropy.tolist()},
+            output=dict(zip(output, values)), warnings=list(scope.warnings), derived={"entropy": entropy.tolist()},
         )
 
     # Implemented by each family.

@@ -38,8 +38,6 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 WORDS = (
     "the a animal street cat dog tired because it was did not cross sat on mat rug river bank money "
     "bird flew over house quickly slowly red green small large old young teacher student book read "

@@ -2,23 +2,17 @@
 run (CausalLMAdapter.run with scores, as a first view asks) vs a raw eager forward with attentions, and
 continuation() vs model.generate, interleaved; then torch.profiler's top operators for each.
 
-    python benchmarks/profile_lm.py [--tokens 128] [--repeats 5] [--new-tokens 32]
+    python -m benchmarks.profile_lm [--tokens 128] [--repeats 5] [--new-tokens 32]    # from the checkout's root
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from run_all import LM, LM_PROMPTS, LM_WEIGHTS, RawLM, lm_interventions  # noqa: E402
+from benchmarks.run_all import LM, LM_PROMPTS, LM_WEIGHTS, RawLM, lm_interventions
 
 
 def timed(fn) -> float:

@@ -15,10 +15,7 @@ from pathlib import Path
 
 import uvicorn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from app.main import app  # noqa: E402
+from app.main import app  # the installed attnlab (pip install -e .)
 
 
 def write_cache_size(path: Path) -> None:

@@ -34,6 +34,10 @@ class RunScope:
     record_scores: bool = False
     # False for decoding steps: nothing is kept, the interventions still apply.
     record: bool = True
+    # Entropy from the recorded P once after the forward (−Σ P log P over every layer at once) instead of from the
+    # logits inside each layer: on a GPU the per-layer form is a dozen tiny kernel launches per layer, which cost
+    # more than the arithmetic; on a CPU the per-layer form avoids a log per T × T entry.
+    deferred_entropy: bool = False
     # Token position of the first query of this forward: 0, or the KV cache's length during decoding.
     query_offset: int = 0
     attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer → P (B, H, T_q, T_k)
@@ -56,6 +60,13 @@ class RunScope:
         elif self.probs_buffer.shape != shape:  # layers of different shapes: each keeps its own tensor
             return None
         return self.probs_buffer[layer]
+
+    def layer_entropy(self, layers: list[int]) -> torch.Tensor:
+        """Mean row entropy of each head, batch item 0, for `layers`: (len(layers), H), float64."""
+        if not self.deferred_entropy:
+            return torch.stack([self.entropy[l][0] for l in layers]).double()
+        probs = self.stacked_attention(layers)  # (L, H, T_q, T_k); rows with every key masked are 0 and count as 0
+        return (-torch.special.xlogy(probs, probs).sum(dim=-1)).clamp_min_(0.0).mean(dim=-1).double()
 
     @property
     def warnings(self) -> list[str]:
@@ -173,13 +184,14 @@ def attnlab_attention(
         output, probs, _, _ = intervened_attention(query, key, value, allowed, **common)
         return output.to(out_dtype).transpose(1, 2).contiguous(), probs
     probs_out = scope.buffer_for(layer, (n_batch, n_heads, n_queries, key.shape[2]), query)
-    entropy = query.new_empty(n_batch, n_heads)  # (B, H)
+    entropy = None if scope.deferred_entropy else query.new_empty(n_batch, n_heads)  # (B, H)
     queries_keys: list | None = [] if scope.record_scores else None
     output, probs, _, dead_rows = intervened_attention(
         query, key, value, allowed, **common, probs_out=probs_out, entropy_out=entropy, qk_out=queries_keys,
     )
     scope.attention[layer] = probs.detach()
-    scope.entropy[layer] = entropy
+    if entropy is not None:
+        scope.entropy[layer] = entropy
     if queries_keys is not None:
         scope.queries_keys[layer] = (queries_keys[0].detach(), queries_keys[1].detach())
     scope.dead_rows[layer] = dead_rows

@@ -148,6 +148,7 @@ class AttentionAdapter:
     model: nn.Module
     device: torch.device
     dtype: torch.dtype = torch.float32  # of the weights and floating inputs; attention logits stay float32
+    deferred_entropy: bool = False  # RunScope.deferred_entropy: True on CUDA
     layer_of: dict[int, int]
 
     def _attach_probed(
@@ -163,6 +164,7 @@ class AttentionAdapter:
         target = resolve_dtype(dtype)
         self.model = model.eval().to(device=device, dtype=torch.float32)
         self.device, self.dtype = device, torch.float32
+        self.deferred_entropy = device.type == "cuda"  # see RunScope.deferred_entropy
         inputs = {k: v.to(device) for k, v in probe_inputs.items()}
         report = probe(self.model, lambda: self.model(**inputs, return_dict=True), output_of)
         self.layer_of = {id(m): i for i, m in enumerate(report.modules)}
@@ -195,7 +197,8 @@ class AttentionAdapter:
     def _forward(
         self, inputs: dict[str, torch.Tensor], interventions: tuple[Intervention, ...], record_scores: bool
     ) -> tuple[Any, RunScope]:
-        scope = RunScope(layer_of=self.layer_of, interventions=interventions, record_scores=record_scores)
+        scope = RunScope(layer_of=self.layer_of, interventions=interventions, record_scores=record_scores,
+                         deferred_entropy=self.deferred_entropy)
         with run_scope(scope):
             outputs = self.model(**self.model_inputs(inputs), output_hidden_states=True, return_dict=True)
         if len(scope.attention) != len(self.layer_of):
@@ -213,7 +216,7 @@ class AttentionAdapter:
             queries = torch.stack([scope.queries_keys[l][0][0] for l in layers])  # (L, H, T, d)
             keys = torch.stack([scope.queries_keys[l][1][0] for l in layers])  # (L, H, T, d)
         hidden = torch.stack([h[0] for h in hidden_states])  # (L+1, T, D)
-        entropy = torch.stack([scope.entropy[l][0] for l in layers]).double()  # (L, H)
+        entropy = scope.layer_entropy(list(layers))  # (L, H)
         attention, queries, keys, hidden, *values = to_host([attention, queries, keys, hidden, *output.values()])
         return AttentionResult(
             tokens=encoded.tokens, attention=attention, queries=queries, keys=keys, hidden_states=hidden,

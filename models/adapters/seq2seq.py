@@ -127,7 +127,7 @@ class Seq2SeqAdapter(AttentionAdapter):
         outputs, scope = self._forward(encoded.inputs, interventions, record_scores)
         by_kind = {kind: scope.stacked_attention(self.kind_layers[kind]).float().cpu() for kind in KINDS}  # (L, H, ·, ·)
         entropy = {
-            kind: torch.stack([scope.entropy[l][0] for l in self.kind_layers[kind]]).double().tolist() for kind in KINDS
+            kind: scope.layer_entropy(self.kind_layers[kind]).tolist() for kind in KINDS
         }
         logits = outputs.logits[0].double().cpu()  # (N, V)
         log_probs = torch.log_softmax(logits, dim=-1)

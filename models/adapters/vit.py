@@ -129,7 +129,8 @@ class VitAdapter(AttentionAdapter):
     # ---- forward -----------------------------------------------------------------------------------
     @torch.inference_mode()
     def _forward(self, inputs: dict[str, torch.Tensor], interventions: tuple[Intervention, ...], record_scores: bool):
-        scope = RunScope(layer_of=self.layer_of, interventions=interventions, record_scores=record_scores)
+        scope = RunScope(layer_of=self.layer_of, interventions=interventions, record_scores=record_scores,
+                         deferred_entropy=self.deferred_entropy)
         pixel_values = inputs["pixel_values"].to(self.device, self.dtype)  # (1, C, S, S)
         kwargs: dict[str, Any] = {}
         if self.model_type in ("vit", "deit") and pixel_values.shape[-1] != self.config_image_size:

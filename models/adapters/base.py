@@ -117,22 +117,12 @@ def resolve_dtype(name: str) -> torch.dtype:
 
 
 def to_host(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
-    """float32 CPU copies of a run's tensors (None stays None). From a GPU they go into page-locked memory without
-    waiting for each other, then one synchronisation: a plain .cpu() per tensor stages every copy through a
-    driver buffer and stalls the CPU each time."""
-    present = [t for t in tensors if t is not None]
-    if not present or present[0].device.type != "cuda":
-        return [None if t is None else t.detach().float().cpu() for t in tensors]
-    out = []
-    for t in tensors:
-        if t is None:
-            out.append(None)
-            continue
-        host = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
-        host.copy_(t.detach().to(torch.float32), non_blocking=True)  # (dtype converted on the device)
-        out.append(host)
-    torch.cuda.current_stream(present[0].device).synchronize()
-    return out
+    """float32 CPU copies of a run's tensors (None stays None).
+
+    Plain pageable copies, on purpose: page-locked ones were measured on an H100 (benchmarks/results/gpu.md) and a
+    loop of runs got much faster (smollm2-135m at 512 tokens 230 → 35 ms), but the server keeps each result in its
+    cache, so every fresh request paid a new cudaHostAlloc (about 8 ms per 18 MB) and the API got no faster."""
+    return [None if t is None else t.detach().float().cpu() for t in tensors]
 
 
 def pick_device(preference: str = "auto") -> torch.device:

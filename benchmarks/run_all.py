@@ -713,13 +713,13 @@ class ServeProcess:
     """The app as operators run it (`python -m app.serve`: uvicorn with attnlab's protocol, header timeout and
     middleware), minilm only, Server-Timing on. Its log goes to a temporary file (shown if it fails to start)."""
 
-    def __init__(self, port: int, env: dict[str, str] | None = None):
+    def __init__(self, port: int, env: dict[str, str] | None = None, args: list[str] | None = None):
         import tempfile
 
         self.url = f"http://127.0.0.1:{port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="attnlab-fixed-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port), *(args or [])],
             cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
             env={**os.environ, "HF_HUB_OFFLINE": "1", "ATTNLAB_DEVICE": DEVICE, "ATTNLAB_EXPOSE_TIMINGS": "1",
                  "ATTNLAB_DEFAULT_MODELS": '["minilm"]', **(env or {})},
@@ -752,12 +752,12 @@ def run_mode_body(text: str, beta: float) -> dict:
             "text_pair": None}
 
 
-def bench_fixed(raw: RawForward, rounds: int, port: int) -> dict:
+def bench_fixed(raw: RawForward, rounds: int, port: int, serve_args: list[str] | None = None) -> dict:
     """Interleaved rounds, each: a raw forward at 128 tokens, a fresh 128-token first view, a cache hit (the
     same first view again), a raw forward at 32 tokens, a run-mode β move at 32 tokens (a new β: a model run),
     and GET /api/health. A short pause before each measure lets the other process's OpenMP threads stop
     spinning (on 2 cores they would otherwise slow whichever side comes next)."""
-    server = ServeProcess(port)
+    server = ServeProcess(port, args=serve_args)
     url = server.url + "/api/text/attention"
     client = httpx.Client(timeout=120)
     out: dict = {k: [] for k in ("raw128", "fresh", "fresh_app", "fresh_model", "hit", "hit_app", "raw32", "run",
@@ -802,7 +802,7 @@ def bench_fixed(raw: RawForward, rounds: int, port: int) -> dict:
         server.stop()
     med = {k: statistics.median(v) for k, v in out.items()}
     result = {
-        "rounds": rounds, "load_average_after": os.getloadavg(), "samples_ms": out,
+        "rounds": rounds, "serve_args": serve_args or [], "load_average_after": os.getloadavg(), "samples_ms": out,
         "raw128_ms": med["raw128"], "fresh_ms": med["fresh"], "fresh_ratio": med["fresh"] / med["raw128"],
         "fresh_app_ms": med["fresh_app"], "fresh_model_ms": med["fresh_model"],
         "fresh_model_ratio": med["fresh_model"] / med["raw128"],
@@ -1059,6 +1059,7 @@ SECTIONS = ("latency", "payload", "browser", "images", "concurrency", "lm", "fix
 
 
 def main() -> None:
+    global RESULTS, DEVICE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--moves", type=int, default=40)
@@ -1066,17 +1067,21 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--lm-seconds", type=float, default=60, help="length of the LM memory load")
     parser.add_argument("--fixed-rounds", type=int, default=60, help="interleaved rounds of the fixed-cost section")
+    parser.add_argument("--serve-args", default="", help="fixed section: more `python -m app.serve` options, e.g. "
+                        "'--http h11 --loop asyncio' to compare with the defaults")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="where the server under test (ATTNLAB_DEVICE) and the baselines run")
     parser.add_argument("--only", nargs="*", default=None, help=" ".join(SECTIONS))
     parser.add_argument("--report-only", action="store_true", help="rewrite README.md and the plots from results.json")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder of README.md, results.json and the plots "
+                        "(default benchmarks/results; a partial run merges into the results.json there)")
     args = parser.parse_args()
+    RESULTS = args.results
     if args.report_only:
         results = json.loads((RESULTS / "results.json").read_text())
         plot(results)
         write_report(results)
         return
-    global DEVICE
     DEVICE = resolve_device(args.device)
     RESULTS.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -1103,7 +1108,8 @@ def main() -> None:
         if server is not None:
             server.stop()
     if "fixed" in sections:  # after the other server has stopped: one server on the machine at a time
-        print("fixed cost per request"); results["fixed"] = bench_fixed(raw, args.fixed_rounds, args.port + 1)
+        print("fixed cost per request"); results["fixed"] = bench_fixed(raw, args.fixed_rounds, args.port + 1,
+                                                                          args.serve_args.split())
     if args.only:  # a partial run updates its sections of the last full results and keeps the others
         previous_path = RESULTS / "results.json"
         previous = json.loads(previous_path.read_text()) if previous_path.exists() else {}

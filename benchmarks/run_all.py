@@ -833,6 +833,7 @@ def fixed_report(f: dict, when: dict | None, targets: list) -> list[str]:
         f"request); the same first view again (a result-cache hit); a raw forward at {RUN_MODE_TOKENS} tokens; a "
         f"run-mode β move at {RUN_MODE_TOKENS} tokens (the page's partial request with a new β: a model run); "
         f"GET /api/health. Load average at start {load}, after {', '.join(f'{x:.1f}' for x in f['load_average_after'])}. "
+        + (f"More app.serve options: `{' '.join(f['serve_args'])}`. " if f.get("serve_args") else "") +
         "Server-side ms are the Server-Timing `app` (the whole request inside the app, from the outermost middleware "
         "on) and `model` (the model run).", "",
         "| measure | median ms | ratio to raw | in the server |", "|---|---:|---:|---|",

@@ -33,7 +33,6 @@ import httpx
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 LENGTHS = [16, 32, 64, 128, 256, 512]
 # Words that are single WordPiece tokens in MiniLM's vocabulary: a text of n-2 of them is n tokens.

@@ -4,8 +4,8 @@
 #      venv got the CPU build it reinstalls torch==2.13.0 from PyPI (the CUDA build on Linux x86_64), once;
 #   2. parity of the built-in models on the device against the CPU, float32 and float16/bfloat16, and the
 #      engine's latency at 128 and 512 tokens (scripts/gpu_parity.py);
-#   3. the bench's latency section on the device (benchmarks/run_all.py --only latency [lm] --device D), its
-#      output kept apart: benchmarks/results/{README.md,results.json,*.png} are restored afterwards;
+#   3. the bench's latency section on the device (python -m benchmarks.run_all --only latency [lm] --device D), into
+#      a scratch results folder (the committed CPU results in benchmarks/results stay as they are);
 #   4. the LM's fresh first view through the API against a raw forward (scripts/gpu_lm_api.py: the bench's LM
 #      first-view measure; the rest of the bench's LM section drives Chromium);
 #   5. where the model time goes: raw forward vs engine run, its pieces, torch.profiler (scripts/gpu_profile.py);
@@ -47,21 +47,10 @@ case "$DEVICE" in cuda|cpu) ;; *) echo "gpu_check: --device must be cuda or cpu"
 [ -n "$PY" ] || PY="$ROOT/.venv/bin/python"
 T0=$(date +%s)
 WORK="$(mktemp -d /tmp/gpu_check.XXXXXX)"
-RESULTS="$ROOT/benchmarks/results"
-BACKUP="$WORK/results.before"
-BENCH_FILES=(README.md results.json latency.png concurrency.png lm_memory.png server.log)
 declare -A STEP_S=()
 log() { echo "[gpu_check $(printf '%4d' $(( $(date +%s) - T0 )))s] $*"; }
 
-restore_results() {
-  # Put back what the bench overwrote (a GPU run must not replace the committed CPU results), remove what it added.
-  [ -d "$BACKUP" ] || return 0
-  for name in "${BENCH_FILES[@]}"; do
-    if [ -f "$BACKUP/$name" ]; then cp -p "$BACKUP/$name" "$RESULTS/$name"; else rm -f "$RESULTS/$name"; fi
-  done
-  rm -rf "$BACKUP"
-}
-cleanup() { set +e; restore_results; rm -rf "$WORK"; }
+cleanup() { set +e; rm -rf "$WORK"; }
 trap cleanup EXIT
 
 step() {  # step NAME TIMEOUT_S COMMAND...: runs it, records its duration, fails the check when it fails
@@ -124,27 +113,23 @@ PARITY_ARGS=(--device "$DEVICE" --out "$WORK/parity.md" --json "$WORK/parity.jso
 step parity 240 "$PY" scripts/gpu_parity.py "${PARITY_ARGS[@]}"
 
 # ---- 3. the bench's latency section on the device -------------------------------------------------------
-mkdir -p "$BACKUP"
-for name in "${BENCH_FILES[@]}"; do [ -f "$RESULTS/$name" ] && cp -p "$RESULTS/$name" "$BACKUP/$name"; done
-rm -f "$RESULTS/results.json"  # a partial run merges the last results: start from none, so the report is this run's only
 SECTIONS=(latency); [ -n "$WITH_LM" ] && SECTIONS+=(lm)
 PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-BENCH_ARGS=(--only "${SECTIONS[@]}" --device "$DEVICE" --port "$PORT")
+# Its own results folder: the committed CPU results in benchmarks/results stay untouched, and the report is this run's only.
+BENCH_ARGS=(--only "${SECTIONS[@]}" --device "$DEVICE" --port "$PORT" --results "$WORK/bench")
 if [ -n "$QUICK" ]; then BENCH_ARGS+=(--repeats 2 --moves 5 --lm-seconds 5); else BENCH_ARGS+=(--repeats 7 --moves 20 --lm-seconds 20); fi
 BENCH_RC=0
-step bench 300 "$PY" benchmarks/run_all.py "${BENCH_ARGS[@]}" || BENCH_RC=$?
-[ -f "$RESULTS/README.md" ] && cp "$RESULTS/README.md" "$WORK/bench.md"
-[ -f "$RESULTS/results.json" ] && cp "$RESULTS/results.json" "$WORK/bench.json"
-restore_results
+step bench 300 "$PY" -m benchmarks.run_all "${BENCH_ARGS[@]}" || BENCH_RC=$?
+[ -f "$WORK/bench/README.md" ] && cp "$WORK/bench/README.md" "$WORK/bench.md"
 
 # ---- 4. the LM's fresh first view through the API ------------------------------------------------------
 LM_RC=0
-step lm-api 240 "$PY" scripts/gpu_lm_api.py --device "$DEVICE" --port "$PORT" --out "$WORK/lm_api.md" \
+step lm-api 240 "$PY" -m scripts.gpu_lm_api --device "$DEVICE" --port "$PORT" --out "$WORK/lm_api.md" \
   --repeats "$([ -n "$QUICK" ] && echo 2 || echo 7)" || LM_RC=$?
 
 # ---- 5. where the model time goes ------------------------------------------------------------------------
 PROFILE_RC=0
-step profile 180 "$PY" scripts/gpu_profile.py --device "$DEVICE" --tokens "$([ -n "$QUICK" ] && echo 32 || echo 128)" \
+step profile 180 "$PY" -m scripts.gpu_profile --device "$DEVICE" --tokens "$([ -n "$QUICK" ] && echo 32 || echo 128)" \
   --out "$WORK/profile.md" || PROFILE_RC=$?
 
 # ---- 6. the report --------------------------------------------------------------------------------------
@@ -162,7 +147,7 @@ TOTAL=$(( $(date +%s) - T0 ))
   echo
   cat "$WORK/parity.md"
   echo
-  echo "## Bench: \`benchmarks/run_all.py ${BENCH_ARGS[*]}\`"
+  echo "## Bench: \`python -m benchmarks.run_all $(echo "${BENCH_ARGS[*]}" | sed "s|$WORK/bench|SCRATCH|")\`"
   echo
   if [ "$BENCH_RC" -ne 0 ]; then echo "The bench exited with status $BENCH_RC (its log: benchmarks/results/server.log on that machine)."; echo; fi
   if [ -z "$WITH_LM" ]; then echo "The bench's LM section was not run ($([ -n "$QUICK" ] && echo "--quick" || echo "no /usr/bin/chromium here; it drives Chromium"); --with-lm runs it)."; echo; fi

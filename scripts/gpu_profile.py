@@ -6,7 +6,7 @@ attnlab's engine run as the server calls it for a first view (scores recorded); 
 (forward, copies to the CPU), the first view's response pieces (thumbnails, output summary), and torch.profiler's
 top operations by CPU time with the count of device → host synchronisations.
 
-    python scripts/gpu_profile.py --device cuda [--out profile.md]
+    python -m scripts.gpu_profile --device cuda [--out profile.md]    # from the checkout's root
 """
 from __future__ import annotations
 

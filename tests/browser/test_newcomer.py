@@ -204,13 +204,17 @@ def test_drop_zone_and_its_link_from_the_keyboard(page, page_log, live_server):
     # image.js fills the model select right after binding the drop zone's handlers (the sample buttons may be
     # in the HTML before any script ran)
     page.wait_for_selector("#model-select option", state="attached", timeout=60_000)
+    wait_idle(page)  # the example's first view drawn: nothing redraws the page while the keys are pressed
     page.focus("#drop-zone")
+    assert page.evaluate("() => document.activeElement.id") == "drop-zone"
 
     def opens_chooser(action) -> None:
         with page.expect_file_chooser(timeout=30_000) as chooser:
             action()
-        # close it (no file chosen): Chromium ignores a new chooser while one is still open
+        # close it (no file chosen): Chromium ignores a new chooser while one is still open, and the close reaches
+        # the browser after set_files returns (the next chooser was missed about one run in four without a pause)
         chooser.value.set_files([])
+        page.wait_for_timeout(500)
 
     opens_chooser(lambda: page.keyboard.press("Enter"))
     page.keyboard.press("Tab")

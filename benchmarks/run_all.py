@@ -90,6 +90,19 @@ def machine() -> dict:
     return info
 
 
+def wait_ready(url: str, proc: subprocess.Popen, seconds: float = 240) -> bool:
+    """True once GET /api/ready answers 200; False after `seconds` or when the server process has exited."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/api/ready", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
 class Server:
     """The real app under uvicorn, on loopback (benchmarks/serve_probe.py: uvicorn.run(app.main.app) plus a
     file with the result cache's size, refreshed every second). Server-Timing headers are on (queue, model,
@@ -109,15 +122,8 @@ class Server:
                            "ATTNLAB_BENCH_CACHE_FILE": str(self.cache_file), **(env or {})},
             stdout=log, stderr=subprocess.STDOUT,
         )
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            try:
-                if httpx.get(self.url + "/api/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError("server did not become ready (see benchmarks/results/server.log)")
+        if not wait_ready(self.url, self.proc):
+            raise RuntimeError("server did not become ready (see benchmarks/results/server.log)")
 
     def stop(self):
         self.proc.terminate()
@@ -723,16 +729,8 @@ class ServeProcess:
             env={**os.environ, "HF_HUB_OFFLINE": "1", "ATTNLAB_DEVICE": DEVICE, "ATTNLAB_EXPOSE_TIMINGS": "1",
                  "ATTNLAB_DEFAULT_MODELS": '["minilm"]', **(env or {})},
         )
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            try:
-                if httpx.get(self.url + "/api/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.5)
+        if wait_ready(self.url, self.proc):
+            return
         self.stop()
         raise RuntimeError(f"app.serve did not become ready: {Path(self.log.name).read_text()[-2000:]}")
 

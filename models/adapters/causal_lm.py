@@ -75,7 +75,7 @@ class CausalLMAdapter(AttentionAdapter):
 
     @torch.inference_mode()
     def _check_head_reproduces_logits(self, inputs: dict[str, torch.Tensor]) -> None:
-        outputs = self.model(**{k: v.to(self.device) for k, v in inputs.items()}, output_hidden_states=True)
+        outputs = self.model(**self.model_inputs(inputs), output_hidden_states=True)
         error = float((self._logits(outputs.hidden_states[-1]) - outputs.logits).abs().max())
         if not error <= 1e-4:
             raise UnsupportedAttention(

@@ -92,9 +92,10 @@ def text_fields(result: AttentionResult) -> dict:
 )
 def generate(req: GenerateRequest, runtime: RuntimeDep) -> StreamingResponse:
     """Greedy continuations of a decoder LM's prompt, with the interventions active at every step and without
-    them, streamed as server-sent events (see /guide#s9): `{"step", "token", "id", "prob", "base_token",
-    "base_id", "base_prob"}` per new token (null once a side has ended), then `{"done": true, "text",
-    "base_text"}`. Closing the connection stops the generation after the step in progress.
+    them, streamed as server-sent events (see /guide#s9): `{"step", "token", "id", "prob", "ended", "base_token",
+    "base_id", "base_prob", "base_ended"}` per new token, every key in every event (once a side has ended its
+    `ended` is true and its other fields are null), then `{"done": true, "text", "base_text"}`. Closing the
+    connection stops the generation after the step in progress.
     """
     _check_text(runtime, "text", req.text)
     if not req.text.strip():
@@ -123,15 +124,18 @@ def _events(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], inter
         for step in range(max_new_tokens):
             check_cancelled()
             event: dict = {"step": step}
-            for prefix, stream in list(sides.items()):
-                with runtime.step(len(prompt) if step == 0 else 1):  # after the prompt, one new token a step
-                    new = next(stream, None)
-                if new is None:
-                    del sides[prefix]
-                    event.update({f"{prefix}token": None, f"{prefix}id": None, f"{prefix}prob": None})
-                else:
-                    ids[prefix].append(new.id)
-                    event.update({f"{prefix}token": new.token, f"{prefix}id": new.id, f"{prefix}prob": new.prob})
+            for prefix in ("", "base_"):  # one shape every step: a side that has ended says so, its fields null
+                new = None
+                if prefix in sides:
+                    with runtime.step(len(prompt) if step == 0 else 1):  # after the prompt, one new token a step
+                        new = next(sides[prefix], None)
+                    if new is None:
+                        del sides[prefix]
+                    else:
+                        ids[prefix].append(new.id)
+                ended = new is None
+                event.update({f"{prefix}token": None if ended else new.token, f"{prefix}id": None if ended else new.id,
+                              f"{prefix}prob": None if ended else new.prob, f"{prefix}ended": ended})
             if not sides:
                 break
             yield f"data: {json.dumps(event)}\n\n"

@@ -109,6 +109,7 @@ export function mountContinuation({ body, onError }) {
     stop.disabled = false;
     status.textContent = "generating…";
     let steps = 0, firstDiff = null;
+    const ended = new Map(); // side prefix → the step at which it ended
     try {
       const res = await fetch("/api/text/generate", {
         method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(request), signal: mine.signal,
@@ -119,16 +120,25 @@ export function mountContinuation({ body, onError }) {
       }
       for await (const event of serverEvents(res.body)) {
         if (event.done) {
-          status.textContent = `${steps} tokens · ${firstDiff === null ? "identical" : `they differ from token ${firstDiff + 1}`}`;
+          const endings = [["base_", "without"], ["", "with"]].filter(([p]) => ended.has(p))
+            .map(([p, side]) => `${side} the interventions it ended after ${ended.get(p)} tokens`);
+          status.textContent = `${steps} tokens · ${firstDiff === null ? "identical" : `they differ from token ${firstDiff + 1}`}`
+            + (endings.length ? ` · ${endings.join("; ")}` : "");
           panel.dataset.state = "done";
           break;
         }
         if (event.error) throw new Error(event.error);
         const differs = event.id !== event.base_id;
         if (differs && firstDiff === null) firstDiff = event.step;
-        // A side that has ended (end of sequence) sends null from then on.
-        if (event.base_token !== null) cols.base.append(tokenSpan(event.base_token, event.base_prob, differs, event.step));
-        if (event.token !== null) cols.intervened.append(tokenSpan(event.token, event.prob, differs, event.step));
+        // Every step names both sides; a side that has ended says so (ended: true, its token fields null),
+        // and is marked once where it ended.
+        for (const [col, prefix] of [[cols.base, "base_"], [cols.intervened, ""]]) {
+          if (event[`${prefix}ended`]) {
+            if (!ended.has(prefix)) { ended.set(prefix, event.step); col.append(endMark(event.step)); }
+          } else {
+            col.append(tokenSpan(event[`${prefix}token`], event[`${prefix}prob`], differs, event.step));
+          }
+        }
         steps += 1;
         status.textContent = `${steps} tokens…`;
       }
@@ -157,11 +167,18 @@ export function mountContinuation({ body, onError }) {
   };
 }
 
+// A white-space token (a newline, spaces) is drawn as the next-token panel writes it ("\n", "␣"): as typed
+// it would be invisible.
 function tokenSpan(token, prob, differs, step) {
+  const blank = !token.trim();
   return el("span", {
-    className: "gen-tok" + (differs ? " differs" : ""), textContent: token,
+    className: "gen-tok" + (differs ? " differs" : "") + (blank ? " ws" : ""), textContent: blank ? showToken(token) + (token.includes("\n") ? "\n" : "") : token,
     title: `step ${step + 1}: ${showToken(token)}, p = ${fmt(prob, 3)}`,
   });
+}
+
+function endMark(step) {
+  return el("span", { className: "gen-end", textContent: "[ended]", title: `this side ended after ${step} tokens (end of sequence)` });
 }
 
 // Server-sent events from a fetch() body: events are separated by a blank line, payload lines start with

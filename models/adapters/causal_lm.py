@@ -126,7 +126,7 @@ class CausalLMAdapter(AttentionAdapter):
     # ---- forward -----------------------------------------------------------------------------------
     def run(self, encoded: Encoded, interventions: tuple[Intervention, ...] = (), record_scores: bool = False) -> AttentionResult:
         # the head runs on demand (_logits), so the forward computes the logits of one position only
-        outputs, scope = self._forward({**encoded.inputs, "logits_to_keep": 1}, interventions, record_scores)
+        outputs, scope = self._forward({**encoded.inputs, "logits_to_keep": 1}, interventions, record_scores, encoded)
         hidden_states = outputs.hidden_states  # L+1 × (1, T, D); the last is the final norm's output
         return self._result(encoded, outputs, scope, hidden_states, {"final_hidden": hidden_states[-1][0]})
 

@@ -24,6 +24,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, pick_device
 from models.effects import kl_divergence
+from models.atlas import Atlas
 from models.hooks import load_with_attnlab
 from models.interventions import Intervention
 
@@ -137,6 +138,7 @@ class Seq2SeqAdapter(AttentionAdapter):
             tokens=encoded.tokens, attention=by_kind["encoder"], hidden_states=hidden,
             output={"label_log_probs": log_probs.gather(1, labels[:, None])[:, 0], "probs": log_probs.exp().float()},
             warnings=list(scope.warnings), derived={"entropy": entropy}, by_kind=by_kind,
+            atlas=Atlas(dict(scope.records), {}, self.atlas_config) if len(scope.records) == len(self.layer_of) else None,
         )
 
     # ---- output and its change ---------------------------------------------------------------------

@@ -15,6 +15,7 @@ are then interpolated (bicubic) by transformers (`interpolate_pos_encoding`; DIN
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,11 @@ from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
 
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, pick_device
 from models.effects import cosine, kl_divergence
-from models.hooks import RunScope, load_with_attnlab, run_scope
+from models.atlas import AtlasConfig
+from models.hooks import load_with_attnlab, run_scope
 from models.images import PreprocessSpec, crop_box, preprocess
 from models.interventions import Intervention
+from models.summaries import patch_centres
 
 TOP_K = 5
 SUPPORTED_MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "clip_vision_model", "siglip_vision_model")
@@ -128,17 +131,25 @@ class VitAdapter(AttentionAdapter):
 
     # ---- forward -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def _forward(self, inputs: dict[str, torch.Tensor], interventions: tuple[Intervention, ...], record_scores: bool):
-        scope = RunScope(layer_of=self.layer_of, interventions=interventions, record_scores=record_scores,
-                         deferred_entropy=self.deferred_entropy)
+    def atlas_config_for(self, encoded: Encoded) -> AtlasConfig:
+        """Patch centres in pixels for the mean attention distance (CLS and registers have none)."""
+        prefix = encoded.extra["prefix_tokens"]
+        centres = patch_centres(encoded.extra["grid"], self.info.patch_size)  # (N, 2)
+        positions = torch.cat([torch.zeros(prefix, 2, dtype=centres.dtype), centres]).float()  # (T, 2)
+        return dataclasses.replace(self.atlas_config, positions=positions, distance_from=prefix)
+
+    def _forward(self, inputs: dict[str, torch.Tensor], interventions: tuple[Intervention, ...], record_scores: bool,
+                 encoded: Encoded | None = None):
+        n_tokens = len(encoded.tokens) if encoded is not None else 0
+        scope = self.new_scope(interventions, record_scores, n_tokens, encoded)
         pixel_values = inputs["pixel_values"].to(self.device, self.dtype)  # (1, C, S, S)
         kwargs: dict[str, Any] = {}
         if self.model_type in ("vit", "deit") and pixel_values.shape[-1] != self.config_image_size:
             kwargs["interpolate_pos_encoding"] = True  # DINOv2 interpolates on its own
         with run_scope(scope):
             outputs = self.model(pixel_values=pixel_values, output_hidden_states=True, return_dict=True, **kwargs)
-        if len(scope.attention) != self.info.layers:
-            raise RuntimeError(f"recorded {len(scope.attention)} attention layers, expected {self.info.layers}")
+        if scope.layers_recorded != self.info.layers:
+            raise RuntimeError(f"recorded {scope.layers_recorded} attention layers, expected {self.info.layers}")
         return outputs, scope
 
     @torch.inference_mode()
@@ -151,7 +162,7 @@ class VitAdapter(AttentionAdapter):
         return base.layernorm(outputs.hidden_states[-1])[0, 0]
 
     def run(self, encoded: Encoded, interventions: tuple[Intervention, ...] = (), record_scores: bool = False) -> AttentionResult:
-        outputs, scope = self._forward(encoded.inputs, interventions, record_scores)
+        outputs, scope = self._forward(encoded.inputs, interventions, record_scores, encoded)
         output = {"cls": self._final_cls(outputs)}  # (D,)
         if self.info.output == "classes":
             output["logits"] = outputs.logits[0]  # (num_labels,)

@@ -18,6 +18,10 @@
   measured 1-2 ms slower per API request here (sync endpoints hop to worker threads and back), see
   benchmarks/results section 7.
   Bodies are timed by the app (`body_timeout_s`, app/lifecycle.py).
+- **Header sizes**: both protocols count a request's head (request line + header lines) as its bytes arrive,
+  before the parser buffers them, and answer **431** (JSON naming the setting, then close) past
+  `max_header_bytes` (64 KiB in all) or `max_header_line_bytes` (8 KiB for one line), as nginx's
+  `large_client_header_buffers 8 8k` would: a 64 MB header flood costs the server 64 KiB, not gigabytes.
 
 APP defaults to app.main:app. Explicit uvicorn options win over these defaults.
 
@@ -33,7 +37,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 
+import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -51,6 +57,81 @@ DEFAULT_APP = "app.main:app"
 SAFETY_NET_S = 2.0  # uvicorn's --timeout-graceful-shutdown = shutdown_grace_s + this
 
 
+log = logging.getLogger("attnlab")
+
+
+class HeaderBudget:
+    """Counts the bytes of one request head (request line + header lines) before the parser sees them, and
+    refuses the request with 431 past `max_header_bytes` in all or `max_header_line_bytes` on one line.
+
+    While a head is being read, data is fed to the parser one line at a time, each line checked first, so
+    neither parser ever holds more than the limits (httptools keeps a header value it has not finished in
+    memory, however long; h11 would answer 400, not 431). Once the head is complete, the rest (the body,
+    timed and capped by the app) goes to the parser at once. A normal head arrives whole in one read and is
+    fed whole after one scan."""
+
+    max_header_bytes = 64 * 1024
+    max_header_line_bytes = 8 * 1024
+    _head_bytes = 0
+    _line_bytes = 0
+    _head_refused = False
+
+    def _head_reset(self) -> None:
+        self._head_bytes = self._line_bytes = 0
+
+    def _feed_counted(self, data: bytes, in_head: Callable[[], bool], feed: Callable[[bytes], None]) -> None:
+        if self._head_refused:
+            return
+        if not in_head():
+            feed(data)
+            return
+        if self._head_bytes == 0 and self._whole_head_fits(data):
+            feed(data)  # the usual case: a whole head within the limits in this read
+            return
+        pos, size = 0, len(data)
+        while pos < size:
+            if not in_head():
+                feed(data[pos:])  # the head is complete: the body (or a pipelined request) goes on at once
+                return
+            newline = data.find(b"\n", pos)
+            end = size if newline < 0 else newline + 1
+            line_bytes = self._line_bytes + end - pos
+            head_bytes = self._head_bytes + end - pos
+            if line_bytes > self.max_header_line_bytes:
+                self._refuse_head(f"a request header line is longer than {self.max_header_line_bytes:,} bytes "
+                                  f"(max_header_line_bytes)")
+                return
+            if head_bytes > self.max_header_bytes:
+                self._refuse_head(f"the request's headers are larger than {self.max_header_bytes:,} bytes in all "
+                                  f"(max_header_bytes)")
+                return
+            self._line_bytes = 0 if newline >= 0 else line_bytes
+            self._head_bytes = head_bytes
+            feed(data[pos:end])
+            if self._head_refused:
+                return
+            pos = end
+
+    def _whole_head_fits(self, data: bytes) -> bool:
+        end = data.find(b"\r\n\r\n")
+        if end < 0 or end + 4 > self.max_header_bytes:
+            return False
+        limit = self.max_header_line_bytes
+        return all(len(line) + 1 <= limit for line in data[:end + 2].split(b"\n"))
+
+    def _refuse_head(self, reason: str) -> None:
+        self._head_refused = True
+        transport = self.transport  # type: ignore[attr-defined]
+        client = getattr(self, "client", None)
+        log.info("431 for %s: %s", f"{client[0]}:{client[1]}" if client else "a client", reason)
+        cycle = getattr(self, "cycle", None)
+        if cycle is None or cycle.response_complete:  # nothing being answered on this connection: say why
+            body = json.dumps({"detail": reason + "; send fewer or smaller headers"}).encode()
+            transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                            b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+        transport.close()
+
+
 def _exit_now(signum=None, frame=None) -> None:
     """SIGTERM before uvicorn serves (or re-raised by uvicorn after its graceful shutdown): exit 0 now,
     without waiting for worker threads (a forward in progress, the model warm-up)."""
@@ -62,16 +143,20 @@ def _exit_now(signum=None, frame=None) -> None:
         os._exit(0)
 
 
-class HeaderTimeoutH11Protocol(H11Protocol):
+class HeaderTimeoutH11Protocol(HeaderBudget, H11Protocol):
     """uvicorn's h11 protocol, closing a connection that has not delivered a request's headers within
     `header_timeout_s` of opening (or of its previous response). A request that is running is never timed
-    here (its body is timed by the app)."""
+    here (its body is timed by the app). Heads are counted by HeaderBudget (431 past the limits)."""
 
     header_timeout_s = 10.0
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+
+    def data_received(self, data: bytes) -> None:
+        # h11 is reading a head while the client's side is IDLE (after a request, SEND_BODY then DONE).
+        self._feed_counted(data, lambda: self.conn.their_state is h11.IDLE, super().data_received)
 
     def handle_events(self) -> None:
         super().handle_events()
@@ -81,6 +166,7 @@ class HeaderTimeoutH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._head_reset()
         if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
             if self._header_timer is not None:
                 self._header_timer.cancel()
@@ -99,18 +185,29 @@ class HeaderTimeoutH11Protocol(H11Protocol):
 
 
 if HttpToolsProtocol is not None:
-    class HeaderTimeoutHttpToolsProtocol(HttpToolsProtocol):
+    class HeaderTimeoutHttpToolsProtocol(HeaderBudget, HttpToolsProtocol):
         """uvicorn's httptools protocol with the same header timeout as HeaderTimeoutH11Protocol (httptools
-        parses in C: about 0.3-0.5 ms less per request than h11 here, benchmarks/results section 7)."""
+        parses in C: about 0.3-0.5 ms less per request than h11 here, benchmarks/results section 7), and the
+        same head limits (HeaderBudget)."""
 
         header_timeout_s = 10.0
         _header_timer = None
+        _in_head = True  # between a message's end (or the connection's start) and the next head's end
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm_header_timer()
 
+        def data_received(self, data: bytes) -> None:
+            self._feed_counted(data, lambda: self._in_head, super().data_received)
+
+        def on_message_complete(self) -> None:
+            self._in_head = True  # what follows is the next (pipelined) request's head
+            self._head_reset()
+            super().on_message_complete()
+
         def on_headers_complete(self) -> None:
+            self._in_head = False
             super().on_headers_complete()
             if self._header_timer is not None:  # a request's headers arrived
                 self._header_timer.cancel()
@@ -177,6 +274,9 @@ def build_args(argv: list[str]) -> list[str]:
         args += ["--loop", "asyncio"]  # not uvloop, even when installed: slower here (see the module docstring)
     if not any(a.startswith("--timeout-keep-alive") for a in args):
         args += ["--timeout-keep-alive", "5"]
+    if not any(a.startswith("--h11-max-incomplete-event-size") for a in args):
+        # h11's own buffer limit (16 KiB) would answer 400 before max_header_bytes' 431; HeaderBudget counts first
+        args += ["--h11-max-incomplete-event-size", str(settings.max_header_bytes + 1024)]
     if "--server-header" not in args and "--no-server-header" not in args:
         args.append("--no-server-header")  # no `server: uvicorn`: nothing to fingerprint
     return args
@@ -223,9 +323,12 @@ def main(argv: list[str] | None = None) -> None:
     argv, models = take_models(sys.argv[1:] if argv is None else argv)
     add_models(models)
     _log_to_stderr()
-    HeaderTimeoutH11Protocol.header_timeout_s = get_settings().header_timeout_s
-    if HeaderTimeoutHttpToolsProtocol is not None:
-        HeaderTimeoutHttpToolsProtocol.header_timeout_s = get_settings().header_timeout_s
+    settings = get_settings()
+    for protocol in (HeaderTimeoutH11Protocol, HeaderTimeoutHttpToolsProtocol):
+        if protocol is not None:
+            protocol.header_timeout_s = settings.header_timeout_s
+            protocol.max_header_bytes = settings.max_header_bytes
+            protocol.max_header_line_bytes = settings.max_header_line_bytes
     uvicorn_main.Server = AttnlabServer  # uvicorn.main.run builds its Server from this module global
     try:
         uvicorn_main.main.main(args=build_args(argv), prog_name="uvicorn")

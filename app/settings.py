@@ -4,7 +4,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -49,7 +49,8 @@ class Settings(BaseSettings):
     max_concurrent_decodes: int = Field(2, ge=1)
     decode_wait_s: float = Field(10.0, ge=0)
     image_cache_items: int = 256
-    image_cache_bytes: int = 512 * 1024 * 1024  # decoded uploads kept (RGB, shorter side ≤ 1024 px)
+    # decoded uploads kept (RGB, shorter side ≤ 1024 px); None = a share of memory_budget_bytes (app/costs.py)
+    image_cache_bytes: int | None = None
 
     # Shared upload store for replicas (app/imagestore.py): uploaded bytes in Redis, so any replica behind a load
     # balancer can serve any image id; None = this process's memory only (the default).
@@ -63,7 +64,7 @@ class Settings(BaseSettings):
     queue_depth: int = 32  # requests waiting for a model at once before 503
     request_timeout_s: float = 60.0
     result_cache_items: int = 64
-    result_cache_bytes: int = 1_500_000_000
+    result_cache_bytes: int | None = None  # None = a share of memory_budget_bytes (app/costs.py)
 
     # HTTP.
     cors_origins: list[str] = Field(default_factory=list)  # none: same origin only
@@ -79,6 +80,35 @@ class Settings(BaseSettings):
     expose_timings: bool = False  # Server-Timing header and `elapsed_s`: they reveal cache hits (other clients' inputs)
     max_image_tokens: int = Field(1025, ge=2)  # image requests over this many tokens ((size/patch)² + prefix): 413
     max_image_aspect_ratio: float = Field(20.0, ge=1)  # uploads longer than this × their shorter side: 422
+
+    # ---- Second probe (issue 19): header sizes, whole streams, request cost, memory, cache scope.
+    max_header_bytes: int = Field(64 * 1024, ge=1024)  # request line + headers of one request; past it 431 (app/serve.py)
+    max_header_line_bytes: int = Field(8 * 1024, ge=256)  # one header line or the request line; past it 431
+    generate_timeout_s: float = Field(120.0, gt=0)  # a whole /api/text/generate stream; past it, an error event
+    # The cost estimate (app/costs.py): a request whose model runs are estimated to need more than
+    # request_timeout_s (a stream: generate_timeout_s) is refused with 413 before it starts. Each model's
+    # throughput is measured from its own runs; this is the assumption until a model has run.
+    compute_gmacs_per_s: float = Field(8.0, gt=0)
+    # What the whole process may use (models + torch + in-flight runs + image decodes + caches): the result
+    # and image caches are sized from it when result_cache_bytes/image_cache_bytes are None. deploy/k8s sets the
+    # pod's memory limit ~15 % above it. memory_reserved_bytes: the models and torch's own working memory.
+    memory_budget_bytes: int = Field(3584 * 2**20, ge=512 * 2**20)
+    memory_reserved_bytes: int = Field(1536 * 2**20, ge=0)
+    # "shared": one result cache for everyone (a repeated input is fast for every client, so response times show
+    # what others asked); "client": cache entries are scoped to the client (cookie attnlab_client, or the header
+    # X-Attnlab-Client), so no client can time another's inputs. See docs/deploy.md.
+    result_cache_scope: Literal["shared", "client"] = "shared"
+
+    @model_validator(mode="after")
+    def _size_caches(self) -> "Settings":
+        from app.costs import cache_budgets  # pure arithmetic; no import cycle
+
+        results, images = cache_budgets(self)
+        if self.result_cache_bytes is None:
+            self.result_cache_bytes = results
+        if self.image_cache_bytes is None:
+            self.image_cache_bytes = images
+        return self
 
 
 @lru_cache

@@ -1,0 +1,147 @@
+"""Costs known before the work starts: a request's model time (refused with 413 when it could not finish within
+its time limit) and the memory budget's split into cache sizes. Pure arithmetic, no web imports but the 413.
+
+**Model time.** One forward over T query tokens and T_k keys on a model with P parameters, L layers and H heads
+of size d costs about
+
+    P·T  +  2·L·H·T·T_k·d  +  4·n·L·H·T·T_k        multiply-adds
+
+(every weight once per token; QKᵀ and PV per head; n interventions each touching every score once, counted
+four times: elementwise work is memory-bound). A request runs `runs` such forwards (1, or 1 + samples with
+`compare`: the base and every sample). Its seconds are that total over the model's throughput: measured from
+the model's own runs (`THROUGHPUT`, runs of at least MIN_TIMED_S only: tiny runs are all overhead), else the
+`compute_gmacs_per_s` setting. A request estimated over `request_timeout_s` would only be admitted to time
+out after minutes of work (and gigabytes of recorded maps): it is answered 413 before it starts.
+
+**Memory.** `cache_budgets(settings)` splits `memory_budget_bytes`: the models and torch
+(`memory_reserved_bytes`), one run's recorded maps in flight (`max_run_bytes`: runs take turns),
+`max_concurrent_decodes` decodes of `max_image_pixels` at DECODE_BYTES_PER_PIXEL each, and what is left to the
+result cache (3/4) and the decoded-image cache (1/4).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from fastapi import HTTPException
+
+MIN_TIMED_S = 0.2  # runs shorter than this do not update a model's measured throughput
+INTERVENTION_WEIGHT = 4  # elementwise work per score per intervention, in multiply-add equivalents
+# A decode's peak: the decoded bitmap (≤ 4 B/px: RGBA, CMYK, 32-bit gray) + its RGB copy (3 B/px) + a stripe.
+DECODE_BYTES_PER_PIXEL = 8
+MIN_CACHE_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    params: int
+    layers: int
+    heads: int
+    head_dim: int
+
+
+def forward_macs(shape: ModelShape, queries: int, keys: int, interventions: int = 0) -> float:
+    """Multiply-adds of one forward over `queries` new tokens attending to `keys` tokens (see the module doc)."""
+    scores = shape.layers * shape.heads * queries * keys
+    return shape.params * queries + 2 * scores * shape.head_dim + INTERVENTION_WEIGHT * interventions * scores
+
+
+def request_runs(samples: int, compare: bool) -> int:
+    """Forwards of an attention request: the run, and with `compare` the base and each further sample."""
+    return 1 + samples if compare else 1
+
+
+def stream_macs(shape: ModelShape, prompt: int, new_tokens: int, interventions: int) -> float:
+    """A generate stream: two sides (with and without the interventions), the prompt first, then one token a
+    step attending to everything before it (the key/value cache keeps the rest)."""
+    with_iv = forward_macs(shape, prompt, prompt, interventions)
+    base = forward_macs(shape, prompt, prompt, 0)
+    for step in range(1, new_tokens):
+        keys = prompt + step
+        with_iv += forward_macs(shape, 1, keys, interventions)
+        base += forward_macs(shape, 1, keys, 0)
+    return with_iv + base
+
+
+class Throughput:
+    """Measured multiply-adds per second of each model (an exponential average over its timed runs)."""
+
+    def __init__(self) -> None:
+        self._rates: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, model_id: str, macs: float, seconds: float) -> None:
+        if seconds < MIN_TIMED_S or macs <= 0:
+            return
+        rate = macs / seconds
+        with self._lock:
+            old = self._rates.get(model_id)
+            self._rates[model_id] = rate if old is None else 0.7 * old + 0.3 * rate
+
+    def rate(self, model_id: str, default: float) -> float:
+        with self._lock:
+            return self._rates.get(model_id, default)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rates.clear()
+
+
+THROUGHPUT = Throughput()
+_shapes: dict[int, ModelShape] = {}
+
+
+def model_shape(adapter) -> ModelShape:
+    """Parameters, layers, heads and head size of an adapter's model (parameters counted once per adapter)."""
+    shape = _shapes.get(id(adapter))
+    if shape is None:
+        model = getattr(adapter, "model", None)
+        params = sum(p.numel() for p in model.parameters()) if model is not None else 0
+        info = adapter.info
+        layers = info.layers + (info.decoder_layers or 0)
+        shape = _shapes[id(adapter)] = ModelShape(params, layers, info.heads, info.head_dim)
+    return shape
+
+
+def estimated_seconds(adapter, settings, macs: float) -> float:
+    rate = THROUGHPUT.rate(adapter.info.id, settings.compute_gmacs_per_s * 1e9)
+    return macs / rate
+
+
+def check_request_cost(adapter, settings, tokens: int, runs: int, interventions: int, keys: int | None = None,
+                       field: str = "samples") -> None:
+    """413 before any work when `runs` forwards over `tokens` would not finish within request_timeout_s."""
+    shape = model_shape(adapter)
+    macs = runs * forward_macs(shape, tokens, keys or tokens, interventions)
+    seconds = estimated_seconds(adapter, settings, macs)
+    limit = settings.request_timeout_s
+    if seconds > limit:
+        raise HTTPException(413, detail=(
+            f"{field}: this request needs {runs} model run{'s' if runs > 1 else ''} over {tokens:,} tokens"
+            f"{f' with {interventions} interventions' if interventions else ''}, about {seconds:,.0f} s of model "
+            f"time on {adapter.info.id}, over request_timeout_s={limit:g} s; ask for fewer samples, a shorter input "
+            "or fewer interventions"))
+
+
+def check_stream_cost(adapter, settings, prompt: int, new_tokens: int, interventions: int) -> None:
+    """413 before a generate stream that would not finish within generate_timeout_s."""
+    seconds = estimated_seconds(adapter, settings, stream_macs(model_shape(adapter), prompt, new_tokens, interventions))
+    limit = settings.generate_timeout_s
+    if seconds > limit:
+        raise HTTPException(413, detail=(
+            f"max_new_tokens: {new_tokens} steps on a {prompt:,}-token prompt with {interventions} interventions "
+            f"need about {seconds:,.0f} s of model time on {adapter.info.id}, over generate_timeout_s={limit:g} s; "
+            "ask for fewer tokens, a shorter prompt or fewer interventions"))
+
+
+def observe_run(adapter, tokens: int, keys: int, interventions: int, seconds: float) -> None:
+    """Record a finished forward's time (runtime.run calls this)."""
+    THROUGHPUT.observe(adapter.info.id, forward_macs(model_shape(adapter), tokens, keys, interventions), seconds)
+
+
+def cache_budgets(settings) -> tuple[int, int]:
+    """(result_cache_bytes, image_cache_bytes) from memory_budget_bytes (see the module doc)."""
+    decodes = settings.max_concurrent_decodes * settings.max_image_pixels * DECODE_BYTES_PER_PIXEL
+    free = settings.memory_budget_bytes - settings.memory_reserved_bytes - settings.max_run_bytes - decodes
+    free = max(free, 2 * MIN_CACHE_BYTES)
+    return int(free * 3 // 4), int(free // 4)

@@ -26,6 +26,7 @@ from models.interventions import Intervention
 from models.lens import residual_stream
 
 Progress = Callable[[int, int], None]  # (items done, items in all); may raise to stop the scan
+Guard = Callable[[], contextlib.AbstractContextManager]  # held around each batch's forward (a model lock)
 
 
 def single_token(tokenizer, text: str) -> int | None:
@@ -98,7 +99,7 @@ def _batches(total: int, size: int) -> Iterator[range]:
 
 
 def head_scan(adapter, pair: Pair, base: Baseline, interventions: tuple[Intervention, ...] = (), batch: int = 64,
-              progress: Progress | None = None) -> torch.Tensor:
+              progress: Progress | None = None, guard: Guard = contextlib.nullcontext) -> torch.Tensor:
     """Effect of patching each head (all positions) from the clean run into the corrupted one: (L, H)."""
     n_layers, n_heads = len(adapter.layer_of), adapter.info.heads
     total = n_layers * n_heads
@@ -108,7 +109,8 @@ def head_scan(adapter, pair: Pair, base: Baseline, interventions: tuple[Interven
         for b, item in enumerate(items):
             chosen[b, item // n_heads, item % n_heads] = True
         run = HeadRun(sources=current_sources(), batch_heads=chosen, batch_source=base.clean_outputs)
-        logits = last_logits(adapter, pair.corrupt.expand(len(items), -1), interventions, run)  # (B, V)
+        with guard():
+            logits = last_logits(adapter, pair.corrupt.expand(len(items), -1), interventions, run)  # (B, V)
         lds[items.start:items.stop] = logit_difference(logits, pair.answer, pair.wrong).cpu()
         if progress is not None:
             progress(items.stop, total)
@@ -149,16 +151,17 @@ def _residual_patching(model: torch.nn.Module, layer_of: dict[int, int], layers:
 
 
 def residual_scan(adapter, pair: Pair, base: Baseline, interventions: tuple[Intervention, ...] = (), batch: int = 64,
-                  progress: Progress | None = None) -> torch.Tensor:
+                  progress: Progress | None = None, guard: Guard = contextlib.nullcontext) -> torch.Tensor:
     """Effect of patching the residual stream after each layer at each position: (L, T)."""
-    clean = residual_stream(adapter, pair.clean, interventions)  # (L, T, D)
+    with guard():
+        clean = residual_stream(adapter, pair.clean, interventions)  # (L, T, D)
     n_layers, n_tokens = clean.shape[:2]
     total = n_layers * n_tokens
     lds = torch.empty(total)
     for items in _batches(total, batch):
         index = torch.arange(items.start, items.stop)
         layers, positions = index // n_tokens, index % n_tokens  # (B,), (B,)
-        with _residual_patching(adapter.model, adapter.layer_of, layers, positions.to(adapter.device), clean):
+        with guard(), _residual_patching(adapter.model, adapter.layer_of, layers, positions.to(adapter.device), clean):
             logits = last_logits(adapter, pair.corrupt.expand(len(items), -1), interventions)
         lds[items.start:items.stop] = logit_difference(logits, pair.answer, pair.wrong).cpu()
         if progress is not None:

@@ -50,9 +50,19 @@ class Causal(_Scoped):
 
 
 class AblateHeads(_Scoped):
-    """The scoped heads output zeros before W_O (see /guide#s3)."""
+    """The scoped heads output zeros before W_O (see /guide#s3), or with mode "mean" their output averaged over the
+    positions."""
 
     op: Literal["ablate_heads"]
+    mode: Literal["zero", "mean"] = "zero"
+
+
+class PatchHeads(_Scoped):
+    """The scoped heads' outputs (before W_O) replaced by a kept run's, position by position (same token count):
+    `source` is the `clean_run_id` of POST /api/text/patching."""
+
+    op: Literal["patch_heads"]
+    source: str = Field(pattern=r"^[0-9a-f]{32}$", description="run id of the source run (clean_run_id)")
 
 
 class _Perturb(_Scoped):
@@ -75,7 +85,7 @@ class PerturbQueries(_Perturb):
 
 
 InterventionIn = Annotated[
-    Union[Temperature, MaskKeys, Causal, AblateHeads, PerturbKeys, PerturbQueries], Field(discriminator="op")
+    Union[Temperature, MaskKeys, Causal, AblateHeads, PerturbKeys, PerturbQueries, PatchHeads], Field(discriminator="op")
 ]
 
 
@@ -115,6 +125,10 @@ class TextAttentionRequest(AttentionRequestBase):
         None, description="decoder LMs: the query position whose next-token distribution is shown (null = the last)"
     )
     chat: bool = Field(False, description="decoder LMs with a chat template: wrap `text` as a user turn")
+    weighting: Literal["attention", "value_norm"] = Field(
+        "attention", description="'value_norm': maps of ‖P[i,j]·v_j W_O^h‖ normalised per row instead of P "
+        "(Kobayashi et al. 2020; encoders and decoder LMs)"
+    )
     target: str | None = Field(
         None, max_length=1_000_000,
         description="encoder–decoders: the target text (null = the model's greedy output without interventions)",
@@ -129,6 +143,46 @@ class GenerateRequest(_Strict):
     chat: bool = False
     max_new_tokens: int = Field(16, ge=1, le=4096, description="1 … the server's max_new_tokens (default 64)")
     interventions: Annotated[list[InterventionIn], Field(max_length=256)] = Field(default_factory=list)
+
+
+class PatchingRequest(_Strict):
+    """Patching between a clean and a corrupted prompt of the same token count (see /guide#patching)."""
+
+    model: str = "smollm2-135m"
+    clean: str = Field(min_length=1, max_length=1_000_000, description="the clean prompt")
+    corrupt: str = Field(min_length=1, max_length=1_000_000, description="the corrupted prompt (same token count)")
+    answer: str = Field(min_length=1, max_length=200, description="the clean run's answer: exactly one token, e.g. ' Paris'")
+    wrong: str = Field(min_length=1, max_length=200, description="the corrupted run's answer: one token, e.g. ' Rome'")
+    scan: Literal["heads", "residual"] = "heads"
+    method: Literal["exact", "attribution"] = Field(
+        "exact", description="'exact': one patched run per cell (batched); 'attribution': the gradient estimate "
+        "(heads only). An exact head scan also returns the attribution estimate and their rank correlation"
+    )
+    interventions: Annotated[list[InterventionIn], Field(max_length=256)] = Field(default_factory=list)
+
+
+class LensRequest(_Strict):
+    """The logit lens (see /guide#lens)."""
+
+    model: str = "smollm2-135m"
+    text: str = Field(min_length=1, max_length=1_000_000)
+    top: int = Field(5, ge=1, le=20, description="tokens per cell")
+    interventions: Annotated[list[InterventionIn], Field(max_length=256)] = Field(default_factory=list)
+    compare: bool = Field(False, description="also the lens without the interventions, as `top_before`")
+
+
+class FaithfulnessRequest(_Strict):
+    """Which attribution of a query row is faithful: mask each method's top-k keys in every layer (see /guide#faithfulness)."""
+
+    model: str = "smollm2-135m"
+    text: str = Field(min_length=1, max_length=1_000_000)
+    position: NonNegInt | None = Field(None, description="the query row (null = the last token)")
+    k: Annotated[list[Annotated[int, Field(ge=1, le=512)]], Field(min_length=1, max_length=8)] = Field(
+        default_factory=lambda: [1, 2, 4, 8])
+    methods: Annotated[list[Literal["attention", "value_norm", "rollout", "grad_attention"]], Field(min_length=1, max_length=4)] = Field(
+        default_factory=lambda: ["attention", "value_norm", "rollout", "grad_attention"])
+    answer: str | None = Field(None, max_length=200, description="decoder LMs: the token whose probability drop is "
+                               "reported (one token; null = the top prediction)")
 
 
 class ModelInfoOut(BaseModel):

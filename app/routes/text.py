@@ -9,6 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from app.attention import build_attention_response, build_seq2seq_response, engine_interventions, fast_json, field_error
 from app.deps import RuntimeDep
+from app.routes import analysis
 from app.lifecycle import RequestCancelled, check_cancelled
 from app.runtime import Overloaded, Runtime, UnknownModel
 from app.schemas import AttentionResponse, GenerateRequest, TextAttentionRequest
@@ -60,6 +61,7 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep) -> Response:
     _refuse_fields(req, adapter.info.output)
     if isinstance(adapter, Seq2SeqAdapter):
         encoded = runtime.encode(adapter, ("seq2seq", req.text, req.target), lambda: adapter.encode(req.text, req.target))
+        analysis.refuse_for_seq2seq(req)
         return fast_json(build_seq2seq_response(runtime, adapter, encoded, req))
     if isinstance(adapter, CausalLMAdapter):
         encoded = runtime.encode(adapter, ("lm", req.text, req.chat), lambda: _lm_encode(adapter, req.text, req.chat))
@@ -70,7 +72,8 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep) -> Response:
         encoded = runtime.encode(
             adapter, ("text", req.text, req.text_pair), lambda: adapter.encode(req.text, req.text_pair)
         )
-    return fast_json(build_attention_response(runtime, adapter, encoded, req, text_fields))
+    # with patch_heads sources in reach, and value-weighted maps on request (app/routes/analysis.py)
+    return fast_json(analysis.attention_response(runtime, adapter, encoded, req, text_fields))
 
 
 def _lm_encode(adapter: CausalLMAdapter, text: str, chat: bool):

@@ -1,0 +1,402 @@
+"""Beyond attention weights: POST /api/text/patching, /api/text/lens and /api/text/faithfulness, and the value-weighted
+maps and patch_heads sources of /api/text/attention (docs/api.md, docs/science.md "Beyond attention weights").
+
+Scans go through the runtime's model lock like every run: a scan holds it one batch at a time, so other requests
+interleave, and with `Accept: text/event-stream` it streams `{"progress", "total"}` events and then the result,
+stopping at the next batch once the client has gone.
+"""
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import queue
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+
+from app.attention import build_attention_response, engine_interventions, field_error
+from app.encoding import fast_json, tensor_field
+from app.ids import new_id
+from app.lifecycle import RequestCancelled, check_cancelled
+from app.runtime import Overloaded, Runtime, UnknownModel
+from app.schemas import FaithfulnessRequest, LensRequest, PatchingRequest
+from app.deps import RuntimeDep
+from models.adapters.base import AttentionAdapter, Encoded
+from models.adapters.causal_lm import CausalLMAdapter
+from models.adapters.seq2seq import Seq2SeqAdapter
+from models.attribution import run_value_norms, value_weighted
+from models.faithfulness import faithfulness
+from models.head_ops import HeadRun, head_run
+from models.lens import logit_lens
+from models.patching import Pair, attribution_scan, baseline, head_scan, rank_correlation, residual_scan, single_token
+
+router = APIRouter(prefix="/api/text", tags=["analysis"])
+log = logging.getLogger("attnlab")
+
+
+# ---- kept clean runs (patch_heads sources) ----------------------------------------------------------------------
+class HeadSourceStore:
+    """Clean runs' head outputs (one (H, T, d_v) tensor per layer) under random ids, per model, least recently used
+    out first past `max_bytes`. Runs are kept here until the runtime keeps runs of its own."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple[str, str], list[torch.Tensor]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _size(outputs: list[torch.Tensor]) -> int:
+        return sum(t.numel() * t.element_size() for t in outputs)
+
+    def put(self, model: str, outputs: list[torch.Tensor]) -> str | None:
+        size = self._size(outputs)
+        if size > self.max_bytes:
+            return None
+        run_id = new_id()
+        with self._lock:
+            self._items[(model, run_id)] = outputs
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, evicted = self._items.popitem(last=False)
+                self._bytes -= self._size(evicted)
+        return run_id
+
+    def get(self, model: str, run_id: str) -> list[torch.Tensor] | None:
+        with self._lock:
+            outputs = self._items.get((model, run_id))
+            if outputs is not None:
+                self._items.move_to_end((model, run_id))
+            return outputs
+
+
+_stores: "weakref.WeakKeyDictionary[Runtime, HeadSourceStore]" = weakref.WeakKeyDictionary()
+_stores_lock = threading.Lock()
+
+
+def source_store(runtime: Runtime) -> HeadSourceStore:
+    with _stores_lock:
+        store = _stores.get(runtime)
+        if store is None:
+            store = _stores[runtime] = HeadSourceStore(runtime.settings.patch_sources_bytes)
+        return store
+
+
+def request_sources(runtime: Runtime, model: str, interventions: list) -> HeadRun:
+    """The head-output context of a request: the kept runs its patch_heads items name (unknown ids are left out and
+    refused by engine_interventions with the field named)."""
+    store = source_store(runtime)
+    sources = {}
+    for item in interventions:
+        if item.op == "patch_heads":
+            kept = store.get(model, item.source)
+            if kept is not None:
+                sources[item.source] = kept
+    return HeadRun(sources=sources)
+
+
+# ---- /api/text/attention: sources and value-weighted maps --------------------------------------------------------
+def refuse_for_seq2seq(req) -> None:
+    if req.weighting != "attention":
+        raise field_error(("weighting",), "value_norm maps are offered for encoders and decoder LMs, not encoder–decoders")
+    for i, item in enumerate(req.interventions):
+        if item.op == "patch_heads":
+            raise field_error(("interventions", i, "op"), "patch_heads is not offered for encoder–decoder models")
+
+
+def attention_response(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req,
+                       family_fields: Callable | None = None) -> dict[str, Any]:
+    """build_attention_response with the request's patch_heads sources in reach, and with weighting "value_norm"
+    the maps replaced by ‖P[i,j]·v_j W_O^h‖ normalised per row (the run's own V, recorded by a second forward once
+    per cached result)."""
+    with head_run(request_sources(runtime, adapter.info.id, req.interventions)):
+        response = build_attention_response(runtime, adapter, encoded, req, family_fields)
+        if req.weighting == "value_norm":
+            _value_weighting(runtime, adapter, encoded, req, response)
+    return response
+
+
+def _value_norms(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, result, interventions) -> torch.Tensor:
+    def compute() -> torch.Tensor:
+        check_cancelled()
+        with runtime.admitted():
+            return run_value_norms(adapter, encoded, interventions)
+    return result.summary("value_norms", compute)  # (L, H, T)
+
+
+def _value_weighting(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req, response: dict) -> None:
+    response["weighting"] = "value_norm"
+    if response.get("attention") is None:  # a long input's overview: value weighting is not offered there yet
+        response["warnings"].append("weighting value_norm applies to full maps only; the overview shows P")
+        return
+    layers, heads = response["layers"], response["heads"]
+    interventions = engine_interventions(req, adapter, len(encoded.tokens))
+    result = runtime.run(adapter, encoded, interventions, req.include_scores)  # the cached run of the response
+    norms = _value_norms(runtime, adapter, encoded, result, interventions)[layers][:, heads]  # (l, h, T)
+    response["attention"] = tensor_field(value_weighted(result.attention[layers][:, heads], norms), req.encoding)
+    if response.get("base_attention") is not None:
+        base = runtime.run(adapter, encoded, (), False)
+        base_norms = _value_norms(runtime, adapter, encoded, base, ())[layers][:, heads]
+        response["base_attention"] = tensor_field(value_weighted(base.attention[layers][:, heads], base_norms), req.encoding)
+
+
+# ---- helpers ----------------------------------------------------------------------------------------------------
+def _lm(runtime: Runtime, model: str) -> CausalLMAdapter:
+    try:
+        adapter = runtime.adapter(model, kind="text")
+    except UnknownModel as exc:
+        raise field_error(("model",), str(exc.args[0])) from None
+    if not isinstance(adapter, CausalLMAdapter):
+        raise field_error(("model",), f"model {model} is not a decoder language model (output {adapter.info.output!r})")
+    return adapter
+
+
+def _prompt(runtime: Runtime, adapter: AttentionAdapter, name: str, text: str) -> torch.Tensor:
+    """A prompt's ids (1, T), within the text and token limits: 422 naming the field otherwise."""
+    if len(text) > runtime.settings.max_text_chars:
+        raise field_error((name,), f"{name} has {len(text):,} characters; the limit is "
+                          f"{runtime.settings.max_text_chars:,} (max_text_chars)")
+    if not text.strip():
+        raise field_error((name,), f"{name} is empty or only white space")
+    ids = adapter.prompt_ids(text)
+    limit = runtime.settings.analysis_max_tokens
+    if len(ids) > limit:
+        raise field_error((name,), f"{name} has {len(ids)} tokens; the limit is {limit} (analysis_max_tokens)")
+    return torch.tensor([ids])
+
+
+def _one_token(adapter: CausalLMAdapter, name: str, text: str) -> int:
+    token = single_token(adapter.tokenizer, text)
+    if token is None:
+        count = len(adapter.tokenizer(text, add_special_tokens=False)["input_ids"])
+        raise field_error((name,), f"{name} {text!r} is {count} tokens; it must be exactly one (e.g. with its "
+                          "leading space: ' Paris')")
+    return token
+
+
+def _wants_stream(request: Request) -> bool:
+    return "text/event-stream" in request.headers.get("accept", "")
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def _stream(job: Callable[[Callable[[int, int], None]], dict]) -> StreamingResponse:
+    """Run `job(progress)` in a worker thread (with this request's context: its cancel event and sources) and send
+    each progress(done, total) call as an event, then the result. A client that leaves stops the job at its next
+    progress call (its batch in progress finishes first)."""
+    events_queue: queue.Queue = queue.Queue()
+    stopped = threading.Event()
+    context = contextvars.copy_context()
+
+    def progress(done: int, total: int) -> None:
+        if stopped.is_set():
+            raise RequestCancelled("client")
+        check_cancelled()
+        events_queue.put({"progress": done, "total": total})
+
+    def work() -> None:
+        try:
+            events_queue.put({"done": True, **context.run(job, progress)})
+        except RequestCancelled:
+            events_queue.put(None)
+        except Overloaded as exc:
+            events_queue.put({"error": str(exc), "retry_after": exc.retry_after})
+        except Exception as exc:  # a bug: say it in the stream (the status is already sent) and log it
+            log.exception("analysis scan failed")
+            events_queue.put({"error": f"internal error: {type(exc).__name__}"})
+
+    def events() -> Iterator[str]:
+        worker = threading.Thread(target=work, name="attnlab-scan", daemon=True)
+        worker.start()
+        try:
+            while True:
+                try:
+                    event = events_queue.get(timeout=1.0)
+                except queue.Empty:
+                    check_cancelled()
+                    continue
+                if event is None:
+                    return
+                yield _event(event)
+                if "done" in event or "error" in event:
+                    return
+        except RequestCancelled:
+            return
+        finally:
+            stopped.set()  # the client left (or the stream ended): the scan stops at its next batch
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+def _respond(request: Request, job: Callable[[Callable[[int, int], None]], dict]) -> Response:
+    if _wants_stream(request):
+        return _stream(job)
+
+    def progress(_done: int, _total: int) -> None:
+        check_cancelled()
+    return fast_json(job(progress))
+
+
+# ---- POST /api/text/patching --------------------------------------------------------------------------------------
+@router.post("/patching", responses={
+    200: {"description": "the scan (JSON), or with Accept: text/event-stream progress events then the result",
+          "content": {"text/event-stream": {}}},
+    422: {"description": "a field is wrong: answer/wrong not one token, prompts of different token counts, …"},
+    503: {"description": "queue full"}})
+def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Response:
+    """Patching between a clean and a corrupted prompt (see /guide#patching): LD = logit(answer) − logit(wrong) at
+    the last position; each cell's effect is (LD_patched − LD_corrupt) / (LD_clean − LD_corrupt).
+
+    `scan` "heads": every head's output (before W_O, all positions) from the clean run, as [L][H]; "residual":
+    the output of each layer at each position, as [L][T]. `method` "attribution": the gradient estimate (heads
+    only; 2 forwards and 1 backward). An exact head scan also returns `attribution` and `rank_correlation`.
+    `clean_run_id` names the clean run's head outputs, kept for `{"op": "patch_heads", "source": clean_run_id}`.
+    """
+    adapter = _lm(runtime, req.model)
+    clean, corrupt = _prompt(runtime, adapter, "clean", req.clean), _prompt(runtime, adapter, "corrupt", req.corrupt)
+    if clean.shape[1] != corrupt.shape[1]:
+        raise field_error(("corrupt",), f"clean has {clean.shape[1]} tokens and corrupt {corrupt.shape[1]}: the two "
+                          "prompts must have the same token count")
+    answer, wrong = _one_token(adapter, "answer", req.answer), _one_token(adapter, "wrong", req.wrong)
+    if answer == wrong:
+        raise field_error(("wrong",), "wrong is the same token as answer")
+    if req.method == "attribution" and req.scan != "heads":
+        raise field_error(("method",), "attribution patching is offered for the head scan (scan: heads)")
+    if len(req.interventions) > runtime.settings.max_interventions:
+        raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
+                          f"{runtime.settings.max_interventions} (max_interventions)")
+    sources = request_sources(runtime, adapter.info.id, req.interventions)
+    with head_run(sources):
+        interventions = engine_interventions(req, adapter, clean.shape[1])
+    pair = Pair(clean, corrupt, answer, wrong)
+    batch, n_tokens = runtime.settings.patching_batch, clean.shape[1]
+
+    def job(progress) -> dict:
+        with head_run(sources):
+            with runtime.step(n_tokens):
+                base = baseline(adapter, pair, interventions)
+            response: dict[str, Any] = {
+                "model": adapter.info.id, "clean_tokens": [adapter.token_text(int(i)) for i in clean[0]],
+                "corrupt_tokens": [adapter.token_text(int(i)) for i in corrupt[0]],
+                "answer_id": answer, "wrong_id": wrong, "ld_clean": base.ld_clean, "ld_corrupt": base.ld_corrupt,
+                "scan": req.scan, "method": req.method,
+            }
+            if base.ld_clean == base.ld_corrupt:
+                response["warnings"] = ["LD_clean equals LD_corrupt: the effect is undefined (null)"]
+            attribution = None
+            if req.scan == "heads" and req.method == "exact":
+                effect = head_scan(adapter, pair, base, interventions, batch, progress,
+                                   guard=lambda: runtime.step(n_tokens * batch))
+            elif req.scan == "residual":
+                effect = residual_scan(adapter, pair, base, interventions, batch, progress,
+                                       guard=lambda: runtime.step(n_tokens * batch))
+            else:
+                effect = None
+            if req.scan == "heads":
+                check_cancelled()
+                with runtime.step(n_tokens):
+                    attribution = attribution_scan(adapter, pair, base, interventions)
+                if effect is None:
+                    effect = attribution
+                    progress(1, 1)
+                else:
+                    response["attribution"] = _finite(attribution)
+                    response["rank_correlation"] = rank_correlation(effect, attribution)
+            response["effect"] = _finite(effect)
+            response["clean_run_id"] = source_store(runtime).put(adapter.info.id, base.clean_outputs)
+        return response
+
+    return _respond(request, job)
+
+
+def _finite(tensor: torch.Tensor) -> list:
+    """Nested lists with NaN as null (JSON has no NaN)."""
+    return [[None if v != v else v for v in row] for row in tensor.tolist()]
+
+
+# ---- POST /api/text/lens ------------------------------------------------------------------------------------------
+@router.post("/lens", responses={422: {"description": "a field is wrong"}, 503: {"description": "queue full"}})
+def lens(req: LensRequest, runtime: RuntimeDep) -> Response:
+    """The logit lens (see /guide#lens): row l is the residual stream after layer l through the final norm and the
+    unembedding, `top` [L][T][k] of {"token", "id", "prob"}; the last row is the model's own next-token
+    distribution. With interventions and `compare`, `top_before` is the lens without them."""
+    adapter = _lm(runtime, req.model)
+    ids = _prompt(runtime, adapter, "text", req.text)
+    if len(req.interventions) > runtime.settings.max_interventions:
+        raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
+                          f"{runtime.settings.max_interventions} (max_interventions)")
+    sources = request_sources(runtime, adapter.info.id, req.interventions)
+    with head_run(sources):
+        interventions = engine_interventions(req, adapter, ids.shape[1])
+        check_cancelled()
+        with runtime.admitted():
+            after = logit_lens(adapter, ids, interventions, req.top)
+        before = None
+        if req.compare:
+            check_cancelled()
+            with runtime.admitted():
+                before = logit_lens(adapter, ids, (), req.top) if interventions else after
+    return fast_json({
+        "model": adapter.info.id, "tokens": [adapter.token_text(int(i)) for i in ids[0]],
+        "top": _lens_cells(adapter, after), "top_before": None if before is None else _lens_cells(adapter, before),
+    })
+
+
+def _lens_cells(adapter: CausalLMAdapter, found) -> list:
+    texts: dict[int, str] = {}
+
+    def text(token_id: int) -> str:
+        if token_id not in texts:
+            texts[token_id] = adapter.token_text(token_id)
+        return texts[token_id]
+    return [[[{"token": text(i), "id": i, "prob": p} for i, p in zip(ids, probs)]
+             for ids, probs in zip(layer_ids, layer_probs)]
+            for layer_ids, layer_probs in zip(found.ids.tolist(), found.probs.tolist())]
+
+
+# ---- POST /api/text/faithfulness ------------------------------------------------------------------------------------
+@router.post("/faithfulness", responses={422: {"description": "a field is wrong"}, 503: {"description": "queue full"}})
+def faithfulness_check(req: FaithfulnessRequest, runtime: RuntimeDep) -> Response:
+    """Which attribution of a query row is faithful (see /guide#faithfulness): keys ranked by raw attention (layer
+    mean), value-weighted attention, rollout and gradient × attention; each method's top-k keys are masked in every
+    layer, and the output change is reported per k: decoder LMs `kl` of the next-token distribution and `p_drop` of
+    p(answer); encoders the change of their own output (`kl` for masked-LM/classes, 1 − cosine for embeddings)."""
+    try:
+        adapter = runtime.adapter(req.model, kind="text")
+    except UnknownModel as exc:
+        raise field_error(("model",), str(exc.args[0])) from None
+    if isinstance(adapter, Seq2SeqAdapter):
+        raise field_error(("model",), "the faithfulness check is offered for encoders and decoder LMs")
+    if len(req.text) > runtime.settings.max_text_chars:
+        raise field_error(("text",), f"text has {len(req.text):,} characters; the limit is "
+                          f"{runtime.settings.max_text_chars:,} (max_text_chars)")
+    if not req.text.strip():
+        raise field_error(("text",), "text is empty or only white space")
+    encoded = adapter.encode(req.text)
+    n_tokens = len(encoded.tokens)
+    if n_tokens > runtime.settings.analysis_max_tokens:
+        raise field_error(("text",), f"text has {n_tokens} tokens; the limit is {runtime.settings.analysis_max_tokens} "
+                          "(analysis_max_tokens)")
+    position = n_tokens - 1 if req.position is None else req.position
+    if position >= n_tokens:
+        raise field_error(("position",), f"position {position} is past the last token ({n_tokens - 1})")
+    answer = None
+    if req.answer is not None:
+        if not isinstance(adapter, CausalLMAdapter):
+            raise field_error(("answer",), "answer is for decoder language models")
+        answer = _one_token(adapter, "answer", req.answer)
+    check_cancelled()
+    with runtime.admitted():
+        result = faithfulness(adapter, encoded, position, list(dict.fromkeys(req.k)), list(dict.fromkeys(req.methods)),
+                              answer)
+    return fast_json({"model": adapter.info.id, "tokens": encoded.tokens, "position": position, **result})

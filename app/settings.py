@@ -58,6 +58,17 @@ class Settings(BaseSettings):
     # decoded uploads kept (RGB, shorter side ≤ 1024 px); None = a share of memory_budget_bytes (app/costs.py)
     image_cache_bytes: int | None = None
 
+    # Speech (/audio, app/routes/audio.py; models/audio.py decodes with PyAV). An upload over max_audio_bytes, or that
+    # decodes to more than max_audio_s (Whisper's 30 s window; counted while decoding, so a small file that would
+    # decode to hours stops there), is refused with 413; channels and sample rates outside these, 400.
+    max_audio_bytes: int = Field(10 * 1024 * 1024, ge=1024)
+    max_audio_s: float = Field(30.0, gt=0, le=30.0)
+    max_audio_channels: int = Field(8, ge=1)
+    min_audio_sample_rate: int = Field(8000, ge=1000)
+    max_audio_sample_rate: int = Field(192_000, ge=8000)
+    audio_cache_items: int = Field(64, ge=1)  # decoded clips kept (16 kHz mono float32: 1.9 MB per 30 s)
+    max_transcript_tokens: int = Field(224, ge=1, le=440)  # greedy transcript length (Whisper's own sample_len)
+
     # Shared upload store for replicas (app/imagestore.py): uploaded bytes in Redis, so any replica behind a load
     # balancer can serve any image id; None = this process's memory only (the default).
     redis_url: str | None = None  # e.g. "redis://redis:6379/0"

@@ -23,6 +23,7 @@ from app.routes import pages, service, text
 from app.routes import images
 from app.routes import gaussian
 from app.routes import analysis
+from app.routes import audio
 from app.lifecycle import RequestCancelled, RequestGuard, use_parsed_json
 from app.runtime import Overloaded, Runtime, request_deadline, request_timings
 from app.settings import Settings, get_settings
@@ -197,7 +198,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestDeadline, seconds=settings.request_timeout_s)
     # queue_depth waiting + the one running + a few cache hits / uploads that never wait for the model.
     app.add_middleware(AdmissionGate, limit=settings.queue_depth + 4)
-    app.add_middleware(RequestGuard, settings=settings, post_paths=lambda: {
+    app.add_middleware(RequestGuard, settings=settings, upload_paths=("/api/images", "/api/audio"), post_paths=lambda: {
         path for path, operations in app.openapi().get("paths", {}).items() if "post" in operations})
 
     app.add_middleware(SecurityHeaders)
@@ -249,6 +250,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(images.router)
     app.include_router(gaussian.router)
     app.include_router(analysis.router)
+    app.include_router(audio.router)
     for route in _api_routes(app.router.routes):  # JSON bodies: take the value RequestGuard parsed (off the loop)
         if route.body_field is not None and "POST" in route.methods and not getattr(route, "_parsed_json", False):
             handler_of = route.get_route_handler  # FastAPI builds each route's ASGI app from this method

@@ -96,6 +96,7 @@ class Runtime:
             max_tokens=settings.max_tokens, weights_dir=settings.weights_dir,
             extra_text=settings.extra_text_models, extra_image=settings.extra_image_models,
             extra=settings.extra_models, max_new_tokens=settings.max_new_tokens,
+            max_transcript_tokens=settings.max_transcript_tokens, max_audio_s=settings.max_audio_s,
         )
         self._adapters: dict[str, AttentionAdapter] = {}
         self.unavailable: dict[str, str] = {}  # model id → why it could not load

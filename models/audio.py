@@ -104,7 +104,7 @@ def decode_bytes(data: bytes, limits: AudioLimits = AudioLimits()) -> DecodedAud
                                   "(min_audio_sample_rate, max_audio_sample_rate)", 400)
         if not 1 <= channels <= limits.max_channels:
             raise AudioInputError(f"{channels} channels; at most {limits.max_channels} are accepted (max_audio_channels)", 400)
-        declared = _declared_seconds(container, stream)
+        declared = _wav_declared_seconds(data) if fmt == "wav" else _declared_seconds(container, stream)
         if declared is not None and declared > limits.max_seconds + 0.5:
             raise AudioInputError(_too_long(declared, limits), 413)
         samples = _decode_stream(container, stream, fmt, limits)
@@ -119,6 +119,24 @@ def decode_bytes(data: bytes, limits: AudioLimits = AudioLimits()) -> DecodedAud
 def _too_long(seconds: float, limits: AudioLimits) -> str:
     return (f"the clip is longer than max_audio_s = {limits.max_seconds:g} s (Whisper's window){f' ({seconds:.1f} s)' if seconds else ''}; "
             "cut it to at most that")
+
+
+def _wav_declared_seconds(data: bytes) -> float | None:
+    """The duration a WAV header declares (data chunk size / byte rate): FFmpeg estimates a WAV's duration from the
+    file's size, which hides a truncated file. None when the header leaves it open (a streamed WAV: size 0 or ~4 GB)."""
+    import struct
+
+    offset, byte_rate = 12, 0
+    while offset + 8 <= len(data):
+        chunk, size = data[offset:offset + 4], struct.unpack("<I", data[offset + 4:offset + 8])[0]
+        if chunk == b"fmt " and offset + 16 <= len(data):
+            byte_rate = struct.unpack("<I", data[offset + 16:offset + 20])[0]
+        if chunk == b"data":
+            if size == 0 or size >= 0x7FFF0000 or byte_rate == 0:
+                return None
+            return size / byte_rate
+        offset += 8 + size + (size & 1)
+    return None
 
 
 def _declared_seconds(container, stream) -> float | None:

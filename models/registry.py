@@ -15,7 +15,7 @@ from models.adapters.base import AttentionAdapter
 @dataclass(frozen=True)
 class ModelSpec:
     id: str
-    kind: str  # "text" | "image"
+    kind: str  # "text" | "image" | "audio"
     load: Callable[..., AttentionAdapter]  # (device preference, dtype name = "float32") → adapter
     description: str = ""
     family: str = "encoder"  # "encoder" | "causal_lm" | "seq2seq" | "vision": which adapter loads it
@@ -90,6 +90,16 @@ def _image_spec(model_id: str, source: Callable[[], str] | str, description: str
     return ModelSpec(model_id, "image", load, description, "vision")
 
 
+def _audio_spec(model_id: str, source: str, description: str, max_new_tokens: int, max_audio_s: float) -> ModelSpec:
+    def load(device: str, dtype: str = "float32") -> AttentionAdapter:
+        from models.adapters.whisper import WhisperAdapter
+
+        return WhisperAdapter(model_id, source, device=device, dtype=dtype, max_new_tokens=max_new_tokens,
+                              max_audio_s=max_audio_s)
+
+    return ModelSpec(model_id, "audio", load, description, "speech")
+
+
 def build_registry(
     *,
     max_tokens: int = 512,
@@ -98,6 +108,8 @@ def build_registry(
     extra_image: dict[str, str] | None = None,
     extra: dict[str, str] | None = None,
     max_new_tokens: int = 64,
+    max_transcript_tokens: int = 224,
+    max_audio_s: float = 30.0,
 ) -> dict[str, ModelSpec]:
     """The default models, then the operator's: `extra` entries of any family (detected from their config),
     `extra_text` as BERT-family encoders, `extra_image` as ViT-family models."""
@@ -111,6 +123,10 @@ def build_registry(
         _image_spec("vit-fashion", str(trained_dir / "vit-fashion"), "small ViT trained on Fashion-MNIST"),
         _lm_spec("smollm2-135m", str(weights_dir / "smollm2-135m"), "causal_lm", max_tokens, max_new_tokens,
                  "SmolLM2-135M-Instruct decoder LM (30 layers × 9 query heads, 3 K/V heads)"),
+        # loads on first use (not in default_models: start-up stays fast)
+        _audio_spec("whisper-tiny-en", str(weights_dir / "whisper-tiny-en"),
+                    "Whisper tiny.en speech recogniser (4 + 4 layers × 6 heads, cross-attention over 1,500 × 20 ms)",
+                    max_transcript_tokens, max_audio_s),
     ]
     specs += [_text_spec(i, s, max_tokens, f"text model from {s}") for i, s in (extra_text or {}).items()]
     specs += [_image_spec(i, s, f"image model from {s}") for i, s in (extra_image or {}).items()]

@@ -1,0 +1,387 @@
+"""Speech: uploads (POST /api/audio), the log-mel the model sees and the clip for playback, Whisper's attention with
+interventions (POST /api/audio/attention), the streamed greedy transcript, and the page (/audio).
+
+Uploads are size-checked before and while the body is read (max_audio_bytes), decoded in the thread pool by
+models/audio.py (containers by magic number, codec allowlist, channel and sample-rate limits, the duration counted
+while decoding: a decoder bomb stops at max_audio_s), and kept by app/audiostore.py (memory, plus Redis when
+redis_url is set). Ids are random (app/ids.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from pydantic import Field
+from starlette.datastructures import UploadFile
+
+from app.attention import _check_indices, fast_json, field_error
+from app.audiostore import AudioStore, audio_limits, get_audio_store
+from app.deps import RuntimeDep
+from app.encoding import tensor_field
+from app.ids import ID_PATTERN, new_id
+from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
+from app.lifecycle import check_cancelled
+from app.routes.images import MULTIPART_SLACK, decode_gate
+from app.runtime import Runtime, UnknownModel
+from app.schemas import IndexList, InterventionIn, _Strict, to_engine
+from app.templating import templates
+from models.adapters.base import Encoded
+from models.adapters.seq2seq import KINDS, KindScopedIntervention
+from models.adapters.whisper import EOT, POSITION_S, WhisperAdapter
+from models.audio import AudioInputError, DecodedAudio, decode_bytes, to_wav
+from models.effects import attention_tv
+
+router = APIRouter(tags=["audio"])
+ROOT = Path(__file__).resolve().parents[2]
+# The bundled sample (made at setup by espeak-ng, models/prepare.py) has this fixed id on every replica.
+SAMPLE_ID = "5a3b1e00000000000000000000000001"
+AUDIO_ID_PATTERN = ID_PATTERN.pattern
+AudioStoreDep = Annotated[AudioStore, Depends(get_audio_store)]
+DEFAULT_MODEL = "whisper-tiny-en"
+
+
+def _sample_path(runtime: Runtime) -> Path:
+    return ROOT / runtime.settings.weights_dir / "samples" / "speech-sample.wav"
+
+
+def _error(status: int, message: str, field: str = "file") -> JSONResponse:
+    return JSONResponse({"detail": [{"loc": ["body", field], "msg": message, "type": "value_error"}]}, status_code=status)
+
+
+def _too_large(limit: int, detail: str | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail or f"file: the upload is larger than the limit of {limit:,} bytes (max_audio_bytes)"},
+                        status_code=413, headers={"Connection": "close"})
+
+
+def _describe(audio_id: str, audio: DecodedAudio) -> dict[str, Any]:
+    return {"audio_id": audio_id, "duration_s": round(audio.duration_s, 4), "sample_rate": audio.sample_rate,
+            "channels": audio.channels, "format": audio.format}
+
+
+UPLOAD_OPENAPI = {
+    "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+        "type": "object", "required": ["file"],
+        "properties": {"file": {"type": "string", "format": "binary",
+                                "description": "WAV, FLAC, MP3, OGG (Opus/Vorbis) or WebM (Opus)"}},
+    }}}},
+    "responses": {
+        "400": {"description": "unreadable, truncated or empty audio; channels or sample rate outside the limits"},
+        "413": {"description": "over max_audio_bytes, or longer than max_audio_s (counted while decoding)"},
+        "415": {"description": "not audio in an accepted container/codec, or not multipart/form-data"},
+        "422": {"description": "no `file` field"},
+        "503": {"description": "decodes busy (max_concurrent_decodes) or the shared store (Redis) unreachable"},
+    },
+}
+
+
+@router.post("/api/audio", openapi_extra=UPLOAD_OPENAPI)
+async def upload_audio(request: Request, store: AudioStoreDep) -> JSONResponse:
+    """Store a clip (multipart field `file`): decoded and resampled to 16 kHz mono for the model. Answers its id,
+    duration, the file's own sample rate and channels, and its container."""
+    settings = request.app.state.runtime.settings
+    limit = settings.max_audio_bytes
+    content_type = request.headers.get("content-type", "")
+    if not content_type.lower().startswith("multipart/form-data"):
+        return _error(415, f"send multipart/form-data with the clip in the field 'file' (got {content_type or 'no content type'!r})")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            return _error(400, "invalid Content-Length header", "content-length")
+        if int(declared) > limit + MULTIPART_SLACK:
+            return _too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit + MULTIPART_SLACK:
+            return _too_large(limit)
+    request._body = bytes(body)
+    form = await request.form(max_files=1, max_fields=8)
+    try:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            return _error(422, "missing the multipart field 'file' holding the audio")
+        data = await upload.read()
+    finally:
+        await form.close()
+    if not data:
+        return _error(400, "the file is empty")
+    if len(data) > limit:
+        return _too_large(limit)
+    gate = decode_gate(request.app)
+    if not await gate.acquire():
+        return JSONResponse({"detail": f"server busy: {gate.limit} decodes already running (max_concurrent_decodes)"},
+                            status_code=503, headers={"Retry-After": str(max(1, math.ceil(gate.wait_s / 4)))})
+    try:
+        audio = await run_in_threadpool(decode_bytes, data, audio_limits(settings))
+    except AudioInputError as exc:
+        return _error(exc.status, str(exc))
+    finally:
+        gate.release()
+    audio_id = new_id()
+    try:
+        await run_in_threadpool(store.put, audio_id, data, audio)
+    except StoreUnavailable as exc:
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+    except StoreItemTooLarge as exc:
+        return _too_large(store.max_item_bytes or limit, f"file: {exc}")
+    return JSONResponse(_describe(audio_id, audio))
+
+
+def _stored(runtime: Runtime, store: AudioStore, audio_id: str, field: tuple = ("audio_id",)) -> DecodedAudio:
+    if not ID_PATTERN.match(audio_id):
+        raise field_error(field, "audio_id must be 32 lowercase hex characters (from POST /api/audio)")
+    try:
+        audio = store.get(audio_id)
+    except StoreUnavailable as exc:
+        raise HTTPException(503, detail=str(exc), headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    if audio is None and audio_id == SAMPLE_ID:
+        path = _sample_path(runtime)
+        if path.is_file():
+            audio = decode_bytes(path.read_bytes(), audio_limits(runtime.settings))
+            store.put(audio_id, b"", audio, shared=False)  # every replica has the file
+    if audio is None:
+        raise HTTPException(404, detail=f"audio_id {audio_id!r} is not held by the server (expired or never uploaded): "
+                                        "upload the clip again")
+    return audio
+
+
+@router.get("/api/audio/sample")
+def audio_sample(runtime: RuntimeDep, store: AudioStoreDep) -> dict[str, Any]:
+    """The bundled sample clip (spoken by espeak-ng at setup): its fixed id and text; 404 when it was not made."""
+    if not _sample_path(runtime).is_file():
+        raise HTTPException(404, detail="no sample clip on this server (espeak-ng was not installed at setup)")
+    from models.prepare import SPEECH_SAMPLE_TEXT
+
+    return {**_describe(SAMPLE_ID, _stored(runtime, store, SAMPLE_ID)), "text": SPEECH_SAMPLE_TEXT}
+
+
+_extractor_lock = threading.Lock()
+_extractor = None
+
+
+def _spectrogram(samples: np.ndarray) -> np.ndarray:
+    """Whisper's log-mel (80 × F frames of 10 ms up to the clip's end), without loading the model."""
+    global _extractor
+    with _extractor_lock:
+        if _extractor is None:
+            from models.prepare import whisper_feature_extractor
+
+            _extractor = whisper_feature_extractor()
+    frames = min(3000, math.ceil(samples.size / 160))
+    return _extractor(samples, sampling_rate=16000, return_tensors="np").input_features[0, :, :frames].astype(np.float32)
+
+
+@router.get("/api/audio/{audio_id}/spectrogram")
+def audio_spectrogram(audio_id: str, runtime: RuntimeDep, store: AudioStoreDep) -> Response:
+    """The log-mel spectrogram the model sees: `mel` [80][F] (Whisper's scaling: log10, floored 8 below the clip's
+    maximum, (x + 4) / 4), F frames of `frame_s` = 0.01 s up to the clip's end."""
+    audio = _stored(runtime, store, audio_id, ("path", "audio_id"))
+    mel = _spectrogram(audio.samples)
+    return fast_json({"audio_id": audio_id, "mel": mel, "frame_s": 0.01, "n_mels": int(mel.shape[0]),
+                      "frames": int(mel.shape[1]), "duration_s": round(audio.duration_s, 4)})
+
+
+@router.get("/api/audio/{audio_id}/wav")
+def audio_wav(audio_id: str, runtime: RuntimeDep, store: AudioStoreDep) -> Response:
+    """The clip as the model hears it (16 kHz mono, 16-bit WAV), for playback."""
+    audio = _stored(runtime, store, audio_id, ("path", "audio_id"))
+    return Response(to_wav(audio.samples), media_type="audio/wav", headers={"Cache-Control": "private, max-age=3600"})
+
+
+# ---- attention -------------------------------------------------------------------------------------------------
+class AudioAttentionRequest(_Strict):
+    model: str = DEFAULT_MODEL
+    audio_id: str = Field(description="from POST /api/audio (or GET /api/audio/sample)")
+    task: Literal["transcribe", "translate"] = "transcribe"
+    language: str | None = Field(None, max_length=8, description="null = the model's own (tiny.en: English only)")
+    target: str | None = Field(None, max_length=2000, description="text to teacher-force; null = the greedy transcript")
+    layers: IndexList | None = Field(None, description="decoder/cross layers to return (null = all)")
+    heads: IndexList | None = None
+    encoder_layers: IndexList | None = Field(None, description="encoder layers of the overview (null = all)")
+    kinds: list[Literal["encoder", "decoder", "cross"]] = Field(default_factory=lambda: ["cross", "decoder"])
+    interventions: Annotated[list[InterventionIn], Field(max_length=256)] = Field(default_factory=list)
+    compare: bool = False
+    encoding: Literal["json", "f16", "f32"] = "json"
+
+
+def _audio_adapter(runtime: Runtime, model: str) -> WhisperAdapter:
+    try:
+        adapter = runtime.adapter(model, kind="audio")
+    except UnknownModel as exc:
+        raise field_error(("model",), str(exc.args[0])) from None
+    assert isinstance(adapter, WhisperAdapter)
+    return adapter
+
+
+def _interventions(req: AudioAttentionRequest, adapter: WhisperAdapter, n_target: int):
+    """Check each intervention against its kind: keys are encoder positions (0 … 1499, 20 ms each) for cross and
+    encoder attention, decoder tokens for the decoder; 422 naming the field otherwise."""
+    info = adapter.info
+    layers_of = {"encoder": info.encoder_layers, "decoder": info.decoder_layers, "cross": info.decoder_layers}
+    keys_of = {"encoder": 1500, "decoder": n_target, "cross": 1500}
+    scoped = []
+    for i, item in enumerate(req.interventions):
+        where = ("interventions", i)
+        if item.op == "patch_heads":
+            raise field_error((*where, "op"), "patch_heads is not offered for speech models")
+        tokens = getattr(item, "tokens", None)
+        if tokens is not None and item.kind is None:
+            raise field_error((*where, "kind"), f"{item.op} with tokens needs a kind: token numbers are encoder "
+                              "positions (20 ms each) for 'cross' and 'encoder', decoder tokens for 'decoder'")
+        kinds = KINDS if item.kind is None else (item.kind,)
+        _check_indices(item.layers, min(layers_of[k] for k in kinds), (*where, "layers"), "layer")
+        _check_indices(item.heads, info.heads, (*where, "heads"), "head")
+        if tokens is not None:
+            _check_indices(tokens, keys_of[item.kind], (*where, "tokens"),
+                           "decoder token" if item.kind == "decoder" else "encoder position")
+        scoped.append(KindScopedIntervention(to_engine(item), item.kind))
+    return adapter.engine_interventions(scoped)
+
+
+# greedy transcripts with interventions, per (model, audio, interventions): a re-view needs no new decoding
+_transcripts: OrderedDict[tuple, tuple[list[int], list[float]]] = OrderedDict()
+_transcripts_lock = threading.Lock()
+
+
+def _transcript(runtime: Runtime, adapter: WhisperAdapter, encoded: Encoded, interventions: tuple) -> tuple[list[int], list[float]]:
+    key = (adapter.info.id, encoded.key, interventions)
+    with _transcripts_lock:
+        if key in _transcripts:
+            _transcripts.move_to_end(key)
+            return _transcripts[key]
+    with runtime.admitted():
+        value = adapter.transcribe(encoded.inputs["input_features"], interventions)
+    with _transcripts_lock:
+        _transcripts[key] = value
+        while len(_transcripts) > runtime.settings.result_cache_items:
+            _transcripts.popitem(last=False)
+    return value
+
+
+def _prepare(req: AudioAttentionRequest, runtime: Runtime, store: AudioStore):
+    adapter = _audio_adapter(runtime, req.model)
+    if req.task == "translate":
+        raise field_error(("task",), f"{adapter.info.id} is English-only: it transcribes, it does not translate")
+    if req.language not in (None, "en"):
+        raise field_error(("language",), f"{adapter.info.id} is English-only: language must be null or 'en'")
+    if len(req.interventions) > runtime.settings.max_interventions:
+        raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
+                          f"{runtime.settings.max_interventions} (max_interventions)")
+    audio = _stored(runtime, store, req.audio_id)
+    encoded = runtime.encode(adapter, ("audio", req.audio_id, req.target),
+                             lambda: adapter.encode(audio.samples, ("audio", req.audio_id), req.target))
+    return adapter, audio, encoded
+
+
+@router.post("/api/audio/attention")
+def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: AudioStoreDep) -> Response:
+    """Whisper's attention on a clip: the decoder tokens (prompt included) and the transcript; cross-attention
+    [L][H][N][1500] (keys: encoder positions of 20 ms), decoder self-attention [L][H][N][N] (causal), the encoder's
+    self-attention as a pooled overview; each target token's probability (teacher-forced); words with times from
+    the alignment heads; the heads ranked by alignment. With `compare`: the text before/after (greedy with the
+    interventions active), per-token probability change and KL, attention TV per kind."""
+    adapter, audio, encoded = _prepare(req, runtime, store)
+    info = adapter.info
+    n = len(encoded.tokens)
+    layers = _check_indices(req.layers, info.decoder_layers, ("layers",), "layer")
+    heads = _check_indices(req.heads, info.heads, ("heads",), "head")
+    encoder_layers = _check_indices(req.encoder_layers, info.encoder_layers, ("encoder_layers",), "encoder layer")
+    interventions = _interventions(req, adapter, n)
+    n_positions = min(1500, math.ceil(audio.samples.size / (POSITION_S * 16000)))
+    numbers = len(layers) * len(heads) * n * ((1500 if "cross" in req.kinds else 0) + (n if "decoder" in req.kinds else 0))
+    if numbers > runtime.settings.max_response_numbers:
+        raise HTTPException(413, detail=f"the response would hold {numbers:,} numbers, over max_response_numbers="
+                            f"{runtime.settings.max_response_numbers:,}; ask for fewer layers/heads/kinds")
+    check_cancelled()
+    base = runtime.run(adapter, encoded, (), False)
+    result = runtime.run(adapter, encoded, interventions, False) if interventions else base
+    attention: dict[str, Any] = {}
+    for kind in ("cross", "decoder"):
+        attention[kind] = tensor_field(result.by_kind[kind][layers][:, heads], req.encoding) if kind in req.kinds else None
+    attention["encoder"] = None
+    if "encoder" in req.kinds:
+        overview = result.output["encoder_overview"][encoder_layers][:, heads]  # (l, h, B, B)
+        attention["encoder"] = {"overview": tensor_field(overview, req.encoding), "layers": encoder_layers,
+                                "block_positions": result.derived["overview_block"], "positions": n_positions}
+    effect = None
+    warnings = list(result.warnings)
+    if req.compare:
+        check_cancelled()
+        after_ids, after_probs = _transcript(runtime, adapter, encoded, interventions) if interventions else (
+            encoded.extra["labels"], base.output["label_log_probs"].exp().tolist())
+        effect = {
+            "attention_tv": {kind: attention_tv(result.by_kind[kind], base.by_kind[kind]).tolist() for kind in ("cross", "decoder")},
+            "output": {"text_before": encoded.extra["text"], "text_after": adapter.decode(after_ids),
+                       "tokens_after": [{"token": adapter.token_text(t), "prob": p} for t, p in zip(after_ids, after_probs)],
+                       **adapter.output_effect(base, result, encoded)},
+        }
+        if after_ids and after_ids[-1] != EOT:
+            warnings.append(f"the transcript with interventions stopped at max_transcript_tokens={adapter.max_new_tokens}")
+    if encoded.extra["labels"] and len(encoded.extra["labels"]) > adapter.max_new_tokens:
+        warnings.append(f"the transcript stopped at max_transcript_tokens={adapter.max_new_tokens}")
+    return fast_json({
+        "model": info.id, "audio_id": req.audio_id, "run_id": None, "tokens": encoded.tokens, "positions": 1500,
+        "clip_positions": n_positions, "frame_s": POSITION_S, "duration_s": round(audio.duration_s, 4),
+        "transcript": encoded.extra["text"], "layers": layers, "heads": heads, "kinds": req.kinds,
+        "native_beta": info.native_beta, "attention": attention, "entropy": result.derived["entropy"],
+        "output": adapter.output_summary(result, encoded), "effect": effect,
+        "words": adapter.word_times(base, encoded), "alignment": adapter.alignment_ranking(result, encoded),
+        "warnings": warnings,
+    })
+
+
+@router.post("/api/audio/transcribe")
+def audio_transcribe(req: AudioAttentionRequest, runtime: RuntimeDep, store: AudioStoreDep) -> Response:
+    """The greedy transcript with the interventions active, streamed as server-sent events: one `token` event per
+    new token ({"token", "prob", "text"}), then `done` ({"text"}). Each step is admitted on its own."""
+    adapter, audio, encoded = _prepare(req, runtime, store)
+    interventions = _interventions(req, adapter, len(encoded.tokens))
+    features = encoded.inputs["input_features"]
+
+    def events() -> Iterator[bytes]:
+        channel: queue.Queue = queue.Queue()
+
+        def work() -> None:  # decoding holds the model lock; each token is handed over as it comes
+            try:
+                with runtime.admitted():
+                    adapter.transcribe(features, interventions, on_token=lambda t, p: channel.put((t, p)))
+            except Exception as exc:  # reported to the client as an error event
+                channel.put(exc)
+            channel.put(None)
+
+        threading.Thread(target=work, daemon=True).start()
+        produced: list[int] = []
+        while (item := channel.get(timeout=runtime.settings.request_timeout_s)) is not None:
+            if isinstance(item, Exception):
+                yield _event("error", {"detail": str(item)})
+                return
+            token, prob = item
+            if token != EOT:
+                produced.append(token)
+            yield _event("token", {"token": adapter.token_text(token), "prob": prob, "text": adapter.decode(produced)})
+        yield _event("done", {"text": adapter.decode(produced)})
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+@router.get("/audio", response_class=HTMLResponse)
+def audio_page(request: Request, runtime: RuntimeDep):
+    """Speech: Whisper's cross-attention over time, with interventions."""
+    settings = runtime.settings
+    config = {"model": DEFAULT_MODEL, "max_audio_s": settings.max_audio_s, "max_audio_bytes": settings.max_audio_bytes,
+              "sample": _sample_path(runtime).is_file(), "sample_id": SAMPLE_ID}
+    return templates.TemplateResponse(request, "audio.html", {"config": config, "page": "audio"})

@@ -1,0 +1,405 @@
+"""Whisper (speech → text), an encoder–decoder whose cross-attention looks over time (docs/science.md §speech).
+
+- The encoder reads an 80-bin log-mel spectrogram of a 30 s window (3,000 frames of 10 ms; shorter clips are padded
+  with silence, as Whisper was trained); two convolutions halve it to 1,500 encoder positions of 20 ms.
+- The decoder writes text tokens after the prompt <|startoftranscript|><|notimestamps|> (tiny.en is English-only:
+  no language or task token). Its cross-attention rows are N × 1,500: a text token's look over time.
+
+Kinds and layers as in models/adapters/seq2seq.py ("encoder", "decoder", "cross"; layers count within the kind;
+KindScopedIntervention). Whisper's attention scales its queries by 1/√d *before* the attention function (which it
+calls with scaling 1.0); the engine sees q/√d, so a requested β is passed on as β·√d and a query perturbation's σ as
+σ/√d: the shown β keeps the meaning of docs/science.md §2 (β₀ = 1/√d on the raw q·k).
+
+Runs:
+- `encode`: the log-mel features and the greedy transcript without interventions (the teacher-forcing target);
+- `run`: the encoder (its maps pooled into an overview, never kept whole: 1,500² per head), then the decoder
+  teacher-forced on the target, with the interventions; keeps cross (N × 1,500) and decoder (N × N) maps and each
+  target token's probability;
+- `transcribe`: greedy decoding with the interventions active at every step (KV cache);
+- `word_times`: word start/end from the alignment heads (median filter + dynamic time warping over the normalised
+  cross-attention, as OpenAI's whisper/timing.py does it; the heads are tiny.en's from OpenAI's published table).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import EncoderDecoderCache, DynamicCache, WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, pick_device
+from models.adapters.seq2seq import KINDS, KindScopedIntervention, kind_of
+from models.effects import kl_divergence
+from models.hooks import RunScope, load_with_attnlab, run_scope
+from models.interventions import Intervention
+
+RATE = 16000
+FRAME_S = 0.01  # one log-mel frame
+POSITION_S = 0.02  # one encoder position (two frames)
+WINDOW_S = 30.0
+SOT, EOT, NO_TIMESTAMPS = 50257, 50256, 50362
+MEDIAN_WIDTH = 7  # OpenAI's word-timestamp median filter width (frames of 20 ms)
+OVERVIEW_BLOCKS = 250  # the encoder self-attention overview: at most this many blocks a side
+
+
+@dataclasses.dataclass
+class AudioModelInfo(ModelInfo):
+    """ModelInfo plus the speech fields of GET /api/models (`layers`/`heads` are the decoder's)."""
+
+    encoder_layers: int | None = None
+    frame_s: float | None = None
+    max_audio_s: float | None = None
+    alignment_heads: list | None = None
+
+
+def probe_waveform(seconds: float = 4.0) -> np.ndarray:
+    """A fixed chirp with noise: the load-time probe's input (no file needed)."""
+    t = np.arange(int(seconds * RATE)) / RATE
+    chirp = 0.3 * np.sin(2 * np.pi * (200 + 60 * t) * t) * (np.sin(2 * np.pi * 1.5 * t) > 0)
+    return (chirp + 0.02 * np.random.default_rng(0).standard_normal(t.size)).astype(np.float32)
+
+
+class WhisperAdapter(AttentionAdapter):
+    def __init__(self, model_id: str, source: str, device: str = "auto", dtype: str = "float32",
+                 max_new_tokens: int = 224, max_audio_s: float = WINDOW_S, source_label: str | None = None):
+        from tokenizers import Tokenizer
+
+        folder = Path(source)
+        if not (folder / "model.safetensors").is_file():
+            raise ValueError(f"{source}: no prepared Whisper weights (run `attnlab prepare`)")
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.extractor = WhisperFeatureExtractor.from_pretrained(folder)
+        ct2_config = json.loads((folder / "ctranslate2_config.json").read_text())
+        self.suppress = sorted(set(ct2_config.get("suppress_ids", [])))  # never generated (Whisper's suppress_tokens)
+        self.suppress_begin = sorted(set(ct2_config.get("suppress_ids_begin", [])))  # not as the first token
+        self.alignment_heads = [tuple(pair) for pair in ct2_config.get("alignment_heads", [])]  # (decoder layer, head)
+        model = load_with_attnlab(WhisperForConditionalGeneration, str(folder), dtype=torch.float32)
+        config = model.config
+        self.prompt = [config.decoder_start_token_id, NO_TIMESTAMPS]
+        features = self._features(probe_waveform())
+        probe_inputs = {"input_features": features, "decoder_input_ids": torch.tensor([self.prompt + [1770, 13]])}
+        report = self._attach_probed(model, pick_device(device), probe_inputs, lambda out: out.logits, dtype)
+        self.kind_layers: dict[str, list[int]] = {kind: [] for kind in KINDS}
+        for index, module in enumerate(report.modules):
+            self.kind_layers[kind_of(report.names[id(module)])].append(index)
+        # the encoder runs alone (its own scope): its layers are the first ones called, 0 … L_enc − 1
+        if self.kind_layers["encoder"] != list(range(len(self.kind_layers["encoder"]))):
+            raise ValueError(f"{source}: encoder attention is not called first")
+        self.encoder_layer_of = {i: l for i, l in self.layer_of.items() if l in self.kind_layers["encoder"]}
+        head_dim = config.d_model // config.decoder_attention_heads
+        self.query_scale = float(report.modules[0].scaling)  # 1/√d, applied to q before the attention function
+        self.max_new_tokens = max_new_tokens
+        self.max_audio_s = max_audio_s
+        self.info = AudioModelInfo(
+            id=model_id, kind="audio", layers=config.decoder_layers, heads=config.decoder_attention_heads,
+            head_dim=head_dim, native_beta=self.query_scale, output="transcript", source=source_label or folder.name,
+            parity=report.parity, max_new_tokens=max_new_tokens, architecture=type(model).__name__,
+            decoder_layers=config.decoder_layers, decoder_heads=config.decoder_attention_heads, dtype=dtype,
+            dtype_parity=report.dtype_parity, encoder_layers=config.encoder_layers, frame_s=POSITION_S,
+            max_audio_s=max_audio_s, max_tokens=config.max_target_positions,
+            alignment_heads=[list(pair) for pair in self.alignment_heads],
+        )
+
+    # ---- input -------------------------------------------------------------------------------------
+    def _features(self, samples: np.ndarray) -> torch.Tensor:
+        """(1, 80, 3000) log-mel of the clip padded with silence to 30 s (what the model sees)."""
+        features = self.extractor(samples, sampling_rate=RATE, return_tensors="np").input_features
+        return torch.from_numpy(features.astype(np.float32))
+
+    def spectrogram(self, samples: np.ndarray) -> np.ndarray:
+        """The log-mel the model sees, up to the clip's end: (80, F), F = frames of 10 ms."""
+        frames = min(3000, math.ceil(samples.size / (FRAME_S * RATE)))
+        return self._features(samples)[0, :, :frames].numpy()
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode([i for i in ids if i < EOT], skip_special_tokens=True).strip()
+
+    def encode(self, samples: np.ndarray, key: tuple, target: str | None = None) -> Encoded:
+        """The clip's features and the decoder input: the prompt then the target's tokens (the greedy transcript
+        without interventions when `target` is None). Labels: the target tokens then <|endoftext|>."""
+        features = self._features(samples)
+        if target is None:
+            labels = self.transcribe(features, ())[0]
+        else:
+            labels = self.tokenizer.encode(" " + target.strip(), add_special_tokens=False).ids[: self.max_new_tokens]
+        labels = [t for t in labels if t != EOT] + [EOT]
+        decoder_inputs = self.prompt + labels[:-1]  # teacher forcing: input position p predicts decoder_inputs[p + 1]
+        return Encoded(
+            key=key + (target,), tokens=[self.token_text(t) for t in decoder_inputs],
+            inputs={"input_features": features, "decoder_input_ids": torch.tensor([decoder_inputs])},
+            extra={"labels": labels, "n_samples": int(samples.size), "text": self.decode(labels)},
+        )
+
+    # ---- interventions -----------------------------------------------------------------------------
+    def engine_interventions(self, scoped: list[KindScopedIntervention]) -> tuple[Intervention, ...]:
+        """(kind, layers within the kind) → the engine's global layers; β and query noise onto the pre-scaled q."""
+        result = []
+        for item in scoped:
+            iv = item.intervention
+            kinds = KINDS if item.kind is None else (item.kind,)
+            layers = tuple(
+                self.kind_layers[kind][l] for kind in kinds
+                for l in (range(len(self.kind_layers[kind])) if iv.layers is None else iv.layers)
+                if l < len(self.kind_layers[kind])
+            )
+            changes: dict[str, Any] = {"layers": layers}
+            if iv.op == "temperature":
+                changes["beta"] = iv.beta / self.query_scale  # the engine's β multiplies q/√d
+            elif iv.op == "perturb_queries":
+                changes["noise_std"] = iv.noise_std * self.query_scale  # ε on q/√d
+            result.append(dataclasses.replace(iv, **changes))
+        return tuple(result)
+
+    def _decoder_layers(self) -> set[int]:
+        return set(self.kind_layers["decoder"])
+
+    def _for_length(self, interventions: tuple[Intervention, ...], n_keys: int) -> tuple[Intervention, ...]:
+        """Decoder self-attention masks name target positions; while decoding, keys past the current length are
+        not there yet, so those entries wait for their step (cross/encoder keys are always all there)."""
+        decoder = self._decoder_layers()
+        out = []
+        for iv in interventions:
+            if iv.op == "mask_keys" and iv.layers is not None and set(iv.layers) <= decoder:
+                tokens = tuple(t for t in iv.tokens if t < n_keys)
+                if not tokens:
+                    continue
+                iv = dataclasses.replace(iv, tokens=tokens)
+            out.append(iv)
+        return tuple(out)
+
+    # ---- forward -----------------------------------------------------------------------------------
+    def _scope(self, interventions: tuple[Intervention, ...], record: bool, layer_of: dict[int, int] | None = None,
+               query_offset: int = 0) -> RunScope:
+        return RunScope(layer_of=layer_of or self.layer_of, interventions=interventions, record=record,
+                        deferred_entropy=self.deferred_entropy, query_offset=query_offset)
+
+    @torch.inference_mode()
+    def _encoder(self, features: torch.Tensor, interventions: tuple[Intervention, ...], record: bool):
+        encoder_ivs = tuple(iv for iv in interventions if iv.layers is None or set(iv.layers) & set(self.kind_layers["encoder"]))
+        scope = self._scope(encoder_ivs, record, self.encoder_layer_of)
+        with run_scope(scope):
+            hidden = self.model.model.encoder(self.model_inputs({"x": features})["x"]).last_hidden_state  # (1, 1500, D)
+        return hidden, scope
+
+    def run(self, encoded: Encoded, interventions: tuple[Intervention, ...] = (), record_scores: bool = False) -> AttentionResult:
+        with torch.inference_mode():
+            encoder_hidden, encoder_scope = self._encoder(encoded.inputs["input_features"], interventions, True)
+            n_positions = min(1500, math.ceil(encoded.extra["n_samples"] / (POSITION_S * RATE)))
+            overview, block = encoder_overview(encoder_scope.stacked_attention(self.kind_layers["encoder"]), n_positions)
+            encoder_entropy = encoder_scope.layer_entropy(self.kind_layers["encoder"]).tolist()
+            warnings = list(encoder_scope.warnings)
+            del encoder_scope  # the 1,500² maps go now
+            ids = encoded.inputs["decoder_input_ids"]
+            scope = self._scope(self._for_length(interventions, ids.shape[1]), True)
+            with run_scope(scope):
+                outputs = self.model(encoder_outputs=(encoder_hidden,), decoder_input_ids=ids.to(self.device),
+                                     output_hidden_states=True, return_dict=True)
+        by_kind = {kind: scope.stacked_attention(self.kind_layers[kind]).float().cpu() for kind in ("decoder", "cross")}
+        entropy = {kind: scope.layer_entropy(self.kind_layers[kind]).tolist() for kind in ("decoder", "cross")}
+        entropy["encoder"] = encoder_entropy
+        # row p predicts decoder input p + 1: the rows from the prompt's last token on predict the labels
+        log_probs = torch.log_softmax(outputs.logits[0, len(self.prompt) - 1:].double().cpu(), dim=-1)  # (n_labels, V)
+        labels = torch.tensor(encoded.extra["labels"])  # (n_labels,)
+        hidden = torch.stack([h[0] for h in outputs.decoder_hidden_states]).float().cpu()  # (L_dec + 1, N, D)
+        return AttentionResult(
+            tokens=encoded.tokens, attention=by_kind["decoder"], hidden_states=hidden,
+            output={"label_log_probs": log_probs.gather(1, labels[:, None])[:, 0], "log_probs": log_probs.float(),
+                    "encoder_overview": overview},
+            warnings=warnings + list(scope.warnings),
+            derived={"entropy": entropy, "overview_block": block, "n_positions": n_positions}, by_kind=by_kind,
+        )
+
+    # ---- greedy decoding with the interventions ----------------------------------------------------
+    @torch.inference_mode()
+    def transcribe(self, features: torch.Tensor, interventions: tuple[Intervention, ...],
+                   max_new_tokens: int | None = None, on_token=None) -> tuple[list[int], list[float]]:
+        """Greedy tokens (without the prompt, ending with <|endoftext|> unless cut by max_new_tokens) and their
+        probabilities, the interventions active at every step; the encoder runs once, the decoder with a KV cache.
+        Whisper's suppressed tokens are never chosen (and blank/EOT not first), as `generate` does."""
+        limit = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        encoder_hidden, _ = self._encoder(features, interventions, False)
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        ids = list(self.prompt)
+        new_ids: list[int] = []
+        probs: list[float] = []
+        suppress = torch.tensor(self.suppress, dtype=torch.long)
+        suppress_begin = torch.tensor(self.suppress_begin, dtype=torch.long)
+        n_done = 0
+        for step in range(limit):
+            scope = self._scope(self._for_length(interventions, len(ids)), False, query_offset=n_done)
+            with run_scope(scope):
+                outputs = self.model(encoder_outputs=(encoder_hidden,), decoder_input_ids=torch.tensor([ids[n_done:]], device=self.device),
+                                     past_key_values=cache, use_cache=True, return_dict=True)
+            n_done = len(ids)
+            logits = outputs.logits[0, -1].double().cpu()  # (V,)
+            logits[suppress] = -math.inf
+            if step == 0:
+                logits[suppress_begin] = -math.inf
+            p = torch.softmax(logits, dim=-1)
+            token = int(p.argmax())
+            new_ids.append(token)
+            probs.append(float(p[token]))
+            if on_token is not None:
+                on_token(token, float(p[token]))
+            if token == EOT:
+                break
+            ids.append(token)
+        return new_ids, probs
+
+    # ---- outputs -----------------------------------------------------------------------------------
+    def output_summary(self, result: AttentionResult, encoded: Encoded | None = None) -> dict[str, Any]:
+        assert encoded is not None
+        labels = encoded.extra["labels"]
+        probs = result.output["label_log_probs"].exp().tolist()
+        return {"kind": "transcript", "text": encoded.extra["text"],
+                "tokens": [{"token": self.token_text(t), "id": t, "prob": p} for t, p in zip(labels, probs)]}
+
+    def output_effect(self, before: AttentionResult, after: AttentionResult, encoded: Encoded) -> dict[str, Any]:
+        p, q = before.output["log_probs"].double().exp(), after.output["log_probs"].double().exp()  # (N, V)
+        kl = [kl_divergence(p[t], q[t]) for t in range(p.shape[0])]
+        before_p = before.output["label_log_probs"].exp()
+        after_p = after.output["label_log_probs"].exp()
+        return {"prob_change": (after_p - before_p).tolist(), "probs_before": before_p.tolist(),
+                "probs_after": after_p.tolist(), "kl": kl, "kl_mean": float(np.mean(kl)) if kl else 0.0}
+
+    # ---- word times and alignment ------------------------------------------------------------------
+    def word_times(self, result: AttentionResult, encoded: Encoded) -> list[dict[str, Any]]:
+        """Words of the target with start/end in seconds, from the alignment heads' cross-attention."""
+        labels = encoded.extra["labels"]  # text tokens + EOT
+        if len(labels) < 2 or not self.alignment_heads:
+            return []
+        n_positions = result.derived["n_positions"]
+        cross = result.by_kind["cross"]  # (L, H, N, 1500)
+        weights = torch.stack([cross[layer, head] for layer, head in self.alignment_heads])  # (A, N, 1500)
+        weights = weights[:, :, :n_positions].double().numpy()  # (A, N, n)
+        matrix = alignment_matrix(weights)[len(self.prompt) - 1:]  # rows predicting labels[0 …]: (len(labels), n)
+        text_indices, time_indices = dtw(-matrix)
+        words, word_tokens = self.split_words(labels[:-1])
+        if not words:
+            return []
+        boundaries = np.pad(np.cumsum([len(t) for t in word_tokens]), (1, 0))  # token index where each word starts
+        jumps = np.pad(np.diff(text_indices), (1, 0), constant_values=1).astype(bool)
+        jump_times = time_indices[jumps] * POSITION_S  # first time each token row is aligned
+        out = []
+        for k, word in enumerate(words):
+            start = float(jump_times[boundaries[k]])
+            end = float(jump_times[min(boundaries[k + 1], len(jump_times) - 1)])
+            out.append({"word": word, "start_s": round(start, 3), "end_s": round(max(end, start), 3),
+                        "tokens": [int(boundaries[k]), int(boundaries[k + 1])]})
+        return out
+
+    def split_words(self, tokens: list[int]) -> tuple[list[str], list[list[int]]]:
+        """English words: a token that starts with a space starts a word; punctuation stays with its word."""
+        words: list[str] = []
+        groups: list[list[int]] = []
+        for token in tokens:
+            text = self.token_text(token)
+            if not groups or text.startswith(" "):
+                words.append(text)
+                groups.append([token])
+            else:
+                words[-1] += text
+                groups[-1].append(token)
+        return [w.strip() for w in words], groups
+
+    def alignment_ranking(self, result: AttentionResult, encoded: Encoded) -> list[dict[str, Any]]:
+        """Every cross head ranked by how well its text rows follow the speech: `monotonicity`, the Spearman
+        correlation between a row's place in the text and the time its attention peaks (1 = always forward in time),
+        times `focus`, the mean of each row's largest weight (a head that spreads its rows evenly follows nothing)."""
+        n_text = len(encoded.extra["labels"]) - 1
+        n_positions = result.derived["n_positions"]
+        first = len(self.prompt) - 1  # the row that predicts the first text token
+        cross = result.by_kind["cross"][:, :, first:first + n_text, :n_positions]  # (L, H, n_text, n)
+        ranking = []
+        for layer in range(cross.shape[0]):
+            for head in range(cross.shape[1]):
+                rows = cross[layer, head]  # (n_text, n)
+                peaks = rows.argmax(dim=-1).double().numpy()  # (n_text,)
+                monotonicity = spearman(np.arange(peaks.size, dtype=float), peaks) if peaks.size > 2 else 0.0
+                focus = float(rows.max(dim=-1).values.mean()) if rows.numel() else 0.0
+                ranking.append({"layer": layer, "head": head, "monotonicity": round(monotonicity, 4),
+                                "focus": round(focus, 4), "score": round(max(monotonicity, 0.0) * focus, 4),
+                                "alignment_head": (layer, head) in self.alignment_heads})
+        return sorted(ranking, key=lambda item: -item["score"])
+
+
+def encoder_overview(maps: torch.Tensor, n_positions: int, blocks: int = OVERVIEW_BLOCKS) -> tuple[torch.Tensor, int]:
+    """The encoder's self-attention over the clip's positions pooled to blocks (docs/science.md §10's overview):
+    each block the mean of P over its cells. maps: (L, H, 1500, 1500) → ((L, H, B, B), block width in positions).
+    Rows are the clip's positions; keys beyond the clip (the silence padding) are left out of the blocks."""
+    block = max(1, math.ceil(n_positions / blocks))
+    n = math.ceil(n_positions / block) * block
+    clip = maps[:, :, :n_positions, :n_positions].float()  # (L, H, n_pos, n_pos)
+    padded = torch.nn.functional.pad(clip, (0, n - n_positions, 0, n - n_positions))  # (L, H, n, n)
+    L, H = padded.shape[:2]
+    sums = padded.reshape(L, H, n // block, block, n // block, block).sum(dim=(3, 5))  # (L, H, B, B)
+    widths = torch.full((n // block,), float(block))
+    widths[-1] = n_positions - block * (n // block - 1)
+    return (sums / (widths[:, None] * widths[None, :])).cpu(), block
+
+
+def alignment_matrix(weights: np.ndarray) -> np.ndarray:
+    """OpenAI's word-timing preprocessing: each head's rows standardised over the tokens (per time), a median
+    filter of width 7 along time, then the mean over heads. weights: (A, N, n) → (N, n)."""
+    from scipy.ndimage import median_filter
+
+    mean = weights.mean(axis=1, keepdims=True)
+    std = weights.std(axis=1, keepdims=True)
+    standardised = (weights - mean) / np.where(std > 0, std, 1.0)
+    filtered = median_filter(standardised, size=(1, 1, MEDIAN_WIDTH), mode="reflect")
+    return filtered.mean(axis=0)
+
+
+def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Monotonic alignment of rows (text tokens) to columns (time) minimising the summed cost; returns the path as
+    (row indices, column indices). Computed along anti-diagonals (every cell of one depends only on the two before)."""
+    n, m = cost.shape
+    total = np.full((n + 1, m + 1), np.inf)
+    total[0, 0] = 0.0
+    trace = np.zeros((n + 1, m + 1), dtype=np.int8)  # 0: diagonal step, 1: from the row above, 2: from the left
+    for k in range(2, n + m + 1):
+        i = np.arange(max(1, k - m), min(n, k - 1) + 1)
+        j = k - i
+        options = np.stack([total[i - 1, j - 1], total[i - 1, j], total[i, j - 1]])  # (3, cells)
+        choice = options.argmin(axis=0)
+        total[i, j] = cost[i - 1, j - 1] + options[choice, np.arange(i.size)]
+        trace[i, j] = choice
+    trace[0, :], trace[:, 0] = 2, 1
+    i, j = n, m
+    path = []
+    while i > 0 or j > 0:
+        path.append((i - 1, j - 1))
+        step = trace[i, j]
+        if step == 0:
+            i, j = i - 1, j - 1
+        elif step == 1:
+            i -= 1
+        else:
+            j -= 1
+    path = np.array(path[::-1])
+    keep = (path[:, 0] >= 0) & (path[:, 1] >= 0)
+    return path[keep, 0], path[keep, 1]
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    rx, ry = _ranks(x), _ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return 0.0
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    order = values.argsort(kind="stable")
+    ranks = np.empty(values.size)
+    ranks[order] = np.arange(values.size)
+    for value in np.unique(values):  # ties share their mean rank
+        same = values == value
+        ranks[same] = ranks[same].mean()
+    return ranks

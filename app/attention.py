@@ -9,6 +9,7 @@ import torch
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 
+from app.costs import check_request_cost, request_runs
 from app.encoding import fast_json, tensor_field  # noqa: F401  (fast_json: routes import it from here)
 from app.lifecycle import check_cancelled
 from app.runtime import Runtime
@@ -63,6 +64,16 @@ def check_patch_source(source: str, n_tokens: int, loc: tuple) -> None:
                           "patch_heads needs the same token count")
 
 
+def check_request_limits(limits, req) -> None:
+    """The count limits every route checks the same way (text attention, generate, image): 422 naming the field."""
+    if len(req.interventions) > limits.max_interventions:
+        raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
+                          f"{limits.max_interventions} (max_interventions)")
+    samples = getattr(req, "samples", 1)
+    if samples > limits.max_samples:
+        raise field_error(("samples",), f"samples={samples}; the limit is {limits.max_samples} (max_samples)")
+
+
 def check_run_budget(runtime: Runtime, maps: list[tuple[int, int, int, int]], field: str = "text") -> None:
     """413 before a run whose recorded attention maps, (layers, heads, queries, keys) per stack, would exceed
     the settings' max_run_bytes: every map of a run is recorded (and cached), not only the returned slices."""
@@ -108,11 +119,7 @@ def build_attention_response(
     """
     info = adapter.info
     limits = runtime.settings
-    if len(req.interventions) > limits.max_interventions:
-        raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
-                          f"{limits.max_interventions} (max_interventions)")
-    if req.samples > limits.max_samples:
-        raise field_error(("samples",), f"samples={req.samples}; the limit is {limits.max_samples} (max_samples)")
+    check_request_limits(limits, req)
     n_tokens = len(encoded.tokens)
     layers = _check_indices(req.layers, info.layers, ("layers",), "layer")
     heads = _check_indices(req.heads, info.heads, ("heads",), "head")
@@ -121,6 +128,8 @@ def build_attention_response(
     interventions = engine_interventions(req, adapter, n_tokens)
     check_run_budget(runtime, [(len(adapter.layer_of), info.heads, n_tokens, n_tokens)],
                      "text" if info.kind == "text" else "image_size")
+    # model time, before any run: 413 rather than minutes of work that would end in a 503 timeout (app/costs.py)
+    check_request_cost(adapter, limits, n_tokens, request_runs(req.samples, req.compare), len(interventions))
 
     maps = 1 + int(req.include_scores) + int(req.compare and req.include_base)  # P, Ŝ, P without interventions
     numbers = len(layers) * len(heads) * len(queries) * n_tokens * maps
@@ -224,6 +233,7 @@ def build_seq2seq_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: E
         (info.layers, info.heads, *shapes["encoder"]), (info.decoder_layers, info.decoder_heads, *shapes["decoder"]),
         (info.decoder_layers, info.decoder_heads, *shapes["cross"]),
     ])
+    check_request_cost(adapter, limits, n_source + n_target, request_runs(req.samples, req.compare), len(interventions))
 
     def sliced(result: AttentionResult) -> dict[str, Any]:
         return {kind: tensor_field(maps[layers][:, heads], req.encoding) for kind, maps in result.by_kind.items()}

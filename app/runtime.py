@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from app.costs import observe_run
+from app.lifecycle import RequestCancelled, request_cancel
 from app.settings import Settings
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
 from models.hooks import UnsupportedAttention
@@ -34,6 +36,10 @@ request_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 # Seconds this request spent waiting for the model ("queue") and running it ("model"), for the
 # Server-Timing header (app.main.ServerTiming); a dict shared with the worker thread of the request.
 request_timings: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("request_timings", default=None)
+# The client a request's cached results belong to when result_cache_scope is "client" (set by RequestGuard,
+# app/lifecycle.py, from the cookie or header); None: the cache is shared by everyone.
+cache_scope: contextvars.ContextVar[str | None] = contextvars.ContextVar("cache_scope", default=None)
+CANCEL_POLL_S = 0.1  # a queued request whose client left stops waiting within this
 
 
 def _add_timing(name: str, seconds: float) -> None:
@@ -159,33 +165,43 @@ class Runtime:
             _add_timing("queue", time.perf_counter() - waited_from)
             with self._waiting_lock:
                 self._waiting -= 1
+        if acquired == "cancelled":
+            raise RequestCancelled(request_cancel.get().reason)
         if not acquired:
             raise Overloaded(
                 f"timed out after {self.settings.request_timeout_s:g} s waiting for the model (request_timeout_s)",
                 retry_after=max(1, round(self.settings.request_timeout_s / 4)),
             )
         try:
+            cancel = request_cancel.get()
+            if cancel is not None and cancel.is_set():  # the client left while we waited: the lock goes on at once
+                raise RequestCancelled(cancel.reason)
             yield
         finally:
             self._run_lock.release()
             with self._turns:
                 self._turns.notify_all()
 
-    def _acquire_in_order(self, timeout: float) -> bool:
+    def _acquire_in_order(self, timeout: float) -> bool | str:
         """Take the model lock in arrival order: with a bare Lock a newcomer may overtake the queue, so
-        an unlucky request could wait until its time limit however short the queue is."""
+        an unlucky request could wait until its time limit however short the queue is. "cancelled": the
+        request's client left (or the server stops) while it waited; it leaves the queue then."""
         end = time.monotonic() + timeout
         ticket = object()
+        cancel = request_cancel.get()
         with self._turns:
             self._fifo.append(ticket)
             try:
                 while True:
+                    if cancel is not None and cancel.is_set():
+                        return "cancelled"
                     if self._fifo[0] is ticket and self._run_lock.acquire(blocking=False):
                         return True
                     remaining = end - time.monotonic()
                     if remaining <= 0:
                         return False
-                    self._turns.wait(min(remaining, 0.5))  # woken at each release; the poll is a safety net
+                    # woken at each release; the poll notices a cancelled request (a client that left)
+                    self._turns.wait(min(remaining, CANCEL_POLL_S if cancel is not None else 0.5))
             finally:
                 self._fifo.remove(ticket)
                 self._turns.notify_all()
@@ -221,7 +237,7 @@ class Runtime:
 
     def encode(self, adapter: AttentionAdapter, input_key: tuple, encode: Callable[[], Encoded]) -> Encoded:
         """Encoded inputs are cached too; encoding may run the model (a pair's embedding), so it is admitted."""
-        key = (adapter.info.id, input_key)
+        key = (cache_scope.get(), adapter.info.id, input_key)
         with self._encoded_lock:
             encoded = self._encoded.get(key)
             if encoded is not None:
@@ -238,10 +254,11 @@ class Runtime:
     def run(
         self, adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...], record_scores: bool
     ) -> AttentionResult:
-        key = (adapter.info.id, encoded.key, interventions, record_scores)
+        scope = cache_scope.get()  # result_cache_scope="client": each client's own entries (docs/deploy.md)
+        key = (scope, adapter.info.id, encoded.key, interventions, record_scores)
         result = self.cache.get(key)
         if result is None and not record_scores:  # a run with scores serves one without them
-            result = self.cache.get((adapter.info.id, encoded.key, interventions, True))
+            result = self.cache.get((scope, adapter.info.id, encoded.key, interventions, True))
         if result is not None:
             return result
         with self.admitted():
@@ -252,5 +269,7 @@ class Runtime:
                     result = adapter.run(encoded, interventions, record_scores)
                 result.elapsed_s = time.perf_counter() - started  # type: ignore[attr-defined]
                 _add_timing("model", result.elapsed_s)
+                n = len(encoded.tokens)
+                observe_run(adapter, n, n, len(interventions), result.elapsed_s)  # app/costs.py's throughput
                 self.cache.put(key, result)
         return result

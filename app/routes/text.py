@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 from fastapi import APIRouter, Response
 from fastapi.responses import StreamingResponse
 
-from app.attention import build_attention_response, build_seq2seq_response, engine_interventions, fast_json, field_error
+from app.attention import (build_attention_response, build_seq2seq_response, check_request_limits, engine_interventions,
+                           fast_json, field_error)
+from app.costs import check_stream_cost
 from app.deps import RuntimeDep
 from app.routes import analysis
 from app.lifecycle import RequestCancelled, check_cancelled
@@ -106,12 +109,15 @@ def generate(req: GenerateRequest, runtime: RuntimeDep) -> StreamingResponse:
     limit = runtime.settings.max_new_tokens
     if req.max_new_tokens > limit:
         raise field_error(("max_new_tokens",), f"max_new_tokens={req.max_new_tokens}; the limit is {limit} (max_new_tokens)")
+    check_request_limits(runtime.settings, req)  # max_interventions, as on every route
     adapter = _text_adapter(runtime, req.model)
     if not isinstance(adapter, CausalLMAdapter):
         raise field_error(("model",), f"model {req.model} is not a decoder language model (output {adapter.info.output!r})")
     encoded = runtime.encode(adapter, ("lm", req.text, req.chat), lambda: _lm_encode(adapter, req.text, req.chat))
     interventions = engine_interventions(req, adapter, len(encoded.tokens))
     prompt = encoded.inputs["input_ids"][0].tolist()
+    # 413 before the stream starts when its model time would exceed generate_timeout_s (app/costs.py)
+    check_stream_cost(adapter, runtime.settings, len(prompt), req.max_new_tokens, len(interventions))
     return StreamingResponse(
         _events(runtime, adapter, prompt, interventions, req.max_new_tokens), media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
@@ -123,13 +129,18 @@ def _events(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], inter
     sides = {"": adapter.continuation(prompt, interventions, max_new_tokens),
              "base_": adapter.continuation(prompt, (), max_new_tokens)}
     ids: dict[str, list[int]] = {"": [], "base_": []}
+    budget_s = runtime.settings.generate_timeout_s
+    deadline = time.monotonic() + budget_s  # the whole stream's budget; request_timeout_s bounds each step's wait
     try:
         for step in range(max_new_tokens):
-            check_cancelled()
             event: dict = {"step": step}
             for prefix in ("", "base_"):  # one shape every step: a side that has ended says so, its fields null
                 new = None
                 if prefix in sides:
+                    check_cancelled()  # before each side's forward: a client that left costs at most one more
+                    if time.monotonic() > deadline:
+                        yield f"data: {json.dumps(_over_budget(step, budget_s))}\n\n"
+                        return
                     with runtime.step(len(prompt) if step == 0 else 1):  # after the prompt, one new token a step
                         new = next(sides[prefix], None)
                     if new is None:
@@ -149,3 +160,8 @@ def _events(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], inter
         return
     done = {"done": True, "text": adapter.decode(ids[""]), "base_text": adapter.decode(ids["base_"])}
     yield f"data: {json.dumps(done)}\n\n"
+
+
+def _over_budget(step: int, budget_s: float) -> dict:
+    return {"error": f"the stream ran past generate_timeout_s={budget_s:g} s after {step} steps and was ended; "
+                     "ask for fewer tokens or interventions, or a shorter prompt", "setting": "generate_timeout_s"}

@@ -304,7 +304,7 @@ def atlas_attention(
                 finite_z = z
         # H_i = lse_i − Σ_j p_ij z_ij with lse_i = max_j z_ij − log p_i,argmax (one log per row, not per entry)
         top_prob = probs.gather(-1, top_index[..., None])[..., 0]  # (H, r)
-        row_entropy = torch.where(top_prob > 0, top - torch.log(top_prob) - torch.linalg.vecdot(probs, finite_z),
+        row_entropy = torch.where(top_prob > 0, top - torch.log(top_prob) - _row_dot(probs, finite_z),
                                   torch.zeros_like(top)).clamp_min_(0.0)
         entropy_sum += row_entropy.sum(dim=-1, dtype=torch.float64)
         distance_sum += _distance_rows(probs, r0, r1, cols, model_causal, positions, cfg.distance_from,
@@ -312,9 +312,8 @@ def atlas_attention(
         # the head outputs: query heads sharing a K/V head stacked into one product, K/V never repeated
         out[:, r0:r1] = torch.matmul(probs.reshape(values.shape[0], -1, cols), values[:, :cols]).view(n_heads, r1 - r0, -1)
         # pooled: rows first (within the block, aligned with the overview's rows), then columns by pad + reshape
-        padded_rows = -(-(r1 - r0) // row_width) * row_width
-        by_rows = probs if padded_rows == r1 - r0 else torch.nn.functional.pad(probs, (0, 0, 0, padded_rows - (r1 - r0)))
-        by_rows = by_rows.view(n_heads, padded_rows // row_width, row_width, cols).sum(dim=2)  # (H, nr, c)
+        # (a 0/1 matrix product: summing the middle axis of a (H, nr, w, c) view is several times slower on a CPU)
+        by_rows = torch.matmul(_row_pooling(r0, r1, row_width, device), probs)  # (H, nr, c)
         received[:, :cols] += by_rows.sum(dim=1)
         padded_cols = -(-cols // col_width) * col_width
         pooled = torch.nn.functional.pad(by_rows, (0, padded_cols - cols)).view(
@@ -332,6 +331,18 @@ def atlas_attention(
     return out[None]  # (1, H, T_q, d_v)
 
 
+def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Σ_j a[h, i, j] b[h, i, j] → (H, r) as a batched product (linalg.vecdot would allocate a · b whole)."""
+    return torch.matmul(a.unsqueeze(-2), b.unsqueeze(-1))[..., 0, 0]
+
+
+def _row_pooling(r0: int, r1: int, width: int, device: torch.device) -> torch.Tensor:
+    """(nr, r) 0/1: row a sums the block's rows that fall in overview row a (blocks start on overview rows)."""
+    rows = torch.arange(r1 - r0, device=device)
+    groups = -(-(r1 - r0) // width)
+    return (rows[None, :] // width == torch.arange(groups, device=device)[:, None]).float()
+
+
 def _distance_rows(probs: torch.Tensor, r0: int, r1: int, cols: int, model_causal: bool,
                    positions: torch.Tensor | None, distance_from: int, token_index: torch.Tensor,
                    query_offset: int) -> torch.Tensor:
@@ -343,12 +354,12 @@ def _distance_rows(probs: torch.Tensor, r0: int, r1: int, cols: int, model_causa
         if model_causal:
             return (rows[None, :] - torch.matmul(probs, token_index[:cols])) * (probs.sum(-1) > 0)
         distance = (rows[:, None] - token_index[None, :cols]).abs()  # (r, c)
-        return torch.linalg.vecdot(probs, distance[None])
+        return _row_dot(probs, distance.expand_as(probs))
     pos = positions.float()
     distance = torch.cdist(pos[r0:r1], pos[:cols])  # (r, c)
     distance[:, :distance_from] = 0.0
     distance[: max(0, min(r1, distance_from) - r0)] = 0.0
-    return torch.linalg.vecdot(probs, distance[None])
+    return _row_dot(probs, distance.expand_as(probs))
 
 
 @dataclass

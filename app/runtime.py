@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import threading
 import time
 from collections import OrderedDict, deque
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from app.costs import observe_run
+from app.ids import new_id
 from app.lifecycle import RequestCancelled, request_cancel
 from app.settings import Settings
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
@@ -57,11 +59,13 @@ class Overloaded(RuntimeError):
 
 
 class ResultCache:
-    """LRU of AttentionResults, bounded by item count and bytes."""
+    """LRU of AttentionResults, bounded by item count and bytes; each kept result is also found by its run id
+    (`by_run_id`) until it is evicted."""
 
     def __init__(self, max_items: int, max_bytes: int):
         self.max_items, self.max_bytes = max_items, max_bytes
         self._items: OrderedDict[tuple, AttentionResult] = OrderedDict()
+        self._run_keys: dict[str, tuple] = {}  # run id → cache key
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = self.misses = 0
@@ -85,21 +89,51 @@ class ResultCache:
                 return
             self._items[key] = result
             self._bytes += size
+            if result.run_id is not None:
+                self._run_keys[result.run_id] = key
             while len(self._items) > self.max_items or self._bytes > self.max_bytes:
                 _, evicted = self._items.popitem(last=False)
                 self._bytes -= evicted.nbytes
+                self._run_keys.pop(evicted.run_id, None)
+
+    def by_run_id(self, run_id: str) -> AttentionResult | None:
+        """The kept result of that run (marked recently used), or None once evicted or never kept."""
+        with self._lock:
+            key = self._run_keys.get(run_id)
+            if key is None or key not in self._items:
+                return None
+            self._items.move_to_end(key)
+            return self._items[key]
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._run_keys.clear()
             self._bytes = 0
+
+
+def text_max_tokens(settings: Settings) -> int:
+    """The text limit: max_tokens on a CPU; on a GPU max_tokens_gpu, or (None) the model's own context (each adapter
+    caps the limit at its model's max_position_embeddings)."""
+    on_gpu = settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available())
+    if not on_gpu:
+        return settings.max_tokens
+    return settings.max_tokens_gpu if settings.max_tokens_gpu is not None else 1 << 20
+
+
+def configure_atlas(adapter: AttentionAdapter, settings: Settings) -> None:
+    """Long inputs (docs/science.md §10): the adapter's threshold and block settings from the settings."""
+    adapter.full_map_tokens = settings.full_map_tokens
+    adapter.atlas_config = dataclasses.replace(
+        adapter.atlas_config, block_rows=settings.atlas_block_rows, overview_blocks=settings.overview_blocks,
+    )
 
 
 class Runtime:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.specs: dict[str, ModelSpec] = build_registry(
-            max_tokens=settings.max_tokens, weights_dir=settings.weights_dir,
+            max_tokens=text_max_tokens(settings), weights_dir=settings.weights_dir,
             extra_text=settings.extra_text_models, extra_image=settings.extra_image_models,
             extra=settings.extra_models, max_new_tokens=settings.max_new_tokens,
             max_transcript_tokens=settings.max_transcript_tokens, max_audio_s=settings.max_audio_s,
@@ -137,8 +171,15 @@ class Runtime:
                     except (ImportError, OSError, ValueError, UnsupportedAttention) as exc:
                         self.unavailable[model_id] = str(exc)
                         raise UnknownModel(f"model {model_id!r} is unavailable: {exc}") from exc
+                    configure_atlas(adapter, self.settings)
                     self._adapters[model_id] = adapter
         return adapter
+
+    def get_run(self, run_id: str) -> AttentionResult | None:
+        """A kept run by its `run_id` (every attention response carries one), or None once evicted from the result
+        cache (or unknown). The result's `atlas` rebuilds any window of P (models/atlas.py); `model_id` names the
+        adapter that ran it. Used by POST /api/runs/{run_id}/window and by interventions that take a source run."""
+        return self.cache.by_run_id(run_id)
 
     def warm_up(self) -> None:
         for model_id in self.settings.default_models:
@@ -268,6 +309,7 @@ class Runtime:
                 with self._threads_for(len(encoded.tokens)):
                     result = adapter.run(encoded, interventions, record_scores)
                 result.elapsed_s = time.perf_counter() - started  # type: ignore[attr-defined]
+                result.run_id, result.model_id = new_id(), adapter.info.id
                 _add_timing("model", result.elapsed_s)
                 n = len(encoded.tokens)
                 observe_run(adapter, n, n, len(interventions), result.elapsed_s)  # app/costs.py's throughput

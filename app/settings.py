@@ -22,7 +22,8 @@ class Settings(BaseSettings):
     extra_models: dict[str, str] = Field(default_factory=dict)
     weights_dir: str = "weights"  # prepared weights (dinov2-small) live here; ignored by git
 
-    device: str = "auto"  # "auto" | "cpu" | "cuda"
+    # "auto": a GPU when torch sees one, else the CPU (logged at start); "cuda": a GPU or the server does not start.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     # Weights and activations of the served models. float16/bfloat16 are for GPUs (half the memory, faster
     # matrix units); attention logits and softmax stay float32. Each model reports `dtype_parity`, its max
     # |Δ output| against float32 on its probe input (GET /api/models).
@@ -34,7 +35,17 @@ class Settings(BaseSettings):
 
     # Limits on input.
     max_text_chars: int = 20_000
-    max_tokens: int = 512
+    # Text tokens per input (a model's own context caps it further): inputs over full_map_tokens run blockwise and
+    # keep an atlas instead of every attention map (docs/science.md §10). On a GPU, max_tokens_gpu applies instead
+    # (None: the model's own context, 8,192 for smollm2-135m).
+    max_tokens: int = 4096
+    max_tokens_gpu: int | None = None
+    # Runs over this many tokens keep q̂/k̂ and summaries (overview, received, entropy, distance) instead of P; their
+    # responses carry `attention: null` and an overview; POST /api/runs/{run_id}/window gives exact windows.
+    full_map_tokens: int = Field(512, ge=2)
+    atlas_block_rows: int = Field(128, ge=1)  # query rows per block of the blockwise attention (measured: benchmarks)
+    overview_blocks: int = Field(256, ge=2, le=1024)  # a long input's overview: at most this many blocks a side
+    max_window_cells: int = Field(262_144, ge=1)  # one window of POST /api/runs/{run_id}/window: rows × cols
     max_interventions: int = 64
     max_samples: int = 16
     max_response_numbers: int = 4_000_000
@@ -95,7 +106,7 @@ class Settings(BaseSettings):
     max_connections: int = Field(512, ge=8)  # open connections + requests (uvicorn's limit_concurrency); past it 503
     shutdown_grace_s: float = Field(5.0, ge=0)  # after SIGTERM, running requests get this long, then 503 + exit
     expose_timings: bool = False  # Server-Timing header and `elapsed_s`: they reveal cache hits (other clients' inputs)
-    max_image_tokens: int = Field(1025, ge=2)  # image requests over this many tokens ((size/patch)² + prefix): 413
+    max_image_tokens: int = Field(4097, ge=2)  # image requests over this many tokens ((size/patch)² + prefix): 413
     max_image_aspect_ratio: float = Field(20.0, ge=1)  # uploads longer than this × their shorter side: 422
 
     # ---- Second probe (issue 19): header sizes, whole streams, request cost, memory, cache scope.

@@ -77,6 +77,7 @@ class AttentionResult:
     # overview, received and the per-head summaries. None for runs that were not recorded batch-wise.
     atlas: Atlas | None = None
     run_id: str | None = None  # set by the runtime when the run is kept (app/runtime.py)
+    model_id: str | None = None  # the model that ran it (set with run_id)
 
     @property
     def is_long(self) -> bool:

@@ -64,3 +64,10 @@ export function keepFocus(container, selector) {
   container.querySelector(selector)?.focus();
 }
 export const markRefocus = (container) => { container.dataset.refocus = "1"; };
+
+// A token as the user should read it: leading spaces and newlines made visible (the next-token panel).
+export const showToken = (t) => JSON.stringify(t).slice(1, -1).replace(/^ /, "␣").replace(/ $/, "␣") || "∅";
+
+// A token on a chip, an axis or a label: one that would draw as nothing or break the line (white space only,
+// a newline, a tab) is spelled as showToken does ("\n", "␣"); every other token as it is.
+export const visibleToken = (t) => (/^\s*$/.test(t) || /[\n\r\t]/.test(t) ? showToken(t) : t);

@@ -511,7 +511,7 @@ function softmaxRowContext() {
   const masks = imageLab.lab.masks.tokens, causal = imageLab.lab.causal.on;
   return {
     tokens: r.tokens, scores: [row], query: 0, queryLabels: [`${state.query}: ${r.tokens[state.query]} (the query patch)`],
-    keyLabels: r.tokens.map((t, j) => `${j}:${t}`), beta: imageLab.beta(),
+    keyLabels: r.tokens.map((t, j) => `${j}:${t}`), beta: imageLab.shownBeta(), // β₀ outside a β layer range
     masked: r.tokens.map((_, j) => masks.has(j) || (causal && j > state.query)),
   };
 }

@@ -2,14 +2,12 @@
 // after the interventions, the two greedy continuations streamed side by side, and an encoder–decoder's
 // decoded target with its per-token probabilities.
 import { ApiError } from "./api.js";
-import { byId, el, fillList } from "./dom.js";
+import { byId, el, fillList, showToken } from "./dom.js";
 import { fmt } from "./mathx.js";
 
 const CONFIG = { responsive: true, displaylogo: false };
 const BEFORE = "#98a2b3", AFTER = "#3b5bdb";
 
-// A token as the user should read it: leading spaces and newlines made visible.
-export const showToken = (t) => JSON.stringify(t).slice(1, -1).replace(/^ /, "␣").replace(/ $/, "␣") || "∅";
 
 // Query heads that share a key/value head (grouped-query attention): "heads 0–2 share K/V head 0, …".
 export function kvGroups(heads, kvHeads) {
@@ -120,6 +118,11 @@ export function mountContinuation({ body, onError }) {
       }
       for await (const event of serverEvents(res.body)) {
         if (event.done) {
+          // Sides that stopped short of the tokens asked for ended (both at once end the stream with no
+          // step event saying so).
+          for (const [col, prefix] of [[cols.base, "base_"], [cols.intervened, ""]]) {
+            if (!ended.has(prefix) && steps < request.max_new_tokens) { ended.set(prefix, steps); col.append(endMark(steps)); }
+          }
           const endings = [["base_", "without"], ["", "with"]].filter(([p]) => ended.has(p))
             .map(([p, side]) => `${side} the interventions it ended after ${ended.get(p)} tokens`);
           status.textContent = `${steps} tokens · ${firstDiff === null ? "identical" : `they differ from token ${firstDiff + 1}`}`

@@ -3,13 +3,13 @@
 // export, shareable URL). Language models add the next-token panel and the two continuations (lm.js);
 // encoder–decoders add the attention kind (encoder / decoder / cross) and the decoded target.
 import { getJSON, isAbort, postJSON, setStatus } from "./api.js";
-import { byId as $, numbered, setOptions } from "./dom.js";
+import { byId as $, numbered, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, entropy, fmt, maxAbs, softmaxRow } from "./mathx.js";
 import { drawHeadView } from "./views/headview.js";
 import { drawHeatmap, paintHeatmap, paintPreview, tokenLabels } from "./views/heatmap.js";
 import { drawModelView } from "./views/modelview.js";
 import { mountLab } from "./lab/lab.js";
-import { intParam } from "./lab/urlstate.js";
+import { figureToParams, intParam, paramsToFigure } from "./lab/urlstate.js";
 import { drawNextToken, drawTarget, kvGroups, mountContinuation } from "./lm.js";
 import { loadPlotly } from "./vendor.js";
 
@@ -25,7 +25,7 @@ const state = {
   kind: "encoder", // encoder–decoders: which attention is shown (encoder | decoder | cross)
   layer: 0,
   head: 0,
-  query: 0, // query row shown in the softmax panel
+  query: null, // query row shown in the softmax panel (null: the default row, see defaultQuery)
   position: null, // language models: the query position whose next token is shown (null = last)
   // {tokens (keys), queryTokens, attention, scores, base (without interventions), response, request}
   view: null,
@@ -87,7 +87,7 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
     if (seq !== loadSeq) return; // a newer load started meanwhile
     state.view = viewOf(r, body);
     if (body.thumbnail_size) state.thumbs = r.thumbnails ? decodeTensor(ofKind(r.thumbnails)) ?? null : null;
-    state.query = Math.min(state.query, state.view.queryTokens.length - 1);
+    state.query = state.query === null ? defaultQuery(state.view.queryTokens.length) : Math.min(state.query, state.view.queryTokens.length - 1);
     showHead({ settle, onSettle: partial ? () => load({ thumbnails }) : null });
     setStatus(`${r.tokens.length} tokens${r.truncated ? " (truncated)" : ""} · ${Math.round(performance.now() - started)} ms`);
   } catch (err) {
@@ -145,6 +145,10 @@ function viewOf(r, body) {
   return { tokens, queryTokens, attention, scores, base, response: r, request: body };
 }
 
+// The softmax panel's row when the user has chosen none: the last for a causal map (row 0 of a causal map
+// sees one key, p = 1), else the first.
+const defaultQuery = (n) => (causalMap() ? Math.max(0, n - 1) : 0);
+
 // Which keys the browser masks for query row i when it re-normalises in view mode.
 function maskedRow(i, n) {
   const masks = lab.lab.masks.tokens;
@@ -156,7 +160,7 @@ function maskedRow(i, n) {
 function shownAttention() {
   const v = state.view;
   if (lab.viewBeta() && v.scores) {
-    return v.scores.map((row, i) => softmaxRow(row, lab.beta(), maskedRow(i, row.length)));
+    return v.scores.map((row, i) => softmaxRow(row, lab.shownBeta(), maskedRow(i, row.length)));
   }
   return v.attention;
 }
@@ -171,17 +175,24 @@ function showHead({ settle = 0, onSettle = null } = {}) {
   const P = shownAttention();
   const el = $("heatmap");
   const kind = isSeq2seq() ? `${state.kind} · ` : "";
-  $("heatmap-title").textContent = `${kind}layer ${state.layer}, head ${state.head} · β = ${fmt(lab.beta())}`;
+  $("heatmap-title").textContent = `${kind}layer ${state.layer}, head ${state.head} · β = ${fmt(lab.shownBeta())}`;
+  showBetaScope();
   clearTimeout(settleTimer);
+  const forbidden = maskedCells(P.length, v.tokens.length);
   if (!window.Plotly) { // the first view: paint the cells now, build the figure once plotly.js is in
-    paintPreview(el, P, "loading the interactive figure…");
+    const { z, zmin, zmax } = scaled(P);
+    paintPreview(el, z, "loading the interactive figure…", { zmin, zmax, masked: forbidden });
     heatmapShown("attnlab:first-heatmap", { preview: true });
     loadPlotly().then(() => { if (state.view === v) showHead(); })
       .catch((err) => setStatus(`${err.message}: figures cannot be drawn`, { error: true }));
     return;
   }
-  const draw = (matrix) => drawHeatmap(el, matrix, v.tokens, { zmax: colourMax(matrix), yTokens: v.queryTokens });
-  const painted = settle > 0 && paintHeatmap(el, P, v.tokens, v.queryTokens);
+  const draw = (matrix) => {
+    const { z, ...scale } = scaled(matrix);
+    el.dataset.scale = $("zscale").value;
+    return drawHeatmap(el, z, v.tokens, { ...scale, yTokens: v.queryTokens, masked: forbidden, maskLegend: maskLegend() });
+  };
+  const painted = settle > 0 && paintHeatmap(el, scaled(P).z, v.tokens, v.queryTokens, forbidden);
   if (!painted) {
     draw(P);
     wireHeatmapClicks();
@@ -199,10 +210,59 @@ function showHead({ settle = 0, onSettle = null } = {}) {
   else requestAnimationFrame(() => { settleTimer = setTimeout(details, 0); });
 }
 
-// The top of the heatmap's colour scale: 1, or this map's largest value (long inputs spread attention thin:
-// at 512 tokens a 0–1 scale showed a uniform dark square).
-function colourMax(P) {
-  return $("zscale").value === "fixed" ? 1 : Math.max(1e-6, maxAbs(P));
+// The shown head outside a β layer range: say so beside the heatmap, with a way to the first changed layer.
+function showBetaScope() {
+  const scope = lab.betaScope(), note = $("beta-scope-note");
+  note.hidden = !scope;
+  if (!scope) return;
+  $("beta-scope-text").textContent = scope.text;
+  const jump = $("beta-scope-jump");
+  jump.textContent = `show layer ${scope.layer}`;
+  jump.onclick = () => selectHead(scope.layer, state.head);
+}
+
+// The heatmap's colour scales (#zscale). "max": 0 to this map's largest value (long inputs spread attention
+// thin: at 512 tokens a 0–1 scale showed a uniform dark square); "fixed": 0 to 1; "log": log₁₀ P; "row": each
+// row over its own max; "rowsk": 0 to the max over query rows ≥ k. A causal map has P[0, 0] = 1 whatever the
+// head does (row 0 sees one key), so "this map's max" is always 1 there: its default is the log scale.
+// Returns the values to colour (z), their range, and where z is not P, P itself for the hover (customdata).
+const LOG_FLOOR = -4; // log scale: P ≤ 10⁻⁴ (and masked cells' 0) share the darkest colour
+const LOG_TICKS = ["10⁻⁴", "0.001", "0.01", "0.1", "1"];
+function scaled(P) {
+  const scale = $("zscale").value;
+  if (scale === "log") {
+    const top = Math.max(LOG_FLOOR + 0.01, Math.log10(Math.max(1e-12, maxAbs(P))));
+    const z = P.map((row) => row.map((p) => (p > 10 ** LOG_FLOOR ? Math.log10(p) : LOG_FLOOR)));
+    const tickvals = [-4, -3, -2, -1, 0].filter((t) => t <= top + 1e-9);
+    return { z, zmin: LOG_FLOOR, zmax: top, customdata: P,
+      colorbar: { tickvals, ticktext: tickvals.map((t) => LOG_TICKS[t + 4]), title: { text: "P (log)", side: "right" } } };
+  }
+  if (scale === "row") {
+    const z = P.map((row) => { const m = maxAbs(row); return m > 0 ? row.map((p) => p / m) : row.slice(); });
+    return { z, zmin: 0, zmax: 1, customdata: P, colorbar: { title: { text: "P / row max", side: "right" } } };
+  }
+  if (scale === "rowsk") {
+    const k = rowsFrom(P.length);
+    return { z: P, zmin: 0, zmax: Math.max(1e-6, maxAbs(P.slice(k))), colorbar: { title: { text: `max of rows ≥ ${k}`, side: "right" } } };
+  }
+  return { z: P, zmin: 0, zmax: scale === "fixed" ? 1 : Math.max(1e-6, maxAbs(P)) };
+}
+// "rowsk": the first query row the scale's top is taken over (clamped to the map).
+const rowsFrom = (n) => Math.max(0, Math.min(n - 1, Math.round(Number($("zscale-k").value) || 0)));
+
+// The cells a mask forbids in the shown map (rows = queries): drawn grey, not as near-zero attention.
+function maskedCells(nQueries, nKeys) {
+  const cells = Array.from({ length: nQueries }, (_, i) => maskedRow(i, nKeys));
+  return cells.some((row) => row.some(Boolean)) ? cells : null;
+}
+
+// The legend of the grey cells: which masks forbid them.
+function maskLegend() {
+  const parts = [];
+  if (causalMap()) parts.push(`causal (built into this ${isLM() ? "decoder" : "decoder self-attention"}): key j > query i`);
+  else if (lab.lab.causal.on) parts.push("causal mask: key j > query i");
+  if (lab.lab.masks.tokens.size) parts.push(`masked key${lab.lab.masks.tokens.size > 1 ? "s" : ""} ${[...lab.lab.masks.tokens].sort((a, b) => a - b).join(", ")}`);
+  return `masked, P = 0: ${parts.join("; ")}`;
 }
 
 // Benchmarks time these: an "attnlab:heatmap" event on #heatmap after every repaint of the shown head,
@@ -282,7 +342,8 @@ function renderTokens() {
   $("token-strip").replaceChildren(...state.view.tokens.map((tok, i) => {
     const el = document.createElement("span");
     el.className = "tok" + (masks.has(i) ? " masked" : "") + (square && i === state.query ? " query" : "");
-    el.textContent = tok;
+    el.textContent = visibleToken(tok); // a newline token reads "\n", not an empty chip
+    if (el.textContent !== tok) el.classList.add("ws");
     el.title = `token ${i}: click to ${masks.has(i) ? "unmask" : "mask"} as a key`;
     el.dataset.index = i;
     el.tabIndex = 0; // keyboard: Tab to a token, Enter or Space masks it
@@ -297,7 +358,7 @@ function renderTokens() {
 // Language models: which query position's next token is shown (the last by default).
 function renderPositions() {
   const tokens = state.view.response.tokens;
-  const options = [["", `the last token (${tokens.length - 1})`], ...tokens.map((t, i) => [i, `${i}: ${t}`])];
+  const options = [["", `the last token (${tokens.length - 1})`], ...tokens.map((t, i) => [i, `${i}: ${visibleToken(t)}`])];
   setOptions($("position-select"), options, state.position ?? "");
 }
 
@@ -324,9 +385,9 @@ const lab = mountLab({
     const v = state.view;
     if (!v?.scores) return null;
     return {
-      tokens: v.tokens, scores: v.scores, beta: lab.beta(), query: state.query,
-      queryLabels: v.queryTokens.map((t, i) => `${i}: ${t}`), keyLabels: tokenLabels(v.tokens),
-      masked: maskedRow(state.query, v.tokens.length),
+      tokens: v.tokens, scores: v.scores, beta: lab.shownBeta(), query: state.query,
+      queryLabels: v.queryTokens.map((t, i) => `${i}: ${visibleToken(t)}`), keyLabels: tokenLabels(v.tokens),
+      masked: (i) => maskedRow(i, v.tokens.length), onQuery: selectQuery,
     };
   },
   summaryExtra: () => {
@@ -335,7 +396,9 @@ const lab = mountLab({
     const tv = P.reduce((acc, row, i) => acc + 0.5 * row.reduce((s, p, j) => s + Math.abs(p - base[i][j]), 0), 0) / P.length;
     return [`view-only TV at L${state.layer} h${state.head}: ${fmt(tv)}`];
   },
-  activeExtra: () => (lab.viewBeta() ? [`temperature (view only, in the browser): β = ${fmt(lab.beta())} on the shown head`] : []),
+  builtInCausal: () => (!causalMap() ? null : isLM() ? "this model is a decoder: each token attends only to itself and earlier tokens"
+    : "decoder self-attention: each target token attends only to itself and earlier target tokens"),
+  activeExtra: () => (lab.viewBeta() ? [`temperature (view only, in the browser): β = ${fmt(lab.shownBeta())} on the shown head`] : []),
 }, { maxSamples: limits.samples ?? 64, pickHint: "click tokens in the strip above or key labels in the head view" });
 
 const continuation = mountContinuation({
@@ -364,7 +427,8 @@ function pageParams() {
   }
   params.set("l", String(state.layer));
   params.set("h", String(state.head));
-  params.set("q", String(state.query));
+  figureToParams({ scale: $("zscale").value, rowsFrom: rowsFrom(Infinity), diff: $("diff-kind").value }, params);
+  if (state.query !== null) params.set("q", String(state.query));
   return params;
 }
 
@@ -440,6 +504,27 @@ function restoreFromUrl(models) {
   state.layer = intParam(params, "l", state.layer);
   state.head = intParam(params, "h", state.head);
   state.query = intParam(params, "q", state.query);
+  const figure = paramsToFigure(params);
+  if (figure.scale) { $("zscale").value = figure.scale; scaleChosen = true; }
+  if (figure.rowsFrom !== null) $("zscale-k").value = String(figure.rowsFrom);
+  if (figure.diff) $("diff-kind").value = figure.diff;
+}
+
+// The example text follows the model (a prompt for a language model, a sentence for an encoder) unless the
+// box holds text of the user's own.
+function followExample() {
+  $("text-label").textContent = isLM() ? "Prompt" : "Sentence";
+  const examples = Object.values(config.examples ?? {});
+  const box = $("text-input");
+  if (box.value.trim() && !examples.includes(box.value)) return;
+  box.value = config.examples?.[output()] ?? config.examples?.default ?? box.value;
+}
+
+// The colour scale follows the model (log for a causal map, see scaled()) until the user picks one.
+let scaleChosen = false;
+function defaultScale() {
+  if (!scaleChosen) $("zscale").value = causalMap() ? "log" : "max";
+  $("zscale-k-box").hidden = $("zscale").value !== "rowsk";
 }
 
 function modelLabel(m) {
@@ -457,15 +542,17 @@ async function init() {
     state.info = textModels.find((m) => m.id === state.model) ?? textModels[0];
     state.model = state.info.id;
     if (!isSeq2seq()) state.kind = "encoder";
+    followExample();
     showModelInfo();
     fillHeadSelects();
+    defaultScale();
     lab.syncControls();
   };
   chooseModel();
   // A new input makes token indices meaningless.
   const resetInput = () => {
     lab.forgetTokens();
-    state.query = 0;
+    state.query = null;
     state.position = null;
   };
   const rerun = () => { resetInput(); load(); };
@@ -487,8 +574,9 @@ async function init() {
   $("kind-select").addEventListener("change", () => {
     state.kind = $("kind-select").value;
     lab.forgetTokens(); // key indices belong to another sequence now
-    state.query = 0;
+    state.query = null;
     fillHeadSelects();
+    defaultScale();
     load();
   });
   $("position-select").addEventListener("change", () => {
@@ -498,7 +586,10 @@ async function init() {
   $("chat-toggle").addEventListener("change", rerun);
   $("layer-select").addEventListener("change", () => selectHead(Number($("layer-select").value), state.head));
   $("head-select").addEventListener("change", () => selectHead(state.layer, Number($("head-select").value)));
-  $("zscale").addEventListener("change", () => { if (state.view) showHead(); });
+  const rescale = () => { $("zscale-k-box").hidden = $("zscale").value !== "rowsk"; if (state.view) showHead(); lab.writeUrl(); };
+  $("zscale").addEventListener("change", () => { scaleChosen = true; rescale(); });
+  $("zscale-k").addEventListener("change", rescale);
+  $("diff-kind").addEventListener("change", () => lab.writeUrl());
   await load();
   lab.installPngButtons(`attnlab-${state.model}`);
 }

@@ -23,6 +23,7 @@
 //   softmax()          the softmax panel's context ({tokens, scores, query, beta, masked, …}) or null
 //   summaryExtra()     extra parts for the effect summary line (e.g. view-only TV), optional
 //   activeExtra()      extra rows for the active-interventions list, optional
+//   builtInCausal()    null, or why the shown attention is causal by itself (a decoder), optional
 import { setStatus } from "../api.js";
 import { byId, onArrowKeys } from "../dom.js";
 import { decodedFields, fmt } from "../mathx.js";
@@ -58,13 +59,25 @@ export function mountLab(page, options = {}) {
     return { layer: s.layer, head: s.head, kind: s.kind, nativeBeta: page.nativeBeta() };
   };
   const beta = () => betaOf(lab, page.nativeBeta());
+  // Scope "layers" covers only layers from … to …; every other scope follows the selection, so it covers the
+  // shown head. The shown head's β is the slider's where the scope covers it, else the model's own β₀.
+  const betaRange = () => [Math.min(lab.beta.from, lab.beta.to), Math.max(lab.beta.from, lab.beta.to)];
+  const betaCovers = (layer = page.selection().layer) => lab.beta.scope !== "layers"
+    || (layer >= betaRange()[0] && layer <= betaRange()[1]);
+  const shownBeta = () => (betaCovers() ? beta() : page.nativeBeta());
   const samples = () => (lab.perturb.on ? lab.perturb.samples : 1);
   const interventions = () => forServer(buildInterventions(lab, ctx()));
-  const viewBeta = () => lab.beta.mode === "view" && !betaIsNative(lab);
+  const viewBeta = () => lab.beta.mode === "view" && !betaIsNative(lab) && betaCovers();
+  // The shown head lies outside a β layer range: what to say, and the first layer β changes (or null).
+  function betaScope() {
+    if (betaIsNative(lab) || betaCovers()) return null;
+    const [from, to] = betaRange();
+    return { text: `β applies to layers ${from === to ? from : `${from}–${to}`}; this head runs at its native β₀ = ${fmt(page.nativeBeta())}`, layer: from };
+  }
 
   const changed = () => { syncControls(); page.run({}); };
   const masks = mountMaskPanel(byId("masks-panel"), lab, {
-    onChange: changed, tokenName: (j) => page.labels()[j] ?? "?", pickHint,
+    onChange: changed, tokenName: (j) => page.labels()[j] ?? "?", pickHint, builtInCausal: () => page.builtInCausal?.() ?? null,
   });
   const perturb = mountPerturbPanel(byId("perturb-panel"), lab, { onChange: changed, showTokenStrip, unit, maxSamples });
   const softmax = mountSoftmaxPanel(byId("softmax-panel"), { onError: (msg) => setStatus(msg, { error: true }) });
@@ -72,7 +85,8 @@ export function mountLab(page, options = {}) {
   // ---- β --------------------------------------------------------------------------------------------
   function renderBetaReadout() {
     const b = beta();
-    byId("beta-readout").textContent = `β = ${fmt(b)}  T = ${fmt(1 / b)}  (β₀ = ${fmt(page.nativeBeta())})`;
+    const where = lab.beta.scope === "layers" ? (([f, t]) => ` on layers ${f === t ? f : `${f}–${t}`}`)(betaRange()) : "";
+    byId("beta-readout").textContent = `β = ${fmt(b)}  T = ${fmt(1 / b)}${where}  (β₀ = ${fmt(page.nativeBeta())})`;
   }
 
   // Run mode: one model run in flight; moves meanwhile collapse into one run of the latest β.
@@ -171,7 +185,7 @@ export function mountLab(page, options = {}) {
       if (o.prob_change !== undefined) parts.push(`Δp(top): ${pm(o.prob_change, o.prob_change_std)}`);
       if (e.samples) parts.push(`n = ${e.samples} samples`);
     }
-    const note = perturb.maskedNote();
+    const note = perturb.maskedNote({ applied: true }); // the summary speaks of what ran
     if (note) parts.push(note);
     byId("effect-summary").classList.remove("stale");
     byId("effect-summary").textContent = parts.length ? parts.join("  ·  ")
@@ -229,9 +243,9 @@ export function mountLab(page, options = {}) {
   // The exported figure's title: model, layer, head and β (drawn into the PNG).
   function exportTitle() {
     const { layer, head, kind } = page.selection();
-    const b = beta();
+    const b = shownBeta();
     return [page.modelName?.() ?? "", `${kind ? `${kind} attention, ` : ""}layer ${layer}, head ${head}`,
-      `β = ${fmt(b)}${betaIsNative(lab) ? " (native β₀)" : ` (β₀ = ${fmt(page.nativeBeta())})`}`, page.titleExtra?.() ?? ""]
+      `β = ${fmt(b)}${betaIsNative(lab) || !betaCovers() ? " (native β₀)" : ` (β₀ = ${fmt(page.nativeBeta())})`}`, page.titleExtra?.() ?? ""]
       .filter(Boolean).join(" · ");
   }
 
@@ -272,7 +286,7 @@ export function mountLab(page, options = {}) {
 
   syncControls();
   return {
-    lab, beta, samples, interventions, viewBeta, render, fail, restore, syncControls, writeUrl, forgetTokens, toggleMask,
+    lab, beta, shownBeta, betaCovers, betaScope, samples, interventions, viewBeta, render, fail, restore, syncControls, writeUrl, forgetTokens, toggleMask,
     togglePick: (j) => perturb.togglePick(j),
     betaIsNative: () => betaIsNative(lab),
     renderSoftmax,

@@ -2,7 +2,7 @@
 // scope and a one-click reset. The key-mask tokens are chosen by clicking tokens (or patches) elsewhere.
 import { HELP, resetControl, scopeSelect } from "./interventions.js";
 import { guideLinks } from "../guide-links.js";
-import { el } from "../dom.js";
+import { el, visibleToken } from "../dom.js";
 
 // An on/off intervention with a scope and a reset: its checkbox, scope select and reset button,
 // with ids `${key}-toggle`, `${key}-scope`, `${key}-reset`.
@@ -16,8 +16,12 @@ function toggleControl(lab, key, onChange) {
   return [box, scope, reset];
 }
 
-// mount(container, lab, {onChange(key), tokenName(j)}) → {update()}: update() refreshes the shown state.
-export function mountMaskPanel(container, lab, { onChange, tokenName = (j) => String(j), pickHint = "click a token to mask it as a key" }) {
+// mount(container, lab, {onChange(key), tokenName(j), builtInCausal()}) → {update()}: update() refreshes the shown state.
+// builtInCausal(): null, or why the shown attention is causal anyway (a decoder): the causal control then shows
+// that as built in (ticked, not a control), rather than as a box the user has not ticked.
+export function mountMaskPanel(container, lab, {
+  onChange, tokenName = (j) => String(j), pickHint = "click a token to mask it as a key", builtInCausal = () => null,
+}) {
   const masked = el("span", { id: "mask-list", className: "mono" });
   const maskScope = scopeSelect(lab.masks.scope, (v) => { lab.masks.scope = v; if (lab.masks.tokens.size) onChange("masks"); });
   maskScope.id = "mask-scope";
@@ -26,6 +30,8 @@ export function mountMaskPanel(container, lab, { onChange, tokenName = (j) => St
 
   const [causal, causalScope, causalReset] = toggleControl(lab, "causal", onChange);
   const [ablate, ablateScope, ablateReset] = toggleControl(lab, "ablate", onChange);
+  const causalScopeLabel = el("label", {}, "scope ", causalScope);
+  const causalBuiltIn = el("span", { id: "causal-builtin", className: "pill", hidden: true });
 
   container.replaceChildren(
     el("h2", {}, "Masks and ablation ", el("small", {}, "M is added to β·S before the softmax; scopes follow the selected layer/head")),
@@ -33,7 +39,7 @@ export function mountMaskPanel(container, lab, { onChange, tokenName = (j) => St
       el("div", { className: "controls" }, el("b", {}, "Key mask"), masked, el("label", {}, "scope ", maskScope), maskReset),
       el("p", { className: "help" }, ...guideLinks(`${HELP.mask_keys}. ${pickHint[0].toUpperCase() + pickHint.slice(1)}.`))),
     el("div", { className: "lab-control" },
-      el("div", { className: "controls" }, el("label", {}, causal, el("b", {}, "Causal mask")), el("label", {}, "scope ", causalScope), causalReset),
+      el("div", { className: "controls" }, el("label", {}, causal, el("b", {}, "Causal mask")), causalBuiltIn, causalScopeLabel, causalReset),
       el("p", { className: "help" }, ...guideLinks(HELP.causal + "."))),
     el("div", { className: "lab-control" },
       el("div", { className: "controls" }, el("label", {}, ablate, el("b", {}, "Ablate head")), el("label", {}, "scope ", ablateScope), ablateReset),
@@ -42,9 +48,14 @@ export function mountMaskPanel(container, lab, { onChange, tokenName = (j) => St
 
   function update() {
     const ids = [...lab.masks.tokens].sort((a, b) => a - b);
-    masked.textContent = ids.length ? ids.map((j) => `${j}:${tokenName(j)}`).join("  ") : "none";
+    masked.textContent = ids.length ? ids.map((j) => `${j}:${visibleToken(tokenName(j))}`).join("  ") : "none";
     maskScope.value = lab.masks.scope;
-    causal.checked = lab.causal.on;
+    const builtIn = builtInCausal();
+    causal.checked = lab.causal.on || Boolean(builtIn);
+    causal.disabled = Boolean(builtIn);
+    causalBuiltIn.hidden = !builtIn;
+    causalBuiltIn.textContent = builtIn ? `built in: ${builtIn}` : "";
+    causalScopeLabel.hidden = causalReset.hidden = Boolean(builtIn);
     causalScope.value = lab.causal.scope;
     ablate.checked = lab.ablate.on;
     ablateScope.value = lab.ablate.scope;

@@ -2,7 +2,7 @@
 // scale α, seed, samples n (n > 1 → mean ± spread of each effect over seeds seed, seed+1, …).
 import { HELP, resetControl, scopeSelect } from "./interventions.js";
 import { guideLinks, setHelpText } from "../guide-links.js";
-import { el } from "../dom.js";
+import { el, visibleToken } from "../dom.js";
 
 function numberInput(id, value, { min = null, max = null, step = "any" } = {}) {
   const input = el("input", { id, type: "number", value: String(value), step: String(step) });
@@ -70,7 +70,8 @@ export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = t
     labels = tokenLabels;
     if (!showTokenStrip) { strip.hidden = true; update(); return; }
     strip.replaceChildren(...labels.map((tok, j) => {
-      const chip = el("span", { className: "tok", textContent: tok, title: `${unit} ${j}: click to choose for the perturbation` });
+      const shown = visibleToken(tok);
+      const chip = el("span", { className: "tok" + (shown !== tok ? " ws" : ""), textContent: shown, title: `${unit} ${j}: click to choose for the perturbation` });
       chip.dataset.index = j;
       chip.tabIndex = 0; // keyboard: Tab to a chip, Enter or Space chooses it
       chip.setAttribute("role", "button");
@@ -103,19 +104,21 @@ export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = t
     noteEl.hidden = !note;
     setHelpText(container.querySelector("#perturb-help"), (p.target === "queries" ? HELP.perturb_queries : HELP.perturb_keys) + ".");
     const ids = [...p.tokens].sort((a, b) => a - b);
-    chosen.textContent = ids.length ? ids.map((j) => `${j}:${labels[j] ?? "?"}`).join("  ") : `none (every ${unit})`;
+    chosen.textContent = ids.length ? ids.map((j) => `${j}:${visibleToken(labels[j] ?? "?")}`).join("  ") : `none (every ${unit})`;
     for (const chip of strip.children) chip.classList.toggle("picked", p.tokens.has(Number(chip.dataset.index)));
   }
   // A masked key's column of P is 0 whatever its score: perturbing it changes nothing (an honest "± 0").
-  function maskedNote() {
+  // Only about a perturbation that is on, or keys chosen for one: a mask alone perturbs nothing.
+  function maskedNote({ applied = false } = {}) {
     if (p.target !== "keys" || !lab.masks.tokens.size) return "";
+    if (!p.on && (applied || !p.tokens.size)) return "";
     const chosen = p.tokens.size ? [...p.tokens] : null;
     const both = (chosen ?? [...lab.masks.tokens]).filter((j) => lab.masks.tokens.has(j)).sort((a, b) => a - b);
     if (!both.length) return "";
-    const names = both.map((j) => `${j}:${labels[j] ?? "?"}`).join(" ");
+    const names = both.map((j) => `${j}:${visibleToken(labels[j] ?? "?")}`).join(" ");
     const all = chosen && both.length === chosen.length;
     return `${all ? "Every chosen key is" : `Key${both.length > 1 ? "s" : ""} ${names} ${both.length > 1 ? "are" : "is"}`} also masked`
-      + `${all ? ` (${names})` : ""}: a masked key's column of P is 0 whatever its score, so perturbing it changes nothing `
+      + `${all ? ` (${names})` : ""}: a masked key's column of P is 0 whatever its score, so perturbing it ${p.on ? "changes" : "would change"} nothing `
       + "where the mask applies (the effects read ± 0 there).";
   }
 

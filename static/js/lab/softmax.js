@@ -24,7 +24,9 @@ export function parseVector(text) {
   });
 }
 
-// mount(container, {onError}) → {update({tokens, scores (T×T Ŝ), masked (bool[]), beta, query, queryLabel})}
+// mount(container, {onError}) → {update({tokens, scores (T×T Ŝ), masked, beta, query, queryLabels, onQuery})}
+// masked: bool[] (the same keys for every row) or a function of the query row → bool[] (a causal map masks
+// j > i, so each row has its own mask). onQuery(i): the page's own query selection follows the dropdown.
 export function mountSoftmaxPanel(container, { onError = () => {} } = {}) {
   const source = el("select", { id: "softmax-source" });
   source.append(new Option("selected query row of this head", "row"), new Option("my score vector", "vector"));
@@ -53,7 +55,11 @@ export function mountSoftmaxPanel(container, { onError = () => {} } = {}) {
   let last = null;
   const redraw = () => last && update(last);
   source.addEventListener("change", redraw);
-  query.addEventListener("change", () => { if (last) { last.query = Number(query.value); redraw(); } });
+  query.addEventListener("change", () => {
+    if (!last) return;
+    last.query = Number(query.value);
+    if (last.onQuery) last.onQuery(last.query); else redraw(); // the page redraws the panel with its new query
+  });
   vector.addEventListener("change", redraw);
   betaInput.addEventListener("change", redraw);
 
@@ -74,7 +80,8 @@ export function mountSoftmaxPanel(container, { onError = () => {} } = {}) {
       query.value = q;
       s = ctx.scores[q];
       beta = ctx.beta;
-      masked = ctx.masked;
+      masked = typeof ctx.masked === "function" ? ctx.masked(q) : ctx.masked;
+      query.dataset.row = String(q);
       labels = ctx.keyLabels ?? ctx.tokens.map((t, i) => `${i}:${t}`);
     } else {
       try {

@@ -78,3 +78,23 @@ export const intParam = (params, key, fallback) => {
   const v = Number(params.get(key));
   return params.has(key) && Number.isInteger(v) && v >= 0 ? v : fallback;
 };
+
+// How the page's figures are drawn (not the lab's state, but part of what a link shows): the heatmap's
+// colour scale zs (with zk = k for "the max over rows ≥ k") and the difference figure's kind dk.
+//   zs=max|fixed|log|row|rowsk  zk=4  dk=diff|ratio
+export const COLOUR_SCALES = ["max", "fixed", "log", "row", "rowsk"];
+const DIFF_KINDS = ["diff", "ratio"];
+
+export function figureToParams({ scale = null, rowsFrom = null, diff = null }, params = new URLSearchParams()) {
+  if (COLOUR_SCALES.includes(scale)) params.set("zs", scale);
+  if (scale === "rowsk" && Number.isInteger(rowsFrom)) params.set("zk", String(rowsFrom));
+  if (DIFF_KINDS.includes(diff)) params.set("dk", diff);
+  return params;
+}
+
+// {scale, rowsFrom, diff}: each null where the link does not say (or says something unknown).
+export function paramsToFigure(params) {
+  const scale = COLOUR_SCALES.includes(params.get("zs")) ? params.get("zs") : null;
+  const diff = DIFF_KINDS.includes(params.get("dk")) ? params.get("dk") : null;
+  return { scale, rowsFrom: intParam(params, "zk", null), diff };
+}

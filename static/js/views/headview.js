@@ -1,5 +1,7 @@
 // bertviz-like head view: queries on the left, keys on the right, a line per (query, key) with
 // opacity ∝ P. Hovering a token keeps only its lines; clicking a key token toggles its mask.
+import { visibleToken } from "../dom.js";
+
 const NS = "http://www.w3.org/2000/svg";
 const MIN_WEIGHT = 0.02; // lines below this are not drawn (keeps 512-token views light)
 const MAX_TOKENS = 160;
@@ -50,7 +52,7 @@ export function drawHeadView(container, matrix, tokens, { masked = new Set(), on
       const label = document.createElementNS(NS, "text");
       label.setAttribute("x", x); label.setAttribute("y", y(i) + 4);
       label.setAttribute("text-anchor", anchor);
-      label.textContent = tok;
+      label.textContent = visibleToken(tok);
       if (side === "k" && masked.has(i)) label.classList.add("masked");
       label.addEventListener("mouseenter", () => highlight(side, i));
       label.addEventListener("mouseleave", () => highlight(side, null));

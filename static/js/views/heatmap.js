@@ -7,30 +7,54 @@
 // Plotly up to date with `drawHeatmap` once the input settles, which removes the canvas.
 
 import { viridis } from "../colors.js";
+import { visibleToken } from "../dom.js";
 
 // Plotly merges duplicate category labels, so each token label gets its index.
-export const tokenLabels = (tokens) => tokens.map((t, i) => `${i}:${t}`);
+export const tokenLabels = (tokens) => tokens.map((t, i) => `${i}:${visibleToken(t)}`);
 
 const drawnTokens = new WeakMap(); // plot element → the tokens its axes show ({x, y})
 
+// Cells a mask forbids (P = 0 by construction, not by attention) are drawn in this neutral grey, over the map.
+export const MASKED_GREY = "#c3c7cf";
+
 // tokens: the keys (x); yTokens: the queries (y), the same tokens unless the map is rectangular
 // (cross-attention: target queries × source keys).
-export function drawHeatmap(el, matrix, tokens, { title = "", zmax = null, colorscale = "Viridis", zmid = null, yTokens = tokens } = {}) {
-  const labels = tokenLabels(tokens);
+// matrix: the values coloured (P, or P on another scale: then `customdata` holds P for the hover and
+// `colorbar` its ticks); masked: bool rows (true = the mask forbids this cell) or null; maskLegend: what
+// forbids them ("the causal mask: key j > query i").
+export function drawHeatmap(el, matrix, tokens, {
+  title = "", zmin = null, zmax = null, colorscale = "Viridis", zmid = null, yTokens = tokens,
+  customdata = null, colorbar = {}, masked = null, maskLegend = "masked",
+} = {}) {
+  const labels = tokenLabels(tokens), yLabels = tokenLabels(yTokens);
   const trace = {
-    type: "heatmap", z: matrix, x: labels, y: tokenLabels(yTokens), colorscale,
-    zmin: zmid === null ? 0 : -zmax, zmax: zmax ?? undefined, zmid: zmid ?? undefined,
-    hovertemplate: "query %{y}<br>key %{x}<br>P = %{z:.4f}<extra></extra>",
-    colorbar: { thickness: 12 },
+    type: "heatmap", z: matrix, x: labels, y: yLabels, colorscale,
+    zmin: zmin ?? (zmid === null ? 0 : -zmax), zmax: zmax ?? undefined, zmid: zmid ?? undefined,
+    hovertemplate: `query %{y}<br>key %{x}<br>P = %{${customdata ? "customdata" : "z"}:.4f}<extra></extra>`,
+    colorbar: { thickness: 12, ...colorbar }, hoverongaps: false,
+    ...(customdata ? { customdata } : {}),
   };
+  const traces = [trace];
+  const anyMasked = masked?.some((row) => row.some(Boolean));
+  if (anyMasked) { // one grey layer over the forbidden cells; every other cell is a gap in it
+    traces.push({
+      type: "heatmap", z: masked.map((row) => row.map((m) => (m ? 1 : null))), x: labels, y: yLabels,
+      colorscale: [[0, MASKED_GREY], [1, MASKED_GREY]], zmin: 0, zmax: 1, showscale: false, hoverongaps: false,
+      name: "masked", hovertemplate: `query %{y}<br>key %{x}<br>masked (${maskLegend}): P = 0<extra></extra>`,
+    });
+  }
   const dense = Math.max(tokens.length, yTokens.length) > 40;
+  const legend = anyMasked ? `<span style="color:${MASKED_GREY}">■</span> ${maskLegend}` : "";
   const layout = {
     title: { text: title, font: { size: 13 } },
-    margin: { l: dense ? 40 : 90, r: 10, t: title ? 30 : 10, b: dense ? 40 : 90 },
+    margin: { l: dense ? 40 : 90, r: 10, t: title || legend ? 30 : 10, b: dense ? 40 : 90 },
     xaxis: { title: { text: "key" }, tickangle: -60, showticklabels: !dense, type: "category" },
     yaxis: { title: { text: "query" }, autorange: "reversed", showticklabels: !dense, type: "category" },
+    annotations: legend ? [{ text: legend, xref: "paper", yref: "paper", x: 0, y: 1, yanchor: "bottom", xanchor: "left",
+      showarrow: false, font: { size: 11, color: "#555" } }] : [],
   };
-  const drawn = Plotly.react(el, [trace], layout, { responsive: true, displaylogo: false });
+  el.dataset.masked = anyMasked ? String(masked.reduce((n, row) => n + row.filter(Boolean).length, 0)) : "0";
+  const drawn = Plotly.react(el, traces, layout, { responsive: true, displaylogo: false });
   drawnTokens.set(el, { x: tokens, y: yTokens });
   const cells = el.querySelector(":scope > canvas.fast-cells");
   if (cells) cells.hidden = true; // Plotly shows the same values now
@@ -41,7 +65,7 @@ export function drawHeatmap(el, matrix, tokens, { title = "", zmax = null, color
 // Repaint the cells of an already drawn heatmap with new values for the same tokens. Returns false
 // (and paints nothing) when that is not possible: nothing drawn yet, other tokens, or a zoomed view;
 // the caller then draws with Plotly.
-export function paintHeatmap(el, matrix, tokens, yTokens = tokens) {
+export function paintHeatmap(el, matrix, tokens, yTokens = tokens, masked = null) {
   const layout = el._fullLayout;
   const trace = el._fullData?.[0];
   const shown = drawnTokens.get(el);
@@ -51,19 +75,19 @@ export function paintHeatmap(el, matrix, tokens, yTokens = tokens) {
   const whole = (a, b) => Math.abs(a - b) < 1e-6;
   if (!(whole(x0, -0.5) && whole(x1, m - 0.5) && whole(y0, n - 0.5) && whole(y1, -0.5))) return false; // zoomed
   const { l, t, w, h } = layout._size; // the plot area, in CSS pixels from the element's corner
-  paintCells(cellsCanvas(el), matrix, { left: l, top: t, width: w, height: h }, colourTable(trace.colorscale), trace.zmin, trace.zmax);
+  paintCells(cellsCanvas(el), matrix, { left: l, top: t, width: w, height: h }, colourTable(trace.colorscale), trace.zmin, trace.zmax, masked);
   return true;
 }
 
 // Before plotly.js is ready (it takes 1–2 s to evaluate on a slow machine, see benchmarks/): the cells
 // alone, on a canvas about where the figure's plot area will be, with a note; drawHeatmap replaces them.
-export function paintPreview(el, matrix, note = "") {
+export function paintPreview(el, matrix, note = "", { zmin = 0, zmax = 1, masked = null } = {}) {
   const dense = Math.max(matrix.length, matrix[0]?.length ?? 0) > 40;
   const { width, height } = el.getBoundingClientRect();
   const box = { left: dense ? 40 : 90, top: 10, width: 0, height: 0 };
   box.width = Math.max(40, width - box.left - 70); // 70: Plotly's colour bar and right margin
   box.height = Math.max(40, height - box.top - (dense ? 40 : 90));
-  paintCells(cellsCanvas(el), matrix, box, previewTable(), 0, 1);
+  paintCells(cellsCanvas(el), matrix, box, previewTable(), zmin, zmax, masked);
   let label = el.querySelector(":scope > .preview-note");
   if (!label) {
     label = document.createElement("p");
@@ -85,8 +109,10 @@ function cellsCanvas(el) {
   return canvas;
 }
 
-// One pixel per cell (rows = queries, top to bottom), stretched over `box` without smoothing.
-function paintCells(canvas, matrix, box, table, zmin, zmax) {
+const GREY_RGB = [0xc3, 0xc7, 0xcf]; // MASKED_GREY
+
+// One pixel per cell (rows = queries, top to bottom), stretched over `box` without smoothing; masked cells grey.
+function paintCells(canvas, matrix, box, table, zmin, zmax, masked = null) {
   const n = matrix.length, m = matrix[0]?.length ?? 0;
   Object.assign(canvas.style, { left: `${box.left}px`, top: `${box.top}px`, width: `${box.width}px`, height: `${box.height}px` });
   if (canvas.width !== m || canvas.height !== n) { canvas.width = m; canvas.height = n; }
@@ -95,8 +121,9 @@ function paintCells(canvas, matrix, box, table, zmin, zmax) {
   const px = image.data;
   const span = zmax - zmin || 1;
   for (let i = 0, o = 0; i < n; i++) {
-    const row = matrix[i];
+    const row = matrix[i], forbidden = masked?.[i];
     for (let j = 0; j < m; j++, o += 4) {
+      if (forbidden?.[j]) { px[o] = GREY_RGB[0]; px[o + 1] = GREY_RGB[1]; px[o + 2] = GREY_RGB[2]; px[o + 3] = 255; continue; }
       const level = Math.max(0, Math.min(255, Math.round(((row[j] - zmin) / span) * 255))) * 3;
       px[o] = table[level]; px[o + 1] = table[level + 1]; px[o + 2] = table[level + 2]; px[o + 3] = 255;
     }

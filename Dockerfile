@@ -3,9 +3,12 @@
 #   docker build -t attnlab .                                  # CPU (torch from .docker-wheels/ if present)
 #   docker build --build-arg TORCH_VARIANT=cuda -t attnlab:cuda .
 #   docker run --read-only --tmpfs /tmp -p 8000:8000 attnlab
+#   docker run --gpus all --read-only --tmpfs /tmp -p 8000:8000 attnlab:cuda
 #
 # The CPU build takes torch from a local CPU wheel copied into .docker-wheels/ (scripts/docker_ci.sh does
 # this); without one it uses PyTorch's CPU index. A plain `pip install torch` would pull the CUDA build.
+# The CUDA build takes torch and NVIDIA's libraries from .docker-wheels-cuda/ (scripts/docker_ci.sh --cuda)
+# or else from PyPI, then drops what torch never loads (see the deps stage).
 ARG BASE_IMAGE=debian:bookworm-slim
 
 # ---- base: Debian bookworm's Python 3.11 -----------------------------------------------------------
@@ -24,6 +27,8 @@ ENV PATH=/opt/venv/bin:$PATH \
 
 # ---- deps: the runtime virtual environment -----------------------------------------------------------
 FROM base AS deps
+# (inherited from base; restated for hadolint, which checks each stage's pipes on its own)
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG TORCH_VARIANT=cpu
 ARG TORCH_VERSION=2.13.0
 # Set (to anything) when .docker-wheels/ holds every wheel: pip then never asks an index.
@@ -31,8 +36,9 @@ ARG PIP_WHEELS_ONLY
 # pip inside the build trusts the system CA bundle (which holds any site CA copied into the base image).
 ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 ARG PIP_DEFAULT_TIMEOUT=180
-# .docker-wheel[s] matches the optional wheel folder: COPY does not fail when it is absent.
-COPY requirements.txt .docker-wheel[s] /tmp/build/
+# .docker-wheel[s] matches the optional wheel folder: COPY does not fail when it is absent. The CUDA wheels
+# (3 GB) come in their own folder, copied here only: the weights stage below needs none of them.
+COPY requirements.txt .docker-wheel[s] .docker-wheels-cud[a] /tmp/build/
 RUN python3 -m venv /opt/venv \
     && if [ -n "${PIP_WHEELS_ONLY}" ]; then export PIP_NO_INDEX=1; fi \
     && if [ "${TORCH_VARIANT}" = "cpu" ]; then \
@@ -44,10 +50,27 @@ RUN python3 -m venv /opt/venv \
              --extra-index-url https://pypi.org/simple; \
          fi; \
        else \
-         pip install --no-cache-dir "torch==${TORCH_VERSION}"; \
+         pip install --no-cache-dir --find-links /tmp/build "torch==${TORCH_VERSION}"; \
        fi \
     && pip install --no-cache-dir --find-links /tmp/build -r /tmp/build/requirements.txt \
     && rm -rf /tmp/build
+# CUDA variant: torch's CUDA build must be what got installed (a stray +cpu wheel also satisfies ==2.13.0), and
+# what torch never loads goes: Triton (0.7 GB; only torch.compile uses it, attnlab never compiles), NVIDIA
+# libraries that nothing in torch names (an alternative NVRTC, multi-GPU cuSOLVER, the FFTW and BLAS
+# drop-in wrappers), headers and static libraries. Then every library torch links must still resolve
+# (libcuda.so.1 comes from the host's driver at run time).
+RUN if [ "${TORCH_VARIANT}" = "cuda" ]; then \
+      python -c 'import sys, torch; sys.exit(None if torch.version.cuda else "TORCH_VARIANT=cuda installed torch " + torch.__version__ + ", a CPU build")' \
+      && pip uninstall -y -q triton \
+      && site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+      && rm -f "$site"/nvidia/cu13/lib/libnvrtc.alt.so.* "$site"/nvidia/cu13/lib/libnvrtc-builtins.alt.so.* \
+               "$site"/nvidia/cu13/lib/libcusolverMg.so.* "$site"/nvidia/cu13/lib/libcufftw.so.* \
+               "$site"/nvidia/cu13/lib/libnvblas.so.* \
+      && find "$site"/nvidia \( -name include -type d -o -name '*.a' \) -prune -exec rm -rf {} + \
+      && missing="$(ldd "$site"/torch/lib/*.so "$site"/torch/_C*.so | { grep 'not found' || true; } \
+                    | { grep -v 'libcuda\.so\.1' || true; } | sort -u)" \
+      && if [ -n "$missing" ]; then echo "torch's libraries do not resolve: $missing"; exit 1; fi; \
+    fi
 
 # ---- weights: default weights prepared at build time (onnx and gguf tools stay in this stage) ----------
 FROM deps AS weights
@@ -68,8 +91,10 @@ FROM base AS runtime
 ARG TORCH_VARIANT=cpu
 LABEL org.opencontainers.image.title="attnlab" \
       org.opencontainers.image.description="Transformer attention maps and interventions (torch ${TORCH_VARIANT})"
-# Every cache goes to /tmp, so the container runs with --read-only --tmpfs /tmp.
+# Every cache goes to /tmp, so the container runs with --read-only --tmpfs /tmp. The NVIDIA Container Toolkit
+# mounts the driver's compute libraries and nvidia-smi (utility) into a container started with --gpus.
 ENV HOME=/tmp \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     HF_HOME=/tmp/hf \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \

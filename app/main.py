@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio.to_thread
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
@@ -29,6 +30,7 @@ from app.runtime import Overloaded, Runtime, request_deadline, request_timings
 from app.settings import Settings, get_settings
 from app.templating import templates
 from app.vendor import plotly_bundle
+from models.adapters.base import cuda_absence, describe_device, pick_device
 
 log = logging.getLogger("attnlab")
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,6 +168,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         runtime = Runtime(settings)
         app.state.runtime = runtime
+        # Where the models will run, said once; ATTNLAB_DEVICE=cuda with no visible GPU stops the start here
+        # (DeviceUnavailable: uvicorn exits with status 3) instead of a server that never turns ready.
+        device = pick_device(settings.device)
+        if device.type == "cpu" and settings.device == "auto" and torch.version.cuda is not None:
+            log.warning("device: no GPU visible, falling back to the CPU: %s (ATTNLAB_DEVICE=auto)", cuda_absence())
+        else:
+            log.info("device: %s (ATTNLAB_DEVICE=%s)", describe_device(device), settings.device)
         # Load the default models in the background: /api/health answers at once, /api/ready turns 200 when
         # warm. Then run the text page's example once, so its first view is already cached.
         def warm() -> None:

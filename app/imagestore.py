@@ -9,18 +9,30 @@
   same bounded `ImageStore`), so a repeated request costs no Redis round trip. A read from Redis
   (`GETEX … EX ttl`) restarts the key's TTL: an image in use does not expire under its users.
 
-Redis unreachable: `put` (and a `get` this replica cannot answer from its LRU) raise `StoreUnavailable`,
-which the routes answer with 503 + Retry-After naming Redis; text requests never touch the store. The
-client reconnects on the next call, so uploads recover as soon as Redis is back, without a restart.
+Redis unreachable or refusing (any `RedisError`: connection, timeout, OOM under `maxmemory` with
+`noeviction`, an ACL's NOPERM, READONLY after a failover): `put` (and a `get` this replica cannot answer from
+its LRU) raise `StoreUnavailable`, which the routes answer with 503 + Retry-After naming Redis; text requests
+never touch the store. The client reconnects on the next call, so uploads recover as soon as Redis is back,
+without a restart. A key of the wrong type (WRONGTYPE) is an absent id (404, the page uploads again).
+
+**Ids are capabilities** (app/ids.py): an upload's id is random, never its content hash, so nobody can test
+whether a known image was uploaded, or read one without having been given its id. Identical content is still
+stored once: both stores key the bytes (and the decoded image) by the content's sha256 and map each random id
+to it. In Redis: `{prefix}id:{id}` → sha256 hex, `{prefix}blob:{sha256}` → the bytes, both with the TTL. On
+read, bytes over `redis_max_item_bytes` or whose sha256 is not their key are treated as absent (and logged).
 
 The routes reach the store through a FastAPI dependency (`get_image_store`), one per app, built from the
 app's settings on first use.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
+import re
 import threading
 import time
+from collections import OrderedDict
 from typing import Protocol
 
 from fastapi import Request
@@ -51,23 +63,72 @@ class UploadStore(Protocol):
     def __contains__(self, image_id: str) -> bool: ...
 
 
+DIGEST_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+REDIS_REFUSALS = {  # redis-py's exception classes → what the 503 says
+    "NoPermissionError": "NOPERM: its ACL denies a command the store needs",
+    "ReadOnlyError": "READONLY: it is a read-only replica, e.g. after a failover",
+    "OutOfMemoryError": "OOM: it is full (maxmemory with the noeviction policy)",
+    "AuthenticationError": "authentication failed",
+    "BusyLoadingError": "LOADING: it is still loading its data",
+}
+
+
+def content_digest(data: bytes) -> str:
+    """The internal key of an upload's content (never handed to a client)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+class IdMap:
+    """Random id → content digest, bounded (LRU): ids outlive their decoded images only this far."""
+
+    def __init__(self, max_items: int):
+        self.max_items = max(1, max_items)
+        self._map: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def set(self, image_id: str, digest: str) -> None:
+        with self._lock:
+            self._map[image_id] = digest
+            self._map.move_to_end(image_id)
+            while len(self._map) > self.max_items:
+                self._map.popitem(last=False)
+
+    def get(self, image_id: str) -> str | None:
+        with self._lock:
+            digest = self._map.get(image_id)
+            if digest is not None:
+                self._map.move_to_end(image_id)
+            return digest
+
+
+def _as_id(item: StoredImage, image_id: str) -> StoredImage:
+    return item if item.image_id == image_id else dataclasses.replace(item, image_id=image_id)
+
+
 class MemoryImageStore:
-    """This process's decoded LRU only (today's behaviour; the default)."""
+    """This process's decoded LRU only (the default): decoded images by content digest, ids mapped to digests."""
 
     backend = "memory"
     max_item_bytes = None
 
     def __init__(self, settings: Settings):
         self.local = ImageStore(max_items=settings.image_cache_items, max_bytes=settings.image_cache_bytes)
+        self.ids = IdMap(16 * settings.image_cache_items)
 
     def put(self, image_id: str, data: bytes, decoded: DecodedImage, *, shared: bool = True) -> StoredImage:
-        return self.local.put(image_id, decoded)
+        digest = content_digest(data)
+        item = self.local.get(digest) or self.local.put(digest, decoded)  # the same content is kept once
+        self.ids.set(image_id, digest)
+        return _as_id(item, image_id)
 
     def get(self, image_id: str) -> StoredImage | None:
-        return self.local.get(image_id)
+        digest = self.ids.get(image_id)
+        item = self.local.get(digest) if digest is not None else None
+        return _as_id(item, image_id) if item is not None else None
 
     def __contains__(self, image_id: str) -> bool:
-        return image_id in self.local
+        digest = self.ids.get(image_id)
+        return digest is not None and digest in self.local
 
 
 def redact_url(url: str) -> str:
@@ -88,13 +149,16 @@ class RedisImageStore:
         from redis.backoff import ConstantBackoff
         from redis.retry import Retry
 
+        self._redis = redis
         self.settings = settings
         self.url = redact_url(settings.redis_url or "")
         self.ttl_s = settings.redis_ttl_s
         self.max_item_bytes = settings.redis_max_item_bytes
         self.prefix = settings.redis_key_prefix
         self.local = ImageStore(max_items=settings.image_cache_items, max_bytes=settings.image_cache_bytes)
-        self._errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+        self.ids = IdMap(16 * settings.image_cache_items)
+        self._errors = redis.exceptions.RedisError  # every refusal of Redis's, not only a lost connection
+        self._response_error = redis.exceptions.ResponseError
         # One retry: a pooled connection left broken by a Redis restart is replaced at once, so the first
         # upload after Redis returns succeeds; a Redis that is down fails within ~2 × redis_timeout_s.
         self.client = client or redis.Redis.from_url(
@@ -105,17 +169,30 @@ class RedisImageStore:
         self._down_since: float | None = None
         self._state_lock = threading.Lock()
 
-    def _key(self, image_id: str) -> str:
-        return self.prefix + image_id
+    def _id_key(self, image_id: str) -> str:
+        return f"{self.prefix}id:{image_id}"
+
+    def _blob_key(self, digest: str) -> str:
+        return f"{self.prefix}blob:{digest}"
 
     def _failed(self, exc: Exception) -> StoreUnavailable:
+        unreachable = isinstance(exc, (self._redis.exceptions.ConnectionError, self._redis.exceptions.TimeoutError))
+        # Redis's error code says what went wrong without naming keys or credentials (redis-py maps some codes
+        # to classes and drops the code from the message)
+        code = "" if unreachable else REDIS_REFUSALS.get(type(exc).__name__) or (
+            str(exc).split(" ", 1)[0] if str(exc)[:1].isupper() else type(exc).__name__)
         with self._state_lock:
             if self._down_since is None:
                 self._down_since = time.monotonic()
-                log.warning("image store: Redis at %s unreachable (%s); uploads answer 503 until it is back", self.url, exc)
+                log.warning("image store: Redis at %s failed (%s: %s); uploads answer 503 until it works again",
+                            self.url, type(exc).__name__, exc)
+        what = "is unreachable" if unreachable else f"refused the request ({code})"
         return StoreUnavailable(
-            f"the shared image store (Redis at {self.url}) is unreachable, so uploads cannot be stored right now; "
+            f"the shared image store (Redis at {self.url}) {what}, so uploads cannot be stored or read right now; "
             f"try again in a few seconds (text models keep working)")
+
+    def _wrong_type(self, exc: Exception) -> bool:
+        return isinstance(exc, self._response_error) and str(exc).startswith("WRONGTYPE")
 
     def _succeeded(self) -> None:
         if self._down_since is not None:
@@ -127,39 +204,74 @@ class RedisImageStore:
     def put(self, image_id: str, data: bytes, decoded: DecodedImage, *, shared: bool = True) -> StoredImage:
         """Write the bytes to Redis (unless `shared` is False: the page's sample photos, which every replica
         can read from its own static/ folder), then keep the decoded image here."""
+        digest = content_digest(data)
         if shared:
             if len(data) > self.max_item_bytes:
                 raise StoreItemTooLarge(
                     f"the upload is {len(data):,} bytes; the shared image store keeps at most "
                     f"{self.max_item_bytes:,} bytes per image (redis_max_item_bytes)")
-            try:
-                self.client.set(self._key(image_id), data, ex=self.ttl_s)
+            try:  # one round trip: the bytes under their digest (shared by identical uploads), the id → digest
+                pipe = self.client.pipeline(transaction=False)
+                pipe.set(self._blob_key(digest), data, ex=self.ttl_s)
+                pipe.set(self._id_key(image_id), digest, ex=self.ttl_s)
+                pipe.execute()
             except self._errors as exc:
                 raise self._failed(exc) from None
             self._succeeded()
-        return self.local.put(image_id, decoded)
+        item = self.local.get(digest) or self.local.put(digest, decoded)
+        self.ids.set(image_id, digest)
+        return _as_id(item, image_id)
 
-    def get(self, image_id: str) -> StoredImage | None:
-        item = self.local.get(image_id)
-        if item is not None:
-            return item
+    def _getex(self, key: str) -> bytes | None:
+        """GETEX (read + restart the TTL); a key of another type is absent; other Redis errors → 503."""
         try:
-            data = self.client.getex(self._key(image_id), ex=self.ttl_s)  # read + restart the TTL, one round trip
+            value = self.client.getex(key, ex=self.ttl_s)
         except self._errors as exc:
+            if self._wrong_type(exc):
+                log.warning("image store: %s in Redis is not a string (WRONGTYPE); treated as absent", key)
+                self._succeeded()
+                return None
             raise self._failed(exc) from None
         self._succeeded()
-        if data is None:
+        return value
+
+    def get(self, image_id: str) -> StoredImage | None:
+        digest = self.ids.get(image_id)
+        item = self.local.get(digest) if digest is not None else None
+        if item is not None:
+            return _as_id(item, image_id)
+        raw = self._getex(self._id_key(image_id))
+        if raw is None:
             return None  # expired, evicted by Redis, or never uploaded: the page uploads it again
-        settings = self.settings
-        try:  # another replica accepted these bytes; decode them under this replica's limits
-            decoded = decode_image(data, settings.max_image_pixels, settings.max_image_aspect_ratio)
-        except ImageInputError as exc:
-            log.warning("image store: %s from Redis no longer decodes here (%s); treated as absent", image_id, exc)
+        digest = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
+        if not DIGEST_PATTERN.match(digest):
+            log.warning("image store: id %s… maps to no content digest in Redis; treated as absent", image_id[:8])
             return None
-        return self.local.put(image_id, decoded)
+        item = self.local.get(digest)  # the same content uploaded under another id, decoded here already
+        if item is None:
+            data = self._getex(self._blob_key(digest))
+            if data is None:
+                return None
+            if len(data) > self.max_item_bytes:  # not something an upload here could have written
+                log.warning("image store: %s… in Redis holds %d bytes, over redis_max_item_bytes; treated as absent",
+                            digest[:8], len(data))
+                return None
+            if content_digest(data) != digest:  # altered or mixed up in Redis
+                log.warning("image store: the bytes under %s… in Redis do not hash to it; treated as absent", digest[:8])
+                return None
+            settings = self.settings
+            try:  # another replica accepted these bytes; decode them under this replica's limits
+                decoded = decode_image(data, settings.max_image_pixels, settings.max_image_aspect_ratio)
+            except ImageInputError as exc:
+                log.warning("image store: %s… from Redis no longer decodes here (%s); treated as absent", digest[:8], exc)
+                return None
+            item = self.local.put(digest, decoded)
+        self.ids.set(image_id, digest)
+        return _as_id(item, image_id)
 
     def __contains__(self, image_id: str) -> bool:
-        return image_id in self.local  # this replica's decoded copies only (no round trip)
+        digest = self.ids.get(image_id)  # this replica's decoded copies only (no round trip)
+        return digest is not None and digest in self.local
 
 
 def build_image_store(settings: Settings) -> UploadStore:

@@ -7,6 +7,8 @@ Decoding (`decode_image`):
   and the client's content type are never trusted;
 - the pixel count is read from the header and checked BEFORE any pixel is decoded; Pillow's own
   decompression-bomb guard (`PIL.Image.MAX_IMAGE_PIXELS`) is set to the same limit as a second line;
+- a JPEG too short to hold the pixels its header claims is refused before decoding (`jpeg_min_bytes`):
+  libjpeg would otherwise pad a truncated scan with grey and a 631-byte file would become 36 megapixels;
 - EXIF orientation applied (`ImageOps.exif_transpose`);
 - every mode converted to 8-bit RGB: see `to_rgb`.
 
@@ -153,6 +155,10 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS,
             raise ImageTooLarge(
                 f"the image is {width}×{height} = {width * height:,} pixels; the limit is {max_pixels:,} (max_image_pixels)"
             )
+        if sniffed == "JPEG" and len(data) < jpeg_min_bytes(width, height):
+            raise CorruptImage(
+                f"the JPEG image is truncated: its header says {width}×{height} but the file's {len(data):,} bytes cannot "
+                f"hold that many pixels (at least {jpeg_min_bytes(width, height):,}); re-export or re-upload the file")
         if max(width, height) > max_aspect_ratio * min(width, height):
             raise ImageShapeRefused(
                 f"the image is {width}×{height}: its longer side is {max(width, height) / min(width, height):,.1f} times "
@@ -177,6 +183,13 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS,
         what = "truncated (the file ends before the image does)" if "truncated" in str(exc) else "corrupt (its data cannot be decoded)"
         raise CorruptImage(f"the {sniffed} image is {what}; re-export or re-upload the file") from None
     return DecodedImage(image=rgb, format=sniffed, source_mode=source_mode, width=rgb.width, height=rgb.height)
+
+
+def jpeg_min_bytes(width: int, height: int) -> int:
+    """The fewest bytes a Huffman-coded JPEG of this size can have: every 8×8 block of its full-resolution
+    component codes at least one DC symbol, and a Huffman code is at least one bit. (Arithmetic-coded JPEGs,
+    which almost nothing writes, could be smaller: such a file of a huge flat picture would be refused.)"""
+    return -(-width // 8) * -(-height // 8) // 8
 
 
 def _exif_transposed(image: Image.Image) -> Image.Image:
@@ -212,9 +225,7 @@ def to_rgb(image: Image.Image, background: tuple[int, int, int] = (255, 255, 255
     if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
         return _composite(image.convert("RGBA"), background)
     if mode in _SIXTEEN_BIT_MODES or mode == "I":
-        values = np.asarray(image).astype(np.float64)  # (H, W), 0..65535 for 16-bit data
-        gray = np.clip(np.rint(values / 257.0), 0, 255).astype(np.uint8)
-        return Image.fromarray(gray, mode="L").convert("RGB")
+        return _sixteen_bit_to_rgb(image)
     if mode == "F":
         values = np.asarray(image).astype(np.float64)
         finite = values[np.isfinite(values)]
@@ -224,13 +235,33 @@ def to_rgb(image: Image.Image, background: tuple[int, int, int] = (255, 255, 255
     return image.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
 
 
+STRIPE_PIXELS = 1 << 20  # 16-bit images are scaled a stripe of about a million pixels at a time
+
+
+def _sixteen_bit_to_rgb(image: Image.Image) -> Image.Image:
+    """16-bit (or 32-bit integer) gray → 8-bit RGB, v ↦ round(v / 257) clipped to 0..255, in integer arithmetic
+    and in stripes of rows: the extra memory is a few MB, not the 8 bytes per pixel of a float64 copy of the
+    whole image (0.9 GB for a 40-megapixel PNG). (v + 128) // 257 equals round(v / 257) for every integer v:
+    v / 257 is never exactly half-way."""
+    width, height = image.size
+    gray = np.empty((height, width), dtype=np.uint8)  # (H, W)
+    rows = max(1, STRIPE_PIXELS // max(1, width))
+    for top in range(0, height, rows):
+        bottom = min(height, top + rows)
+        values = np.asarray(image.crop((0, top, width, bottom))).astype(np.int64)  # (rows, W)
+        np.clip((values + 128) // 257, 0, 255, out=values)
+        gray[top:bottom] = values
+    return Image.fromarray(gray, mode="L").convert("RGB")
+
+
 def _composite(rgba: Image.Image, background: tuple[int, int, int]) -> Image.Image:
     canvas = Image.new("RGBA", rgba.size, background + (255,))
     return Image.alpha_composite(canvas, rgba).convert("RGB")
 
 
 def image_id_for(data: bytes) -> str:
-    """Content hash of the uploaded bytes: the same file always gets the same id."""
+    """Content hash of a file: the id of the page's public example photos (the same on every replica).
+    Uploads get random ids instead (app/ids.py), so an id never tells whether a known image was uploaded."""
     return hashlib.sha256(data).hexdigest()[:IMAGE_ID_HEX_CHARS]
 
 

@@ -4,8 +4,10 @@ image attention (POST /api/image/attention) and the page (/image).
 Uploads are size-checked before the body is read (Content-Length) and while it streams, decoded in
 the thread pool (models/images.py: allowlist, pixel limit before decoding, EXIF, every mode to RGB),
 at most `max_concurrent_decodes` at once (DecodeGate: one waiting longer than `decode_wait_s` gets 503),
-and kept in a bounded LRU keyed by the content hash; an evicted id answers 404 and the page uploads
-the file again. With `redis_url` the uploaded bytes are also written to Redis, shared by every replica
+and kept in a bounded LRU; an upload's id is random (app/ids.py: a capability, not a content hash), and
+identical content is stored once inside the store; an evicted id answers 404 and the page uploads
+the file again. The page's example photos (public files) keep content-hash ids, the same on every replica.
+`/view` renders take decode slots too (the same DecodeGate): 40 clients fetching views no longer slow the POSTs. With `redis_url` the uploaded bytes are also written to Redis, shared by every replica
 (app/imagestore.py, reached through the ImageStoreDep dependency); Redis unreachable → 503 naming it.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from starlette.datastructures import UploadFile
 
 from app.attention import build_attention_response, fast_json, field_error
 from app.deps import ImageStoreDep, RuntimeDep
+from app.ids import new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.lifecycle import check_cancelled
 from app.runtime import Runtime, UnknownModel
@@ -130,7 +133,7 @@ UPLOAD_OPENAPI = {
 
 @router.post("/api/images", openapi_extra=UPLOAD_OPENAPI)
 async def upload_image(request: Request, store: ImageStoreDep) -> JSONResponse:
-    """Store an image (multipart field `file`) and return its content-hash id and size (after EXIF
+    """Store an image (multipart field `file`) and return its id (random: only who uploaded it knows it) and size (after EXIF
     orientation). ≤ max_upload_bytes (413 before the body is read when Content-Length says so),
     ≤ max_image_pixels (413, checked from the header before decoding), PNG/JPEG/WebP only (415).
     At most max_concurrent_decodes decode at once; one that waits longer than decode_wait_s gets 503."""
@@ -177,7 +180,7 @@ async def upload_image(request: Request, store: ImageStoreDep) -> JSONResponse:
         return _error(exc.status, str(exc))
     finally:
         gate.release()
-    image_id = image_id_for(data)
+    image_id = new_id()  # never the content hash: an id is a capability (the store deduplicates internally)
     try:  # a Redis round trip (and the LRU's downscale): off the event loop
         await run_in_threadpool(store.put, image_id, data, decoded)
     except StoreUnavailable as exc:
@@ -201,16 +204,35 @@ def _stored(store: ImageStoreDep, image_id: str) -> StoredImage:
 
 
 @router.get("/api/images/{image_id}/view", response_class=Response,
-            responses={200: {"content": {"image/png": {}}}, 404: {"description": "unknown or evicted image_id"}})
-def image_view(store: ImageStoreDep, image_id: str, size: int = Query(448, ge=16, le=MAX_VIEW_SIZE)) -> Response:
+            responses={200: {"content": {"image/png": {}}}, 404: {"description": "unknown or evicted image_id"},
+                       503: {"description": "max_concurrent_decodes renders/decodes busy for decode_wait_s (Retry-After)"}})
+async def image_view(request: Request, store: ImageStoreDep, image_id: str,
+                     size: int = Query(448, ge=16, le=MAX_VIEW_SIZE)) -> Response:
     """The square the models see (center crop of the shorter side), resized to `size` px, as PNG —
-    what the page draws the attention over."""
+    what the page draws the attention over. A render (resize + PNG encoding, tens of ms for a large upload)
+    takes a slot of the decode gate like an upload's decode: many clients fetching views take turns instead of
+    taking every worker thread and core from the API."""
     if len(image_id) != IMAGE_ID_HEX_CHARS or any(c not in "0123456789abcdef" for c in image_id):
         raise HTTPException(404, detail=f"image_id {image_id!r} is not a valid id")
+    gate = decode_gate(request.app)
+    if not await gate.acquire():
+        return JSONResponse(
+            {"detail": f"server busy: {gate.limit} image decodes or views already rendering (max_concurrent_decodes) "
+                       f"and none finished within {gate.wait_s:g} s (decode_wait_s); try again in a moment"},
+            status_code=503, headers={"Retry-After": str(max(1, math.ceil(gate.wait_s / 4)))},
+        )
+    try:
+        png = await run_in_threadpool(_render_view, store, image_id, size)
+    finally:
+        gate.release()
+    return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
+
+
+def _render_view(store, image_id: str, size: int) -> bytes:
     item = _stored(store, image_id)
     buffer = io.BytesIO()
     model_view(item.image, size).save(buffer, "PNG", optimize=False, compress_level=3)
-    return Response(buffer.getvalue(), media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
+    return buffer.getvalue()
 
 
 # ---- attention -------------------------------------------------------------------------------------

@@ -24,14 +24,14 @@ REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 class Redis:
     """`redis-server` on 127.0.0.1:port, no persistence; stop() and start() again on the same port."""
 
-    def __init__(self, port: int, log_path: Path):
-        self.port, self.log_path, self.proc = port, log_path, None
+    def __init__(self, port: int, log_path: Path, policy: str = "volatile-lru"):
+        self.port, self.log_path, self.proc, self.policy = port, log_path, None, policy
 
     def start(self) -> None:
         self._log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
             [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"],
+             "--maxmemory", "64mb", "--maxmemory-policy", self.policy],
             stdout=self._log, stderr=subprocess.STDOUT)
         import redis
 
@@ -147,3 +147,83 @@ def test_replicas_share_uploads_through_redis(tmp_path, tiny_text):
         for server in servers:
             server.stop()
         redis_server.stop()
+
+
+def test_every_redis_error_is_a_503_naming_redis_and_bad_content_is_absent(tmp_path, tiny_text):
+    """Issue 19 §6: WRONGTYPE, OOM under maxmemory + noeviction, an ACL denying GETEX and READONLY after a
+    failover each gave a 500 with a traceback. Now: 503 naming Redis (WRONGTYPE: the id is absent, 404); bytes
+    over redis_max_item_bytes or not hashing to their key are absent too. A real redis-server throughout."""
+    import hashlib
+
+    import redis
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import Settings
+
+    if not Path(REDIS_SERVER).is_file():
+        pytest.fail("redis-server is not installed: `make redis` (apt-get install redis-server)")
+    port = free_port()
+    server = Redis(port, tmp_path / "redis.log", policy="noeviction")
+    prefix = "attnlab:image:"
+    try:
+        server.start()
+        admin = redis.Redis(port=port)
+        settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0", redis_timeout_s=0.5, default_models=["tiny"],
+                            extra_text_models={"tiny": str(tiny_text)}, redis_max_item_bytes=64 * 1024)
+        with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+            client.app.state.runtime.warm_up()
+
+            def view(image_id: str):
+                client.app.state.image_store.local._items.clear()  # as a replica that never decoded it
+                client.app.state.image_store.ids._map.clear()
+                return client.get(f"/api/images/{image_id}/view", params={"size": 32})
+
+            def put(seed: int):
+                return client.post("/api/images", files={"file": ("x.png", png(seed), "image/png")})
+
+            ok = put(1)
+            assert ok.status_code == 200, ok.text
+            image_id = ok.json()["image_id"]
+            digest = hashlib.sha256(png(1)).hexdigest()
+            assert admin.get(f"{prefix}id:{image_id}") == digest.encode()  # random id → content digest
+            assert view(image_id).status_code == 200
+            # the same bytes again: another id, the same blob (kept once)
+            again = put(1).json()["image_id"]
+            assert again != image_id and len(admin.keys(f"{prefix}blob:*")) == 1
+
+            # WRONGTYPE: the id key holds a list → absent (404), no 500
+            admin.delete(f"{prefix}id:{image_id}")
+            admin.rpush(f"{prefix}id:{image_id}", "x")
+            r = view(image_id)
+            assert r.status_code == 404, r.text
+            # bytes that do not hash to their key, or over the size cap → absent
+            admin.set(f"{prefix}id:{again}", digest)
+            admin.set(f"{prefix}blob:{digest}", png(9))
+            assert view(again).status_code == 404
+            admin.set(f"{prefix}blob:{digest}", b"\x89PNG" + b"0" * 70_000)
+            assert view(again).status_code == 404
+
+            # ACL: the default user may not GETEX → 503 naming Redis (the id is not decoded here)
+            fresh = put(2).json()["image_id"]
+            admin.execute_command("ACL", "SETUSER", "default", "-getex")
+            r = view(fresh)
+            assert r.status_code == 503 and "Redis" in r.json()["detail"] and "NOPERM" in r.json()["detail"], r.text
+            assert r.headers["retry-after"].isdigit() and "Traceback" not in r.text
+            admin.execute_command("ACL", "SETUSER", "default", "+getex")
+            assert view(fresh).status_code == 200
+
+            # OOM under maxmemory with noeviction → the upload answers 503 naming Redis
+            admin.config_set("maxmemory", "1")
+            r = put(3)
+            assert r.status_code == 503 and "Redis" in r.json()["detail"] and "OOM" in r.json()["detail"], r.text
+            admin.config_set("maxmemory", "64mb")
+
+            # READONLY (this Redis turned into a replica, as after a failover) → 503 naming Redis
+            admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+            r = put(4)
+            assert r.status_code == 503 and "READONLY" in r.json()["detail"], r.text
+            admin.execute_command("REPLICAOF", "NO", "ONE")
+            assert put(4).status_code == 200
+    finally:
+        server.stop()

@@ -18,6 +18,7 @@ from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
 from models.adapters.seq2seq import KINDS, KindScopedIntervention, Seq2SeqAdapter
 from models.effects import attention_tv, hidden_cosine, mean_and_std
 from models.head_ops import current_sources
+from models.atlas import full_rows, run_bytes
 from models.interventions import Intervention, row_entropy
 
 
@@ -74,20 +75,35 @@ def check_request_limits(limits, req) -> None:
         raise field_error(("samples",), f"samples={samples}; the limit is {limits.max_samples} (max_samples)")
 
 
-def check_run_budget(runtime: Runtime, maps: list[tuple[int, int, int, int]], field: str = "text") -> None:
-    """413 before a run whose recorded attention maps, (layers, heads, queries, keys) per stack, would exceed
-    the settings' max_run_bytes: every map of a run is recorded (and cached), not only the returned slices."""
-    needed = sum(4 * l * h * q * k for l, h, q, k in maps)  # float32
-    cap = runtime.settings.max_run_bytes
+def check_run_budget(runtime: Runtime, maps: list[tuple[int, int, int, int]], field: str = "text",
+                     adapter: AttentionAdapter | None = None) -> None:
+    """413 before a run whose kept tensors would exceed the settings' max_run_bytes. Per stack of maps (layers,
+    heads, queries, keys): all of P for a short run (every map is recorded and cached, not only the returned
+    slices); for a long run (`adapter` given and over full_map_tokens) what its atlas keeps: q̂, k̂, the overview,
+    received and one block's temporaries (models/atlas.py, docs/science.md §10)."""
+    settings = runtime.settings
+    needed = 0
+    for l, h, q, k in maps:
+        if adapter is not None and max(q, k) > adapter.full_map_tokens:
+            info = adapter.info
+            needed += run_bytes(l, h, info.kv_heads or h, info.head_dim, q, k, settings.overview_blocks,
+                                settings.atlas_block_rows)
+        else:
+            needed += 4 * l * h * q * k  # float32
+    cap = settings.max_run_bytes
     if needed > cap:
         raise HTTPException(
-            413, detail=f"{field}: this input's attention maps take {needed / 2**20:,.0f} MiB per run, over the cap "
+            413, detail=f"{field}: this input's run keeps {needed / 2**20:,.0f} MiB (attention maps, or for inputs "
+            f"over full_map_tokens={settings.full_map_tokens:,} q̂/k̂ and summaries), over the cap "
             f"max_run_bytes={cap / 2**20:,.0f} MiB; use a shorter input",
         )
 
 
 def _effect(adapter: AttentionAdapter, base: AttentionResult, run: AttentionResult, encoded: Encoded,
             layers: list[int], heads: list[int]) -> dict[str, Any]:
+    if run.attention is None or base.attention is None:  # long inputs keep no P: the TV distance would re-run it all
+        return {"hidden_cosine": hidden_cosine(run.hidden_states, base.hidden_states).tolist(),
+                "output": adapter.output_effect(base, run, encoded)}
     after = run.attention[layers][:, heads]  # (l, h, T, T)
     before = base.attention[layers][:, heads]
     return {
@@ -127,12 +143,21 @@ def build_attention_response(
     queries = _check_indices(requested_queries, n_tokens, ("queries",), "query token")
     interventions = engine_interventions(req, adapter, n_tokens)
     check_run_budget(runtime, [(len(adapter.layer_of), info.heads, n_tokens, n_tokens)],
-                     "text" if info.kind == "text" else "image_size")
+                     "text" if info.kind == "text" else "image_size", adapter)
+    long = n_tokens > adapter.full_map_tokens  # the run keeps an atlas, not P (docs/science.md §10)
+    if long and req.include_scores:
+        raise field_error(("include_scores",), f"this input has {n_tokens:,} tokens, over full_map_tokens="
+                          f"{adapter.full_map_tokens:,}: its scores come by window (POST /api/runs/{{run_id}}/window "
+                          "with include_scores)")
     # model time, before any run: 413 rather than minutes of work that would end in a 503 timeout (app/costs.py)
     check_request_cost(adapter, limits, n_tokens, request_runs(req.samples, req.compare), len(interventions))
 
     maps = 1 + int(req.include_scores) + int(req.compare and req.include_base)  # P, Ŝ, P without interventions
     numbers = len(layers) * len(heads) * len(queries) * n_tokens * maps
+    if long:  # the overview and received instead of P (and the requested query rows, if any)
+        blocks = min(limits.overview_blocks, n_tokens)
+        numbers = len(layers) * len(heads) * (blocks * blocks + n_tokens + (0 if requested_queries is None else
+                                                                             len(queries) * n_tokens))
     cap = runtime.settings.max_response_numbers
     if numbers > cap:
         raise HTTPException(
@@ -162,6 +187,12 @@ def build_attention_response(
     warnings = list(result.warnings)
     if encoded.truncated:
         warnings.append(f"input truncated to {n_tokens} tokens (the model's max_tokens)")
+    if result.is_long:
+        response = _long_response(adapter, encoded, req, result, layers, heads, requested_queries, queries, effect, warnings)
+        response["elapsed_s"] = getattr(result, "elapsed_s", None) if limits.expose_timings else None
+        if family_fields is not None:
+            response.update(family_fields(result))
+        return response
     response: dict[str, Any] = {
         "model": info.id,
         "tokens": encoded.tokens,
@@ -180,11 +211,50 @@ def build_attention_response(
         "effect": effect,
         "warnings": warnings,
         "elapsed_s": getattr(result, "elapsed_s", None) if limits.expose_timings else None,  # a cache oracle otherwise
+        "run_id": result.run_id,
+        "overview": None,
+        "received": tensor_field(result.attention[layers][:, heads].mean(dim=2), req.encoding),  # (l, h, T)
     }
     if requested_queries is not None:
         response["queries"] = queries
     if family_fields is not None:
         response.update(family_fields(result))
+    return response
+
+
+def _long_response(adapter: AttentionAdapter, encoded: Encoded, req: AttentionRequestBase, result: AttentionResult,
+                   layers: list[int], heads: list[int], requested_queries: list[int] | None, queries: list[int],
+                   effect: dict[str, Any] | None, warnings: list[str]) -> dict[str, Any]:
+    """The first view of a long input (over full_map_tokens): no P but its overview (B × B blocks, the mean of P
+    over each), received, every head's entropy, distance and thumbnails; exact windows come from
+    POST /api/runs/{run_id}/window (docs/science.md §10)."""
+    atlas = result.atlas
+    attention = None
+    if requested_queries is not None:  # the rows asked for, each normalised over all keys, rebuilt from q̂/k̂
+        rows = [torch.stack([full_rows(atlas.record(l), heads, q, q + 1)[:, 0] for q in queries], dim=1) for l in layers]
+        attention = tensor_field(torch.stack(rows).cpu(), req.encoding)  # (l, h, q, T)
+    if effect is not None:
+        effect = {**effect, "attention_tv": None, "attention_tv_all": None}
+        warnings.append(f"effect.attention_tv is not computed for inputs over full_map_tokens={adapter.full_map_tokens:,} "
+                        "(the runs keep no maps); hidden_cosine and the output change are")
+    if req.compare and req.include_base:
+        warnings.append("base_attention is not sent for long inputs: ask the base run's windows instead")
+    response: dict[str, Any] = {
+        "model": adapter.info.id, "tokens": encoded.tokens, "truncated": encoded.truncated, "layers": layers,
+        "heads": heads, "native_beta": adapter.info.native_beta, "run_id": result.run_id,
+        "attention": attention, "scores": None, "base_attention": None,
+        "overview": {"edges": atlas.row_edges(), "col_edges": atlas.col_edges(),
+                     "maps": tensor_field(atlas.overview(layers, heads), req.encoding)},  # (l, h, B, B)
+        "received": tensor_field(atlas.received(layers, heads), req.encoding),  # (l, h, T)
+        "entropy": result.derived["entropy"],
+        "output": adapter.output_summary(result, encoded),
+        "thumbnails": result.summary(f"thumbnails{req.thumbnail_size}", lambda: atlas.thumbnails(req.thumbnail_size))
+        if req.thumbnail_size else None,
+        "effect": effect, "warnings": warnings, "full_map_tokens": adapter.full_map_tokens,
+        "elapsed_s": None,
+    }
+    if requested_queries is not None:
+        response["queries"] = queries
     return response
 
 
@@ -265,7 +335,7 @@ def build_seq2seq_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: E
         "kinds": list(KINDS), "attention": sliced(result),
         "base_attention": sliced(base) if base is not None and req.include_base else None,
         "scores": None, "entropy": result.derived["entropy"], "output": adapter.output_summary(result, encoded),
-        "effect": effect, "warnings": warnings,
+        "effect": effect, "warnings": warnings, "run_id": result.run_id,
     }
 
 

@@ -25,6 +25,7 @@ from app.routes import images
 from app.routes import gaussian
 from app.routes import analysis
 from app.routes import audio
+from app.routes import runs
 from app.lifecycle import RequestCancelled, RequestGuard, use_parsed_json
 from app.runtime import Overloaded, Runtime, request_deadline, request_timings
 from app.settings import Settings, get_settings
@@ -260,6 +261,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(gaussian.router)
     app.include_router(analysis.router)
     app.include_router(audio.router)
+    app.include_router(runs.router)
     for route in _api_routes(app.router.routes):  # JSON bodies: take the value RequestGuard parsed (off the loop)
         if route.body_field is not None and "POST" in route.methods and not getattr(route, "_parsed_json", False):
             handler_of = route.get_route_handler  # FastAPI builds each route's ASGI app from this method

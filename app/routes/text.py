@@ -87,7 +87,10 @@ def _lm_encode(adapter: CausalLMAdapter, text: str, chat: bool):
 
 
 def text_fields(result: AttentionResult) -> dict:
-    """Text-only summaries: mean attention distance in tokens for every head (docs/science.md §6)."""
+    """Text-only summaries: mean attention distance in tokens for every head (docs/science.md §6); a long input's
+    was taken block by block during the run (docs/science.md §10)."""
+    if result.is_long:
+        return {"mean_distance": result.atlas.mean_distance().tolist()}
     return {"mean_distance": result.summary("mean_distance", lambda: mean_token_distance(result.attention).tolist())}
 
 

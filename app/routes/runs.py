@@ -1,0 +1,170 @@
+"""Kept runs (docs/science.md §10): exact windows of any head, and one query row over every key, rebuilt from what
+the run kept (q̂, k̂, β, masks, extras) without re-running the model.
+
+POST /api/runs/{run_id}/window  — P[r0:r1, c0:c1] of one head (optionally at a view β, optionally with Ŝ)
+POST /api/runs/{run_id}/row     — P[i, :] of the chosen layers × heads, and per head the mass on a span of keys
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import torch
+from fastapi import APIRouter, HTTPException, Response
+from pydantic import Field
+
+from app.attention import fast_json, field_error
+from app.deps import RuntimeDep
+from app.encoding import tensor_field
+from app.ids import is_valid_id
+from app.runtime import Runtime
+from app.schemas import AttentionKind, _Strict
+from models.adapters.base import AttentionResult
+from models.atlas import full_rows, scores_window, window
+
+router = APIRouter(prefix="/api/runs", tags=["runs"])
+
+Index = Annotated[int, Field(ge=0)]
+Range = Annotated[list[Index], Field(min_length=2, max_length=2)]
+Encoding = Literal["json", "f16", "f32"]
+
+
+class WindowRequest(_Strict):
+    layer: Index = Field(description="layer (within `kind` for encoder–decoders)")
+    head: Index = Field(description="query head")
+    rows: Range = Field(description="[r0, r1): query rows, half-open")
+    cols: Range = Field(description="[c0, c1): keys, half-open")
+    kind: AttentionKind | None = Field(None, description="encoder–decoders: encoder | decoder | cross; else null")
+    beta: float | None = Field(None, gt=0, le=1e4, description="view-mode β: the window's rows re-normalised at this "
+                               "β for this head (from q̂ k̂ᵀ, no model re-run); null = the run's own")
+    include_scores: bool = Field(False, description="also Ŝ = q̂ k̂ᵀ for the window (before β, masks and softmax)")
+    encoding: Encoding = "json"
+
+
+class RowRequest(_Strict):
+    row: Index = Field(description="the query row i")
+    layers: list[Index] | None = Field(None, max_length=1024, description="layers (null = all)")
+    heads: list[Index] | None = Field(None, max_length=1024, description="heads (null = all)")
+    kind: AttentionKind | None = None
+    beta: float | None = Field(None, gt=0, le=1e4, description="view-mode β for every returned head")
+    span: Range | None = Field(None, description="[c0, c1): keys whose attention mass per head is returned")
+    include_row: bool = Field(True, description="false: only the span's mass (the retrieval view), no rows")
+    encoding: Encoding = "json"
+
+
+def _kept(runtime: Runtime, run_id: str) -> AttentionResult:
+    result = runtime.get_run(run_id) if is_valid_id(run_id) else None
+    if result is None or result.atlas is None:
+        raise HTTPException(404, detail=f"run {run_id!r} is unknown or no longer kept (evicted from the result "
+                            "cache): run the input again for a new run_id")
+    return result
+
+
+def _layer(runtime: Runtime, result: AttentionResult, layer: int, kind: str | None, loc: tuple) -> tuple[int, int, int]:
+    """(global layer of the engine, its query rows, its keys); 422 naming the field when out of range."""
+    adapter = runtime.adapter(result.model_id) if result.model_id else None
+    kind_layers = getattr(adapter, "kind_layers", None)
+    if kind_layers is None:
+        if kind is not None:
+            raise field_error(("kind",), "this run's model has one kind of attention; kind must be null")
+        layers = list(range(result.atlas.n_layers))
+    else:
+        if kind is None:
+            raise field_error(("kind",), f"this run's model has kinds {sorted(kind_layers)}: name one")
+        layers = kind_layers[kind]
+    if layer >= len(layers):
+        raise field_error(loc, f"layer {layer} out of range: this run has {len(layers)} layers (0..{len(layers) - 1})")
+    record = result.atlas.records[layers[layer]]
+    return layers[layer], record.queries.shape[1], record.keys.shape[1]
+
+
+def _range(values: list[int], size: int, name: str) -> tuple[int, int]:
+    start, end = values
+    if not start < end <= size:
+        raise field_error((name,), f"{name} [{start}, {end}) is not a non-empty range within 0..{size}")
+    return start, end
+
+
+@router.post("/{run_id}/window", responses={
+    404: {"description": "unknown or evicted run"}, 413: {"description": "over max_window_cells"},
+    422: {"description": "indices out of range"}})
+def run_window(run_id: str, req: WindowRequest, runtime: RuntimeDep) -> Response:
+    """One head's attention P[r0:r1, c0:c1] of a kept run, exactly as the run computed it (every row normalised over
+    all its keys), rebuilt from q̂ k̂ᵀ with the run's β, masks and extras — the way to look into inputs over
+    full_map_tokens, whose responses carry an overview instead of maps (see /guide#s10). `beta` re-normalises the
+    window's rows at another β for this head without re-running the model (view mode)."""
+    result = _kept(runtime, run_id)
+    global_layer, n_rows, n_cols = _layer(runtime, result, req.layer, req.kind, ("layer",))
+    record = result.atlas.record(global_layer)
+    if req.head >= record.n_heads:
+        raise field_error(("head",), f"head {req.head} out of range: this layer has {record.n_heads} heads")
+    rows, cols = _range(req.rows, n_rows, "rows"), _range(req.cols, n_cols, "cols")
+    cells = (rows[1] - rows[0]) * (cols[1] - cols[0])
+    cap = runtime.settings.max_window_cells
+    if cells > cap:
+        raise HTTPException(413, detail=f"the window has {cells:,} cells, over max_window_cells={cap:,}: ask for fewer "
+                            "rows or cols")
+    kept = _kept_maps(result, req.kind, req.layer)
+    if kept is not None and req.beta is None:  # a short run keeps P: the window is a slice of it
+        attention = kept[req.head, rows[0]:rows[1], cols[0]:cols[1]]
+    else:
+        attention = window(record, req.head, rows, cols, req.beta)
+    body = {"layer": req.layer, "head": req.head, "rows": list(rows), "cols": list(cols), "kind": req.kind,
+            "beta": req.beta, "attention": tensor_field(attention, req.encoding),
+            "scores": tensor_field(scores_window(record, req.head, rows, cols), req.encoding) if req.include_scores else None}
+    return fast_json(body)
+
+
+def _kept_maps(result: AttentionResult, kind: str | None, layer: int) -> torch.Tensor | None:
+    """A short run's P of that layer (H, T_q, T_k), or None for a long run."""
+    if result.by_kind is not None and kind is not None:
+        return result.by_kind[kind][layer]
+    return None if result.attention is None else result.attention[layer]
+
+
+@router.post("/{run_id}/row", responses={
+    404: {"description": "unknown or evicted run"}, 413: {"description": "over max_response_numbers"},
+    422: {"description": "indices out of range"}})
+def run_row(run_id: str, req: RowRequest, runtime: RuntimeDep) -> Response:
+    """Query row i over every key, for the chosen layers × heads (default all): `attention` [l][h][T_k]; with
+    `span` [c0, c1), `span_mass` [l][h] = Σ_{c0 ≤ j < c1} P[i, j], the attention each head puts on those keys
+    from row i (the retrieval view: which heads fetch a fact from far back, /guide#s10)."""
+    result = _kept(runtime, run_id)
+    n_layers = _kind_layer_count(runtime, result, req.kind)
+    layers = req.layers if req.layers is not None else list(range(n_layers))
+    bad = [l for l in layers if l >= n_layers]
+    if bad:
+        raise field_error(("layers",), f"layers {bad} out of range: this run has {n_layers} layers")
+    resolved = [_layer(runtime, result, l, req.kind, ("layers",)) for l in layers]
+    n_rows, n_cols = resolved[0][1], resolved[0][2]
+    n_heads = result.atlas.records[resolved[0][0]].queries.shape[0]
+    heads = req.heads if req.heads is not None else list(range(n_heads))
+    bad = [h for h in heads if h >= n_heads]
+    if bad:
+        raise field_error(("heads",), f"heads {bad} out of range: this run has {n_heads} heads")
+    if req.row >= n_rows:
+        raise field_error(("row",), f"row {req.row} out of range: this run has {n_rows} query rows (0..{n_rows - 1})")
+    span = _range(req.span, n_cols, "span") if req.span is not None else None
+    numbers = len(layers) * len(heads) * (n_cols if req.include_row else 1)
+    cap = runtime.settings.max_response_numbers
+    if numbers > cap:
+        raise HTTPException(413, detail=f"the response would hold {numbers:,} numbers, over max_response_numbers="
+                            f"{cap:,}: ask for fewer layers/heads")
+    rows = torch.stack([full_rows(result.atlas.record(g), heads, req.row, req.row + 1, req.beta)[:, 0]
+                        for g, _, _ in resolved]).cpu()  # (l, h, T_k)
+    body = {"row": req.row, "layers": layers, "heads": heads, "kind": req.kind, "beta": req.beta,
+            "attention": tensor_field(rows, req.encoding) if req.include_row else None,
+            "span": list(span) if span else None,
+            "span_mass": rows[..., span[0]:span[1]].sum(dim=-1).tolist() if span else None}
+    return fast_json(body)
+
+
+def _kind_layer_count(runtime: Runtime, result: AttentionResult, kind: str | None) -> int:
+    adapter = runtime.adapter(result.model_id) if result.model_id else None
+    kind_layers = getattr(adapter, "kind_layers", None)
+    if kind_layers is None:
+        if kind is not None:
+            raise field_error(("kind",), "this run's model has one kind of attention; kind must be null")
+        return result.atlas.n_layers
+    if kind is None:
+        raise field_error(("kind",), f"this run's model has kinds {sorted(kind_layers)}: name one")
+    return len(kind_layers[kind])

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from app.templating import templates
 from models import conv_theorem
@@ -25,6 +25,13 @@ router = APIRouter(tags=["gaussian"])
 ModelId = Annotated[str, Query(min_length=1, max_length=64, description="a registered Gaussian model id")]
 MAX_DILATION = 8
 MAX_CHANNELS = 16
+NOT_FOUND = {404: {"description": "unknown Gaussian model id, or no trained run of it on this server"}}
+
+
+class _StrictBody(BaseModel):
+    # As the text routes (app/schemas.py _Strict): no coercion. `layer: false`, `head: true`, `alpha: "5"`,
+    # `epoch: true`, `seed: false`, `kernel_size: true`, `image_size: 16.0` and `query: [0, false]` are 422s.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 def _error(loc: tuple, message: str) -> RequestValidationError:
@@ -88,31 +95,30 @@ def gaussian_models() -> dict:
     return {"models": [_model_info(m) for m in engine.available_models()]}
 
 
-@router.get("/api/gaussian/centers")
+@router.get("/api/gaussian/centers", responses=NOT_FOUND)
 def gaussian_centers(model: ModelId = engine.DEFAULT_GAUSSIAN_MODEL,
                      epoch: Annotated[int | None, Query(ge=0, le=100_000)] = None) -> dict:
     """Every head's center [dr, dc] (grid cells) and width alpha at one saved epoch (default: the last)."""
     return _centers_response(_epoch_entry(_history(model), epoch, ("query", "epoch")))
 
 
-@router.get("/api/gaussian/history")
+@router.get("/api/gaussian/history", responses=NOT_FOUND)
 def gaussian_history(model: ModelId = engine.DEFAULT_GAUSSIAN_MODEL) -> dict:
     """The centers response of every saved epoch, oldest first (epoch 0 = the initialisation)."""
     return {"epochs": [_centers_response(e) for e in _history(model)["epochs"]]}
 
 
-class GaussianAttentionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
+class GaussianAttentionRequest(_StrictBody):
     model: str = Field(engine.DEFAULT_GAUSSIAN_MODEL, min_length=1, max_length=64)
     epoch: int | None = Field(None, ge=0, le=100_000, description="saved epoch; null = the last")
     layer: int = Field(0, ge=0, le=1000)
     head: int = Field(0, ge=0, le=1000)
-    query: tuple[int, int] = Field((7, 7), description="query pixel [row, col] on the token grid")
+    query: Annotated[list[Annotated[StrictInt, Field(ge=0, le=1000)]], Field(min_length=2, max_length=2)] = Field(
+        default_factory=lambda: [7, 7], description="query pixel [row, col] on the token grid")
     alpha: float | None = Field(None, gt=0, le=1e6, description="overrides the head's width")
 
 
-@router.post("/api/gaussian/attention")
+@router.post("/api/gaussian/attention", responses=NOT_FOUND)
 def gaussian_attention(req: GaussianAttentionRequest) -> dict:
     """P[q, k] of one head over the token grid for one query pixel (content-independent: no image needed)."""
     history = _history(req.model)
@@ -145,10 +151,8 @@ def gaussian_attention(req: GaussianAttentionRequest) -> dict:
     }
 
 
-class ConvEquivalenceRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    kernel_size: int = Field(3, ge=1, le=7, description="odd, 1-7")
+class ConvEquivalenceRequest(_StrictBody):
+    kernel_size: int = Field(3, ge=1, le=7, description="odd, 1-7", json_schema_extra={"enum": [1, 3, 5, 7]})
     dilation: int = Field(1, ge=1, le=MAX_DILATION)
     padding: Literal["zeros", "none"] = "zeros"
     alpha: float = Field(100.0, gt=0, le=1e6)
@@ -191,7 +195,7 @@ def conv_equivalence(req: ConvEquivalenceRequest) -> dict:
     }
 
 
-@router.get("/api/gaussian/blocks")
+@router.get("/api/gaussian/blocks", responses=NOT_FOUND)
 def gaussian_blocks(model: ModelId = engine.DEFAULT_GAUSSIAN_MODEL) -> dict:
     """GELU exact vs tanh, one layer's parameter count and cost (content vs Gaussian attention); see /guide#s8."""
     cfg = engine.GaussianConfig.from_dict(_history(model)["config"])

@@ -57,3 +57,35 @@ def test_openapi_declares_the_guards_answers(make_client):
             assert {"400", "408", "413", "415", "422", "503"} <= codes, (path, codes)
     assert "404" in schema["paths"]["/api/image/attention"]["post"]["responses"]
     assert "404" in schema["paths"]["/api/images/{image_id}/view"]["get"]["responses"]
+
+
+# ---- issue 19 §7: the Gaussian routes, strict like the text routes -----------------------------------------
+@pytest.mark.parametrize("path, body, field", [
+    ("/api/gaussian/attention", {"query": [0, False]}, ["body", "query", 1]),
+    ("/api/gaussian/attention", {"layer": False}, ["body", "layer"]),
+    ("/api/gaussian/attention", {"head": True}, ["body", "head"]),
+    ("/api/gaussian/attention", {"alpha": "5"}, ["body", "alpha"]),
+    ("/api/gaussian/attention", {"epoch": True}, ["body", "epoch"]),
+    ("/api/gaussian/conv-equivalence", {"seed": False}, ["body", "seed"]),
+    ("/api/gaussian/conv-equivalence", {"kernel_size": True}, ["body", "kernel_size"]),
+    ("/api/gaussian/conv-equivalence", {"image_size": 16.0}, ["body", "image_size"]),
+])
+def test_gaussian_routes_refuse_coerced_types(make_client, path, body, field):
+    r = make_client().post(path, json=body)
+    assert r.status_code == 422, r.text
+    assert field in [e["loc"] for e in r.json()["detail"]], r.json()
+
+
+def test_gaussian_routes_still_take_right_types_and_declare_their_404(make_client):
+    client = make_client()
+    r = client.post("/api/gaussian/conv-equivalence", json={"kernel_size": 3, "image_size": 8, "seed": 1, "alpha": 50})
+    assert r.status_code == 200, r.text
+    r = client.post("/api/gaussian/attention", json={"query": [1, 2], "layer": 0, "head": 0, "alpha": 5})
+    assert r.status_code in (200, 404), r.text  # 404 only where no trained run is committed
+    assert client.post("/api/gaussian/attention", json={"model": "nope"}).status_code == 404
+    paths = client.get("/openapi.json").json()["paths"]
+    for path, method in [("/api/gaussian/attention", "post"), ("/api/gaussian/centers", "get"),
+                         ("/api/gaussian/history", "get"), ("/api/gaussian/blocks", "get")]:
+        assert "404" in paths[path][method]["responses"], path
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["ConvEquivalenceRequest"]
+    assert schema["properties"]["kernel_size"]["enum"] == [1, 3, 5, 7]

@@ -288,7 +288,7 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
     """Whisper's attention on a clip: the decoder tokens (prompt included) and the transcript; cross-attention
     [L][H][N][1500] (keys: encoder positions of 20 ms), decoder self-attention [L][H][N][N] (causal), the encoder's
     self-attention as a pooled overview; each target token's probability (teacher-forced); words with times from
-    the alignment heads; the heads ranked by alignment. With `compare`: the text before/after (greedy with the
+    the alignment heads; the heads ranked by alignment (both from the run without interventions). With `compare`: the text before/after (greedy with the
     interventions active), per-token probability change and KL, attention TV per kind."""
     adapter, audio, encoded = _prepare(req, runtime, store)
     info = adapter.info
@@ -335,7 +335,7 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
         "transcript": encoded.extra["text"], "layers": layers, "heads": heads, "kinds": req.kinds,
         "native_beta": info.native_beta, "attention": attention, "entropy": result.derived["entropy"],
         "output": adapter.output_summary(result, encoded), "effect": effect,
-        "words": adapter.word_times(base, encoded), "alignment": adapter.alignment_ranking(result, encoded),
+        "words": adapter.word_times(base, encoded), "alignment": adapter.alignment_ranking(base, encoded),
         "warnings": warnings,
     })
 

@@ -1,0 +1,533 @@
+// The speech page: a clip (dropped, chosen, recorded, or the bundled sample) → Whisper's log-mel spectrogram with the
+// words at their times, one head's token × time cross-attention on the same time axis, a token's row as a curve,
+// the heads ranked by alignment; interventions (mask a span by dragging over the spectrogram, β on cross heads,
+// ablate heads) re-run the model, and the transcript before/after, per-token Δp and the streamed greedy transcript
+// show what the decoder heard.
+import { ApiError, getJSON, isAbort, postJSON, setStatus } from "./api.js";
+import { byId as $, setOptions, visibleToken } from "./dom.js";
+import { decodeTensor, fmt } from "./mathx.js";
+import { MODEBAR_REMOVE } from "./vendor.js";
+
+const config = JSON.parse(document.getElementById("page-config").textContent);
+const PLOT = { responsive: true, displaylogo: false, modeBarButtonsToRemove: MODEBAR_REMOVE };
+const SPECTRO_PLOT = { ...PLOT, modeBarButtonsToRemove: MODEBAR_REMOVE.filter((b) => b !== "select2d") };
+const POSITION_S = 0.02; // one encoder position
+const NATIVE_BETA = 0.125; // tiny.en: 1/√64 (the response's native_beta replaces it)
+
+const state = {
+  audioId: null,
+  duration: 0,
+  layer: 3,
+  head: 0,
+  token: null, // decoder row shown as a curve
+  spans: [], // [{kind, start, end}] masked time spans (seconds)
+  beta: 0, // log10(β / β₀) on cross-attention
+  ablated: new Set(), // "layer.head" cross heads
+  response: null,
+  base: null, // the same view without interventions (for the curve's "before")
+  mel: null,
+  streaming: null,
+};
+
+const spanTokens = (s) => {
+  const first = Math.max(0, Math.floor(s.start / POSITION_S));
+  const last = Math.min(1499, Math.ceil(s.end / POSITION_S) - 1);
+  return Array.from({ length: Math.max(0, last - first + 1) }, (_, i) => first + i);
+};
+
+function interventions() {
+  const ivs = [];
+  for (const s of state.spans) {
+    const tokens = spanTokens(s);
+    if (tokens.length) ivs.push({ op: "mask_keys", kind: s.kind, tokens });
+  }
+  if (state.beta !== 0) {
+    const scope = $("beta-scope").value;
+    const iv = { op: "temperature", kind: "cross", beta: nativeBeta() * 10 ** state.beta };
+    if (scope !== "all") iv.layers = [state.layer];
+    if (scope === "head") iv.heads = [state.head];
+    ivs.push(iv);
+  }
+  for (const key of state.ablated) {
+    const [layer, head] = key.split(".").map(Number);
+    ivs.push({ op: "ablate_heads", kind: "cross", layers: [layer], heads: [head] });
+  }
+  return ivs;
+}
+
+const nativeBeta = () => state.response?.native_beta ?? NATIVE_BETA;
+
+function showError(message) {
+  const box = $("upload-error");
+  box.textContent = message;
+  box.hidden = !message;
+}
+
+// ---- input ---------------------------------------------------------------------------------------------------
+async function uploadBlob(blob, name) {
+  showError("");
+  setStatus(`uploading ${name}…`);
+  const form = new FormData();
+  form.append("file", blob, name);
+  const response = await fetch("/api/audio", { method: "POST", body: form });
+  const payload = await response.json().catch(() => ({ detail: response.statusText }));
+  if (!response.ok) {
+    const message = new ApiError(response.status, payload.detail).message;
+    showError(message);
+    setStatus("upload refused", { error: true });
+    return;
+  }
+  await openClip(payload);
+}
+
+async function openClip(clip) {
+  state.audioId = clip.audio_id;
+  state.duration = clip.duration_s;
+  state.spans = [];
+  state.token = null;
+  state.response = state.base = null;
+  $("clip-info").textContent = `${fmt(clip.duration_s, 3)} s, ${clip.format}, ${clip.sample_rate} Hz, ${clip.channels} channel${clip.channels > 1 ? "s" : ""} (the model hears it at 16 kHz mono)`;
+  $("player").src = `/api/audio/${clip.audio_id}/wav`;
+  $("span-end").max = $("span-start").max = String(clip.duration_s);
+  setStatus("spectrogram…");
+  const spec = await getJSON(`/api/audio/${clip.audio_id}/spectrogram`);
+  state.mel = spec;
+  drawSpectrogram();
+  await refresh();
+}
+
+function setupInput() {
+  const zone = $("drop-zone");
+  const input = $("file-input");
+  zone.addEventListener("click", () => input.click());
+  zone.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" || e.key === " ") { e.preventDefault(); input.click(); }
+  });
+  zone.addEventListener("dragover", (e) => { e.preventDefault(); zone.classList.add("dragover"); });
+  zone.addEventListener("dragleave", () => zone.classList.remove("dragover"));
+  zone.addEventListener("drop", (e) => {
+    e.preventDefault();
+    zone.classList.remove("dragover");
+    const file = e.dataTransfer.files[0];
+    if (file) uploadBlob(file, file.name).catch(fail);
+  });
+  input.addEventListener("change", () => {
+    const file = input.files[0];
+    if (file) uploadBlob(file, file.name).catch(fail);
+    input.value = "";
+  });
+  $("sample-button").addEventListener("click", () => getJSON("/api/audio/sample").then(openClip).catch(fail));
+  $("record-button").addEventListener("click", toggleRecording);
+}
+
+let recorder = null;
+async function toggleRecording() {
+  const button = $("record-button");
+  if (recorder) { recorder.stop(); return; }
+  if (!navigator.mediaDevices?.getUserMedia || typeof MediaRecorder === "undefined") {
+    showError("recording is not available in this browser: choose a file or open the sample");
+    return;
+  }
+  let stream;
+  try {
+    stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+  } catch (err) {
+    showError(`no microphone (${err.name}): choose a file or open the sample instead`);
+    return;
+  }
+  const chunks = [];
+  recorder = new MediaRecorder(stream);
+  recorder.ondataavailable = (e) => { if (e.data.size) chunks.push(e.data); };
+  recorder.onstop = () => {
+    stream.getTracks().forEach((t) => t.stop());
+    button.textContent = "● Record";
+    button.setAttribute("aria-pressed", "false");
+    const type = recorder.mimeType || "audio/webm";
+    recorder = null;
+    uploadBlob(new Blob(chunks, { type }), type.includes("ogg") ? "recording.ogg" : "recording.webm").catch(fail);
+  };
+  recorder.start();
+  button.textContent = "■ Stop";
+  button.setAttribute("aria-pressed", "true");
+  setStatus(`recording… (at most ${config.max_audio_s} s)`);
+  setTimeout(() => recorder?.state === "recording" && recorder.stop(), config.max_audio_s * 1000);
+}
+
+// ---- requests ------------------------------------------------------------------------------------------------
+async function refresh() {
+  if (!state.audioId) return;
+  const ivs = interventions();
+  const body = {
+    model: config.model, audio_id: state.audioId, layers: [state.layer], heads: [state.head],
+    encoder_layers: [state.layer], kinds: ["cross", "decoder", "encoder"], encoding: "f16",
+    interventions: ivs, compare: ivs.length > 0,
+  };
+  setStatus(ivs.length ? "running with the interventions…" : "running Whisper…");
+  try {
+    const [response, base] = await Promise.all([
+      postJSON("/api/audio/attention", body, { channel: "audio" }),
+      ivs.length ? postJSON("/api/audio/attention", { ...body, interventions: [], compare: false, kinds: ["cross"] }, { channel: "audio-base" }) : null,
+    ]);
+    state.response = response;
+    state.base = base;
+    drawAll();
+    setStatus(ivs.length ? `${ivs.length} intervention${ivs.length > 1 ? "s" : ""} active` : "ready");
+  } catch (err) {
+    if (!isAbort(err)) fail(err);
+  }
+}
+
+function fail(err) {
+  console.error(err);
+  setStatus(err.message || String(err), { error: true });
+  if (err instanceof ApiError && err.status === 404) showError(err.message);
+}
+
+// ---- drawing -------------------------------------------------------------------------------------------------
+function spanShapes(yref = "paper") {
+  return state.spans.map((s) => ({
+    type: "rect", xref: "x", yref, x0: s.start, x1: s.end, y0: 0, y1: 1,
+    fillcolor: s.kind === "cross" ? "rgba(220,38,38,0.25)" : "rgba(37,99,235,0.25)", line: { width: 1, color: "#b42318" },
+  }));
+}
+
+function drawSpectrogram() {
+  const spec = state.mel;
+  if (!spec) return;
+  const times = Array.from({ length: spec.frames }, (_, i) => (i + 0.5) * spec.frame_s);
+  const words = state.response?.words ?? [];
+  // an invisible scatter row makes the box-select brush report a time range over the heatmap
+  const brush = { type: "scatter", mode: "markers", x: times.filter((_, i) => i % 2 === 0), y: times.filter((_, i) => i % 2 === 0).map(() => 40),
+    marker: { opacity: 0, size: 4 }, hoverinfo: "skip", showlegend: false };
+  Plotly.react("spectrogram", [
+    { type: "heatmap", z: spec.mel, x: times, colorscale: "Electric", showscale: false, hovertemplate: "%{x:.2f} s · mel %{y}<extra></extra>" },
+    brush,
+  ], {
+    margin: { l: 40, r: 10, t: 28, b: 36 }, dragmode: "select", selectdirection: "h",
+    xaxis: { title: { text: "time (s)" }, range: [0, spec.duration_s] }, yaxis: { title: { text: "mel" }, fixedrange: true },
+    shapes: spanShapes(),
+    annotations: thinnedWords(words, spec.duration_s).map(({ w, index }) => ({
+      x: (w.start_s + w.end_s) / 2, y: 1.02, yref: "paper", text: w.word, showarrow: false, captureevents: true,
+      font: { size: 11 }, yanchor: "bottom", name: String(index),
+    })),
+  }, SPECTRO_PLOT);
+  const el = $("spectrogram");
+  if (!el.dataset.bound) {
+    el.dataset.bound = "1";
+    el.on("plotly_selected", (event) => {
+      const range = event?.range?.x ?? (event?.points?.length ? [Math.min(...event.points.map((p) => p.x)), Math.max(...event.points.map((p) => p.x))] : null);
+      if (!range) return;
+      addSpan(Math.max(0, Math.min(...range)), Math.min(state.duration, Math.max(...range)));
+      Plotly.relayout(el, { selections: [] }).catch(() => {});
+    });
+    el.on("plotly_clickannotation", (event) => {
+      const word = (state.response?.words ?? [])[Number(event.annotation?.name ?? event.index)];
+      if (word) play(word.start_s);
+    });
+  }
+  drawWordStrip();
+}
+
+// Words placed over the spectrogram where they fit (a narrow screen skips some; the strip below has them all).
+function thinnedWords(words, duration) {
+  const width = Math.max(100, ($("spectrogram").clientWidth || 600) - 50);
+  const pxPerSecond = width / Math.max(duration, 0.1);
+  const kept = [];
+  let lastEnd = -Infinity;
+  words.forEach((w, index) => {
+    const centre = ((w.start_s + w.end_s) / 2) * pxPerSecond;
+    const half = (w.word.length * 6.5) / 2 + 3;
+    if (centre - half >= lastEnd) {
+      kept.push({ w, index });
+      lastEnd = centre + half;
+    }
+  });
+  return kept;
+}
+
+function drawWordStrip() {
+  const strip = $("word-strip");
+  strip.replaceChildren(...(state.response?.words ?? []).map((w) => {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = w.word;
+    b.title = `${fmt(w.start_s, 3)}–${fmt(w.end_s, 3)} s: play from here`;
+    b.addEventListener("click", () => play(w.start_s));
+    return b;
+  }));
+}
+
+function play(seconds) {
+  const player = $("player");
+  player.currentTime = seconds;
+  player.play().catch(() => {});
+}
+
+function crossRows(response, kindField = "cross") {
+  const maps = decodeTensor(response.attention[kindField]); // [1][1][N][1500]
+  const n = response.clip_positions;
+  return maps[0][0].map((row) => Array.from(row).slice(0, n));
+}
+
+function tokenLabels(tokens) {
+  return tokens.map((t, i) => `${i}:${visibleToken(t)}`);
+}
+
+function drawCross() {
+  const r = state.response;
+  const rows = crossRows(r);
+  const times = Array.from({ length: r.clip_positions }, (_, j) => (j + 0.5) * POSITION_S);
+  const labels = tokenLabels(r.tokens);
+  $("cross-title").textContent = `layer ${state.layer}, head ${state.head} · ${r.tokens.length} tokens × ${r.clip_positions} positions of 20 ms`;
+  Plotly.react("cross-map", [{
+    type: "heatmap", z: rows, x: times, y: labels, colorscale: "Viridis", zmin: 0,
+    hovertemplate: "%{y} · %{x:.2f} s · P = %{z:.3f}<extra></extra>",
+  }], {
+    margin: { l: 110, r: 10, t: 10, b: 36 }, shapes: spanShapes(),
+    xaxis: { title: { text: "time (s)" }, range: [0, r.duration_s] },
+    yaxis: { autorange: "reversed", type: "category", tickfont: { size: 10 } },
+  }, PLOT);
+  const el = $("cross-map");
+  if (!el.dataset.bound) {
+    el.dataset.bound = "1";
+    el.on("plotly_click", (event) => {
+      const label = event.points?.[0]?.y;
+      if (label === undefined) return;
+      chooseToken(Number(String(label).split(":")[0]));
+    });
+  }
+  el.dataset.rows = String(rows.length);
+}
+
+function chooseToken(index) {
+  state.token = index;
+  $("token-select").value = String(index);
+  drawCurve();
+}
+
+function drawCurve() {
+  const r = state.response;
+  if (!r) return;
+  const token = state.token ?? Math.min(r.tokens.length - 1, 2 + Math.floor((r.tokens.length - 2) / 2));
+  const times = Array.from({ length: r.clip_positions }, (_, j) => (j + 0.5) * POSITION_S);
+  const traces = [{ type: "scatter", mode: "lines", x: times, y: crossRows(r)[token], name: state.base ? "after" : "P", line: { color: "#3b5bdb" } }];
+  if (state.base) traces.unshift({ type: "scatter", mode: "lines", x: times, y: crossRows(state.base)[token], name: "before", line: { color: "#98a2b3", dash: "dot" } });
+  Plotly.react("row-curve", traces, {
+    margin: { l: 50, r: 10, t: 26, b: 36 }, shapes: spanShapes(),
+    title: { text: `row ${token} (${visibleToken(r.tokens[token])} → predicts the next token) over time`, font: { size: 12 } },
+    xaxis: { title: { text: "time (s)" }, range: [0, r.duration_s] }, yaxis: { title: { text: "P" }, rangemode: "tozero" },
+    legend: { orientation: "h", y: 1.15, x: 1, xanchor: "right" },
+  }, PLOT);
+}
+
+function wordDiff(before, after) {
+  // LCS over words: deleted words struck through, inserted ones marked
+  const a = before.split(/\s+/).filter(Boolean);
+  const b = after.split(/\s+/).filter(Boolean);
+  const lcs = Array.from({ length: a.length + 1 }, () => new Array(b.length + 1).fill(0));
+  for (let i = a.length - 1; i >= 0; i--) for (let j = b.length - 1; j >= 0; j--) {
+    lcs[i][j] = a[i] === b[j] ? lcs[i + 1][j + 1] + 1 : Math.max(lcs[i + 1][j], lcs[i][j + 1]);
+  }
+  const out = [];
+  let i = 0; let j = 0;
+  while (i < a.length || j < b.length) {
+    if (i < a.length && j < b.length && a[i] === b[j]) { out.push(["same", a[i]]); i++; j++; }
+    else if (j < b.length && (i >= a.length || lcs[i][j + 1] >= lcs[i + 1][j])) { out.push(["ins", b[j]]); j++; }
+    else { out.push(["del", a[i]]); i++; }
+  }
+  return out;
+}
+
+function drawTranscript() {
+  const r = state.response;
+  const box = $("transcript-diff");
+  const out = r.effect?.output;
+  if (!out) {
+    box.replaceChildren(document.createTextNode(r.transcript || "(no speech)"));
+    box.dataset.changed = "0";
+    Plotly.react("dp-bars", [], { margin: { l: 40, r: 10, t: 10, b: 30 }, xaxis: { visible: false }, yaxis: { visible: false },
+      annotations: [{ text: "no interventions: nothing to compare", showarrow: false, font: { color: "#667085" } }] }, PLOT);
+    return;
+  }
+  const parts = wordDiff(out.text_before, out.text_after);
+  box.replaceChildren(...parts.flatMap(([kind, word]) => {
+    const node = kind === "same" ? document.createElement("span") : document.createElement(kind);
+    node.textContent = word;
+    return [node, document.createTextNode(" ")];
+  }));
+  box.dataset.changed = parts.some(([kind]) => kind !== "same") ? "1" : "0";
+  const tokens = r.output.tokens.map((t, i) => `${i}:${visibleToken(t.token)}`);
+  Plotly.react("dp-bars", [{
+    type: "bar", x: tokens, y: out.prob_change, marker: { color: out.prob_change.map((d) => (d < 0 ? "#c0342b" : "#1f7a4d")) },
+    hovertemplate: "%{x}: Δp = %{y:.3f}<extra></extra>",
+  }], {
+    margin: { l: 50, r: 10, t: 26, b: 70 }, title: { text: `Δp per token (teacher-forced on the plain transcript) · mean KL ${fmt(out.kl_mean, 3)} nats`, font: { size: 12 } },
+    xaxis: { type: "category", tickangle: -60, tickfont: { size: 10 } }, yaxis: { title: { text: "Δp" }, range: [-1, 1] },
+  }, PLOT);
+}
+
+function drawAlignment() {
+  const ranking = state.response.alignment;
+  const table = document.createElement("table");
+  table.innerHTML = "<thead><tr><th>#</th><th>head</th><th>monotonicity</th><th>focus</th><th>score</th><th></th></tr></thead>";
+  const body = document.createElement("tbody");
+  ranking.forEach((item, rank) => {
+    const tr = document.createElement("tr");
+    if (item.layer === state.layer && item.head === state.head) tr.className = "chosen";
+    const cells = [rank + 1, `${item.alignment_head ? "★ " : ""}L${item.layer} H${item.head}`, fmt(item.monotonicity, 3), fmt(item.focus, 3), fmt(item.score, 3)];
+    for (const value of cells) {
+      const td = document.createElement("td");
+      td.textContent = String(value);
+      tr.appendChild(td);
+    }
+    const td = document.createElement("td");
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = "show";
+    b.setAttribute("aria-label", `show layer ${item.layer} head ${item.head}`);
+    b.addEventListener("click", () => { chooseHead(item.layer, item.head); });
+    td.appendChild(b);
+    tr.appendChild(td);
+    body.appendChild(tr);
+  });
+  table.appendChild(body);
+  $("alignment-table").replaceChildren(table);
+}
+
+function drawSelfMaps() {
+  const r = state.response;
+  const decoder = decodeTensor(r.attention.decoder)[0][0].map((row) => Array.from(row));
+  const labels = tokenLabels(r.tokens);
+  Plotly.react("decoder-map", [{ type: "heatmap", z: decoder, x: labels, y: labels, colorscale: "Viridis", zmin: 0, showscale: false,
+    hovertemplate: "%{y} → %{x}: %{z:.3f}<extra></extra>" }], {
+    margin: { l: 90, r: 10, t: 10, b: 90 }, xaxis: { type: "category", tickangle: -60, tickfont: { size: 9 } },
+    yaxis: { type: "category", autorange: "reversed", tickfont: { size: 9 } },
+  }, PLOT);
+  const enc = r.attention.encoder;
+  if (!enc) return;
+  const overview = decodeTensor(enc.overview)[0][0].map((row) => Array.from(row));
+  const step = enc.block_positions * POSITION_S;
+  const edges = overview.map((_, i) => (i + 0.5) * step);
+  $("encoder-title").textContent = `layer ${state.layer}, head ${state.head} · blocks of ${fmt(step * 1000, 3)} ms`;
+  Plotly.react("encoder-map", [{ type: "heatmap", z: overview, x: edges, y: edges, colorscale: "Viridis", zmin: 0, showscale: false,
+    hovertemplate: "query %{y:.2f} s → key %{x:.2f} s: %{z:.2e}<extra></extra>" }], {
+    margin: { l: 50, r: 10, t: 10, b: 40 }, xaxis: { title: { text: "key time (s)" }, constrain: "domain" },
+    yaxis: { title: { text: "query time (s)" }, autorange: "reversed", scaleanchor: "x" },
+  }, PLOT);
+}
+
+function drawChips() {
+  const chips = [];
+  state.spans.forEach((s, i) => chips.push([`mask ${fmt(s.start, 3)}–${fmt(s.end, 3)} s (${s.kind})`, () => { state.spans.splice(i, 1); update(); }]));
+  if (state.beta !== 0) chips.push([`β = ${fmt(10 ** state.beta, 3)}·β₀ (${$("beta-scope").value})`, () => { state.beta = 0; $("beta-slider").value = "0"; update(); }]);
+  for (const key of state.ablated) chips.push([`ablate cross L${key.replace(".", " H")}`, () => { state.ablated.delete(key); update(); }]);
+  $("iv-chips").replaceChildren(...chips.map(([text, remove]) => {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = `${text} ✕`;
+    b.setAttribute("aria-label", `remove ${text}`);
+    b.addEventListener("click", remove);
+    return b;
+  }));
+  $("beta-readout").textContent = state.beta === 0 ? "β = β₀" : `β = ${fmt(10 ** state.beta, 3)}·β₀`;
+  $("ablate-button").textContent = state.ablated.has(`${state.layer}.${state.head}`) ? "Restore this cross head" : "Ablate this cross head";
+}
+
+function drawAll() {
+  const r = state.response;
+  setOptions($("token-select"), r.tokens.map((t, i) => [i, `${i}: ${visibleToken(t)}`]), state.token ?? Math.min(r.tokens.length - 1, 2 + Math.floor((r.tokens.length - 2) / 2)));
+  $("warnings").textContent = (r.warnings || []).join(" · ");
+  drawSpectrogram();
+  drawCross();
+  drawCurve();
+  drawTranscript();
+  drawAlignment();
+  drawSelfMaps();
+  drawChips();
+  document.body.dataset.ready = "1";
+}
+
+// ---- controls ------------------------------------------------------------------------------------------------
+let timer = null;
+function update() {
+  drawChips();
+  clearTimeout(timer);
+  timer = setTimeout(refresh, 150);
+}
+
+function addSpan(start, end) {
+  if (!(end - start >= POSITION_S)) return;
+  state.spans.push({ kind: $("mask-kind").value, start, end });
+  update();
+}
+
+function chooseHead(layer, head) {
+  state.layer = layer;
+  state.head = head;
+  $("layer-select").value = String(layer);
+  $("head-select").value = String(head);
+  update();
+}
+
+function setupControls() {
+  setOptions($("layer-select"), [0, 1, 2, 3].map((l) => [l, `layer ${l}`]), state.layer);
+  setOptions($("head-select"), [0, 1, 2, 3, 4, 5].map((h) => [h, `head ${h}`]), state.head);
+  $("layer-select").addEventListener("change", (e) => chooseHead(Number(e.target.value), state.head));
+  $("head-select").addEventListener("change", (e) => chooseHead(state.layer, Number(e.target.value)));
+  $("token-select").addEventListener("change", (e) => chooseToken(Number(e.target.value)));
+  $("add-span").addEventListener("click", () => addSpan(Number($("span-start").value), Math.min(state.duration || 30, Number($("span-end").value))));
+  $("clear-all").addEventListener("click", () => {
+    state.spans = [];
+    state.beta = 0;
+    $("beta-slider").value = "0";
+    state.ablated.clear();
+    update();
+  });
+  $("beta-slider").addEventListener("input", (e) => { state.beta = Number(e.target.value); update(); });
+  $("beta-scope").addEventListener("change", () => { if (state.beta !== 0) update(); });
+  $("ablate-button").addEventListener("click", () => {
+    const key = `${state.layer}.${state.head}`;
+    if (state.ablated.has(key)) state.ablated.delete(key); else state.ablated.add(key);
+    update();
+  });
+  $("stream-button").addEventListener("click", streamTranscript);
+}
+
+async function streamTranscript() {
+  if (!state.audioId) return;
+  state.streaming?.abort();
+  const controller = new AbortController();
+  state.streaming = controller;
+  const out = $("stream-out");
+  out.textContent = "…";
+  try {
+    const response = await fetch("/api/audio/transcribe", {
+      method: "POST", headers: { "Content-Type": "application/json" }, signal: controller.signal,
+      body: JSON.stringify({ model: config.model, audio_id: state.audioId, interventions: interventions() }),
+    });
+    if (!response.ok) throw new ApiError(response.status, (await response.json().catch(() => ({}))).detail);
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        const data = block.split("\n").find((l) => l.startsWith("data: "));
+        if (data) out.textContent = JSON.parse(data.slice(6)).text || "…";
+        if (block.startsWith("event: done")) out.dataset.done = "1";
+      }
+    }
+  } catch (err) {
+    if (!isAbort(err)) fail(err);
+  }
+}
+
+setupInput();
+setupControls();
+drawChips();
+if (new URLSearchParams(location.search).has("sample") && config.sample) getJSON("/api/audio/sample").then(openClip).catch(fail);

@@ -1,0 +1,73 @@
+"""The /audio page in Chromium on the real whisper-tiny-en: upload a clip (the espeak-ng sample as FLAC), see the
+spectrogram and the cross-attention map, mask 3–7 s by dragging over the spectrogram, and see the transcript lose
+its second sentence; then at 390 px, with the keyboard only, clear and re-add the span."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.audio import decode_path
+from tests.browser.conftest import screenshot
+from tests.unit.test_audio_decode import encode
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "weights" / "samples" / "speech-sample.wav"
+
+
+def wait_ready(page, timeout=300_000):
+    page.wait_for_function("() => document.body.dataset.ready === '1'", timeout=timeout)
+
+
+def test_upload_map_drag_mask_and_diff(page, page_log, live_server, tmp_path):
+    if not SAMPLE.is_file():
+        pytest.fail("the speech sample is missing: run `make speech weights`")
+    clip = decode_path(SAMPLE)
+    flac = tmp_path / "sample.flac"
+    flac.write_bytes(encode((clip.samples * 32767).astype(np.int16)[None, :], 16000, "flac", "flac", out_rate=44100))
+
+    page.goto(f"{live_server}/audio")
+    page.set_input_files("#file-input", str(flac))
+    wait_ready(page)
+    assert "flac, 44100 Hz" in page.inner_text("#clip-info")
+    mel = page.eval_on_selector("#spectrogram", "el => [el.data[0].z.length, el.data[0].z[0].length]")
+    assert mel == [80, 668]
+    rows = page.eval_on_selector("#cross-map", "el => [el.data[0].z.length, el.data[0].z[0].length]")
+    assert rows[1] == 334 and rows[0] > 20  # tokens × 20 ms positions up to the clip's end
+    words = page.locator("#word-strip button").all_inner_texts()
+    assert "Attention" in words
+    assert page.get_attribute("#transcript-diff", "data-changed") == "0"
+
+    # drag from 3 s to 7 s (past the clip's end: clipped to 6.68 s) over the spectrogram
+    box = page.locator("#spectrogram .nsewdrag").first.bounding_box()
+    x_at = lambda seconds: box["x"] + box["width"] * seconds / clip.duration_s  # noqa: E731
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(x_at(3.0), y)
+    page.mouse.down()
+    page.mouse.move(x_at(5.0), y, steps=6)
+    page.mouse.move(min(x_at(7.0), box["x"] + box["width"] - 1), y, steps=6)
+    page.mouse.up()
+    page.wait_for_function("() => document.getElementById('transcript-diff').dataset.changed === '1'", timeout=300_000)
+    deleted = " ".join(page.locator("#transcript-diff del").all_inner_texts())
+    assert "Attention" in deleted and "word." in deleted
+    chip = page.inner_text("#iv-chips")
+    assert "mask 3." in chip and "(cross)" in chip
+    bars = page.eval_on_selector("#dp-bars", "el => el.data[0].y")
+    assert min(bars) < -0.5  # the second sentence's tokens lose their probability
+    screenshot(page, "audio-masked")
+
+    # 390 px, keyboard only: clear, then type the span and press Enter on "Add span"
+    page.set_viewport_size({"width": 390, "height": 900})
+    # the figures follow the window (Plotly's responsive resize runs after the resize event)
+    page.wait_for_function("() => document.documentElement.scrollWidth <= 390", timeout=10_000)
+    page.focus("#clear-all")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.getElementById('transcript-diff').dataset.changed === '0'", timeout=300_000)
+    page.fill("#span-start", "3")
+    page.fill("#span-end", "7")
+    page.focus("#add-span")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.getElementById('transcript-diff').dataset.changed === '1'", timeout=300_000)
+    screenshot(page, "audio-390")
+    page_log.check()

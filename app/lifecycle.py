@@ -12,9 +12,15 @@
 - watches for the client leaving while the request runs: the request's cancel event (`check_cancelled`,
   called between samples and model runs) is then set, and its work stops at the next check.
 
+With `result_cache_scope="client"` it also names the request's client for the result cache (`cache_scope`):
+the `X-Attnlab-Client` header when a client sends one, else the `attnlab_client` cookie, which it sets (a
+random id, HttpOnly) on the first response to a browser without one.
+
 For every request (static files aside) it also answers **503 + Retry-After (JSON)** when the server shuts
 down: at once for a request that arrives after shutdown began, and `shutdown_grace_s` after the SIGTERM
-for one still running (its work is told to stop; the process does not wait for it).
+for one still running (its work is told to stop; the process does not wait for it). A server-sent-event
+stream that has started (POST /api/text/generate) gets a last event instead, `{"error": …, "retry_after": 5}`,
+and its body is ended cleanly (the final chunk), so the client sees why it stopped and when to retry.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import asyncio
 import contextvars
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -55,6 +62,32 @@ class CancelEvent(threading.Event):
 
 
 request_cancel: contextvars.ContextVar[CancelEvent | None] = contextvars.ContextVar("request_cancel", default=None)
+# The client whose cache entries a request reads and writes (result_cache_scope="client"); None: shared.
+cache_scope: contextvars.ContextVar[str | None] = contextvars.ContextVar("cache_scope", default=None)
+SCOPE_COOKIE = "attnlab_client"
+SCOPE_HEADER = "x-attnlab-client"
+SCOPE_PATTERN = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+SCOPE_COOKIE_MAX_AGE_S = 30 * 24 * 3600
+
+
+def client_scope(headers: list[tuple[bytes, bytes]]) -> tuple[str, bool]:
+    """(the client's cache scope, whether it is new and must be set as a cookie)."""
+    cookie_value = None
+    for key, value in headers:
+        if key == SCOPE_HEADER.encode():
+            text = value.decode("latin-1").strip()
+            if SCOPE_PATTERN.match(text):
+                return "h:" + text, False
+        elif key == b"cookie":
+            for part in value.decode("latin-1").split(";"):
+                name, _, text = part.strip().partition("=")
+                if name == SCOPE_COOKIE and SCOPE_PATTERN.match(text):
+                    cookie_value = text
+    if cookie_value is not None:
+        return "c:" + cookie_value, False
+    from app.ids import new_id
+
+    return "c:" + new_id(), True
 
 
 def check_cancelled() -> None:
@@ -219,7 +252,7 @@ class RequestGuard:
                                     {"Retry-After": str(SHUTDOWN_RETRY_AFTER_S), "Connection": "close"})
         cancel = CancelEvent()
         disconnected = asyncio.Event()
-        state = {"started": False, "complete": False, "cut": False}
+        state = {"started": False, "complete": False, "cut": False, "sse": False}
         watcher: asyncio.Task | None = None
         app_receive = receive
 
@@ -255,15 +288,28 @@ class RequestGuard:
                 return  # already answered 503 by the shutdown cut-off
             if message["type"] == "http.response.start":
                 state["started"] = True
+                if state.get("set_cookie"):  # result_cache_scope="client": this browser's scope from now on
+                    message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", state["set_cookie"])]}
+                state["sse"] = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                                   for k, v in message.get("headers", []))
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 state["complete"] = True
             await send(message)
 
         token = request_cancel.set(cancel)
+        scope_token = None
+        if getattr(self.settings, "result_cache_scope", "shared") == "client":
+            client, new = client_scope(scope.get("headers", []))
+            scope_token = cache_scope.set(client)
+            if new:
+                state["set_cookie"] = (f"{SCOPE_COOKIE}={client[2:]}; Path=/; Max-Age={SCOPE_COOKIE_MAX_AGE_S}; "
+                                       "HttpOnly; SameSite=Lax").encode()
         try:
             task = asyncio.ensure_future(self.app(scope, app_receive, guarded_send))
         finally:
             request_cancel.reset(token)
+            if scope_token is not None:
+                cache_scope.reset(scope_token)
         cutoff = lifecycle.cutoff_waiter()
         try:
             await asyncio.wait({task, cutoff}, return_when=asyncio.FIRST_COMPLETED)
@@ -287,6 +333,18 @@ class RequestGuard:
         if not task.done():
             _orphans.add(task)
             task.add_done_callback(_forget_orphan)
+        if state["started"] and state["sse"] and not state["complete"]:
+            state["cut"] = True  # the stream's own later sends are dropped: this is its last event
+            event = {"error": f"the server is shutting down (shutdown_grace_s={self.lifecycle.grace_s:g} s passed); "
+                              "the stream ends here, retry in a moment", "retry_after": SHUTDOWN_RETRY_AFTER_S}
+            log.info("shutdown: %s %s stream ended with an error event after the %g s grace", scope["method"],
+                     scope["path"], self.lifecycle.grace_s)
+            try:
+                await send({"type": "http.response.body", "body": f"data: {json.dumps(event)}\n\n".encode(),
+                            "more_body": False})
+            except Exception:  # noqa: BLE001 — the client may be gone already
+                pass
+            return
         if state["started"]:
             return
         state["cut"] = True

@@ -19,7 +19,7 @@ import torch
 
 from app.costs import observe_run
 from app.ids import new_id
-from app.lifecycle import RequestCancelled, request_cancel
+from app.lifecycle import RequestCancelled, cache_scope, request_cancel  # noqa: F401  (cache_scope: re-exported)
 from app.settings import Settings
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
 from models.hooks import UnsupportedAttention
@@ -38,9 +38,8 @@ request_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 # Seconds this request spent waiting for the model ("queue") and running it ("model"), for the
 # Server-Timing header (app.main.ServerTiming); a dict shared with the worker thread of the request.
 request_timings: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("request_timings", default=None)
-# The client a request's cached results belong to when result_cache_scope is "client" (set by RequestGuard,
-# app/lifecycle.py, from the cookie or header); None: the cache is shared by everyone.
-cache_scope: contextvars.ContextVar[str | None] = contextvars.ContextVar("cache_scope", default=None)
+# cache_scope (app/lifecycle.py): the client a request's cached results belong to when result_cache_scope is
+# "client" (set by RequestGuard from the cookie or header); None: the cache is shared by everyone.
 CANCEL_POLL_S = 0.1  # a queued request whose client left stops waiting within this
 
 

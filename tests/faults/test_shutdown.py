@@ -92,3 +92,47 @@ def test_aborted_upload_logs_one_info_line(tiny_bert, start_server):
     print("\n" + "\n".join(about))
     assert "Traceback" not in "\n".join(new) and "unhandled error" not in "\n".join(new)
     assert len(about) == 3 and all(line.startswith("INFO") and "attnlab" in line for line in about), new
+
+
+def test_a_stream_cut_by_shutdown_ends_with_an_error_event_and_a_clean_body(tiny_bert, big_bert, start_server, tmp_path):
+    """Issue 19 §8: a generate stream cut by SIGTERM ended without a final event, with an unterminated chunked
+    body ("ASGI callable returned without completing response"). Now: an error event with retry_after, then the
+    body's end. The stream waits for the model behind a long request, so it is running when the grace ends."""
+    import json
+
+    from tests.tiny_models import build_text_model
+
+    llama = build_text_model("llama", tmp_path / "llama")
+    settings = {**text_models(tiny_bert, big_bert), "shutdown_grace_s": 1, "extra_models": {"tl": str(llama)},
+                "default_models": ["tiny", "big", "tl"]}
+    server = start_server(settings)
+    server.wait_ready()
+    body = {"model": "tl", "text": "the cat sat on the mat", "max_new_tokens": 8}
+    assert httpx.post(server.base + "/api/text/generate", json=body, timeout=30).status_code == 200  # prompt encoded
+    slow = threading.Thread(target=lambda: httpx.post(server.base + "/api/text/attention", json=long_request(seed=31),
+                                                      timeout=60), daemon=True)
+    slow.start()
+    time.sleep(1.0)  # the long request holds the model
+    events: list[dict] = []
+    failure: list[Exception] = []
+
+    def stream():
+        try:
+            with httpx.stream("POST", server.base + "/api/text/generate", timeout=30, json=body) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():  # raises RemoteProtocolError on an unterminated chunked body
+                    if line.startswith("data:"):
+                        events.append(json.loads(line[5:]))
+        except Exception as exc:  # noqa: BLE001
+            failure.append(exc)
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    time.sleep(0.5)  # the stream has started (headers sent) and waits for the model
+    server.proc.send_signal(signal.SIGTERM)
+    reader.join(20)
+    assert not failure, failure
+    assert events and events[-1].get("retry_after") == 5 and "shutting down" in events[-1]["error"], events
+    assert server.proc.wait(timeout=15) == 0
+    log = server.log()
+    assert "ASGI callable returned without completing response" not in log and "Traceback" not in log

@@ -297,6 +297,7 @@ def _openapi_with_guard_responses(app: FastAPI) -> dict:
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    _add_request_examples(app, schema)
     for operations in schema.get("paths", {}).values():
         for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
@@ -305,6 +306,34 @@ def _openapi_with_guard_responses(app: FastAPI) -> dict:
                 responses.setdefault(code, {"description": GUARD_RESPONSES[code]})
     app.openapi_schema = schema
     return schema
+
+
+def _add_request_examples(app: FastAPI, schema: dict) -> None:
+    """Explicit request examples (app/schemas.py request_examples) naming this server's models, so that
+    Swagger's "Try it out" sends a body the server accepts."""
+    runtime = getattr(app.state, "runtime", None)
+    if runtime is None:  # no lifespan (the schema asked for outside a server): no model to name
+        return
+    from models.images import image_id_for
+
+    from app.schemas import request_examples
+
+    families: dict[str, str] = {}
+    for model_id, spec in runtime.specs.items():
+        families.setdefault(spec.family, model_id)
+    samples: dict[str, str] = {}
+    for sample in images.SAMPLES:  # the page's example photos keep content-hash ids, the same on every replica
+        path = images.SAMPLES_DIR / sample["file"]
+        if sample["model"] in runtime.specs and sample["model"] not in samples and path.is_file():
+            samples[sample["model"]] = image_id_for(path.read_bytes())
+    from app.routes import audio as audio_routes  # the bundled speech clip has a fixed id, where setup made it
+
+    clip = audio_routes.SAMPLE_ID if audio_routes._sample_path(runtime).is_file() else None
+    for path, named in request_examples(families, samples, clip).items():
+        body = schema.get("paths", {}).get(path, {}).get("post", {}).get("requestBody", {})
+        media = body.get("content", {}).get("application/json")
+        if media is not None and named:
+            media["examples"] = named
 
 
 app = create_app()

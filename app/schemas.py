@@ -226,3 +226,75 @@ class AttentionResponse(BaseModel):
     base_attention: Any = Field(None, description="with compare and include_base: the same slices of P without interventions")
     effect: Effect | None = None
     warnings: list[str]
+
+
+# ---- OpenAPI request examples --------------------------------------------------------------------------
+# Swagger's "Try it out" sends the example it shows; one built from the types alone (position: 0 for every
+# text model) is refused by most models. These are explicit, one per kind of model where the bodies differ,
+# and name models this server has (app.main inserts them into /openapi.json; tests/api/test_openapi_examples.py
+# sends each one). models: {"encoder" | "causal_lm" | "seq2seq" | "vision" | "image:<model>": id}, the first
+# model of each family on this server; image: ids of the page's example photos, by the model each suits.
+def request_examples(models: dict[str, str], image_samples: dict[str, str],
+                     audio_sample: str | None = None) -> dict[str, dict[str, dict]]:
+    """{path: {name: {"summary", "value"}}} for every POST operation with a JSON body. audio_sample: the id of the
+    bundled speech clip where this server has it. The runs' paths take a run_id from an attention response."""
+    enc, lm, s2s = models.get("encoder"), models.get("causal_lm"), models.get("seq2seq")
+    text: dict[str, dict] = {}
+    if enc:
+        text["encoder"] = {"summary": f"encoder ({enc}): mask key 3 of one head, with the effects", "value": {
+            "model": enc, "text": "The animal didn't cross the street because it was too tired.",
+            "text_pair": "The dog was exhausted, so it stayed on the sidewalk.", "layers": [0], "heads": [0],
+            "interventions": [{"op": "mask_keys", "tokens": [3], "layers": [0], "heads": [0]}], "compare": True}}
+    if lm:
+        text["language_model"] = {"summary": f"decoder LM ({lm}): β/100 on layers 10–12, next token before and after", "value": {
+            "model": lm, "text": "The capital of France is", "position": None, "chat": False, "layers": [5], "heads": [0],
+            "interventions": [{"op": "temperature", "beta": 0.00125, "layers": [10, 11, 12]}], "compare": True}}
+    if s2s:
+        text["encoder_decoder"] = {"summary": f"encoder–decoder ({s2s}): cross-attention flattened, its own target", "value": {
+            "model": s2s, "text": "The cat sat on the mat.", "target": None, "layers": [0], "heads": [0],
+            "interventions": [{"op": "temperature", "beta": 0.01, "kind": "cross"}], "compare": True}}
+    examples: dict[str, dict[str, dict]] = {"/api/text/attention": text}
+    if lm:
+        examples["/api/text/generate"] = {"language_model": {
+            "summary": f"{lm}: 8 tokens with and without layer 0 ablated", "value": {
+                "model": lm, "text": "The capital of France is", "chat": False, "max_new_tokens": 8,
+                "interventions": [{"op": "ablate_heads", "layers": [0]}]}}}
+    images = {
+        model: {"summary": f"{model}: the page's example photo, mask patch token 5", "value": {
+            "model": model, "image_id": image_id, "layers": [0], "heads": [0], "queries": [0],
+            "interventions": [{"op": "mask_keys", "tokens": [5]}], "compare": True}}
+        for model, image_id in image_samples.items()
+    }
+    if images:
+        examples["/api/image/attention"] = images
+    if lm:
+        prompt = "The capital of France is"
+        examples["/api/text/patching"] = {"attribution": {
+            "summary": f"{lm}: which heads carry France → Paris (the gradient estimate, one pass)", "value": {
+                "model": lm, "clean": prompt, "corrupt": "The capital of Italy is", "answer": " Paris", "wrong": " Rome",
+                "scan": "heads", "method": "attribution"}}}
+        examples["/api/text/lens"] = {"lens": {"summary": f"{lm}: the logit lens of every layer and position",
+                                               "value": {"model": lm, "text": prompt, "top": 5}}}
+        examples["/api/text/faithfulness"] = {"faithfulness": {
+            "summary": f"{lm}: mask each method's top 1 and 2 keys of the last row", "value": {
+                "model": lm, "text": prompt, "position": None, "k": [1, 2], "methods": ["attention", "value_norm"]}}}
+    examples["/api/runs/{run_id}/window"] = {"window": {
+        "summary": "an 8 × 8 window of layer 0, head 0 (run_id from an attention response)",
+        "value": {"layer": 0, "head": 0, "rows": [0, 8], "cols": [0, 8]}}}
+    examples["/api/runs/{run_id}/row"] = {"row": {
+        "summary": "query row 4 of layer 0's heads, and their mass on keys 0–3",
+        "value": {"row": 4, "layers": [0], "span": [0, 4]}}}
+    speech = models.get("speech")
+    if speech and audio_sample:
+        clip = {"model": speech, "audio_id": audio_sample, "layers": [0], "heads": [0], "kinds": ["cross"]}
+        examples["/api/audio/attention"] = {"sample": {
+            "summary": f"{speech}: cross-attention of the bundled clip, decoder layer 0, head 0", "value": clip}}
+        examples["/api/audio/transcribe"] = {"sample": {"summary": f"{speech}: the bundled clip's transcript",
+                                                        "value": {"model": speech, "audio_id": audio_sample}}}
+    examples["/api/gaussian/attention"] = {"head": {"summary": "layer 0, head 0 of the trained run, query (7, 7)",
+                                                    "value": {"layer": 0, "head": 0, "query": [7, 7], "alpha": None}}}
+    examples["/api/gaussian/conv-equivalence"] = {"conv3x3": {
+        "summary": "a 3×3 convolution as 9 Gaussian heads at α = 100", "value": {
+            "kernel_size": 3, "dilation": 1, "padding": "zeros", "alpha": 100.0, "image_size": 16,
+            "channels_in": 3, "channels_out": 4, "seed": 0}}}
+    return examples

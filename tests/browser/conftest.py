@@ -123,3 +123,15 @@ def screenshot(pg, name: str) -> Path:
 def plot_data(pg, selector: str):
     """The data of a Plotly figure (its first trace's z, or y) as plain JSON."""
     return pg.eval_on_selector(selector, "el => { const t = el.data && el.data[0]; return t ? (t.z || t.y) : null; }")
+
+
+def shown_p(pg, selector: str = "#heatmap"):
+    """The P an attention heatmap shows: its hover values (customdata) where the colours are on another scale
+    (log₁₀ P, P / row max), else its z."""
+    return pg.eval_on_selector(selector, "el => { const t = el.data && el.data[0]; return t ? (t.customdata || t.z) : null; }")
+
+
+def masked_cells(pg, selector: str = "#heatmap"):
+    """The cells an attention heatmap draws grey as forbidden by a mask: (i, j) pairs, from its overlay trace."""
+    return pg.eval_on_selector(selector, """el => { const t = (el.data || []).find(d => d.name === 'masked');
+        return t ? t.z.flatMap((row, i) => row.map((v, j) => v === 1 ? [i, j] : null).filter(Boolean)) : []; }""")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from tests.browser.conftest import plot_data, screenshot
+from tests.browser.conftest import masked_cells, screenshot, shown_p
 from tests.browser.test_text_page import HEATMAP, set_slider, wait_for_heatmap
 
 PROMPT = "The capital of France is"
@@ -52,11 +52,12 @@ def test_lm_journey_prediction_and_continuation_move_with_beta(page, page_log, l
     probs = page.eval_on_selector("#topk-plot", "el => el.data[0].x")
     assert probs == sorted(probs, reverse=True) and 0.5 < probs[0] < 1
 
-    # The heatmap is causal: no attention above the diagonal, every row sums to 1.
-    z = plot_data(page, HEATMAP)
+    # The heatmap is causal: no attention above the diagonal, drawn grey as masked; every row sums to 1.
+    z = shown_p(page)
     assert len(z) >= 5
     assert all(z[i][j] == 0 for i in range(len(z)) for j in range(i + 1, len(z)))
     assert all(abs(sum(row) - 1) < 1e-4 for row in z)
+    assert sorted(map(tuple, masked_cells(page))) == [(i, j) for i in range(len(z)) for j in range(i + 1, len(z))]
 
     # Grouped-query attention (9 query heads, 3 K/V heads) and the parity figure of the load-time probe.
     note = page.inner_text("#gqa-note")
@@ -104,7 +105,7 @@ def test_lm_journey_prediction_and_continuation_move_with_beta(page, page_log, l
     screenshot(page, "lm-03-beta-all-layers")
 
     # The causal structure survives any β: still nothing above the diagonal.
-    z = plot_data(page, HEATMAP)
+    z = shown_p(page)
     assert all(z[i][j] == 0 for i in range(len(z)) for j in range(i + 1, len(z)))
 
     # The link restores the LM view: model, prompt, β and its scope, and the same prediction.

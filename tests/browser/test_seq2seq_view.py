@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.browser.conftest import plot_data, screenshot, serve_app
+from tests.browser.conftest import masked_cells, plot_data, screenshot, serve_app, shown_p
 from tests.browser.test_text_page import HEATMAP, wait_for_heatmap
 from tests.tiny_models import build_text_model
 
@@ -79,7 +79,9 @@ def test_cross_attention_view(page, page_log, bart_server):
     page.select_option("#kind-select", "decoder")
     page.wait_for_function("() => document.getElementById('heatmap-title').textContent.startsWith('decoder')", timeout=60_000)
     wait_idle(page)
-    decoder = plot_data(page, HEATMAP)
+    decoder = shown_p(page)
     assert len(decoder) == n and all(decoder[i][j] == 0 for i in range(n) for j in range(i + 1, n))
+    assert len(masked_cells(page)) == n * (n - 1) // 2  # drawn grey: the decoder's own causal mask
+    assert page.is_disabled("#causal-toggle") and page.is_checked("#causal-toggle")  # built in, not a control
     screenshot(page, "seq2seq-decoder")
     page_log.check()

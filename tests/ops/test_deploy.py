@@ -122,7 +122,8 @@ def test_kustomize_renders_with_and_without_the_gpu_patch(tmp_path):
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["image"].endswith(":0.1.0-cuda")
-    assert {e["name"] for e in container["env"]} == {"ATTNLAB_REDIS_URL", "ATTNLAB_REDIS_TTL_S", "ATTNLAB_DEVICE"}
+    assert {e["name"] for e in container["env"]} == {"ATTNLAB_REDIS_URL", "ATTNLAB_REDIS_TTL_S", "ATTNLAB_DEVICE",
+                                                     "ATTNLAB_MEMORY_BUDGET_BYTES"}
     assert container["readinessProbe"]["httpGet"]["path"] == "/api/ready"  # kept from the base
 
 

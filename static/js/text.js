@@ -11,6 +11,7 @@ import { drawModelView } from "./views/modelview.js";
 import { mountLab } from "./lab/lab.js";
 import { figureToParams, intParam, paramsToFigure } from "./lab/urlstate.js";
 import { drawNextToken, drawTarget, kvGroups, mountContinuation } from "./lm.js";
+import { mountAnalysis } from "./views/analysis.js";
 import { loadPlotly } from "./vendor.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
@@ -409,6 +410,10 @@ const continuation = mountContinuation({
   }),
   onError: (msg) => setStatus(msg, { error: true }),
 });
+
+// Patching between two prompts, the logit lens and the faithfulness check (static/js/views/analysis.js)
+mountAnalysis({ info: () => state.info, text: () => $("text-input").value, interventions: () => lab.interventions(),
+  onError: (msg) => setStatus(msg, { error: true }) });
 
 function pageParams() {
   const params = new URLSearchParams();

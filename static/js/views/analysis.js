@@ -1,0 +1,284 @@
+// Beyond attention weights on the text page (templates/partials/analysis.html): a patching scan between two prompts
+// with its progress, drawn as layers × heads (or layers × positions) beside attribution patching; clicking a head
+// applies that patch to the corrupted prompt and shows the next token move; the logit lens (before/after the page's
+// interventions); the faithfulness check of four attributions.
+//
+// mountAnalysis({info, text, interventions, onError}): info() the selected ModelInfo, text() the prompt box,
+// interventions() the lab's list. The panels follow the model on their own (decoder LMs; faithfulness also encoders).
+import { ApiError, postJSON } from "../api.js";
+import { byId, el, fillList, showToken } from "../dom.js";
+import { fmt } from "../mathx.js";
+import { loadPlotly } from "../vendor.js";
+
+const CONFIG = { responsive: true, displaylogo: false };
+const DIVERGING = [[0, "#b2182b"], [0.5, "#f7f7f7"], [1, "#2166ac"]];
+
+// Server-sent events from a fetch() body ("data:" lines, events separated by a blank line).
+async function* serverEvents(stream) {
+  const reader = stream.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
+      if (data) yield JSON.parse(data);
+    }
+  }
+}
+
+export function mountAnalysis({ info, text, interventions, onError = () => {} }) {
+  const panels = { patching: byId("patching-panel"), lens: byId("lens-panel"), faith: byId("faith-panel") };
+  if (!panels.patching) return { follow() {} };
+  const isLM = () => info()?.output === "next_token";
+  const follow = () => {
+    const output = info()?.output;
+    panels.patching.hidden = !isLM();
+    panels.lens.hidden = !isLM();
+    panels.faith.hidden = !output || output === "seq2seq";
+  };
+  // text.js shows and hides its own LM/encoder–decoder panels when the model changes: follow it
+  const observer = new MutationObserver(follow);
+  for (const id of ["lm-panels", "seq2seq-panel"]) {
+    const node = byId(id);
+    if (node) observer.observe(node, { attributes: true, attributeFilter: ["hidden"] });
+  }
+  const layers = byId("layer-select"); // refilled whenever the page takes up a model (an encoder too)
+  if (layers) observer.observe(layers, { childList: true });
+  byId("model-select")?.addEventListener("change", () => setTimeout(follow));
+  mountPatching(info, onError);
+  mountLens(info, text, interventions);
+  mountFaithfulness(info, text);
+  return { follow };
+}
+
+// ---- patching ------------------------------------------------------------------------------------------------
+function mountPatching(info, onError) {
+  const run = byId("patch-run"), stop = byId("patch-stop"), bar = byId("patch-progress"), status = byId("patch-status");
+  const error = byId("patch-error"), panel = byId("patching-panel");
+  let controller = null, scan = null;
+
+  async function start() {
+    controller?.abort();
+    const mine = new AbortController();
+    controller = mine;
+    const request = {
+      model: info().id, clean: byId("patch-clean").value, corrupt: byId("patch-corrupt").value,
+      answer: byId("patch-answer").value, wrong: byId("patch-wrong").value, scan: byId("patch-scan").value,
+    };
+    error.hidden = true;
+    run.disabled = true;
+    stop.disabled = false;
+    bar.hidden = false;
+    bar.value = 0;
+    panel.dataset.state = "running";
+    status.textContent = "starting…";
+    try {
+      const res = await fetch("/api/text/patching", {
+        method: "POST", headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+        body: JSON.stringify(request), signal: mine.signal,
+      });
+      if (!res.ok) {
+        const payload = await res.json().catch(() => ({ detail: res.statusText }));
+        throw new ApiError(res.status, payload.detail);
+      }
+      for await (const event of serverEvents(res.body)) {
+        if (event.error) throw new Error(event.error);
+        if (event.progress !== undefined) {
+          bar.max = event.total;
+          bar.value = event.progress;
+          status.textContent = `${event.progress} / ${event.total} ${request.scan === "heads" ? "heads" : "cells"}`;
+          panel.dataset.progress = String(event.progress);
+        }
+        if (event.done) {
+          scan = { ...event, request };
+          await drawScan(scan);
+          panel.dataset.state = "done";
+        }
+      }
+    } catch (err) {
+      if (err.name === "AbortError") {
+        if (controller === mine) { status.textContent = "stopped"; panel.dataset.state = "stopped"; }
+        return;
+      }
+      panel.dataset.state = "error";
+      status.textContent = "";
+      error.textContent = err.message;
+      error.hidden = false;
+      onError(`patching: ${err.message}`);
+    } finally {
+      if (controller === mine) { controller = null; run.disabled = false; stop.disabled = true; bar.hidden = true; }
+    }
+  }
+
+  async function drawScan(result) {
+    const Plotly = await loadPlotly();
+    const heads = result.scan === "heads";
+    const layers = result.effect.length, columns = result.effect[0].length;
+    const x = heads ? Array.from({ length: columns }, (_, h) => `h${h}`) : result.corrupt_tokens.map((t, i) => `${i}:${showToken(t)}`);
+    const y = Array.from({ length: layers }, (_, l) => `L${l}`);
+    const limit = Math.max(1e-6, ...result.effect.flat().filter((v) => v !== null).map(Math.abs));
+    const figure = (z, title) => ({
+      data: [{
+        type: "heatmap", z, x, y, colorscale: DIVERGING, zmin: -limit, zmax: limit, zmid: 0, hoverongaps: false,
+        hovertemplate: `%{y} %{x}<br>effect %{z:.3f}<extra></extra>`, colorbar: { thickness: 12, title: { text: "effect" } },
+      }],
+      layout: {
+        title: { text: title, font: { size: 13 } }, margin: { l: 48, r: 10, t: 36, b: heads ? 36 : 90 },
+        yaxis: { autorange: "reversed", type: "category" }, xaxis: { type: "category", tickangle: heads ? 0 : -50 },
+      },
+    });
+    const ld = `LD clean ${fmt(result.ld_clean, 3)}, corrupt ${fmt(result.ld_corrupt, 3)}`;
+    const main = figure(result.effect, `${heads ? "exact patch of each head" : "residual stream after each layer"} · ${ld}`);
+    const plot = byId("patch-heatmap");
+    byId("patch-attribution-box").hidden = !result.attribution; // before drawing: it sets the left plot's width
+    await Plotly.react(plot, main.data, main.layout, CONFIG);
+    if (result.attribution) {
+      const side = figure(result.attribution, `attribution patching · Spearman ρ = ${fmt(result.rank_correlation, 3)}`);
+      await Plotly.react(byId("patch-attribution"), side.data, side.layout, CONFIG);
+    }
+    status.textContent = heads
+      ? `best head: ${bestCell(result.effect)}; exact vs attribution ρ = ${fmt(result.rank_correlation, 3)}`
+      : `best cell: ${bestCell(result.effect)}`;
+    plot.removeAllListeners?.("plotly_click");
+    if (heads) plot.on("plotly_click", (event) => {
+      const point = event.points?.[0];
+      if (point) applyPatch(Number(String(point.y).slice(1)), Number(String(point.x).slice(1)));
+    });
+  }
+
+  function bestCell(effect) {
+    let best = null;
+    effect.forEach((row, l) => row.forEach((v, c) => { if (v !== null && (best === null || v > best.v)) best = { v, l, c }; }));
+    return best ? `L${best.l} ${scan?.scan === "residual" ? "position" : "h"}${best.c} (${fmt(best.v, 3)})` : "–";
+  }
+
+  // The clicked head's patch as an intervention on the corrupted prompt: the next token before and after.
+  async function applyPatch(layer, head) {
+    if (!scan?.clean_run_id) return;
+    const shift = byId("patch-shift");
+    const patch = { op: "patch_heads", source: scan.clean_run_id, layers: [layer], heads: [head] };
+    byId("patch-shift-title").textContent = `L${layer} h${head} patched from the clean prompt`;
+    shift.dataset.state = "running";
+    try {
+      const r = await postJSON("/api/text/attention", {
+        model: scan.request.model, text: scan.request.corrupt, interventions: [patch], compare: true,
+        layers: [layer], heads: [head],
+      }, { channel: "patch-shift" });
+      const cmp = r.effect.output;
+      const before = cmp.top_before.slice(0, 5), after = cmp.top_after.slice(0, 5);
+      const prob = (list, id) => list.find((t) => t.id === id)?.prob;
+      const answer = (list) => prob(list, scan.answer_id);
+      fillList(byId("patch-shift-summary"), [
+        ["cell effect (scan)", fmt(scan.effect[layer][head], 3)],
+        ["KL(corrupt ‖ patched)", `${fmt(cmp.kl)} nats`],
+        [`p(${showToken(scan.request.answer)})`, `${answer(before) === undefined ? "< top 10" : fmt(answer(before), 3)} → ${answer(after) === undefined ? "< top 10" : fmt(answer(after), 3)}`],
+        ["top token", `${showToken(before[0].token)} → ${showToken(after[0].token)}`],
+      ]);
+      const head_ = el("tr", {}, ...["#", "corrupted", "p", "patched", "p"].map((t) => el("th", { textContent: t })));
+      const rows = before.map((b, i) => el("tr", {}, ...[String(i + 1), showToken(b.token), fmt(b.prob, 3),
+        after[i] ? showToken(after[i].token) : "", after[i] ? fmt(after[i].prob, 3) : ""].map((t) => el("td", { textContent: t }))));
+      byId("patch-shift-table").replaceChildren(el("thead", {}, head_), el("tbody", {}, ...rows));
+      shift.hidden = false;
+      shift.dataset.state = "done";
+      shift.dataset.cell = `${layer},${head}`;
+      shift.dataset.topBefore = before[0].token;
+      shift.dataset.topAfter = after[0].token;
+      shift.dataset.kl = String(cmp.kl);
+    } catch (err) {
+      if (err.name === "AbortError") return;
+      shift.dataset.state = "error";
+      byId("patch-error").textContent = err.message;
+      byId("patch-error").hidden = false;
+    }
+  }
+
+  run.addEventListener("click", start);
+  stop.addEventListener("click", () => controller?.abort());
+}
+
+// ---- logit lens ----------------------------------------------------------------------------------------------
+function mountLens(info, text, interventions) {
+  const status = byId("lens-status"), panel = byId("lens-panel");
+  async function show() {
+    const ivs = interventions();
+    status.textContent = "running…";
+    panel.dataset.state = "running";
+    try {
+      const r = await postJSON("/api/text/lens", {
+        model: info().id, text: text(), top: 5, interventions: ivs, compare: ivs.length > 0,
+      }, { channel: "lens" });
+      const Plotly = await loadPlotly();
+      await drawLens(Plotly, byId("lens-plot"), r.top, r.tokens, ivs.length ? "with the interventions" : "");
+      byId("lens-before-box").hidden = !r.top_before || !ivs.length;
+      if (r.top_before && ivs.length) await drawLens(Plotly, byId("lens-before-plot"), r.top_before, r.tokens, "without them");
+      const last = r.top[r.top.length - 1];
+      status.textContent = `${r.top.length} layers × ${r.tokens.length} positions; the model's prediction: ${showToken(last[last.length - 1][0].token)}`;
+      panel.dataset.state = "done";
+      panel.dataset.lastTop = last[last.length - 1][0].token;
+    } catch (err) {
+      if (err.name === "AbortError") return;
+      status.textContent = err.message;
+      panel.dataset.state = "error";
+    }
+  }
+  byId("lens-run").addEventListener("click", show);
+}
+
+async function drawLens(Plotly, node, top, tokens, title) {
+  const z = top.map((row) => row.map((cell) => cell[0].prob));
+  const label = top.map((row) => row.map((cell) => showToken(cell[0].token)));
+  const hover = top.map((row) => row.map((cell) => cell.map((c, i) => `${i + 1}. ${showToken(c.token)} ${fmt(c.prob, 3)}`).join("<br>")));
+  const x = tokens.map((t, i) => `${i}:${showToken(t)}`);
+  const y = top.map((_, l) => `L${l}`);
+  await Plotly.react(node, [{
+    type: "heatmap", z, x, y, text: label, texttemplate: "%{text}", textfont: { size: 9 }, customdata: hover,
+    colorscale: "Viridis", zmin: 0, zmax: 1, hovertemplate: "%{y} after %{x}<br>%{customdata}<extra></extra>",
+    colorbar: { thickness: 12, title: { text: "p(top)" } },
+  }], {
+    title: { text: title, font: { size: 13 } }, margin: { l: 48, r: 10, t: title ? 30 : 10, b: 90 },
+    yaxis: { autorange: "reversed", type: "category" }, xaxis: { type: "category", tickangle: -50 },
+  }, CONFIG);
+}
+
+// ---- faithfulness --------------------------------------------------------------------------------------------
+function mountFaithfulness(info, text) {
+  const status = byId("faith-status"), panel = byId("faith-panel");
+  async function check() {
+    status.textContent = "running…";
+    panel.dataset.state = "running";
+    try {
+      const r = await postJSON("/api/text/faithfulness", { model: info().id, text: text() }, { channel: "faith" });
+      const Plotly = await loadPlotly();
+      const names = Object.keys(r.methods);
+      const field = names.some((n) => r.methods[n].p_drop) ? "p_drop" : "change";
+      const dashes = ["solid", "dash", "dot", "dashdot"]; // methods that rank alike draw one over the other
+      const traces = names.map((name, i) => ({
+        type: "scatter", mode: "lines+markers", name, x: r.k, y: r.methods[name][field], line: { dash: dashes[i % 4], width: 3 - i * 0.5 },
+        hovertemplate: `${name}, k = %{x}: %{y:.4f}<extra></extra>`,
+      }));
+      const what = field === "p_drop" ? `drop in p(${showToken(r.answer?.token ?? "")})` : "1 − cosine of the output";
+      await Plotly.react(byId("faith-plot"), traces, {
+        margin: { l: 55, r: 10, t: 10, b: 40 }, xaxis: { type: "log", title: { text: "k keys masked" }, tickvals: r.k },
+        yaxis: { title: { text: what } }, legend: { orientation: "h", y: 1.12 },
+      }, CONFIG);
+      // the mean change over the k that fit the row: the larger, the more faithful
+      const score = (name) => { const v = r.methods[name][field].filter((x) => x !== null); return v.reduce((a, b) => a + b, 0) / Math.max(1, v.length); };
+      const top = Math.max(...names.map(score));
+      const best = names.filter((n) => Math.abs(score(n) - top) < 1e-9);
+      status.textContent = `most faithful here (mean over k): ${best.join(", ")}${best.length > 1 ? " (tied: the same top keys)" : ""}`;
+      panel.dataset.best = best.join(",");
+      panel.dataset.state = "done";
+    } catch (err) {
+      if (err.name === "AbortError") return;
+      status.textContent = err.message;
+      panel.dataset.state = "error";
+    }
+  }
+  byId("faith-run").addEventListener("click", check);
+}

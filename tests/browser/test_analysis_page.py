@@ -1,0 +1,52 @@
+"""The patching scan on the text page with the real smollm2-135m, in Debian's Chromium: run a scan of every head
+(France/Paris against Italy/Rome) and watch its progress, click the best head's cell, and see the corrupted prompt's
+next token move from " Rome" to " Paris"; then the logit lens and the faithfulness chart."""
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from tests.browser.conftest import screenshot
+
+PROMPT = "The capital of France is"
+
+
+def test_scan_click_a_cell_and_see_the_next_token_shift(live_server, page, page_log):
+    page.goto(f"{live_server}/#m=smollm2-135m&t={quote(PROMPT)}")
+    page.wait_for_function("() => !document.getElementById('patching-panel').hidden", timeout=120_000)
+    assert page.is_hidden("#patch-shift")
+    page.click("#patch-run")
+    # progress arrives while the scan runs (270 heads in batches), then the result
+    page.wait_for_function("() => Number(document.getElementById('patching-panel').dataset.progress || 0) > 0",
+                           timeout=300_000)
+    page.wait_for_function("() => document.getElementById('patching-panel').dataset.state === 'done'", timeout=300_000)
+    assert page.eval_on_selector("#patching-panel", "e => e.dataset.progress") == "270"
+    status = page.text_content("#patch-status")
+    assert "best head" in status and "ρ" in status
+    # click the strongest cell of the heatmap, as a user would: at its centre on the plot
+    cell = page.evaluate("""() => {
+        const z = document.getElementById('patch-heatmap').data[0].z;
+        let best = [0, 0, -Infinity];
+        z.forEach((row, l) => row.forEach((v, h) => { if (v !== null && v > best[2]) best = [l, h, v]; }));
+        return {layer: best[0], head: best[1], effect: best[2], layers: z.length, heads: z[0].length};
+    }""")
+    # the plot area (rows L0 at the top, columns h0 on the left): the centre of the cell
+    page.locator("#patch-heatmap").scroll_into_view_if_needed()
+    box = page.locator("#patch-heatmap .nsewdrag").first.bounding_box()  # in the viewport's coordinates
+    x = box["x"] + box["width"] * (cell["head"] + 0.5) / cell["heads"]
+    y = box["y"] + box["height"] * (cell["layer"] + 0.5) / cell["layers"]
+    assert cell["effect"] > 0.1
+    page.mouse.click(x, y)
+    page.wait_for_function("() => document.getElementById('patch-shift').dataset.state === 'done'", timeout=120_000)
+    shift = page.eval_on_selector("#patch-shift", "e => ({cell: e.dataset.cell, before: e.dataset.topBefore, after: e.dataset.topAfter, kl: Number(e.dataset.kl)})")
+    assert shift["cell"] == f"{cell['layer']},{cell['head']}"
+    assert shift["before"] == " Rome" and shift["after"] == " Paris" and shift["kl"] > 0.1
+    assert page.is_visible("#patch-shift-table")
+    screenshot(page, "analysis-patching")
+
+    page.click("#lens-run")
+    page.wait_for_function("() => document.getElementById('lens-panel').dataset.state === 'done'", timeout=120_000)
+    assert page.eval_on_selector("#lens-panel", "e => e.dataset.lastTop") == " Paris"
+    page.click("#faith-run")
+    page.wait_for_function("() => document.getElementById('faith-panel').dataset.state === 'done'", timeout=300_000)
+    assert page.eval_on_selector("#faith-panel", "e => e.dataset.best")
+    page_log.check()

@@ -169,10 +169,9 @@ def residual_scan(adapter, pair: Pair, base: Baseline, interventions: tuple[Inte
     return base.effect(lds).view(n_layers, n_tokens)
 
 
-def attribution_scan(adapter, pair: Pair, base: Baseline, interventions: tuple[Intervention, ...] = ()) -> torch.Tensor:
-    """First-order estimate of every head's patch effect: Σ_{t,d} (H_clean − H_corrupt) ∂LD/∂H_corrupt, divided by
-    LD_clean − LD_corrupt: (L, H). One forward with gradients and one backward on the corrupted prompt (the clean
-    run's outputs come from `base`)."""
+def _corrupt_gradients(adapter, pair: Pair, interventions: tuple[Intervention, ...]):
+    """One forward with gradients and one backward on the corrupted prompt: its head outputs per layer (H, T, d_v),
+    ∂LD/∂H per layer (H, T, d_v), and its LD."""
     record: dict[int, torch.Tensor] = {}
     run = HeadRun(sources=current_sources(), record=record, track_grad=True)
     with torch.inference_mode(False), torch.enable_grad():
@@ -180,12 +179,33 @@ def attribution_scan(adapter, pair: Pair, base: Baseline, interventions: tuple[I
         ld = logit_difference(logits, pair.answer, pair.wrong)[0]
         layers = sorted(run.deltas)
         grads = torch.autograd.grad(ld, [run.deltas[l] for l in layers], allow_unused=True)  # each (1, H, T, d_v)
-        grads = [torch.zeros_like(run.deltas[l]) if g is None else g for l, g in zip(layers, grads)]
+    grads = [torch.zeros_like(run.deltas[l]) if g is None else g for l, g in zip(layers, grads)]
+    return [record[l][0].detach() for l in layers], [g[0] for g in grads], float(ld)
+
+
+def attribution_scan(adapter, pair: Pair, base: Baseline, interventions: tuple[Intervention, ...] = ()) -> torch.Tensor:
+    """First-order estimate of every head's patch effect: Σ_{t,d} (H_clean − H_corrupt) ∂LD/∂H_corrupt, divided by
+    LD_clean − LD_corrupt: (L, H). One forward with gradients and one backward on the corrupted prompt (the clean
+    run's outputs come from `base`)."""
+    corrupt_outputs, grads, _ = _corrupt_gradients(adapter, pair, interventions)
+    return _attribution(base, corrupt_outputs, grads)
+
+
+def _attribution(base: Baseline, corrupt_outputs: list[torch.Tensor], grads: list[torch.Tensor]) -> torch.Tensor:
     estimates = []
-    for l, grad in zip(layers, grads):
-        delta = base.clean_outputs[l].to(grad.device) - record[l][0].detach()  # (H, T, d_v)
-        estimates.append((delta * grad[0]).sum(dim=(-1, -2)).float().cpu())  # (H,)
+    for clean, corrupt, grad in zip(base.clean_outputs, corrupt_outputs, grads):
+        delta = clean.to(grad.device) - corrupt  # (H, T, d_v)
+        estimates.append((delta * grad).sum(dim=(-1, -2)).float().cpu())  # (H,)
     return base.effect(torch.stack(estimates) + base.ld_corrupt)  # (L, H): the estimated LD, as an effect
+
+
+def attribution_patching(adapter, pair: Pair, interventions: tuple[Intervention, ...] = ()) -> tuple[Baseline, torch.Tensor]:
+    """Attribution patching alone: 2 forwards (the clean one recording its head outputs, the corrupted one with
+    gradients) and 1 backward. Returns the baseline (LD of both runs, the clean outputs) and the (L, H) estimate."""
+    clean_outputs, clean_logits = head_outputs(adapter, pair.clean, interventions)
+    corrupt_outputs, grads, ld_corrupt = _corrupt_gradients(adapter, pair, interventions)
+    base = Baseline(clean_outputs, float(clean_logits[pair.answer] - clean_logits[pair.wrong]), ld_corrupt)
+    return base, _attribution(base, corrupt_outputs, grads)
 
 
 def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -35,7 +35,7 @@ from models.attribution import run_value_norms, value_weighted
 from models.faithfulness import faithfulness
 from models.head_ops import HeadRun, head_run
 from models.lens import logit_lens
-from models.patching import Pair, attribution_scan, baseline, head_scan, rank_correlation, residual_scan, single_token
+from models.patching import Pair, attribution_patching, attribution_scan, baseline, head_scan, rank_correlation, residual_scan, single_token
 
 router = APIRouter(prefix="/api/text", tags=["analysis"])
 log = logging.getLogger("attnlab")
@@ -283,8 +283,12 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
 
     def job(progress) -> dict:
         with head_run(sources):
+            attribution = None
             with runtime.step(n_tokens):
-                base = baseline(adapter, pair, interventions)
+                if req.method == "attribution":  # 2 forwards and 1 backward in all
+                    base, attribution = attribution_patching(adapter, pair, interventions)
+                else:
+                    base = baseline(adapter, pair, interventions)
             response: dict[str, Any] = {
                 "model": adapter.info.id, "clean_tokens": [adapter.token_text(int(i)) for i in clean[0]],
                 "corrupt_tokens": [adapter.token_text(int(i)) for i in corrupt[0]],
@@ -293,7 +297,6 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
             }
             if base.ld_clean == base.ld_corrupt:
                 response["warnings"] = ["LD_clean equals LD_corrupt: the effect is undefined (null)"]
-            attribution = None
             if req.scan == "heads" and req.method == "exact":
                 effect = head_scan(adapter, pair, base, interventions, batch, progress,
                                    guard=lambda: runtime.step(n_tokens * batch))
@@ -302,16 +305,15 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
                                        guard=lambda: runtime.step(n_tokens * batch))
             else:
                 effect = None
-            if req.scan == "heads":
+            if effect is None:  # attribution alone
+                effect = attribution
+                progress(1, 1)
+            elif req.scan == "heads":  # the estimate beside the exact scan, and how well they agree
                 check_cancelled()
                 with runtime.step(n_tokens):
                     attribution = attribution_scan(adapter, pair, base, interventions)
-                if effect is None:
-                    effect = attribution
-                    progress(1, 1)
-                else:
-                    response["attribution"] = _finite(attribution)
-                    response["rank_correlation"] = rank_correlation(effect, attribution)
+                response["attribution"] = _finite(attribution)
+                response["rank_correlation"] = rank_correlation(effect, attribution)
             response["effect"] = _finite(effect)
             response["clean_run_id"] = source_store(runtime).put(adapter.info.id, base.clean_outputs)
         return response

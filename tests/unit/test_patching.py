@@ -147,3 +147,14 @@ def test_rank_correlation_against_known_values():
     assert rank_correlation(a, a * 10 + 3) == pytest.approx(1.0)
     assert rank_correlation(a, -a) == pytest.approx(-1.0)
     assert rank_correlation(a, torch.tensor([1.0, 3.0, 2.0, 4.0])) == pytest.approx(0.8)  # 1 − 6·2/(4·15)
+
+
+def test_attribution_patching_alone_equals_the_estimate_beside_the_exact_scan(lm):
+    from models.patching import attribution_patching
+
+    pair = _pair(lm)
+    base = baseline(lm, pair)
+    alone_base, alone = attribution_patching(lm, pair)
+    assert alone_base.ld_clean == pytest.approx(base.ld_clean, abs=1e-5)
+    assert alone_base.ld_corrupt == pytest.approx(base.ld_corrupt, abs=1e-5)
+    assert torch.allclose(alone, attribution_scan(lm, pair, base), atol=1e-5)

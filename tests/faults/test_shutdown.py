@@ -115,11 +115,13 @@ def test_a_stream_cut_by_shutdown_ends_with_an_error_event_and_a_clean_body(tiny
     time.sleep(1.0)  # the long request holds the model
     events: list[dict] = []
     failure: list[Exception] = []
+    started = threading.Event()
 
     def stream():
         try:
             with httpx.stream("POST", server.base + "/api/text/generate", timeout=30, json=body) as r:
                 assert r.status_code == 200
+                started.set()
                 for line in r.iter_lines():  # raises RemoteProtocolError on an unterminated chunked body
                     if line.startswith("data:"):
                         events.append(json.loads(line[5:]))
@@ -128,7 +130,7 @@ def test_a_stream_cut_by_shutdown_ends_with_an_error_event_and_a_clean_body(tiny
 
     reader = threading.Thread(target=stream)
     reader.start()
-    time.sleep(0.5)  # the stream has started (headers sent) and waits for the model
+    assert started.wait(20), failure  # the stream has started (headers sent) and waits for the model
     server.proc.send_signal(signal.SIGTERM)
     reader.join(20)
     assert not failure, failure

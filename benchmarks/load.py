@@ -11,6 +11,12 @@ port, waits for /api/ready, then:
    and then stall (reconnecting after each 408), `--heavy` clients (default 2) asking for oversized work
    (image_size 1036 on dinov2-small → 413 max_image_tokens; 16 samples of a 512-token text), and a
    health probe every 100 ms: only 200/4xx/503 answers, health p99 < 100 ms, RSS sampled every second;
+   Issue 19 (the second probe's mix): `--mixed` makes a share of each client's requests image uploads, model
+   views and image attention, and short generate streams; `--header-flood` clients (default 1) send 16 MB
+   header floods back to back (each must be a 431 after at most a few hundred KB); `--heavy-generate` clients
+   (default 1) ask for a 64-intervention, 500-word, 64-token stream (refused 413 by the cost estimate, or ended
+   by generate_timeout_s). Peak RSS must stay under the memory_budget_bytes setting, and the server's CPU must
+   be idle within 2 s of the clients leaving (sampled every 0.1 s from /proc).
 2. soak: M clients (default 8) for S seconds (default 300), RSS sampled every 5 s: drift between the
    first minute's mean and the last minute's mean must stay under 5 %, with no error.
 
@@ -49,6 +55,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def idle_after(pid: int, limit_s: float = 20.0, window_s: float = 0.5, idle_share: float = 0.05) -> float | None:
+    """Seconds from now until the server's CPU use over a `window_s` window falls under `idle_share` of a core."""
+    started = time.monotonic()
+    samples = [(0.0, cpu_seconds(pid))]
+    while time.monotonic() - started < limit_s:
+        time.sleep(0.1)
+        now = time.monotonic() - started
+        samples.append((now, cpu_seconds(pid)))
+        older = [(t, c) for t, c in samples if t <= now - window_s]
+        if older:
+            t0, c0 = older[-1]
+            if (samples[-1][1] - c0) / (now - t0) < idle_share:
+                return round(max(0.0, t0), 2)
+    return None
 
 
 def rss_mb(pid: int) -> float:
@@ -95,14 +122,58 @@ def make_request(rng: random.Random, repeat_pool: list[str]) -> dict:
     return {"text": text, "layers": [layer], "heads": [rng.randrange(12)], "encoding": rng.choice(["json", "f16"])}
 
 
-async def client_loop(client: httpx.AsyncClient, url: str, until: float, seed: int, log: dict) -> None:
+MIXED: dict = {"image_id": None}  # the street photo's id, for the mixed clients' image requests
+
+
+def mixed_request(rng: random.Random, repeat_pool: list[str]) -> tuple[str, str, dict]:
+    """(method, path, body) of one request of the probe's mix: mostly text attention, some image work, a stream."""
+    roll = rng.random()
+    if MIXED["image_id"] and roll < 0.08:
+        return "GET", f"/api/images/{MIXED['image_id']}/view?size={rng.choice([224, 448])}", {}
+    if MIXED["image_id"] and roll < 0.16:
+        return "POST", "/api/image/attention", {"model": "dinov2-small", "image_id": MIXED["image_id"],
+                                                 "layers": [rng.randrange(12)], "heads": [rng.randrange(6)]}
+    if roll < 0.22:
+        return "UPLOAD", "/api/images", {}
+    if roll < 0.28:
+        return "POST", "/api/text/generate", {"model": "smollm2-135m", "max_new_tokens": 4,
+                                              "text": " ".join(rng.choice(WORDS) for _ in range(10))}
+    return "POST", "/api/text/attention", make_request(rng, repeat_pool)
+
+
+def small_png(rng: random.Random) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    pixels = np.random.default_rng(rng.randrange(10**6)).integers(0, 256, (96, 128, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+async def client_loop(client: httpx.AsyncClient, url: str, until: float, seed: int, log: dict, mixed: bool = False) -> None:
     rng = random.Random(seed)
     repeat_pool = [" ".join(rng.choice(WORDS) for _ in range(12)) + "." for _ in range(4)]
     while time.monotonic() < until:
-        body = make_request(rng, repeat_pool)
+        method, path, body = mixed_request(rng, repeat_pool) if mixed else ("POST", url, make_request(rng, repeat_pool))
         started = time.perf_counter()
         try:
-            r = await client.post(url, json=body)
+            if method == "GET":
+                r = await client.get(path)
+            elif method == "UPLOAD":
+                r = await client.post(path, files={"file": ("x.png", small_png(rng), "image/png")})
+            else:
+                r = await client.post(path, json=body)
+            if path != "/api/text/attention":  # only text attention counts towards the latencies below
+                key = str(r.status_code)
+                log["mixed"].setdefault(path.split("?")[0] if "/view" not in path else "/api/images/{id}/view", {})
+                group = log["mixed"][path.split("?")[0] if "/view" not in path else "/api/images/{id}/view"]
+                group[key] = group.get(key, 0) + 1
+                if r.status_code == 200 and path.endswith("generate") and '"done": true' not in r.text:
+                    group["200-without-done"] = group.get("200-without-done", 0) + 1
+                continue
             elapsed = time.perf_counter() - started
             status = r.status_code
             if status == 503 and "retry-after" not in r.headers:
@@ -189,6 +260,51 @@ print(json.dumps(out))
 """
 
 
+async def header_flood_loop(port: int, until: float, log: dict) -> None:
+    """GET /api/health with 16 MB of `X-A: b` header lines, back to back: each must be answered 431 after the
+    server read a few hundred KB at most (the probe's 64 MB flood was answered 200 and cost ~1 GB of RSS)."""
+    chunk = b"X-A: b\r\n" * 8192
+    while time.monotonic() < until:
+        sent = 0
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            try:
+                while sent < 16 * 2**20 and not reader.at_eof():
+                    writer.write(chunk)
+                    await asyncio.wait_for(writer.drain(), timeout=5)
+                    sent += len(chunk)
+            except (OSError, asyncio.TimeoutError):
+                pass  # the server answered and closed
+            line = await asyncio.wait_for(reader.readline(), timeout=10)
+            key = line.split(b" ")[1].decode() if line.startswith(b"HTTP/1.1 ") else "closed"
+            writer.close()
+        except (OSError, asyncio.TimeoutError) as exc:
+            key = f"error:{type(exc).__name__}"
+        log["header_flood"][key] = log["header_flood"].get(key, 0) + 1
+        log["header_flood_sent_max"] = max(log.get("header_flood_sent_max", 0), sent)
+        await asyncio.sleep(0.2)
+
+
+async def heavy_generate_loop(client: httpx.AsyncClient, until: float, log: dict) -> None:
+    """The probe's heavy stream: 64 interventions on a 500-word prompt, 64 new tokens (13 minutes a stream
+    before): refused 413 by the cost estimate, or ended by generate_timeout_s with an error event."""
+    rng = random.Random(7)
+    while time.monotonic() < until:
+        body = {"model": "smollm2-135m", "text": " ".join(rng.choice(WORDS) for _ in range(500)), "max_new_tokens": 64,
+                "interventions": [{"op": "perturb_keys", "noise_std": 0.2, "seed": rng.randrange(10**6)}] * 64}
+        started = time.perf_counter()
+        try:
+            r = await client.post("/api/text/generate", json=body, timeout=300)
+            key = str(r.status_code)
+            if r.status_code == 200:
+                key += " error-event" if '"error"' in r.text else " done"
+        except httpx.HTTPError as exc:
+            key = f"transport:{type(exc).__name__}"
+        log["heavy_generate"].setdefault(key, []).append(round(time.perf_counter() - started, 3))
+        await asyncio.sleep(0.5)
+
+
 async def health_loop(base: str, seconds: float, log: dict) -> None:
     """/api/health every 100 ms from a process of its own (like a container's health check): the load
     generator's event loop, busy with 90 clients, must not add its own delays to the figure."""
@@ -201,9 +317,11 @@ async def health_loop(base: str, seconds: float, log: dict) -> None:
 
 
 async def run_phase(base: str, clients: int, seconds: float, pid: int, sample_every: float | None = None,
-                    stalled: int = 0, heavy: int = 0, image_id: str | None = None) -> dict:
+                    stalled: int = 0, heavy: int = 0, image_id: str | None = None, mixed: bool = False,
+                    header_flood: int = 0, heavy_generate: int = 0) -> dict:
     log: dict = {"statuses": {}, "ok": [], "rejected": [], "errors": [], "rss": [], "stalled": {}, "heavy": {},
-                 "health": [], "health_errors": []}
+                 "health": [], "health_errors": [], "mixed": {}, "header_flood": {}, "heavy_generate": {}}
+    MIXED["image_id"] = image_id
     until = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
@@ -214,14 +332,16 @@ async def run_phase(base: str, clients: int, seconds: float, pid: int, sample_ev
                 log["rss"].append((round(time.monotonic() - start, 1), rss_mb(pid)))
                 await asyncio.sleep(sample_every)
 
-        tasks = [client_loop(client, "/api/text/attention", until, seed, log) for seed in range(clients)]
+        tasks = [client_loop(client, "/api/text/attention", until, seed, log, mixed) for seed in range(clients)]
         if sample_every:
             tasks.append(sampler())
-        if stalled or heavy:
+        if stalled or heavy or header_flood or heavy_generate:
             port = int(base.rsplit(":", 1)[1])
             tasks += [stalled_loop(port, until, log) for _ in range(stalled)]
+            tasks += [header_flood_loop(port, until, log) for _ in range(header_flood)]
             async with httpx.AsyncClient(base_url=base, timeout=120) as side:  # its own pool: not queued behind the load
                 tasks += [heavy_loop(side, until, image_id, log) for _ in range(heavy)]
+                tasks += [heavy_generate_loop(side, until, log) for _ in range(heavy_generate)]
                 tasks.append(health_loop(base, until - time.monotonic(), log))
                 started = time.monotonic()
                 await asyncio.gather(*tasks)
@@ -258,6 +378,9 @@ def main() -> int:
     ap.add_argument("--soak-clients", type=int, default=8)
     ap.add_argument("--stalled", type=int, default=40, help="slow-body clients during the load phase")
     ap.add_argument("--heavy", type=int, default=2, help="oversized-work clients during the load phase")
+    ap.add_argument("--mixed", action="store_true", help="the probe's mix: image uploads/views/attention, streams")
+    ap.add_argument("--header-flood", type=int, default=1, help="16 MB header-flood clients during the load phase")
+    ap.add_argument("--heavy-generate", type=int, default=1, help="64-intervention 500-word stream clients")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "load.md")
     args = ap.parse_args()
 
@@ -286,9 +409,11 @@ def main() -> int:
 
         s = Settings()
         result["settings"] = {"queue_depth": s.queue_depth, "request_timeout_s": s.request_timeout_s,
-                              "torch_threads": s.torch_threads, "default_models": s.default_models}
+                              "torch_threads": s.torch_threads, "default_models": s.default_models,
+                              "memory_budget_bytes": s.memory_budget_bytes, "result_cache_bytes": s.result_cache_bytes,
+                              "image_cache_bytes": s.image_cache_bytes, "generate_timeout_s": s.generate_timeout_s}
         image_id = None
-        if args.heavy:
+        if args.heavy or args.mixed:
             with open(ROOT / "static" / "samples" / "street.jpg", "rb") as f:
                 up = httpx.post(base + "/api/images", files={"file": ("street.jpg", f, "image/jpeg")}, timeout=60)
             image_id = up.json().get("image_id") if up.status_code == 200 else None
@@ -296,12 +421,21 @@ def main() -> int:
         print(f"ready; RSS {rss_before:.0f} MB; load: {args.clients} clients × {args.duration:.0f} s "
               f"+ {args.stalled} stalled + {args.heavy} heavy", flush=True)
         load = run_phase_sync(base, args.clients, args.duration, server.pid, sample_every=1.0,
-                              stalled=args.stalled, heavy=args.heavy, image_id=image_id)
+                              stalled=args.stalled, heavy=args.heavy, image_id=image_id, mixed=args.mixed,
+                              header_flood=args.header_flood, heavy_generate=args.heavy_generate)
+        cpu_idle_s = idle_after(server.pid)  # the clients have left: how soon does the server stop working?
         rss_after = rss_mb(server.pid)
+        peak_rss_mb = int(Path(f"/proc/{server.pid}/status").read_text().split("VmHWM:")[1].split()[0]) / 1024
         health = load["health"]
         result["load"] = {**summary(load), "clients": args.clients, "duration_s": args.duration,
                           "rss_before_mb": round(rss_before, 1), "rss_after_mb": round(rss_after, 1),
                           "rss_max_mb": round(max([v for _, v in load["rss"]] or [rss_after]), 1),
+                          "rss_peak_mb": round(peak_rss_mb, 1),  # VmHWM: the kernel's own high-water mark
+                          "memory_budget_mb": round(s.memory_budget_bytes / 2**20, 1),
+                          "cpu_idle_after_s": cpu_idle_s, "mixed": load["mixed"],
+                          "header_flood": load["header_flood"],
+                          "header_flood_sent_max_bytes": load.get("header_flood_sent_max", 0),
+                          "heavy_generate": {k: {"n": len(v), "max_s": max(v)} for k, v in load["heavy_generate"].items()},
                           "stalled_clients": args.stalled, "stalled_answers": load["stalled"],
                           "heavy_clients": args.heavy,
                           "heavy": {k: {"n": len(v), "p50_s": percentile(v, 0.5), "max_s": max(v)}
@@ -362,6 +496,19 @@ def verdicts(result: dict) -> list[tuple[str, bool]]:
              set(load.get("stalled_answers", {})) <= {"408", "still-stalled-at-end"}),
             ("load: heavy clients got only 200/4xx/503, no 500",
              all(c.isdigit() and (c[0] in "24" or c == "503") for c in heavy_codes)),
+        ]
+    if "rss_peak_mb" in load:
+        mixed_codes = {code for group in load.get("mixed", {}).values() for code in group}
+        out += [
+            ("load (issue 19): /api/health p99 < 50 ms", bool(load.get("health_p99_ms")) and load["health_p99_ms"] < 50),
+            ("load (issue 19): peak RSS (VmHWM) under memory_budget_bytes", load["rss_peak_mb"] < load["memory_budget_mb"]),
+            ("load (issue 19): server CPU idle within 2 s of the clients leaving",
+             load["cpu_idle_after_s"] is not None and load["cpu_idle_after_s"] <= 2.0),
+            ("load (issue 19): mixed requests only 200/4xx/503",
+             all(c.isdigit() and (c[0] in "24" or c == "503") for c in mixed_codes)),
+            ("load (issue 19): header floods answered 431 only", set(load.get("header_flood", {})) <= {"431"}),
+            ("load (issue 19): heavy streams refused 413 or ended by their budget",
+             set(load.get("heavy_generate", {})) <= {"413", "200 error-event", "503"}),
         ]
     if "soak" in result:
         soak = result["soak"]
@@ -426,6 +573,19 @@ def report(result: dict) -> str:
             f"| RSS mean of first minute → last minute | {s['rss_first_minute_mb']} MB → {s['rss_last_minute_mb']} MB "
             f"(**drift {s['rss_drift_percent']:+.2f} %**) |",
             f"| RSS min / max | {s['rss_min_mb']} MB / {s['rss_max_mb']} MB |",
+            "",
+        ]
+    if "rss_peak_mb" in load:
+        lines += [
+            "## Issue 19: the second probe's mix", "",
+            "| | |", "|---|---:|",
+            f"| peak RSS (VmHWM) / memory_budget_bytes | {load['rss_peak_mb']} MB / {load['memory_budget_mb']} MB |",
+            f"| server CPU idle after the clients left | {load['cpu_idle_after_s']} s |",
+            f"| mixed requests (besides text attention) | "
+            + "; ".join(f"{k}: {v}" for k, v in sorted(load['mixed'].items())) + " |",
+            f"| header floods (16 MB each) | {load['header_flood']} (the client got at most "
+            f"{load['header_flood_sent_max_bytes']:,} bytes of one into the socket before the answer) |",
+            f"| heavy streams (64 interventions, 500 words, 64 tokens) | {load['heavy_generate']} |",
             "",
         ]
     lines += ["## Verdicts", ""] + [f"- {'PASS' if good else 'FAIL'}: {what}" for what, good in verdicts(result)]

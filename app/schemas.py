@@ -219,6 +219,8 @@ class AttentionResponse(BaseModel):
     model: str
     tokens: list[str]
     truncated: bool
+    input_tokens: int | None = Field(None, description="only when truncated: the input's token count before it was cut "
+                                     "(the text's own, or with a second sentence that is encoded with it)")
     layers: list[int]
     heads: list[int]
     attention: Any = Field(description="[L][H][T][T] probabilities after interventions (or base64 f16)")

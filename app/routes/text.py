@@ -65,7 +65,7 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep) -> Response:
     if isinstance(adapter, Seq2SeqAdapter):
         encoded = runtime.encode(adapter, ("seq2seq", req.text, req.target), lambda: adapter.encode(req.text, req.target))
         analysis.refuse_for_seq2seq(req)
-        return fast_json(build_seq2seq_response(runtime, adapter, encoded, req))
+        return fast_json(_with_input_tokens(build_seq2seq_response(runtime, adapter, encoded, req), adapter, encoded, req))
     if isinstance(adapter, CausalLMAdapter):
         encoded = runtime.encode(adapter, ("lm", req.text, req.chat), lambda: _lm_encode(adapter, req.text, req.chat))
         if req.position is not None and req.position >= len(encoded.tokens):
@@ -76,7 +76,18 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep) -> Response:
             adapter, ("text", req.text, req.text_pair), lambda: adapter.encode(req.text, req.text_pair)
         )
     # with patch_heads sources in reach, and value-weighted maps on request (app/routes/analysis.py)
-    return fast_json(analysis.attention_response(runtime, adapter, encoded, req, text_fields))
+    return fast_json(_with_input_tokens(analysis.attention_response(runtime, adapter, encoded, req, text_fields), adapter, encoded, req))
+
+
+def _with_input_tokens(response: dict, adapter: AttentionAdapter, encoded, req: TextAttentionRequest) -> dict:
+    """A truncated input says how many tokens it had (`input_tokens`), so the page can say how many were dropped."""
+    if encoded.truncated:
+        if isinstance(adapter, CausalLMAdapter):
+            response["input_tokens"] = len(adapter.prompt_ids(req.text, req.chat))
+        else:  # encoders tokenize a second sentence with the first unless they embed it on its own (similarity)
+            pair = req.text_pair if adapter.info.output not in ("similarity", "seq2seq") else None
+            response["input_tokens"] = len(adapter.tokenizer(req.text, pair, verbose=False)["input_ids"])
+    return response
 
 
 def _lm_encode(adapter: CausalLMAdapter, text: str, chat: bool):

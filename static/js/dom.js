@@ -71,3 +71,6 @@ export const showToken = (t) => JSON.stringify(t).slice(1, -1).replace(/^ /, "â
 // A token on a chip, an axis or a label: one that would draw as nothing or break the line (white space only,
 // a newline, a tab) is spelled as showToken does ("\n", "â£"); every other token as it is.
 export const visibleToken = (t) => (/^\s*$/.test(t) || /[\n\r\t]/.test(t) ? showToken(t) : t);
+
+// "1 head", "9 heads": a count with its noun in the right number.
+export const count = (n, noun, plural = `${noun}s`) => `${Number(n).toLocaleString("en")} ${Number(n) === 1 ? noun : plural}`;

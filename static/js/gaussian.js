@@ -1,7 +1,7 @@
 // The Gaussian-heads page: centers over training (epoch slider + play), one head's attention over the
 // grid (query and α), the attention ⇔ convolution theorem, and the building blocks (GELU, LayerNorm, cost).
 import { getJSON, isAbort, postJSON, setStatus } from "./api.js";
-import { byId as $, setOptions } from "./dom.js";
+import { byId as $, count, setOptions } from "./dom.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
 const PLOT_CONFIG = { displaylogo: false, responsive: true };
@@ -30,8 +30,12 @@ function report(err) {
 // Plotly.react is asynchronous; two overlapping redraws of one figure (a slider dragged while the
 // previous answer is drawn) can trip over each other inside Plotly, so each figure's draws run in turn.
 const drawing = new WeakMap();
+// A figure narrower than NARROW px (a phone) gets no mode bar: at that width Plotly's toolbar covered titles and
+// colour-bar labels (zoom and pan are little use on a touch screen; each figure still exports as PNG).
+const NARROW = 520;
 function react(el, traces, layout, config) {
-  const next = (drawing.get(el) || Promise.resolve()).then(() => Plotly.react(el, traces, layout, config)).catch(report);
+  const sized = { ...config, displayModeBar: el.clientWidth >= NARROW ? "hover" : false };
+  const next = (drawing.get(el) || Promise.resolve()).then(() => Plotly.react(el, traces, layout, sized)).catch(report);
   drawing.set(el, next);
   return next;
 }
@@ -54,17 +58,21 @@ function centersFigure() {
   const entry = state.history[state.epochIndex];
   const L = entry.layers.length;
   const extent = centerExtent();
-  const gap = 0.04;
-  const width = (1 - gap * (L - 1)) / L;
   // Square panels over the real range [−extent, extent]: the figure's height follows the panels' width (a
-  // fixed 400 px on a phone stretched each panel's y axis to −19…19).
+  // fixed 400 px on a phone stretched each panel's y axis to −19…19). On a phone the layers stack, one panel
+  // per row at the figure's width: side by side each panel was ~100 px and the head circles hid each other.
   const plotWidth = Math.max(200, ($("centers-plot")?.clientWidth || 900) - 50);
+  const stacked = plotWidth + 50 < NARROW;
+  const gap = 0.04;
+  const width = stacked ? 1 : (1 - gap * (L - 1)) / L;
   const panel = plotWidth * width;
+  const rowGap = 56; // px between stacked panels: the x-axis title of one, the "layer" label of the next
+  const plotHeight = stacked ? L * panel + (L - 1) * rowGap : panel;
   const dtick = panel / (2 * extent) >= 14 ? 1 : panel / (2 * extent) >= 7 ? 2 : 4;
   const traces = [];
   const layout = {
     margin: { l: 40, r: 10, t: 36, b: 40 },
-    height: Math.round(Math.min(400, panel + 76)),
+    height: Math.round(stacked ? plotHeight + 76 : Math.min(400, panel + 76)),
     showlegend: false,
     hovermode: "closest",
     annotations: [],
@@ -72,13 +80,14 @@ function centersFigure() {
   };
   for (let l = 0; l < L; l++) {
     const suffix = l === 0 ? "" : String(l + 1);
-    const x0 = l * (width + gap);
+    const x0 = stacked ? 0 : l * (width + gap);
+    const y1 = stacked ? 1 - (l * (panel + rowGap)) / plotHeight : 1, y0 = stacked ? y1 - panel / plotHeight : 0;
     layout[`xaxis${suffix}`] = { domain: [x0, x0 + width], range: [-extent, extent], zeroline: false,
       title: { text: "Δcol", standoff: 2 }, anchor: `y${suffix}`, dtick, gridcolor: "#eef0f4", constrain: "domain" };
-    layout[`yaxis${suffix}`] = { range: [extent, -extent], zeroline: false, scaleanchor: `x${suffix}`,
-      title: { text: l === 0 ? "Δrow" : "", standoff: 2 }, anchor: `x${suffix}`, dtick, gridcolor: "#eef0f4", constrain: "domain" };
-    layout.annotations.push({ text: `layer ${l}`, xref: "paper", yref: "paper", x: x0 + width / 2, y: 1.07,
-      showarrow: false, font: { size: 13 } });
+    layout[`yaxis${suffix}`] = { domain: [y0, y1], range: [extent, -extent], zeroline: false, scaleanchor: `x${suffix}`,
+      title: { text: l === 0 || stacked ? "Δrow" : "", standoff: 2 }, anchor: `x${suffix}`, dtick, gridcolor: "#eef0f4", constrain: "domain" };
+    layout.annotations.push({ text: `layer ${l}`, xref: "paper", yref: "paper", x: x0 + width / 2,
+      y: stacked ? y1 : 1.07, yanchor: "bottom", yshift: stacked ? 4 : 0, showarrow: false, font: { size: 13 } });
     const xa = `x${suffix}`, ya = `y${suffix}`;
     // the 3×3 shift grid of a 3×3 convolution, for reference
     const gx = [], gy = [];
@@ -147,12 +156,18 @@ async function drawAttention() {
     { type: "scatter", mode: "markers", x: [res.target[1]], y: [res.target[0]], hoverinfo: "skip",
       marker: { symbol: "x-thin-open", size: 14, color: "#ff6b6b", line: { width: 2 } }, name: "q + μ" },
   ];
+  // A square grid, the figure as tall as the grid is wide: with a fixed height and only x constrained, a
+  // phone's narrow figure stretched the y axis to rows −2.8 … 15.8 of a 14-row grid.
+  const el = $("attention-plot");
+  const margin = { l: 44, r: 10, t: 10, b: 48 };
+  const side = Math.max(160, Math.min(360, (el.clientWidth || 400) - margin.l - margin.r - 70)); // 70: colour bar
+  const dtick = side / cols >= 18 ? 1 : 2; // tick labels that fit
   const layout = {
-    margin: { l: 36, r: 10, t: 10, b: 30 }, height: 380, showlegend: false,
-    xaxis: { range: [-0.5, cols - 0.5], dtick: 1, title: { text: "key col", standoff: 2 }, constrain: "domain" },
-    yaxis: { range: [rows - 0.5, -0.5], dtick: 1, scaleanchor: "x", title: { text: "key row", standoff: 2 } },
+    margin, height: side + margin.t + margin.b, showlegend: false,
+    xaxis: { range: [-0.5, cols - 0.5], dtick, title: { text: "key col", standoff: 8 }, constrain: "domain" },
+    yaxis: { range: [rows - 0.5, -0.5], dtick, scaleanchor: "x", title: { text: "key row", standoff: 4 }, constrain: "domain" },
   };
-  react($("attention-plot"), traces, layout, PLOT_CONFIG);
+  react(el, traces, layout, PLOT_CONFIG);
   const learned = headOf().alpha;
   const where = res.nearest_pixel ? `(${res.nearest_pixel[0]}, ${res.nearest_pixel[1]})` : "outside the grid";
   $("alpha-readout").textContent =
@@ -223,7 +238,7 @@ async function drawConv() {
   react($("conv-error-plot"), errTraces, errLayout, PLOT_CONFIG);
   const interior = res.interior_max_abs_error === null ? "– (no interior pixel)" : res.interior_max_abs_error.toExponential(2);
   $("conv-readout").textContent =
-    `${res.heads} heads · α = ${fmt(body.alpha, 3)} · max |error| = ${res.max_abs_error.toExponential(2)} · ` +
+    `${count(res.heads, "head")} · α = ${fmt(body.alpha, 3)} · max |error| = ${res.max_abs_error.toExponential(2)} · ` +
     `interior max |error| = ${interior} · zero-token border = ${res.padding_width}`;
   $("stride-note").textContent = res.stride_note;
 }
@@ -297,7 +312,7 @@ async function loadModel(modelId) {
   state.info = models.find((m) => m.id === modelId);
   const info = state.info;
   $("run-title").textContent =
-    `${info.id}: ${info.dataset}, ${info.layers} layers × ${info.heads} heads, grid ${info.grid[0]}×${info.grid[1]}, ` +
+    `${info.id}: ${info.dataset}, ${count(info.layers, "layer")} × ${count(info.heads, "head")}, grid ${info.grid[0]}×${info.grid[1]}, ` +
     `${fmtInt(info.parameters)} parameters${info.position_embedding ? " (with a learned position embedding)" : ""}, ` +
     `${info.train_images ? `${fmtInt(info.train_images)} training images per epoch, ` : ""}` +
     `final test accuracy ${(100 * info.accuracy).toFixed(2)} %` +

@@ -149,6 +149,7 @@ async function load({ retried = false } = {}) {
     const body = requestBody();
     const r = await postJSON("/api/image/attention", body, { channel: "image" });
     if (mySeq !== seq) return;
+    uploadError(null); // an earlier upload's refusal is no longer what the page shows
     state.response = r;
     state.request = body;
     $("reupload").hidden = true;
@@ -184,8 +185,17 @@ function render() {
   imageLab.render(state.response, state.request);
 }
 
+// Right after a model switch, until its first response: only what is known of the new model's sizes
+// (the previous model's list would offer sizes of another model).
+function pendingSizes() {
+  const native = state.nativeSize[state.model];
+  setOptions($("size-select"), [[1, native ? `${native} px (native)` : "native size (loading…)"]], 1);
+  $("size-select").disabled = true;
+}
+
 function renderSelectors() {
   const r = state.response;
+  $("size-select").disabled = false;
   setOptions($("layer-select"), r.layers.map((l) => [l, `layer ${l}`]), state.layer);
   setOptions($("head-select"), r.heads.map((h) => [h, `head ${h}`]), state.head);
   const native = state.nativeSize[state.model] ?? r.image_size;
@@ -433,6 +443,7 @@ function bindEvents() {
   $("model-select").addEventListener("change", (e) => {
     state.model = e.target.value; state.layer = 0; state.head = 0; state.query = 0; state.sizeFactor = 1;
     imageLab.forgetTokens();
+    pendingSizes();
     load();
   });
   $("size-select").addEventListener("change", (e) => { state.sizeFactor = Number(e.target.value); state.query = 0; imageLab.forgetTokens(); load(); });
@@ -608,6 +619,6 @@ const imageLab = mountLab({
   outputId: "lab-output", warningsId: "lab-warnings", diffId: "diff-map",
 });
 state.masked = imageLab.lab.masks.tokens; // the overlay's clicks and brush mask into the lab's own Set
-imageLab.installPngButtons("attnlab-image");
+imageLab.installPngButtons(() => `attnlab-${state.model}`); // the model shown when the button is pressed
 
 start();

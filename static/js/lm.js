@@ -2,7 +2,7 @@
 // after the interventions, the two greedy continuations streamed side by side, and an encoder–decoder's
 // decoded target with its per-token probabilities.
 import { ApiError } from "./api.js";
-import { byId, el, fillList, showToken } from "./dom.js";
+import { byId, count, el, fillList, showToken } from "./dom.js";
 import { fmt } from "./mathx.js";
 
 const CONFIG = { responsive: true, displaylogo: false };
@@ -124,7 +124,7 @@ export function mountContinuation({ body, onError }) {
             if (!ended.has(prefix) && steps < request.max_new_tokens) { ended.set(prefix, steps); col.append(endMark(steps)); }
           }
           const endings = [["base_", "without"], ["", "with"]].filter(([p]) => ended.has(p))
-            .map(([p, side]) => `${side} the interventions it ended after ${ended.get(p)} tokens`);
+            .map(([p, side]) => `${side} the interventions it ended after ${count(ended.get(p), "token")}`);
           status.textContent = `${steps} tokens · ${firstDiff === null ? "identical" : `they differ from token ${firstDiff + 1}`}`
             + (endings.length ? ` · ${endings.join("; ")}` : "");
           panel.dataset.state = "done";
@@ -148,7 +148,7 @@ export function mountContinuation({ body, onError }) {
       panel.dataset.differs = firstDiff === null ? "no" : "yes";
     } catch (err) {
       if (err.name === "AbortError") {
-        if (controller === mine) { status.textContent = `stopped after ${steps} tokens`; panel.dataset.state = "stopped"; }
+        if (controller === mine) { status.textContent = `stopped after ${count(steps, "token")}`; panel.dataset.state = "stopped"; }
         return;
       }
       panel.dataset.state = "error";
@@ -181,7 +181,7 @@ function tokenSpan(token, prob, differs, step) {
 }
 
 function endMark(step) {
-  return el("span", { className: "gen-end", textContent: "[ended]", title: `this side ended after ${step} tokens (end of sequence)` });
+  return el("span", { className: "gen-end", textContent: "[ended]", title: `this side ended after ${count(step, "token")} (end of sequence)` });
 }
 
 // Server-sent events from a fetch() body: events are separated by a blank line, payload lines start with

@@ -62,6 +62,8 @@ function request({ thumbnails = false, partial = false } = {}) {
     thumbnail_size: thumbnails && !partial ? THUMB : null,
     encoding: "f32", // exact, and decoded without parsing a number per cell
   };
+  // value-weighted maps ‖P·v W_O‖ (§12.4) instead of P: the server's maps, so no browser-side β (no scores)
+  if (!isSeq2seq() && $("weighting-select")?.value === "value_norm") { body.weighting = "value_norm"; body.include_scores = false; }
   if (isLM()) {
     body.position = state.position;
     body.chat = $("chat-toggle").checked && Boolean(state.info.chat);
@@ -90,6 +92,7 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
     if (body.thumbnail_size) state.thumbs = r.thumbnails ? decodeTensor(ofKind(r.thumbnails)) ?? null : null;
     state.query = state.query === null ? defaultQuery(state.view.queryTokens.length) : Math.min(state.query, state.view.queryTokens.length - 1);
     showHead({ settle, onSettle: partial ? () => load({ thumbnails }) : null });
+    showTruncation(r);
     setStatus(`${r.tokens.length} tokens${r.truncated ? " (truncated)" : ""} · ${Math.round(performance.now() - started)} ms`);
   } catch (err) {
     if (isAbort(err) || seq !== loadSeq) return;
@@ -98,11 +101,27 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
   }
 }
 
+// A text cut to the model's token limit: say so next to the text box, with what was kept and dropped.
+function showTruncation(r) {
+  const note = $("truncation-note");
+  note.hidden = !r.truncated;
+  if (!r.truncated) return;
+  const kept = r.tokens.length, total = r.input_tokens ?? null;
+  const n = (x) => x.toLocaleString("en");
+  const where = isSeq2seq() ? "The source was cut" : "The text was cut";
+  note.textContent = total !== null && total > kept
+    ? `${where} to the model's limit: ${n(kept)} tokens kept, ${n(total - kept)} of ${n(total)} dropped (everything after “${visibleToken(r.tokens.at(-1) ?? "")}”, token ${kept - 1}).`
+    : `The second sentence was cut to the model's limit of ${n(kept)} tokens.`;
+  note.dataset.kept = String(kept);
+  note.dataset.dropped = String(total !== null ? Math.max(0, total - kept) : 0);
+}
+
 // An empty (or white-space) text: say so at the input, and clear what showed the previous text.
 function emptyInput() {
   const box = $("text-error");
   box.textContent = "The sentence is empty: type or paste some text, then Run (Ctrl+Enter).";
   box.hidden = false;
+  $("truncation-note").hidden = true;
   setStatus("nothing to run: the sentence is empty", { error: true });
   state.view = null;
   clearTimeout(settleTimer);
@@ -595,8 +614,9 @@ async function init() {
   $("zscale").addEventListener("change", () => { scaleChosen = true; rescale(); });
   $("zscale-k").addEventListener("change", rescale);
   $("diff-kind").addEventListener("change", () => lab.writeUrl());
+  $("weighting-select")?.addEventListener("change", () => load({ thumbnails: false }));
   await load();
-  lab.installPngButtons(`attnlab-${state.model}`);
+  lab.installPngButtons(() => `attnlab-${state.model}`); // the model shown when the button is pressed
 }
 
 init().catch((err) => setStatus(`failed to start: ${err.message}`, { error: true }));

@@ -38,7 +38,7 @@ def config(page) -> dict:
 
 
 def open_text(page, live_server):
-    page.goto(live_server + "/")
+    page.goto(live_server + "/#m=minilm")  # an encoder: the light model
     wait_heatmap(page)
     wait_text_idle(page)
     page.wait_for_selector("#perturb-tokens .tok", timeout=30_000)

@@ -4,16 +4,15 @@ dropdown, the keyboard path), β scoped to a layer range shown only where it app
 warning, and the text page opening on the language model."""
 from __future__ import annotations
 
+import math
 from urllib.parse import quote
 
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import masked_cells, screenshot, shown_p
 from tests.browser.test_lm_page import continuation, generate_and_wait, wait_idle
 from tests.browser.test_text_page import set_slider, wait_for_heatmap
 
 HEATMAP = "#heatmap.js-plotly-plot"
 PROMPT = "The capital of France is"
-# The heatmap's P (its hover values where the colours are on another scale, e.g. log₁₀ P).
-SHOWN_P = "() => { const t = document.getElementById('heatmap').data[0]; return t.customdata || t.z; }"
 
 
 def open_lm(page, live_server, text=PROMPT, extra=""):
@@ -24,10 +23,6 @@ def open_lm(page, live_server, text=PROMPT, extra=""):
 
 def softmax_row(page) -> list[float]:
     return page.eval_on_selector("#softmax-bars", "el => el.data[0].y")
-
-
-def shown_p(page) -> list[list[float]]:
-    return page.evaluate(SHOWN_P)
 
 
 def close(a, b, tol=2e-4) -> bool:
@@ -169,4 +164,164 @@ def test_text_page_opens_on_the_language_model_and_the_example_follows_the_model
     page.select_option("#model-select", "minilm")
     page.wait_for_function("() => document.getElementById('lm-panels').hidden", timeout=60_000)
     assert page.input_value("#text-input") == "My own words here."
+    page_log.check()
+
+
+def test_truncation_is_said_next_to_the_text_box_with_tokens_kept_and_dropped(page, page_log, live_server):
+    text = " ".join(["the cat sat on a mat and"] * 300)  # 2,100 words: far past minilm's 512 tokens
+    page.goto(f"{live_server}/#m=minilm&t={quote(text)}")
+    page.wait_for_selector("#truncation-note:not([hidden])", timeout=120_000)
+    note = page.inner_text("#truncation-note")
+    kept, dropped = (int(page.get_attribute("#truncation-note", f"data-{k}")) for k in ("kept", "dropped"))
+    assert kept == 512 and dropped > 1000, (kept, dropped)
+    assert "512 tokens kept" in note and f"{dropped:,} of {kept + dropped:,} dropped" in note
+    # where the note sits: right under the text box, not only in the status bar
+    box, under = (page.locator(sel).bounding_box() for sel in ("#text-input", "#truncation-note"))
+    assert 0 <= under["y"] - (box["y"] + box["height"]) < 60
+    # a short text clears it
+    page.fill("#text-input", "A short sentence.")
+    page.click("#run-button")
+    page.wait_for_selector("#truncation-note", state="hidden", timeout=60_000)
+    page_log.check()
+
+
+def test_colour_scales_for_long_causal_maps_and_the_share_link(page, page_log, live_server):
+    """P[0, 0] = 1 in every causal map, so "this map's max" always tops out at 1 (a dark triangle at 512
+    tokens); the LM opens on a log scale, and per-row and rows ≥ k scales are offered; all go into the link."""
+    text = " ".join(["The cat sat on the mat and looked at the door."] * 12)  # ~140 tokens
+    open_lm(page, live_server, text)
+    assert page.input_value("#zscale") == "log" and "zs=log" in page.url
+    p = shown_p(page)
+    z = page.evaluate("() => document.getElementById('heatmap').data[0].z")
+    assert p[0][0] == 1 and abs(z[5][2] - math.log10(max(p[5][2], 1e-4))) < 1e-5
+    ticks = page.evaluate("() => document.getElementById('heatmap').data[0].colorbar.ticktext")
+    assert ticks[-1] == "1" and "0.01" in ticks
+    page.select_option("#zscale", "max")
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.scale === 'max'")
+    assert page.evaluate("() => document.getElementById('heatmap')._fullData[0].zmax") == 1  # the complaint
+    page.select_option("#zscale", "row")
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.scale === 'row'")
+    z = page.evaluate("() => document.getElementById('heatmap').data[0].z")
+    assert all(abs(max(row) - 1) < 1e-6 for row in z)  # each row to its own max
+    page.select_option("#zscale", "rowsk")
+    page.fill("#zscale-k", "8")
+    page.dispatch_event("#zscale-k", "change")
+    page.wait_for_function("() => /zk=8/.test(location.hash)")
+    zmax = page.evaluate("() => document.getElementById('heatmap')._fullData[0].zmax")
+    assert abs(zmax - max(max(row) for row in p[8:])) < 1e-6 and zmax < 1
+    page.select_option("#diff-kind", "ratio")
+    page.wait_for_function("() => /dk=ratio/.test(location.hash)")
+    # The link restores both choices.
+    page.reload()
+    wait_for_heatmap(page)
+    wait_idle(page)
+    assert page.input_value("#zscale") == "rowsk" and page.input_value("#zscale-k") == "8"
+    assert page.input_value("#diff-kind") == "ratio"
+    assert abs(page.evaluate("() => document.getElementById('heatmap')._fullData[0].zmax") - zmax) < 1e-6
+    page_log.check()
+
+
+def test_masked_cells_drawn_grey_and_a_decoders_causality_built_in(page, page_log, live_server):
+    open_lm(page, live_server)
+    n = len(shown_p(page))
+    assert sorted(map(tuple, masked_cells(page))) == [(i, j) for i in range(n) for j in range(i + 1, n)]
+    legend = page.evaluate("() => document.getElementById('heatmap').layout.annotations.map(a => a.text).join(' ')")
+    assert "causal" in legend and "built into this decoder" in legend
+    # The causal control: ticked, not a control the user could untick, and says why.
+    assert page.is_checked("#causal-toggle") and page.is_disabled("#causal-toggle")
+    assert page.is_visible("#causal-builtin") and "decoder" in page.inner_text("#causal-builtin")
+    # An encoder has no built-in mask: a masked key is a grey column, and causal is the user's control.
+    page.goto(f"{live_server}/#m=minilm")
+    page.reload()  # a new hash alone does not reload the page
+    wait_for_heatmap(page)
+    wait_idle(page)
+    assert masked_cells(page) == [] and page.is_enabled("#causal-toggle") and not page.is_checked("#causal-toggle")
+    assert page.is_hidden("#causal-builtin")
+    page.click('#token-strip .tok[data-index="3"]')
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.masked !== '0'", timeout=60_000)
+    n = len(shown_p(page))
+    assert sorted(map(tuple, masked_cells(page))) == [(i, 3) for i in range(n)]
+    screenshot(page, "truth-masked-key-grey")
+    page_log.check()
+
+
+def test_white_space_tokens_are_spelled_out_on_every_chip(page, page_log, live_server):
+    open_lm(page, live_server, "Dear Sam,\n\nThe  cat\tsat.\n")
+    page.wait_for_selector("#perturb-tokens .tok")
+    for strip in ("#token-strip .tok", "#perturb-tokens .tok"):
+        texts = page.locator(strip).all_inner_texts()
+        assert texts and all(t.strip() for t in texts), (strip, texts)
+        assert any("\\n" in t for t in texts), texts  # a newline token reads "\n", as in the next-token panel
+    labels = page.evaluate("() => document.getElementById('heatmap').data[0].x")
+    assert all(label.split(":", 1)[1].strip() for label in labels), labels
+    page_log.check()
+
+
+def test_per_figure_png_names_follow_the_model_shown(page, page_log, live_server):
+    page.goto(f"{live_server}/#m=minilm")
+    wait_for_heatmap(page)
+    wait_idle(page)
+    page.select_option("#model-select", "smollm2-135m")
+    page.wait_for_function("() => document.getElementById('topk-plot').data", timeout=120_000)
+    with page.expect_download() as dl:
+        page.click('[data-png-for="topk-plot"] .export-png')
+    assert dl.value.suggested_filename == "attnlab-smollm2-135m-topk-plot.png"
+    page_log.check()
+
+
+def test_gaussian_page_at_390_px(browser, live_server):
+    """The attention grid spans its rows and no more; axis titles clear of the tick labels; the layers' head
+    circles each get a full-width panel; no mode bar over titles or colour bars; "1 head", not "1 heads"."""
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"{live_server}/gaussian")
+        page.wait_for_function("() => document.getElementById('attention-plot')._fullLayout?.yaxis?.range", timeout=60_000)
+        page.wait_for_function("() => document.querySelector('#conv-readout').textContent.includes('max |error|')")
+        page.wait_for_timeout(500)
+        rows, cols = page.evaluate("() => { const z = document.getElementById('attention-plot').data[0].z; return [z.length, z[0].length]; }")
+        y, x = page.evaluate("() => { const L = document.getElementById('attention-plot')._fullLayout; return [L.yaxis.range, L.xaxis.range]; }")
+        assert [round(v, 6) for v in y] == [rows - 0.5, -0.5] and [round(v, 6) for v in x] == [-0.5, cols - 0.5], (y, x)
+        gap = page.evaluate("""() => { const root = document.getElementById('attention-plot');
+            const title = root.querySelector('.g-xtitle text').getBoundingClientRect();
+            const ticks = [...root.querySelectorAll('.xtick text')].map(t => t.getBoundingClientRect().bottom);
+            return title.top - Math.max(...ticks); }""")
+        assert gap >= 0, f"the x-axis title overlaps its tick labels by {-gap:.1f} px"
+        panels = page.evaluate("""() => { const L = document.getElementById('centers-plot')._fullLayout;
+            return Object.keys(L).filter(k => /^xaxis\\d*$/.test(k)).map(k => L[k]._length); }""")
+        assert len(panels) >= 2 and min(panels) >= 250, panels  # stacked: each layer at the figure's width
+        bars = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].map(el => [el.id, el._context.displayModeBar])")
+        assert bars and all(shown is False for _, shown in bars), bars
+        page.select_option("#conv-kernel", "1")
+        page.wait_for_function("() => document.querySelector('#conv-readout').textContent.startsWith('1 head ·')")
+        screenshot(page, "truth-gaussian-390")
+        assert errors == []
+    finally:
+        context.close()
+
+
+def test_image_page_upload_error_clears_and_the_size_list_follows_the_model(page, page_log, live_server):
+    from tests.browser.test_image_page import wait_idle as wait_image
+
+    page.goto(f"{live_server}/image")
+    wait_image(page)
+    native = page.evaluate("() => [...document.getElementById('size-select').options].map(o => o.textContent)")
+    assert native and native[0].endswith("px (native)")
+    page.set_input_files("#file-input", {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"hello"})
+    page.wait_for_selector("#upload-error:not([hidden])")
+    # a later run that succeeds (an example photo) takes the refusal off the screen
+    page.click("#sample-buttons button[data-sample='fashion-sneaker.png']")
+    page.wait_for_function("() => /vit-fashion.*tokens/.test(document.getElementById('status').textContent)", timeout=120_000)
+    assert page.is_hidden("#upload-error")
+    fashion = page.evaluate("() => [...document.getElementById('size-select').options].map(o => o.textContent)")
+    assert fashion != native
+    # Right after a switch back, before the answer: the sizes of the model now chosen, not the previous one's.
+    during = page.evaluate("""() => { const s = document.getElementById('model-select'); s.value = 'dinov2-small';
+        s.dispatchEvent(new Event('change')); const z = document.getElementById('size-select');
+        return [[...z.options].map(o => o.textContent), z.disabled]; }""")
+    assert during == [[native[0]], True], during
+    page.wait_for_function("() => /dinov2-small.*tokens/.test(document.getElementById('status').textContent)", timeout=120_000)
+    assert page.is_enabled("#size-select") and page.evaluate("() => document.getElementById('size-select').options[0].textContent") == native[0]
     page_log.check()

@@ -50,7 +50,7 @@ def blueish(pixels: np.ndarray) -> int:
 
 
 def test_model_view_and_head_view_download_as_png(page, page_log, live_server, tmp_path):
-    page.goto(live_server + "/")
+    page.goto(live_server + "/#m=minilm")
     wait_for_heatmap(page)
     page.wait_for_selector('[data-png-for="modelview"] .export-png', timeout=30_000)
     n_tokens = len(page.eval_on_selector(HEATMAP, "el => el.data[0].z"))

@@ -14,7 +14,7 @@ CANVAS_MEAN = """sel => { const c = document.querySelector(sel); const d = c.get
 
 
 def test_first_heatmap_is_painted_before_plotly_arrives(page, page_log, live_server):
-    page.goto(live_server + "/")
+    page.goto(live_server + "/#m=minilm")
     wait_for_heatmap(page)
     first, figure = (page.evaluate(f"() => performance.getEntriesByName('{m}')[0].startTime")
                      for m in ("attnlab:first-heatmap", "attnlab:heatmap-figure"))
@@ -25,7 +25,7 @@ def test_first_heatmap_is_painted_before_plotly_arrives(page, page_log, live_ser
 
 
 def test_view_mode_drag_repaints_cells_then_plotly_catches_up(page, page_log, live_server):
-    page.goto(live_server + "/")
+    page.goto(live_server + "/#m=minilm")
     wait_for_heatmap(page)
     page.select_option("#mode-select", "view")
     page.wait_for_timeout(500)
@@ -48,7 +48,7 @@ def test_view_mode_drag_repaints_cells_then_plotly_catches_up(page, page_log, li
 
 
 def test_run_mode_drag_asks_for_the_slice_then_the_full_view(page, page_log, live_server):
-    page.goto(live_server + "/")
+    page.goto(live_server + "/#m=minilm")
     wait_for_heatmap(page)
     bodies = []
     page.on("request", lambda r: bodies.append(json.loads(r.post_data)) if r.url.endswith("/api/text/attention") else None)

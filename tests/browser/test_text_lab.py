@@ -56,7 +56,7 @@ def close(a, b, tol=1e-6):
 
 
 def test_perturb_export_and_reload_restores_the_view(page, page_log, live_server, tmp_path):
-    page.goto(live_server + "/")
+    page.goto(live_server + "/#m=minilm")
     wait_for_heatmap(page)
     wait_idle(page)
     assert "no interventions" in page.inner_text("#effect-summary")
@@ -145,7 +145,7 @@ def test_perturb_export_and_reload_restores_the_view(page, page_log, live_server
 
 
 def test_masks_ablation_scopes_and_resets(page, page_log, live_server):
-    page.goto(live_server + "/")
+    page.goto(live_server + "/#m=minilm")
     wait_for_heatmap(page)
     wait_idle(page)
     original = plot_data(page, HEATMAP)
@@ -194,7 +194,7 @@ def test_masks_ablation_scopes_and_resets(page, page_log, live_server):
 
 
 def test_summaries_and_softmax_panel(page, page_log, live_server):
-    page.goto(live_server + "/")
+    page.goto(live_server + "/#m=minilm")
     wait_for_heatmap(page)
     wait_idle(page)
     response = page.evaluate("() => fetch('/api/text/attention', {method: 'POST', headers: {'Content-Type': 'application/json'},"
@@ -250,7 +250,7 @@ def test_summaries_and_softmax_panel(page, page_log, live_server):
 
 def test_shared_link_with_a_query_perturbation_changes_only_that_row(page, page_log, live_server):
     # A link made by hand (as a student would share it): layer 1, head 4, perturb query 5 with σ = 3.
-    page.goto(live_server + "/#t=The+cat+sat+on+the+warm+mat+all+day.&l=1&h=4&b=0&bm=run&bs=head"
+    page.goto(live_server + "/#m=minilm&t=The+cat+sat+on+the+warm+mat+all+day.&l=1&h=4&b=0&bm=run&bs=head"
               "&pon=1&pt=queries&pk=5&ps=3&pa=1&pseed=7&pn=1&pscope=head")
     wait_for_heatmap(page)
     page.wait_for_function("() => /TV at L1 h4/.test(document.getElementById('effect-summary').textContent)", timeout=60_000)

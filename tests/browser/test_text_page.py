@@ -18,7 +18,7 @@ def set_slider(page, value):
 
 
 def test_opens_with_the_example_drawn(page, page_log, live_server):
-    page.goto(live_server + "/")
+    page.goto(live_server + "/#m=minilm")
     wait_for_heatmap(page)
     z = plot_data(page, HEATMAP)
     n = len(z)
@@ -32,7 +32,7 @@ def test_opens_with_the_example_drawn(page, page_log, live_server):
 
 
 def test_beta_slider_redraws_in_view_and_run_mode(page, page_log, live_server):
-    page.goto(live_server + "/")
+    page.goto(live_server + "/#m=minilm")
     wait_for_heatmap(page)
     before = plot_data(page, HEATMAP)
     page.select_option("#mode-select", "view")
@@ -53,7 +53,7 @@ def test_beta_slider_redraws_in_view_and_run_mode(page, page_log, live_server):
 
 
 def test_clicking_a_token_masks_it_as_a_key(page, page_log, live_server):
-    page.goto(live_server + "/")
+    page.goto(live_server + "/#m=minilm")
     wait_for_heatmap(page)
     page.locator("#token-strip .tok").nth(3).click()
     page.wait_for_function("(sel) => document.querySelector(sel).data[0].z.every(row => row[3] === 0)", arg=HEATMAP, timeout=30_000)

@@ -3,6 +3,7 @@
 import { setStatus } from "../api.js";
 
 // A small "PNG" button that downloads the figure in `plotEl` (see downloadPNG for what it can be).
+// filename: a string, or a function asked at each click (the page's model may have changed since).
 export function pngButton(plotEl, filename) {
   const b = document.createElement("button");
   b.type = "button";
@@ -10,7 +11,7 @@ export function pngButton(plotEl, filename) {
   b.textContent = "PNG";
   b.title = "download this figure as PNG";
   b.dataset.figure = plotEl.id;
-  b.addEventListener("click", () => downloadPNG(plotEl, filename)
+  b.addEventListener("click", () => downloadPNG(plotEl, typeof filename === "function" ? filename() : filename)
     .catch((err) => setStatus(`PNG export failed: ${err.message}`, { error: true })));
   return b;
 }
@@ -175,11 +176,12 @@ function downloadBlob(blob, filename) {
 }
 
 // Put a PNG button into each element marked data-png-for="<plot id>" (e.g. a panel heading).
+// prefix: a string or a function (asked at each click: "attnlab-<the model shown now>").
 export function installPngButtons(root = document, prefix = "attnlab") {
   for (const slot of root.querySelectorAll("[data-png-for]")) {
     if (slot.querySelector(".export-png")) continue;
     const plot = document.getElementById(slot.dataset.pngFor);
-    if (plot) slot.append(pngButton(plot, `${prefix}-${plot.id}`));
+    if (plot) slot.append(pngButton(plot, () => `${typeof prefix === "function" ? prefix() : prefix}-${plot.id}`));
   }
 }
 

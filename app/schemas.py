@@ -146,7 +146,7 @@ class GenerateRequest(_Strict):
 
 
 class PatchingRequest(_Strict):
-    """Patching between a clean and a corrupted prompt of the same token count (see /guide#patching)."""
+    """Patching between a clean and a corrupted prompt of the same token count (see /guide#s12-1)."""
 
     model: str = "smollm2-135m"
     clean: str = Field(min_length=1, max_length=1_000_000, description="the clean prompt")
@@ -162,7 +162,7 @@ class PatchingRequest(_Strict):
 
 
 class LensRequest(_Strict):
-    """The logit lens (see /guide#lens)."""
+    """The logit lens (see /guide#s12-3)."""
 
     model: str = "smollm2-135m"
     text: str = Field(min_length=1, max_length=1_000_000)
@@ -172,7 +172,7 @@ class LensRequest(_Strict):
 
 
 class FaithfulnessRequest(_Strict):
-    """Which attribution of a query row is faithful: mask each method's top-k keys in every layer (see /guide#faithfulness)."""
+    """Which attribution of a query row is faithful: mask each method's top-k keys in every layer (see /guide#s12-5)."""
 
     model: str = "smollm2-135m"
     text: str = Field(min_length=1, max_length=1_000_000)

@@ -254,7 +254,7 @@ def _respond(request: Request, job: Callable[[Callable[[int, int], None]], dict]
     422: {"description": "a field is wrong: answer/wrong not one token, prompts of different token counts, …"},
     503: {"description": "queue full"}})
 def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Response:
-    """Patching between a clean and a corrupted prompt (see /guide#patching): LD = logit(answer) − logit(wrong) at
+    """Patching between a clean and a corrupted prompt (see /guide#s12-1): LD = logit(answer) − logit(wrong) at
     the last position; each cell's effect is (LD_patched − LD_corrupt) / (LD_clean − LD_corrupt).
 
     `scan` "heads": every head's output (before W_O, all positions) from the clean run, as [L][H]; "residual":
@@ -329,7 +329,7 @@ def _finite(tensor: torch.Tensor) -> list:
 # ---- POST /api/text/lens ------------------------------------------------------------------------------------------
 @router.post("/lens", responses={422: {"description": "a field is wrong"}, 503: {"description": "queue full"}})
 def lens(req: LensRequest, runtime: RuntimeDep) -> Response:
-    """The logit lens (see /guide#lens): row l is the residual stream after layer l through the final norm and the
+    """The logit lens (see /guide#s12-3): row l is the residual stream after layer l through the final norm and the
     unembedding, `top` [L][T][k] of {"token", "id", "prob"}; the last row is the model's own next-token
     distribution. With interventions and `compare`, `top_before` is the lens without them."""
     adapter = _lm(runtime, req.model)
@@ -369,7 +369,7 @@ def _lens_cells(adapter: CausalLMAdapter, found) -> list:
 # ---- POST /api/text/faithfulness ------------------------------------------------------------------------------------
 @router.post("/faithfulness", responses={422: {"description": "a field is wrong"}, 503: {"description": "queue full"}})
 def faithfulness_check(req: FaithfulnessRequest, runtime: RuntimeDep) -> Response:
-    """Which attribution of a query row is faithful (see /guide#faithfulness): keys ranked by raw attention (layer
+    """Which attribution of a query row is faithful (see /guide#s12-5): keys ranked by raw attention (layer
     mean), value-weighted attention, rollout and gradient × attention; each method's top-k keys are masked in every
     layer, and the output change is reported per k: decoder LMs `kl` of the next-token distribution and `p_drop` of
     p(answer); encoders the change of their own output (`kl` for masked-LM/classes, 1 − cosine for embeddings)."""

@@ -132,6 +132,11 @@ PROFILE_RC=0
 step profile 180 "$PY" -m scripts.gpu_profile --device "$DEVICE" --tokens "$([ -n "$QUICK" ] && echo 32 || echo 128)" \
   --out "$WORK/profile.md" || PROFILE_RC=$?
 
+# ---- 5b. long inputs (issue 20): smollm2-135m at its whole context, and short first views against a raw forward ----
+LONG_RC=0
+if [ -n "$QUICK" ]; then LONG_ARGS=(--long 600 --short 32 --repeats 1); else LONG_ARGS=(--long 8192 --short 128 512 --repeats 5); fi
+step long 300 "$PY" -m scripts.gpu_long --device "$DEVICE" "${LONG_ARGS[@]}" --out "$WORK/long.json" || LONG_RC=$?
+
 # ---- 6. the report --------------------------------------------------------------------------------------
 TOTAL=$(( $(date +%s) - T0 ))
 {
@@ -141,7 +146,7 @@ TOTAL=$(( $(date +%s) - T0 ))
   echo "$MACHINE."
   echo
   echo -n "Steps: "
-  for name in setup bundle bench-deps torch-cuda parity bench lm-api profile; do [ -n "${STEP_S[$name]:-}" ] && echo -n "$name ${STEP_S[$name]} s; "; done
+  for name in setup bundle bench-deps torch-cuda parity bench lm-api profile long; do [ -n "${STEP_S[$name]:-}" ] && echo -n "$name ${STEP_S[$name]} s; "; done
   echo "total ${TOTAL} s (budget 480 s: $([ "$TOTAL" -le 480 ] && echo met || echo '**missed**'))."
   [ "$DEVICE" = cpu ] && echo "On a CPU the \"device\" is the CPU too: float32 parity must be exactly 0; the figures only show the script works."
   echo
@@ -164,6 +169,10 @@ TOTAL=$(( $(date +%s) - T0 ))
   echo "## Where the model time goes"
   echo
   if [ -f "$WORK/profile.md" ]; then cat "$WORK/profile.md"; else echo "Not measured (exit status $PROFILE_RC)."; fi
+  echo
+  echo "## Long inputs (python -m scripts.gpu_long ${LONG_ARGS[*]})"
+  echo
+  if [ -f "$WORK/long.json" ]; then echo '```json'; cat "$WORK/long.json"; echo '```'; else echo "Not measured (exit status $LONG_RC)."; fi
   echo
   echo "## Not covered"
   echo

@@ -4,10 +4,11 @@ its time limit) and the memory budget's split into cache sizes. Pure arithmetic,
 **Model time.** One forward over T query tokens and T_k keys on a model with P parameters, L layers and H heads
 of size d costs about
 
-    P·T  +  2·L·H·T·T_k·d  +  4·n·L·H·T·T_k        multiply-adds
+    P·T  +  2·L·H·T·T_k·d  +  4·n·L·H·T_k·(T + d)        multiply-adds
 
-(every weight once per token; QKᵀ and PV per head; n interventions each touching every score once, counted
-four times: elementwise work is memory-bound). A request runs `runs` such forwards (1, or 1 + samples with
+(every weight once per token; QKᵀ and PV per head; n interventions each touching every score and every key
+vector once — a perturbation draws d noise values per key, at every decoding step too — counted four times:
+elementwise work and random numbers are memory-bound). A request runs `runs` such forwards (1, or 1 + samples with
 `compare`: the base and every sample). Its seconds are that total over the model's throughput: measured from
 the model's own runs (`THROUGHPUT`, runs of at least MIN_TIMED_S only: tiny runs are all overhead), else the
 `compute_gmacs_per_s` setting. A request estimated over `request_timeout_s` would only be admitted to time
@@ -43,7 +44,8 @@ class ModelShape:
 def forward_macs(shape: ModelShape, queries: int, keys: int, interventions: int = 0) -> float:
     """Multiply-adds of one forward over `queries` new tokens attending to `keys` tokens (see the module doc)."""
     scores = shape.layers * shape.heads * queries * keys
-    return shape.params * queries + 2 * scores * shape.head_dim + INTERVENTION_WEIGHT * interventions * scores
+    per_key = shape.layers * shape.heads * keys * (queries + shape.head_dim)  # scores + key vectors touched
+    return shape.params * queries + 2 * scores * shape.head_dim + INTERVENTION_WEIGHT * interventions * per_key
 
 
 def request_runs(samples: int, compare: bool) -> int:

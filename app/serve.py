@@ -72,15 +72,20 @@ class HeaderBudget:
 
     max_header_bytes = 64 * 1024
     max_header_line_bytes = 8 * 1024
+    LINGER_S = 5.0  # after a 431, what the client still sends is read and dropped for at most this long
+    LINGER_IDLE_S = 0.5  # … or until it has been quiet this long
     _head_bytes = 0
     _line_bytes = 0
     _head_refused = False
+    _linger_end = 0.0
+    _linger_timer = None
 
     def _head_reset(self) -> None:
         self._head_bytes = self._line_bytes = 0
 
     def _feed_counted(self, data: bytes, in_head: Callable[[], bool], feed: Callable[[bytes], None]) -> None:
         if self._head_refused:
+            self._linger()  # answered 431: drop what still comes, close once the client is quiet
             return
         if not in_head():
             feed(data)
@@ -125,11 +130,32 @@ class HeaderBudget:
         client = getattr(self, "client", None)
         log.info("431 for %s: %s", f"{client[0]}:{client[1]}" if client else "a client", reason)
         cycle = getattr(self, "cycle", None)
-        if cycle is None or cycle.response_complete:  # nothing being answered on this connection: say why
-            body = json.dumps({"detail": reason + "; send fewer or smaller headers"}).encode()
-            transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-                            b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
-        transport.close()
+        if cycle is not None and not cycle.response_complete:  # a response is being sent: no room for a 431
+            transport.close()
+            return
+        body = json.dumps({"detail": reason + "; send fewer or smaller headers"}).encode()
+        transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                        b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+        # A lingering close, as nginx does: closing with unread bytes in the socket makes the kernel send a
+        # reset, which can destroy the 431 before the client reads it. So: end our side (FIN after the answer),
+        # drop what the client still sends, and close once it is quiet (or after LINGER_S).
+        try:
+            transport.write_eof()
+        except (NotImplementedError, OSError, RuntimeError):
+            transport.close()
+            return
+        self._linger_end = self.loop.time() + self.LINGER_S  # type: ignore[attr-defined]
+        self._linger()
+
+    def _linger(self) -> None:
+        transport = self.transport  # type: ignore[attr-defined]
+        if transport.is_closing():
+            return
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        loop = self.loop  # type: ignore[attr-defined]
+        delay = min(self.LINGER_IDLE_S, max(0.0, self._linger_end - loop.time()))
+        self._linger_timer = loop.call_later(delay, transport.close)
 
 
 def _exit_now(signum=None, frame=None) -> None:

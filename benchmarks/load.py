@@ -269,14 +269,15 @@ async def header_flood_loop(port: int, until: float, log: dict) -> None:
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            answer = asyncio.ensure_future(reader.readline())  # read while flooding, as a client would
             try:
-                while sent < 16 * 2**20 and not reader.at_eof():
+                while sent < 16 * 2**20 and not answer.done():
                     writer.write(chunk)
                     await asyncio.wait_for(writer.drain(), timeout=5)
                     sent += len(chunk)
             except (OSError, asyncio.TimeoutError):
                 pass  # the server answered and closed
-            line = await asyncio.wait_for(reader.readline(), timeout=10)
+            line = await asyncio.wait_for(answer, timeout=10)
             key = line.split(b" ")[1].decode() if line.startswith(b"HTTP/1.1 ") else "closed"
             writer.close()
         except (OSError, asyncio.TimeoutError) as exc:

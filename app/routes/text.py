@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from app.attention import (build_attention_response, build_seq2seq_response, check_request_limits, engine_interventions,
                            fast_json, field_error)
-from app.costs import check_stream_cost
+from app.costs import check_stream_cost, observe_run
 from app.deps import RuntimeDep
 from app.routes import analysis
 from app.lifecycle import RequestCancelled, check_cancelled
@@ -156,7 +156,11 @@ def _events(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], inter
                         yield f"data: {json.dumps(_over_budget(step, budget_s))}\n\n"
                         return
                     with runtime.step(len(prompt) if step == 0 else 1):  # after the prompt, one new token a step
+                        started = time.perf_counter()
                         new = next(sides[prefix], None)
+                        # the step's real speed feeds the cost estimate of later streams (app/costs.py)
+                        observe_run(adapter, len(prompt) if step == 0 else 1, len(prompt) + step,
+                                    len(interventions) if prefix == "" else 0, time.perf_counter() - started)
                     if new is None:
                         del sides[prefix]
                     else:

@@ -418,7 +418,7 @@ def test_cost_estimate_of_known_shapes():
 
     shape = ModelShape(params=1000, layers=2, heads=3, head_dim=4)
     assert forward_macs(shape, 10, 10) == 1000 * 10 + 2 * (2 * 3 * 10 * 10) * 4
-    assert forward_macs(shape, 10, 10, interventions=5) == forward_macs(shape, 10, 10) + 4 * 5 * 600
+    assert forward_macs(shape, 10, 10, interventions=5) == forward_macs(shape, 10, 10) + 4 * 5 * 2 * 3 * 10 * (10 + 4)
     assert forward_macs(shape, 1, 50) < forward_macs(shape, 50, 50) / 40  # a decoding step is one query
     assert request_runs(16, True) == 17 and request_runs(16, False) == 1 and request_runs(1, True) == 2
     assert stream_macs(shape, 10, 1, 0) == 2 * forward_macs(shape, 10, 10)  # the prompt, on both sides

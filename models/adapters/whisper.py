@@ -184,6 +184,9 @@ class WhisperAdapter(AttentionAdapter):
     def _encoder(self, features: torch.Tensor, interventions: tuple[Intervention, ...], record: bool):
         encoder_ivs = tuple(iv for iv in interventions if iv.layers is None or set(iv.layers) & set(self.kind_layers["encoder"]))
         scope = self._scope(encoder_ivs, record, self.encoder_layer_of)
+        # no per-layer entropy inside the forward (a third pass over 1,500² logits per head); the page does not
+        # show it, and layer_entropy() can still form it from the recorded P
+        scope.deferred_entropy = True
         with run_scope(scope):
             hidden = self.model.model.encoder(self.model_inputs({"x": features})["x"]).last_hidden_state  # (1, 1500, D)
         return hidden, scope
@@ -193,7 +196,6 @@ class WhisperAdapter(AttentionAdapter):
             encoder_hidden, encoder_scope = self._encoder(encoded.inputs["input_features"], interventions, True)
             n_positions = min(1500, math.ceil(encoded.extra["n_samples"] / (POSITION_S * RATE)))
             overview, block = encoder_overview(encoder_scope.stacked_attention(self.kind_layers["encoder"]), n_positions)
-            encoder_entropy = encoder_scope.layer_entropy(self.kind_layers["encoder"]).tolist()
             warnings = list(encoder_scope.warnings)
             del encoder_scope  # the 1,500² maps go now
             ids = encoded.inputs["decoder_input_ids"]
@@ -203,7 +205,6 @@ class WhisperAdapter(AttentionAdapter):
                                      output_hidden_states=True, return_dict=True)
         by_kind = {kind: scope.stacked_attention(self.kind_layers[kind]).float().cpu() for kind in ("decoder", "cross")}
         entropy = {kind: scope.layer_entropy(self.kind_layers[kind]).tolist() for kind in ("decoder", "cross")}
-        entropy["encoder"] = encoder_entropy
         # row p predicts decoder input p + 1: the rows from the prompt's last token on predict the labels
         log_probs = torch.log_softmax(outputs.logits[0, len(self.prompt) - 1:].double().cpu(), dim=-1)  # (n_labels, V)
         labels = torch.tensor(encoded.extra["labels"])  # (n_labels,)
@@ -389,17 +390,10 @@ def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    rx, ry = _ranks(x), _ranks(y)
+    """Spearman's rank correlation (ties share their mean rank); 0 when either side is constant."""
+    from scipy.stats import rankdata
+
+    rx, ry = rankdata(x), rankdata(y)
     if rx.std() == 0 or ry.std() == 0:
         return 0.0
     return float(np.corrcoef(rx, ry)[0, 1])
-
-
-def _ranks(values: np.ndarray) -> np.ndarray:
-    order = values.argsort(kind="stable")
-    ranks = np.empty(values.size)
-    ranks[order] = np.arange(values.size)
-    for value in np.unique(values):  # ties share their mean rank
-        same = values == value
-        ranks[same] = ranks[same].mean()
-    return ranks

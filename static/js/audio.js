@@ -13,6 +13,9 @@ const PLOT = { responsive: true, displaylogo: false, modeBarButtonsToRemove: MOD
 const SPECTRO_PLOT = { ...PLOT, modeBarButtonsToRemove: MODEBAR_REMOVE.filter((b) => b !== "select2d") };
 const POSITION_S = 0.02; // one encoder position
 const NATIVE_BETA = 0.125; // tiny.en: 1/√64 (the response's native_beta replaces it)
+// The spectrogram, the cross-attention map and the row curve share one time axis: same margins, so the same
+// second lies at the same x on all three.
+const TIME_MARGIN = { l: 110, r: 10 };
 
 const state = {
   audioId: null,
@@ -154,7 +157,7 @@ async function toggleRecording() {
 }
 
 // ---- requests ------------------------------------------------------------------------------------------------
-async function refresh() {
+async function refresh(attempt = 0) {
   if (!state.audioId) return;
   const ivs = interventions();
   const body = {
@@ -173,7 +176,14 @@ async function refresh() {
     drawAll();
     setStatus(ivs.length ? `${ivs.length} intervention${ivs.length > 1 ? "s" : ""} active` : "ready");
   } catch (err) {
-    if (!isAbort(err)) fail(err);
+    if (isAbort(err)) return;
+    // busy (the first use loads the model; a loaded machine may pass the request time limit): try again
+    if (err instanceof ApiError && err.status === 503 && attempt < 4) {
+      setStatus(`server busy, trying again (${attempt + 1}/4)…`);
+      setTimeout(() => refresh(attempt + 1), 3000);
+      return;
+    }
+    fail(err);
   }
 }
 
@@ -203,7 +213,7 @@ function drawSpectrogram() {
     { type: "heatmap", z: spec.mel, x: times, colorscale: "Electric", showscale: false, hovertemplate: "%{x:.2f} s · mel %{y}<extra></extra>" },
     brush,
   ], {
-    margin: { l: 40, r: 10, t: 28, b: 36 }, dragmode: "select", selectdirection: "h",
+    margin: { ...TIME_MARGIN, t: 28, b: 36 }, dragmode: "select", selectdirection: "h",
     xaxis: { title: { text: "time (s)" }, range: [0, spec.duration_s] }, yaxis: { title: { text: "mel" }, fixedrange: true },
     shapes: spanShapes(),
     annotations: thinnedWords(words, spec.duration_s).map(({ w, index }) => ({
@@ -230,7 +240,7 @@ function drawSpectrogram() {
 
 // Words placed over the spectrogram where they fit (a narrow screen skips some; the strip below has them all).
 function thinnedWords(words, duration) {
-  const width = Math.max(100, ($("spectrogram").clientWidth || 600) - 50);
+  const width = Math.max(100, ($("spectrogram").clientWidth || 600) - TIME_MARGIN.l - TIME_MARGIN.r);
   const pxPerSecond = width / Math.max(duration, 0.1);
   const kept = [];
   let lastEnd = -Infinity;
@@ -280,10 +290,10 @@ function drawCross() {
   const labels = tokenLabels(r.tokens);
   $("cross-title").textContent = `layer ${state.layer}, head ${state.head} · ${r.tokens.length} tokens × ${r.clip_positions} positions of 20 ms`;
   Plotly.react("cross-map", [{
-    type: "heatmap", z: rows, x: times, y: labels, colorscale: "Viridis", zmin: 0,
+    type: "heatmap", z: rows, x: times, y: labels, colorscale: "Viridis", zmin: 0, showscale: false,
     hovertemplate: "%{y} · %{x:.2f} s · P = %{z:.3f}<extra></extra>",
   }], {
-    margin: { l: 110, r: 10, t: 10, b: 36 }, shapes: spanShapes(),
+    margin: { ...TIME_MARGIN, t: 10, b: 36 }, shapes: spanShapes(),
     xaxis: { title: { text: "time (s)" }, range: [0, r.duration_s] },
     yaxis: { autorange: "reversed", type: "category", tickfont: { size: 10 } },
   }, PLOT);
@@ -313,7 +323,7 @@ function drawCurve() {
   const traces = [{ type: "scatter", mode: "lines", x: times, y: crossRows(r)[token], name: state.base ? "after" : "P", line: { color: "#3b5bdb" } }];
   if (state.base) traces.unshift({ type: "scatter", mode: "lines", x: times, y: crossRows(state.base)[token], name: "before", line: { color: "#98a2b3", dash: "dot" } });
   Plotly.react("row-curve", traces, {
-    margin: { l: 50, r: 10, t: 26, b: 36 }, shapes: spanShapes(),
+    margin: { ...TIME_MARGIN, t: 26, b: 36 }, shapes: spanShapes(),
     title: { text: `row ${token} (${visibleToken(r.tokens[token])} → predicts the next token) over time`, font: { size: 12 } },
     xaxis: { title: { text: "time (s)" }, range: [0, r.duration_s] }, yaxis: { title: { text: "P" }, rangemode: "tozero" },
     legend: { orientation: "h", y: 1.15, x: 1, xanchor: "right" },

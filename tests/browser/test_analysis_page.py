@@ -11,7 +11,7 @@ PROMPT = "The capital of France is"
 
 
 def test_scan_click_a_cell_and_see_the_next_token_shift(live_server, page, page_log):
-    page.goto(f"{live_server}/#m=smollm2-135m&t={quote(PROMPT)}")
+    page.goto(f"{live_server}/#m=smollm2-135m&t={quote(PROMPT)}&l=5&h=0")
     page.wait_for_function("() => !document.getElementById('patching-panel').hidden", timeout=120_000)
     assert page.is_hidden("#patch-shift")
     page.click("#patch-run")
@@ -46,6 +46,13 @@ def test_scan_click_a_cell_and_see_the_next_token_shift(live_server, page, page_
     page.click("#lens-run")
     page.wait_for_function("() => document.getElementById('lens-panel').dataset.state === 'done'", timeout=120_000)
     assert page.eval_on_selector("#lens-panel", "e => e.dataset.lastTop") == " Paris"
+    # the value-weighted map mode of the heatmap: the first token (an attention sink) gets less of each row
+    page.wait_for_function("() => document.getElementById('heatmap').data", timeout=120_000)
+    sink = "() => document.getElementById('heatmap').data[0].z.slice(1).map(r => r[0]).reduce((a, b) => a + b, 0)"
+    before = page.evaluate(sink)
+    with page.expect_response(lambda r: r.url.endswith("/api/text/attention") and "value_norm" in (r.request.post_data or "")):
+        page.select_option("#weighting-select", "value_norm")
+    page.wait_for_function(f"() => ({sink})() < {before} - 0.05", timeout=60_000)
     page.click("#faith-run")
     page.wait_for_function("() => document.getElementById('faith-panel').dataset.state === 'done'", timeout=300_000)
     assert page.eval_on_selector("#faith-panel", "e => e.dataset.best")

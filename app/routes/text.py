@@ -158,9 +158,10 @@ def _events(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], inter
                     with runtime.step(len(prompt) if step == 0 else 1):  # after the prompt, one new token a step
                         started = time.perf_counter()
                         new = next(sides[prefix], None)
-                        # the step's real speed feeds the cost estimate of later streams (app/costs.py)
-                        observe_run(adapter, len(prompt) if step == 0 else 1, len(prompt) + step,
-                                    len(interventions) if prefix == "" else 0, time.perf_counter() - started)
+                        if step == 0:  # the prompt's forward: its real speed feeds the cost estimate (app/costs.py);
+                            # one-token steps are mostly per-call overhead and would skew a full forward's estimate
+                            observe_run(adapter, len(prompt), len(prompt), len(interventions) if prefix == "" else 0,
+                                        time.perf_counter() - started)
                     if new is None:
                         del sides[prefix]
                     else:

@@ -105,7 +105,7 @@ def next_token_model(url: str) -> str | None:
 
 
 def shoot_text(page, url):
-    page.goto(f"{url}/")
+    page.goto(f"{url}/#m=minilm")  # the encoder view (the page opens on the LM: that is the "lm" shot)
     wait_drawn(page, 4)
 
 

@@ -86,8 +86,8 @@ function centersFigure() {
       title: { text: "Δcol", standoff: 2 }, anchor: `y${suffix}`, dtick, gridcolor: "#eef0f4", constrain: "domain" };
     layout[`yaxis${suffix}`] = { domain: [y0, y1], range: [extent, -extent], zeroline: false, scaleanchor: `x${suffix}`,
       title: { text: l === 0 || stacked ? "Δrow" : "", standoff: 2 }, anchor: `x${suffix}`, dtick, gridcolor: "#eef0f4", constrain: "domain" };
-    layout.annotations.push({ text: `layer ${l}`, xref: "paper", yref: "paper", x: x0 + width / 2,
-      y: stacked ? y1 : 1.07, yanchor: "bottom", yshift: stacked ? 4 : 0, showarrow: false, font: { size: 13 } });
+    layout.annotations.push({ text: `layer ${l}`, xref: "paper", yref: "paper", x: x0 + width / 2, showarrow: false,
+      font: { size: 13 }, ...(stacked ? { y: y1, yanchor: "bottom", yshift: 4 } : { y: 1.07 }) });
     const xa = `x${suffix}`, ya = `y${suffix}`;
     // the 3×3 shift grid of a 3×3 convolution, for reference
     const gx = [], gy = [];

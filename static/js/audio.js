@@ -419,11 +419,50 @@ function drawSelfMaps() {
   const step = enc.block_positions * POSITION_S;
   const edges = overview.map((_, i) => (i + 0.5) * step);
   $("encoder-title").textContent = `layer ${state.layer}, head ${state.head} · blocks of ${fmt(step * 1000, 3)} ms`;
-  Plotly.react("encoder-map", [{ type: "heatmap", z: overview, x: edges, y: edges, colorscale: "Viridis", zmin: 0, showscale: false,
+  drawEncoder(overview, edges, edges, "overview");
+  const el = $("encoder-map");
+  if (!el.dataset.bound) {
+    el.dataset.bound = "1";
+    // zooming into a small enough region fetches the exact window of P from the kept run (no model re-run)
+    el.on("plotly_relayout", (event) => {
+      if (el.dataset.drawing === "1") return;
+      if (event["xaxis.autorange"] || event["yaxis.autorange"]) { drawSelfMaps(); return; }
+      const x = [event["xaxis.range[0]"], event["xaxis.range[1]"]];
+      const y = [event["yaxis.range[0]"], event["yaxis.range[1]"]];
+      if (x.some((v) => v === undefined) || y.some((v) => v === undefined)) return;
+      encoderWindow(Math.min(...y), Math.max(...y), Math.min(...x), Math.max(...x)).catch(fail);
+    });
+  }
+}
+
+const MAX_WINDOW_SIDE = 300; // encoder positions (6 s) a side: finer than that, the overview is shown
+
+function drawEncoder(z, x, y, mode) {
+  const el = $("encoder-map");
+  el.dataset.drawing = "1";
+  el.dataset.mode = mode;
+  Plotly.react(el, [{ type: "heatmap", z, x, y, colorscale: "Viridis", zmin: 0, showscale: false,
     hovertemplate: "query %{y:.2f} s → key %{x:.2f} s: %{z:.2e}<extra></extra>" }], {
     margin: { l: 50, r: 10, t: 10, b: 40 }, xaxis: { title: { text: "key time (s)" }, constrain: "domain" },
     yaxis: { title: { text: "query time (s)" }, autorange: "reversed", scaleanchor: "x" },
-  }, PLOT);
+  }, PLOT).finally(() => { el.dataset.drawing = "0"; });
+}
+
+async function encoderWindow(t0, t1, s0, s1) {
+  const r = state.response;
+  if (!r?.run_id) return;
+  const n = r.clip_positions;
+  const clamp = (v) => Math.max(0, Math.min(n, v));
+  const rows = [clamp(Math.floor(t0 / POSITION_S)), clamp(Math.ceil(t1 / POSITION_S))];
+  const cols = [clamp(Math.floor(s0 / POSITION_S)), clamp(Math.ceil(s1 / POSITION_S))];
+  if (rows[1] - rows[0] < 2 || cols[1] - cols[0] < 2) return;
+  if (rows[1] - rows[0] > MAX_WINDOW_SIDE || cols[1] - cols[0] > MAX_WINDOW_SIDE) return; // the overview is as good
+  const w = await postJSON(`/api/runs/${r.run_id}/window`, {
+    layer: state.layer, head: state.head, kind: "encoder", rows, cols, encoding: "f16" }, { channel: "encoder-window" });
+  const z = decodeTensor(w.attention).map((row) => Array.from(row));
+  const times = (a, b) => Array.from({ length: b - a }, (_, i) => (a + i + 0.5) * POSITION_S);
+  $("encoder-title").textContent = `layer ${state.layer}, head ${state.head} · exact window ${fmt(rows[0] * POSITION_S, 3)}–${fmt(rows[1] * POSITION_S, 3)} s × ${fmt(cols[0] * POSITION_S, 3)}–${fmt(cols[1] * POSITION_S, 3)} s (double-click: overview)`;
+  drawEncoder(z, times(cols[0], cols[1]), times(rows[0], rows[1]), "window");
 }
 
 function drawChips() {

@@ -141,3 +141,23 @@ def test_streamed_transcript(audio_client, sample_id):
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [line for line in r.iter_lines() if line.startswith("event:")]
     assert events.count("event: token") >= 5 and events[-1] == "event: done"
+
+
+def test_windows_of_the_kept_run_match_the_response(audio_client, sample_id):
+    """POST /api/runs/{run_id}/window rebuilds any window from the run's q̂/k̂: the encoder's (whose 1,500² maps are
+    not kept) agrees with the pooled overview, the cross-attention's with the returned map."""
+    body = audio_client.post("/api/audio/attention", json={"audio_id": sample_id, "layers": [1], "heads": [2],
+                                                           "encoder_layers": [1], "kinds": ["cross", "encoder"]}).json()
+    run_id = body["run_id"]
+    assert run_id and len(run_id) == 32
+    encoder = audio_client.post(f"/api/runs/{run_id}/window", json={
+        "layer": 1, "head": 2, "kind": "encoder", "rows": [40, 60], "cols": [0, 1500]})
+    assert encoder.status_code == 200, encoder.text
+    rows = np.array(encoder.json()["attention"])  # (20, 1500)
+    np.testing.assert_allclose(rows.sum(axis=1), 1.0, atol=1e-5)
+    overview = np.array(body["attention"]["encoder"]["overview"])[0, 0]  # blocks of 2 positions
+    block = body["attention"]["encoder"]["block_positions"]
+    np.testing.assert_allclose(rows[:block, 100:100 + block].mean(), overview[40 // block, 100 // block], rtol=1e-4)
+    cross = audio_client.post(f"/api/runs/{run_id}/window", json={
+        "layer": 1, "head": 2, "kind": "cross", "rows": [0, 6], "cols": [0, 1500]}).json()
+    np.testing.assert_allclose(np.array(cross["attention"]), np.array(body["attention"]["cross"])[0, 0, :6], atol=1e-6)

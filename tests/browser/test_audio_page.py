@@ -57,6 +57,12 @@ def test_upload_map_drag_mask_and_diff(page, page_log, live_server, tmp_path):
     assert min(bars) < -0.5  # the second sentence's tokens lose their probability
     screenshot(page, "audio-masked")
 
+    # zooming into the encoder's overview fetches the exact window of the kept run
+    page.evaluate("() => Plotly.relayout('encoder-map', {'xaxis.range[0]': 2, 'xaxis.range[1]': 4, "
+                  "'yaxis.range[0]': 4, 'yaxis.range[1]': 2})")
+    page.wait_for_function("() => document.getElementById('encoder-map').dataset.mode === 'window'", timeout=60_000)
+    assert page.eval_on_selector("#encoder-map", "el => [el.data[0].z.length, el.data[0].z[0].length]") == [100, 100]
+
     # 390 px, keyboard only: clear, then type the span and press Enter on "Add span"
     page.set_viewport_size({"width": 390, "height": 900})
     # the figures follow the window (Plotly's responsive resize runs after the resize event)

@@ -42,7 +42,10 @@ function interventions() {
   const ivs = [];
   for (const s of state.spans) {
     const tokens = spanTokens(s);
-    if (tokens.length) ivs.push({ op: "mask_keys", kind: s.kind, tokens });
+    if (!tokens.length) continue;
+    ivs.push(s.action === "perturb"
+      ? { op: "perturb_keys", kind: s.kind, tokens, noise_std: s.sigma, scale: 1, seed: 0 }
+      : { op: "mask_keys", kind: s.kind, tokens });
   }
   if (state.beta !== 0) {
     const scope = $("beta-scope").value;
@@ -467,7 +470,8 @@ async function encoderWindow(t0, t1, s0, s1) {
 
 function drawChips() {
   const chips = [];
-  state.spans.forEach((s, i) => chips.push([`mask ${fmt(s.start, 3)}–${fmt(s.end, 3)} s (${s.kind})`, () => { state.spans.splice(i, 1); update(); }]));
+  state.spans.forEach((s, i) => chips.push([`${s.action === "perturb" ? `perturb σ=${s.sigma}` : "mask"} ${fmt(s.start, 3)}–${fmt(s.end, 3)} s (${s.kind})`,
+    () => { state.spans.splice(i, 1); update(); }]));
   if (state.beta !== 0) chips.push([`β = ${fmt(10 ** state.beta, 3)}·β₀ (${$("beta-scope").value})`, () => { state.beta = 0; $("beta-slider").value = "0"; update(); }]);
   for (const key of state.ablated) chips.push([`ablate cross L${key.replace(".", " H")}`, () => { state.ablated.delete(key); update(); }]);
   $("iv-chips").replaceChildren(...chips.map(([text, remove]) => {
@@ -506,7 +510,8 @@ function update() {
 
 function addSpan(start, end) {
   if (!(end - start >= POSITION_S)) return;
-  state.spans.push({ kind: $("mask-kind").value, start, end });
+  const action = $("span-action").value;
+  state.spans.push({ kind: $("mask-kind").value, start, end, action, sigma: Math.max(0, Number($("span-sigma").value) || 0) });
   update();
 }
 
@@ -540,6 +545,7 @@ function setupControls() {
     update();
   });
   $("stream-button").addEventListener("click", streamTranscript);
+  $("span-action").addEventListener("change", (e) => { $("sigma-label").hidden = e.target.value !== "perturb"; });
 }
 
 async function streamTranscript() {

@@ -63,3 +63,69 @@ def test_lens_last_row_is_the_models_prediction(lm):
     encoded = lm.encode(CLEAN)
     assert float(found.probs[-1, -1, 0]) == pytest.approx(float(lm.distribution(lm.run(encoded), 4).max()), abs=1e-4)
     assert lm.token_text(int(found.ids[0, -1, 0])) != " Paris"  # the first layer does not know yet
+
+
+def test_a_streamed_scan_stops_when_the_client_leaves():
+    """A real server: a residual scan in batches of 4 (90 batches), two progress events read, the connection
+    closed, and the process goes idle (without the stop it would run the other ~88 batches)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from tests.integration.test_smollm2 import _cpu_seconds, _free_port
+
+    port = _free_port()
+    env = {**os.environ, "ATTNLAB_DEFAULT_MODELS": '["smollm2-135m"]', "ATTNLAB_PATCHING_BATCH": "4"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT, env=env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300  # loading takes about 2 min on a busy 2-core machine
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/api/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("server not ready in 300 s")
+        for _ in range(30):  # start-up work may still run after ready: wait it out
+            used = _cpu_seconds(server.pid)
+            time.sleep(1.0)
+            if _cpu_seconds(server.pid) - used < 0.05:
+                break
+        body = {"model": "smollm2-135m", "clean": "The Eiffel Tower stands in France, in the city of",
+                "corrupt": "The Colosseum stands in Italy, in the city of", "answer": " Paris", "wrong": " Rome",
+                "scan": "residual"}
+        with httpx.stream("POST", f"{base}/api/text/patching", json=body, timeout=120,
+                          headers={"Accept": "text/event-stream"}) as response:
+            assert response.status_code == 200
+            progress = []
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    assert "done" not in event
+                    progress.append(event["progress"])
+                    if len(progress) == 2:
+                        break
+        assert progress == [4, 8]
+        time.sleep(2.0)  # the batch in progress finishes
+        used_before = _cpu_seconds(server.pid)
+        time.sleep(3.0)
+        idle_cpu = _cpu_seconds(server.pid) - used_before
+        assert idle_cpu < 0.5, f"the server kept scanning after the client left ({idle_cpu:.2f} CPU s in 3 s)"
+        assert httpx.get(f"{base}/api/health", timeout=5).status_code == 200
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()

@@ -87,7 +87,7 @@ def check_run_budget(runtime: Runtime, maps: list[tuple[int, int, int, int]], fi
         if adapter is not None and max(q, k) > adapter.full_map_tokens:
             info = adapter.info
             needed += run_bytes(l, h, info.kv_heads or h, info.head_dim, q, k, settings.overview_blocks,
-                                settings.atlas_block_rows)
+                                adapter.atlas_config.block_rows)
         else:
             needed += 4 * l * h * q * k  # float32
     cap = settings.max_run_bytes

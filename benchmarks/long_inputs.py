@@ -111,7 +111,7 @@ def one_length(tokens: int, repeats: int, eager_max: int) -> dict:
         "row_one_head_ms": 1000 * sorted(row_times)[len(row_times) // 2],
         "row_span_mass_all_heads_ms": 1000 * sorted(all_heads_times)[len(all_heads_times) // 2],
         "all_of_p_bytes": adapter.info.layers * adapter.info.heads * n * n * 4,
-        "full_map_tokens": settings.full_map_tokens, "block_rows": settings.atlas_block_rows,
+        "full_map_tokens": settings.full_map_tokens, "block_rows": adapter.atlas_config.block_rows,
     })
     out["first_view_over_sdpa"] = out["first_view_s"] / out["sdpa_s"]
     if out["eager_attentions_s"]:

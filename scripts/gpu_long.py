@@ -50,7 +50,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--engine", action="store_true", help="the engine alone (no app, no fastapi): adapter runs")
+    parser.add_argument("--weights", type=Path, default=WEIGHTS, help="the model folder (default: the prepared weights)")
+    parser.add_argument("--block-rows", type=int, nargs="*", default=None,
+                        help="engine mode: query rows per block to try on the long input (default: the engine's)")
     args = parser.parse_args()
+    if args.engine:
+        engine(args)
+        return
 
     from fastapi.testclient import TestClient
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -153,6 +160,78 @@ def main() -> None:
     print(json.dumps(report["targets"]))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def engine(args) -> None:
+    """The same measures on the engine alone: CausalLMAdapter.run (blockwise over full_map_tokens=512) against a raw
+    sdpa forward, on --weights; for hosts without the app's dependencies."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from models.adapters.base import Encoded
+    from models.adapters.causal_lm import CausalLMAdapter
+    from models.atlas import window
+
+    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(args.weights)
+    adapter = CausalLMAdapter("smollm2-135m", str(args.weights), max_tokens=args.long, device=device.type)
+    raw = AutoModelForCausalLM.from_pretrained(args.weights, attn_implementation="sdpa").eval().to(device)
+    report: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "mode": "engine"}
+
+    def encoded_of(n: int) -> Encoded:
+        ids = torch.tensor([tokenizer(_text_of(tokenizer, n))["input_ids"][:n]])
+        return Encoded(key=("gpu_long", n), tokens=["t"] * ids.shape[1],
+                       inputs={"input_ids": ids, "attention_mask": torch.ones_like(ids)}, extra={"position": ids.shape[1] - 1})
+
+    def timed(fn) -> float:
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        return time.perf_counter() - start
+
+    def raw_forward(ids):
+        with torch.inference_mode():
+            raw(input_ids=ids.to(device), logits_to_keep=1)
+
+    report["short"] = []
+    for n in args.short:
+        enc = encoded_of(n)
+        timed(lambda: adapter.run(enc)), timed(lambda: raw_forward(enc.inputs["input_ids"]))
+        views = [timed(lambda: adapter.run(enc)) for _ in range(args.repeats)]
+        raws = [timed(lambda: raw_forward(enc.inputs["input_ids"])) for _ in range(args.repeats)]
+        report["short"].append({"tokens": n, "run_s": statistics.median(views), "raw_forward_s": statistics.median(raws),
+                                "ratio": statistics.median(views) / statistics.median(raws)})
+        print(json.dumps(report["short"][-1]), flush=True)
+    enc = encoded_of(args.long)
+    timed(lambda: raw_forward(enc.inputs["input_ids"]))  # warm-up at this length
+    raw_s = statistics.median([timed(lambda: raw_forward(enc.inputs["input_ids"])) for _ in range(3)])
+    report["long"] = []
+    for block_rows in args.block_rows or [adapter.atlas_config.block_rows]:
+        adapter.atlas_config = dataclasses.replace(adapter.atlas_config, block_rows=block_rows)
+        times, holder = [], {}
+        for _ in range(max(1, min(args.repeats, 3))):
+            holder.clear()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+            times.append(timed(lambda: holder.update(r=adapter.run(enc))))
+        result = holder["r"]
+        peak = torch.cuda.max_memory_allocated() - base if device.type == "cuda" else None
+        n = len(enc.tokens)
+        side = min(512, n)
+        windows = [timed(lambda i=i: window(result.atlas.record(i % adapter.info.layers), i % adapter.info.heads,
+                                            (n - side, n), (n - side, n)).cpu()) for i in range(5)]
+        report["long"].append({"tokens": n, "block_rows": block_rows, "long_path": result.is_long, "run_s": min(times),
+                               "all_s": times, "raw_forward_s": raw_s, "ratio": min(times) / raw_s,
+                               "peak_device_memory_bytes": peak, "kept_bytes": result.atlas.nbytes,
+                               "window_512_ms": 1000 * statistics.median(windows)})
+        print(json.dumps(report["long"][-1]), flush=True)
+        del result, holder
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    _ = dataclasses
 
 
 if __name__ == "__main__":

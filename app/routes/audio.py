@@ -350,18 +350,39 @@ def audio_transcribe(req: AudioAttentionRequest, runtime: RuntimeDep, store: Aud
 
     def events() -> Iterator[bytes]:
         channel: queue.Queue = queue.Queue()
+        stop = threading.Event()  # set when the client leaves: decoding stops at the next token
+
+        def hand_over(token: int, prob: float) -> None:
+            if stop.is_set():
+                raise _ClientLeft
+            channel.put((token, prob))
 
         def work() -> None:  # decoding holds the model lock; each token is handed over as it comes
             try:
                 with runtime.admitted():
-                    adapter.transcribe(features, interventions, on_token=lambda t, p: channel.put((t, p)))
+                    adapter.transcribe(features, interventions, on_token=hand_over)
+            except _ClientLeft:
+                pass
             except Exception as exc:  # reported to the client as an error event
                 channel.put(exc)
             channel.put(None)
 
         threading.Thread(target=work, daemon=True).start()
+        try:
+            yield from _relay(channel)
+        finally:
+            stop.set()
+
+    def _relay(channel: queue.Queue) -> Iterator[bytes]:
         produced: list[int] = []
-        while (item := channel.get(timeout=runtime.settings.request_timeout_s)) is not None:
+        while True:
+            try:
+                item = channel.get(timeout=runtime.settings.request_timeout_s)
+            except queue.Empty:  # no token within the request time limit: say so rather than hang
+                yield _event("error", {"detail": f"no token within request_timeout_s={runtime.settings.request_timeout_s:g} s"})
+                return
+            if item is None:
+                break
             if isinstance(item, Exception):
                 yield _event("error", {"detail": str(item)})
                 return
@@ -372,6 +393,10 @@ def audio_transcribe(req: AudioAttentionRequest, runtime: RuntimeDep, store: Aud
         yield _event("done", {"text": adapter.decode(produced)})
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+class _ClientLeft(Exception):
+    """Raised inside the decoding loop once the stream's client has gone."""
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:

@@ -430,6 +430,31 @@ class Atlas:
         """P[row, :] of every given layer and head: (l, h, T_k) on the host."""
         return torch.stack([full_rows(self.record(l), heads, row, row + 1, beta)[:, 0] for l in layers]).cpu()
 
+    @torch.inference_mode()
+    def cls_rollout(self, prefix_tokens: int, grid: tuple[int, int], block: int = 512) -> torch.Tensor:
+        """The CLS row of the attention rollout (summaries.cls_rollout_map) from the records: e₀ᵀ Ã_L ⋯ Ã_1 built from
+        the left, each Ã_l = ½ mean_h(P_l) + ½ I (rows renormalised) applied block by block of rows rebuilt from
+        q̂/k̂, so no T × T map is held. (rows, cols) on the host."""
+        layers = sorted(self.records)
+        first = self.record(layers[0])
+        n_tokens = first.queries.shape[1]
+        device = first.queries.device
+        row = torch.zeros(n_tokens, dtype=torch.float64, device=device)
+        row[0] = 1.0  # e₀ᵀ
+        for layer in reversed(layers):
+            record = self.record(layer)
+            heads = list(range(record.n_heads))
+            new = torch.zeros_like(row)
+            for r0 in range(0, n_tokens, block):
+                r1 = min(n_tokens, r0 + block)
+                mean_p = full_rows(record, heads, r0, r1).double().mean(dim=0)  # (r, T)
+                sums = 0.5 * mean_p.sum(dim=-1) + 0.5  # (r,) the row sums of ½ mean_h P + ½ I
+                weights = row[r0:r1] / sums.clamp_min(1e-12)
+                new += 0.5 * weights @ mean_p
+                new[r0:r1] += 0.5 * weights
+            row = new
+        return row[prefix_tokens:].reshape(*grid).float().cpu()
+
     @property
     def nbytes(self) -> int:
         seen: set[int] = set()

@@ -264,9 +264,12 @@ def image_fields(adapter, encoded: Encoded, req: ImageAttentionRequest, item: St
             "prefix_tokens": prefix,
             "crop_box": list(encoded.extra["crop_box"]),  # in the stored image's pixels (see `stored_size`)
             "stored_size": [item.image.width, item.image.height],
-            "rollout": result.summary("rollout", lambda: cls_rollout_map(result.attention, prefix, grid).tolist()),
-            "mean_distance": result.summary(  # (L, H) in input pixels
-                "mean_distance", lambda: mean_attention_distance(result.attention, prefix, grid, info.patch_size).tolist()
+            "rollout": result.summary("rollout", lambda: (
+                result.atlas.cls_rollout(prefix, grid) if result.is_long else cls_rollout_map(result.attention, prefix, grid)
+            ).tolist()),
+            "mean_distance": result.summary(  # (L, H) in input pixels; a long input's taken during its run
+                "mean_distance", lambda: result.atlas.mean_distance().tolist() if result.is_long
+                else mean_attention_distance(result.attention, prefix, grid, info.patch_size).tolist()
             ),
             "predictions": adapter.predictions(result) if hasattr(adapter, "predictions") else None,
         }

@@ -137,3 +137,34 @@ def test_long_scores_come_by_window(long_client):
     window = long_client.post(f"/api/runs/{run}/window", json={"layer": 0, "head": 0, "rows": [0, 3], "cols": [0, 5],
                                                                "include_scores": True}).json()
     assert np.array(window["scores"]).shape == (3, 5)
+
+
+def test_long_image_first_view_rollout_rows_and_windows(tmp_path_factory):
+    """An image over full_map_tokens: overview and received instead of maps, the rollout and mean distance from the
+    atlas equal to the full maps', requested query rows exact, windows of the kept run."""
+    from tests.api.test_images_api import build_tiny_vit, uploaded_id
+
+    folder = str(build_tiny_vit(tmp_path_factory.mktemp("vit")))
+    results = {}
+    for name, full_map in (("long", 8), ("short", 512)):
+        settings = Settings(default_models=[], extra_image_models={"tiny-vit": folder}, full_map_tokens=full_map,
+                            overview_blocks=5, max_response_numbers=200_000)
+        with TestClient(create_app(settings)) as client:
+            image_id = uploaded_id(client, seed=7)
+            response = client.post("/api/image/attention", json={"model": "tiny-vit", "image_id": image_id})
+            assert response.status_code == 200, response.text
+            rows = client.post("/api/image/attention", json={"model": "tiny-vit", "image_id": image_id,
+                                                             "queries": [0, 5], "layers": [1]})
+            assert rows.status_code == 200, rows.text
+            body = response.json()
+            window = client.post(f"/api/runs/{body['run_id']}/window", json={"layer": 1, "head": 1, "rows": [2, 9],
+                                                                          "cols": [0, 17]})
+            assert window.status_code == 200, window.text
+            results[name] = (body, rows.json(), window.json())
+    (long, long_rows, long_window), (short, short_rows, short_window) = results["long"], results["short"]
+    assert long["attention"] is None and np.array(long["overview"]["maps"]).shape[-1] <= 5
+    assert np.allclose(long["rollout"], short["rollout"], atol=1e-6)
+    assert np.allclose(long["mean_distance"], short["mean_distance"], atol=1e-4)
+    assert np.allclose(long_rows["attention"], short_rows["attention"], atol=1e-6)
+    assert np.allclose(long_window["attention"], short_window["attention"], atol=1e-6)
+    assert np.allclose(long["received"], np.array(short["attention"]).mean(axis=2), atol=1e-6)

@@ -183,3 +183,15 @@ def test_overview_invariants_and_received(tmp_path):
     assert received.shape[-1] == len(encoded.tokens)
     thumbs = atlas.thumbnails(3)
     assert thumbs["shape"] == [adapter.info.layers, adapter.info.heads, 3, 3]
+
+
+def test_cls_rollout_from_the_atlas_equals_the_full_maps(tmp_path):
+    from models.adapters.vit import VitAdapter
+    from models.summaries import cls_rollout_map
+
+    adapter = VitAdapter("tiny-vit", str(build_image_model("vit", tmp_path / "vit")), device="cpu")
+    encoded = adapter.encode(Image.linear_gradient("L").convert("RGB").resize((48, 40)), "gradient", image_size=48)
+    grid, prefix = encoded.extra["grid"], encoded.extra["prefix_tokens"]
+    long, short = _long_and_short(adapter, encoded, INTERVENTIONS["masks"](len(encoded.tokens)), block_rows=5, blocks=6)
+    expected = cls_rollout_map(short.attention, prefix, grid)
+    assert torch.allclose(long.atlas.cls_rollout(prefix, grid, block=7), expected, atol=1e-6)

@@ -76,4 +76,11 @@ def test_upload_map_drag_mask_and_diff(page, page_log, live_server, tmp_path):
     page.keyboard.press("Enter")
     page.wait_for_function("() => document.getElementById('transcript-diff').dataset.changed === '1'", timeout=300_000)
     screenshot(page, "audio-390")
+
+    # every "§" link of the page leads to an anchor of the guide
+    targets = page.eval_on_selector_all("a[href^='/guide#']", "els => els.map(a => a.getAttribute('href').split('#')[1])")
+    assert {"s2", "s3", "s4", "s11-5"} <= set(targets)
+    page.goto(f"{live_server}/guide")
+    anchors = set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)"))
+    assert set(targets) <= anchors, set(targets) - anchors
     page_log.check()

@@ -326,10 +326,10 @@ function drawCurve() {
   const traces = [{ type: "scatter", mode: "lines", x: times, y: crossRows(r)[token], name: state.base ? "after" : "P", line: { color: "#3b5bdb" } }];
   if (state.base) traces.unshift({ type: "scatter", mode: "lines", x: times, y: crossRows(state.base)[token], name: "before", line: { color: "#98a2b3", dash: "dot" } });
   Plotly.react("row-curve", traces, {
-    margin: { ...TIME_MARGIN, t: 26, b: 36 }, shapes: spanShapes(),
-    title: { text: `row ${token} (${visibleToken(r.tokens[token])} → predicts the next token) over time`, font: { size: 12 } },
-    xaxis: { title: { text: "time (s)" }, range: [0, r.duration_s] }, yaxis: { title: { text: "P" }, rangemode: "tozero" },
-    legend: { orientation: "h", y: 1.15, x: 1, xanchor: "right" },
+    margin: { ...TIME_MARGIN, t: 26, b: 64 }, shapes: spanShapes(),
+    title: { text: `row ${token} (${visibleToken(r.tokens[token])}) over time`, font: { size: 12 }, x: 0, xanchor: "left", xref: "paper" },
+    xaxis: { range: [0, r.duration_s], ticksuffix: " s" }, yaxis: { title: { text: "P" }, rangemode: "tozero" },
+    legend: { orientation: "h", y: -0.18, x: 1, xanchor: "right", yanchor: "top" },
   }, PLOT);
 }
 

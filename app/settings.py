@@ -46,7 +46,9 @@ class Settings(BaseSettings):
     # Query rows per block of the blockwise attention; None: 128 on a CPU (cache-sized blocks, DESIGN's 2-core figures),
     # 1,024 on a GPU (fewer kernel launches: 8,192 tokens on an H100 took 1.68 s with 128, 0.93 s with 1,024)
     atlas_block_rows: int | None = Field(None, ge=1)
-    overview_blocks: int = Field(256, ge=2, le=1024)  # a long input's overview: at most this many blocks a side
+    # A long input's overview: at most this many blocks a side, kept per head (4·B² bytes: at 128, 71 MB for the 270
+    # heads of smollm2-135m, at 256 four times that; a 4,096-token run then keeps about 600 MB in all)
+    overview_blocks: int = Field(128, ge=2, le=1024)
     max_window_cells: int = Field(262_144, ge=1)  # one window of POST /api/runs/{run_id}/window: rows × cols
     max_interventions: int = 64
     max_samples: int = 16
@@ -56,10 +58,11 @@ class Settings(BaseSettings):
     max_run_bytes: int = 512 * 1024 * 1024
     max_new_tokens: int = 64  # the longest continuation POST /api/text/generate may ask for
     # Patching, lens, faithfulness (app/routes/analysis.py): prompts longer than analysis_max_tokens are refused
-    # (422); a scan runs patching_batch patched copies of the corrupted prompt per forward; the clean runs' head
-    # outputs that patch_heads may use are kept up to patch_sources_bytes (least recently used first out).
+    # (422); a scan runs patched copies of the corrupted prompt in batches of about patching_batch_tokens tokens
+    # (copies × prompt tokens) per forward; the clean runs' head outputs that patch_heads may use are kept up to
+    # patch_sources_bytes (least recently used first out).
     analysis_max_tokens: int = Field(128, ge=2)
-    patching_batch: int = Field(64, ge=1)
+    patching_batch_tokens: int = Field(2048, ge=1)
     patch_sources_bytes: int = Field(256 * 1024 * 1024, ge=0)
     max_upload_bytes: int = 10 * 1024 * 1024
     max_image_pixels: int = 40_000_000

@@ -30,7 +30,7 @@ class AtlasConfig:
     distance (None: the token index), tokens before `distance_from` (CLS, registers) have none."""
 
     block_rows: int = 128
-    overview_blocks: int = 256
+    overview_blocks: int = 128
     thumbnail_size: int = 24
     positions: torch.Tensor | None = None
     distance_from: int = 0
@@ -478,7 +478,7 @@ def _grouping(n: int, size: int) -> torch.Tensor:
 
 
 def run_bytes(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, n_queries: int, n_keys: int,
-              overview_blocks: int = 256, block_rows: int = 128) -> int:
+              overview_blocks: int = 128, block_rows: int = 128) -> int:
     """What an atlas run keeps (float32): q̂, k̂, received, the overview; plus one block's temporaries."""
     overview = min(overview_blocks, n_queries) * min(overview_blocks, n_keys)
     kept = n_layers * (n_heads * n_queries * head_dim + n_kv_heads * n_keys * head_dim + n_heads * n_keys

@@ -256,8 +256,10 @@ class AttentionAdapter:
         layers = range(self.info.layers)
         if scope.atlas is not None:  # a long input: the atlas stays on the device; only small summaries move
             atlas = Atlas(scope.atlas.records, scope.atlas.summaries, scope.atlas.config)
-            hidden = torch.stack([h[0] for h in hidden_states])  # (L+1, T, D)
-            hidden, *values = to_host([hidden, *output.values()])
+            # (L+1, T, D) in float16: kept only for the hidden-state cosine of effects, and at 4,096 tokens of
+            # smollm2-135m float32 states would take 292 MB, more than the atlas's q̂ (the cache's budget is shared)
+            hidden = torch.stack([h[0].half() for h in hidden_states]).cpu()
+            values = to_host(list(output.values()))
             return AttentionResult(
                 tokens=encoded.tokens, attention=None, hidden_states=hidden, output=dict(zip(output, values)),
                 warnings=atlas.dead_rows_warnings(), derived={"entropy": atlas.entropy().double().tolist()}, atlas=atlas,

@@ -68,7 +68,10 @@ def _check_atlas(long, short, mean_distance):
             assert torch.allclose(part, maps[layer, head, 3:7, 2:9], atol=1e-6, rtol=0)
     assert worst <= 1e-6, worst
     # the model's outputs do not depend on how attention was computed
-    assert float((long.hidden_states - short.hidden_states).abs().max()) < 1e-5
+    for name, value in short.output.items():
+        assert float((long.output[name] - value).abs().max()) < 1e-5, name
+    # a long run keeps its hidden states in float16 (for the effects' cosine only)
+    assert torch.allclose(long.hidden_states.float(), short.hidden_states, rtol=2e-3, atol=2e-3)
     # summaries equal the full map's
     every = list(range(n_heads))
     received = atlas.received(list(range(n_layers)), every)  # (L, H, T)

@@ -58,10 +58,11 @@ class Settings(BaseSettings):
     max_run_bytes: int = 512 * 1024 * 1024
     max_new_tokens: int = 64  # the longest continuation POST /api/text/generate may ask for
     # Patching, lens, faithfulness (app/routes/analysis.py): prompts longer than analysis_max_tokens are refused
-    # (422); a scan runs patching_batch patched copies of the corrupted prompt per forward; the clean runs' head
-    # outputs that patch_heads may use are kept up to patch_sources_bytes (least recently used first out).
+    # (422); a scan runs patched copies of the corrupted prompt in batches of about patching_batch_tokens tokens
+    # (copies × prompt tokens) per forward; the clean runs' head outputs that patch_heads may use are kept up to
+    # patch_sources_bytes (least recently used first out).
     analysis_max_tokens: int = Field(128, ge=2)
-    patching_batch: int = Field(64, ge=1)
+    patching_batch_tokens: int = Field(2048, ge=1)
     patch_sources_bytes: int = Field(256 * 1024 * 1024, ge=0)
     max_upload_bytes: int = 10 * 1024 * 1024
     max_image_pixels: int = 40_000_000

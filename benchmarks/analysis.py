@@ -63,8 +63,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[64, 270])
     parser.add_argument("--random-weights", action="store_true")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "analysis.json"))
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from models.lens import logit_lens
     from models.patching import Pair, attribution_patching, baseline, head_scan, last_logits, rank_correlation, single_token
 

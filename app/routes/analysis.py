@@ -35,7 +35,9 @@ from models.attribution import run_value_norms, value_weighted
 from models.faithfulness import faithfulness
 from models.head_ops import HeadRun, head_run
 from models.lens import logit_lens
-from models.patching import Pair, attribution_patching, attribution_scan, baseline, head_scan, rank_correlation, residual_scan, single_token
+from models.patching import (
+    Pair, attribution_patching, attribution_scan, baseline, head_scan, rank_correlation, residual_scan, single_token,
+)
 
 router = APIRouter(prefix="/api/text", tags=["analysis"])
 log = logging.getLogger("attnlab")
@@ -279,7 +281,8 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
     with head_run(sources):
         interventions = engine_interventions(req, adapter, clean.shape[1])
     pair = Pair(clean, corrupt, answer, wrong)
-    batch, n_tokens = runtime.settings.patching_batch, clean.shape[1]
+    n_tokens = clean.shape[1]
+    batch = max(1, runtime.settings.patching_batch_tokens // n_tokens)  # patched copies per forward
 
     def job(progress) -> dict:
         with head_run(sources):

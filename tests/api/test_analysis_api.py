@@ -19,7 +19,8 @@ PATCH = {"model": "tiny-llama", "clean": CLEAN, "corrupt": CORRUPT, "answer": "t
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     settings = Settings(
-        default_models=["tiny-llama"], max_response_numbers=200_000, patching_batch=3,
+        # patching_batch_tokens: 3 copies of the 8-token prompts per batch, so a scan has several batches
+        default_models=["tiny-llama"], max_response_numbers=200_000, patching_batch_tokens=24,
         extra_models={
             "tiny-llama": str(build_text_model("llama", tmp_path_factory.mktemp("llama"))),
             "tiny-bert": str(build_text_model("bert", tmp_path_factory.mktemp("bert"))),

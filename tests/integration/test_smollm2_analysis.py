@@ -80,7 +80,8 @@ def test_a_streamed_scan_stops_when_the_client_leaves():
     from tests.integration.test_smollm2 import _cpu_seconds, _free_port
 
     port = _free_port()
-    env = {**os.environ, "ATTNLAB_DEFAULT_MODELS": '["smollm2-135m"]', "ATTNLAB_PATCHING_BATCH": "4"}
+    # batches of 4 copies of the 12-token prompt
+    env = {**os.environ, "ATTNLAB_DEFAULT_MODELS": '["smollm2-135m"]', "ATTNLAB_PATCHING_BATCH_TOKENS": "48"}
     server = subprocess.Popen(
         [sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
         cwd=ROOT, env=env,

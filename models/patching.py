@@ -180,7 +180,7 @@ def _corrupt_gradients(adapter, pair: Pair, interventions: tuple[Intervention, .
         layers = sorted(run.deltas)
         grads = torch.autograd.grad(ld, [run.deltas[l] for l in layers], allow_unused=True)  # each (1, H, T, d_v)
     grads = [torch.zeros_like(run.deltas[l]) if g is None else g for l, g in zip(layers, grads)]
-    return [record[l][0].detach() for l in layers], [g[0] for g in grads], float(ld)
+    return [record[l][0].detach() for l in layers], [g[0] for g in grads], float(ld.detach())
 
 
 def attribution_scan(adapter, pair: Pair, base: Baseline, interventions: tuple[Intervention, ...] = ()) -> torch.Tensor:
@@ -200,12 +200,20 @@ def _attribution(base: Baseline, corrupt_outputs: list[torch.Tensor], grads: lis
 
 
 def attribution_patching(adapter, pair: Pair, interventions: tuple[Intervention, ...] = ()) -> tuple[Baseline, torch.Tensor]:
-    """Attribution patching alone: 2 forwards (the clean one recording its head outputs, the corrupted one with
-    gradients) and 1 backward. Returns the baseline (LD of both runs, the clean outputs) and the (L, H) estimate."""
-    clean_outputs, clean_logits = head_outputs(adapter, pair.clean, interventions)
-    corrupt_outputs, grads, ld_corrupt = _corrupt_gradients(adapter, pair, interventions)
-    base = Baseline(clean_outputs, float(clean_logits[pair.answer] - clean_logits[pair.wrong]), ld_corrupt)
-    return base, _attribution(base, corrupt_outputs, grads)
+    """Attribution patching alone: the clean and corrupted prompts in one batched forward with gradients (the clean
+    item only records its head outputs), and one backward from the corrupted item's LD. Returns the baseline (LD of
+    both runs, the clean outputs) and the (L, H) estimate."""
+    record: dict[int, torch.Tensor] = {}
+    run = HeadRun(sources=current_sources(), record=record, track_grad=True)
+    with torch.inference_mode(False), torch.enable_grad():
+        logits = last_logits(adapter, torch.cat([pair.clean, pair.corrupt]), interventions, run)  # (2, V)
+        ld = logit_difference(logits, pair.answer, pair.wrong)  # (2,): clean, corrupt
+        layers = sorted(run.deltas)
+        grads = torch.autograd.grad(ld[1], [run.deltas[l] for l in layers], allow_unused=True)  # each (2, H, T, d_v)
+    grads = [torch.zeros_like(run.deltas[l]) if g is None else g for l, g in zip(layers, grads)]
+    lds = ld.detach().tolist()
+    base = Baseline([record[l][0].detach() for l in layers], lds[0], lds[1])
+    return base, _attribution(base, [record[l][1].detach() for l in layers], [g[1] for g in grads])
 
 
 def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -145,14 +145,10 @@ def build_attention_response(
     check_run_budget(runtime, [(len(adapter.layer_of), info.heads, n_tokens, n_tokens)],
                      "text" if info.kind == "text" else "image_size", adapter)
     long = n_tokens > adapter.full_map_tokens  # the run keeps an atlas, not P (docs/science.md §10)
-    if long and req.include_scores:
-        raise field_error(("include_scores",), f"this input has {n_tokens:,} tokens, over full_map_tokens="
-                          f"{adapter.full_map_tokens:,}: its scores come by window (POST /api/runs/{{run_id}}/window "
-                          "with include_scores)")
     # model time, before any run: 413 rather than minutes of work that would end in a 503 timeout (app/costs.py)
     check_request_cost(adapter, limits, n_tokens, request_runs(req.samples, req.compare), len(interventions))
 
-    maps = 1 + int(req.include_scores) + int(req.compare and req.include_base)  # P, Ŝ, P without interventions
+    maps = 1 + int(req.include_scores and not long) + int(req.compare and req.include_base)  # P, Ŝ, P without interventions
     numbers = len(layers) * len(heads) * len(queries) * n_tokens * maps
     if long:  # the overview and received instead of P (and the requested query rows, if any)
         blocks = min(limits.overview_blocks, n_tokens)
@@ -168,7 +164,7 @@ def build_attention_response(
 
     sample_sets = [tuple(iv.with_seed_offset(s) for iv in interventions) for s in range(req.samples)]
     check_cancelled()  # before each model run: a client that left (or a shutdown) stops the work here
-    result = runtime.run(adapter, encoded, sample_sets[0], req.include_scores)
+    result = runtime.run(adapter, encoded, sample_sets[0], req.include_scores and not long)
     effect = base = None
     if req.compare:
         check_cancelled()
@@ -239,6 +235,9 @@ def _long_response(adapter: AttentionAdapter, encoded: Encoded, req: AttentionRe
                         "(the runs keep no maps); hidden_cosine and the output change are")
     if req.compare and req.include_base:
         warnings.append("base_attention is not sent for long inputs: ask the base run's windows instead")
+    if req.include_scores:
+        warnings.append(f"scores are not sent for inputs over full_map_tokens={adapter.full_map_tokens:,}: they come by "
+                        "window (POST /api/runs/{run_id}/window with include_scores)")
     response: dict[str, Any] = {
         "model": adapter.info.id, "tokens": encoded.tokens, "truncated": encoded.truncated, "layers": layers,
         "heads": heads, "native_beta": adapter.info.native_beta, "run_id": result.run_id,

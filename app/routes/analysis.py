@@ -113,6 +113,15 @@ def refuse_for_seq2seq(req) -> None:
             raise field_error(("interventions", i, "op"), "patch_heads is not offered for encoder–decoder models")
 
 
+def refuse_for_generate(req) -> None:
+    """A continuation feeds one new token per step (KV cache): a head's mean over the positions is not at hand
+    there, so mean ablation is refused rather than silently applied to one position."""
+    for i, item in enumerate(req.interventions):
+        if item.op == "ablate_heads" and item.mode == "mean":
+            raise field_error(("interventions", i, "mode"), "mean ablation is offered on /api/text/attention and "
+                              "/api/text/lens, not for continuations (each decoding step sees one new position)")
+
+
 def attention_response(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req,
                        family_fields: Callable | None = None) -> dict[str, Any]:
     """build_attention_response with the request's patch_heads sources in reach, and with weighting "value_norm"

@@ -129,6 +129,7 @@ def generate(req: GenerateRequest, runtime: RuntimeDep) -> StreamingResponse:
         raise field_error(("model",), f"model {req.model} is not a decoder language model (output {adapter.info.output!r})")
     encoded = runtime.encode(adapter, ("lm", req.text, req.chat), lambda: _lm_encode(adapter, req.text, req.chat))
     interventions = engine_interventions(req, adapter, len(encoded.tokens))
+    analysis.refuse_for_generate(req)  # mean ablation needs every position at once
     prompt = encoded.inputs["input_ids"][0].tolist()
     # 413 before the stream starts when its model time would exceed generate_timeout_s (app/costs.py)
     check_stream_cost(adapter, runtime.settings, len(prompt), req.max_new_tokens, len(interventions))

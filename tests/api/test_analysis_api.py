@@ -135,3 +135,12 @@ def test_faithfulness_endpoint(client):
     assert r.status_code == 422 and _loc(r) == ["body", "position"]
     r = client.post("/api/text/faithfulness", json={"model": "tiny-bert", "text": CLEAN, "methods": ["rollout"]})
     assert r.status_code == 200 and "change" not in r.json()["methods"]["rollout"]  # an MLM: kl and p_drop
+
+
+def test_mean_ablation_is_refused_for_continuations(client):
+    mean = {"op": "ablate_heads", "layers": [0], "mode": "mean"}
+    r = client.post("/api/text/generate", json={"model": "tiny-llama", "text": CLEAN, "interventions": [mean]})
+    assert r.status_code == 422 and _loc(r) == ["body", "interventions", 0, "mode"]
+    r = client.post("/api/text/attention", json={"model": "tiny-llama", "text": CLEAN, "interventions": [mean],
+                                                 "compare": True, "layers": [0], "heads": [0]})
+    assert r.status_code == 200 and r.json()["effect"]["output"]["kl"] > 0

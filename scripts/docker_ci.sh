@@ -356,6 +356,8 @@ if [ -n "$CUDA" ]; then
   if [ "$EXPECT_DEVICE" = cpu ]; then
     docker_ logs "$CID" 2>&1 | grep -q "device: no GPU visible, falling back to the CPU" \
       || { log "no CPU-fallback line in the container's log"; exit 1; }
+  else  # the toolkit put the driver's nvidia-smi (capability "utility") into the container
+    docker_ exec "$CID" nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/    in the container: /'
   fi
   # One image request (dinov2-small, loaded on first use): a PNG made here, uploaded, then its attention.
   python3 - "$PORT" <<'PY'

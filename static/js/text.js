@@ -12,6 +12,7 @@ import { mountLab } from "./lab/lab.js";
 import { figureToParams, intParam, paramsToFigure } from "./lab/urlstate.js";
 import { drawNextToken, drawTarget, kvGroups, mountContinuation } from "./lm.js";
 import { mountAnalysis } from "./views/analysis.js";
+import { drawAtlas, hideAtlas } from "./views/atlas.js";
 import { loadPlotly } from "./vendor.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
@@ -88,6 +89,13 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
     const body = request({ thumbnails, partial });
     const r = await postJSON("/api/text/attention", body, { channel: "text" });
     if (seq !== loadSeq) return; // a newer load started meanwhile
+    if (r.attention === null && r.overview) { // a long input (/guide#s10): its overview first, exact windows on zoom
+      state.view = null;
+      await drawAtlas($("heatmap"), r, { layer: state.layer, head: state.head });
+      setStatus(`${r.tokens.length} tokens · overview (zoom for exact windows) · ${Math.round(performance.now() - started)} ms`);
+      return;
+    }
+    hideAtlas();
     state.view = viewOf(r, body);
     if (body.thumbnail_size) state.thumbs = r.thumbnails ? decodeTensor(ofKind(r.thumbnails)) ?? null : null;
     state.query = state.query === null ? defaultQuery(state.view.queryTokens.length) : Math.min(state.query, state.view.queryTokens.length - 1);

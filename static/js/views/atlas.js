@@ -1,0 +1,178 @@
+// Long inputs (/guide#s10): a response over full_map_tokens carries an overview of the shown head (blocks of P's
+// mean) instead of the map. Drawn first; a box drag or a scroll zoom asks the server for the exact window
+// (POST /api/runs/{run_id}/window) and draws it with token labels once it is narrow enough to read; a click on a
+// query row draws that row over the whole context for the head or for every head of the layer; the retrieval
+// view shows, per layer × head, the attention mass that row puts on a span of keys (POST /api/runs/{id}/row).
+
+import { postJSON, setStatus } from "../api.js";
+import { visibleToken } from "../dom.js";
+import { decodeTensor, fmt } from "../mathx.js";
+import { loadPlotly } from "../vendor.js";
+
+const LABEL_MAX = 80; // token labels on an axis once a window is at most this many tokens wide
+const MAX_CELLS = 262_144; // the server's default max_window_cells: larger boxes show the overview instead
+
+let current = null; // {el, r, layer, head, tokens, beta, panel}
+
+// The atlas panel (row plot, retrieval controls) under the heatmap, made once.
+function panel(el) {
+  let box = document.getElementById("atlas-panel");
+  if (box) return box;
+  box = document.createElement("div");
+  box.id = "atlas-panel";
+  box.innerHTML = `
+    <p class="help" id="atlas-note"></p>
+    <div class="fig-tools"><label class="help">row of <select id="atlas-row-scope" aria-label="row scope">
+      <option value="head">this head</option><option value="layer">all heads of this layer</option></select></label>
+      <span class="help" id="atlas-row-title">click a query row of the map</span></div>
+    <div id="atlas-row" class="plot" style="height:220px"></div>
+    <div class="fig-tools"><span class="help">retrieval: keys</span>
+      <input id="atlas-span-from" type="number" min="0" value="0" style="width:6em" aria-label="span start">
+      <span class="help">to</span><input id="atlas-span-to" type="number" min="1" value="16" style="width:6em" aria-label="span end">
+      <span class="help">from query row</span><input id="atlas-span-row" type="number" min="0" style="width:6em" aria-label="query row">
+      <button id="atlas-span-go" type="button">attention mass per head</button></div>
+    <div id="atlas-retrieval" class="plot" style="height:320px"></div>`;
+  el.after(box);
+  box.querySelector("#atlas-span-go").addEventListener("click", () => retrieval());
+  box.querySelector("#atlas-row-scope").addEventListener("change", () => current?.row !== undefined && drawRow(current.row));
+  return box;
+}
+
+// A long response for one layer and head (request layers [layer], heads [head]).
+export async function drawAtlas(el, r, { layer, head, beta = null }) {
+  const Plotly = await loadPlotly();
+  const tokens = r.tokens;
+  current = { el, r, layer, head, tokens, beta, row: undefined };
+  const box = panel(el);
+  box.hidden = false;
+  box.querySelector("#atlas-note").textContent = `${tokens.length.toLocaleString("en")} tokens, over full_map_tokens = `
+    + `${r.full_map_tokens}: the map shows blocks of P's mean (the overview). Drag a box or scroll to zoom: exact `
+    + `windows load from the server; double-click returns to the overview.`;
+  const spanRow = box.querySelector("#atlas-span-row");
+  if (!spanRow.value) spanRow.value = String(tokens.length - 1);
+  drawOverview(Plotly);
+  el.removeAllListeners?.("plotly_relayout");
+  el.on("plotly_relayout", (ev) => onZoom(ev));
+  el.on("plotly_click", (ev) => { const p = ev.points?.[0]; if (p) drawRow(Math.floor(p.y)); });
+}
+
+export function hideAtlas() {
+  const box = document.getElementById("atlas-panel");
+  if (box) box.hidden = true;
+  current = null;
+}
+
+function drawOverview(Plotly = window.Plotly) {
+  const { el, r, layer, head } = current;
+  const maps = decodeTensor(r.overview.maps)[0][0]; // (B, B)
+  const rows = r.overview.edges, cols = r.overview.col_edges ?? rows;
+  const mid = (e) => e.slice(0, -1).map((v, i) => (v + e[i + 1]) / 2);
+  const trace = {
+    type: "heatmap", z: maps, x: mid(cols), y: mid(rows), colorscale: "Viridis", zmin: 0,
+    hovertemplate: "queries ≈ %{y:.0f} · keys ≈ %{x:.0f}<br>mean P %{z:.3g}<extra></extra>",
+  };
+  Plotly.react(el, [trace], {
+    title: { text: `overview · layer ${layer}, head ${head}`, font: { size: 13 } },
+    margin: { l: 60, r: 10, t: 30, b: 40 },
+    xaxis: { title: "key token", range: [0, cols.at(-1)] }, yaxis: { title: "query token", autorange: "reversed" },
+    dragmode: "zoom",
+  }, { scrollZoom: true, responsive: true });
+  el.dataset.atlas = "overview";
+}
+
+let zoomSeq = 0;
+async function onZoom(ev) {
+  if (!current) return;
+  if (ev["xaxis.autorange"] || ev["yaxis.autorange"]) { drawOverview(); return; }
+  const x0 = ev["xaxis.range[0]"], x1 = ev["xaxis.range[1]"], y0 = ev["yaxis.range[0]"], y1 = ev["yaxis.range[1]"];
+  if (x0 === undefined || y0 === undefined) return;
+  const n = current.tokens.length;
+  const clamp = (v) => Math.max(0, Math.min(n, Math.round(v)));
+  const cols = [clamp(Math.min(x0, x1)), clamp(Math.max(x0, x1))];
+  const rows = [clamp(Math.min(y0, y1)), clamp(Math.max(y0, y1))];
+  if (cols[1] - cols[0] < 1 || rows[1] - rows[0] < 1) return;
+  if ((cols[1] - cols[0]) * (rows[1] - rows[0]) > MAX_CELLS) return; // still overview-sized: Plotly's own zoom
+  await drawWindow(rows, cols);
+}
+
+export async function drawWindow(rows, cols) {
+  const seq = ++zoomSeq;
+  const { el, r, layer, head, tokens, beta } = current;
+  setStatus(`window ${rows[0]}–${rows[1]} × ${cols[0]}–${cols[1]}…`);
+  const w = await postJSON(`/api/runs/${r.run_id}/window`, { layer, head, rows, cols, beta, encoding: "f32" },
+    { channel: "atlas-window" });
+  if (seq !== zoomSeq || !current) return;
+  const z = decodeTensor(w.attention);
+  const xs = Array.from({ length: cols[1] - cols[0] }, (_, i) => cols[0] + i);
+  const ys = Array.from({ length: rows[1] - rows[0] }, (_, i) => rows[0] + i);
+  const label = (i) => `${i}:${visibleToken(tokens[i])}`;
+  const narrow = xs.length <= LABEL_MAX && ys.length <= LABEL_MAX;
+  const trace = {
+    type: "heatmap", z, x: xs, y: ys, colorscale: "Viridis", zmin: 0,
+    customdata: ys.map((i) => xs.map((j) => [label(i), label(j)])),
+    hovertemplate: "query %{customdata[0]}<br>key %{customdata[1]}<br>P %{z:.4g}<extra></extra>",
+  };
+  const axis = (idx, title) => narrow
+    ? { title, tickmode: "array", tickvals: idx, ticktext: idx.map(label), tickfont: { size: 9 } }
+    : { title };
+  await window.Plotly.react(el, [trace], {
+    title: { text: `window · layer ${layer}, head ${head}${beta ? ` · view β = ${fmt(beta)}` : ""}`, font: { size: 13 } },
+    margin: { l: narrow ? 110 : 60, r: 10, t: 30, b: narrow ? 110 : 40 },
+    xaxis: axis(xs, "key token"), yaxis: { ...axis(ys, "query token"), autorange: "reversed" }, dragmode: "zoom",
+  }, { scrollZoom: true, responsive: true });
+  el.dataset.atlas = narrow ? "window-labels" : "window";
+  el.dataset.window = JSON.stringify({ rows, cols });
+  setStatus(`window ${rows[0]}–${rows[1]} × ${cols[0]}–${cols[1]} (exact)`);
+}
+
+// View-mode β on a long input: the shown window re-normalised by the server at that β (no model run).
+export async function setAtlasBeta(beta) {
+  if (!current) return;
+  current.beta = beta;
+  const w = current.el.dataset.window ? JSON.parse(current.el.dataset.window) : null;
+  if (w) await drawWindow(w.rows, w.cols);
+}
+
+async function drawRow(i) {
+  if (!current) return;
+  current.row = i;
+  const { r, layer, head, tokens, beta } = current;
+  const scope = document.getElementById("atlas-row-scope").value;
+  const body = { row: i, layers: [layer], heads: scope === "layer" ? null : [head], beta, encoding: "f32" };
+  const out = await postJSON(`/api/runs/${r.run_id}/row`, body, { channel: "atlas-row" });
+  const rows = decodeTensor(out.attention)[0]; // (h, T)
+  const x = tokens.map((_, j) => j);
+  const text = tokens.map((t, j) => `${j}:${visibleToken(t)}`);
+  const traces = rows.map((p, k) => ({
+    type: "scattergl", mode: "lines", x, y: p, text, name: `head ${out.heads[k]}`,
+    hovertemplate: "key %{text}<br>P %{y:.4g}<extra>%{fullData.name}</extra>",
+  }));
+  document.getElementById("atlas-row-title").textContent = `query ${i}:${visibleToken(tokens[i])} over all ${tokens.length} keys`;
+  document.getElementById("atlas-span-row").value = String(i);
+  await window.Plotly.react("atlas-row", traces, {
+    margin: { l: 50, r: 10, t: 10, b: 40 }, xaxis: { title: "key token" }, yaxis: { title: "P" }, showlegend: rows.length > 1,
+  }, { responsive: true });
+}
+
+async function retrieval() {
+  if (!current) return;
+  const { r, tokens, beta } = current;
+  const n = tokens.length;
+  const get = (id) => Number(document.getElementById(id).value);
+  const row = Math.min(n - 1, Math.max(0, get("atlas-span-row")));
+  const from = Math.min(n - 1, Math.max(0, get("atlas-span-from")));
+  const to = Math.min(n, Math.max(from + 1, get("atlas-span-to")));
+  const out = await postJSON(`/api/runs/${r.run_id}/row`, { row, span: [from, to], include_row: false, beta },
+    { channel: "atlas-retrieval" });
+  const mass = out.span_mass; // (L, H)
+  const best = mass.flatMap((hs, l) => hs.map((m, h) => [m, l, h])).sort((a, b) => b[0] - a[0])[0];
+  const el = document.getElementById("atlas-retrieval");
+  await window.Plotly.react(el, [{
+    type: "heatmap", z: mass, colorscale: "Viridis", zmin: 0,
+    hovertemplate: "layer %{y}, head %{x}<br>mass on keys " + `${from}–${to - 1}: ` + "%{z:.3g}<extra></extra>",
+  }], {
+    title: { text: `attention from query ${row} on keys ${from}–${to - 1} · strongest: layer ${best[1]}, head ${best[2]} (${fmt(best[0])})`, font: { size: 12 } },
+    margin: { l: 50, r: 10, t: 30, b: 40 }, xaxis: { title: "head", dtick: 1 }, yaxis: { title: "layer", dtick: 1 },
+  }, { responsive: true });
+  el.dataset.best = JSON.stringify({ layer: best[1], head: best[2], mass: best[0] });
+}

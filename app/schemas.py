@@ -183,6 +183,9 @@ class FaithfulnessRequest(_Strict):
         default_factory=lambda: ["attention", "value_norm", "rollout", "grad_attention"])
     answer: str | None = Field(None, max_length=200, description="decoder LMs: the token whose probability drop is "
                                "reported (one token; null = the top prediction)")
+    layer: NonNegInt | None = Field(None, description="attention and value_norm: rank by this layer's heads' mean "
+                                    "(null = the mean over every layer)")
+    head: NonNegInt | None = Field(None, description="with layer: rank by this head alone")
 
 
 class ModelInfoOut(BaseModel):

@@ -3,7 +3,7 @@ attribution method, mask each method's top-k keys in every layer, and measure ho
 The method whose top keys move it more is the more faithful one for this input.
 
 Methods (each a score per key of row i):
-- "attention": P[i, j] averaged over every layer and head;
+- "attention": P[i, j] averaged over every layer and head (or one layer's heads, or one head);
 - "value_norm": the value-weighted maps (models/attribution.py) averaged the same way;
 - "rollout": row i of R = Ã_L ⋯ Ã_1 (Abnar & Zuidema 2020, models/summaries.py);
 - "grad_attention": Chefer, Gur & Wolf 2021: Ā_l = mean_h (∇_{P_l} f ⊙ P_l)⁺, R = Π_l (I + Ā_l) accumulated from
@@ -74,16 +74,26 @@ def chefer_relevance(attention: torch.Tensor, gradients: torch.Tensor) -> torch.
     return relevance.float()
 
 
+def _scoped_row(maps: torch.Tensor, position: int, layer: int | None, head: int | None) -> torch.Tensor:
+    """Row `position` of maps (L, H, T, T) averaged over every layer and head, or over one layer's heads, or of
+    one head: (T,)."""
+    rows = maps[:, :, position]  # (L, H, T)
+    if layer is None:
+        return rows.mean(dim=(0, 1))
+    return rows[layer].mean(dim=0) if head is None else rows[layer, head]
+
+
 def key_scores(adapter: AttentionAdapter, encoded: Encoded, result, position: int, methods: list[str],
-               answer: int | None) -> dict[str, torch.Tensor]:
-    """Each method's score for every key of row `position`: name → (T,)."""
+               answer: int | None, layer: int | None = None, head: int | None = None) -> dict[str, torch.Tensor]:
+    """Each method's score for every key of row `position`: name → (T,). `layer`/`head` scope the attention and
+    value_norm methods (None: the mean over every layer and head)."""
     scores = {}
     attention = result.attention  # (L, H, T, T)
     if "attention" in methods:
-        scores["attention"] = attention[:, :, position].mean(dim=(0, 1))
+        scores["attention"] = _scoped_row(attention, position, layer, head)
     if "value_norm" in methods:
         weighted = value_weighted(attention, run_value_norms(adapter, encoded))  # (L, H, T, T)
-        scores["value_norm"] = weighted[:, :, position].mean(dim=(0, 1))
+        scores["value_norm"] = _scoped_row(weighted, position, layer, head)
     if "rollout" in methods:
         scores["rollout"] = attention_rollout(attention)[position]
     if "grad_attention" in methods:
@@ -113,7 +123,7 @@ def _output_change(adapter: AttentionAdapter, before, after, position: int, answ
 
 
 def faithfulness(adapter: AttentionAdapter, encoded: Encoded, position: int, ks: list[int], methods: list[str],
-                 answer: int | None = None) -> dict[str, Any]:
+                 answer: int | None = None, layer: int | None = None, head: int | None = None) -> dict[str, Any]:
     """For each method: its ranked keys and, per k, the output change with its top-k keys masked in every layer
     (null where k leaves the row no key). Decoder LMs: `kl` of the next-token distribution at `position` and
     `p_drop` of p(answer) (default: the top token); masked LMs the same at `position`; embeddings 1 − cosine."""
@@ -123,7 +133,7 @@ def faithfulness(adapter: AttentionAdapter, encoded: Encoded, position: int, ks:
         answer = int(adapter.distribution(base, position).argmax())
     visible = position + 1 if causal else len(encoded.tokens)
     out: dict[str, Any] = {}
-    for name, score in key_scores(adapter, encoded, base, position, methods, answer).items():
+    for name, score in key_scores(adapter, encoded, base, position, methods, answer, layer, head).items():
         keys = ranked_keys(score, position, causal)
         changes: dict[str, list] = {}
         for k in ks:

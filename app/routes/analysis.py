@@ -404,6 +404,11 @@ def faithfulness_check(req: FaithfulnessRequest, runtime: RuntimeDep) -> Respons
     position = n_tokens - 1 if req.position is None else req.position
     if position >= n_tokens:
         raise field_error(("position",), f"position {position} is past the last token ({n_tokens - 1})")
+    info = adapter.info
+    if req.layer is not None and req.layer >= info.layers:
+        raise field_error(("layer",), f"layer {req.layer} out of range: this model has {info.layers} layers")
+    if req.head is not None and (req.layer is None or req.head >= info.heads):
+        raise field_error(("head",), f"head {req.head}: give a layer too, and a head below {info.heads}")
     answer = None
     if req.answer is not None:
         if not isinstance(adapter, CausalLMAdapter):
@@ -412,5 +417,5 @@ def faithfulness_check(req: FaithfulnessRequest, runtime: RuntimeDep) -> Respons
     check_cancelled()
     with runtime.admitted():
         result = faithfulness(adapter, encoded, position, list(dict.fromkeys(req.k)), list(dict.fromkeys(req.methods)),
-                              answer)
+                              answer, req.layer, req.head)
     return fast_json({"model": adapter.info.id, "tokens": encoded.tokens, "position": position, **result})

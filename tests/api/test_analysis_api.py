@@ -144,3 +144,13 @@ def test_mean_ablation_is_refused_for_continuations(client):
     r = client.post("/api/text/attention", json={"model": "tiny-llama", "text": CLEAN, "interventions": [mean],
                                                  "compare": True, "layers": [0], "heads": [0]})
     assert r.status_code == 200 and r.json()["effect"]["output"]["kl"] > 0
+
+
+def test_faithfulness_of_one_head_and_its_bounds(client):
+    r = client.post("/api/text/faithfulness", json={"model": "tiny-llama", "text": CLEAN, "k": [1], "layer": 1, "head": 3,
+                                                    "methods": ["attention"]})
+    assert r.status_code == 200, r.text
+    r = client.post("/api/text/faithfulness", json={"model": "tiny-llama", "text": CLEAN, "layer": 2})
+    assert r.status_code == 422 and _loc(r) == ["body", "layer"]
+    r = client.post("/api/text/faithfulness", json={"model": "tiny-llama", "text": CLEAN, "head": 1})
+    assert r.status_code == 422 and _loc(r) == ["body", "head"]

@@ -74,3 +74,13 @@ def test_encoder_gets_its_own_output_change(tmp_path_factory):
     for method in found["methods"].values():
         assert sorted(method["keys"]) == list(range(len(encoded.tokens)))  # an encoder row sees every key
         assert all(v is not None and v >= 0 for v in method["kl"])
+
+
+def test_attention_ranking_of_one_head_or_one_layer(lm):
+    encoded = lm.encode(TEXT)
+    position = len(encoded.tokens) - 1
+    base = lm.run(encoded)
+    one_head = faithfulness(lm, encoded, position, [1], ["attention"], layer=1, head=2)["methods"]["attention"]
+    assert one_head["keys"] == ranked_keys(base.attention[1, 2, position], position, causal=True)
+    one_layer = faithfulness(lm, encoded, position, [1], ["attention"], layer=0)["methods"]["attention"]
+    assert one_layer["keys"] == ranked_keys(base.attention[0, :, position].mean(0), position, causal=True)

@@ -8,7 +8,7 @@
 # The CPU build takes torch from a local CPU wheel copied into .docker-wheels/ (scripts/docker_ci.sh does
 # this); without one it uses PyTorch's CPU index. A plain `pip install torch` would pull the CUDA build.
 # The CUDA build takes torch and NVIDIA's libraries from .docker-wheels-cuda/ (scripts/docker_ci.sh --cuda)
-# or else from PyPI, then drops what torch never loads (see the deps stage).
+# or else from PyPI, then drops what torch never loads (see the venv stage).
 ARG BASE_IMAGE=debian:bookworm-slim
 
 # ---- base: Debian bookworm's Python 3.11 -----------------------------------------------------------

@@ -70,7 +70,7 @@ def main() -> None:
                         max_tokens_gpu=max(args.long, 512) + 64, max_run_bytes=64 << 30, result_cache_bytes=16 << 30,
                         request_timeout_s=3600, max_text_chars=10**7)
     tokenizer = AutoTokenizer.from_pretrained(WEIGHTS)
-    raw = AutoModelForCausalLM.from_pretrained(WEIGHTS, attn_implementation="sdpa").eval().to(device)
+    raw = AutoModelForCausalLM.from_pretrained(WEIGHTS, attn_implementation="sdpa", dtype=torch.float32).eval().to(device)
     report: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                     "torch": torch.__version__, "long_tokens": args.long}
     with TestClient(create_app(settings)) as client:
@@ -175,7 +175,8 @@ def engine(args) -> None:
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(args.weights)
     adapter = CausalLMAdapter("smollm2-135m", str(args.weights), max_tokens=args.long, device=device.type)
-    raw = AutoModelForCausalLM.from_pretrained(args.weights, attn_implementation="sdpa").eval().to(device)
+    # float32 like the served model (smollm2's config says bfloat16, which transformers would otherwise load)
+    raw = AutoModelForCausalLM.from_pretrained(args.weights, attn_implementation="sdpa", dtype=torch.float32).eval().to(device)
     report: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "mode": "engine"}
 
     def encoded_of(n: int) -> Encoded:

@@ -56,6 +56,8 @@ export async function drawAtlas(el, r, { layer, head, beta = null }) {
   el.on("plotly_click", (ev) => { const p = ev.points?.[0]; if (p) drawRow(Math.floor(p.y)); });
 }
 
+export const atlasShown = () => current !== null;
+
 export function hideAtlas() {
   const box = document.getElementById("atlas-panel");
   if (box) box.hidden = true;

@@ -90,12 +90,13 @@ def check_run_budget(runtime: Runtime, maps: list[tuple[int, int, int, int]], fi
                                 adapter.atlas_config.block_rows)
         else:
             needed += 4 * l * h * q * k  # float32
-    cap = settings.max_run_bytes
+    on_gpu = adapter is not None and getattr(adapter, "device", None) is not None and adapter.device.type == "cuda"
+    name, cap = ("max_run_bytes_gpu", settings.max_run_bytes_gpu) if on_gpu else ("max_run_bytes", settings.max_run_bytes)
     if needed > cap:
         raise HTTPException(
             413, detail=f"{field}: this input's run keeps {needed / 2**20:,.0f} MiB (attention maps, or for inputs "
             f"over full_map_tokens={settings.full_map_tokens:,} q̂/k̂ and summaries), over the cap "
-            f"max_run_bytes={cap / 2**20:,.0f} MiB; use a shorter input",
+            f"{name}={cap / 2**20:,.0f} MiB; use a shorter input",
         )
 
 

@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     # heads of smollm2-135m, at 256 four times that; a 4,096-token run then keeps about 600 MB in all)
     overview_blocks: int = Field(128, ge=2, le=1024)
     max_window_cells: int = Field(262_144, ge=1)  # one window of POST /api/runs/{run_id}/window: rows × cols
+    # What one run may keep on a GPU (its atlas stays in device memory): max_run_bytes applies on a CPU. 8,192
+    # tokens of smollm2-135m keep about 2 GB there (q̂, k̂, overview, one 1,024-row block, the mask).
+    max_run_bytes_gpu: int = Field(8 * 1024**3, ge=1)
     max_interventions: int = 64
     max_samples: int = 16
     max_response_numbers: int = 4_000_000

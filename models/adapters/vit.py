@@ -130,7 +130,6 @@ class VitAdapter(AttentionAdapter):
         )
 
     # ---- forward -----------------------------------------------------------------------------------
-    @torch.inference_mode()
     def atlas_config_for(self, encoded: Encoded) -> AtlasConfig:
         """Patch centres in pixels for the mean attention distance (CLS and registers have none)."""
         prefix = encoded.extra["prefix_tokens"]
@@ -138,6 +137,7 @@ class VitAdapter(AttentionAdapter):
         positions = torch.cat([torch.zeros(prefix, 2, dtype=centres.dtype), centres]).float()  # (T, 2)
         return dataclasses.replace(self.atlas_config, positions=positions, distance_from=prefix)
 
+    @torch.inference_mode()
     def _forward(self, inputs: dict[str, torch.Tensor], interventions: tuple[Intervention, ...], record_scores: bool,
                  encoded: Encoded | None = None):
         n_tokens = len(encoded.tokens) if encoded is not None else 0

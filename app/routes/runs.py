@@ -42,8 +42,8 @@ class WindowRequest(_Strict):
 
 class RowRequest(_Strict):
     row: Index = Field(description="the query row i")
-    layers: list[Index] | None = Field(None, max_length=1024, description="layers (null = all)")
-    heads: list[Index] | None = Field(None, max_length=1024, description="heads (null = all)")
+    layers: list[Index] | None = Field(None, min_length=1, max_length=1024, description="layers (null = all)")
+    heads: list[Index] | None = Field(None, min_length=1, max_length=1024, description="heads (null = all)")
     kind: AttentionKind | None = None
     beta: float | None = Field(None, gt=0, le=1e4, description="view-mode β for every returned head")
     span: Range | None = Field(None, description="[c0, c1): keys whose attention mass per head is returned")

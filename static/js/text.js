@@ -92,6 +92,7 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
     if (r.attention === null && r.overview) { // a long input (/guide#s10): its overview first, exact windows on zoom
       state.view = null;
       await drawAtlas($("heatmap"), r, { layer: state.layer, head: state.head });
+      if (isLM() && r.output?.kind === "next_token") drawNextToken(r, r.tokens); // the prediction works at any length
       setStatus(`${r.tokens.length} tokens · overview (zoom for exact windows) · ${Math.round(performance.now() - started)} ms`);
       return;
     }

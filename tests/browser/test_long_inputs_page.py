@@ -27,6 +27,7 @@ def test_long_sample_overview_zoom_row_and_retrieval(page, page_log, long_server
     page.wait_for_function("() => document.getElementById('heatmap').dataset.atlas === 'overview'", timeout=300_000)
     overview = page.eval_on_selector("#heatmap", "el => ({z: el.data[0].z, note: document.getElementById('atlas-note').textContent})")
     assert len(overview["z"]) > 8 and "over full_map_tokens" in overview["note"]
+    page.wait_for_function("() => document.getElementById('lm-output').dataset.top !== undefined", timeout=60_000)
     screenshot(page, "long-01-overview")
 
     # zoom to a window narrow enough for token labels: exact P from the server, causal zeros above the diagonal

@@ -122,7 +122,7 @@ def text_max_tokens(settings: Settings) -> int:
 
 def configure_atlas(adapter: AttentionAdapter, settings: Settings) -> None:
     """Long inputs (docs/science.md §10): the adapter's threshold and block settings from the settings."""
-    adapter.full_map_tokens = settings.full_map_tokens
+    adapter.full_map_tokens = settings.full_map_tokens_image if adapter.info.kind == "image" else settings.full_map_tokens
     block_rows = settings.atlas_block_rows or (1024 if adapter.device.type == "cuda" else 128)
     adapter.atlas_config = dataclasses.replace(
         adapter.atlas_config, block_rows=block_rows, overview_blocks=settings.overview_blocks,

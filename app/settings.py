@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     # Runs over this many tokens keep q̂/k̂ and summaries (overview, received, entropy, distance) instead of P; their
     # responses carry `attention: null` and an overview; POST /api/runs/{run_id}/window gives exact windows.
     full_map_tokens: int = Field(512, ge=2)
+    # The same for images: the image page draws full maps (up to dinov2-small at 448 px, 1,025 tokens)
+    full_map_tokens_image: int = Field(1025, ge=2)
     # Query rows per block of the blockwise attention; None: 128 on a CPU (cache-sized blocks, DESIGN's 2-core figures),
     # 1,024 on a GPU (fewer kernel launches: 8,192 tokens on an H100 took 1.68 s with 128, 0.93 s with 1,024)
     atlas_block_rows: int | None = Field(None, ge=1)

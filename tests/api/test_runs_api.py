@@ -148,7 +148,7 @@ def test_long_image_first_view_rollout_rows_and_windows(tmp_path_factory):
     folder = str(build_tiny_vit(tmp_path_factory.mktemp("vit")))
     results = {}
     for name, full_map in (("long", 8), ("short", 512)):
-        settings = Settings(default_models=[], extra_image_models={"tiny-vit": folder}, full_map_tokens=full_map,
+        settings = Settings(default_models=[], extra_image_models={"tiny-vit": folder}, full_map_tokens_image=full_map,
                             overview_blocks=5, max_response_numbers=200_000)
         with TestClient(create_app(settings)) as client:
             image_id = uploaded_id(client, seed=7)

@@ -58,14 +58,17 @@ class Overloaded(RuntimeError):
 
 
 class ResultCache:
-    """LRU of AttentionResults, bounded by item count and bytes; each kept result is also found by its run id
+    """LRU of AttentionResults, bounded by item count, host bytes and device bytes (a long run's atlas stays in GPU
+    memory: max_device_bytes bounds that, max_bytes the host memory); each kept result is also found by its run id
     (`by_run_id`) until it is evicted."""
 
-    def __init__(self, max_items: int, max_bytes: int):
-        self.max_items, self.max_bytes = max_items, max_bytes
+    def __init__(self, max_items: int, max_bytes: int, max_device_bytes: int = 0):
+        self.max_items, self.max_bytes, self.max_device_bytes = max_items, max_bytes, max_device_bytes
         self._items: OrderedDict[tuple, AttentionResult] = OrderedDict()
         self._run_keys: dict[str, tuple] = {}  # run id → cache key
+        self._sizes: dict[tuple, tuple[int, int]] = {}  # key → (host bytes, device bytes), measured once
         self._bytes = 0
+        self._device_bytes = 0
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
@@ -80,19 +83,25 @@ class ResultCache:
             return result
 
     def put(self, key: tuple, result: AttentionResult) -> None:
-        size = result.nbytes
-        if size > self.max_bytes or self.max_items <= 0:
+        device = result.device_nbytes
+        host = result.nbytes - device
+        if host > self.max_bytes or device > self.max_device_bytes or self.max_items <= 0:
             return
         with self._lock:
             if key in self._items:
                 return
             self._items[key] = result
-            self._bytes += size
+            self._sizes[key] = (host, device)
+            self._bytes += host
+            self._device_bytes += device
             if result.run_id is not None:
                 self._run_keys[result.run_id] = key
-            while len(self._items) > self.max_items or self._bytes > self.max_bytes:
-                _, evicted = self._items.popitem(last=False)
-                self._bytes -= evicted.nbytes
+            while (len(self._items) > self.max_items or self._bytes > self.max_bytes
+                   or self._device_bytes > self.max_device_bytes):
+                old_key, evicted = self._items.popitem(last=False)
+                old_host, old_device = self._sizes.pop(old_key)
+                self._bytes -= old_host
+                self._device_bytes -= old_device
                 self._run_keys.pop(evicted.run_id, None)
 
     def by_run_id(self, run_id: str) -> AttentionResult | None:
@@ -108,7 +117,8 @@ class ResultCache:
         with self._lock:
             self._items.clear()
             self._run_keys.clear()
-            self._bytes = 0
+            self._sizes.clear()
+            self._bytes = self._device_bytes = 0
 
 
 def text_max_tokens(settings: Settings) -> int:
@@ -118,6 +128,22 @@ def text_max_tokens(settings: Settings) -> int:
     if not on_gpu:
         return settings.max_tokens
     return settings.max_tokens_gpu if settings.max_tokens_gpu is not None else 1 << 20
+
+
+def result_cache_device_bytes(settings: Settings, gpu_total_bytes: int | None) -> int:
+    """The result cache's budget in accelerator memory, where a long run's atlas stays: none on a CPU; on a GPU
+    (gpu_total_bytes given) result_cache_bytes_gpu, or a quarter of the device's memory. Host memory keeps its own
+    budget (result_cache_bytes) for what a run copies to the host."""
+    if gpu_total_bytes is None:
+        return 0
+    if settings.result_cache_bytes_gpu is not None:
+        return settings.result_cache_bytes_gpu
+    return gpu_total_bytes // 4
+
+
+def _gpu_total_bytes(settings: Settings) -> int | None:
+    on_gpu = settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available())
+    return torch.cuda.get_device_properties(0).total_memory if on_gpu and torch.cuda.is_available() else None
 
 
 def configure_atlas(adapter: AttentionAdapter, settings: Settings) -> None:
@@ -148,7 +174,8 @@ class Runtime:
         self._waiting_lock = threading.Lock()
         self._encoded: OrderedDict[tuple, Encoded] = OrderedDict()
         self._encoded_lock = threading.Lock()
-        self.cache = ResultCache(settings.result_cache_items, settings.result_cache_bytes)
+        self.cache = ResultCache(settings.result_cache_items, settings.result_cache_bytes,
+                                 result_cache_device_bytes(settings, _gpu_total_bytes(settings)))
         self.ready = False
         if settings.torch_threads > 0:
             torch.set_num_threads(settings.torch_threads)

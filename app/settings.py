@@ -103,6 +103,10 @@ class Settings(BaseSettings):
     request_timeout_s: float = 60.0
     result_cache_items: int = 64
     result_cache_bytes: int | None = None  # None = a share of memory_budget_bytes (app/costs.py)
+    # On a GPU a run's atlas stays in device memory, so the result cache is sized against the GPU's memory instead:
+    # None = a quarter of the device's total (an 8,192-token smollm2-135m run keeps about 0.9 GB; with the host budget
+    # of ~0.7 GB it was evicted as soon as it was stored, and its run_id answered 404 at once).
+    result_cache_bytes_gpu: int | None = Field(None, ge=1)
 
     # HTTP.
     cors_origins: list[str] = Field(default_factory=list)  # none: same origin only

@@ -457,15 +457,19 @@ class Atlas:
 
     @property
     def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the atlas keeps, each once (a mask shared by every layer counts once)."""
         seen: set[int] = set()
-        total = 0
+        kept = []
         tensors = [t for r in self.records.values() for t in r.tensors()]
         tensors += [t for s in self.summaries.values() for t in (s.received, s.overview_sums, s.dead_rows)]
         for t in tensors:
-            if t.data_ptr() not in seen:  # a mask shared by every layer counts once
+            if t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
-                total += t.numel() * t.element_size()
-        return total
+                kept.append(t)
+        return kept
 
 
 def _grouping(n: int, size: int) -> torch.Tensor:

@@ -109,14 +109,22 @@ class AttentionResult:
             self.derived[name] = compute()
         return self.derived[name]
 
-    @property
-    def nbytes(self) -> int:
+    def _kept_tensors(self) -> list[torch.Tensor]:
         tensors = [t for t in (self.attention, self.hidden_states) if t is not None] + list(self.output.values())
         if self.by_kind is not None:
             tensors += [t for kind, t in self.by_kind.items() if kind != "encoder"]
         if self.queries is not None and self.keys is not None:
             tensors += [self.queries, self.keys]
-        return sum(t.numel() * t.element_size() for t in tensors) + (self.atlas.nbytes if self.atlas is not None else 0)
+        return tensors + (self.atlas.tensors() if self.atlas is not None else [])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._kept_tensors())
+
+    @property
+    def device_nbytes(self) -> int:
+        """The part of nbytes held in accelerator memory (a long run's atlas on a GPU); the rest is host memory."""
+        return sum(t.numel() * t.element_size() for t in self._kept_tensors() if t.device.type != "cpu")
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -93,13 +93,7 @@ def _logits(queries: torch.Tensor, keys: torch.Tensor, beta: torch.Tensor, nativ
     if extras.empty:
         scaled = (queries * beta[:, None, None]).reshape(n_kv, -1, dim)  # (H_k, n_rep·r, d)
         return torch.matmul(scaled, keys_t).view(n_heads, rows, cols)
-    logits = torch.matmul((queries * native_beta).reshape(n_kv, -1, dim), keys_t).view(n_heads, rows, cols)
-    if extras.bias is not None:
-        logits = logits + extras.bias
-    if extras.softcap is not None:
-        logits = torch.tanh(logits / extras.softcap) * extras.softcap
-    if extras.mask_bias is not None:
-        logits = logits + extras.mask_bias
+    logits = extras.native_logits(torch.matmul((queries * native_beta).reshape(n_kv, -1, dim), keys_t).view(n_heads, rows, cols))
     return logits * (beta / native_beta)[:, None, None]
 
 

@@ -193,6 +193,17 @@ class LogitExtras:
     def empty(self) -> bool:
         return self.bias is None and self.softcap is None and self.mask_bias is None
 
+    def native_logits(self, scaled_scores: torch.Tensor) -> torch.Tensor:
+        """z₀ = softcap(β₀ Ŝ + bias) + mask_bias from β₀ Ŝ (any shape the extras broadcast to)."""
+        logits = scaled_scores
+        if self.bias is not None:
+            logits = logits + self.bias
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        if self.mask_bias is not None:
+            logits = logits + self.mask_bias
+        return logits
+
 
 NO_EXTRAS = LogitExtras()
 
@@ -207,13 +218,7 @@ def attention_logits(
     """
     if extras.empty:
         return torch.matmul(query * beta, key.transpose(-1, -2))  # (B, H, T_q, T_k) β Ŝ
-    logits = torch.matmul(query * native_beta, key.transpose(-1, -2))  # (B, H, T_q, T_k) β₀ Ŝ
-    if extras.bias is not None:
-        logits = logits + extras.bias
-    if extras.softcap is not None:
-        logits = torch.tanh(logits / extras.softcap) * extras.softcap
-    if extras.mask_bias is not None:
-        logits = logits + extras.mask_bias
+    logits = extras.native_logits(torch.matmul(query * native_beta, key.transpose(-1, -2)))  # (B, H, T_q, T_k) z₀
     if isinstance(beta, torch.Tensor) or beta != native_beta:
         logits = logits * (beta / native_beta)
     return logits

@@ -36,7 +36,7 @@ async def ready(runtime: RuntimeDep):
 
 
 @router.get("/models", response_model=ModelsOut)
-def list_models(runtime: RuntimeDep, kind: Literal["text", "image"] | None = None) -> dict:
+def list_models(runtime: RuntimeDep, kind: Literal["text", "image", "audio"] | None = None) -> dict:
     """Every model a request may name (of one `kind` if given). Models not loaded yet are loaded here (once)."""
     infos = []
     for model_id, spec in runtime.specs.items():

@@ -116,7 +116,9 @@ def page(browser, page_log):
 def screenshot(pg, name: str) -> Path:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
-    pg.screenshot(path=str(path), full_page=True)
+    # a full-page shot of the guide (~14,000 px tall) took 40 s on a loaded 2-core machine: Playwright's 30 s default
+    # failed tests over an artifact, not over the page
+    pg.screenshot(path=str(path), full_page=True, timeout=120_000)
     return path
 
 

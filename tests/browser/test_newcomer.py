@@ -14,7 +14,7 @@ SHOTS = ROOT / "artifacts" / "newcomer"
 
 def shot(pg, name):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True, timeout=120_000)  # see conftest.screenshot
 
 
 def wait_text_idle(page, timeout=90_000):

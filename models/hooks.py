@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
+import threading
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from models import head_ops
@@ -253,12 +255,27 @@ def register() -> str:
     return ATTN_IMPLEMENTATION
 
 
+# transformers' from_pretrained swaps process-wide class attributes while it loads (PreTrainedModel.tie_weights
+# becomes a no-op, init functions are patched) and puts them back afterwards. Two loads in two threads at once
+# interleave those swaps, and the no-op can stay for good: every later model then loads with untied weights left
+# on the meta device ("Cannot copy out of meta tensor"). Seen when a test's server thread loaded a model while the
+# next test loaded another. So every load takes this lock, and puts back the real tie_weights if a load elsewhere
+# (outside this lock) left the no-op behind.
+_LOAD_LOCK = threading.Lock()
+_TIE_WEIGHTS = PreTrainedModel.tie_weights
+log = logging.getLogger("attnlab")
+
+
 def load_with_attnlab(model_class, source: str, **kwargs) -> nn.Module:
     """`model_class.from_pretrained(source)` with our attention function, safetensors only (never a pickle).
     A family that builds its attention modules from its own table of implementations (Falcon, BLIP) fails
-    here: it is refused with the reason."""
+    here: it is refused with the reason. Loads take turns (see _LOAD_LOCK)."""
     try:
-        return model_class.from_pretrained(source, attn_implementation=register(), use_safetensors=True, **kwargs)
+        with _LOAD_LOCK:
+            if PreTrainedModel.tie_weights is not _TIE_WEIGHTS:
+                log.warning("PreTrainedModel.tie_weights was left patched by a concurrent load; putting it back")
+                PreTrainedModel.tie_weights = _TIE_WEIGHTS
+            return model_class.from_pretrained(source, attn_implementation=register(), use_safetensors=True, **kwargs)
     except KeyError as exc:
         if ATTN_IMPLEMENTATION not in str(exc):
             raise

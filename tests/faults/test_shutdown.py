@@ -103,14 +103,20 @@ def test_a_stream_cut_by_shutdown_ends_with_an_error_event_and_a_clean_body(tiny
     from tests.tiny_models import build_text_model
 
     llama = build_text_model("llama", tmp_path / "llama")
-    settings = {**text_models(tiny_bert, big_bert), "shutdown_grace_s": 1, "extra_models": {"tl": str(llama)},
-                "default_models": ["tiny", "big", "tl"]}
+    # grace 0: a stream's steps interleave with the slow request's runs and the tiny LM is fast, so with a grace
+    # of 1 s the whole stream could finish inside it and nothing was cut. compute_gmacs_per_s: the slow request must
+    # be admitted, not refused by the cost estimate before the model has timed runs.
+    settings = {**text_models(tiny_bert, big_bert), "shutdown_grace_s": 0, "extra_models": {"tl": str(llama)},
+                "default_models": ["tiny", "big", "tl"], "compute_gmacs_per_s": 1e6}
     server = start_server(settings)
     server.wait_ready()
-    body = {"model": "tl", "text": "the cat sat on the mat", "max_new_tokens": 8}
+    # 64 steps: each step takes the model lock on its own and interleaves with the slow request's runs, so a short
+    # stream could finish within the 1 s grace, and then nothing is cut
+    body = {"model": "tl", "text": "the cat sat on the mat", "max_new_tokens": 64}
     assert httpx.post(server.base + "/api/text/generate", json=body, timeout=30).status_code == 200  # prompt encoded
-    slow = threading.Thread(target=lambda: httpx.post(server.base + "/api/text/attention", json=long_request(seed=31),
-                                                      timeout=60), daemon=True)
+    slow_status: list = []
+    slow = threading.Thread(target=lambda: slow_status.append(httpx.post(server.base + "/api/text/attention", json=long_request(seed=31),
+                                                      timeout=60).text[:300]), daemon=True)
     slow.start()
     time.sleep(1.0)  # the long request holds the model
     events: list[dict] = []
@@ -134,7 +140,7 @@ def test_a_stream_cut_by_shutdown_ends_with_an_error_event_and_a_clean_body(tiny
     server.proc.send_signal(signal.SIGTERM)
     reader.join(20)
     assert not failure, failure
-    assert events and events[-1].get("retry_after") == 5 and "shutting down" in events[-1]["error"], events
+    assert events and events[-1].get("retry_after") == 5 and "shutting down" in events[-1]["error"], (events, slow_status)
     assert server.proc.wait(timeout=15) == 0
     log = server.log()
     assert "ASGI callable returned without completing response" not in log and "Traceback" not in log

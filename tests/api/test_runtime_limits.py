@@ -489,10 +489,13 @@ def test_a_queued_request_whose_client_left_leaves_the_queue_and_never_runs(tiny
     assert outcome == {"cancelled": "client"} and time.monotonic() - started < 1.0 and runtime.waiting == 0
     runtime._run_lock.release()
     # cancelled after it got the lock: it never runs, and the lock is free again
-    request_cancel.set(cancel)
-    with pytest.raises(RequestCancelled):
-        with runtime.admitted():
-            raise AssertionError("ran although its client had left")
+    token = request_cancel.set(cancel)
+    try:
+        with pytest.raises(RequestCancelled):
+            with runtime.admitted():
+                raise AssertionError("ran although its client had left")
+    finally:
+        request_cancel.reset(token)  # this thread runs later tests: a cancelled request must not outlive this one
     assert runtime._run_lock.acquire(blocking=False)
     runtime._run_lock.release()
 

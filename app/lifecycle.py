@@ -64,6 +64,11 @@ class CancelEvent(threading.Event):
 request_cancel: contextvars.ContextVar[CancelEvent | None] = contextvars.ContextVar("request_cancel", default=None)
 # The client whose cache entries a request reads and writes (result_cache_scope="client"); None: shared.
 cache_scope: contextvars.ContextVar[str | None] = contextvars.ContextVar("cache_scope", default=None)
+# Set by a route that streams progress: called as progress(layers_done, n_layers) after each attention layer of the
+# request's model runs (from the worker thread).
+request_progress: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar(
+    "request_progress", default=None
+)
 SCOPE_COOKIE = "attnlab_client"
 SCOPE_HEADER = "x-attnlab-client"
 SCOPE_PATTERN = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
@@ -88,6 +93,15 @@ def client_scope(headers: list[tuple[bytes, bytes]]) -> tuple[str, bool]:
     from app.ids import new_id
 
     return "c:" + new_id(), True
+
+
+def after_layer(layer: int, n_layers: int) -> None:
+    """The engine's per-layer listener during a request's model work: a client that left stops the forward at its
+    next layer (not at the end of the forward), and a progress stream hears of each layer done."""
+    check_cancelled()
+    progress = request_progress.get()
+    if progress is not None:
+        progress(layer + 1, n_layers)
 
 
 def check_cancelled() -> None:

@@ -19,10 +19,10 @@ import torch
 
 from app.costs import observe_run
 from app.ids import new_id
-from app.lifecycle import RequestCancelled, cache_scope, request_cancel  # noqa: F401  (cache_scope: re-exported)
+from app.lifecycle import RequestCancelled, after_layer, cache_scope, request_cancel  # noqa: F401  (cache_scope: re-exported)
 from app.settings import Settings
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
-from models.hooks import UnsupportedAttention
+from models.hooks import UnsupportedAttention, on_each_layer
 from models.interventions import Intervention
 from models.registry import ModelSpec, build_registry
 
@@ -244,7 +244,8 @@ class Runtime:
             cancel = request_cancel.get()
             if cancel is not None and cancel.is_set():  # the client left while we waited: the lock goes on at once
                 raise RequestCancelled(cancel.reason)
-            yield
+            with on_each_layer(after_layer):  # a client that leaves stops the forward at its next layer
+                yield
         finally:
             self._run_lock.release()
             with self._turns:

@@ -11,6 +11,7 @@ import contextlib
 import contextvars
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -120,6 +121,29 @@ class CallTrace:
 _current_run: contextvars.ContextVar[RunScope | CallTrace | None] = contextvars.ContextVar("attnlab_run", default=None)
 
 
+# Called as listener(layer, n_layers) after each attention layer of a run (recorded or not). The server uses it to stop
+# a run whose client left within one layer rather than one forward, and to report a long first view's progress; it may
+# raise to stop the forward. A context variable, so concurrent requests (threads) each see their own.
+_layer_listener: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar(
+    "attnlab_layer_listener", default=None
+)
+
+
+@contextlib.contextmanager
+def on_each_layer(listener: Callable[[int, int], None] | None) -> Iterator[None]:
+    token = _layer_listener.set(listener)
+    try:
+        yield
+    finally:
+        _layer_listener.reset(token)
+
+
+def _layer_done(scope: RunScope, module: nn.Module) -> None:
+    listener = _layer_listener.get()
+    if listener is not None:
+        listener(scope.layer_of[id(module)], len(scope.layer_of))
+
+
 @contextlib.contextmanager
 def run_scope(scope: RunScope | CallTrace):
     token = _current_run.set(scope)
@@ -182,6 +206,7 @@ def attnlab_attention(
             layer=scope.layer_of[id(module)], native_beta=native_beta, interventions=scope.interventions,
             extras=extras, query_offset=scope.query_offset,
         )  # (1, H, T_q, d_v) float32
+        _layer_done(scope, module)
         output = head_ops.at_layer(output.to(value.dtype), _repeat_kv(value, n_heads // n_kv_heads),
                                    scope.layer_of[id(module)], scope.interventions, scope.query_offset)
         return output.to(value.dtype).transpose(1, 2).contiguous(), None  # (B, T_q, H, d_v)
@@ -210,6 +235,7 @@ def attnlab_attention(
     )
     if not scope.record:
         output, probs, _, _ = intervened_attention(query, key, value, allowed, **common)
+        _layer_done(scope, module)
         output = head_ops.at_layer(output, value, layer, scope.interventions, scope.query_offset)  # patches, mean ablation
         return output.to(out_dtype).transpose(1, 2).contiguous(), probs
     probs_out = scope.buffer_for(layer, (n_batch, n_heads, n_queries, key.shape[2]), query)
@@ -237,6 +263,7 @@ def attnlab_attention(
     if scope.record_scores:
         scope.queries_keys[layer] = (queries_keys[0].detach(), queries_keys[1].detach())
     scope.dead_rows[layer] = dead_rows
+    _layer_done(scope, module)
     return output.to(out_dtype).transpose(1, 2).contiguous(), probs  # (B, T_q, H, d_v), (B, H, T_q, T_k)
 
 

@@ -45,6 +45,32 @@ export async function getJSON(url) {
 
 export const isAbort = (err) => err && err.name === "AbortError";
 
+// Server-sent events from a fetch() body (EventSource cannot POST): events are separated by a blank line, payload
+// lines start with "data:", an optional "event:" line names the event. Yields each event's parsed JSON data; with
+// { named: true } it yields { event, data } instead (event "message" when unnamed, data null when it has none).
+export async function* serverEvents(stream, { named = false } = {}) {
+  const reader = stream.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const lines = buffer.slice(0, cut).split("\n");
+      buffer = buffer.slice(cut + 2);
+      const data = lines.filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
+      if (!named) {
+        if (data) yield JSON.parse(data);
+        continue;
+      }
+      const event = lines.find((l) => l.startsWith("event:"))?.slice(6).trim() || "message";
+      yield { event, data: data ? JSON.parse(data) : null };
+    }
+  }
+}
+
 // Status line in the top bar.
 export function setStatus(message, { error = false } = {}) {
   const el = document.getElementById("status");

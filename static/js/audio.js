@@ -3,7 +3,7 @@
 // the heads ranked by alignment; interventions (mask a span by dragging over the spectrogram, β on cross heads,
 // ablate heads) re-run the model, and the transcript before/after, per-token Δp and the streamed greedy transcript
 // show what the decoder heard.
-import { ApiError, getJSON, isAbort, postJSON, setStatus } from "./api.js";
+import { ApiError, getJSON, isAbort, postJSON, serverEvents, setStatus } from "./api.js";
 import { byId as $, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
 import { MODEBAR_REMOVE } from "./vendor.js";
@@ -561,21 +561,9 @@ async function streamTranscript() {
       body: JSON.stringify({ model: config.model, audio_id: state.audioId, interventions: interventions() }),
     });
     if (!response.ok) throw new ApiError(response.status, (await response.json().catch(() => ({}))).detail);
-    const reader = response.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buffer.indexOf("\n\n")) >= 0) {
-        const block = buffer.slice(0, cut);
-        buffer = buffer.slice(cut + 2);
-        const data = block.split("\n").find((l) => l.startsWith("data: "));
-        if (data) out.textContent = JSON.parse(data.slice(6)).text || "…";
-        if (block.startsWith("event: done")) out.dataset.done = "1";
-      }
+    for await (const { event, data } of serverEvents(response.body, { named: true })) {
+      if (data) out.textContent = data.text || "…";
+      if (event === "done") out.dataset.done = "1";
     }
   } catch (err) {
     if (!isAbort(err)) fail(err);

@@ -1,7 +1,7 @@
 // The output side of language models on the text page (§9): the next-token distribution before and
 // after the interventions, the two greedy continuations streamed side by side, and an encoder–decoder's
 // decoded target with its per-token probabilities.
-import { ApiError } from "./api.js";
+import { ApiError, serverEvents } from "./api.js";
 import { byId, count, el, fillList, showToken } from "./dom.js";
 import { fmt } from "./mathx.js";
 
@@ -182,26 +182,6 @@ function tokenSpan(token, prob, differs, step) {
 
 function endMark(step) {
   return el("span", { className: "gen-end", textContent: "[ended]", title: `this side ended after ${count(step, "token")} (end of sequence)` });
-}
-
-// Server-sent events from a fetch() body: events are separated by a blank line, payload lines start with
-// "data:". (EventSource cannot POST.)
-async function* serverEvents(stream) {
-  const reader = stream.getReader();
-  const decoder = new TextDecoder();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
-    let cut;
-    while ((cut = buffer.indexOf("\n\n")) >= 0) {
-      const block = buffer.slice(0, cut);
-      buffer = buffer.slice(cut + 2);
-      const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
-      if (data) yield JSON.parse(data);
-    }
-  }
 }
 
 // ---- encoder–decoder target ------------------------------------------------------------------------

@@ -5,32 +5,13 @@
 //
 // mountAnalysis({info, text, interventions, onError}): info() the selected ModelInfo, text() the prompt box,
 // interventions() the lab's list. The panels follow the model on their own (decoder LMs; faithfulness also encoders).
-import { ApiError, postJSON } from "../api.js";
+import { ApiError, postJSON, serverEvents } from "../api.js";
 import { byId, el, fillList, showToken } from "../dom.js";
 import { fmt } from "../mathx.js";
 import { loadPlotly } from "../vendor.js";
 
 const CONFIG = { responsive: true, displaylogo: false };
 const DIVERGING = [[0, "#b2182b"], [0.5, "#f7f7f7"], [1, "#2166ac"]];
-
-// Server-sent events from a fetch() body ("data:" lines, events separated by a blank line).
-async function* serverEvents(stream) {
-  const reader = stream.getReader();
-  const decoder = new TextDecoder();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
-    let cut;
-    while ((cut = buffer.indexOf("\n\n")) >= 0) {
-      const block = buffer.slice(0, cut);
-      buffer = buffer.slice(cut + 2);
-      const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
-      if (data) yield JSON.parse(data);
-    }
-  }
-}
 
 export function mountAnalysis({ info, text, interventions, onError = () => {} }) {
   const panels = { patching: byId("patching-panel"), lens: byId("lens-panel"), faith: byId("faith-panel") };

@@ -21,10 +21,18 @@ result cache (3/4) and the decoded-image cache (1/4).
 """
 from __future__ import annotations
 
+import contextvars
 import threading
 from dataclasses import dataclass
 
 from fastapi import HTTPException
+
+# The model seconds this request's cost check estimated (set by check_request_cost). The runtime compares it with the
+# time left before the request's deadline when the request first gets the model: a request that waited in the queue
+# so long that its work could no longer finish is refused then (503), rather than started and thrown away at the
+# deadline.
+request_model_seconds: contextvars.ContextVar[float | None] = contextvars.ContextVar("request_model_seconds",
+                                                                                    default=None)
 
 MIN_TIMED_S = 0.2  # runs shorter than this do not update a model's measured throughput
 INTERVENTION_WEIGHT = 4  # elementwise work per score per intervention, in multiply-add equivalents
@@ -117,6 +125,7 @@ def check_request_cost(adapter, settings, tokens: int, runs: int, interventions:
     macs = runs * forward_macs(shape, tokens, keys or tokens, interventions)
     seconds = estimated_seconds(adapter, settings, macs)
     limit = settings.request_timeout_s
+    request_model_seconds.set(seconds)
     if seconds > limit:
         raise HTTPException(413, detail=(
             f"{field}: this request needs {runs} model run{'s' if runs > 1 else ''} over {tokens:,} tokens"

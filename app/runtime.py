@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from app.costs import observe_run
+from app.costs import observe_run, request_model_seconds
 from app.ids import new_id
 from app.lifecycle import RequestCancelled, after_layer, cache_scope, request_cancel  # noqa: F401  (cache_scope: re-exported)
 from app.settings import Settings
@@ -58,9 +58,9 @@ class Overloaded(RuntimeError):
 
 
 class ResultCache:
-    """LRU of AttentionResults, bounded by item count, host bytes and device bytes (a long run's atlas stays in GPU
-    memory: max_device_bytes bounds that, max_bytes the host memory); each kept result is also found by its run id
-    (`by_run_id`) until it is evicted."""
+    """LRU of AttentionResults, bounded by item count, host bytes and device bytes (on a GPU a run's tensors stay in
+    GPU memory: a short run's P, q̂/k̂ and hidden states, a long run's atlas; max_device_bytes bounds those,
+    max_bytes the host memory); each kept result is also found by its run id (`by_run_id`) until it is evicted."""
 
     def __init__(self, max_items: int, max_bytes: int, max_device_bytes: int = 0):
         self.max_items, self.max_bytes, self.max_device_bytes = max_items, max_bytes, max_device_bytes
@@ -96,6 +96,7 @@ class ResultCache:
             self._device_bytes += device
             if result.run_id is not None:
                 self._run_keys[result.run_id] = key
+            self._remeasure()
             while (len(self._items) > self.max_items or self._bytes > self.max_bytes
                    or self._device_bytes > self.max_device_bytes):
                 old_key, evicted = self._items.popitem(last=False)
@@ -103,6 +104,18 @@ class ResultCache:
                 self._bytes -= old_host
                 self._device_bytes -= old_device
                 self._run_keys.pop(evicted.run_id, None)
+
+    def _remeasure(self) -> None:
+        """Sizes again (under the lock): a GPU run's P gets a host copy once a consumer needs all of it on the host
+        (AttentionResult.attention), so a kept result's host bytes can grow after it was put."""
+        for key, kept in self._items.items():
+            device = kept.device_nbytes
+            host = kept.nbytes - device
+            old_host, old_device = self._sizes[key]
+            if (host, device) != (old_host, old_device):
+                self._sizes[key] = (host, device)
+                self._bytes += host - old_host
+                self._device_bytes += device - old_device
 
     def by_run_id(self, run_id: str) -> AttentionResult | None:
         """The kept result of that run (marked recently used), or None once evicted or never kept."""
@@ -244,12 +257,28 @@ class Runtime:
             cancel = request_cancel.get()
             if cancel is not None and cancel.is_set():  # the client left while we waited: the lock goes on at once
                 raise RequestCancelled(cancel.reason)
+            self._refuse_if_out_of_time(deadline)
             with on_each_layer(after_layer):  # a client that leaves stops the forward at its next layer
                 yield
         finally:
             self._run_lock.release()
             with self._turns:
                 self._turns.notify_all()
+
+    def _refuse_if_out_of_time(self, deadline: float | None) -> None:
+        """At a request's first turn with the model: 503 when its estimated model time no longer fits before its
+        deadline (it waited in a long queue), instead of starting work that the deadline would throw away."""
+        estimate = request_model_seconds.get()
+        if estimate is None:
+            return
+        request_model_seconds.set(None)  # the request's later runs belong to the same estimate
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and estimate > left:
+            raise Overloaded(
+                f"server busy: this request needs about {estimate:.0f} s of model time and {max(left, 0):.0f} s "
+                f"of request_timeout_s={self.settings.request_timeout_s:g} s are left after its wait in the queue",
+                retry_after=max(1, round(self.settings.request_timeout_s / 4)),
+            )
 
     def _acquire_in_order(self, timeout: float) -> bool | str:
         """Take the model lock in arrival order: with a bare Lock a newcomer may overtake the queue, so

@@ -73,6 +73,10 @@ def check_request_limits(limits, req) -> None:
     samples = getattr(req, "samples", 1)
     if samples > limits.max_samples:
         raise field_error(("samples",), f"samples={samples}; the limit is {limits.max_samples} (max_samples)")
+    thumbnail = getattr(req, "thumbnail_size", None)
+    if thumbnail is not None and thumbnail > limits.max_thumbnail_size:
+        raise field_error(("thumbnail_size",), f"thumbnail_size={thumbnail}; the limit is {limits.max_thumbnail_size} "
+                          "(max_thumbnail_size)")
 
 
 def check_run_budget(runtime: Runtime, maps: list[tuple[int, int, int, int]], field: str = "text",

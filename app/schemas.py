@@ -8,7 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from models.interventions import Intervention
 
 NonNegInt = Annotated[int, Field(ge=0)]
-IndexList = Annotated[list[NonNegInt], Field(max_length=4096)]
+# Each index is checked against the model and the input (app/attention.py), whose sizes the settings bound: no length
+# cap here (4,096 was below a GPU's max_tokens_gpu). Settings are the only source of limits; schemas carry types.
+IndexList = list[NonNegInt]
 
 
 class _Strict(BaseModel):
@@ -87,6 +89,8 @@ class PerturbQueries(_Perturb):
 InterventionIn = Annotated[
     Union[Temperature, MaskKeys, Causal, AblateHeads, PerturbKeys, PerturbQueries, PatchHeads], Field(discriminator="op")
 ]
+Interventions = Annotated[list[InterventionIn], Field(description="applied in order; at most the server's "
+                                                                 "max_interventions (default 64)")]
 
 
 def to_engine(item: InterventionIn) -> Intervention:
@@ -101,15 +105,17 @@ class AttentionRequestBase(_Strict):
     layers: IndexList | None = Field(None, description="which layers to return (null = all)")
     heads: IndexList | None = Field(None, description="which heads to return (null = all)")
     include_scores: bool = False
-    interventions: Annotated[list[InterventionIn], Field(max_length=256)] = Field(default_factory=list)
+    interventions: Interventions = Field(default_factory=list)
     compare: bool = False
     include_base: bool = Field(
         False, description="with compare: also return the same slices of P without interventions as `base_attention` "
         "(for P̂ − P maps without a second request)"
     )
-    samples: int = Field(1, ge=1, le=64)
+    samples: int = Field(1, ge=1, description="runs with the noise of the perturbations re-seeded, effects as mean ± std; "
+                         "at most the server's max_samples (default 16)")
     thumbnail_size: int | None = Field(
-        None, ge=2, le=64, description="also return every layer × head pooled to at most n × n (for a model view)"
+        None, ge=2, description="also return every layer × head pooled to at most n × n (for a model view); n at most the "
+        "server's max_thumbnail_size (default 64)"
     )
     encoding: Literal["json", "f16", "f32"] = Field(
         "json", description="'f16' / 'f32': attention/scores as base64 little-endian float16 / float32 "
@@ -119,8 +125,8 @@ class AttentionRequestBase(_Strict):
 
 class TextAttentionRequest(AttentionRequestBase):
     model: str = "minilm"
-    text: str = Field(min_length=1, max_length=1_000_000, description="the sentence; for encoder–decoders the source")
-    text_pair: str | None = Field(None, max_length=1_000_000, description="encoders only: a second sentence")
+    text: str = Field(min_length=1, description="the sentence; for encoder–decoders the source (at most max_text_chars)")
+    text_pair: str | None = Field(None, description="encoders only: a second sentence")
     position: NonNegInt | None = Field(
         None, description="decoder LMs: the query position whose next-token distribution is shown (null = the last)"
     )
@@ -130,7 +136,7 @@ class TextAttentionRequest(AttentionRequestBase):
         "(Kobayashi et al. 2020; encoders and decoder LMs)"
     )
     target: str | None = Field(
-        None, max_length=1_000_000,
+        None,
         description="encoder–decoders: the target text (null = the model's greedy output without interventions)",
     )
 
@@ -139,18 +145,18 @@ class GenerateRequest(_Strict):
     """Greedy continuations with and without the interventions (see /guide#s9)."""
 
     model: str = "smollm2-135m"
-    text: str = Field(min_length=1, max_length=1_000_000)
+    text: str = Field(min_length=1)
     chat: bool = False
-    max_new_tokens: int = Field(16, ge=1, le=4096, description="1 … the server's max_new_tokens (default 64)")
-    interventions: Annotated[list[InterventionIn], Field(max_length=256)] = Field(default_factory=list)
+    max_new_tokens: int = Field(16, ge=1, description="1 … the server's max_new_tokens (default 64)")
+    interventions: Interventions = Field(default_factory=list)
 
 
 class PatchingRequest(_Strict):
     """Patching between a clean and a corrupted prompt of the same token count (see /guide#s12-1)."""
 
     model: str = "smollm2-135m"
-    clean: str = Field(min_length=1, max_length=1_000_000, description="the clean prompt")
-    corrupt: str = Field(min_length=1, max_length=1_000_000, description="the corrupted prompt (same token count)")
+    clean: str = Field(min_length=1, description="the clean prompt")
+    corrupt: str = Field(min_length=1, description="the corrupted prompt (same token count)")
     answer: str = Field(min_length=1, max_length=200, description="the clean run's answer: exactly one token, e.g. ' Paris'")
     wrong: str = Field(min_length=1, max_length=200, description="the corrupted run's answer: one token, e.g. ' Rome'")
     scan: Literal["heads", "residual"] = "heads"
@@ -158,16 +164,16 @@ class PatchingRequest(_Strict):
         "exact", description="'exact': one patched run per cell (batched); 'attribution': the gradient estimate "
         "(heads only). An exact head scan also returns the attribution estimate and their rank correlation"
     )
-    interventions: Annotated[list[InterventionIn], Field(max_length=256)] = Field(default_factory=list)
+    interventions: Interventions = Field(default_factory=list)
 
 
 class LensRequest(_Strict):
     """The logit lens (see /guide#s12-3)."""
 
     model: str = "smollm2-135m"
-    text: str = Field(min_length=1, max_length=1_000_000)
+    text: str = Field(min_length=1)
     top: int = Field(5, ge=1, le=20, description="tokens per cell")
-    interventions: Annotated[list[InterventionIn], Field(max_length=256)] = Field(default_factory=list)
+    interventions: Interventions = Field(default_factory=list)
     compare: bool = Field(False, description="also the lens without the interventions, as `top_before`")
 
 
@@ -175,7 +181,7 @@ class FaithfulnessRequest(_Strict):
     """Which attribution of a query row is faithful: mask each method's top-k keys in every layer (see /guide#s12-5)."""
 
     model: str = "smollm2-135m"
-    text: str = Field(min_length=1, max_length=1_000_000)
+    text: str = Field(min_length=1)
     position: NonNegInt | None = Field(None, description="the query row (null = the last token)")
     k: Annotated[list[Annotated[int, Field(ge=1, le=512)]], Field(min_length=1, max_length=8)] = Field(
         default_factory=lambda: [1, 2, 4, 8])

@@ -57,6 +57,7 @@ class Settings(BaseSettings):
     max_run_bytes_gpu: int = Field(8 * 1024**3, ge=1)
     max_interventions: int = 64
     max_samples: int = 16
+    max_thumbnail_size: int = Field(64, ge=2)  # thumbnail_size: each head pooled to at most n × n (L·H·n² bytes)
     max_response_numbers: int = 4_000_000
     # Attention maps one model run may record (L·H·T_q·T_k float32 per run): a bigger run is refused with 413
     # before it starts. 512 tokens of the 30 × 9-head smollm2-135m take 283 MB.

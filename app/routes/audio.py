@@ -33,7 +33,7 @@ from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.lifecycle import check_cancelled
 from app.routes.images import MULTIPART_SLACK, decode_gate
 from app.runtime import Runtime, UnknownModel
-from app.schemas import IndexList, InterventionIn, _Strict, to_engine
+from app.schemas import IndexList, Interventions, _Strict, to_engine
 from app.templating import templates
 from models.adapters.base import Encoded
 from models.adapters.seq2seq import KINDS, KindScopedIntervention
@@ -204,12 +204,13 @@ class AudioAttentionRequest(_Strict):
     audio_id: str = Field(description="from POST /api/audio (or GET /api/audio/sample)")
     task: Literal["transcribe", "translate"] = "transcribe"
     language: str | None = Field(None, max_length=8, description="null = the model's own (tiny.en: English only)")
-    target: str | None = Field(None, max_length=2000, description="text to teacher-force; null = the greedy transcript")
+    target: str | None = Field(None, description="text to teacher-force (at most max_text_chars; its tokens past "
+                               "max_transcript_tokens are dropped); null = the greedy transcript")
     layers: IndexList | None = Field(None, description="decoder/cross layers to return (null = all)")
     heads: IndexList | None = None
     encoder_layers: IndexList | None = Field(None, description="encoder layers of the overview (null = all)")
     kinds: list[Literal["encoder", "decoder", "cross"]] = Field(default_factory=lambda: ["cross", "decoder"])
-    interventions: Annotated[list[InterventionIn], Field(max_length=256)] = Field(default_factory=list)
+    interventions: Interventions = Field(default_factory=list)
     compare: bool = False
     encoding: Literal["json", "f16", "f32"] = "json"
 

@@ -50,6 +50,9 @@ class LayerRecord:
     model_causal: bool  # the model masks every key after the query's own position
     extras: LogitExtras  # bias/mask_bias sliced to batch item 0: (1|H, T_q, T_k)
     query_offset: int = 0
+    # (H, T_k) ‖v_j W_O^h‖ per head and key, when the run kept them (models/head_ops.py): a value-weighted window
+    # is P[i, j]·n_j renormalised per row (models/attribution.py)
+    value_norms: torch.Tensor | None = None
 
     @property
     def n_heads(self) -> int:
@@ -61,7 +64,7 @@ class LayerRecord:
 
     def tensors(self) -> list[torch.Tensor]:
         parts = [self.queries, self.keys, self.beta, self.key_mask, self.causal_heads, self.allowed,
-                 self.extras.bias, self.extras.mask_bias]
+                 self.extras.bias, self.extras.mask_bias, self.value_norms]
         return [t for t in parts if t is not None]
 
 
@@ -396,11 +399,13 @@ class Atlas:
     def received(self, layers: list[int], heads: list[int]) -> torch.Tensor:
         return torch.stack([self.summaries[l].received[heads] for l in layers]).cpu()  # (l, h, T_k)
 
-    def thumbnails(self, size: int) -> dict:
+    def thumbnails(self, size: int, sums: torch.Tensor | None = None) -> dict:
         """Every head's map pooled to size × size bins whose edges are overview block edges: each bin the mean of P
-        over its cells (exact, from the block sums). Same encoding as the short-input thumbnails."""
-        layers = sorted(self.summaries)
-        sums = torch.stack([self.summaries[l].overview_sums for l in layers]).cpu().double()  # (L, H, nR, nC)
+        over its cells (exact, from the block sums). Same encoding as the short-input thumbnails. `sums` (L, H, nR,
+        nC): block sums of another map on the same edges (the value-weighted one) instead of P's."""
+        if sums is None:
+            sums = torch.stack([self.summaries[l].overview_sums for l in sorted(self.summaries)])
+        sums = sums.cpu().double()  # (L, H, nR, nC)
         rows, cols = torch.tensor(self.row_edges()).diff().double(), torch.tensor(self.col_edges()).diff().double()
         row_group, col_group = _grouping(len(rows), size), _grouping(len(cols), size)  # (t, nR), (t, nC)
         pooled = (row_group @ sums @ col_group.T) / ((row_group @ rows)[:, None] * (col_group @ cols)[None, :])
@@ -479,8 +484,8 @@ def run_bytes(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, n_que
               overview_blocks: int = 128, block_rows: int = 128) -> int:
     """What an atlas run keeps (float32): q̂, k̂, received, the overview; plus one block's temporaries."""
     overview = min(overview_blocks, n_queries) * min(overview_blocks, n_keys)
-    kept = n_layers * (n_heads * n_queries * head_dim + n_kv_heads * n_keys * head_dim + n_heads * n_keys
-                       + n_heads * overview)
+    kept = n_layers * (n_heads * n_queries * head_dim + n_kv_heads * n_keys * head_dim + 2 * n_heads * n_keys
+                       + n_heads * overview)  # 2 · H · T_k: received and the value norms
     block = 4 * n_heads * block_rows * n_keys  # z, P and their companions of one block
     return 4 * (kept + block) + n_queries * n_keys  # + the model's own bool mask, once
 
@@ -502,6 +507,7 @@ class PendingRecord:
     interventions: tuple[Intervention, ...]
     layer: int
     query_offset: int = 0
+    value_norms: torch.Tensor | None = None  # (H, T_k), as LayerRecord.value_norms
 
     def build(self) -> LayerRecord:
         n_heads, n_keys = self.queries.shape[0], self.keys.shape[1]
@@ -513,8 +519,9 @@ class PendingRecord:
             key_mask=plan.key_mask.to(device) if bool(plan.key_mask.any()) else None,
             causal_heads=plan.causal.to(device) if bool(plan.causal.any()) else None,
             allowed=self.allowed, model_causal=False, extras=self.extras, query_offset=self.query_offset,
+            value_norms=self.value_norms,
         )
 
     def tensors(self) -> list[torch.Tensor]:
-        parts = [self.queries, self.keys, self.allowed, self.extras.bias, self.extras.mask_bias]
+        parts = [self.queries, self.keys, self.allowed, self.extras.bias, self.extras.mask_bias, self.value_norms]
         return [t for t in parts if t is not None]

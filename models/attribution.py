@@ -7,10 +7,14 @@ Rows are normalised to sum to 1 for display; a row whose keys are all masked sta
 """
 from __future__ import annotations
 
+import threading
+import weakref
+
 import torch
 
 from models.adapters.base import AttentionAdapter, Encoded
 from models.anatomy import output_projections
+from models.atlas import Atlas, LayerRecord, full_rows
 from models.head_ops import HeadRun, current_sources, head_run
 from models.interventions import Intervention
 
@@ -43,3 +47,85 @@ def run_value_norms(adapter: AttentionAdapter, encoded: Encoded, interventions: 
     with torch.inference_mode():
         norms = [value_norms(values[l][0].to(w.dtype), w).float().cpu() for l, w in enumerate(projections)]
     return torch.stack(norms)  # (L, H, T)
+
+
+# ---- value norms kept with a run (windows, rows and overviews of long inputs) --------------------------------------
+_grams: "weakref.WeakKeyDictionary[torch.nn.Module, list[torch.Tensor] | None]" = weakref.WeakKeyDictionary()
+_grams_lock = threading.Lock()
+
+
+def value_grams(adapter: AttentionAdapter) -> list[torch.Tensor] | None:
+    """G_h = W_O^h W_O^hᵀ of every layer, (H, d_v, d_v) float64 on the model's device, once per model; None when
+    the model's output projections are not found (value weighting is then not offered).
+
+    ‖v_j W_O^h‖² = v_j G_h v_jᵀ: a run keeps its norms for H·T·d_v² work a layer instead of H·T·d_v·D, in float64
+    because v G vᵀ sums terms of both signs (a small norm would lose its digits in float32)."""
+    model = adapter.model
+    with _grams_lock:
+        if model not in _grams:
+            info = adapter.info
+            try:
+                projections = output_projections(model, adapter.layer_of, info.heads, info.head_dim)
+            except ValueError:
+                _grams[model] = None
+            else:
+                with torch.inference_mode():
+                    _grams[model] = [torch.matmul(w.double(), w.double().transpose(-1, -2)) for w in projections]
+        return _grams[model]
+
+
+def kept_value_norms(atlas: Atlas | None) -> torch.Tensor | None:
+    """The norms a run kept on its records, (L, H, T_k) float32 on the host; None when any layer has none."""
+    if atlas is None:
+        return None
+    norms = [atlas.records[l].value_norms for l in sorted(atlas.records)]
+    if any(n is None for n in norms):
+        return None
+    return torch.stack([n.cpu() for n in norms])
+
+
+def value_weighted_rows(record: LayerRecord, heads: list[int], r0: int, r1: int, beta: float | None = None,
+                        probs: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows r0 … r1 − 1 of the value-weighted maps of the given heads: P[i, j]·n_j over every key, renormalised per
+    row. probs: those rows of P when the run kept them (h, r, T_k); else rebuilt from q̂/k̂ (at `beta` if given).
+    → (h, r, T_k) float32."""
+    if record.value_norms is None:
+        raise ValueError("this run kept no value norms")
+    if probs is None:
+        probs = full_rows(record, heads, r0, r1, beta)  # (h, r, T_k)
+    norms = record.value_norms[heads].to(probs.device, probs.dtype)  # (h, T_k)
+    return value_weighted(probs, norms)
+
+
+@torch.inference_mode()
+def value_weighted_overview(atlas: Atlas, block_rows: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """The overview of the value-weighted maps of a long run: Σ over each overview block's cells (L, H, nR, nC), on
+    the same edges as P's (Atlas.overview divides by the cells), and received (L, H, T_k) = Σ_i VW[i, j] / T_q.
+    P is rebuilt block by block of rows from q̂/k̂ (no T × T map held, no model re-run): about the attention's own
+    arithmetic once more."""
+    layers = sorted(atlas.records)
+    row_edges, col_edges = atlas.row_edges(), atlas.col_edges()
+    row_width, col_width = row_edges[1] - row_edges[0], col_edges[1] - col_edges[0]
+    block = max(row_width, block_rows // row_width * row_width)  # blocks start on overview rows
+    sums, received = [], []
+    for layer in layers:
+        record = atlas.record(layer)
+        heads = list(range(record.n_heads))
+        n_queries, n_keys = record.queries.shape[1], record.keys.shape[1]
+        device = record.queries.device
+        layer_sums = torch.zeros(len(heads), len(row_edges) - 1, len(col_edges) - 1, device=device)  # (H, nR, nC)
+        layer_received = torch.zeros(len(heads), n_keys, device=device)  # (H, T_k)
+        padded_cols = -(-n_keys // col_width) * col_width
+        for r0 in range(0, n_queries, block):
+            r1 = min(n_queries, r0 + block)
+            weighted = value_weighted_rows(record, heads, r0, r1)  # (H, r, T_k)
+            layer_received += weighted.sum(dim=1)
+            overview_rows = torch.arange(r0, r1, device=device) // row_width - r0 // row_width  # (r,)
+            by_rows = weighted.new_zeros(len(heads), int(overview_rows[-1]) + 1, n_keys).index_add_(1, overview_rows, weighted)
+            pooled = torch.nn.functional.pad(by_rows, (0, padded_cols - n_keys)).view(
+                len(heads), by_rows.shape[1], padded_cols // col_width, col_width).sum(dim=-1)  # (H, nr, nC)
+            first = r0 // row_width
+            layer_sums[:, first:first + pooled.shape[1]] += pooled
+        sums.append(layer_sums.cpu())
+        received.append((layer_received / n_queries).cpu())
+    return torch.stack(sums), torch.stack(received)

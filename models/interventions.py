@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-OPS = ("temperature", "mask_keys", "causal", "ablate_heads", "perturb_keys", "perturb_queries", "patch_heads")
+OPS = ("temperature", "mask_keys", "causal", "ablate_heads", "perturb_keys", "perturb_queries", "patch_heads",
+       "patch_residual")
 ABLATION_MODES = ("zero", "mean")
 
 
@@ -23,12 +24,13 @@ class Intervention:
     layers: tuple[int, ...] | None = None
     heads: tuple[int, ...] | None = None
     beta: float | None = None  # temperature
-    tokens: tuple[int, ...] | None = None  # mask_keys (required), perturb_* (None = all tokens)
+    tokens: tuple[int, ...] | None = None  # mask_keys (required), perturb_*, patch_residual (None = all tokens)
     noise_std: float = 0.0  # perturb_*: σ of ε ~ N(0, σ² I_d)
     scale: float = 1.0  # perturb_*: α in k̂ = α k + ε
     seed: int = 0  # perturb_*: seeds the generator of ε
     mode: str = "zero"  # ablate_heads: "zero" (here) or "mean" (models/head_ops.py)
-    source: str | None = None  # patch_heads: the kept run whose head outputs replace these (models/head_ops.py)
+    # patch_heads / patch_residual: the kept run whose head outputs / residual stream replace these (models/head_ops.py)
+    source: str | None = None
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -39,8 +41,8 @@ class Intervention:
             raise ValueError("mask_keys needs a list of tokens")
         if self.op == "ablate_heads" and self.mode not in ABLATION_MODES:
             raise ValueError(f"ablate_heads mode must be one of {ABLATION_MODES}, got {self.mode!r}")
-        if self.op == "patch_heads" and not self.source:
-            raise ValueError("patch_heads needs a source run id")
+        if self.op in ("patch_heads", "patch_residual") and not self.source:
+            raise ValueError(f"{self.op} needs a source run id")
 
     def applies_to_layer(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers

@@ -23,7 +23,7 @@ from models.anatomy import layer_blocks
 from models.head_ops import HeadRun, current_sources, head_run
 from models.hooks import RunScope, run_scope
 from models.interventions import Intervention
-from models.lens import residual_stream
+from models.lens import capture_residual, residual_stream
 
 Progress = Callable[[int, int], None]  # (items done, items in all); may raise to stop the scan
 Guard = Callable[[], contextlib.AbstractContextManager]  # held around each batch's forward (a model lock)
@@ -74,11 +74,22 @@ def head_outputs(adapter, input_ids: torch.Tensor, interventions: tuple[Interven
     return [record[l][0].detach() for l in range(len(adapter.layer_of))], logits[0]
 
 
+def clean_run(adapter, input_ids: torch.Tensor, interventions: tuple[Intervention, ...] = ()
+              ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """head_outputs and, from the same forward, the residual stream after every layer (L, T, D): what patch_heads
+    and patch_residual take from a kept clean run."""
+    with capture_residual(adapter.model, adapter.layer_of) as captured:
+        outputs, logits = head_outputs(adapter, input_ids, interventions)
+    residual = torch.stack([captured[l][0].detach() for l in range(len(adapter.layer_of))])  # (L, T, D)
+    return outputs, residual, logits
+
+
 @dataclass
 class Baseline:
     clean_outputs: list[torch.Tensor]  # per layer (H, T, d_v): the source of the patches
     ld_clean: float
     ld_corrupt: float
+    clean_residual: torch.Tensor | None = None  # (L, T, D) the clean run's residual stream after every layer
 
     def effect(self, ld: torch.Tensor) -> torch.Tensor:
         """(LD − LD_corrupt) / (LD_clean − LD_corrupt); NaN where the two runs do not differ."""
@@ -87,10 +98,10 @@ class Baseline:
 
 
 def baseline(adapter, pair: Pair, interventions: tuple[Intervention, ...] = ()) -> Baseline:
-    clean_outputs, clean_logits = head_outputs(adapter, pair.clean, interventions)
+    clean_outputs, clean_residual, clean_logits = clean_run(adapter, pair.clean, interventions)
     corrupt_logits = last_logits(adapter, pair.corrupt, interventions)[0]
     ld = lambda logits: float(logits[pair.answer] - logits[pair.wrong])  # noqa: E731
-    return Baseline(clean_outputs, ld(clean_logits), ld(corrupt_logits))
+    return Baseline(clean_outputs, ld(clean_logits), ld(corrupt_logits), clean_residual)
 
 
 def _batches(total: int, size: int) -> Iterator[range]:
@@ -153,8 +164,10 @@ def _residual_patching(model: torch.nn.Module, layer_of: dict[int, int], layers:
 def residual_scan(adapter, pair: Pair, base: Baseline, interventions: tuple[Intervention, ...] = (), batch: int = 64,
                   progress: Progress | None = None, guard: Guard = contextlib.nullcontext) -> torch.Tensor:
     """Effect of patching the residual stream after each layer at each position: (L, T)."""
-    with guard():
-        clean = residual_stream(adapter, pair.clean, interventions)  # (L, T, D)
+    clean = base.clean_residual
+    if clean is None:
+        with guard():
+            clean = residual_stream(adapter, pair.clean, interventions)  # (L, T, D)
     n_layers, n_tokens = clean.shape[:2]
     total = n_layers * n_tokens
     lds = torch.empty(total)
@@ -205,14 +218,15 @@ def attribution_patching(adapter, pair: Pair, interventions: tuple[Intervention,
     both runs, the clean outputs) and the (L, H) estimate."""
     record: dict[int, torch.Tensor] = {}
     run = HeadRun(sources=current_sources(), record=record, track_grad=True)
-    with torch.inference_mode(False), torch.enable_grad():
+    with torch.inference_mode(False), torch.enable_grad(), capture_residual(adapter.model, adapter.layer_of) as captured:
         logits = last_logits(adapter, torch.cat([pair.clean, pair.corrupt]), interventions, run)  # (2, V)
         ld = logit_difference(logits, pair.answer, pair.wrong)  # (2,): clean, corrupt
         layers = sorted(run.deltas)
         grads = torch.autograd.grad(ld[1], [run.deltas[l] for l in layers], allow_unused=True)  # each (2, H, T, d_v)
     grads = [torch.zeros_like(run.deltas[l]) if g is None else g for l, g in zip(layers, grads)]
     lds = ld.detach().tolist()
-    base = Baseline([record[l][0].detach() for l in layers], lds[0], lds[1])
+    clean_residual = torch.stack([captured[l][0].detach() for l in range(len(adapter.layer_of))])  # (L, T, D)
+    base = Baseline([record[l][0].detach() for l in layers], lds[0], lds[1], clean_residual)
     return base, _attribution(base, [record[l][1].detach() for l in layers], [g[1] for g in grads])
 
 

@@ -158,3 +158,53 @@ def test_attribution_patching_alone_equals_the_estimate_beside_the_exact_scan(lm
     assert alone_base.ld_clean == pytest.approx(base.ld_clean, abs=1e-5)
     assert alone_base.ld_corrupt == pytest.approx(base.ld_corrupt, abs=1e-5)
     assert torch.allclose(alone, attribution_scan(lm, pair, base), atol=1e-5)
+
+
+def _residual_patch_run(lm: CausalLMAdapter, base, interventions: tuple[Intervention, ...], ids: torch.Tensor):
+    """Last logits of `ids` with patch_residual interventions whose source "run" is the clean run's residual."""
+    from models.anatomy import layer_blocks
+
+    run = HeadRun(residual_sources={"run": base.clean_residual}, blocks=layer_blocks(lm.model, lm.layer_of))
+    with head_run(run):
+        return last_logits(lm, ids, interventions)[0]
+
+
+def test_patch_residual_every_position_of_the_last_layer_is_the_clean_run(lm):
+    pair = _pair(lm)
+    base = baseline(lm, pair)
+    last = lm.info.layers - 1
+    patched = _residual_patch_run(lm, base, (Intervention("patch_residual", layers=(last,), source="run"),), pair.corrupt)
+    clean = last_logits(lm, pair.clean)[0]
+    assert torch.allclose(patched, clean, atol=1e-5)
+    assert not torch.allclose(last_logits(lm, pair.corrupt)[0], clean, atol=1e-3)  # the two runs do differ
+    # the kept residual is the clean run's own hidden states (after each layer), from an independent forward
+    with torch.no_grad():
+        hidden = lm.model(input_ids=pair.clean, output_hidden_states=True).hidden_states
+    assert torch.allclose(base.clean_residual[0], hidden[1][0], atol=1e-6)
+    # outside the context nothing is hooked: the same intervention list without its source in reach raises
+    with pytest.raises(Exception):
+        with head_run(HeadRun()):
+            from models.head_ops import patch_residual
+            patch_residual(torch.zeros(1, 2, 4), 0, [Intervention("patch_residual", source="gone")], {})
+
+
+def test_patch_residual_of_one_cell_equals_the_residual_scan(lm):
+    pair = _pair(lm)
+    base = baseline(lm, pair)
+    effect = residual_scan(lm, pair, base, batch=7)
+    for layer, position in [(0, 1), (0, 3), (1, 2), (1, pair.clean.shape[1] - 1)]:
+        iv = Intervention("patch_residual", layers=(layer,), tokens=(position,), source="run")
+        logits = _residual_patch_run(lm, base, (iv,), pair.corrupt)
+        ld = torch.tensor([float(logits[pair.answer] - logits[pair.wrong])])
+        assert float(base.effect(ld)) == pytest.approx(float(effect[layer, position]), abs=1e-4)
+    # patching nothing (a position the source lacks) leaves the corrupted run as it was
+    iv = Intervention("patch_residual", layers=(0,), tokens=(99,), source="run")
+    assert torch.allclose(_residual_patch_run(lm, base, (iv,), pair.corrupt), last_logits(lm, pair.corrupt)[0], atol=0)
+
+
+def test_attribution_patching_keeps_the_clean_residual_too(lm):
+    from models.patching import attribution_patching
+
+    pair = _pair(lm)
+    alone_base, _ = attribution_patching(lm, pair)
+    assert torch.allclose(alone_base.clean_residual, baseline(lm, pair).clean_residual, atol=1e-5)

@@ -106,14 +106,14 @@ def check_run_budget(runtime: Runtime, maps: list[tuple[int, int, int, int]], fi
 
 def _effect(adapter: AttentionAdapter, base: AttentionResult, run: AttentionResult, encoded: Encoded,
             layers: list[int], heads: list[int]) -> dict[str, Any]:
-    if run.attention is None or base.attention is None:  # long inputs keep no P: the TV distance would re-run it all
+    if run.kept_attention is None or base.kept_attention is None:  # long inputs keep no P: the TV distance would re-run it all
         return {"hidden_cosine": hidden_cosine(run.hidden_states, base.hidden_states).tolist(),
                 "output": adapter.output_effect(base, run, encoded)}
-    after = run.attention[layers][:, heads]  # (l, h, T, T)
-    before = base.attention[layers][:, heads]
+    after = run.kept_attention[layers][:, heads]  # (l, h, T, T), on the runs' device: only the distances are read
+    before = base.kept_attention[layers][:, heads]
     return {
         "attention_tv": attention_tv(after, before).tolist(),
-        "attention_tv_all": attention_tv(run.attention, base.attention).tolist(),  # (L, H): every head, cheap
+        "attention_tv_all": attention_tv(run.kept_attention, base.kept_attention).tolist(),  # (L, H): every head, cheap
         "hidden_cosine": hidden_cosine(run.hidden_states, base.hidden_states).tolist(),
         "output": adapter.output_effect(base, run, encoded),
     }
@@ -201,20 +201,21 @@ def build_attention_response(
         "layers": layers,
         "heads": heads,
         "native_beta": info.native_beta,
-        "attention": tensor_field(sliced(result.attention), req.encoding),
+        # slices of P where the run keeps it (GPU memory on a GPU): only what the response holds is copied to the host
+        "attention": tensor_field(sliced(result.kept_attention), req.encoding),
         "scores": tensor_field(result.scores_slice(layers, heads, rows), req.encoding) if req.include_scores else None,
-        "base_attention": tensor_field(sliced(base.attention), req.encoding) if base is not None and req.include_base else None,
+        "base_attention": tensor_field(sliced(base.kept_attention), req.encoding) if base is not None and req.include_base else None,
         # (L, H) summaries of every head, computed once per cached result
-        "entropy": result.summary("entropy", lambda: row_entropy(result.attention).mean(dim=-1).tolist()),
+        "entropy": result.summary("entropy", lambda: row_entropy(result.kept_attention).mean(dim=-1).tolist()),
         "output": adapter.output_summary(result, encoded),
-        "thumbnails": result.summary(f"thumbnails{req.thumbnail_size}", lambda: thumbnails(result.attention, req.thumbnail_size))
+        "thumbnails": result.summary(f"thumbnails{req.thumbnail_size}", lambda: thumbnails(result.kept_attention, req.thumbnail_size))
         if req.thumbnail_size else None,
         "effect": effect,
         "warnings": warnings,
         "elapsed_s": getattr(result, "elapsed_s", None) if limits.expose_timings else None,  # a cache oracle otherwise
         "run_id": result.run_id,
         "overview": None,
-        "received": tensor_field(result.attention[layers][:, heads].mean(dim=2), req.encoding),  # (l, h, T)
+        "received": tensor_field(result.kept_attention[layers][:, heads].mean(dim=2), req.encoding),  # (l, h, T)
     }
     if requested_queries is not None:
         response["queries"] = queries
@@ -349,7 +350,7 @@ def thumbnails(attention: torch.Tensor, size: int) -> dict[str, Any]:
     n_layers, n_heads, n_tokens, _ = attention.shape
     pooled = attention
     if n_tokens > size:
-        pool = pooling_matrix(n_tokens, size)  # (size, T)
+        pool = pooling_matrix(n_tokens, size).to(attention.device)  # (size, T), where the maps are (a GPU's memory)
         pooled = pool @ attention @ pool.T  # (L, H, size, size): two batched products, no copy of the maps
     peak = pooled.amax(dim=(-1, -2)).clamp_min(1e-12)  # (L, H)
     levels = torch.round(pooled / peak[..., None, None] * 255).to(torch.uint8)  # (L, H, t, t)
@@ -357,7 +358,7 @@ def thumbnails(attention: torch.Tensor, size: int) -> dict[str, Any]:
         "dtype": "uint8",
         "shape": list(levels.shape),
         "max": peak.tolist(),
-        "data": base64.b64encode(levels.numpy().tobytes()).decode("ascii"),
+        "data": base64.b64encode(levels.cpu().numpy().tobytes()).decode("ascii"),
     }
 
 

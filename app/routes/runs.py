@@ -119,7 +119,7 @@ def _kept_maps(result: AttentionResult, kind: str | None, layer: int) -> torch.T
     if result.by_kind is not None and kind is not None:
         # a kind whose P the run did not keep (Whisper's encoder: only q̂/k̂) is rebuilt from the atlas
         return result.by_kind[kind][layer] if kind in result.by_kind else None
-    return None if result.attention is None else result.attention[layer]
+    return None if result.kept_attention is None else result.kept_attention[layer]  # on the run's device: sliced there
 
 
 @router.post("/{run_id}/row", responses={

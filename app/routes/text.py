@@ -16,10 +16,9 @@ from app.routes import analysis
 from app.lifecycle import RequestCancelled, check_cancelled
 from app.runtime import Overloaded, Runtime, UnknownModel
 from app.schemas import AttentionResponse, GenerateRequest, TextAttentionRequest
-from models.adapters.base import AttentionAdapter, AttentionResult
+from models.adapters.base import AttentionAdapter, AttentionResult, token_distance_on_device
 from models.adapters.causal_lm import CausalLMAdapter
 from models.adapters.seq2seq import Seq2SeqAdapter
-from models.summaries import mean_token_distance
 
 router = APIRouter(prefix="/api/text", tags=["text"])
 
@@ -102,7 +101,7 @@ def text_fields(result: AttentionResult) -> dict:
     was taken block by block during the run (docs/science.md §10)."""
     if result.is_long:
         return {"mean_distance": result.atlas.mean_distance().tolist()}
-    return {"mean_distance": result.summary("mean_distance", lambda: mean_token_distance(result.attention).tolist())}
+    return {"mean_distance": result.summary("mean_distance", lambda: token_distance_on_device(result.kept_attention).tolist())}
 
 
 @router.post(

@@ -60,12 +60,17 @@ class Encoded:
 @dataclass
 class AttentionResult:
     tokens: list[str]
-    # (L, H, T, T) P after interventions, float32 on the CPU; None for a long input (over full_map_tokens), whose
-    # `atlas` holds what rebuilds any window of P and the summaries instead (docs/science.md §10)
+    # (L, H, T, T) P after interventions, float32, kept on the device the run ran on (on a GPU it stays in GPU memory,
+    # in the result cache): `kept_attention` is that tensor; reading `attention` gives it on the host, copied once
+    # and only when a consumer needs all of P (the first view copies just the slices and summaries it sends).
+    # None for a long input (over full_map_tokens), whose `atlas` holds what rebuilds any window of P and the
+    # summaries instead (docs/science.md §10)
     attention: torch.Tensor | None
-    hidden_states: torch.Tensor  # (L+1, T, D) embeddings then every layer's output
-    output: dict[str, torch.Tensor]  # raw model output used for effects (embedding, logits, ...)
-    # When scores are recorded: the queries and keys after perturbation, each (L, H, T, d); Ŝ = q̂ k̂ᵀ.
+    # (L+1, T, D) embeddings then every layer's output, float32, on the run's device like P
+    hidden_states: torch.Tensor
+    output: dict[str, torch.Tensor]  # raw model output used for effects (embedding, logits, ...), on the host
+    # When scores are recorded: the queries and keys after perturbation, each (L, H, T, d), on the run's device;
+    # Ŝ = q̂ k̂ᵀ.
     queries: torch.Tensor | None = None
     keys: torch.Tensor | None = None
     warnings: list[str] = field(default_factory=list)
@@ -80,8 +85,13 @@ class AttentionResult:
     model_id: str | None = None  # the model that ran it (set with run_id)
 
     @property
+    def kept_attention(self) -> torch.Tensor | None:
+        """P as the run keeps it, (L, H, T, T) on the device it ran on (no copy): slice it, then copy the slice."""
+        return self.__dict__.get("_kept_attention")
+
+    @property
     def is_long(self) -> bool:
-        return self.attention is None and self.atlas is not None
+        return self.kept_attention is None and self.atlas is not None
 
     @property
     def has_scores(self) -> bool:
@@ -100,8 +110,8 @@ class AttentionResult:
         """Ŝ of every layer and head, (L, H, T, T), formed on demand; None when not recorded."""
         if not self.has_scores:
             return None
-        every = list(range(self.attention.shape[0]))
-        return self.scores_slice(every, list(range(self.attention.shape[1])))
+        every = list(range(self.kept_attention.shape[0]))
+        return self.scores_slice(every, list(range(self.kept_attention.shape[1])))
 
     def summary(self, name: str, compute) -> Any:
         """`compute()` once per result; repeated views of a cached result reuse it."""
@@ -110,7 +120,9 @@ class AttentionResult:
         return self.derived[name]
 
     def _kept_tensors(self) -> list[torch.Tensor]:
-        tensors = [t for t in (self.attention, self.hidden_states) if t is not None] + list(self.output.values())
+        host_copy = self.__dict__.get("_host_attention")
+        tensors = [t for t in (self.kept_attention, host_copy, self.hidden_states) if t is not None]
+        tensors += list(self.output.values())
         if self.by_kind is not None:
             tensors += [t for kind, t in self.by_kind.items() if kind != "encoder"]
         if self.queries is not None and self.keys is not None:
@@ -125,6 +137,38 @@ class AttentionResult:
     def device_nbytes(self) -> int:
         """The part of nbytes held in accelerator memory (a long run's atlas on a GPU); the rest is host memory."""
         return sum(t.numel() * t.element_size() for t in self._kept_tensors() if t.device.type != "cpu")
+
+
+def _host_attention(result: AttentionResult) -> torch.Tensor | None:
+    kept = result.kept_attention
+    if kept is None or kept.device.type == "cpu":
+        return kept
+    host = result.__dict__.get("_host_attention")
+    if host is None:  # P of every layer and head on the host: for consumers that need all of it (effects of
+        # pages other than the first view, value weighting, faithfulness, the image rollout); made once per result
+        host = result.__dict__["_host_attention"] = kept.detach().float().cpu()
+    return host
+
+
+def _keep_attention(result: AttentionResult, value: torch.Tensor | None) -> None:
+    result.__dict__["_kept_attention"] = value
+    result.__dict__.pop("_host_attention", None)
+
+
+# `attention` is a field (constructors pass it) read through a property: the host view of the kept P
+AttentionResult.attention = property(_host_attention, _keep_attention,  # type: ignore[assignment]
+                                     doc="P on the host, (L, H, T, T) float32: a copy of kept_attention made once "
+                                         "when the run ran on a GPU, the kept tensor itself on a CPU")
+
+
+def token_distance_on_device(attention: torch.Tensor) -> torch.Tensor:
+    """models.summaries.mean_token_distance (Σ_j P[i, j] |i − j| averaged over query rows, docs/science.md §6)
+    computed where P is kept, so a GPU run's maps are not copied for it. (L, H, T, T) → (L, H) float32, on P's
+    device."""
+    n_tokens = attention.shape[-1]
+    positions = torch.arange(n_tokens, dtype=torch.float32, device=attention.device)
+    distances = (positions[:, None] - positions[None, :]).abs()  # (T, T)
+    return torch.einsum("lhij,ij->lhi", attention.float(), distances).double().mean(dim=-1).float()
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -272,14 +316,17 @@ class AttentionAdapter:
                 tokens=encoded.tokens, attention=None, hidden_states=hidden, output=dict(zip(output, values)),
                 warnings=atlas.dead_rows_warnings(), derived={"entropy": atlas.entropy().double().tolist()}, atlas=atlas,
             )
-        attention = scope.stacked_attention()  # (L, H, T, T)
+        # A short run keeps P, q̂/k̂ and the hidden states on the device it ran on (in GPU memory on a GPU, where the
+        # result cache holds them): the response copies only what it sends (the requested heads' maps, thumbnails,
+        # summaries). Copying all of P to the host cost 7× a raw forward at 512 tokens on an H100.
+        attention = scope.stacked_attention().float()  # (L, H, T, T)
         queries = keys = None
         if scope.record_scores:
-            queries = torch.stack([scope.queries_keys[l][0][0] for l in layers])  # (L, H, T, d)
-            keys = torch.stack([scope.queries_keys[l][1][0] for l in layers])  # (L, H, T, d)
-        hidden = torch.stack([h[0] for h in hidden_states])  # (L+1, T, D)
+            queries = torch.stack([scope.queries_keys[l][0][0] for l in layers]).float()  # (L, H, T, d)
+            keys = torch.stack([scope.queries_keys[l][1][0] for l in layers]).float()  # (L, H, T, d)
+        hidden = torch.stack([h[0] for h in hidden_states]).float()  # (L+1, T, D)
         entropy = scope.layer_entropy(list(layers))  # (L, H)
-        attention, queries, keys, hidden, *values = to_host([attention, queries, keys, hidden, *output.values()])
+        values = to_host(list(output.values()))
         return AttentionResult(
             tokens=encoded.tokens, attention=attention, queries=queries, keys=keys, hidden_states=hidden,
             output=dict(zip(output, values)), warnings=list(scope.warnings), derived={"entropy": entropy.tolist()},

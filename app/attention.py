@@ -17,7 +17,7 @@ from app.schemas import AttentionRequestBase, to_engine
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
 from models.adapters.seq2seq import KINDS, KindScopedIntervention, Seq2SeqAdapter
 from models.effects import attention_tv, hidden_cosine, mean_and_std
-from models.head_ops import current_sources
+from models.head_ops import current_residual_sources, current_sources
 from models.atlas import full_rows, run_bytes
 from models.interventions import Intervention, row_entropy
 
@@ -48,21 +48,23 @@ def engine_interventions(req: AttentionRequestBase, adapter: AttentionAdapter, n
         tokens = getattr(item, "tokens", None)
         if tokens is not None:
             _check_indices(tokens, n_tokens, ("interventions", i, "tokens"), "token")
-        if item.op == "patch_heads":
-            check_patch_source(item.source, n_tokens, ("interventions", i, "source"))
+        if item.op in ("patch_heads", "patch_residual"):
+            check_patch_source(item.source, n_tokens, ("interventions", i, "source"), item.op)
         result.append(to_engine(item))
     return tuple(result)
 
 
-def check_patch_source(source: str, n_tokens: int, loc: tuple) -> None:
-    """A patch_heads source must be a run kept for this request's model with this input's token count."""
-    kept = current_sources().get(source)
+def check_patch_source(source: str, n_tokens: int, loc: tuple, op: str = "patch_heads") -> None:
+    """A patch_heads / patch_residual source must be a run kept for this request's model with this input's token
+    count (app/routes/analysis.py puts them in reach; elsewhere, e.g. continuations, none is)."""
+    kept = (current_sources() if op == "patch_heads" else current_residual_sources()).get(source)
     if kept is None:
-        raise field_error(loc, f"unknown or expired run {source!r}: patch_heads takes the clean_run_id of POST "
+        raise field_error(loc, f"unknown or expired run {source!r}: {op} takes the clean_run_id of POST "
                           "/api/text/patching, on /api/text/attention and /api/text/lens with the same model")
-    if kept[0].shape[1] != n_tokens:
-        raise field_error(loc, f"run {source!r} has {kept[0].shape[1]} tokens and this input {n_tokens}: "
-                          "patch_heads needs the same token count")
+    kept_tokens = kept[0].shape[1] if op == "patch_heads" else kept.shape[1]  # (H, T, d_v) per layer; (L, T, D)
+    if kept_tokens != n_tokens:
+        raise field_error(loc, f"run {source!r} has {kept_tokens} tokens and this input {n_tokens}: "
+                          f"{op} needs the same token count")
 
 
 def check_request_limits(limits, req) -> None:

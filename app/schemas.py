@@ -67,6 +67,15 @@ class PatchHeads(_Scoped):
     source: str = Field(pattern=r"^[0-9a-f]{32}$", description="run id of the source run (clean_run_id)")
 
 
+class PatchResidual(_Scoped):
+    """The residual stream after the scoped layers, at the positions `tokens` (null = all), replaced by a kept run's
+    (same token count): `source` is the `clean_run_id` of POST /api/text/patching; `heads` must be null."""
+
+    op: Literal["patch_residual"]
+    source: str = Field(pattern=r"^[0-9a-f]{32}$", description="run id of the source run (clean_run_id)")
+    tokens: IndexList | None = Field(None, description="token positions to patch (null = all)")
+
+
 class _Perturb(_Scoped):
     tokens: IndexList | None = Field(None, description="tokens to perturb (null = all)")
     noise_std: float = Field(0.0, ge=0, le=1e4, description="σ of ε ~ N(0, σ² I_d)")
@@ -87,7 +96,8 @@ class PerturbQueries(_Perturb):
 
 
 InterventionIn = Annotated[
-    Union[Temperature, MaskKeys, Causal, AblateHeads, PerturbKeys, PerturbQueries, PatchHeads], Field(discriminator="op")
+    Union[Temperature, MaskKeys, Causal, AblateHeads, PerturbKeys, PerturbQueries, PatchHeads, PatchResidual],
+    Field(discriminator="op")
 ]
 Interventions = Annotated[list[InterventionIn], Field(description="applied in order; at most the server's "
                                                                  "max_interventions (default 64)")]

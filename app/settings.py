@@ -65,11 +65,13 @@ class Settings(BaseSettings):
     max_new_tokens: int = 64  # the longest continuation POST /api/text/generate may ask for
     # Patching, lens, faithfulness (app/routes/analysis.py): prompts longer than analysis_max_tokens are refused
     # (422); a scan runs patched copies of the corrupted prompt in batches of about patching_batch_tokens tokens
-    # (copies × prompt tokens) per forward; the clean runs' head outputs that patch_heads may use are kept up to
-    # patch_sources_bytes (least recently used first out).
+    # (copies × prompt tokens) per forward; the clean runs' head outputs and residual streams that patch_heads and
+    # patch_residual take are kept in a store of their own, up to patch_sources_bytes and patch_sources_runs runs
+    # (least recently used first out; an evicted source is a 410).
     analysis_max_tokens: int = Field(128, ge=2)
     patching_batch_tokens: int = Field(2048, ge=1)
     patch_sources_bytes: int = Field(256 * 1024 * 1024, ge=0)
+    patch_sources_runs: int = Field(32, ge=1)
     max_upload_bytes: int = 10 * 1024 * 1024
     max_image_pixels: int = 40_000_000
     # Image decodes running at once (a 40-megapixel decode holds a few hundred MB while it runs); an upload

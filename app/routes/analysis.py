@@ -15,13 +15,14 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
 
-from app.attention import build_attention_response, engine_interventions, field_error
+from app.attention import build_attention_response, engine_interventions, field_error, thumbnails
 from app.encoding import fast_json, tensor_field
 from app.ids import new_id
 from app.lifecycle import RequestCancelled, check_cancelled
@@ -31,7 +32,10 @@ from app.deps import RuntimeDep
 from models.adapters.base import AttentionAdapter, Encoded
 from models.adapters.causal_lm import CausalLMAdapter
 from models.adapters.seq2seq import Seq2SeqAdapter
-from models.attribution import run_value_norms, value_weighted
+from models.anatomy import layer_blocks
+from models.attribution import (
+    kept_value_norms, run_value_norms, value_grams, value_weighted, value_weighted_overview, value_weighted_rows,
+)
 from models.faithfulness import faithfulness
 from models.head_ops import HeadRun, head_run
 from models.lens import logit_lens
@@ -43,40 +47,68 @@ router = APIRouter(prefix="/api/text", tags=["analysis"])
 log = logging.getLogger("attnlab")
 
 
-# ---- kept clean runs (patch_heads sources) ----------------------------------------------------------------------
-class HeadSourceStore:
-    """Clean runs' head outputs (one (H, T, d_v) tensor per layer) under random ids, per model, least recently used
-    out first past `max_bytes`. Runs are kept here until the runtime keeps runs of its own."""
+# ---- kept clean runs (patch_heads / patch_residual sources) -----------------------------------------------------
+@dataclass
+class PatchSource:
+    """What a clean run leaves for patches: its head outputs (one (H, T, d_v) tensor per layer, patch_heads) and its
+    residual stream after every layer ((L, T, D), patch_residual)."""
 
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[tuple[str, str], list[torch.Tensor]] = OrderedDict()
+    head_outputs: list[torch.Tensor]
+    residual: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        tensors = self.head_outputs + ([] if self.residual is None else [self.residual])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class HeadSourceStore:
+    """The clean runs that patches take their source from, under random ids, per model: a store of their own (not
+    the result cache, whose evictions follow other requests' maps), bounded by `max_bytes` and `max_runs`, least
+    recently used out first. An id it evicted is remembered (ids only, a bounded list) so that a request naming it
+    is told the run is gone (410) rather than unknown (404)."""
+
+    FORGET_AFTER = 4096  # evicted ids remembered
+
+    def __init__(self, max_bytes: int, max_runs: int = 32):
+        self.max_bytes, self.max_runs = max_bytes, max_runs
+        self._items: OrderedDict[tuple[str, str], PatchSource] = OrderedDict()
+        self._evicted: OrderedDict[tuple[str, str], str] = OrderedDict()  # key → why
         self._bytes = 0
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _size(outputs: list[torch.Tensor]) -> int:
-        return sum(t.numel() * t.element_size() for t in outputs)
-
-    def put(self, model: str, outputs: list[torch.Tensor]) -> str | None:
-        size = self._size(outputs)
+    def put(self, model: str, source: PatchSource) -> str | None:
+        """The new run's id, or None when the run alone is over max_bytes (nothing is kept)."""
+        size = source.nbytes
         if size > self.max_bytes:
             return None
         run_id = new_id()
         with self._lock:
-            self._items[(model, run_id)] = outputs
+            self._items[(model, run_id)] = source
             self._bytes += size
-            while self._bytes > self.max_bytes:
-                _, evicted = self._items.popitem(last=False)
-                self._bytes -= self._size(evicted)
+            while self._bytes > self.max_bytes or len(self._items) > self.max_runs:
+                key, evicted = self._items.popitem(last=False)
+                self._bytes -= evicted.nbytes
+                self._evicted[key] = ("patch_sources_bytes" if self._bytes + evicted.nbytes > self.max_bytes
+                                      else "patch_sources_runs")
+                if len(self._evicted) > self.FORGET_AFTER:
+                    self._evicted.popitem(last=False)
         return run_id
 
-    def get(self, model: str, run_id: str) -> list[torch.Tensor] | None:
+    def get(self, model: str, run_id: str) -> PatchSource | None:
         with self._lock:
-            outputs = self._items.get((model, run_id))
-            if outputs is not None:
+            source = self._items.get((model, run_id))
+            if source is not None:
                 self._items.move_to_end((model, run_id))
-            return outputs
+            return source
+
+    def evicted_by(self, model: str, run_id: str) -> str | None:
+        """The setting that pushed this run out, or None when it was never kept here (for this model)."""
+        with self._lock:
+            return self._evicted.get((model, run_id))
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 _stores: "weakref.WeakKeyDictionary[Runtime, HeadSourceStore]" = weakref.WeakKeyDictionary()
@@ -87,21 +119,50 @@ def source_store(runtime: Runtime) -> HeadSourceStore:
     with _stores_lock:
         store = _stores.get(runtime)
         if store is None:
-            store = _stores[runtime] = HeadSourceStore(runtime.settings.patch_sources_bytes)
+            settings = runtime.settings
+            store = _stores[runtime] = HeadSourceStore(settings.patch_sources_bytes, settings.patch_sources_runs)
         return store
 
 
-def request_sources(runtime: Runtime, model: str, interventions: list) -> HeadRun:
-    """The head-output context of a request: the kept runs its patch_heads items name (unknown ids are left out and
-    refused by engine_interventions with the field named)."""
+PATCH_OPS = ("patch_heads", "patch_residual")
+
+
+def request_sources(runtime: Runtime, adapter: AttentionAdapter, interventions: list, value_norms: bool = False) -> HeadRun:
+    """The head-output context of a request: the kept runs its patch items name, the layer blocks to hook for
+    patch_residual, and with `value_norms` what a recorded run needs to keep its value norms. A source that is gone
+    is a 410 (evicted: run the scan again), one never kept for this model a 404; a token count that differs is
+    refused later by engine_interventions (422 naming the field)."""
     store = source_store(runtime)
-    sources = {}
-    for item in interventions:
+    model = adapter.info.id
+    heads, residual = {}, {}
+    for i, item in enumerate(interventions):
+        if item.op not in PATCH_OPS:
+            continue
+        where = f"interventions[{i}].source"
+        kept = store.get(model, item.source)
+        if kept is None:
+            why = store.evicted_by(model, item.source)
+            if why is not None:
+                raise HTTPException(410, detail=f"{where}: run {item.source!r} is no longer kept (evicted from the patch "
+                                    f"sources, {why}={getattr(runtime.settings, why):,}): run POST /api/text/patching "
+                                    "again for a new clean_run_id")
+            raise HTTPException(404, detail=f"{where}: no kept run {item.source!r} for model {model}: {item.op} takes the "
+                                "clean_run_id of POST /api/text/patching with the same model")
         if item.op == "patch_heads":
-            kept = store.get(model, item.source)
-            if kept is not None:
-                sources[item.source] = kept
-    return HeadRun(sources=sources)
+            heads[item.source] = kept.head_outputs
+        else:
+            if item.heads is not None:
+                raise field_error(("interventions", i, "heads"), "patch_residual patches the residual stream (every head "
+                                  "at once): heads must be null; name the positions in `tokens`")
+            if kept.residual is None:
+                raise HTTPException(404, detail=f"{where}: run {item.source!r} kept no residual stream")
+            residual[item.source] = kept.residual
+    run = HeadRun(sources=heads, residual_sources=residual)
+    if residual:
+        run.blocks = layer_blocks(adapter.model, adapter.layer_of)
+    if value_norms:
+        run.value_grams = value_grams(adapter)
+    return run
 
 
 # ---- /api/text/attention: sources and value-weighted maps --------------------------------------------------------
@@ -109,8 +170,8 @@ def refuse_for_seq2seq(req) -> None:
     if req.weighting != "attention":
         raise field_error(("weighting",), "value_norm maps are offered for encoders and decoder LMs, not encoder–decoders")
     for i, item in enumerate(req.interventions):
-        if item.op == "patch_heads":
-            raise field_error(("interventions", i, "op"), "patch_heads is not offered for encoder–decoder models")
+        if item.op in PATCH_OPS:
+            raise field_error(("interventions", i, "op"), f"{item.op} is not offered for encoder–decoder models")
 
 
 def refuse_for_generate(req) -> None:
@@ -124,18 +185,26 @@ def refuse_for_generate(req) -> None:
 
 def attention_response(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req,
                        family_fields: Callable | None = None) -> dict[str, Any]:
-    """build_attention_response with the request's patch_heads sources in reach, and with weighting "value_norm"
-    the maps replaced by ‖P[i,j]·v_j W_O^h‖ normalised per row (the run's own V, recorded by a second forward once
-    per cached result)."""
-    with head_run(request_sources(runtime, adapter.info.id, req.interventions)):
+    """build_attention_response with the request's patch sources in reach and value norms kept with every run it
+    makes (so windows, rows and overviews of the kept run can be value-weighted later); with weighting "value_norm"
+    the maps, thumbnails and received replaced by those of ‖P[i,j]·v_j W_O^h‖ normalised per row."""
+    with head_run(request_sources(runtime, adapter, req.interventions, value_norms=True)):
         response = build_attention_response(runtime, adapter, encoded, req, family_fields)
         if req.weighting == "value_norm":
             _value_weighting(runtime, adapter, encoded, req, response)
     return response
 
 
-def _value_norms(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, result, interventions) -> torch.Tensor:
+def run_norms(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, result, interventions) -> torch.Tensor:
+    """(L, H, T) ‖v_j W_O^h‖ of a run: those it kept on its records, else (a run made before the norms were kept,
+    or a batch) from a forward of its own that records V, once per cached result."""
+    kept = kept_value_norms(result.atlas)
+    if kept is not None:
+        return kept
+
     def compute() -> torch.Tensor:
+        if result.is_long:  # a long run without its norms cannot be re-run whole here (its P would not fit)
+            raise HTTPException(409, detail="this long run kept no value norms: run the input again")
         check_cancelled()
         with runtime.admitted():
             return run_value_norms(adapter, encoded, interventions)
@@ -143,19 +212,56 @@ def _value_norms(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, 
 
 
 def _value_weighting(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req, response: dict) -> None:
+    if value_grams(adapter) is None:
+        raise field_error(("weighting",), f"value_norm: no output projection W_O found in model {adapter.info.id}")
     response["weighting"] = "value_norm"
-    if response.get("attention") is None:  # a long input's overview: value weighting is not offered there yet
-        response["warnings"].append("weighting value_norm applies to full maps only; the overview shows P")
-        return
     layers, heads = response["layers"], response["heads"]
     interventions = engine_interventions(req, adapter, len(encoded.tokens))
-    result = runtime.run(adapter, encoded, interventions, req.include_scores)  # the cached run of the response
-    norms = _value_norms(runtime, adapter, encoded, result, interventions)[layers][:, heads]  # (l, h, T)
-    response["attention"] = tensor_field(value_weighted(result.attention[layers][:, heads], norms), req.encoding)
+    result = runtime.run(adapter, encoded, interventions, req.include_scores and not response.get("overview"))
+    if result.is_long:
+        _long_value_weighting(runtime, req, response, result, layers, heads)
+        return
+    norms = run_norms(runtime, adapter, encoded, result, interventions)  # (L, H, T)
+    weighted = lambda res, n: value_weighted(res.attention[layers][:, heads], n[layers][:, heads])  # noqa: E731
+    maps = weighted(result, norms)  # (l, h, T, T)
+    rows = response.get("queries")
+    response["attention"] = tensor_field(maps if rows is None else maps[:, :, rows], req.encoding)
+    response["received"] = tensor_field(maps.mean(dim=2), req.encoding)  # (l, h, T)
+    if response.get("thumbnails") is not None:
+        every = result.summary("value_weighted", lambda: value_weighted(result.attention, norms))  # (L, H, T, T)
+        response["thumbnails"] = result.summary(f"value_thumbnails{req.thumbnail_size}",
+                                                lambda: thumbnails(every, req.thumbnail_size))
     if response.get("base_attention") is not None:
         base = runtime.run(adapter, encoded, (), False)
-        base_norms = _value_norms(runtime, adapter, encoded, base, ())[layers][:, heads]
-        response["base_attention"] = tensor_field(value_weighted(base.attention[layers][:, heads], base_norms), req.encoding)
+        response["base_attention"] = tensor_field(weighted(base, run_norms(runtime, adapter, encoded, base, ())), req.encoding)
+
+
+def _long_value_weighting(runtime: Runtime, req, response: dict, result, layers: list[int], heads: list[int]) -> None:
+    """A long run's first view, value-weighted: the overview and received rebuilt from q̂/k̂ and the kept norms
+    (models/attribution.value_weighted_overview, once per cached run), the thumbnails from that overview, and the
+    requested query rows over every key."""
+    atlas = result.atlas
+    if kept_value_norms(atlas) is None:
+        raise HTTPException(409, detail="this long run kept no value norms: run the input again")
+
+    def overview() -> tuple[torch.Tensor, torch.Tensor]:
+        check_cancelled()
+        with runtime.admitted():  # the attention's arithmetic once more: it takes its turn like a run
+            return value_weighted_overview(atlas, atlas.config.block_rows)
+    sums, received = result.summary("value_overview", overview)  # (L, H, nR, nC), (L, H, T)
+    row_sizes = torch.tensor(atlas.row_edges()).diff().float()
+    col_sizes = torch.tensor(atlas.col_edges()).diff().float()
+    means = sums[layers][:, heads] / (row_sizes[:, None] * col_sizes[None, :])  # (l, h, nR, nC)
+    response["overview"] = {**response["overview"], "maps": tensor_field(means, req.encoding)}
+    response["received"] = tensor_field(received[layers][:, heads], req.encoding)
+    if response.get("thumbnails") is not None:
+        response["thumbnails"] = result.summary(f"value_thumbnails{req.thumbnail_size}",
+                                                lambda: atlas.thumbnails(req.thumbnail_size, sums))
+    queries = response.get("queries")
+    if response.get("attention") is not None and queries is not None:
+        rows = [torch.stack([value_weighted_rows(atlas.record(l), heads, q, q + 1)[:, 0] for q in queries], dim=1)
+                for l in layers]  # each (h, q, T)
+        response["attention"] = tensor_field(torch.stack(rows).cpu(), req.encoding)
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------------
@@ -286,7 +392,7 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
     if len(req.interventions) > runtime.settings.max_interventions:
         raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
                           f"{runtime.settings.max_interventions} (max_interventions)")
-    sources = request_sources(runtime, adapter.info.id, req.interventions)
+    sources = request_sources(runtime, adapter, req.interventions)
     with head_run(sources):
         interventions = engine_interventions(req, adapter, clean.shape[1])
     pair = Pair(clean, corrupt, answer, wrong)
@@ -327,7 +433,8 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
                 response["attribution"] = _finite(attribution)
                 response["rank_correlation"] = rank_correlation(effect, attribution)
             response["effect"] = _finite(effect)
-            response["clean_run_id"] = source_store(runtime).put(adapter.info.id, base.clean_outputs)
+            response["clean_run_id"] = source_store(runtime).put(
+                adapter.info.id, PatchSource(base.clean_outputs, base.clean_residual))
         return response
 
     return _respond(request, job)
@@ -349,7 +456,7 @@ def lens(req: LensRequest, runtime: RuntimeDep) -> Response:
     if len(req.interventions) > runtime.settings.max_interventions:
         raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
                           f"{runtime.settings.max_interventions} (max_interventions)")
-    sources = request_sources(runtime, adapter.info.id, req.interventions)
+    sources = request_sources(runtime, adapter, req.interventions)
     with head_run(sources):
         interventions = engine_interventions(req, adapter, ids.shape[1])
         check_cancelled()

@@ -19,13 +19,17 @@ from app.ids import is_valid_id
 from app.runtime import Runtime
 from app.schemas import AttentionKind, _Strict
 from models.adapters.base import AttentionResult
-from models.atlas import full_rows, scores_window, window
+from models.atlas import LayerRecord, full_rows, scores_window, window
+from models.attribution import value_weighted_rows
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
 Index = Annotated[int, Field(ge=0)]
 Range = Annotated[list[Index], Field(min_length=2, max_length=2)]
 Encoding = Literal["json", "f16", "f32"]
+Weighting = Literal["attention", "value_norm"]
+WEIGHTING = Field("attention", description="'value_norm': the value-weighted map ‖P[i,j]·v_j W_O^h‖ renormalised per "
+                  "row (each row over all its keys) from the per-key norms the run kept, instead of P (text runs)")
 
 
 class WindowRequest(_Strict):
@@ -37,6 +41,7 @@ class WindowRequest(_Strict):
     beta: float | None = Field(None, gt=0, le=1e4, description="view-mode β: the window's rows re-normalised at this "
                                "β for this head (from q̂ k̂ᵀ, no model re-run); null = the run's own")
     include_scores: bool = Field(False, description="also Ŝ = q̂ k̂ᵀ for the window (before β, masks and softmax)")
+    weighting: Weighting = WEIGHTING
     encoding: Encoding = "json"
 
 
@@ -48,6 +53,7 @@ class RowRequest(_Strict):
     beta: float | None = Field(None, gt=0, le=1e4, description="view-mode β for every returned head")
     span: Range | None = Field(None, description="[c0, c1): keys whose attention mass per head is returned")
     include_row: bool = Field(True, description="false: only the span's mass (the retrieval view), no rows")
+    weighting: Weighting = WEIGHTING
     encoding: Encoding = "json"
 
 
@@ -104,14 +110,24 @@ def run_window(run_id: str, req: WindowRequest, runtime: RuntimeDep) -> Response
         raise HTTPException(413, detail=f"the window has {cells:,} cells, over max_window_cells={cap:,}: ask for fewer "
                             "rows or cols")
     kept = _kept_maps(result, req.kind, req.layer)
-    if kept is not None and req.beta is None:  # a short run keeps P: the window is a slice of it
+    if req.weighting == "value_norm":  # every key of the rows is needed: each row is renormalised over all of them
+        _check_norms(record)
+        probs = kept[req.head, rows[0]:rows[1]][None] if kept is not None and req.beta is None else None  # (1, r, T_k)
+        attention = value_weighted_rows(record, [req.head], rows[0], rows[1], req.beta, probs)[0, :, cols[0]:cols[1]]
+    elif kept is not None and req.beta is None:  # a short run keeps P: the window is a slice of it
         attention = kept[req.head, rows[0]:rows[1], cols[0]:cols[1]]
     else:
         attention = window(record, req.head, rows, cols, req.beta)
     body = {"layer": req.layer, "head": req.head, "rows": list(rows), "cols": list(cols), "kind": req.kind,
-            "beta": req.beta, "attention": tensor_field(attention, req.encoding),
+            "beta": req.beta, "weighting": req.weighting, "attention": tensor_field(attention, req.encoding),
             "scores": tensor_field(scores_window(record, req.head, rows, cols), req.encoding) if req.include_scores else None}
     return fast_json(body)
+
+
+def _check_norms(record: LayerRecord) -> None:
+    if record.value_norms is None:
+        raise field_error(("weighting",), "value_norm: this run kept no value norms (text runs of /api/text/attention "
+                          "keep them; image, speech and encoder–decoder runs do not)")
 
 
 def _kept_maps(result: AttentionResult, kind: str | None, layer: int) -> torch.Tensor | None:
@@ -150,9 +166,16 @@ def run_row(run_id: str, req: RowRequest, runtime: RuntimeDep) -> Response:
     if numbers > cap:
         raise HTTPException(413, detail=f"the response would hold {numbers:,} numbers, over max_response_numbers="
                             f"{cap:,}: ask for fewer layers/heads")
-    rows = torch.stack([full_rows(result.atlas.record(g), heads, req.row, req.row + 1, req.beta)[:, 0]
-                        for g, _, _ in resolved]).cpu()  # (l, h, T_k)
+    if req.weighting == "value_norm":
+        for g, _, _ in resolved:
+            _check_norms(result.atlas.record(g))
+        rows = torch.stack([value_weighted_rows(result.atlas.record(g), heads, req.row, req.row + 1, req.beta)[:, 0]
+                            for g, _, _ in resolved]).cpu()  # (l, h, T_k)
+    else:
+        rows = torch.stack([full_rows(result.atlas.record(g), heads, req.row, req.row + 1, req.beta)[:, 0]
+                            for g, _, _ in resolved]).cpu()  # (l, h, T_k)
     body = {"row": req.row, "layers": layers, "heads": heads, "kind": req.kind, "beta": req.beta,
+            "weighting": req.weighting,
             "attention": tensor_field(rows, req.encoding) if req.include_row else None,
             "span": list(span) if span else None,
             "span_mass": rows[..., span[0]:span[1]].sum(dim=-1).tolist() if span else None}

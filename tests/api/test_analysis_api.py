@@ -88,12 +88,15 @@ def test_patch_heads_source_must_be_kept_and_of_the_same_length(client):
     run_id = client.post("/api/text/patching", json={**PATCH, "method": "attribution"}).json()["clean_run_id"]
     unknown = {"op": "patch_heads", "source": "0" * 32}
     r = client.post("/api/text/attention", json={"model": "tiny-llama", "text": CORRUPT, "interventions": [unknown]})
-    assert r.status_code == 422 and _loc(r) == ["body", "interventions", 0, "source"]
+    assert r.status_code == 404 and "interventions[0].source" in r.json()["detail"]
     shorter = {"op": "patch_heads", "source": run_id}
     r = client.post("/api/text/attention", json={"model": "tiny-llama", "text": "the dog", "interventions": [shorter]})
     assert r.status_code == 422 and "same token count" in r.json()["detail"][0]["msg"]
     r = client.post("/api/text/generate", json={"model": "tiny-llama", "text": CORRUPT, "interventions": [shorter]})
     assert r.status_code == 422 and _loc(r) == ["body", "interventions", 0, "source"]
+    residual = {"op": "patch_residual", "source": run_id}
+    r = client.post("/api/text/generate", json={"model": "tiny-llama", "text": CORRUPT, "interventions": [residual]})
+    assert r.status_code == 422 and _loc(r) == ["body", "interventions", 0, "source"]  # continuations: not offered
     r = client.post("/api/text/attention", json={"model": "tiny-bart", "text": CORRUPT, "interventions": [shorter]})
     assert r.status_code == 422
 
@@ -154,3 +157,109 @@ def test_faithfulness_of_one_head_and_its_bounds(client):
     assert r.status_code == 422 and _loc(r) == ["body", "layer"]
     r = client.post("/api/text/faithfulness", json={"model": "tiny-llama", "text": CLEAN, "head": 1})
     assert r.status_code == 422 and _loc(r) == ["body", "head"]
+
+
+# ---- value-weighted windows, rows and overviews; residual patches; the patch sources' store ------------------------
+@pytest.fixture(scope="module")
+def short_and_long(tmp_path_factory):
+    """Two apps on the same tiny models: one keeps full maps, the other runs every input over 4 tokens blockwise
+    (an atlas: windows rebuilt from q̂/k̂); the second keeps one patch source at a time."""
+    models = {"tiny-llama": str(build_text_model("llama", tmp_path_factory.mktemp("llama-w"))),
+              "tiny-bert": str(build_text_model("bert", tmp_path_factory.mktemp("bert-w")))}
+    common = dict(default_models=[], max_response_numbers=200_000, extra_models=models)
+    with TestClient(create_app(Settings(**common))) as short, \
+            TestClient(create_app(Settings(**common, full_map_tokens=4, overview_blocks=3, patch_sources_runs=1,
+                                             result_cache_items=2))) as long:
+        yield short, long
+
+
+def _f32(field: dict) -> np.ndarray:
+    import base64
+    return np.frombuffer(base64.b64decode(field["data"]), dtype="<f4").reshape(field["shape"])
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-bert"])
+def test_value_weighted_windows_rows_and_overview_equal_the_full_map(short_and_long, model):
+    short, long = short_and_long
+    text = "the cat sat on the mat because it was tired"
+    req = {"model": model, "text": text, "weighting": "value_norm", "encoding": "f32", "thumbnail_size": 4}
+    full_body = short.post("/api/text/attention", json=req).json()
+    full = _f32(full_body["attention"])  # (L, H, T, T) value-weighted
+    p = _f32(short.post("/api/text/attention", json={**req, "weighting": "attention"}).json()["attention"])
+    assert not np.allclose(full, p, atol=1e-3)
+    n_tokens = full.shape[-1]
+    for client, body in [(short, full_body), (long, long.post("/api/text/attention", json=req).json())]:
+        run_id = body["run_id"]
+        for layer, head, rows, cols in [(0, 1, [0, n_tokens], [0, n_tokens]), (1, 3, [2, 7], [1, 5])]:
+            w = client.post(f"/api/runs/{run_id}/window", json={"layer": layer, "head": head, "rows": rows, "cols": cols,
+                                                               "weighting": "value_norm", "encoding": "f32"})
+            assert w.status_code == 200 and w.json()["weighting"] == "value_norm"
+            window = _f32(w.json()["attention"])
+            assert np.abs(window - full[layer, head, rows[0]:rows[1], cols[0]:cols[1]]).max() <= 1e-6
+            plain = _f32(client.post(f"/api/runs/{run_id}/window", json={"layer": layer, "head": head, "rows": rows,
+                                                                         "cols": cols, "encoding": "f32"}).json()["attention"])
+            assert np.abs(plain - p[layer, head, rows[0]:rows[1], cols[0]:cols[1]]).max() <= 1e-6
+        row = client.post(f"/api/runs/{run_id}/row", json={"row": 5, "weighting": "value_norm", "encoding": "f32",
+                                                           "span": [0, 2]}).json()
+        assert np.abs(_f32(row["attention"]) - full[:, :, 5]).max() <= 1e-6
+        assert np.allclose(row["span_mass"], full[:, :, 5, 0:2].sum(-1), atol=1e-6)
+    # the long run's first view: the overview and received of the value-weighted maps, their thumbnails
+    long_body = long.post("/api/text/attention", json=req).json()
+    assert long_body["weighting"] == "value_norm" and long_body["attention"] is None
+    edges, col_edges = long_body["overview"]["edges"], long_body["overview"]["col_edges"]
+    overview = _f32(long_body["overview"]["maps"])
+    for a, (r0, r1) in enumerate(zip(edges, edges[1:])):
+        for b, (c0, c1) in enumerate(zip(col_edges, col_edges[1:])):
+            assert np.abs(overview[:, :, a, b] - full[:, :, r0:r1, c0:c1].mean(axis=(-1, -2))).max() <= 1e-6
+    assert np.abs(_f32(long_body["received"]) - full.mean(axis=2)).max() <= 1e-6
+    plain_long = long.post("/api/text/attention", json={**req, "weighting": "attention"}).json()
+    assert long_body["thumbnails"]["data"] != plain_long["thumbnails"]["data"]
+    assert np.abs(_f32(full_body["received"]) - full.mean(axis=2)).max() <= 1e-6
+    assert full_body["thumbnails"]["data"] != short.post("/api/text/attention", json={**req, "weighting": "attention"}).json()["thumbnails"]["data"]
+
+
+def test_a_residual_patch_as_an_intervention(short_and_long):
+    short, _ = short_and_long
+    scan = short.post("/api/text/patching", json={**PATCH, "scan": "residual"}).json()
+    n_layers, n_tokens = np.array(scan["effect"]).shape
+    patch = {"op": "patch_residual", "source": scan["clean_run_id"], "layers": [n_layers - 1]}  # every position
+    r = short.post("/api/text/attention", json={"model": "tiny-llama", "text": CORRUPT, "interventions": [patch],
+                                                "compare": True, "layers": [0], "heads": [0]})
+    assert r.status_code == 200, r.text
+    clean = short.post("/api/text/attention", json={"model": "tiny-llama", "text": CLEAN, "layers": [0], "heads": [0]}).json()
+    after = r.json()["effect"]["output"]["top_after"]
+    assert [t["id"] for t in after[:3]] == [t["id"] for t in clean["output"]["top"][:3]]
+    assert after[0]["prob"] == pytest.approx(clean["output"]["top"][0]["prob"], abs=1e-5)
+    assert r.json()["effect"]["output"]["kl"] > 0
+    # one cell, and the lens sees it from that layer on
+    cell = {**patch, "layers": [0], "tokens": [n_tokens - 1]}
+    lens = short.post("/api/text/lens", json={"model": "tiny-llama", "text": CORRUPT, "interventions": [cell], "compare": True})
+    assert lens.status_code == 200, lens.text
+    assert lens.json()["top"][0][-1] != lens.json()["top_before"][0][-1]
+    # heads are not a residual patch's scope; other token counts and encoder–decoders are refused
+    r = short.post("/api/text/attention", json={"model": "tiny-llama", "text": CORRUPT, "interventions": [{**patch, "heads": [0]}]})
+    assert r.status_code == 422 and _loc(r) == ["body", "interventions", 0, "heads"]
+    r = short.post("/api/text/attention", json={"model": "tiny-llama", "text": "the dog", "interventions": [patch]})
+    assert r.status_code == 422 and "same token count" in r.json()["detail"][0]["msg"]
+
+
+def test_patch_sources_have_their_own_bounded_store_404_and_410(short_and_long):
+    _, long = short_and_long  # patch_sources_runs=1
+    first = long.post("/api/text/patching", json={**PATCH, "method": "attribution"}).json()["clean_run_id"]
+    patch = {"op": "patch_heads", "source": first, "layers": [0], "heads": [1]}
+    body = {"model": "tiny-llama", "text": CORRUPT, "interventions": [patch], "layers": [0], "heads": [0]}
+    assert long.post("/api/text/attention", json=body).status_code == 200
+    # many other runs fill the result cache: the source is not in it and stays
+    for i in range(6):
+        long.post("/api/text/attention", json={"model": "tiny-llama", "text": f"the cat sat {i}", "layers": [0], "heads": [0]})
+    assert long.post("/api/text/attention", json=body).status_code == 200
+    second = long.post("/api/text/patching", json={**PATCH, "method": "attribution"}).json()["clean_run_id"]
+    r = long.post("/api/text/attention", json=body)
+    assert r.status_code == 410 and "patch_sources_runs" in r.json()["detail"] and "interventions[0].source" in r.json()["detail"]
+    residual = {"op": "patch_residual", "source": first}
+    r = long.post("/api/text/lens", json={"model": "tiny-llama", "text": CORRUPT, "interventions": [residual]})
+    assert r.status_code == 410
+    r = long.post("/api/text/attention", json={**body, "interventions": [{**patch, "source": second}]})
+    assert r.status_code == 200
+    r = long.post("/api/text/attention", json={**body, "interventions": [{**patch, "source": "f" * 32}]})
+    assert r.status_code == 404

@@ -1,7 +1,8 @@
 // Beyond attention weights on the text page (templates/partials/analysis.html): a patching scan between two prompts
-// with its progress, drawn as layers × heads (or layers × positions) beside attribution patching; clicking a head
-// applies that patch to the corrupted prompt and shows the next token move; the logit lens (before/after the page's
-// interventions); the faithfulness check of four attributions.
+// with its progress, drawn as layers × heads (or layers × positions) beside attribution patching; clicking a cell
+// applies that patch (patch_heads, or patch_residual at that layer and position) to the corrupted prompt and shows
+// the next token move; the logit lens (before/after the page's interventions); the faithfulness check of four
+// attributions.
 //
 // mountAnalysis({info, text, interventions, onError}): info() the selected ModelInfo, text() the prompt box,
 // interventions() the lab's list. The panels follow the model on their own (decoder LMs; faithfulness also encoders).
@@ -127,9 +128,13 @@ function mountPatching(info, onError) {
       ? `best head: ${bestCell(result.effect)}; exact vs attribution ρ = ${fmt(result.rank_correlation, 3)}`
       : `best cell: ${bestCell(result.effect)}`;
     plot.removeAllListeners?.("plotly_click");
-    if (heads) plot.on("plotly_click", (event) => {
+    plot.on("plotly_click", (event) => {
       const point = event.points?.[0];
-      if (point) applyPatch(Number(String(point.y).slice(1)), Number(String(point.x).slice(1)));
+      if (!point) return;
+      const layer = Number(String(point.y).slice(1));
+      // heads are labelled "h3", positions "3:token"
+      const column = heads ? Number(String(point.x).slice(1)) : Number(String(point.x).split(":")[0]);
+      applyPatch(layer, column, heads ? "heads" : "residual");
     });
   }
 
@@ -139,24 +144,28 @@ function mountPatching(info, onError) {
     return best ? `L${best.l} ${scan?.scan === "residual" ? "position" : "h"}${best.c} (${fmt(best.v, 3)})` : "–";
   }
 
-  // The clicked head's patch as an intervention on the corrupted prompt: the next token before and after.
-  async function applyPatch(layer, head) {
+  // The clicked cell's patch as an intervention on the corrupted prompt: a head's output, or the residual stream
+  // after that layer at that position, from the clean run; the next token before and after.
+  async function applyPatch(layer, column, kind) {
     if (!scan?.clean_run_id) return;
     const shift = byId("patch-shift");
-    const patch = { op: "patch_heads", source: scan.clean_run_id, layers: [layer], heads: [head] };
-    byId("patch-shift-title").textContent = `L${layer} h${head} patched from the clean prompt`;
+    const patch = kind === "heads"
+      ? { op: "patch_heads", source: scan.clean_run_id, layers: [layer], heads: [column] }
+      : { op: "patch_residual", source: scan.clean_run_id, layers: [layer], tokens: [column] };
+    const where = kind === "heads" ? `L${layer} h${column}` : `the residual stream after L${layer} at ${column}:${showToken(scan.corrupt_tokens[column])}`;
+    byId("patch-shift-title").textContent = `${where} patched from the clean prompt`;
     shift.dataset.state = "running";
     try {
       const r = await postJSON("/api/text/attention", {
         model: scan.request.model, text: scan.request.corrupt, interventions: [patch], compare: true,
-        layers: [layer], heads: [head],
+        layers: [layer], heads: [0],
       }, { channel: "patch-shift" });
       const cmp = r.effect.output;
       const before = cmp.top_before.slice(0, 5), after = cmp.top_after.slice(0, 5);
       const prob = (list, id) => list.find((t) => t.id === id)?.prob;
       const answer = (list) => prob(list, scan.answer_id);
       fillList(byId("patch-shift-summary"), [
-        ["cell effect (scan)", fmt(scan.effect[layer][head], 3)],
+        ["cell effect (scan)", fmt(scan.effect[layer][column], 3)],
         ["KL(corrupt ‖ patched)", `${fmt(cmp.kl)} nats`],
         [`p(${showToken(scan.request.answer)})`, `${answer(before) === undefined ? "< top 10" : fmt(answer(before), 3)} → ${answer(after) === undefined ? "< top 10" : fmt(answer(after), 3)}`],
         ["top token", `${showToken(before[0].token)} → ${showToken(after[0].token)}`],
@@ -167,7 +176,8 @@ function mountPatching(info, onError) {
       byId("patch-shift-table").replaceChildren(el("thead", {}, head_), el("tbody", {}, ...rows));
       shift.hidden = false;
       shift.dataset.state = "done";
-      shift.dataset.cell = `${layer},${head}`;
+      shift.dataset.cell = `${layer},${column}`;
+      shift.dataset.kind = kind;
       shift.dataset.topBefore = before[0].token;
       shift.dataset.topAfter = after[0].token;
       shift.dataset.kl = String(cmp.kl);

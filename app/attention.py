@@ -8,12 +8,14 @@ from typing import Any
 import torch
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 
 from app.costs import check_request_cost, request_runs
 from app.encoding import fast_json, tensor_field  # noqa: F401  (fast_json: routes import it from here)
 from app.lifecycle import check_cancelled
 from app.runtime import Runtime
 from app.schemas import AttentionRequestBase, to_engine
+from app.settings import Settings
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
 from models.adapters.seq2seq import KINDS, KindScopedIntervention, Seq2SeqAdapter
 from models.effects import attention_tv, hidden_cosine, mean_and_std
@@ -67,10 +69,27 @@ def check_patch_source(source: str, n_tokens: int, loc: tuple, op: str = "patch_
                           f"{op} needs the same token count")
 
 
-def check_request_limits(limits, req) -> None:
-    """The count limits every route checks the same way (text attention, generate, image): 422 naming the field."""
-    if len(req.interventions) > limits.max_interventions:
-        raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
+# Request fields that hold text, each at most max_text_chars characters.
+TEXT_FIELDS = ("text", "text_pair", "target", "clean", "corrupt")
+
+
+def check_request_limits(limits: Settings, req: BaseModel) -> None:
+    """The settings' limits on what one request may ask (docs/configuration.md), in one place: every route calls it
+    first, before any model loads or runs (text attention, generate, image, speech attention and transcript,
+    patching, lens, faithfulness). A 422 naming the field and the setting. What depends on the model or the input
+    (indices, tokens, response size, run bytes, cost) is checked once they are known."""
+    for name in TEXT_FIELDS:
+        value = getattr(req, name, None)
+        if isinstance(value, str) and len(value) > limits.max_text_chars:
+            raise field_error((name,), f"{name} has {len(value):,} characters; the limit is {limits.max_text_chars:,} "
+                              "(max_text_chars)")
+    new_tokens = getattr(req, "max_new_tokens", None)
+    if new_tokens is not None and new_tokens > limits.max_new_tokens:
+        raise field_error(("max_new_tokens",), f"max_new_tokens={new_tokens}; the limit is {limits.max_new_tokens} "
+                          "(max_new_tokens)")
+    interventions = getattr(req, "interventions", ())
+    if len(interventions) > limits.max_interventions:
+        raise field_error(("interventions",), f"{len(interventions)} interventions; the limit is "
                           f"{limits.max_interventions} (max_interventions)")
     samples = getattr(req, "samples", 1)
     if samples > limits.max_samples:
@@ -141,8 +160,7 @@ def build_attention_response(
     A request with a `queries` field (images) gets only those query rows: [l][h][len(queries)][T].
     """
     info = adapter.info
-    limits = runtime.settings
-    check_request_limits(limits, req)
+    limits = runtime.settings  # the request's own limits were checked by its route (check_request_limits)
     n_tokens = len(encoded.tokens)
     layers = _check_indices(req.layers, info.layers, ("layers",), "layer")
     heads = _check_indices(req.heads, info.heads, ("heads",), "head")
@@ -290,11 +308,6 @@ def build_seq2seq_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: E
     N × N, cross N × M) for the requested layers/heads, the target tokens and their probabilities."""
     info = adapter.info
     limits = runtime.settings
-    if req.samples > limits.max_samples:
-        raise field_error(("samples",), f"samples={req.samples}; the limit is {limits.max_samples} (max_samples)")
-    if len(req.interventions) > limits.max_interventions:
-        raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
-                          f"{limits.max_interventions} (max_interventions)")
     if req.include_scores:
         raise field_error(("include_scores",), "scores are not offered for encoder–decoder models yet")
     n_source, n_target = len(encoded.tokens), len(encoded.extra["target_tokens"])

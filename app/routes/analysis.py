@@ -22,7 +22,8 @@ import torch
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
 
-from app.attention import build_attention_response, engine_interventions, field_error, thumbnails
+from app.attention import (build_attention_response, check_request_limits, engine_interventions, field_error,
+                           thumbnails)
 from app.encoding import fast_json, tensor_field
 from app.ids import new_id
 from app.lifecycle import RequestCancelled, check_cancelled
@@ -276,10 +277,8 @@ def _lm(runtime: Runtime, model: str) -> CausalLMAdapter:
 
 
 def _prompt(runtime: Runtime, adapter: AttentionAdapter, name: str, text: str) -> torch.Tensor:
-    """A prompt's ids (1, T), within the text and token limits: 422 naming the field otherwise."""
-    if len(text) > runtime.settings.max_text_chars:
-        raise field_error((name,), f"{name} has {len(text):,} characters; the limit is "
-                          f"{runtime.settings.max_text_chars:,} (max_text_chars)")
+    """A prompt's ids (1, T), within the token limit (its characters were checked by check_request_limits): 422
+    naming the field otherwise."""
     if not text.strip():
         raise field_error((name,), f"{name} is empty or only white space")
     ids = adapter.prompt_ids(text)
@@ -379,6 +378,7 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
     only; 2 forwards and 1 backward). An exact head scan also returns `attribution` and `rank_correlation`.
     `clean_run_id` names the clean run's head outputs, kept for `{"op": "patch_heads", "source": clean_run_id}`.
     """
+    check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any work
     adapter = _lm(runtime, req.model)
     clean, corrupt = _prompt(runtime, adapter, "clean", req.clean), _prompt(runtime, adapter, "corrupt", req.corrupt)
     if clean.shape[1] != corrupt.shape[1]:
@@ -389,9 +389,6 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
         raise field_error(("wrong",), "wrong is the same token as answer")
     if req.method == "attribution" and req.scan != "heads":
         raise field_error(("method",), "attribution patching is offered for the head scan (scan: heads)")
-    if len(req.interventions) > runtime.settings.max_interventions:
-        raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
-                          f"{runtime.settings.max_interventions} (max_interventions)")
     sources = request_sources(runtime, adapter, req.interventions)
     with head_run(sources):
         interventions = engine_interventions(req, adapter, clean.shape[1])
@@ -451,11 +448,9 @@ def lens(req: LensRequest, runtime: RuntimeDep) -> Response:
     """The logit lens (see /guide#s12-3): row l is the residual stream after layer l through the final norm and the
     unembedding, `top` [L][T][k] of {"token", "id", "prob"}; the last row is the model's own next-token
     distribution. With interventions and `compare`, `top_before` is the lens without them."""
+    check_request_limits(runtime.settings, req)
     adapter = _lm(runtime, req.model)
     ids = _prompt(runtime, adapter, "text", req.text)
-    if len(req.interventions) > runtime.settings.max_interventions:
-        raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
-                          f"{runtime.settings.max_interventions} (max_interventions)")
     sources = request_sources(runtime, adapter, req.interventions)
     with head_run(sources):
         interventions = engine_interventions(req, adapter, ids.shape[1])
@@ -492,15 +487,13 @@ def faithfulness_check(req: FaithfulnessRequest, runtime: RuntimeDep) -> Respons
     mean), value-weighted attention, rollout and gradient × attention; each method's top-k keys are masked in every
     layer, and the output change is reported per k: decoder LMs `kl` of the next-token distribution and `p_drop` of
     p(answer); encoders the change of their own output (`kl` for masked-LM/classes, 1 − cosine for embeddings)."""
+    check_request_limits(runtime.settings, req)
     try:
         adapter = runtime.adapter(req.model, kind="text")
     except UnknownModel as exc:
         raise field_error(("model",), str(exc.args[0])) from None
     if isinstance(adapter, Seq2SeqAdapter):
         raise field_error(("model",), "the faithfulness check is offered for encoders and decoder LMs")
-    if len(req.text) > runtime.settings.max_text_chars:
-        raise field_error(("text",), f"text has {len(req.text):,} characters; the limit is "
-                          f"{runtime.settings.max_text_chars:,} (max_text_chars)")
     if not req.text.strip():
         raise field_error(("text",), "text is empty or only white space")
     encoded = adapter.encode(req.text)

@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import Field
 from starlette.datastructures import UploadFile
 
-from app.attention import _check_indices, fast_json, field_error
+from app.attention import _check_indices, check_request_limits, fast_json, field_error
 from app.audiostore import AudioStore, audio_limits, get_audio_store
 from app.deps import RuntimeDep
 from app.encoding import tensor_field
@@ -270,15 +270,13 @@ def _transcript(runtime: Runtime, adapter: WhisperAdapter, encoded: Encoded, int
 
 
 def _prepare(req: AudioAttentionRequest, runtime: Runtime, store: AudioStore):
+    check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any work
     audio = _stored(runtime, store, req.audio_id)  # before the model: an unknown clip costs no model load
     adapter = _audio_adapter(runtime, req.model)
     if req.task == "translate":
         raise field_error(("task",), f"{adapter.info.id} is English-only: it transcribes, it does not translate")
     if req.language not in (None, "en"):
         raise field_error(("language",), f"{adapter.info.id} is English-only: language must be null or 'en'")
-    if len(req.interventions) > runtime.settings.max_interventions:
-        raise field_error(("interventions",), f"{len(req.interventions)} interventions; the limit is "
-                          f"{runtime.settings.max_interventions} (max_interventions)")
     encoded = runtime.encode(adapter, ("audio", req.audio_id, req.target),
                              lambda: adapter.encode(audio.samples, ("audio", req.audio_id), req.target))
     return adapter, audio, encoded

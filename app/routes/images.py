@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import Field
 from starlette.datastructures import UploadFile
 
-from app.attention import build_attention_response, fast_json, field_error
+from app.attention import build_attention_response, check_request_limits, fast_json, field_error
 from app.deps import ImageStoreDep, RuntimeDep
 from app.ids import new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
@@ -291,6 +291,7 @@ def image_attention(req: ImageAttentionRequest, runtime: RuntimeDep, store: Imag
     `effect.output` holds the class probabilities before/after and their KL (classifiers) or the
     CLS-embedding cosine (backbones).
     """
+    check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any work
     item = _stored(store, req.image_id)
     try:
         adapter = runtime.adapter(req.model, kind="image")

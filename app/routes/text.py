@@ -30,12 +30,6 @@ def _text_adapter(runtime: Runtime, model: str) -> AttentionAdapter:
         raise field_error(("model",), str(exc.args[0])) from None
 
 
-def _check_text(runtime: Runtime, name: str, value: str | None) -> None:
-    limit = runtime.settings.max_text_chars
-    if value is not None and len(value) > limit:
-        raise field_error((name,), f"{name} has {len(value):,} characters; the limit is {limit:,} (max_text_chars)")
-
-
 def _refuse_fields(req: TextAttentionRequest, output: str) -> None:
     """Fields that only some kinds of model take: 422 naming the field for the others."""
     allowed = {"text_pair": ("similarity", "mlm", "embedding"), "position": ("next_token",), "target": ("seq2seq",)}
@@ -55,8 +49,7 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep) -> Response:
     Decoder LMs (output `next_token`, /guide#s9) also take `position` and `chat` and answer the next-token
     distribution; encoder–decoders (output `seq2seq`) take a `target` and answer attention per kind.
     """
-    for name in ("text", "text_pair", "target"):
-        _check_text(runtime, name, getattr(req, name))
+    check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any model work
     if not req.text.strip():
         raise field_error(("text",), "text is empty or only white space")
     adapter = _text_adapter(runtime, req.model)
@@ -116,13 +109,9 @@ def generate(req: GenerateRequest, runtime: RuntimeDep) -> StreamingResponse:
     `ended` is true and its other fields are null), then `{"done": true, "text", "base_text"}`. Closing the
     connection stops the generation after the step in progress.
     """
-    _check_text(runtime, "text", req.text)
+    check_request_limits(runtime.settings, req)  # max_text_chars, max_new_tokens, max_interventions: as on every route
     if not req.text.strip():
         raise field_error(("text",), "text is empty or only white space")
-    limit = runtime.settings.max_new_tokens
-    if req.max_new_tokens > limit:
-        raise field_error(("max_new_tokens",), f"max_new_tokens={req.max_new_tokens}; the limit is {limit} (max_new_tokens)")
-    check_request_limits(runtime.settings, req)  # max_interventions, as on every route
     adapter = _text_adapter(runtime, req.model)
     if not isinstance(adapter, CausalLMAdapter):
         raise field_error(("model",), f"model {req.model} is not a decoder language model (output {adapter.info.output!r})")

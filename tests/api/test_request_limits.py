@@ -71,3 +71,41 @@ def test_settings_alone_set_the_limits(raised):
         r = raised.post("/api/text/attention", json={**BODY, field: value})
         assert r.status_code == 422, (field, r.status_code)
         assert r.json()["detail"][0]["loc"] == ["body", field] and setting in r.json()["detail"][0]["msg"]
+
+
+# One over-the-limit field per route, with a model and an image/clip that do not exist: the one check runs first,
+# so each answer is the limit's 422, not "unknown model" or a 404 (no model loads, no store is read).
+NOPE = "0" * 32
+ROUTES = {
+    "/api/text/attention": {"model": "nope", "text": "a"},
+    "/api/text/generate": {"model": "nope", "text": "a", "max_new_tokens": 1},
+    "/api/image/attention": {"model": "nope", "image_id": NOPE},
+    "/api/audio/attention": {"model": "nope", "audio_id": NOPE},
+    "/api/audio/transcribe": {"model": "nope", "audio_id": NOPE},
+    "/api/text/patching": {"model": "nope", "clean": "a", "corrupt": "b", "answer": "x", "wrong": "y"},
+    "/api/text/lens": {"model": "nope", "text": "a"},
+}
+OVER = [(path, "interventions", [BETA] * 3, "max_interventions") for path in ROUTES]
+OVER += [("/api/text/attention", "samples", 3, "max_samples"), ("/api/text/attention", "thumbnail_size", 9, "max_thumbnail_size"),
+         ("/api/image/attention", "samples", 3, "max_samples"), ("/api/text/generate", "max_new_tokens", 3, "max_new_tokens")]
+OVER += [(path, field, "x" * 41, "max_text_chars") for path, field in (
+    ("/api/text/attention", "text"), ("/api/text/attention", "text_pair"), ("/api/text/attention", "target"),
+    ("/api/text/generate", "text"), ("/api/text/patching", "clean"), ("/api/text/patching", "corrupt"),
+    ("/api/text/lens", "text"), ("/api/text/faithfulness", "text"), ("/api/audio/attention", "target"))]
+
+
+@pytest.fixture(scope="module")
+def strict():
+    settings = Settings(default_models=[], max_interventions=2, max_samples=2, max_thumbnail_size=8, max_new_tokens=2,
+                        max_text_chars=40)
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+@pytest.mark.parametrize("path,field,value,setting", OVER, ids=[f"{p.removeprefix('/api/')}:{f}" for p, f, _, _ in OVER])
+def test_every_route_answers_its_limits_with_the_one_check(strict, path, field, value, setting):
+    body = {**ROUTES.get(path, {"model": "nope", "text": "a"}), field: value}
+    r = strict.post(path, json=body)
+    assert r.status_code == 422, r.text[:300]
+    detail = r.json()["detail"][0]
+    assert detail["loc"] == ["body", field] and f"({setting})" in detail["msg"], detail

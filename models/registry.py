@@ -127,6 +127,11 @@ def build_registry(
         _audio_spec("whisper-tiny-en", str(weights_dir / "whisper-tiny-en"),
                     "Whisper tiny.en speech recogniser (4 + 4 layers × 6 heads, cross-attention over 1,500 × 20 ms)",
                     max_transcript_tokens, max_audio_s),
+        # optional: listed once `attnlab prepare --model whisper-base` has made its folder (else refused with that
+        # command by the adapter, and left out of GET /api/models)
+        _audio_spec("whisper-base", str(weights_dir / "whisper-base"),
+                    "Whisper base, multilingual speech recogniser and translator into English (6 + 6 layers × 8 heads)",
+                    max_transcript_tokens, max_audio_s),
     ]
     specs += [_text_spec(i, s, max_tokens, f"text model from {s}") for i, s in (extra_text or {}).items()]
     specs += [_image_spec(i, s, f"image model from {s}") for i, s in (extra_image or {}).items()]

@@ -37,7 +37,7 @@ from app.schemas import IndexList, Interventions, _Strict, to_engine
 from app.templating import templates
 from models.adapters.base import Encoded
 from models.adapters.seq2seq import KINDS, KindScopedIntervention
-from models.adapters.whisper import EOT, POSITION_S, WhisperAdapter
+from models.adapters.whisper import POSITION_S, WhisperAdapter
 from models.audio import AudioInputError, DecodedAudio, decode_bytes, to_wav
 from models.effects import attention_tv
 
@@ -203,7 +203,8 @@ class AudioAttentionRequest(_Strict):
     model: str = DEFAULT_MODEL
     audio_id: str = Field(description="from POST /api/audio (or GET /api/audio/sample)")
     task: Literal["transcribe", "translate"] = "transcribe"
-    language: str | None = Field(None, max_length=8, description="null = the model's own (tiny.en: English only)")
+    language: str | None = Field(None, max_length=8, description="a multilingual model's language code ('de'; GET "
+                                 "/api/models lists them); null = detected from the clip. English-only models: null or 'en'")
     target: str | None = Field(None, description="text to teacher-force (at most max_text_chars; its tokens past "
                                "max_transcript_tokens are dropped); null = the greedy transcript")
     layers: IndexList | None = Field(None, description="decoder/cross layers to return (null = all)")
@@ -261,7 +262,7 @@ def _transcript(runtime: Runtime, adapter: WhisperAdapter, encoded: Encoded, int
             _transcripts.move_to_end(key)
             return _transcripts[key]
     with runtime.admitted():
-        value = adapter.transcribe(encoded.inputs["input_features"], interventions)
+        value = adapter.transcribe(encoded.inputs["input_features"], interventions, prompt=encoded.extra["prompt"])
     with _transcripts_lock:
         _transcripts[key] = value
         while len(_transcripts) > runtime.settings.result_cache_items:
@@ -273,12 +274,18 @@ def _prepare(req: AudioAttentionRequest, runtime: Runtime, store: AudioStore):
     check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any work
     audio = _stored(runtime, store, req.audio_id)  # before the model: an unknown clip costs no model load
     adapter = _audio_adapter(runtime, req.model)
-    if req.task == "translate":
-        raise field_error(("task",), f"{adapter.info.id} is English-only: it transcribes, it does not translate")
-    if req.language not in (None, "en"):
+    if req.task == "translate" and not adapter.multilingual:
+        raise field_error(("task",), f"{adapter.info.id} is English-only: it transcribes, it does not translate (task "
+                          "must be 'transcribe'; whisper-base translates, prepared by `attnlab prepare --model whisper-base`)")
+    if not adapter.multilingual and req.language not in (None, "en"):
         raise field_error(("language",), f"{adapter.info.id} is English-only: language must be null or 'en'")
-    encoded = runtime.encode(adapter, ("audio", req.audio_id, req.target),
-                             lambda: adapter.encode(audio.samples, ("audio", req.audio_id), req.target))
+    if adapter.multilingual and req.language is not None and req.language not in adapter.tokens.languages:
+        raise field_error(("language",), f"language {req.language!r} is not one of {adapter.info.id}'s "
+                          f"{len(adapter.tokens.languages)} languages ({', '.join(sorted(adapter.tokens.languages))}), or null "
+                          "to detect it")
+    language = "en" if not adapter.multilingual else req.language
+    encoded = runtime.encode(adapter, ("audio", req.audio_id, req.target, language, req.task),
+                             lambda: adapter.encode(audio.samples, ("audio", req.audio_id), req.target, language, req.task))
     return adapter, audio, encoded
 
 
@@ -324,14 +331,15 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
                        "tokens_after": [{"token": adapter.token_text(t), "prob": p} for t, p in zip(after_ids, after_probs)],
                        **adapter.output_effect(base, result, encoded)},
         }
-        if after_ids and after_ids[-1] != EOT:
+        if after_ids and after_ids[-1] != adapter.eot:
             warnings.append(f"the transcript with interventions stopped at max_transcript_tokens={adapter.max_new_tokens}")
     if encoded.extra["labels"] and len(encoded.extra["labels"]) > adapter.max_new_tokens:
         warnings.append(f"the transcript stopped at max_transcript_tokens={adapter.max_new_tokens}")
     return fast_json({
         "model": info.id, "audio_id": req.audio_id, "run_id": result.run_id, "tokens": encoded.tokens, "positions": 1500,
         "clip_positions": n_positions, "frame_s": POSITION_S, "duration_s": round(audio.duration_s, 4),
-        "transcript": encoded.extra["text"], "layers": layers, "heads": heads, "kinds": req.kinds,
+        "transcript": encoded.extra["text"], "task": encoded.extra["task"], "language": encoded.extra["language"],
+        "language_prob": encoded.extra["language_prob"], "layers": layers, "heads": heads, "kinds": req.kinds,
         "native_beta": info.native_beta, "attention": attention, "entropy": result.derived["entropy"],
         "output": adapter.output_summary(result, encoded), "effect": effect,
         "words": adapter.word_times(base, encoded), "alignment": adapter.alignment_ranking(base, encoded),
@@ -359,7 +367,7 @@ def audio_transcribe(req: AudioAttentionRequest, runtime: RuntimeDep, store: Aud
         def work() -> None:  # decoding holds the model lock; each token is handed over as it comes
             try:
                 with runtime.admitted():
-                    adapter.transcribe(features, interventions, on_token=hand_over)
+                    adapter.transcribe(features, interventions, on_token=hand_over, prompt=encoded.extra["prompt"])
             except _ClientLeft:
                 pass
             except Exception as exc:  # reported to the client as an error event
@@ -386,7 +394,7 @@ def audio_transcribe(req: AudioAttentionRequest, runtime: RuntimeDep, store: Aud
                 yield _event("error", {"detail": str(item)})
                 return
             token, prob = item
-            if token != EOT:
+            if token != adapter.eot:
                 produced.append(token)
             yield _event("token", {"token": adapter.token_text(token), "prob": prob, "text": adapter.decode(produced)})
         yield _event("done", {"text": adapter.decode(produced)})

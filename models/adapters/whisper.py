@@ -3,7 +3,9 @@
 - The encoder reads an 80-bin log-mel spectrogram of a 30 s window (3,000 frames of 10 ms; shorter clips are padded
   with silence, as Whisper was trained); two convolutions halve it to 1,500 encoder positions of 20 ms.
 - The decoder writes text tokens after the prompt <|startoftranscript|><|notimestamps|> (tiny.en is English-only:
-  no language or task token). Its cross-attention rows are N × 1,500: a text token's look over time.
+  no language or task token); a multilingual model (whisper-base) gets <|startoftranscript|><|lang|><|task|>
+  <|notimestamps|>, the language detected from the clip when none is asked for, the task "transcribe" or "translate"
+  (into English). Its cross-attention rows are N × 1,500: a text token's look over time.
 
 Kinds and layers as in models/adapters/seq2seq.py ("encoder", "decoder", "cross"; layers count within the kind;
 KindScopedIntervention). Whisper's attention scales its queries by 1/√d *before* the attention function (which it
@@ -32,7 +34,7 @@ import torch
 from transformers import EncoderDecoderCache, DynamicCache, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, pick_device
-from models.adapters.seq2seq import KINDS, KindScopedIntervention, kind_of
+from models.adapters.seq2seq import KINDS, KindScopedIntervention, Seq2SeqAdapter, kind_of
 from models.effects import kl_divergence
 from models.hooks import RunScope, load_with_attnlab, run_scope
 from models.atlas import Atlas
@@ -42,7 +44,6 @@ RATE = 16000
 FRAME_S = 0.01  # one log-mel frame
 POSITION_S = 0.02  # one encoder position (two frames)
 WINDOW_S = 30.0
-SOT, EOT, NO_TIMESTAMPS = 50257, 50256, 50362
 MEDIAN_WIDTH = 7  # OpenAI's word-timestamp median filter width (frames of 20 ms)
 OVERVIEW_BLOCKS = 250  # the encoder self-attention overview: at most this many blocks a side
 
@@ -55,6 +56,9 @@ class AudioModelInfo(ModelInfo):
     frame_s: float | None = None
     max_audio_s: float | None = None
     alignment_heads: list | None = None
+    multilingual: bool = False
+    tasks: list | None = None  # ["transcribe"] or ["transcribe", "translate"]
+    languages: list | None = None  # language codes a multilingual model accepts ("en", "de", …); None: English only
 
 
 def probe_waveform(seconds: float = 4.0) -> np.ndarray:
@@ -71,7 +75,8 @@ class WhisperAdapter(AttentionAdapter):
 
         folder = Path(source)
         if not (folder / "model.safetensors").is_file():
-            raise ValueError(f"{source}: no prepared Whisper weights (run `attnlab prepare`)")
+            command = "attnlab prepare" if model_id == "whisper-tiny-en" else f"make {model_id}` or `attnlab prepare --model {model_id}"
+            raise ValueError(f"{model_id} is not prepared on this server (run `{command}`)")
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.extractor = WhisperFeatureExtractor.from_pretrained(folder)
         ct2_config = json.loads((folder / "ctranslate2_config.json").read_text())
@@ -80,7 +85,14 @@ class WhisperAdapter(AttentionAdapter):
         self.alignment_heads = [tuple(pair) for pair in ct2_config.get("alignment_heads", [])]  # (decoder layer, head)
         model = load_with_attnlab(WhisperForConditionalGeneration, str(folder), dtype=torch.float32)
         config = model.config
-        self.prompt = [config.decoder_start_token_id, NO_TIMESTAMPS]
+        from models.prepare import whisper_tokens
+
+        self.tokens = whisper_tokens(folder / "tokenizer.json", config.vocab_size, ct2_config.get("lang_ids"))
+        self.eot = self.tokens.eot
+        self.multilingual = self.tokens.multilingual
+        self.prompt = self.tokens.prompt()  # the probe's (and English transcription's)
+        # never generated: the special tokens after <|endoftext|> (start, languages, tasks, timestamps)
+        self.suppress = sorted(set(self.suppress) | set(range(self.eot + 1, config.vocab_size)))
         features = self._features(probe_waveform())
         probe_inputs = {"input_features": features, "decoder_input_ids": torch.tensor([self.prompt + [1770, 13]])}
         report = self._attach_probed(model, pick_device(device), probe_inputs, lambda out: out.logits, dtype)
@@ -102,7 +114,9 @@ class WhisperAdapter(AttentionAdapter):
             decoder_layers=config.decoder_layers, decoder_heads=config.decoder_attention_heads, dtype=dtype,
             dtype_parity=report.dtype_parity, encoder_layers=config.encoder_layers, frame_s=POSITION_S,
             max_audio_s=max_audio_s, max_tokens=config.max_target_positions,
-            alignment_heads=[list(pair) for pair in self.alignment_heads],
+            alignment_heads=[list(pair) for pair in self.alignment_heads], multilingual=self.multilingual,
+            tasks=["transcribe", "translate"] if self.multilingual else ["transcribe"],
+            languages=sorted(self.tokens.languages) if self.multilingual else None,
         )
 
     # ---- input -------------------------------------------------------------------------------------
@@ -120,42 +134,59 @@ class WhisperAdapter(AttentionAdapter):
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode([i for i in ids if i < EOT], skip_special_tokens=True).strip()
+        return self.tokenizer.decode([i for i in ids if i < self.eot], skip_special_tokens=True).strip()
 
-    def encode(self, samples: np.ndarray, key: tuple, target: str | None = None) -> Encoded:
+    @torch.inference_mode()
+    def detect_language(self, features: torch.Tensor) -> tuple[str, float]:
+        """A multilingual model's language for the clip, as Whisper finds it: one decoder step after
+        <|startoftranscript|>, the most probable language token (softmax over the language tokens only)."""
+        encoder_hidden, _ = self._encoder(features, (), False)
+        with run_scope(self._scope((), False)):
+            logits = self.model(encoder_outputs=(encoder_hidden,), return_dict=True,
+                                decoder_input_ids=torch.tensor([[self.tokens.sot]], device=self.device)).logits[0, -1]
+        codes = list(self.tokens.languages)
+        probs = torch.softmax(logits[[self.tokens.languages[c] for c in codes]].double().cpu(), dim=-1)  # (n_languages,)
+        best = int(probs.argmax())
+        return codes[best], float(probs[best])
+
+    def encode(self, samples: np.ndarray, key: tuple, target: str | None = None, language: str | None = None,
+               task: str = "transcribe") -> Encoded:
         """The clip's features and the decoder input: the prompt then the target's tokens (the greedy transcript
-        without interventions when `target` is None). Labels: the target tokens then <|endoftext|>."""
+        without interventions when `target` is None). Labels: the target tokens then <|endoftext|>. A multilingual
+        model's prompt names `language` (detected from the clip when None) and `task`."""
         features = self._features(samples)
+        language_prob = None
+        if self.multilingual and language is None:
+            language, language_prob = self.detect_language(features)
+        prompt = self.tokens.prompt(language, task)
         if target is None:
-            labels = self.transcribe(features, ())[0]
+            labels = self.transcribe(features, (), prompt=prompt)[0]
         else:
             labels = self.tokenizer.encode(" " + target.strip(), add_special_tokens=False).ids[: self.max_new_tokens]
-        labels = [t for t in labels if t != EOT] + [EOT]
-        decoder_inputs = self.prompt + labels[:-1]  # teacher forcing: input position p predicts decoder_inputs[p + 1]
+        labels = [t for t in labels if t != self.eot] + [self.eot]
+        decoder_inputs = prompt + labels[:-1]  # teacher forcing: input position p predicts decoder_inputs[p + 1]
         return Encoded(
-            key=key + (target,), tokens=[self.token_text(t) for t in decoder_inputs],
+            key=key + (target, language, task), tokens=[self.token_text(t) for t in decoder_inputs],
             inputs={"input_features": features, "decoder_input_ids": torch.tensor([decoder_inputs])},
-            extra={"labels": labels, "n_samples": int(samples.size), "text": self.decode(labels)},
+            extra={"labels": labels, "n_samples": int(samples.size), "text": self.decode(labels), "prompt": prompt,
+                   "language": language if self.multilingual else "en", "language_prob": language_prob, "task": task},
         )
 
     # ---- interventions -----------------------------------------------------------------------------
+    def layers_of(self, kind: str) -> int:
+        return len(self.kind_layers[kind])
+
     def engine_interventions(self, scoped: list[KindScopedIntervention]) -> tuple[Intervention, ...]:
-        """(kind, layers within the kind) → the engine's global layers; β and query noise onto the pre-scaled q."""
+        """Seq2SeqAdapter's mapping of (kind, layers within the kind) onto the engine's layers, then β and query noise
+        onto Whisper's pre-scaled queries: the engine's β multiplies q/√d (so β/β₀ passes on), and ε on q/√d is ε/√d
+        (α q + ε, then scaled, is α (q/√d) + ε/√d)."""
         result = []
-        for item in scoped:
-            iv = item.intervention
-            kinds = KINDS if item.kind is None else (item.kind,)
-            layers = tuple(
-                self.kind_layers[kind][l] for kind in kinds
-                for l in (range(len(self.kind_layers[kind])) if iv.layers is None else iv.layers)
-                if l < len(self.kind_layers[kind])
-            )
-            changes: dict[str, Any] = {"layers": layers}
+        for iv in Seq2SeqAdapter.engine_interventions(self, scoped):
             if iv.op == "temperature":
-                changes["beta"] = iv.beta / self.query_scale  # the engine's β multiplies q/√d
+                iv = dataclasses.replace(iv, beta=iv.beta / self.query_scale)
             elif iv.op == "perturb_queries":
-                changes["noise_std"] = iv.noise_std * self.query_scale  # ε on q/√d
-            result.append(dataclasses.replace(iv, **changes))
+                iv = dataclasses.replace(iv, noise_std=iv.noise_std * self.query_scale)
+            result.append(iv)
         return tuple(result)
 
     def _decoder_layers(self) -> set[int]:
@@ -208,7 +239,8 @@ class WhisperAdapter(AttentionAdapter):
         by_kind = {kind: scope.stacked_attention(self.kind_layers[kind]).float().cpu() for kind in ("decoder", "cross")}
         entropy = {kind: scope.layer_entropy(self.kind_layers[kind]).tolist() for kind in ("decoder", "cross")}
         # row p predicts decoder input p + 1: the rows from the prompt's last token on predict the labels
-        log_probs = torch.log_softmax(outputs.logits[0, len(self.prompt) - 1:].double().cpu(), dim=-1)  # (n_labels, V)
+        first = len(encoded.extra["prompt"]) - 1
+        log_probs = torch.log_softmax(outputs.logits[0, first:].double().cpu(), dim=-1)  # (n_labels, V)
         labels = torch.tensor(encoded.extra["labels"])  # (n_labels,)
         hidden = torch.stack([h[0] for h in outputs.decoder_hidden_states]).float().cpu()  # (L_dec + 1, N, D)
         return AttentionResult(
@@ -226,14 +258,14 @@ class WhisperAdapter(AttentionAdapter):
     # ---- greedy decoding with the interventions ----------------------------------------------------
     @torch.inference_mode()
     def transcribe(self, features: torch.Tensor, interventions: tuple[Intervention, ...],
-                   max_new_tokens: int | None = None, on_token=None) -> tuple[list[int], list[float]]:
+                   max_new_tokens: int | None = None, on_token=None, prompt: list[int] | None = None) -> tuple[list[int], list[float]]:
         """Greedy tokens (without the prompt, ending with <|endoftext|> unless cut by max_new_tokens) and their
         probabilities, the interventions active at every step; the encoder runs once, the decoder with a KV cache.
         Whisper's suppressed tokens are never chosen (and blank/EOT not first), as `generate` does."""
         limit = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         encoder_hidden, _ = self._encoder(features, interventions, False)
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        ids = list(self.prompt)
+        ids = list(self.prompt if prompt is None else prompt)
         new_ids: list[int] = []
         probs: list[float] = []
         suppress = torch.tensor(self.suppress, dtype=torch.long)
@@ -255,7 +287,7 @@ class WhisperAdapter(AttentionAdapter):
             probs.append(float(p[token]))
             if on_token is not None:
                 on_token(token, float(p[token]))
-            if token == EOT:
+            if token == self.eot:
                 break
             ids.append(token)
         return new_ids, probs
@@ -286,7 +318,7 @@ class WhisperAdapter(AttentionAdapter):
         cross = result.by_kind["cross"]  # (L, H, N, 1500)
         weights = torch.stack([cross[layer, head] for layer, head in self.alignment_heads])  # (A, N, 1500)
         weights = weights[:, :, :n_positions].double().numpy()  # (A, N, n)
-        matrix = alignment_matrix(weights)[len(self.prompt) - 1:]  # rows predicting labels[0 …]: (len(labels), n)
+        matrix = alignment_matrix(weights)[len(encoded.extra["prompt"]) - 1:]  # rows predicting labels[0 …]: (len(labels), n)
         text_indices, time_indices = dtw(-matrix)
         words, word_tokens = self.split_words(labels[:-1])
         if not words:
@@ -322,7 +354,7 @@ class WhisperAdapter(AttentionAdapter):
         times `focus`, the mean of each row's largest weight (a head that spreads its rows evenly follows nothing)."""
         n_text = len(encoded.extra["labels"]) - 1
         n_positions = result.derived["n_positions"]
-        first = len(self.prompt) - 1  # the row that predicts the first text token
+        first = len(encoded.extra["prompt"]) - 1  # the row that predicts the first text token
         cross = result.by_kind["cross"][:, :, first:first + n_text, :n_positions]  # (L, H, n_text, n)
         ranking = []
         for layer in range(cross.shape[0]):

@@ -161,3 +161,31 @@ def test_windows_of_the_kept_run_match_the_response(audio_client, sample_id):
     cross = audio_client.post(f"/api/runs/{run_id}/window", json={
         "layer": 1, "head": 2, "kind": "cross", "rows": [0, 6], "cols": [0, 1500]}).json()
     np.testing.assert_allclose(np.array(cross["attention"]), np.array(body["attention"]["cross"])[0, 0, :6], atol=1e-6)
+
+
+BASE_PREPARED = (ROOT / "weights" / "whisper-base" / "prepared.json").is_file()
+
+
+def test_tiny_en_refuses_translate_naming_the_field(audio_client, sample_id):
+    response = audio_client.post("/api/audio/attention", json={"audio_id": sample_id, "task": "translate"})
+    assert response.status_code == 422
+    detail = response.json()["detail"][0]
+    assert detail["loc"][-1] == "task" and "English-only" in detail["msg"] and "whisper-base" in detail["msg"]
+
+
+@pytest.mark.skipif(not BASE_PREPARED, reason="whisper-base is not prepared here (optional: `make whisper-base`)")
+def test_whisper_base_translates_detects_and_names_a_bad_language(audio_client, sample_id):
+    models = {m["id"]: m for m in audio_client.get("/api/models", params={"kind": "audio"}).json()["models"]}
+    assert models["whisper-base"]["multilingual"] and "de" in models["whisper-base"]["languages"]
+    assert models["whisper-tiny-en"]["multilingual"] is False and models["whisper-tiny-en"]["tasks"] == ["transcribe"]
+    body = {"model": "whisper-base", "audio_id": sample_id, "layers": [5], "heads": [2], "kinds": ["cross"]}
+    translated = audio_client.post("/api/audio/attention", json={**body, "task": "translate", "language": "en"})
+    assert translated.status_code == 200, translated.text
+    out = translated.json()
+    assert out["task"] == "translate" and out["language"] == "en" and out["tokens"][:3] == [
+        "<|startoftranscript|>", "<|en|>", "<|translate|>"]
+    assert np.array(out["attention"]["cross"]).shape == (1, 1, len(out["tokens"]), 1500)
+    detected = audio_client.post("/api/audio/attention", json=body).json()
+    assert detected["language"] == "en" and detected["language_prob"] > 0.5 and detected["tokens"][2] == "<|transcribe|>"
+    bad = audio_client.post("/api/audio/attention", json={**body, "language": "xx"})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][-1] == "language" and "de" in bad.json()["detail"][0]["msg"]

@@ -141,3 +141,66 @@ def test_whisper_mapping_refuses_a_nonzero_k_bias_and_leftovers(tmp_path):
     write_model(path, "WhisperSpec", 3, _tiny_whisper_spec() | {"decoder/extra/weight": np.ones(2, np.float16)})
     with pytest.raises(CTranslate2FormatError, match="unmapped"):
         whisper_state_dict(read_model(path), 1, 1)
+
+
+def test_concatenated_parts_read_as_the_whole_file(tmp_path):
+    """whisper-base ships its model.bin in two packages: the parts' bytes in order are the file; a missing or
+    reordered part is refused by the reader."""
+    from models.ctranslate2 import concatenate_parts
+
+    variables = {name: array for name, array in _tiny_whisper_spec().items()}
+    whole = tmp_path / "whole.bin"
+    write_model(whole, "WhisperSpec", 3, variables, aliases={"decoder/projection/weight": "decoder/embeddings/weight"})
+    raw = whole.read_bytes()
+    cuts = [0, len(raw) // 3, 2 * len(raw) // 3, len(raw)]
+    parts = []
+    for i in range(3):
+        part = tmp_path / f"model.bin.part{i + 1}"
+        part.write_bytes(raw[cuts[i]:cuts[i + 1]])
+        parts.append(part)
+    joined = tmp_path / "model.bin"
+    assert concatenate_parts(parts, joined, chunk_bytes=1000) == len(raw)
+    assert joined.read_bytes() == raw and not (tmp_path / "model.bin.partial").exists()
+    model = read_model(joined)
+    assert list(model.variables) == list(variables) and model.aliases == {"decoder/projection/weight": "decoder/embeddings/weight"}
+    for name, array in variables.items():
+        np.testing.assert_array_equal(model.variables[name], array)
+    concatenate_parts(parts[:2], joined)  # the last part missing
+    with pytest.raises(CTranslate2FormatError, match="truncated"):
+        read_model(joined)
+    concatenate_parts([parts[1], parts[0], parts[2]], joined)  # out of order
+    with pytest.raises(CTranslate2FormatError):
+        read_model(joined)
+
+
+def test_whisper_prompts_english_only_and_multilingual():
+    from models.prepare import WhisperTokens
+
+    english = WhisperTokens(eot=50256, sot=50257, no_timestamps=50362, transcribe=None, translate=None, languages={})
+    assert not english.multilingual and english.prompt() == [50257, 50362] == english.prompt("en")
+    multi = WhisperTokens(eot=50257, sot=50258, no_timestamps=50363, transcribe=50359, translate=50358,
+                          languages={"en": 50259, "de": 50261})
+    assert multi.multilingual
+    assert multi.prompt() == [50258, 50259, 50359, 50363]
+    assert multi.prompt("de", "translate") == [50258, 50261, 50358, 50363]
+
+
+def test_special_tokens_come_from_the_tokenizer(tmp_path):
+    """whisper_tokens reads the ids from tokenizer.json (a small one written here), and only a model with 51,865 or
+    more embeddings is multilingual."""
+    from tokenizers import Tokenizer, models
+
+    from models.prepare import whisper_tokens
+
+    specials = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|de|>", "<|translate|>", "<|transcribe|>",
+                "<|notimestamps|>"]
+    tokenizer = Tokenizer(models.WordLevel({"a": 0, "b": 1, **{t: 2 + i for i, t in enumerate(specials)}}, unk_token="a"))
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    multi = whisper_tokens(path, 51865, [4, 5])
+    assert (multi.eot, multi.sot, multi.no_timestamps, multi.translate, multi.transcribe) == (2, 3, 8, 6, 7)
+    assert multi.languages == {"en": 4, "de": 5} and multi.prompt("de", "translate") == [3, 5, 6, 8]
+    english = whisper_tokens(path, 51864, [4, 5])
+    assert not english.multilingual and english.prompt() == [3, 8]
+    with pytest.raises(SystemExit, match="not a <"):
+        whisper_tokens(path, 51865, [0])

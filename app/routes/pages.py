@@ -36,7 +36,8 @@ def text_page(request: Request, settings: SettingsDep, runtime: RuntimeDep):
         "examples": EXAMPLES,
         "max_text_chars": settings.max_text_chars,
         # The server's limits, so the page offers no more than a request may ask for.
-        "limits": {"samples": settings.max_samples, "max_new_tokens": settings.max_new_tokens, "max_tokens": settings.max_tokens},
+        "limits": {"samples": settings.max_samples, "max_new_tokens": settings.max_new_tokens, "max_tokens": settings.max_tokens,
+                   "full_map_tokens": settings.full_map_tokens},  # longer texts ask for layer progress
         # The text models, when all are loaded: the page then starts its first request without asking /api/models.
         "models": loaded_infos(runtime, "text"),
     }

@@ -5,7 +5,7 @@ import json
 import time
 from collections.abc import Iterator
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
 from app.attention import (build_attention_response, build_seq2seq_response, check_request_limits, engine_interventions,
@@ -14,6 +14,7 @@ from app.costs import check_stream_cost, observe_run
 from app.deps import RuntimeDep
 from app.routes import analysis
 from app.lifecycle import RequestCancelled, check_cancelled
+from app.progress import respond
 from app.runtime import Overloaded, Runtime, UnknownModel
 from app.schemas import AttentionResponse, GenerateRequest, TextAttentionRequest
 from models.adapters.base import AttentionAdapter, AttentionResult, token_distance_on_device
@@ -21,6 +22,7 @@ from models.adapters.causal_lm import CausalLMAdapter
 from models.adapters.seq2seq import Seq2SeqAdapter
 
 router = APIRouter(prefix="/api/text", tags=["text"])
+_WHAT = "POST /api/text/attention"
 
 
 def _text_adapter(runtime: Runtime, model: str) -> AttentionAdapter:
@@ -41,13 +43,15 @@ def _refuse_fields(req: TextAttentionRequest, output: str) -> None:
 
 
 @router.post("/attention", responses={200: {"model": AttentionResponse}, 413: {"description": "response over the size cap"}, 503: {"description": "queue full"}})
-def text_attention(req: TextAttentionRequest, runtime: RuntimeDep) -> Response:
+def text_attention(req: TextAttentionRequest, runtime: RuntimeDep, request: Request) -> Response:
     """Attention of every requested layer/head for a sentence (and optional second sentence).
 
     Interventions (see /guide#s2, /guide#s3, /guide#s4) are applied in order; with `compare` the same input is also run without
     them and `effect` holds the attention TV distance, hidden-state cosine per layer and the output change.
     Decoder LMs (output `next_token`, /guide#s9) also take `position` and `chat` and answer the next-token
     distribution; encoder–decoders (output `seq2seq`) take a `target` and answer attention per kind.
+    With `Accept: text/event-stream` it streams `{"progress", "total", "run"}` after each attention layer, then
+    `{"done": true, …this response…}`; closing the connection stops the work at the next layer.
     """
     check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any model work
     if not req.text.strip():
@@ -57,7 +61,7 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep) -> Response:
     if isinstance(adapter, Seq2SeqAdapter):
         encoded = runtime.encode(adapter, ("seq2seq", req.text, req.target), lambda: adapter.encode(req.text, req.target))
         analysis.refuse_for_seq2seq(req)
-        return fast_json(_with_input_tokens(build_seq2seq_response(runtime, adapter, encoded, req), adapter, encoded, req))
+        return respond(request, lambda: _with_input_tokens(build_seq2seq_response(runtime, adapter, encoded, req), adapter, encoded, req), _WHAT)
     if isinstance(adapter, CausalLMAdapter):
         encoded = runtime.encode(adapter, ("lm", req.text, req.chat), lambda: _lm_encode(adapter, req.text, req.chat))
         if req.position is not None and req.position >= len(encoded.tokens):
@@ -68,7 +72,8 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep) -> Response:
             adapter, ("text", req.text, req.text_pair), lambda: adapter.encode(req.text, req.text_pair)
         )
     # with patch_heads sources in reach, and value-weighted maps on request (app/routes/analysis.py)
-    return fast_json(_with_input_tokens(analysis.attention_response(runtime, adapter, encoded, req, text_fields), adapter, encoded, req))
+    # with Accept: text/event-stream, layer progress events and then this response (app/progress.py)
+    return respond(request, lambda: _with_input_tokens(analysis.attention_response(runtime, adapter, encoded, req, text_fields), adapter, encoded, req), _WHAT)
 
 
 def _with_input_tokens(response: dict, adapter: AttentionAdapter, encoded, req: TextAttentionRequest) -> dict:

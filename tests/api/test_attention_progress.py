@@ -1,0 +1,84 @@
+"""Progress of a text attention request (issue 20, the page's progress bar): with `Accept: text/event-stream` the
+route streams {"progress", "total", "run"} after each attention layer and then {"done": true, …the JSON response…};
+refusals before the first layer keep their own status. A tiny Llama with a small full_map_tokens, so that a sentence
+is a long input (an overview, not maps)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+from tests.tiny_models import build_text_model
+
+TEXT = ("the cat sat on the mat because it was tired , the dog ran on the street . a big red car did not cross "
+        "the small blue house , it was the capital of france")
+STREAM = {"Accept": "text/event-stream"}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    llama = str(build_text_model("llama", tmp_path_factory.mktemp("llama-progress")))
+    settings = Settings(default_models=["lm"], extra_models={"lm": llama}, max_response_numbers=200_000,
+                        full_map_tokens=8, overview_blocks=6, atlas_block_rows=4)
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def _events(client, **body) -> tuple[int, str, list[dict]]:
+    with client.stream("POST", "/api/text/attention", json={"model": "lm", **body}, headers=STREAM) as response:
+        text = "".join(response.iter_text())
+        kind = response.headers.get("content-type", "")
+        status = response.status_code
+    if not kind.startswith("text/event-stream"):
+        return status, kind, [json.loads(text)]
+    blocks = [b for b in text.split("\n\n") if b.strip()]
+    assert all(b.startswith("data: ") for b in blocks), blocks
+    return status, kind, [json.loads(b[len("data: "):]) for b in blocks]
+
+
+def _layers(client) -> int:
+    return next(m["layers"] for m in client.get("/api/models").json()["models"] if m["id"] == "lm")
+
+
+def test_layers_then_the_response(client):
+    n_layers = _layers(client)
+    status, kind, events = _events(client, text=TEXT + " one", layers=[1], heads=[0], encoding="f32")
+    assert status == 200 and kind.startswith("text/event-stream")
+    *progress, done = events
+    assert progress == [{"progress": k, "total": n_layers, "run": 1} for k in range(1, n_layers + 1)]
+    assert done["done"] is True and done["attention"] is None and done["overview"]["edges"][-1] == len(done["tokens"])
+    # the same request without the stream: the cached run, the same answer
+    plain = client.post("/api/text/attention", json={"model": "lm", "text": TEXT + " one", "layers": [1], "heads": [0],
+                                                     "encoding": "f32"})
+    assert plain.status_code == 200 and plain.headers["content-type"].startswith("application/json")
+    body = plain.json()
+    for key in ("run_id", "tokens", "overview", "received", "entropy", "mean_distance", "output"):
+        assert done[key] == body[key], key
+
+
+def test_a_cached_run_answers_at_once_and_each_run_is_counted(client):
+    text = TEXT + " two"
+    first = _events(client, text=text)[2]
+    again = _events(client, text=text)[2]
+    assert len(first) > 1 and len(again) == 1 and again[0]["done"] and again[0]["run_id"] == first[-1]["run_id"]
+    # compare: the run with the intervention and the run without it, each layer by layer
+    n_layers = _layers(client)
+    mask = {"op": "mask_keys", "tokens": [2]}
+    events = _events(client, text=TEXT + " three", interventions=[mask], compare=True)[2]
+    runs = [e["run"] for e in events if "progress" in e]
+    assert runs == [1] * n_layers + [2] * n_layers and events[-1]["done"] and events[-1]["effect"] is not None
+
+
+@pytest.mark.parametrize("body, status, field", [
+    ({"layers": [99]}, 422, "layers"),  # found inside the streamed work, before its first layer
+    ({"position": 999}, 422, "position"),
+    ({"text": "x" * 20_001}, 422, "text"),  # max_text_chars
+])
+def test_refusals_keep_their_status(client, body, status, field):
+    code, kind, events = _events(client, **{"text": TEXT + " four", **body})
+    assert code == status and kind.startswith("application/json")
+    assert field in json.dumps(events[0]["detail"])
+

@@ -315,14 +315,18 @@ def build_seq2seq_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: E
     heads = _check_indices(req.heads, min(info.heads, info.decoder_heads), ("heads",), "head")
     interventions = seq2seq_interventions(req, adapter, n_source, n_target)
     shapes = {"encoder": (n_source, n_source), "decoder": (n_target, n_target), "cross": (n_target, n_source)}
+    long = max(n_source, n_target) > adapter.full_map_tokens  # every kind runs blockwise, keeping an atlas (§10)
     numbers = sum(len(layers) * len(heads) * q * k for q, k in shapes.values()) * (1 + int(req.compare and req.include_base))
+    if long:  # per kind its overview and received instead of P
+        blocks = limits.overview_blocks
+        numbers = sum(len(layers) * len(heads) * (min(blocks, q) * min(blocks, k) + k) for q, k in shapes.values())
     if numbers > limits.max_response_numbers:
         raise HTTPException(413, detail=f"the response would hold {numbers:,} numbers, over the cap "
                             f"max_response_numbers={limits.max_response_numbers:,}; ask for fewer layers/heads")
     check_run_budget(runtime, [
         (info.layers, info.heads, *shapes["encoder"]), (info.decoder_layers, info.decoder_heads, *shapes["decoder"]),
         (info.decoder_layers, info.decoder_heads, *shapes["cross"]),
-    ])
+    ], adapter=adapter if long else None)  # a long run keeps q̂/k̂ and summaries (a short one's P goes to the host)
     check_request_cost(adapter, limits, n_source + n_target, request_runs(req.samples, req.compare), len(interventions))
 
     def sliced(result: AttentionResult) -> dict[str, Any]:
@@ -340,8 +344,9 @@ def build_seq2seq_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: E
             check_cancelled()
             run = result if sample is sample_sets[0] else runtime.run(adapter, encoded, sample, False)
             effects.append({
-                "attention_tv": {kind: attention_tv(run.by_kind[kind][layers][:, heads], base.by_kind[kind][layers][:, heads]).tolist()
-                                 for kind in KINDS},
+                "attention_tv": None if long else {
+                    kind: attention_tv(run.by_kind[kind][layers][:, heads], base.by_kind[kind][layers][:, heads]).tolist()
+                    for kind in KINDS},
                 "hidden_cosine": hidden_cosine(run.hidden_states, base.hidden_states).tolist(),
                 "output": adapter.output_effect(base, run, encoded),
             })
@@ -349,6 +354,8 @@ def build_seq2seq_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: E
     warnings = list(result.warnings)
     if encoded.truncated:
         warnings.append(f"source truncated to {n_source} tokens (the model's max_tokens)")
+    if result.is_long:
+        return _seq2seq_long_response(adapter, encoded, req, result, layers, heads, effect, warnings)
     return {
         "model": info.id, "tokens": encoded.tokens, "target_tokens": encoded.extra["target_tokens"],
         "truncated": encoded.truncated, "layers": layers, "heads": heads, "native_beta": info.native_beta,
@@ -356,6 +363,32 @@ def build_seq2seq_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: E
         "base_attention": sliced(base) if base is not None and req.include_base else None,
         "scores": None, "entropy": result.derived["entropy"], "output": adapter.output_summary(result, encoded),
         "effect": effect, "warnings": warnings, "run_id": result.run_id,
+    }
+
+
+def _seq2seq_long_response(adapter: Seq2SeqAdapter, encoded: Encoded, req: AttentionRequestBase, result: AttentionResult,
+                           layers: list[int], heads: list[int], effect: dict[str, Any] | None,
+                           warnings: list[str]) -> dict[str, Any]:
+    """An encoder–decoder run over full_map_tokens (source or target): per kind the overview and received instead of
+    P; exact windows of any kind from POST /api/runs/{run_id}/window with `kind` (docs/science.md §10)."""
+    if effect is not None:
+        warnings.append(f"effect.attention_tv is not computed for inputs over full_map_tokens={adapter.full_map_tokens:,} "
+                        "(the runs keep no maps); hidden_cosine and the output change are")
+    if req.compare and req.include_base:
+        warnings.append("base_attention is not sent for long inputs: ask the base run's windows instead")
+    atlas = result.atlas
+    overview = {}
+    for kind in KINDS:
+        part = adapter.kind_overview(atlas, kind, layers, heads)
+        overview[kind] = {**part, "maps": tensor_field(part["maps"], req.encoding)}  # (l, h, nR, nC)
+    return {
+        "model": adapter.info.id, "tokens": encoded.tokens, "target_tokens": encoded.extra["target_tokens"],
+        "truncated": encoded.truncated, "layers": layers, "heads": heads, "native_beta": adapter.info.native_beta,
+        "kinds": list(KINDS), "attention": None, "base_attention": None, "scores": None,
+        "entropy": result.derived["entropy"], "output": adapter.output_summary(result, encoded),
+        "effect": effect, "warnings": warnings, "run_id": result.run_id, "full_map_tokens": adapter.full_map_tokens,
+        "overview": overview,
+        "received": {kind: tensor_field(adapter.kind_received(atlas, kind, layers, heads), req.encoding) for kind in KINDS},
     }
 
 

@@ -124,22 +124,50 @@ class Seq2SeqAdapter(AttentionAdapter):
         return tuple(result)
 
     # ---- forward -----------------------------------------------------------------------------------
+    def new_scope(self, interventions: tuple[Intervention, ...], record_scores: bool,
+                  n_tokens: int = 0, encoded: Encoded | None = None):
+        """Long when the source or the target is over full_map_tokens: every kind then runs blockwise (its cross
+        attention is N × M, so a long source makes it long too) and the run keeps an atlas (docs/science.md §10)."""
+        if encoded is not None:
+            n_tokens = max(n_tokens, len(encoded.tokens), len(encoded.extra.get("target_tokens", ())))
+        return super().new_scope(interventions, record_scores, n_tokens, encoded)
+
     def run(self, encoded: Encoded, interventions: tuple[Intervention, ...] = (), record_scores: bool = False) -> AttentionResult:
-        outputs, scope = self._forward(encoded.inputs, interventions, record_scores)
+        outputs, scope = self._forward(encoded.inputs, interventions, record_scores, encoded)
+        logits = outputs.logits[0].double().cpu()  # (N, V)
+        log_probs = torch.log_softmax(logits, dim=-1)
+        labels = torch.tensor(encoded.extra["labels"])
+        output = {"label_log_probs": log_probs.gather(1, labels[:, None])[:, 0], "probs": log_probs.exp().float()}
+        if scope.atlas is not None:  # a long input: no P of any kind; the atlas stays on the device it ran on
+            atlas = Atlas(scope.atlas.records, scope.atlas.summaries, scope.atlas.config)
+            entropy = {kind: torch.stack([atlas.summaries[g].entropy for g in self.kind_layers[kind]]).double().cpu().tolist()
+                       for kind in KINDS}  # (L_kind, H_kind): kinds may differ in heads
+            # (L_dec + 1, N, D) in float16, as for other long runs: only the effects' hidden cosine reads it
+            hidden = torch.stack([h[0].half() for h in outputs.decoder_hidden_states]).cpu()
+            return AttentionResult(
+                tokens=encoded.tokens, attention=None, hidden_states=hidden, output=output,
+                warnings=atlas.dead_rows_warnings(), derived={"entropy": entropy}, atlas=atlas,
+            )
         by_kind = {kind: scope.stacked_attention(self.kind_layers[kind]).float().cpu() for kind in KINDS}  # (L, H, ·, ·)
         entropy = {
             kind: scope.layer_entropy(self.kind_layers[kind]).tolist() for kind in KINDS
         }
-        logits = outputs.logits[0].double().cpu()  # (N, V)
-        log_probs = torch.log_softmax(logits, dim=-1)
         hidden = torch.stack([h[0] for h in outputs.decoder_hidden_states]).float().cpu()  # (L_dec + 1, N, D)
-        labels = torch.tensor(encoded.extra["labels"])
         return AttentionResult(
-            tokens=encoded.tokens, attention=by_kind["encoder"], hidden_states=hidden,
-            output={"label_log_probs": log_probs.gather(1, labels[:, None])[:, 0], "probs": log_probs.exp().float()},
+            tokens=encoded.tokens, attention=by_kind["encoder"], hidden_states=hidden, output=output,
             warnings=list(scope.warnings), derived={"entropy": entropy}, by_kind=by_kind,
             atlas=Atlas(dict(scope.records), {}, self.atlas_config) if len(scope.records) == len(self.layer_of) else None,
         )
+
+    def kind_overview(self, atlas: Atlas, kind: str, layers: list[int], heads: list[int]) -> dict[str, Any]:
+        """A long run's overview of one kind: block edges of its queries and keys, and (l, h, nR, nC) means of P."""
+        first = self.kind_layers[kind][0]
+        return {"edges": atlas.row_edges(first), "col_edges": atlas.col_edges(first),
+                "maps": atlas.overview([self.kind_layers[kind][l] for l in layers], heads)}
+
+    def kind_received(self, atlas: Atlas, kind: str, layers: list[int], heads: list[int]) -> torch.Tensor:
+        """received[j] of one kind's layers × heads: (l, h, T_k), each summing to 1 over the keys."""
+        return atlas.received([self.kind_layers[kind][l] for l in layers], heads)
 
     # ---- output and its change ---------------------------------------------------------------------
     def output_summary(self, result: AttentionResult, encoded: Encoded | None = None) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
 
 from app.attention import (build_attention_response, check_request_limits, engine_interventions, field_error,
-                           thumbnails)
+                           pooling_matrix, thumbnails)
 from app.encoding import fast_json, tensor_field
 from app.ids import new_id
 from app.lifecycle import RequestCancelled, check_cancelled
@@ -229,12 +229,23 @@ def _value_weighting(runtime: Runtime, adapter: AttentionAdapter, encoded: Encod
     response["attention"] = tensor_field(maps if rows is None else maps[:, :, rows], req.encoding)
     response["received"] = tensor_field(maps.mean(dim=2), req.encoding)  # (l, h, T)
     if response.get("thumbnails") is not None:
-        every = result.summary("value_weighted", lambda: value_weighted(result.attention, norms))  # (L, H, T, T)
         response["thumbnails"] = result.summary(f"value_thumbnails{req.thumbnail_size}",
-                                                lambda: thumbnails(every, req.thumbnail_size))
+                                                lambda: _value_thumbnails(result.attention, norms, req.thumbnail_size))
     if response.get("base_attention") is not None:
         base = runtime.run(adapter, encoded, (), False)
         response["base_attention"] = tensor_field(weighted(base, run_norms(runtime, adapter, encoded, base, ())), req.encoding)
+
+
+def _value_thumbnails(attention: torch.Tensor, norms: torch.Tensor, size: int) -> dict:
+    """The thumbnails of the value-weighted maps, a layer at a time: attention (L, H, T, T), norms (L, H, T); never
+    a second L·H·T² tensor beside the run's P."""
+    n_tokens = attention.shape[-1]
+    pool = pooling_matrix(n_tokens, size).to(attention.device) if n_tokens > size else None  # (t, T)
+    pooled = []
+    for layer in range(attention.shape[0]):
+        weighted = value_weighted(attention[layer], norms[layer].to(attention.device))  # (H, T, T)
+        pooled.append(weighted if pool is None else pool @ weighted @ pool.T)  # (H, t, t)
+    return thumbnails(torch.stack(pooled), size)  # already ≤ size: thumbnails only encodes
 
 
 def _long_value_weighting(runtime: Runtime, req, response: dict, result, layers: list[int], heads: list[int]) -> None:

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from app.main import create_app
@@ -216,6 +217,10 @@ def test_value_weighted_windows_rows_and_overview_equal_the_full_map(short_and_l
     assert long_body["thumbnails"]["data"] != plain_long["thumbnails"]["data"]
     assert np.abs(_f32(full_body["received"]) - full.mean(axis=2)).max() <= 1e-6
     assert full_body["thumbnails"]["data"] != short.post("/api/text/attention", json={**req, "weighting": "attention"}).json()["thumbnails"]["data"]
+    from app.attention import thumbnails  # the same encoding, from the returned full value-weighted maps
+    expected = thumbnails(torch.from_numpy(full.copy()), 4)
+    assert np.allclose(full_body["thumbnails"]["max"], expected["max"], atol=1e-6)
+    assert full_body["thumbnails"]["shape"] == expected["shape"]
 
 
 def test_a_residual_patch_as_an_intervention(short_and_long):

@@ -2,13 +2,16 @@
 model's own forwards on the same tokens, with the server's peak RSS growth, the first view's bytes, and the latency
 of a 512 × 512 window and of one full row. One fresh process per length (ru_maxrss is a process's lifetime peak).
 
-    python -m benchmarks.long_inputs [--tokens 512 2048 4096] [--repeats 1] [--out benchmarks/results/long_inputs.json]
+    python -m benchmarks.long_inputs [--tokens 128 512 2048 4096] [--repeats 1] [--short-repeats 5] [--out FILE.json]
 
 Baselines, same tokens, same process, interleaved with the first view:
 - sdpa: the model loaded with attn_implementation="sdpa", one forward (no attention weights), logits of one position;
 - eager: attn_implementation="eager" with output_attentions=True (all of P), where it fits (≤ --eager-max tokens).
 The first view is POST /api/text/attention (layers [0], heads [0], f16, thumbnails 24) on a fresh runtime, so the
 model runs; over full_map_tokens the run is blockwise and keeps q̂/k̂ and summaries (no P).
+Short rows (≤ full_map_tokens: all of P kept where the run ran) repeat the first view and the sdpa forward
+--short-repeats times, interleaved, and add medians, what the kept run holds, and what keeping q̂/k̂ instead of P
+would cost (their bytes; rebuilding every map from them: scripts/gpu_long.rebuild_cost).
 """
 from __future__ import annotations
 
@@ -33,8 +36,10 @@ def _text() -> str:
     raise SystemExit("no long text found")
 
 
-def one_length(tokens: int, repeats: int, eager_max: int) -> dict:
+def one_length(tokens: int, repeats: int, eager_max: int, short_repeats: int = 5) -> dict:
     """Everything for one length, in this (fresh) process."""
+    import statistics
+
     import torch
     from fastapi.testclient import TestClient
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -59,6 +64,9 @@ def one_length(tokens: int, repeats: int, eager_max: int) -> dict:
         n_real = len(adapter.encode(text).tokens)
         input_ids = torch.tensor([tokenizer(text)["input_ids"][:n_real]])
         out["tokens"] = n_real
+        short = n_real <= adapter.full_map_tokens
+        if short:  # a short first view is quick: more interleaved repeats, medians
+            repeats = max(repeats, short_repeats)
         times: dict[str, list[float]] = {"sdpa": [], "eager": [], "first_view": []}
         with torch.inference_mode():  # first calls pay one-time set-up: not timed
             for model in (sdpa, eager):
@@ -74,10 +82,10 @@ def one_length(tokens: int, repeats: int, eager_max: int) -> dict:
                 "thumbnail_size": 24})
             times["first_view"].append(time.perf_counter() - start)
             assert response.status_code == 200, response.text[:500]
+            body = response.json()  # the last repeat's run stays in the cache for the windows below
             if repeat == 0:
                 out["peak_rss_growth_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
                 out["first_view_bytes"] = len(response.content)
-                body = response.json()
                 out["long"] = body["attention"] is None
             with torch.inference_mode():
                 start = time.perf_counter()
@@ -107,6 +115,15 @@ def one_length(tokens: int, repeats: int, eager_max: int) -> dict:
             start = time.perf_counter()
             client.post(f"/api/runs/{run_id}/row", json={"row": n - 1, "span": [0, min(64, n)], "include_row": False})
             all_heads_times.append(time.perf_counter() - start)
+        if short:
+            from scripts.gpu_long import rebuild_cost
+
+            kept = runtime.get_run(run_id)
+            out.update({"kept_host_bytes": kept.nbytes - kept.device_nbytes, "kept_device_bytes": kept.device_nbytes,
+                        **rebuild_cost(kept, torch.device("cpu")),
+                        "first_view_median_s": statistics.median(times["first_view"]),
+                        "sdpa_median_s": statistics.median(times["sdpa"]), "repeats": repeats})
+            out["first_view_over_sdpa_median"] = out["first_view_median_s"] / out["sdpa_median_s"]
     out.update({
         "sdpa_s": min(times["sdpa"]), "eager_attentions_s": min(times["eager"]) if times["eager"] else None,
         "first_view_s": min(times["first_view"]),
@@ -134,19 +151,21 @@ def machine() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tokens", type=int, nargs="+", default=[512, 2048, 4096])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[128, 512, 2048, 4096])
+    parser.add_argument("--short-repeats", type=int, default=5, help="repeats for lengths ≤ full_map_tokens")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--eager-max", type=int, default=2048, help="longest input for the eager baseline (all of P)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # child process: one length
     args = parser.parse_args()
     if args.one is not None:
-        print(json.dumps(one_length(args.one, args.repeats, args.eager_max)))
+        print(json.dumps(one_length(args.one, args.repeats, args.eager_max, args.short_repeats)))
         return
     rows = []
     for tokens in args.tokens:
         child = subprocess.run([sys.executable, "-m", "benchmarks.long_inputs", "--one", str(tokens), "--repeats",
-                                str(args.repeats), "--eager-max", str(args.eager_max)], cwd=ROOT,
+                                str(args.repeats), "--eager-max", str(args.eager_max), "--short-repeats",
+                                str(args.short_repeats)], cwd=ROOT,
                                capture_output=True, text=True)
         if child.returncode != 0:
             raise SystemExit(child.stderr[-3000:])

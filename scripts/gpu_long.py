@@ -7,9 +7,17 @@ the same device. Runs on a CPU too (with small --tokens) as a smoke test.
 - long: POST /api/text/attention on --long tokens (one head's overview, f16, thumbnails), cache cleared before each
   repeat so the model runs; the peak device memory of that request (torch.cuda.max_memory_allocated, reset before);
   POST /api/runs/{id}/window of 512 × 512 and one row of every head (the retrieval view).
-- short: the same first view at each --short length against a raw forward of the model loaded with sdpa
-  (no attention weights) on the same device, interleaved; medians.
+- short: the same first view at each --short length (exactly that many tokens, the adapter's own encoding, at most
+  full_map_tokens so the run is a short one) against a raw forward of the model loaded with sdpa (no attention
+  weights, float32 like the served model, the same token ids) on the same device, and the engine's run alone
+  (adapter.run, no HTTP), interleaved, after warm-up; medians. Also what the cached run keeps on the device and on
+  the host (a short run's P stays on the device), and the device → host synchronisations inside one forward
+  (torch.cuda.set_sync_debug_mode: there should be none).
 Targets (issue 20): long first view ≤ 1 s at 8,192 tokens; 512 tokens ≤ 1.5× raw; 128 tokens ≤ 1.3× raw.
+
+--random-weights: the folder given by --weights holds smollm2-135m's config and tokenizer only; weights are drawn at
+random (seeded) and saved there first. Timings do not depend on the weights' values; a device whose transfer limit
+does not fit the 98 MB GGUF can still measure (say so next to the figures).
 """
 from __future__ import annotations
 
@@ -54,7 +62,12 @@ def main() -> None:
     parser.add_argument("--weights", type=Path, default=WEIGHTS, help="the model folder (default: the prepared weights)")
     parser.add_argument("--block-rows", type=int, nargs="*", default=None,
                         help="engine mode: query rows per block to try on the long input (default: the engine's)")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="--weights has config and tokenizer only: save seeded random weights there first")
+    parser.add_argument("--short-repeats", type=int, default=15, help="interleaved repeats per short length")
     args = parser.parse_args()
+    if args.random_weights:
+        random_weights(args.weights)
     if args.engine:
         engine(args)
         return
@@ -66,13 +79,18 @@ def main() -> None:
     from app.settings import Settings
 
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
+    import transformers
+
+    if args.weights.name != "smollm2-135m":
+        sys.exit("--weights must be a folder named smollm2-135m (the registry's model folder)")
     settings = Settings(default_models=["smollm2-135m"], device=device.type, max_tokens=max(args.long, 512) + 64,
                         max_tokens_gpu=max(args.long, 512) + 64, max_run_bytes=64 << 30, result_cache_bytes=16 << 30,
-                        request_timeout_s=3600, max_text_chars=10**7)
-    tokenizer = AutoTokenizer.from_pretrained(WEIGHTS)
-    raw = AutoModelForCausalLM.from_pretrained(WEIGHTS, attn_implementation="sdpa", dtype=torch.float32).eval().to(device)
+                        request_timeout_s=3600, max_text_chars=10**7, weights_dir=str(args.weights.parent))
+    tokenizer = AutoTokenizer.from_pretrained(args.weights)
+    raw = AutoModelForCausalLM.from_pretrained(args.weights, attn_implementation="sdpa", dtype=torch.float32).eval().to(device)
     report: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                    "torch": torch.__version__, "long_tokens": args.long}
+                    "torch": torch.__version__, "transformers": transformers.__version__, "long_tokens": args.long,
+                    "random_weights": args.random_weights}
     with TestClient(create_app(settings)) as client:
         runtime = client.app.state.runtime
         runtime.warm_up()
@@ -99,20 +117,38 @@ def main() -> None:
             _sync(device)
             return time.perf_counter() - start
 
-        # short inputs: the first view as a ratio to a raw forward, interleaved
+        def engine_run(encoded) -> float:
+            _sync(device)
+            start = time.perf_counter()
+            adapter.run(encoded)
+            _sync(device)
+            return time.perf_counter() - start
+
+        # short inputs (≤ full_map_tokens): the first view and the engine's run as ratios to a raw forward, interleaved
         report["short"] = []
         for n in args.short:
-            text = _text_of(tokenizer, n)
-            ids = torch.tensor([tokenizer(text)["input_ids"]], device=device)
-            first_view(text, False), raw_forward(ids)  # warm-up, not timed
-            views, raws = [], []
-            for _ in range(args.repeats):
+            text, encoded = _short_text(adapter, tokenizer, min(n, adapter.full_map_tokens))
+            ids = encoded.inputs["input_ids"].to(device)  # the same token ids the first view runs
+            for _ in range(3):  # warm-up (allocator, kernels, tokenizer caches), not timed
+                first_view(text, False), engine_run(encoded), raw_forward(ids)
+            views, engines, raws = [], [], []
+            for _ in range(args.short_repeats):
                 views.append(first_view(text, False)[0])
+                engines.append(engine_run(encoded))
                 raws.append(raw_forward(ids))
-            view, base = statistics.median(views), statistics.median(raws)
-            report["short"].append({"tokens": ids.shape[1], "first_view_s": view, "raw_forward_s": base,
-                                    "ratio": view / base})
-            print(json.dumps(report["short"][-1]), flush=True)
+            _, body, size = first_view(text, False)
+            kept = runtime.get_run(body["run_id"])
+            view, engine_s, base = (statistics.median(x) for x in (views, engines, raws))
+            report["short"].append({
+                "tokens": ids.shape[1], "long_path": body["attention"] is None, "first_view_s": view,
+                "engine_run_s": engine_s, "raw_forward_s": base, "ratio": view / base, "engine_ratio": engine_s / base,
+                "first_view_all_s": views, "raw_all_s": raws, "first_view_bytes": size,
+                "kept_device_bytes": kept.device_nbytes, "kept_host_bytes": kept.nbytes - kept.device_nbytes,
+                "p_on": str(kept.kept_attention.device), "host_copy_of_p": "_host_attention" in kept.__dict__,
+                "syncs_in_forward": _syncs_in_forward(adapter, encoded, device),
+                **rebuild_cost(kept, device),
+            })
+            print(json.dumps({k: v for k, v in report["short"][-1].items() if not k.endswith("_all_s")}), flush=True)
 
         # the long input: first view, peak device memory, windows
         text = _text_of(tokenizer, args.long)
@@ -144,7 +180,9 @@ def main() -> None:
             rows.append(time.perf_counter() - start)
             if row.status_code != 200:
                 sys.exit(f"row failed: {row.status_code} {row.text[:400]}")
+        long_encoded = adapter.encode(text)
         report["long"] = {
+            "syncs_in_forward": _syncs_in_forward(adapter, long_encoded, device) if n <= 8192 else None,
             "tokens": n, "long_path": body["attention"] is None, "first_view_s": min(times), "first_view_all_s": times,
             "raw_forward_s": raw_long, "first_view_bytes": size,
             "peak_device_memory_bytes": peak, "window_512_ms": 1000 * statistics.median(windows),
@@ -159,6 +197,77 @@ def main() -> None:
     print(json.dumps(report["targets"]))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _short_text(adapter, tokenizer, n: int):
+    """A text the adapter encodes into exactly n tokens (or as close below as decoding allows), and its encoding."""
+    text = _text_of(tokenizer, n)
+    encoded = adapter.encode(text)
+    trim = n
+    while len(encoded.tokens) > n and trim > 1:  # decode + encode can merge or split a token at the cut
+        trim -= 1
+        text = _text_of(tokenizer, trim)
+        encoded = adapter.encode(text)
+    return text, encoded
+
+
+def _syncs_in_forward(adapter, encoded, device: torch.device) -> int | None:
+    """Device → host synchronisations during one recorded forward (the model call only, not the result's copies):
+    torch.cuda.set_sync_debug_mode("warn") warns at each. None on a CPU."""
+    import warnings
+
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            adapter._forward({**encoded.inputs, "logits_to_keep": 1}, (), False, encoded)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    for w in syncs[:5]:
+        print(f"sync in the forward: {w.filename}:{w.lineno}: {str(w.message)[:120]}", flush=True)
+    return len(syncs)
+
+
+def rebuild_cost(kept, device: torch.device) -> dict:
+    """What keeping q̂/k̂ instead of P would cost a short run (issue 20's question): their bytes against P's, and the
+    time to rebuild all of P from them (thumbnails, the mean distance and the effects' TV need every head's map)."""
+    from models.atlas import full_rows
+
+    attention = kept.kept_attention  # (L, H, T, T)
+    n_layers, n_heads, n_tokens = attention.shape[:3]
+    records = [kept.atlas.record(layer) for layer in range(n_layers)]
+
+    def rebuild() -> torch.Tensor:
+        return torch.stack([full_rows(record, list(range(n_heads)), 0, n_tokens) for record in records])
+
+    error = float((rebuild() - attention).abs().max())
+    times = []
+    for _ in range(3):
+        _sync(device)
+        start = time.perf_counter()
+        rebuild()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    qk = sum(t.numel() * t.element_size() for r in records for t in (r.queries, r.keys))
+    return {"p_bytes": attention.numel() * attention.element_size(), "qk_bytes": qk,
+            "rebuild_all_p_s": statistics.median(times), "rebuild_max_abs_error": error}
+
+
+def random_weights(folder: Path) -> None:
+    """Seeded random weights for the model whose config and tokenizer are in `folder` (float32 safetensors)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if (folder / "model.safetensors").is_file():
+        return
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(folder)
+    print(f"random weights saved in {folder}", flush=True)
 
 
 def engine(args) -> None:

@@ -17,9 +17,8 @@ from app.lifecycle import RequestCancelled, check_cancelled
 from app.progress import respond
 from app.runtime import Overloaded, Runtime, UnknownModel
 from app.schemas import AttentionResponse, GenerateRequest, TextAttentionRequest
-from models.adapters.base import AttentionAdapter, AttentionResult, token_distance_on_device
+from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, RequestFieldError, token_distance_on_device
 from models.adapters.causal_lm import CausalLMAdapter
-from models.adapters.seq2seq import Seq2SeqAdapter
 
 router = APIRouter(prefix="/api/text", tags=["text"])
 _WHAT = "POST /api/text/attention"
@@ -40,6 +39,8 @@ def _refuse_fields(req: TextAttentionRequest, output: str) -> None:
             raise field_error((name,), f"{name} is not used by a model whose output is {output!r}")
     if req.chat and output != "next_token":
         raise field_error(("chat",), f"chat is for decoder language models, not a model whose output is {output!r}")
+    if output == "seq2seq":
+        analysis.refuse_for_seq2seq(req)  # before encoding, which may generate the model's own target
 
 
 @router.post("/attention", responses={200: {"model": AttentionResponse}, 413: {"description": "response over the size cap"}, 503: {"description": "queue full"}})
@@ -58,19 +59,9 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep, request: Requ
         raise field_error(("text",), "text is empty or only white space")
     adapter = _text_adapter(runtime, req.model)
     _refuse_fields(req, adapter.info.output)
-    if isinstance(adapter, Seq2SeqAdapter):
-        encoded = runtime.encode(adapter, ("seq2seq", req.text, req.target), lambda: adapter.encode(req.text, req.target))
-        analysis.refuse_for_seq2seq(req)
+    encoded = _encode(runtime, adapter, req)
+    if adapter.info.output == "seq2seq":  # attention per kind: encoder, decoder, cross
         return respond(request, lambda: _with_input_tokens(build_seq2seq_response(runtime, adapter, encoded, req), adapter, encoded, req), _WHAT)
-    if isinstance(adapter, CausalLMAdapter):
-        encoded = runtime.encode(adapter, ("lm", req.text, req.chat), lambda: _lm_encode(adapter, req.text, req.chat))
-        if req.position is not None and req.position >= len(encoded.tokens):
-            raise field_error(("position",), f"position {req.position} is past the last token ({len(encoded.tokens) - 1})")
-        encoded = adapter.at_position(encoded, req.position)
-    else:
-        encoded = runtime.encode(
-            adapter, ("text", req.text, req.text_pair), lambda: adapter.encode(req.text, req.text_pair)
-        )
     # with patch_heads sources in reach, and value-weighted maps on request (app/routes/analysis.py)
     # with Accept: text/event-stream, layer progress events and then this response (app/progress.py)
     return respond(request, lambda: _with_input_tokens(analysis.attention_response(runtime, adapter, encoded, req, text_fields), adapter, encoded, req), _WHAT)
@@ -79,19 +70,17 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep, request: Requ
 def _with_input_tokens(response: dict, adapter: AttentionAdapter, encoded, req: TextAttentionRequest) -> dict:
     """A truncated input says how many tokens it had (`input_tokens`), so the page can say how many were dropped."""
     if encoded.truncated:
-        if isinstance(adapter, CausalLMAdapter):
-            response["input_tokens"] = len(adapter.prompt_ids(req.text, req.chat))
-        else:  # encoders tokenize a second sentence with the first unless they embed it on its own (similarity)
-            pair = req.text_pair if adapter.info.output not in ("similarity", "seq2seq") else None
-            response["input_tokens"] = len(adapter.tokenizer(req.text, pair, verbose=False)["input_ids"])
+        response["input_tokens"] = adapter.untruncated_tokens(req)
     return response
 
 
-def _lm_encode(adapter: CausalLMAdapter, text: str, chat: bool):
+def _encode(runtime: Runtime, adapter: AttentionAdapter, req: TextAttentionRequest | GenerateRequest) -> Encoded:
+    """The request's input as its model encodes it (adapter.encode_request), kept in the runtime's cache of encoded
+    inputs; a field the model cannot take (a position past the input, chat without a template) is a 422 naming it."""
     try:
-        return adapter.encode(text, chat)
-    except ValueError as exc:  # no chat template
-        raise field_error(("chat",), str(exc)) from None
+        return adapter.encode_request(req, lambda key, encode: runtime.encode(adapter, key, encode))
+    except RequestFieldError as exc:
+        raise field_error((exc.field,), str(exc)) from None
 
 
 def text_fields(result: AttentionResult) -> dict:
@@ -120,7 +109,7 @@ def generate(req: GenerateRequest, runtime: RuntimeDep) -> StreamingResponse:
     adapter = _text_adapter(runtime, req.model)
     if not isinstance(adapter, CausalLMAdapter):
         raise field_error(("model",), f"model {req.model} is not a decoder language model (output {adapter.info.output!r})")
-    encoded = runtime.encode(adapter, ("lm", req.text, req.chat), lambda: _lm_encode(adapter, req.text, req.chat))
+    encoded = _encode(runtime, adapter, req)
     interventions = engine_interventions(req, adapter, len(encoded.tokens))
     analysis.refuse_for_generate(req)  # mean ablation needs every position at once
     prompt = encoded.inputs["input_ids"][0].tolist()

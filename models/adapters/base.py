@@ -189,6 +189,20 @@ def to_host(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
     return [None if t is None else t.detach().float().cpu() for t in tensors]
 
 
+class RequestFieldError(ValueError):
+    """A request field this model cannot take (a position past the input, a chat turn without a template): the server
+    answers 422 naming `field`."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def encode_now(key: tuple, encode: Callable[[], Encoded]) -> Encoded:
+    """`cached` for encode_request without a cache: encodes every time (the server passes its runtime's cache)."""
+    return encode()
+
+
 class DeviceUnavailable(RuntimeError):
     """`device="cuda"` was asked for and torch sees no GPU: the server refuses to start rather than serve on the CPU."""
 
@@ -332,6 +346,17 @@ class AttentionAdapter:
             output=dict(zip(output, values)), warnings=list(scope.warnings), derived={"entropy": entropy.tolist()},
             atlas=Atlas(dict(scope.records), {}, self.atlas_config) if len(scope.records) == len(self.layer_of) else None,
         )
+
+    # ---- a text request (the server's TextAttentionRequest and GenerateRequest, read by field name: the engine
+    # imports nothing of the web app). Text families implement both; `cached(key, encode)` keeps encoded inputs
+    # (the server's runtime cache), `key` naming the input without the model.
+    def encode_request(self, request: Any, cached: Callable[[tuple, Callable[[], Encoded]], Encoded] = encode_now) -> Encoded:
+        """The request's input, encoded for this model; RequestFieldError naming a field it cannot take."""
+        raise RequestFieldError("model", f"model {self.info.id} takes no text input")
+
+    def untruncated_tokens(self, request: Any) -> int:
+        """How many tokens the request's input has before truncation to max_tokens (for `input_tokens`)."""
+        raise NotImplementedError
 
     # Implemented by each family.
     def run(self, encoded: Encoded, interventions: tuple[Intervention, ...] = (), record_scores: bool = False) -> AttentionResult:

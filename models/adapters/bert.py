@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
-from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, pick_device
+from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, encode_now, pick_device
 from models.effects import cosine, kl_divergence
 from models.hooks import load_with_attnlab
 from models.interventions import Intervention
@@ -64,6 +64,14 @@ class BertAdapter(AttentionAdapter):
             text, text_pair, truncation=True, max_length=self.max_tokens, return_tensors="pt", verbose=False
         )
         return dict(inputs), True
+
+    def encode_request(self, request: Any, cached=encode_now) -> Encoded:
+        """`text` and an optional `text_pair` (encoded with it, or embedded on its own by similarity models)."""
+        return cached(("text", request.text, request.text_pair), lambda: self.encode(request.text, request.text_pair))
+
+    def untruncated_tokens(self, request: Any) -> int:
+        pair = request.text_pair if self.info.output != "similarity" else None  # similarity embeds the pair on its own
+        return len(self.tokenizer(request.text, pair, verbose=False)["input_ids"])
 
     def encode(self, text: str, text_pair: str | None = None) -> Encoded:
         joint_pair = text_pair if self.info.output != "similarity" else None

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, pick_device
+from models.adapters.base import (AttentionAdapter, AttentionResult, Encoded, ModelInfo, RequestFieldError, encode_now,
+                                  pick_device)
 from models.effects import kl_divergence
 from models.hooks import RunScope, UnsupportedAttention, load_with_attnlab, run_scope
 from models.interventions import Intervention
@@ -116,6 +117,24 @@ class CausalLMAdapter(AttentionAdapter):
             inputs={"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}, truncated=truncated,
             extra={"position": len(ids) - 1},
         )
+
+    def encode_request(self, request: Any, cached=encode_now) -> Encoded:
+        """The prompt `text` (a user turn with `chat`), kept per prompt; then the query `position` whose next token is
+        shown (a request without one, such as a continuation's: the last)."""
+        def encode() -> Encoded:
+            try:
+                return self.encode(request.text, request.chat)
+            except ValueError as exc:  # no chat template
+                raise RequestFieldError("chat", str(exc)) from None
+
+        encoded = cached(("lm", request.text, request.chat), encode)
+        position = getattr(request, "position", None)
+        if position is not None and position >= len(encoded.tokens):
+            raise RequestFieldError("position", f"position {position} is past the last token ({len(encoded.tokens) - 1})")
+        return self.at_position(encoded, position)
+
+    def untruncated_tokens(self, request: Any) -> int:
+        return len(self.prompt_ids(request.text, request.chat))
 
     @staticmethod
     def at_position(encoded: Encoded, position: int | None) -> Encoded:

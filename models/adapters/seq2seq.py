@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
-from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, pick_device
+from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, ModelInfo, encode_now, pick_device
 from models.effects import kl_divergence
 from models.atlas import Atlas
 from models.hooks import load_with_attnlab
@@ -86,6 +86,13 @@ class Seq2SeqAdapter(AttentionAdapter):
         return len(self.kind_layers[kind])
 
     # ---- input -------------------------------------------------------------------------------------
+    def encode_request(self, request: Any, cached=encode_now) -> Encoded:
+        """The source `text` and the `target` (None: the model's own greedy output, generated once per source)."""
+        return cached(("seq2seq", request.text, request.target), lambda: self.encode(request.text, request.target))
+
+    def untruncated_tokens(self, request: Any) -> int:
+        return len(self.tokenizer(request.text, verbose=False)["input_ids"])  # the source's
+
     @torch.inference_mode()
     def encode(self, text: str, target: str | None = None) -> Encoded:
         source = self.tokenizer(text, truncation=True, max_length=self.max_tokens, return_tensors="pt")

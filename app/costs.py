@@ -123,6 +123,8 @@ def check_request_cost(adapter, settings, tokens: int, runs: int, interventions:
     """413 before any work when `runs` forwards over `tokens` would not finish within request_timeout_s."""
     shape = model_shape(adapter)
     macs = runs * forward_macs(shape, tokens, keys or tokens, interventions)
+    # work a family does besides its forwards, once per request (a long image's rollout: models/adapters/vit.py)
+    macs += getattr(adapter, "summary_macs", lambda n: 0.0)(tokens)
     seconds = estimated_seconds(adapter, settings, macs)
     limit = settings.request_timeout_s
     request_model_seconds.set(seconds)

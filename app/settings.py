@@ -123,7 +123,9 @@ class Settings(BaseSettings):
     max_connections: int = Field(512, ge=8)  # open connections + requests (uvicorn's limit_concurrency); past it 503
     shutdown_grace_s: float = Field(5.0, ge=0)  # after SIGTERM, running requests get this long, then 503 + exit
     expose_timings: bool = False  # Server-Timing header and `elapsed_s`: they reveal cache hits (other clients' inputs)
-    max_image_tokens: int = Field(1025, ge=2)  # image requests over this many tokens ((size/patch)² + prefix): 413
+    # image requests over this many tokens ((size/patch)² + prefix): 413. 4,097 = dinov2-small at 896 px, which runs
+    # over full_map_tokens_image: one head's overview at a time on the image page, exact windows on zoom
+    max_image_tokens: int = Field(4097, ge=2)
     max_image_aspect_ratio: float = Field(20.0, ge=1)  # uploads longer than this × their shorter side: 422
 
     # ---- Second probe (issue 19): header sizes, whole streams, request cost, memory, cache scope.

@@ -372,6 +372,7 @@ def image_page(request: Request, store: ImageStoreDep):
         "max_upload_bytes": settings.max_upload_bytes,
         "max_image_pixels": settings.max_image_pixels,
         "max_image_tokens": settings.max_image_tokens,  # the page offers only sizes within it
+        "full_map_tokens_image": settings.full_map_tokens_image,  # larger images: one head's overview + windows
         "limits": {"samples": settings.max_samples},  # as on the text page: no more than a request may ask
     }
     return templates.TemplateResponse(request, "image.html", {"config": config, "page": "image"})

@@ -2,12 +2,16 @@
 // over it for a chosen query patch (CLS by default), every layer × head at once, the rollout, β,
 // key masks by click or brush, predictions before/after, and the mean attention distance per head.
 // The laboratory below the figures is the same module as on the text page (static/js/lab/lab.js).
+// Long images (over full_map_tokens_image, e.g. dinov2-small at 896 px: 4,097 tokens, /guide#s10) ask for the shown
+// head only: its overview opens in the token × token map and zooms into exact windows (static/js/views/atlas.js, the
+// text page's view); the query row of every head for the overlay and the grid comes from POST /api/runs/{id}/row.
 import { ApiError, isAbort, postJSON, setStatus } from "./api.js";
 import { byId as $, setOptions } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
 import { mountLab } from "./lab/lab.js";
 import { intParam } from "./lab/urlstate.js";
 import { MODEBAR_REMOVE } from "./vendor.js";
+import { drawAtlas, hideAtlas } from "./views/atlas.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
 const PLOT = { responsive: true, displaylogo: false };
@@ -48,9 +52,27 @@ function reshape(flat, rows, cols) {
   return out;
 }
 
+// Tokens of the current model at a size factor, from the last response's geometry (null before one).
+function tokensAt(factor) {
+  const r = state.response, native = state.nativeSize[state.model];
+  if (!r || r.model !== state.model || !native) return null;
+  return ((native * factor) / r.patch_size) ** 2 + r.prefix_tokens;
+}
+
+// Over full_map_tokens_image the server keeps no maps (/guide#s10): the page asks for one head's overview at a time.
+const isLong = () => (tokensAt(state.sizeFactor) ?? 0) > (config.full_map_tokens_image ?? Infinity);
+
 function requestBody() {
   const native = state.nativeSize[state.model];
   const ivs = imageLab.interventions(); // β, scoped key masks, causal, ablation, perturbations
+  if (isLong()) {
+    return {
+      model: state.model, image_id: state.imageId, image_size: native * state.sizeFactor, queries: [state.query],
+      layers: [state.layer], heads: [state.head], // the overview of the shown head; every head's row comes by /row
+      interventions: ivs, compare: ivs.length > 0, include_base: false, include_scores: false, // maps: by window
+      samples: ivs.length > 0 ? imageLab.samples() : 1, encoding: "f32",
+    };
+  }
   return {
     model: state.model,
     image_id: state.imageId,
@@ -150,10 +172,12 @@ async function load({ retried = false } = {}) {
     const r = await postJSON("/api/image/attention", body, { channel: "image" });
     if (mySeq !== seq) return;
     uploadError(null); // an earlier upload's refusal is no longer what the page shows
+    if (r.overview) await withEveryHead(r); // a long image: the query row of every head, from the kept run
+    else r.attention = decodeTensor(r.attention); // [L][H][1][T]
+    if (mySeq !== seq) return;
     state.response = r;
     state.request = body;
     $("reupload").hidden = true;
-    state.response.attention = decodeTensor(r.attention); // [L][H][1][T]
     if (!state.sizeFactor || state.sizeFactor === 1) state.nativeSize[state.model] = r.image_size;
     state.layer = Math.min(state.layer, r.layers.length - 1);
     state.head = Math.min(state.head, r.heads.length - 1);
@@ -172,17 +196,48 @@ async function load({ retried = false } = {}) {
   }
 }
 
+// A long response holds the shown head's overview and its query row; the overlay and the grid need that row of every
+// head: one POST /api/runs/{run_id}/row (cached per run and query), laid out as a short response's [L][H][1][T].
+let rowsCache = { key: null, value: null };
+async function withEveryHead(r) {
+  const key = `${r.run_id}:${state.query}`;
+  if (rowsCache.key !== key) {
+    const out = await postJSON(`/api/runs/${r.run_id}/row`, { row: state.query, encoding: "f32" }, { channel: "image-rows" });
+    rowsCache = { key, value: { layers: out.layers, heads: out.heads, rows: decodeTensor(out.attention) } }; // (L, H, T)
+  }
+  const { layers, heads, rows } = rowsCache.value;
+  r.atlasHead = { layer: r.layers[0], head: r.heads[0] }; // the head whose overview this response holds
+  r.layers = layers;
+  r.heads = heads;
+  r.attention = rows.map((perHead) => perHead.map((row) => [row]));
+}
+
 // ---- rendering -------------------------------------------------------------------------------------
 function render() {
   // Scoped interventions follow the selected head: a selection change the page only redrew needs a run.
   if (imageLab.stale(state.request)) { load(); return; }
+  const r = state.response;
+  // a long image's overview is of one head: another head's comes with a new request (the run itself is cached)
+  if (r.atlasHead && (r.atlasHead.layer !== r.layers[state.layer] || r.atlasHead.head !== r.heads[state.head])) { load(); return; }
   renderSelectors();
   renderOverlay();
   renderModelGrid();
   renderOutput();
   renderDistance();
   renderReadouts();
-  imageLab.render(state.response, state.request);
+  renderAtlas();
+  // a long run keeps no maps, so no TV per head (the response says so in its warnings): an empty grid, not zeros
+  const derived = r.atlasHead && r.effect ? { tv: r.layers.map(() => r.heads.map(() => null)), tvAt: [null, null] } : {};
+  imageLab.render(r, state.request, derived);
+}
+
+// The token × token map of a long image: its overview first, exact windows on zoom, a clicked row over every key.
+function renderAtlas() {
+  const r = state.response;
+  $("atlas-section").hidden = !r.atlasHead;
+  if (!r.atlasHead) { hideAtlas(); return; }
+  $("atlas-title").textContent = `${r.tokens.length.toLocaleString("en")} tokens (${grid()[0]}×${grid()[1]} patches + ${prefix()}), layer ${r.atlasHead.layer}, head ${r.atlasHead.head}`;
+  drawAtlas($("atlas-map"), r, r.atlasHead);
 }
 
 // Right after a model switch, until its first response: only what is known of the new model's sizes
@@ -201,7 +256,10 @@ function renderSelectors() {
   const native = state.nativeSize[state.model] ?? r.image_size;
   // only sizes the server accepts: (size / patch)² + prefix tokens ≤ max_image_tokens
   const fits = (f) => ((native * f) / r.patch_size) ** 2 + r.prefix_tokens <= (config.max_image_tokens ?? Infinity);
-  const sizes = [[1, `${native} px (native)`], [2, `${native * 2} px (interpolated)`]].filter(([f]) => f === 1 || fits(f));
+  const long = (f) => ((native * f) / r.patch_size) ** 2 + r.prefix_tokens > (config.full_map_tokens_image ?? Infinity);
+  const sizes = [[1, `${native} px (native)`], [2, `${native * 2} px (interpolated)`], [4, `${native * 4} px (interpolated)`]]
+    .filter(([f]) => f === 1 || fits(f))
+    .map(([f, label]) => [f, long(f) ? `${label}, long: overview + windows` : label]);
   setOptions($("size-select"), sizes, state.sizeFactor);
 }
 
@@ -312,8 +370,8 @@ function renderOutput() {
     add("CLS cosine (after vs before)", out ? fmt(out.cls_cosine) : "1 (no intervention)");
   }
   if (r.effect) {
-    const tv = r.effect.attention_tv.flat();
-    add("mean attention TV", fmt(tv.reduce((a, b) => a + b, 0) / tv.length));
+    const tv = r.effect.attention_tv?.flat(); // null for a long image: its runs keep no maps
+    add("mean attention TV", tv ? fmt(tv.reduce((a, b) => a + b, 0) / tv.length) : "not computed (long input)");
     add("hidden cosine, last layer", fmt(r.effect.hidden_cosine[r.effect.hidden_cosine.length - 1]));
   }
   $("warnings").textContent = (r.warnings || []).join(" ");
@@ -566,7 +624,7 @@ function restoreFromUrl() {
   if (!params?.get("img")) return false;
   const example = config.samples.find((x) => x.image_id === params.get("img"));
   if (example) state.source = { url: example.url, name: example.file }; // an example photo restores at once
-  state.sizeFactor = Number(params.get("z")) === 2 ? 2 : 1;
+  state.sizeFactor = [2, 4].includes(Number(params.get("z"))) ? Number(params.get("z")) : 1;
   const model = params.get("m");
   if (model && config.models.some((m) => m.id === model)) state.model = model;
   state.imageId = params.get("img");

@@ -149,11 +149,14 @@ def main() -> None:
                 **rebuild_cost(kept, device),
             })
             print(json.dumps({k: v for k, v in report["short"][-1].items() if not k.endswith("_all_s")}), flush=True)
+            if args.out:  # each section as it ends: a later failure keeps what was measured
+                args.out.write_text(json.dumps(report, indent=2) + "\n")
 
         # the long input: first view, peak device memory, windows
         text = _text_of(tokenizer, args.long)
         ids = torch.tensor([tokenizer(text)["input_ids"]], device=device)
-        raw_long = raw_forward(ids)
+        raw_forward(ids)  # warm-up at this length
+        raw_long = statistics.median(raw_forward(ids) for _ in range(3))
         times, body, size = [], None, 0
         for _ in range(max(1, min(args.repeats, 3))):
             if device.type == "cuda":

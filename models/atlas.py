@@ -236,7 +236,9 @@ def atlas_attention(
         for iv in plan.query_perturbations:
             q = perturb_vectors(q, iv, layer, offset=query_offset)
         q = q[0]
-    beta = (plan.beta if plan is not None else torch.full((n_heads,), float(native_beta))).to(device, torch.float32)
+    # (H,) β; without interventions made on the device: a copy from the host would make the CPU wait for the GPU
+    beta = (plan.beta.to(device, torch.float32) if plan is not None
+            else torch.full((n_heads,), float(native_beta), device=device, dtype=torch.float32))
     key_mask = plan.key_mask.to(device) if plan is not None and bool(plan.key_mask.any()) else None
     causal_heads = plan.causal.to(device) if plan is not None and bool(plan.causal.any()) else None
     ablate = plan.ablate.to(device) if plan is not None and bool(plan.ablate.any()) else None

@@ -7,6 +7,9 @@ import { ApiError, getJSON, isAbort, postJSON, serverEvents, setStatus } from ".
 import { byId as $, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
 import { MODEBAR_REMOVE } from "./vendor.js";
+import { createLab } from "./lab/interventions.js";
+import { mountPerturbPanel } from "./lab/perturb.js";
+import { mountSoftmaxPanel } from "./lab/softmax.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
 const PLOT = { responsive: true, displaylogo: false, modeBarButtonsToRemove: MODEBAR_REMOVE };
@@ -24,6 +27,7 @@ const state = {
   head: 0,
   token: null, // decoder row shown as a curve
   spans: [], // [{kind, start, end}] masked time spans (seconds)
+  perturbKind: "cross", // the attention whose keys the perturbation's span is ("cross" | "encoder"); queries: cross
   beta: 0, // log10(β / β₀) on cross-attention
   ablated: new Set(), // "layer.head" cross heads
   response: null,
@@ -38,15 +42,31 @@ const spanTokens = (s) => {
   return Array.from({ length: Math.max(0, last - first + 1) }, (_, i) => first + i);
 };
 
+// The lab's store (static/js/lab/interventions.js): this page uses its perturbation, drawn by the lab's panel. Its
+// chosen set holds encoder positions (20 ms each) when the target is keys, decoder tokens when it is queries.
+const lab = createLab();
+lab.perturb.scope = "all";
+
+function perturbation() {
+  const p = lab.perturb;
+  if (!p.on) return null;
+  const iv = {
+    op: p.target === "queries" ? "perturb_queries" : "perturb_keys", kind: p.target === "queries" ? "cross" : state.perturbKind,
+    tokens: p.tokens.size ? [...p.tokens].sort((a, b) => a - b) : null, noise_std: p.sigma, scale: p.alpha, seed: p.seed,
+  };
+  if (p.scope !== "all") iv.layers = [state.layer];
+  if (p.scope === "head") iv.heads = [state.head];
+  return iv;
+}
+
 function interventions() {
   const ivs = [];
   for (const s of state.spans) {
     const tokens = spanTokens(s);
-    if (!tokens.length) continue;
-    ivs.push(s.action === "perturb"
-      ? { op: "perturb_keys", kind: s.kind, tokens, noise_std: s.sigma, scale: 1, seed: 0 }
-      : { op: "mask_keys", kind: s.kind, tokens });
+    if (tokens.length) ivs.push({ op: "mask_keys", kind: s.kind, tokens });
   }
+  const perturb = perturbation();
+  if (perturb) ivs.push(perturb);
   if (state.beta !== 0) {
     const scope = $("beta-scope").value;
     const iv = { op: "temperature", kind: "cross", beta: nativeBeta() * 10 ** state.beta };
@@ -92,6 +112,9 @@ async function openClip(clip) {
   state.spans = [];
   state.token = null;
   state.response = state.base = null;
+  lab.perturb.on = false; // token and position numbers belong to the clip before
+  lab.perturb.tokens.clear();
+  perturbPanel.update();
   $("clip-info").textContent = `${fmt(clip.duration_s, 3)} s, ${clip.format}, ${clip.sample_rate} Hz, ${clip.channels} channel${clip.channels > 1 ? "s" : ""} (the model hears it at 16 kHz mono)`;
   $("player").src = `/api/audio/${clip.audio_id}/wav`;
   $("span-end").max = $("span-start").max = String(clip.duration_s);
@@ -198,10 +221,17 @@ function fail(err) {
 
 // ---- drawing -------------------------------------------------------------------------------------------------
 function spanShapes(yref = "paper") {
-  return state.spans.map((s) => ({
+  const shapes = state.spans.map((s) => ({
     type: "rect", xref: "x", yref, x0: s.start, x1: s.end, y0: 0, y1: 1,
     fillcolor: s.kind === "cross" ? "rgba(220,38,38,0.25)" : "rgba(37,99,235,0.25)", line: { width: 1, color: "#b42318" },
   }));
+  const p = lab.perturb;
+  if (p.on && p.target === "keys" && p.tokens.size) { // the perturbed keys: hatched outline, not a fill
+    const ids = [...p.tokens];
+    shapes.push({ type: "rect", xref: "x", yref, x0: Math.min(...ids) * POSITION_S, x1: (Math.max(...ids) + 1) * POSITION_S, y0: 0, y1: 1,
+      fillcolor: "rgba(245,158,11,0.18)", line: { width: 2, color: "#b54708", dash: "dash" } });
+  }
+  return shapes;
 }
 
 function drawSpectrogram() {
@@ -316,6 +346,48 @@ function chooseToken(index) {
   state.token = index;
   $("token-select").value = String(index);
   drawCurve();
+  drawSoftmax().catch(fail);
+}
+
+const shownToken = (r) => state.token ?? Math.min(r.tokens.length - 1, 2 + Math.floor((r.tokens.length - 2) / 2));
+
+// The lab's softmax panel on the shown cross head's row of a token. The scores come from the kept run (POST
+// /api/runs/{run_id}/window with include_scores: q̂·k̂ as it ran, perturbations included); Whisper's queries are
+// pre-scaled by 1/√d, so Ŝ/β₀ is q·k, and p = softmax(β (q·k)) at the shown β is the run's row. The row is
+// normalised over all 1,500 keys, the silence after the clip included: those keys are shown as one key whose score
+// is their log-sum-exp, (1/β) log Σ exp(β s_j), so the clip's p are exact, the last bar is the mass after the clip,
+// and the Jacobian stays readable (a 1,500² heatmap would be mostly that silence).
+async function drawSoftmax() {
+  const r = state.response;
+  if (!r?.run_id) return;
+  const q = shownToken(r);
+  const n = r.clip_positions;
+  const w = await postJSON(`/api/runs/${r.run_id}/window`, {
+    layer: state.layer, head: state.head, kind: "cross", rows: [q, q + 1], cols: [0, r.positions], include_scores: true, encoding: "f32",
+  }, { channel: "softmax-row" });
+  if (state.response !== r) return;
+  const beta = nativeBeta() * 10 ** state.beta;
+  const all = Array.from(decodeTensor(w.scores)[0], (v) => v / r.native_beta); // q·k over the 1,500 keys
+  const masked = new Array(n).fill(false);
+  for (const span of state.spans) if (span.kind === "cross") for (const j of spanTokens(span)) if (j < n) masked[j] = true;
+  const row = all.slice(0, n);
+  const keyLabels = row.map((_, j) => `${fmt(j * POSITION_S, 3)} s`);
+  if (n < all.length) {
+    const after = all.slice(n).map((v) => beta * v);
+    const top = Math.max(...after);
+    row.push((top + Math.log(after.reduce((sum, v) => sum + Math.exp(v - top), 0))) / beta);
+    masked.push(false);
+    keyLabels.push(`after the clip (${all.length - n} keys as one)`);
+  }
+  const scores = [];
+  scores[q] = row;
+  softmaxPanel.update({
+    tokens: r.tokens, scores, query: q, beta, masked, keyLabels,
+    queryLabels: r.tokens.map((t, i) => `${i}: ${visibleToken(t)}`),
+    onQuery: (i) => chooseToken(i),
+  });
+  $("softmax-panel").dataset.row = String(q);
+  $("softmax-panel").dataset.view = document.body.dataset.views; // the response it was drawn for
 }
 
 function drawCurve() {
@@ -470,8 +542,13 @@ async function encoderWindow(t0, t1, s0, s1) {
 
 function drawChips() {
   const chips = [];
-  state.spans.forEach((s, i) => chips.push([`${s.action === "perturb" ? `perturb σ=${s.sigma}` : "mask"} ${fmt(s.start, 3)}–${fmt(s.end, 3)} s (${s.kind})`,
+  state.spans.forEach((s, i) => chips.push([`mask ${fmt(s.start, 3)}–${fmt(s.end, 3)} s (${s.kind})`,
     () => { state.spans.splice(i, 1); update(); }]));
+  const perturb = perturbation();
+  if (perturb) {
+    chips.push([`perturb ${perturb.op === "perturb_queries" ? "queries" : "keys"} σ=${perturb.noise_std} (${perturb.kind})`,
+      () => { lab.perturb.on = false; perturbPanel.update(); update(); }]);
+  }
   if (state.beta !== 0) chips.push([`β = ${fmt(10 ** state.beta, 3)}·β₀ (${$("beta-scope").value})`, () => { state.beta = 0; $("beta-slider").value = "0"; update(); }]);
   for (const key of state.ablated) chips.push([`ablate cross L${key.replace(".", " H")}`, () => { state.ablated.delete(key); update(); }]);
   $("iv-chips").replaceChildren(...chips.map(([text, remove]) => {
@@ -497,6 +574,9 @@ function drawAll() {
   drawAlignment();
   drawSelfMaps();
   drawChips();
+  perturbPanel.setTokens(r.tokens);
+  document.body.dataset.views = String(Number(document.body.dataset.views || 0) + 1); // responses drawn (tests wait on it)
+  drawSoftmax().catch(fail);
   document.body.dataset.ready = "1";
 }
 
@@ -510,8 +590,18 @@ function update() {
 
 function addSpan(start, end) {
   if (!(end - start >= POSITION_S)) return;
-  const action = $("span-action").value;
-  state.spans.push({ kind: $("mask-kind").value, start, end, action, sigma: Math.max(0, Number($("span-sigma").value) || 0) });
+  const kind = $("mask-kind").value;
+  if ($("span-action").value === "perturb") { // the span's positions become the perturbation's keys, and it is on
+    const p = lab.perturb;
+    p.target = "keys";
+    p.tokens = new Set(spanTokens({ start, end }));
+    p.on = true;
+    perturbTarget = "keys";
+    state.perturbKind = kind;
+    perturbPanel.update();
+  } else {
+    state.spans.push({ kind, start, end });
+  }
   update();
 }
 
@@ -532,6 +622,9 @@ function setupControls() {
   $("add-span").addEventListener("click", () => addSpan(Number($("span-start").value), Math.min(state.duration || 30, Number($("span-end").value))));
   $("clear-all").addEventListener("click", () => {
     state.spans = [];
+    lab.perturb.on = false;
+    lab.perturb.tokens.clear();
+    perturbPanel.update();
     state.beta = 0;
     $("beta-slider").value = "0";
     state.ablated.clear();
@@ -545,7 +638,6 @@ function setupControls() {
     update();
   });
   $("stream-button").addEventListener("click", streamTranscript);
-  $("span-action").addEventListener("change", (e) => { $("sigma-label").hidden = e.target.value !== "perturb"; });
 }
 
 async function streamTranscript() {
@@ -569,6 +661,28 @@ async function streamTranscript() {
     if (!isAbort(err)) fail(err);
   }
 }
+
+// The lab's perturbation and softmax panels (static/js/lab/): the same controls as the text and image pages.
+const perturbPanel = mountPerturbPanel($("perturb-panel"), lab, {
+  onChange: () => update(), unit: "token", maxSamples: 1,
+  showStrip: () => lab.perturb.target === "queries",
+  chosenText: (ids) => {
+    $("perturb-chosen-label").textContent = lab.perturb.target === "keys" ? "chosen keys:" : "chosen decoder tokens (queries):";
+    if (lab.perturb.target !== "keys") return null;
+    if (!ids.length) return "none: every key (drag a span over the spectrogram with “perturb” chosen)";
+    return `${ids.length} positions, ${fmt(ids[0] * POSITION_S, 3)}–${fmt((ids[ids.length - 1] + 1) * POSITION_S, 3)} s of the ${state.perturbKind === "cross" ? "cross-attention" : "encoder"} keys`;
+  },
+});
+// keys are positions, queries decoder tokens: a new target starts with none chosen
+let perturbTarget = lab.perturb.target;
+$("perturb-target").addEventListener("change", () => {
+  if (lab.perturb.target === perturbTarget) return;
+  perturbTarget = lab.perturb.target;
+  lab.perturb.tokens.clear();
+  perturbPanel.update();
+  if (lab.perturb.on) update();
+});
+const softmaxPanel = mountSoftmaxPanel($("softmax-panel"), { onError: (message) => setStatus(message, { error: true }) });
 
 setupInput();
 setupControls();

@@ -84,3 +84,52 @@ def test_upload_map_drag_mask_and_diff(page, page_log, live_server, tmp_path):
     anchors = set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)"))
     assert set(targets) <= anchors, set(targets) - anchors
     page_log.check()
+
+
+def test_lab_softmax_panel_and_query_and_key_perturbation(page, page_log, live_server):
+    """The lab's panels on /audio: the softmax panel's row is the cross map's row (the silence after the clip as one
+    key), its query dropdown follows the page's token; a query perturbation of one token at the shown head changes
+    that row only; a span dragged with "perturb" becomes the perturbation's keys."""
+    if not SAMPLE.is_file():
+        pytest.fail("the speech sample is missing: run `make speech weights`")
+    page.goto(f"{live_server}/audio?sample")
+    wait_ready(page)
+    drawn = "() => document.getElementById('softmax-panel').dataset.view === document.body.dataset.views"
+    page.wait_for_function(drawn, timeout=120_000)
+    q = int(page.get_attribute("#softmax-panel", "data-row"))
+    bars = page.eval_on_selector("#softmax-bars", "el => el.data[0].y")
+    row = page.eval_on_selector("#cross-map", f"el => el.data[0].z[{q}]")  # the clip's 334 positions (float16)
+    assert len(bars) == len(row) + 1 == 335
+    assert max(abs(a - b) for a, b in zip(bars, row)) < 2e-3
+    assert abs(bars[-1] - (1 - sum(row))) < 5e-3 and abs(sum(bars) - 1) < 1e-6  # the mass after the clip
+
+    page.select_option("#softmax-query", "5")  # the panel's dropdown picks the page's token
+    page.wait_for_function("() => document.getElementById('softmax-panel').dataset.row === '5'", timeout=60_000)
+    assert page.input_value("#token-select") == "5"
+
+    before = page.eval_on_selector("#cross-map", "el => el.data[0].z")
+    views = page.get_attribute("body", "data-views")
+    page.select_option("#perturb-target", "queries")
+    page.select_option("#perturb-scope", "head")
+    page.fill("#perturb-sigma", "40")
+    page.press("#perturb-sigma", "Enter")
+    page.locator("#perturb-tokens .tok").nth(q).click()
+    page.click("#perturb-apply")
+    page.wait_for_function(f"() => document.body.dataset.views !== '{views}'", timeout=300_000)
+    assert "perturb queries σ=40 (cross)" in page.inner_text("#iv-chips")
+    after = page.eval_on_selector("#cross-map", "el => el.data[0].z")
+    changed = [i for i, (a, b) in enumerate(zip(before, after)) if max(abs(x - y) for x, y in zip(a, b)) > 1e-3]
+    assert changed == [q]  # at that layer and head only row q of P changes (§4)
+    page.wait_for_function(drawn, timeout=120_000)
+    screenshot(page, "audio-lab")
+
+    views = page.get_attribute("body", "data-views")
+    page.select_option("#span-action", "perturb")
+    page.fill("#span-start", "3")
+    page.fill("#span-end", "5")
+    page.click("#add-span")
+    page.wait_for_function(f"() => document.body.dataset.views !== '{views}'", timeout=300_000)
+    assert page.input_value("#perturb-target") == "keys"
+    assert "100 positions, 3.00–5.00 s of the cross-attention keys" in page.inner_text("#perturb-chosen")
+    assert "perturb keys σ=40 (cross)" in page.inner_text("#iv-chips")
+    page_log.check()

@@ -16,7 +16,12 @@ function numberInput(id, value, { min = null, max = null, step = "any" } = {}) {
 // With showTokenStrip the panel draws clickable chips for the tokens; a page that picks patches on an
 // image instead calls togglePick(j) from its own click handler.
 // maxSamples: the server's limit (settings.max_samples, from the page config).
-export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = true, unit = "token", maxSamples = 64 }) {
+// Optional, for a page whose keys and queries are different things (speech: keys are 20 ms of audio chosen on the
+// spectrogram, queries are decoder tokens): chosenText(ids) → the "chosen" line, or null for the default;
+// showStrip() → whether the token strip applies to the current target.
+export function mountPerturbPanel(container, lab, {
+  onChange, showTokenStrip = true, unit = "token", maxSamples = 64, chosenText = null, showStrip = null,
+}) {
   const units = unit.endsWith("ch") ? `${unit}es` : `${unit}s`;
   const p = lab.perturb;
   const target = el("select", { id: "perturb-target" });
@@ -57,7 +62,7 @@ export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = t
       el("label", {}, "seed ", seed), el("label", {}, "samples n ", samples), el("label", {}, "scope ", scope), apply, remove, state, reset),
     el("p", { className: "help", id: "perturb-help" }),
     el("p", { className: "warnings", id: "perturb-note", hidden: true }),
-    el("div", { className: "controls" }, el("span", { className: "help" }, `chosen ${units}:`), chosen),
+    el("div", { className: "controls" }, el("span", { className: "help", id: "perturb-chosen-label" }, `chosen ${units}:`), chosen),
     strip,
     el("p", { className: "help" },
       `${showTokenStrip ? `Click ${units} to choose them` : `Choose ${units} by clicking them with "choose it for the perturbation" under "Click a ${unit} to"`} (none chosen = every ${unit}). σ: noise ε ~ N(0, σ²I_d) from a generator seeded by `
@@ -104,7 +109,8 @@ export function mountPerturbPanel(container, lab, { onChange, showTokenStrip = t
     noteEl.hidden = !note;
     setHelpText(container.querySelector("#perturb-help"), (p.target === "queries" ? HELP.perturb_queries : HELP.perturb_keys) + ".");
     const ids = [...p.tokens].sort((a, b) => a - b);
-    chosen.textContent = ids.length ? ids.map((j) => `${j}:${visibleToken(labels[j] ?? "?")}`).join("  ") : `none (every ${unit})`;
+    chosen.textContent = chosenText?.(ids) ?? (ids.length ? ids.map((j) => `${j}:${visibleToken(labels[j] ?? "?")}`).join("  ") : `none (every ${unit})`);
+    if (showTokenStrip && showStrip) strip.style.display = showStrip() ? "" : "none"; // (.tokens sets display)
     for (const chip of strip.children) chip.classList.toggle("picked", p.tokens.has(Number(chip.dataset.index)));
   }
   // A masked key's column of P is 0 whatever its score: perturbing it changes nothing (an honest "± 0").

@@ -1,23 +1,23 @@
-"""Where uploaded audio clips live: this process's memory, and Redis too when `redis_url` is set (as images do,
-app/imagestore.py, whose connection settings, URL redaction and 503 exception this reuses).
+"""Where uploaded audio clips live: the upload store of app/imagestore.py (memory, plus Redis when `redis_url` is set:
+the bytes under `{prefix}audio:blob:{sha256}`, each id under `{prefix}audio:id:{id}`, with the images' TTL and
+per-item limit), with what differs for audio:
 
-- Memory: an LRU of decoded clips (16 kHz mono float32), bounded by `audio_cache_items`.
-- Redis: the uploaded *bytes* under `{redis_key_prefix}audio:{id}` with the same TTL and per-item limit as images;
-  another replica decodes them on demand under its own limits (models/audio.py) and keeps the result in its LRU.
+- the decoded LRU holds clips (16 kHz mono float32), bounded by `audio_cache_items`;
+- bytes read from Redis (another replica's upload) are decoded here under this replica's own limits (models/audio.py);
+- the key prefix is `redis_key_prefix` with `audio:` for its last part (`attnlab:image:` → `attnlab:audio:`).
 """
 from __future__ import annotations
 
-import logging
 import threading
 from collections import OrderedDict
 
 from fastapi import Request
 
-from app.imagestore import StoreItemTooLarge, StoreUnavailable, redact_url
+from app.imagestore import UploadKind, UploadStore, build_upload_store
 from app.settings import Settings
 from models.audio import AudioInputError, AudioLimits, DecodedAudio, decode_bytes
 
-log = logging.getLogger("attnlab")
+AudioStore = UploadStore  # the routes' annotation: get(id) → DecodedAudio | None, put(id, bytes, DecodedAudio)
 
 
 def audio_limits(settings: Settings) -> AudioLimits:
@@ -25,82 +25,50 @@ def audio_limits(settings: Settings) -> AudioLimits:
                        min_sample_rate=settings.min_audio_sample_rate, max_sample_rate=settings.max_audio_sample_rate)
 
 
-class AudioStore:
-    def __init__(self, settings: Settings, client=None):
-        self.settings = settings
-        self.max_items = settings.audio_cache_items
-        self._local: OrderedDict[str, DecodedAudio] = OrderedDict()
+class ClipLRU:
+    """Decoded clips by content digest, the `max_items` most recently used."""
+
+    def __init__(self, max_items: int):
+        self.max_items = max(1, max_items)
+        self._items: OrderedDict[str, DecodedAudio] = OrderedDict()
         self._lock = threading.Lock()
-        self.client = None
-        self.max_item_bytes: int | None = None
-        if settings.redis_url:
-            import redis
-            from redis.backoff import ConstantBackoff
-            from redis.retry import Retry
 
-            self.url = redact_url(settings.redis_url)
-            self.max_item_bytes = settings.redis_max_item_bytes
-            self._errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-            self.client = client or redis.Redis.from_url(
-                settings.redis_url, socket_timeout=settings.redis_timeout_s,
-                socket_connect_timeout=settings.redis_timeout_s, retry=Retry(ConstantBackoff(0.05), 1),
-            )
-        self.prefix = settings.redis_key_prefix.removesuffix("image:") + "audio:"
-
-    @property
-    def backend(self) -> str:
-        return "redis" if self.client is not None else "memory"
-
-    def _unavailable(self, exc: Exception) -> StoreUnavailable:
-        log.warning("audio store: Redis at %s unreachable (%s)", self.url, exc)
-        return StoreUnavailable(f"the shared upload store (Redis at {self.url}) is unreachable, so audio cannot be "
-                                "stored or read right now; try again in a few seconds")
-
-    def _keep(self, audio_id: str, audio: DecodedAudio) -> None:
+    def get(self, digest: str) -> DecodedAudio | None:
         with self._lock:
-            self._local[audio_id] = audio
-            self._local.move_to_end(audio_id)
-            while len(self._local) > self.max_items:
-                self._local.popitem(last=False)
-
-    def put(self, audio_id: str, data: bytes, audio: DecodedAudio, *, shared: bool = True) -> None:
-        if shared and self.client is not None:
-            if self.max_item_bytes is not None and len(data) > self.max_item_bytes:
-                raise StoreItemTooLarge(f"the upload is {len(data):,} bytes; the shared store keeps at most "
-                                        f"{self.max_item_bytes:,} bytes per item (redis_max_item_bytes)")
-            try:
-                self.client.set(self.prefix + audio_id, data, ex=self.settings.redis_ttl_s)
-            except self._errors as exc:
-                raise self._unavailable(exc) from None
-        self._keep(audio_id, audio)
-
-    def get(self, audio_id: str) -> DecodedAudio | None:
-        with self._lock:
-            audio = self._local.get(audio_id)
+            audio = self._items.get(digest)
             if audio is not None:
-                self._local.move_to_end(audio_id)
-                return audio
-        if self.client is None:
-            return None
-        try:
-            data = self.client.getex(self.prefix + audio_id, ex=self.settings.redis_ttl_s)
-        except self._errors as exc:
-            raise self._unavailable(exc) from None
-        if data is None:
-            return None
-        try:
-            audio = decode_bytes(data, audio_limits(self.settings))
-        except AudioInputError as exc:
-            log.warning("audio store: %s from Redis does not decode here (%s); treated as absent", audio_id, exc)
-            return None
-        self._keep(audio_id, audio)
+                self._items.move_to_end(digest)
+            return audio
+
+    def put(self, digest: str, audio: DecodedAudio) -> DecodedAudio:
+        with self._lock:
+            self._items[digest] = audio
+            self._items.move_to_end(digest)
+            while len(self._items) > self.max_items:
+                self._items.popitem(last=False)
         return audio
+
+    def __contains__(self, digest: str) -> bool:
+        with self._lock:
+            return digest in self._items
+
+
+def audio_kind(settings: Settings) -> UploadKind:
+    return UploadKind(
+        name="audio", key_prefix=settings.redis_key_prefix.removesuffix("image:") + "audio:",
+        new_local=lambda: ClipLRU(settings.audio_cache_items), id_items=16 * settings.audio_cache_items,
+        decode=lambda data: decode_bytes(data, audio_limits(settings)), decode_errors=(AudioInputError,),
+    )
+
+
+def build_audio_store(settings: Settings) -> UploadStore:
+    return build_upload_store(settings, audio_kind(settings))
 
 
 _store_lock = threading.Lock()
 
 
-async def get_audio_store(request: Request) -> AudioStore:
+async def get_audio_store(request: Request) -> UploadStore:
     """FastAPI dependency: the app's audio store, built on first use."""
     state = request.app.state
     store = getattr(state, "audio_store", None)
@@ -108,5 +76,5 @@ async def get_audio_store(request: Request) -> AudioStore:
         with _store_lock:
             store = getattr(state, "audio_store", None)
             if store is None:
-                store = state.audio_store = AudioStore(state.runtime.settings)
+                store = state.audio_store = build_audio_store(state.runtime.settings)
     return store

@@ -1,13 +1,17 @@
-"""Where uploaded images live: this process's memory (the default), or Redis shared by every replica.
+"""Where uploads live (images here; audio clips through app/audiostore.py, the same store with its own key prefix):
+this process's memory (the default), or Redis shared by every replica.
 
-- **MemoryImageStore** (no `redis_url`): the decoded-image LRU of models/images.py, as before. Behind a
-  load balancer an upload is then only known to the replica that took it.
-- **RedisImageStore** (`redis_url`, e.g. `redis://redis:6379/0`): the uploaded *bytes* are written with
+One generic store serves both kinds (`UploadKind` says what differs: the key prefix, the decoded LRU, how bytes read
+from Redis are decoded under this replica's limits, and the item's id field).
+
+- **MemoryUploadStore** (no `redis_url`): the decoded LRU only. Behind a load balancer an upload is then only known
+  to the replica that took it.
+- **RedisUploadStore** (`redis_url`, e.g. `redis://redis:6379/0`): the uploaded *bytes* are written with
   `SET key bytes EX redis_ttl_s` (at most `redis_max_item_bytes` each; the total is bounded by the Redis
   server's own `maxmemory` + an LRU/TTL eviction policy, which is the operator's), so any replica can serve
-  any image id. Each replica decodes what it reads on demand and keeps the decoded image in its own LRU (the
-  same bounded `ImageStore`), so a repeated request costs no Redis round trip. A read from Redis
-  (`GETEX … EX ttl`) restarts the key's TTL: an image in use does not expire under its users.
+  any id. Each replica decodes what it reads on demand and keeps the decoded item in its own LRU, so a repeated
+  request costs no Redis round trip. A read from Redis (`GETEX … EX ttl`) restarts the key's TTL: an upload in use
+  does not expire under its users.
 
 Redis unreachable or refusing (any `RedisError`: connection, timeout, OOM under `maxmemory` with
 `noeviction`, an ACL's NOPERM, READONLY after a failover): `put` (and a `get` this replica cannot answer from
@@ -16,13 +20,14 @@ never touch the store. The client reconnects on the next call, so uploads recove
 without a restart. A key of the wrong type (WRONGTYPE) is an absent id (404, the page uploads again).
 
 **Ids are capabilities** (app/ids.py): an upload's id is random, never its content hash, so nobody can test
-whether a known image was uploaded, or read one without having been given its id. Identical content is still
-stored once: both stores key the bytes (and the decoded image) by the content's sha256 and map each random id
-to it. In Redis: `{prefix}id:{id}` → sha256 hex, `{prefix}blob:{sha256}` → the bytes, both with the TTL. On
-read, bytes over `redis_max_item_bytes` or whose sha256 is not their key are treated as absent (and logged).
+whether a known file was uploaded, or read one without having been given its id. Identical content is still
+stored once: both stores key the bytes (and the decoded item) by the content's sha256 and map each random id
+to it. In Redis: `{prefix}id:{id}` → sha256 hex, `{prefix}blob:{sha256}` → the bytes, both with the TTL (images:
+`redis_key_prefix`, `attnlab:image:`; audio: the same with `audio:`). On read, bytes over `redis_max_item_bytes`
+or whose sha256 is not their key are treated as absent (and logged).
 
-The routes reach the store through a FastAPI dependency (`get_image_store`), one per app, built from the
-app's settings on first use.
+The routes reach the store through a FastAPI dependency (`get_image_store`, `get_audio_store`), one per app and
+kind, built from the app's settings on first use.
 """
 from __future__ import annotations
 
@@ -33,12 +38,13 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from fastapi import Request
 
 from app.settings import Settings
-from models.images import DecodedImage, ImageInputError, ImageStore, StoredImage, configure_pillow, decode_image
+from models.images import ImageInputError, ImageStore, StoredImage, configure_pillow, decode_image
 
 log = logging.getLogger("attnlab")
 RETRY_AFTER_S = 5  # what a 503 for an unreachable Redis tells the client
@@ -54,13 +60,26 @@ class StoreItemTooLarge(ValueError):
 
 class UploadStore(Protocol):
     backend: str
-    max_item_bytes: int | None  # None: no limit of its own (max_upload_bytes applies)
+    max_item_bytes: int | None  # None: no limit of its own (max_upload_bytes / max_audio_bytes apply)
 
-    def put(self, image_id: str, data: bytes, decoded: DecodedImage, *, shared: bool = True) -> StoredImage: ...
+    def put(self, upload_id: str, data: bytes, decoded: Any, *, shared: bool = True) -> Any: ...
 
-    def get(self, image_id: str) -> StoredImage | None: ...
+    def get(self, upload_id: str) -> Any | None: ...
 
-    def __contains__(self, image_id: str) -> bool: ...
+    def __contains__(self, upload_id: str) -> bool: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class UploadKind:
+    """What differs between the kinds of uploads one store design keeps."""
+
+    name: str  # "image" | "audio": in messages and logs
+    key_prefix: str  # Redis keys {key_prefix}id:{id} and {key_prefix}blob:{sha256}
+    new_local: Callable[[], Any]  # this replica's decoded LRU: get(digest), put(digest, decoded) → item, `in`
+    id_items: int  # how many ids map to digests here (LRU)
+    decode: Callable[[bytes], Any]  # bytes another replica accepted → decoded, under this replica's limits
+    decode_errors: tuple[type[Exception], ...]  # what `decode` raises for bytes it refuses (then: absent)
+    with_id: Callable[[Any, str], Any] = lambda item, upload_id: item  # the item as seen under one id
 
 
 DIGEST_PATTERN = re.compile(r"^[0-9a-f]{64}$")
@@ -86,18 +105,18 @@ class IdMap:
         self._map: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
 
-    def set(self, image_id: str, digest: str) -> None:
+    def set(self, upload_id: str, digest: str) -> None:
         with self._lock:
-            self._map[image_id] = digest
-            self._map.move_to_end(image_id)
+            self._map[upload_id] = digest
+            self._map.move_to_end(upload_id)
             while len(self._map) > self.max_items:
                 self._map.popitem(last=False)
 
-    def get(self, image_id: str) -> str | None:
+    def get(self, upload_id: str) -> str | None:
         with self._lock:
-            digest = self._map.get(image_id)
+            digest = self._map.get(upload_id)
             if digest is not None:
-                self._map.move_to_end(image_id)
+                self._map.move_to_end(upload_id)
             return digest
 
 
@@ -105,29 +124,30 @@ def _as_id(item: StoredImage, image_id: str) -> StoredImage:
     return item if item.image_id == image_id else dataclasses.replace(item, image_id=image_id)
 
 
-class MemoryImageStore:
-    """This process's decoded LRU only (the default): decoded images by content digest, ids mapped to digests."""
+class MemoryUploadStore:
+    """This process's decoded LRU only (the default): decoded items by content digest, ids mapped to digests."""
 
     backend = "memory"
     max_item_bytes = None
 
-    def __init__(self, settings: Settings):
-        self.local = ImageStore(max_items=settings.image_cache_items, max_bytes=settings.image_cache_bytes)
-        self.ids = IdMap(16 * settings.image_cache_items)
+    def __init__(self, kind: UploadKind):
+        self.kind = kind
+        self.local = kind.new_local()
+        self.ids = IdMap(kind.id_items)
 
-    def put(self, image_id: str, data: bytes, decoded: DecodedImage, *, shared: bool = True) -> StoredImage:
+    def put(self, upload_id: str, data: bytes, decoded: Any, *, shared: bool = True) -> Any:
         digest = content_digest(data)
         item = self.local.get(digest) or self.local.put(digest, decoded)  # the same content is kept once
-        self.ids.set(image_id, digest)
-        return _as_id(item, image_id)
+        self.ids.set(upload_id, digest)
+        return self.kind.with_id(item, upload_id)
 
-    def get(self, image_id: str) -> StoredImage | None:
-        digest = self.ids.get(image_id)
+    def get(self, upload_id: str) -> Any | None:
+        digest = self.ids.get(upload_id)
         item = self.local.get(digest) if digest is not None else None
-        return _as_id(item, image_id) if item is not None else None
+        return self.kind.with_id(item, upload_id) if item is not None else None
 
-    def __contains__(self, image_id: str) -> bool:
-        digest = self.ids.get(image_id)
+    def __contains__(self, upload_id: str) -> bool:
+        digest = self.ids.get(upload_id)
         return digest is not None and digest in self.local
 
 
@@ -139,12 +159,12 @@ def redact_url(url: str) -> str:
     return f"{scheme}://{rest.rpartition('@')[2]}"
 
 
-class RedisImageStore:
-    """Uploaded bytes in Redis (shared, with a TTL), decoded images in this replica's LRU."""
+class RedisUploadStore:
+    """Uploaded bytes in Redis (shared, with a TTL), decoded items in this replica's LRU."""
 
     backend = "redis"
 
-    def __init__(self, settings: Settings, client=None):
+    def __init__(self, settings: Settings, kind: UploadKind, client=None):
         import redis
         from redis.backoff import ConstantBackoff
         from redis.retry import Retry
@@ -154,9 +174,10 @@ class RedisImageStore:
         self.url = redact_url(settings.redis_url or "")
         self.ttl_s = settings.redis_ttl_s
         self.max_item_bytes = settings.redis_max_item_bytes
-        self.prefix = settings.redis_key_prefix
-        self.local = ImageStore(max_items=settings.image_cache_items, max_bytes=settings.image_cache_bytes)
-        self.ids = IdMap(16 * settings.image_cache_items)
+        self.kind = kind
+        self.prefix = kind.key_prefix
+        self.local = kind.new_local()
+        self.ids = IdMap(kind.id_items)
         self._errors = redis.exceptions.RedisError  # every refusal of Redis's, not only a lost connection
         self._response_error = redis.exceptions.ResponseError
         # One retry: a pooled connection left broken by a Redis restart is replaced at once, so the first
@@ -169,8 +190,8 @@ class RedisImageStore:
         self._down_since: float | None = None
         self._state_lock = threading.Lock()
 
-    def _id_key(self, image_id: str) -> str:
-        return f"{self.prefix}id:{image_id}"
+    def _id_key(self, upload_id: str) -> str:
+        return f"{self.prefix}id:{upload_id}"
 
     def _blob_key(self, digest: str) -> str:
         return f"{self.prefix}blob:{digest}"
@@ -184,12 +205,12 @@ class RedisImageStore:
         with self._state_lock:
             if self._down_since is None:
                 self._down_since = time.monotonic()
-                log.warning("image store: Redis at %s failed (%s: %s); uploads answer 503 until it works again",
-                            self.url, type(exc).__name__, exc)
+                log.warning("%s store: Redis at %s failed (%s: %s); uploads answer 503 until it works again",
+                            self.kind.name, self.url, type(exc).__name__, exc)
         what = "is unreachable" if unreachable else f"refused the request ({code})"
         return StoreUnavailable(
-            f"the shared image store (Redis at {self.url}) {what}, so uploads cannot be stored or read right now; "
-            f"try again in a few seconds (text models keep working)")
+            f"the shared {self.kind.name} store (Redis at {self.url}) {what}, so uploads cannot be stored or read right "
+            "now; try again in a few seconds (text models keep working)")
 
     def _wrong_type(self, exc: Exception) -> bool:
         return isinstance(exc, self._response_error) and str(exc).startswith("WRONGTYPE")
@@ -198,29 +219,30 @@ class RedisImageStore:
         if self._down_since is not None:
             with self._state_lock:
                 if self._down_since is not None:
-                    log.warning("image store: Redis at %s is back after %.1f s", self.url, time.monotonic() - self._down_since)
+                    log.warning("%s store: Redis at %s is back after %.1f s", self.kind.name, self.url,
+                                time.monotonic() - self._down_since)
                     self._down_since = None
 
-    def put(self, image_id: str, data: bytes, decoded: DecodedImage, *, shared: bool = True) -> StoredImage:
-        """Write the bytes to Redis (unless `shared` is False: the page's sample photos, which every replica
-        can read from its own static/ folder), then keep the decoded image here."""
+    def put(self, upload_id: str, data: bytes, decoded: Any, *, shared: bool = True) -> Any:
+        """Write the bytes to Redis (unless `shared` is False: the pages' samples, which every replica can read
+        from its own files), then keep the decoded item here."""
         digest = content_digest(data)
         if shared:
             if len(data) > self.max_item_bytes:
                 raise StoreItemTooLarge(
-                    f"the upload is {len(data):,} bytes; the shared image store keeps at most "
-                    f"{self.max_item_bytes:,} bytes per image (redis_max_item_bytes)")
+                    f"the upload is {len(data):,} bytes; the shared {self.kind.name} store keeps at most "
+                    f"{self.max_item_bytes:,} bytes per item (redis_max_item_bytes)")
             try:  # one round trip: the bytes under their digest (shared by identical uploads), the id → digest
                 pipe = self.client.pipeline(transaction=False)
                 pipe.set(self._blob_key(digest), data, ex=self.ttl_s)
-                pipe.set(self._id_key(image_id), digest, ex=self.ttl_s)
+                pipe.set(self._id_key(upload_id), digest, ex=self.ttl_s)
                 pipe.execute()
             except self._errors as exc:
                 raise self._failed(exc) from None
             self._succeeded()
         item = self.local.get(digest) or self.local.put(digest, decoded)
-        self.ids.set(image_id, digest)
-        return _as_id(item, image_id)
+        self.ids.set(upload_id, digest)
+        return self.kind.with_id(item, upload_id)
 
     def _getex(self, key: str) -> bytes | None:
         """GETEX (read + restart the TTL); a key of another type is absent; other Redis errors → 503."""
@@ -228,24 +250,25 @@ class RedisImageStore:
             value = self.client.getex(key, ex=self.ttl_s)
         except self._errors as exc:
             if self._wrong_type(exc):
-                log.warning("image store: %s in Redis is not a string (WRONGTYPE); treated as absent", key)
+                log.warning("%s store: %s in Redis is not a string (WRONGTYPE); treated as absent", self.kind.name, key)
                 self._succeeded()
                 return None
             raise self._failed(exc) from None
         self._succeeded()
         return value
 
-    def get(self, image_id: str) -> StoredImage | None:
-        digest = self.ids.get(image_id)
+    def get(self, upload_id: str) -> Any | None:
+        digest = self.ids.get(upload_id)
         item = self.local.get(digest) if digest is not None else None
         if item is not None:
-            return _as_id(item, image_id)
-        raw = self._getex(self._id_key(image_id))
+            return self.kind.with_id(item, upload_id)
+        raw = self._getex(self._id_key(upload_id))
         if raw is None:
             return None  # expired, evicted by Redis, or never uploaded: the page uploads it again
         digest = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
+        name = self.kind.name
         if not DIGEST_PATTERN.match(digest):
-            log.warning("image store: id %s… maps to no content digest in Redis; treated as absent", image_id[:8])
+            log.warning("%s store: id %s… maps to no content digest in Redis; treated as absent", name, upload_id[:8])
             return None
         item = self.local.get(digest)  # the same content uploaded under another id, decoded here already
         if item is None:
@@ -253,32 +276,43 @@ class RedisImageStore:
             if data is None:
                 return None
             if len(data) > self.max_item_bytes:  # not something an upload here could have written
-                log.warning("image store: %s… in Redis holds %d bytes, over redis_max_item_bytes; treated as absent",
-                            digest[:8], len(data))
+                log.warning("%s store: %s… in Redis holds %d bytes, over redis_max_item_bytes; treated as absent",
+                            name, digest[:8], len(data))
                 return None
             if content_digest(data) != digest:  # altered or mixed up in Redis
-                log.warning("image store: the bytes under %s… in Redis do not hash to it; treated as absent", digest[:8])
+                log.warning("%s store: the bytes under %s… in Redis do not hash to it; treated as absent", name, digest[:8])
                 return None
-            settings = self.settings
             try:  # another replica accepted these bytes; decode them under this replica's limits
-                decoded = decode_image(data, settings.max_image_pixels, settings.max_image_aspect_ratio)
-            except ImageInputError as exc:
-                log.warning("image store: %s… from Redis no longer decodes here (%s); treated as absent", digest[:8], exc)
+                decoded = self.kind.decode(data)
+            except self.kind.decode_errors as exc:
+                log.warning("%s store: %s… from Redis no longer decodes here (%s); treated as absent", name, digest[:8], exc)
                 return None
             item = self.local.put(digest, decoded)
-        self.ids.set(image_id, digest)
-        return _as_id(item, image_id)
+        self.ids.set(upload_id, digest)
+        return self.kind.with_id(item, upload_id)
 
-    def __contains__(self, image_id: str) -> bool:
-        digest = self.ids.get(image_id)  # this replica's decoded copies only (no round trip)
+    def __contains__(self, upload_id: str) -> bool:
+        digest = self.ids.get(upload_id)  # this replica's decoded copies only (no round trip)
         return digest is not None and digest in self.local
+
+
+def build_upload_store(settings: Settings, kind: UploadKind) -> UploadStore:
+    return RedisUploadStore(settings, kind) if settings.redis_url else MemoryUploadStore(kind)
+
+
+def image_kind(settings: Settings) -> UploadKind:
+    return UploadKind(
+        name="image", key_prefix=settings.redis_key_prefix,
+        new_local=lambda: ImageStore(max_items=settings.image_cache_items, max_bytes=settings.image_cache_bytes),
+        id_items=16 * settings.image_cache_items,
+        decode=lambda data: decode_image(data, settings.max_image_pixels, settings.max_image_aspect_ratio),
+        decode_errors=(ImageInputError,), with_id=_as_id,
+    )
 
 
 def build_image_store(settings: Settings) -> UploadStore:
     configure_pillow(settings.max_image_pixels)
-    if settings.redis_url:
-        return RedisImageStore(settings)
-    return MemoryImageStore(settings)
+    return build_upload_store(settings, image_kind(settings))
 
 
 _store_lock = threading.Lock()

@@ -147,8 +147,9 @@ def _stored(runtime: Runtime, store: AudioStore, audio_id: str, field: tuple = (
     if audio is None and audio_id == SAMPLE_ID:
         path = _sample_path(runtime)
         if path.is_file():
-            audio = decode_bytes(path.read_bytes(), audio_limits(runtime.settings))
-            store.put(audio_id, b"", audio, shared=False)  # every replica has the file
+            data = path.read_bytes()
+            audio = decode_bytes(data, audio_limits(runtime.settings))
+            store.put(audio_id, data, audio, shared=False)  # every replica has the file
     if audio is None:
         raise HTTPException(404, detail=f"audio_id {audio_id!r} is not held by the server (expired or never uploaded): "
                                         "upload the clip again")

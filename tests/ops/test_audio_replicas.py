@@ -1,5 +1,6 @@
 """Audio ids shared through a real Redis (Debian's redis-server, `make redis`): a clip uploaded to one app is served
-by another app with the same redis_url (spectrogram and wav), under `…audio:<id>`; Redis down → 503 naming it."""
+by another app with the same redis_url (spectrogram and wav), under `…audio:id:<id>` → `…audio:blob:<sha256>`;
+Redis down → 503 naming it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,7 +36,9 @@ def test_an_upload_to_one_replica_is_served_by_another(redis_server):
         audio_id = uploaded.json()["audio_id"]
         import redis
 
-        assert redis.Redis(port=redis_server.port).get(f"attnlab:audio:{audio_id}") == clip
+        admin = redis.Redis(port=redis_server.port)
+        digest = admin.get(f"attnlab:audio:id:{audio_id}").decode()  # the images' layout under the audio prefix
+        assert admin.get(f"attnlab:audio:blob:{digest}") == clip and not admin.keys("attnlab:image:*")
         spectrogram = second.get(f"/api/audio/{audio_id}/spectrogram")
         assert spectrogram.status_code == 200 and spectrogram.json()["frames"] == 150
         assert second.get(f"/api/audio/{audio_id}/wav").headers["content-type"] == "audio/wav"

@@ -147,6 +147,47 @@ def _merge_samples(effects: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def _check_response_numbers(limits: Settings, numbers: int, ask: str) -> None:
+    """413 before any run when the response would hold more than max_response_numbers numbers; `ask` says how to ask
+    for less."""
+    cap = limits.max_response_numbers
+    if numbers > cap:
+        raise HTTPException(413, detail=f"the response would hold {numbers:,} numbers, over the cap "
+                            f"max_response_numbers={cap:,}; {ask}")
+
+
+def _check_before_runs(runtime: Runtime, adapter: AttentionAdapter, req: AttentionRequestBase, interventions: tuple,
+                       maps: list[tuple[int, int, int, int]], n_tokens: int, field: str,
+                       budget_adapter: AttentionAdapter | None) -> None:
+    """The 413s before any model run, shared by every response builder: what the run would keep (check_run_budget,
+    counted by `budget_adapter` as it is there) and its model time (the cost estimate, app/costs.py): refused now
+    rather than minutes of work that would end in a 503 timeout."""
+    check_run_budget(runtime, maps, field, budget_adapter)
+    check_request_cost(adapter, runtime.settings, n_tokens, request_runs(req.samples, req.compare), len(interventions))
+
+
+def _sample_runs(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req: AttentionRequestBase,
+                 interventions: tuple, record_scores: bool,
+                 effect_of: Callable[[AttentionResult, AttentionResult], dict[str, Any]],
+                 ) -> tuple[AttentionResult, AttentionResult | None, dict[str, Any] | None]:
+    """The run with the interventions, and with `compare` the run without them and the effect of each of the
+    request's samples (the perturbations' noise re-seeded per sample; effect_of(base, run)), merged as mean ± std
+    when there are several. Shared by every response builder; each model run first checks that the client is still
+    there (a client that left, or a shutdown, stops the work here)."""
+    sample_sets = [tuple(iv.with_seed_offset(s) for iv in interventions) for s in range(req.samples)]
+    check_cancelled()
+    result = runtime.run(adapter, encoded, sample_sets[0], record_scores)
+    if not req.compare:
+        return result, None, None
+    check_cancelled()
+    base = runtime.run(adapter, encoded, (), False)
+    effects = [effect_of(base, result)]
+    for sample in sample_sets[1:]:
+        check_cancelled()
+        effects.append(effect_of(base, runtime.run(adapter, encoded, sample, False)))
+    return result, base, effects[0] if len(effects) == 1 else _merge_samples(effects)
+
+
 def build_attention_response(
     runtime: Runtime,
     adapter: AttentionAdapter,
@@ -167,11 +208,9 @@ def build_attention_response(
     requested_queries = getattr(req, "queries", None)
     queries = _check_indices(requested_queries, n_tokens, ("queries",), "query token")
     interventions = engine_interventions(req, adapter, n_tokens)
-    check_run_budget(runtime, [(len(adapter.layer_of), info.heads, n_tokens, n_tokens)],
-                     "text" if info.kind == "text" else "image_size", adapter)
     long = n_tokens > adapter.full_map_tokens  # the run keeps an atlas, not P (docs/science.md §10)
-    # model time, before any run: 413 rather than minutes of work that would end in a 503 timeout (app/costs.py)
-    check_request_cost(adapter, limits, n_tokens, request_runs(req.samples, req.compare), len(interventions))
+    _check_before_runs(runtime, adapter, req, interventions, [(len(adapter.layer_of), info.heads, n_tokens, n_tokens)],
+                       n_tokens, "text" if info.kind == "text" else "image_size", adapter)
 
     maps = 1 + int(req.include_scores and not long) + int(req.compare and req.include_base)  # P, Ŝ, P without interventions
     numbers = len(layers) * len(heads) * len(queries) * n_tokens * maps
@@ -179,26 +218,11 @@ def build_attention_response(
         blocks = min(limits.overview_blocks, n_tokens)
         numbers = len(layers) * len(heads) * (blocks * blocks + n_tokens + (0 if requested_queries is None else
                                                                              len(queries) * n_tokens))
-    cap = runtime.settings.max_response_numbers
-    if numbers > cap:
-        raise HTTPException(
-            413,
-            detail=f"the response would hold {numbers:,} numbers, over the cap max_response_numbers={cap:,}; "
-            "ask for fewer layers/heads/queries (fields 'layers', 'heads', 'queries') or turn off include_scores",
-        )
+    _check_response_numbers(limits, numbers, "ask for fewer layers/heads/queries (fields 'layers', 'heads', 'queries') "
+                            "or turn off include_scores")
 
-    sample_sets = [tuple(iv.with_seed_offset(s) for iv in interventions) for s in range(req.samples)]
-    check_cancelled()  # before each model run: a client that left (or a shutdown) stops the work here
-    result = runtime.run(adapter, encoded, sample_sets[0], req.include_scores and not long)
-    effect = base = None
-    if req.compare:
-        check_cancelled()
-        base = runtime.run(adapter, encoded, (), False)
-        effects = [_effect(adapter, base, result, encoded, layers, heads)]
-        for sample in sample_sets[1:]:
-            check_cancelled()
-            effects.append(_effect(adapter, base, runtime.run(adapter, encoded, sample, False), encoded, layers, heads))
-        effect = effects[0] if len(effects) == 1 else _merge_samples(effects)
+    result, base, effect = _sample_runs(runtime, adapter, encoded, req, interventions, req.include_scores and not long,
+                                        lambda base, run: _effect(adapter, base, run, encoded, layers, heads))
 
     rows = slice(None) if requested_queries is None else queries
 
@@ -320,37 +344,25 @@ def build_seq2seq_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: E
     if long:  # per kind its overview and received instead of P
         blocks = limits.overview_blocks
         numbers = sum(len(layers) * len(heads) * (min(blocks, q) * min(blocks, k) + k) for q, k in shapes.values())
-    if numbers > limits.max_response_numbers:
-        raise HTTPException(413, detail=f"the response would hold {numbers:,} numbers, over the cap "
-                            f"max_response_numbers={limits.max_response_numbers:,}; ask for fewer layers/heads")
-    check_run_budget(runtime, [
-        (info.layers, info.heads, *shapes["encoder"]), (info.decoder_layers, info.decoder_heads, *shapes["decoder"]),
-        (info.decoder_layers, info.decoder_heads, *shapes["cross"]),
-    ], adapter=adapter if long else None)  # a long run keeps q̂/k̂ and summaries (a short one's P goes to the host)
-    check_request_cost(adapter, limits, n_source + n_target, request_runs(req.samples, req.compare), len(interventions))
+    maps = [(info.layers, info.heads, *shapes["encoder"]), (info.decoder_layers, info.decoder_heads, *shapes["decoder"]),
+            (info.decoder_layers, info.decoder_heads, *shapes["cross"])]
+    # a long run keeps q̂/k̂ and summaries (a short one's P goes to the host)
+    _check_before_runs(runtime, adapter, req, interventions, maps, n_source + n_target, "text", adapter if long else None)
+    _check_response_numbers(limits, numbers, "ask for fewer layers/heads")
 
     def sliced(result: AttentionResult) -> dict[str, Any]:
         return {kind: tensor_field(maps[layers][:, heads], req.encoding) for kind, maps in result.by_kind.items()}
 
-    sample_sets = [tuple(iv.with_seed_offset(s) for iv in interventions) for s in range(req.samples)]
-    check_cancelled()
-    result = runtime.run(adapter, encoded, sample_sets[0], False)
-    effect = base = None
-    if req.compare:
-        check_cancelled()
-        base = runtime.run(adapter, encoded, (), False)
-        effects = []
-        for sample in sample_sets:
-            check_cancelled()
-            run = result if sample is sample_sets[0] else runtime.run(adapter, encoded, sample, False)
-            effects.append({
-                "attention_tv": None if long else {
-                    kind: attention_tv(run.by_kind[kind][layers][:, heads], base.by_kind[kind][layers][:, heads]).tolist()
-                    for kind in KINDS},
-                "hidden_cosine": hidden_cosine(run.hidden_states, base.hidden_states).tolist(),
-                "output": adapter.output_effect(base, run, encoded),
-            })
-        effect = effects[0] if len(effects) == 1 else _merge_samples(effects)
+    def effect_of(base: AttentionResult, run: AttentionResult) -> dict[str, Any]:
+        return {
+            "attention_tv": None if long else {  # long runs keep no maps
+                kind: attention_tv(run.by_kind[kind][layers][:, heads], base.by_kind[kind][layers][:, heads]).tolist()
+                for kind in KINDS},
+            "hidden_cosine": hidden_cosine(run.hidden_states, base.hidden_states).tolist(),
+            "output": adapter.output_effect(base, run, encoded),
+        }
+
+    result, base, effect = _sample_runs(runtime, adapter, encoded, req, interventions, False, effect_of)
     warnings = list(result.warnings)
     if encoded.truncated:
         warnings.append(f"source truncated to {n_source} tokens (the model's max_tokens)")

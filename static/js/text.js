@@ -2,9 +2,10 @@
 // the laboratory (static/js/lab/lab.js: β, masks, ablation, perturbations, effects, summaries, softmax panel,
 // export, shareable URL). Language models add the next-token panel and the two continuations (lm.js);
 // encoder–decoders add the attention kind (encoder / decoder / cross) and the decoded target.
-import { getJSON, isAbort, postJSON, setStatus } from "./api.js";
+import { ApiError, getJSON, isAbort, postJSON, serverEvents, setStatus } from "./api.js";
 import { byId as $, numbered, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, entropy, fmt, maxAbs, softmaxRow } from "./mathx.js";
+import { drawDiff } from "./views/diff.js";
 import { drawHeadView } from "./views/headview.js";
 import { drawHeatmap, paintHeatmap, paintPreview, tokenLabels } from "./views/heatmap.js";
 import { drawModelView } from "./views/modelview.js";
@@ -12,7 +13,7 @@ import { mountLab } from "./lab/lab.js";
 import { figureToParams, intParam, paramsToFigure } from "./lab/urlstate.js";
 import { drawNextToken, drawTarget, kvGroups, mountContinuation } from "./lm.js";
 import { mountAnalysis } from "./views/analysis.js";
-import { drawAtlas, hideAtlas } from "./views/atlas.js";
+import { drawAtlas, hideAtlas, setAtlasBeta } from "./views/atlas.js";
 import { loadPlotly } from "./vendor.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
@@ -31,6 +32,8 @@ const state = {
   position: null, // language models: the query position whose next token is shown (null = last)
   // {tokens (keys), queryTokens, attention, scores, base (without interventions), response, request}
   view: null,
+  // a long input (over full_map_tokens, /guide#s10): {response, request, window: {P, rows, cols} | null}; view is null
+  long: null,
   thumbs: null,
 };
 
@@ -76,6 +79,52 @@ function request({ thumbnails = false, partial = false } = {}) {
   return body;
 }
 
+// A text this long may be a long input (over full_map_tokens): its first view can take seconds on a CPU, so the
+// request asks for layer progress (server-sent events) and the page shows a progress bar with Cancel.
+const mayBeLong = (text) => text.length > 2 * (limits.full_map_tokens ?? 512);
+
+// POST /api/text/attention; with progress, `{"progress", "total", "run"}` events drive the bar until the response.
+// Cancel (or a newer load) aborts the fetch: the server stops the run at its next layer.
+let runController = null;
+async function fetchAttention(body, { progress }) {
+  runController?.abort();
+  if (!progress) return postJSON("/api/text/attention", body, { channel: "text" });
+  const mine = new AbortController();
+  runController = mine;
+  try {
+    const res = await fetch("/api/text/attention", {
+      method: "POST", headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+      body: JSON.stringify(body), signal: mine.signal,
+    });
+    if (!res.ok || !res.headers.get("content-type")?.startsWith("text/event-stream")) {
+      const payload = await res.json().catch(() => ({ detail: res.statusText }));
+      if (!res.ok) throw new ApiError(res.status, payload.detail);
+      return payload;
+    }
+    for await (const event of serverEvents(res.body)) {
+      if (event.done) return event;
+      if (event.error) throw new Error(event.error);
+      showProgress(event);
+    }
+    throw new Error("the server ended the stream without a response");
+  } finally {
+    if (runController === mine) { runController = null; showProgress(null); } // a newer stream keeps its own bar
+  }
+}
+
+// The progress bar: layers done of the model run in progress (null: hidden).
+function showProgress(event) {
+  const box = $("run-progress");
+  box.hidden = !event;
+  if (!event) return;
+  $("run-progress-bar").max = event.total;
+  $("run-progress-bar").value = event.progress;
+  const run = event.run > 1 ? ` (model run ${event.run})` : "";
+  $("run-progress-text").textContent = `first view: layers done ${event.progress} of ${event.total}${run}`;
+  box.dataset.progress = String(event.progress);
+  box.dataset.total = String(event.total);
+}
+
 let loadSeq = 0;
 // settle > 0: the load follows a slider; only the heatmap's cells are repainted until input settles.
 async function load({ thumbnails = true, settle = 0 } = {}) {
@@ -85,18 +134,17 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
   $("text-error").hidden = true;
   setStatus("running…");
   try {
-    const partial = settle > 0;
+    const partial = settle > 0 && !state.long; // a long input's run is seconds: no partial runs while a slider moves
     const body = request({ thumbnails, partial });
-    const r = await postJSON("/api/text/attention", body, { channel: "text" });
+    const r = await fetchAttention(body, { progress: !partial && mayBeLong(body.text) });
     if (seq !== loadSeq) return; // a newer load started meanwhile
     if (r.attention === null && r.overview) { // a long input (/guide#s10): its overview first, exact windows on zoom
-      state.view = null;
-      await drawAtlas($("heatmap"), r, { layer: state.layer, head: state.head });
-      if (isLM() && r.output?.kind === "next_token") drawNextToken(r, r.tokens); // the prediction works at any length
+      await showLong(r, body);
       setStatus(`${r.tokens.length} tokens · overview (zoom for exact windows) · ${Math.round(performance.now() - started)} ms`);
       return;
     }
     hideAtlas();
+    state.long = null;
     state.view = viewOf(r, body);
     if (body.thumbnail_size) state.thumbs = r.thumbnails ? decodeTensor(ofKind(r.thumbnails)) ?? null : null;
     state.query = state.query === null ? defaultQuery(state.view.queryTokens.length) : Math.min(state.query, state.view.queryTokens.length - 1);
@@ -104,9 +152,91 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
     showTruncation(r);
     setStatus(`${r.tokens.length} tokens${r.truncated ? " (truncated)" : ""} · ${Math.round(performance.now() - started)} ms`);
   } catch (err) {
-    if (isAbort(err) || seq !== loadSeq) return;
+    if (seq !== loadSeq) return;
+    if (isAbort(err)) { // the Cancel button (a newer load has another seq)
+      if (cancelled) setStatus(`cancelled${cancelled.total ? ` after layer ${cancelled.progress} of ${cancelled.total}` : ""}: the panels show the previous input`);
+      cancelled = null;
+      return;
+    }
     setStatus(err.message, { error: true });
     lab.fail(err.message);
+  }
+}
+
+// Cancel: abort the running request (the server stops at its next layer); the page keeps what it showed.
+let cancelled = null;
+function cancelRun() {
+  if (!runController) return;
+  const box = $("run-progress");
+  cancelled = { progress: Number(box.dataset.progress ?? 0), total: Number(box.dataset.total ?? 0) };
+  runController.abort();
+}
+
+// A long input: the overview of the shown head first, then the panels that work at any length (model view, head
+// summaries, received, the next token and the continuation); the head view follows the zoomed window.
+async function showLong(r, body) {
+  // the page asks for scores only for view-mode β in the browser; a long input's view β is the server's (windows)
+  r.warnings = (r.warnings ?? []).filter((w) => !w.startsWith("scores are not sent"));
+  state.view = null;
+  state.long = { response: r, request: body, window: null };
+  clicksWired = false; // the atlas replaces the heatmap's click handler
+  if (body.thumbnail_size) state.thumbs = r.thumbnails ? decodeTensor(r.thumbnails) ?? null : null;
+  $("heatmap-title").textContent = `layer ${state.layer}, head ${state.head} · ${r.tokens.length.toLocaleString("en")} tokens`
+    + ` · β = ${fmt(lab.shownBeta())}${lab.viewBeta() ? " (view: windows and rows)" : ""}`;
+  showBetaScope();
+  await drawAtlas($("heatmap"), r, { layer: state.layer, head: state.head, beta: atlasBeta(), onWindow: showWindow });
+  heatmapShown("attnlab:atlas-overview", { long: true });
+  showTruncation(r);
+  requestAnimationFrame(() => setTimeout(() => { if (state.long?.response === r) renderLongDetails(); }, 0));
+}
+
+// View-mode β of the shown head on a long input, for the server's windows and rows (null: the run's own).
+const atlasBeta = () => (lab.viewBeta() ? lab.shownBeta() : null);
+
+// The head view of the zoomed window (exact P over its keys), or a note while the overview is shown.
+function showWindow(w) {
+  if (!state.long) return;
+  state.long.window = w;
+  const box = $("headview");
+  if (!w) {
+    box.replaceChildren(Object.assign(document.createElement("p"), { className: "help",
+      textContent: `${state.long.response.tokens.length.toLocaleString("en")} tokens: zoom into the heatmap (a window of at most 160 tokens a side) to see that window's head view.` }));
+    box.dataset.window = "";
+    return;
+  }
+  const tokens = state.long.response.tokens;
+  const keys = tokens.slice(w.cols[0], w.cols[1]), queries = tokens.slice(w.rows[0], w.rows[1]);
+  const masked = new Set([...lab.lab.masks.tokens].filter((j) => j >= w.cols[0] && j < w.cols[1]).map((j) => j - w.cols[0]));
+  // Rows are normalised over all T keys, so a window's P is small (much of it goes to sinks outside the window):
+  // the lines are drawn relative to the window's largest P, and the note says so.
+  const top = Math.max(1e-12, maxAbs(w.P));
+  drawHeadView(box, w.P.map((row) => row.map((p) => p / top)), keys.map((t, j) => `${w.cols[0] + j}:${t}`), {
+    masked, onToggleKey: (j) => lab.toggleMask(w.cols[0] + j), queryTokens: queries.map((t, i) => `${w.rows[0] + i}:${t}`),
+  });
+  if (box.querySelector("svg")) {
+    box.prepend(Object.assign(document.createElement("p"), { className: "help",
+      textContent: `window: queries ${w.rows[0]}–${w.rows[1] - 1} → keys ${w.cols[0]}–${w.cols[1] - 1}; line weight ∝ P / ${fmt(top, 3)} (the window's largest P; each row sums to 1 over all ${tokens.length.toLocaleString("en")} keys)` }));
+  }
+  box.dataset.window = JSON.stringify({ rows: w.rows, cols: w.cols });
+}
+
+function renderLongDetails() {
+  const { response: r, request: body } = state.long;
+  document.querySelectorAll(".stale").forEach((el) => el.classList.remove("stale"));
+  renderTokens();
+  renderModelView(r);
+  lab.render(r, body, derived(r));
+  if (r.effect) drawDiff($("diff-heatmap"), null, { empty: "P̂ − P needs both runs' maps: not drawn for inputs over full_map_tokens (the effect's other panels are)" });
+  if (!state.long.window) showWindow(null);
+  Plotly.react($("entropy-plot"), [], {
+    margin: { l: 40, r: 10, t: 10, b: 30 }, xaxis: { visible: false }, yaxis: { visible: false },
+    annotations: [{ text: "row entropy per query needs all of P: at long inputs see each head's mean entropy in the head summaries", showarrow: false, font: { color: "#667085" } }],
+  }, PLOT);
+  drawReceived(r);
+  if (isLM() && r.output?.kind === "next_token") { // the prediction and the continuation work at any length
+    renderPositions(r.tokens);
+    drawNextToken(r, r.tokens);
+    continuation.followChanges();
   }
 }
 
@@ -133,6 +263,9 @@ function emptyInput() {
   $("truncation-note").hidden = true;
   setStatus("nothing to run: the sentence is empty", { error: true });
   state.view = null;
+  state.long = null;
+  hideAtlas();
+  $("received-panel").hidden = true;
   clearTimeout(settleTimer);
   if (window.Plotly) Plotly.purge($("heatmap"));
   clicksWired = false; // purge dropped the figure's click handler
@@ -199,6 +332,7 @@ function shownAttention() {
 let settleTimer = null;
 // onSettle: what to do once input settles instead of drawing the details (a partial load: the full load).
 function showHead({ settle = 0, onSettle = null } = {}) {
+  if (state.long) { showLongBeta(settle); return; }
   const v = state.view;
   if (!v) return;
   const P = shownAttention();
@@ -237,6 +371,19 @@ function showHead({ settle = 0, onSettle = null } = {}) {
   // A new view: let the browser paint the heatmap first (a frame), then build the other panels.
   if (settle > 0) settleTimer = setTimeout(details, settle);
   else requestAnimationFrame(() => { settleTimer = setTimeout(details, 0); });
+}
+
+// View-mode β on a long input: once the slider settles, the server re-normalises the shown window and row.
+let longBetaTimer = null;
+function showLongBeta(settle) {
+  clearTimeout(longBetaTimer);
+  const r = state.long.response;
+  $("heatmap-title").textContent = `layer ${state.layer}, head ${state.head} · ${r.tokens.length.toLocaleString("en")} tokens`
+    + ` · β = ${fmt(lab.shownBeta())}${lab.viewBeta() ? " (view: windows and rows)" : ""}`;
+  showBetaScope();
+  longBetaTimer = setTimeout(() => {
+    if (state.long?.response === r) setAtlasBeta(atlasBeta()).then(() => lab.render(r, state.long.request, derived(r)));
+  }, settle);
 }
 
 // The shown head outside a β layer range: say so beside the heatmap, with a way to the first changed layer.
@@ -308,7 +455,7 @@ function wireHeatmapClicks() {
   clicksWired = true;
   $("heatmap").on("plotly_click", (ev) => {
     const pt = ev.points?.[0];
-    if (pt) selectQuery(pt.pointIndex?.[0] ?? tokenLabels(state.view.queryTokens).indexOf(pt.y));
+    if (pt && state.view) selectQuery(pt.pointIndex?.[0] ?? tokenLabels(state.view.queryTokens).indexOf(pt.y));
   });
 }
 
@@ -317,6 +464,19 @@ function renderDetails() {
   const v = state.view, r = v.response;
   document.querySelectorAll(".stale").forEach((el) => el.classList.remove("stale"));
   renderTokens();
+  renderModelView(r);
+  lab.render(r, v.request, derived(r));
+  renderHeadDetails(shownAttention());
+  drawReceived(r);
+  if (isLM() && r.output) {
+    renderPositions(r.tokens);
+    drawNextToken(r, r.tokens);
+    continuation.followChanges(); // only full views reach here: a drag's partial loads do not
+  }
+  if (isSeq2seq() && r.output) drawTarget(r);
+}
+
+function renderModelView(r) {
   if (state.thumbs) {
     drawModelView($("modelview"), state.thumbs, {
       layer: state.layer, head: state.head, entropy: ofKind(r.entropy), onSelect: selectHead,
@@ -324,14 +484,32 @@ function renderDetails() {
   } else {
     $("modelview").replaceChildren(Object.assign(document.createElement("p"), { className: "help", textContent: "the server sends no thumbnails for this model: use the layer and head selectors or the head summaries" }));
   }
-  lab.render(r, v.request, derived(r));
-  renderHeadDetails(shownAttention());
-  if (isLM() && r.output) {
-    renderPositions();
-    drawNextToken(r, r.tokens);
-    continuation.followChanges(); // only full views reach here: a drag's partial loads do not
-  }
-  if (isSeq2seq() && r.output) drawTarget(r);
+}
+
+// Attention received by each key, received[j] = (1/T) Σ_i P[i, j] of the shown head (§10), over the whole context:
+// keys far above 1/T are "attention sinks". Encoder–decoder responses carry none.
+function drawReceived(r) {
+  const box = $("received-panel");
+  const field = r.received && !isSeq2seq() ? decodeTensor(r.received) : null;
+  box.hidden = !field;
+  if (!field) return;
+  const received = field[0][0], tokens = r.tokens;
+  const x = received.map((_, j) => j), text = tokens.map((t, j) => `${j}:${visibleToken(t)}`);
+  let top = 0;
+  received.forEach((p, j) => { if (p > received[top]) top = j; });
+  const el = $("received-plot");
+  Plotly.react(el, [
+    { type: received.length > 2000 ? "scattergl" : "scatter", mode: "lines", x, y: received, text, name: "received",
+      line: { color: "#3b5bdb", width: 1 }, hovertemplate: "key %{text}<br>received %{y:.4g}<extra></extra>" },
+    { type: "scatter", mode: "lines", x: [0, received.length - 1], y: [1 / received.length, 1 / received.length], name: "1/T (even)",
+      line: { dash: "dot", color: "#999", width: 1 }, hoverinfo: "skip" },
+  ], {
+    margin: { l: 55, r: 10, t: 30, b: 40 }, showlegend: false,
+    title: { text: `layer ${state.layer}, head ${state.head} · most received: key ${text[top]} (${fmt(received[top], 3)})`, font: { size: 12 } },
+    xaxis: { title: { text: "key token" } }, yaxis: { title: { text: "received (log)" }, type: "log", exponentformat: "power" },
+  }, PLOT);
+  el.dataset.top = String(top);
+  el.dataset.n = String(received.length);
 }
 
 // What the lab draws that differs by model: encoder–decoders report TV, entropy and distance per kind.
@@ -367,8 +545,10 @@ function renderHeadDetails(P) {
 
 function renderTokens() {
   const masks = lab.lab.masks.tokens;
-  const square = state.view.tokens === state.view.queryTokens;
-  $("token-strip").replaceChildren(...state.view.tokens.map((tok, i) => {
+  const tokens = state.view?.tokens ?? state.long.response.tokens;
+  const square = state.view ? state.view.tokens === state.view.queryTokens : false;
+  $("token-strip").classList.toggle("scroll", Boolean(state.long)); // thousands of chips: a scrolling box
+  $("token-strip").replaceChildren(...tokens.map((tok, i) => {
     const el = document.createElement("span");
     el.className = "tok" + (masks.has(i) ? " masked" : "") + (square && i === state.query ? " query" : "");
     el.textContent = visibleToken(tok); // a newline token reads "\n", not an empty chip
@@ -385,8 +565,7 @@ function renderTokens() {
 }
 
 // Language models: which query position's next token is shown (the last by default).
-function renderPositions() {
-  const tokens = state.view.response.tokens;
+function renderPositions(tokens) {
   const options = [["", `the last token (${tokens.length - 1})`], ...tokens.map((t, i) => [i, `${i}: ${visibleToken(t)}`])];
   setOptions($("position-select"), options, state.position ?? "");
 }
@@ -395,7 +574,7 @@ function renderPositions() {
 const lab = mountLab({
   run: ({ settle = 0 } = {}) => load({ settle }),
   redraw: ({ settle = 0 } = {}) => showHead({ settle }),
-  labels: () => state.view?.tokens ?? [],
+  labels: () => state.view?.tokens ?? state.long?.response.tokens ?? [],
   selection: () => ({ layer: state.layer, head: state.head, query: state.query, kind: isSeq2seq() ? state.kind : undefined }),
   shape: () => shape(),
   nativeBeta: () => state.info?.native_beta ?? 1,
@@ -406,7 +585,7 @@ const lab = mountLab({
   modelName: () => state.model,
   diff: () => {
     const v = state.view;
-    if (!(v.request.interventions.length > 0 || lab.viewBeta())) return null;
+    if (!v || !(v.request.interventions.length > 0 || lab.viewBeta())) return null;
     const kind = isSeq2seq() ? `${state.kind}, ` : "";
     return { after: shownAttention(), before: v.base, x: tokenLabels(v.tokens), y: tokenLabels(v.queryTokens), where: `${kind}layer ${state.layer}, head ${state.head}` };
   },
@@ -427,7 +606,9 @@ const lab = mountLab({
   },
   builtInCausal: () => (!causalMap() ? null : isLM() ? "this model is a decoder: each token attends only to itself and earlier tokens"
     : "decoder self-attention: each target token attends only to itself and earlier target tokens"),
-  activeExtra: () => (lab.viewBeta() ? [`temperature (view only, in the browser): β = ${fmt(lab.shownBeta())} on the shown head`] : []),
+  activeExtra: () => (!lab.viewBeta() ? [] : state.long
+    ? [`temperature (view only, the windows and rows re-normalised by the server): β = ${fmt(lab.shownBeta())} on the shown head`]
+    : [`temperature (view only, in the browser): β = ${fmt(lab.shownBeta())} on the shown head`]),
 }, { maxSamples: limits.samples ?? 64, pickHint: "click tokens in the strip above or key labels in the head view" });
 
 const continuation = mountContinuation({
@@ -598,6 +779,7 @@ async function init() {
     load();
   });
   $("run-button").addEventListener("click", rerun);
+  $("run-cancel").addEventListener("click", cancelRun);
   for (const id of ["text-input", "pair-input", "target-input"]) { // Ctrl+Enter runs from any text box
     $(id).addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); rerun(); } });
   }

@@ -4,6 +4,7 @@ a zoom loads an exact window with token labels, a clicked query row is drawn ove
 names the head that puts the most attention on a span."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from urllib.parse import quote
 
@@ -16,8 +17,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def long_server():
-    yield from serve_app({"ATTNLAB_FULL_MAP_TOKENS": "64", "ATTNLAB_DEFAULT_MODELS": '["smollm2-135m"]'},
-                         log_name="browser-long-server.log")
+    # request_timeout_s raised: the cost estimate learns the model's speed from its own runs, and on a shared, loaded
+    # 2-core machine a whole-sample first view measured so slow that the next request for the same (cached) run was
+    # refused with 413 (the estimate is made before the cache is consulted)
+    yield from serve_app({"ATTNLAB_FULL_MAP_TOKENS": "64", "ATTNLAB_DEFAULT_MODELS": '["smollm2-135m"]',
+                          "ATTNLAB_REQUEST_TIMEOUT_S": "600"}, log_name="browser-long-server.log")
 
 
 def test_long_sample_overview_zoom_row_and_retrieval(page, page_log, long_server):
@@ -60,4 +64,100 @@ def test_long_sample_overview_zoom_row_and_retrieval(page, page_log, long_server
     assert 0 < best["mass"] <= 1 and best["mass"] == max(max(r) for r in mass)
     screenshot(page, "long-03-row-retrieval")
     page.locator("#atlas-panel").screenshot(path=str(ROOT / "artifacts" / "screenshots" / "long-atlas-panel.png"))
+    assert not page_log.errors, page_log.errors
+
+
+
+
+def _server_cpu_seconds(url: str) -> float:
+    """utime + stime of the uvicorn process serving `url` (this test's own server, found by its port)."""
+    port = url.rsplit(":", 1)[1].encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"uvicorn" in args and port in args:
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            continue
+    raise AssertionError(f"no uvicorn process serves {url}")
+PROGRESS_SHOWN = "() => !document.getElementById('run-progress').hidden && Number(document.getElementById('run-progress').dataset.progress) >= 1"
+
+
+def test_whole_sample_progress_panels_head_view_and_view_beta(page, page_log, long_server):
+    """The whole ~3,000-token sample: layer progress while it runs, then the overview and the panels that work at any
+    length (model view, head summaries, received over the context, next token); a zoomed window's head view; view-mode
+    β re-fetches the shown window at that β (the server re-normalises, no model run)."""
+    sample = (ROOT / "static" / "samples" / "long-sample.txt").read_text()
+    page.goto(f"{long_server}/#m=smollm2-135m&t={quote(sample)}")
+    page.wait_for_function(PROGRESS_SHOWN, timeout=300_000)
+    bar = page.eval_on_selector("#run-progress", "el => ({text: el.textContent, total: Number(el.dataset.total)})")
+    assert bar["total"] == 30 and "of 30" in bar["text"]  # smollm2-135m's 30 layers
+    screenshot(page, "long-04-progress")
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.atlas === 'overview'", timeout=600_000)
+    assert page.is_hidden("#run-progress")
+    n = page.evaluate("() => document.getElementById('heatmap').data[0].z.length")
+    assert n > 8
+    page.wait_for_function("() => document.getElementById('received-plot').dataset.n", timeout=60_000)
+    received = page.eval_on_selector("#received-plot", "el => ({n: Number(el.dataset.n), y: Array.from(el.data[0].y), top: Number(el.dataset.top)})")
+    assert received["n"] > 2500 and abs(sum(received["y"]) - 1) < 1e-3
+    assert received["y"][received["top"]] == max(received["y"])
+    assert page.locator("#modelview canvas").count() == 30 * 9  # every layer × head's thumbnail
+    assert page.eval_on_selector("#summary-entropy", "el => (el.data || []).length") > 0
+    assert page.eval_on_selector("#lm-output", "el => el.dataset.top") != ""
+    assert "full_map_tokens" in page.text_content("#headview") or "zoom" in page.text_content("#headview")
+
+    # a window: exact P with labels, and the head view of that window
+    page.evaluate("""() => Plotly.relayout('heatmap', {'xaxis.range[0]': 2860, 'xaxis.range[1]': 2900,
+                                                      'yaxis.range[0]': 2920, 'yaxis.range[1]': 2880})""")
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.atlas === 'window-labels'", timeout=60_000)
+    before = page.eval_on_selector("#heatmap", "el => el.data[0].z")
+    assert page.eval_on_selector("#headview", "el => JSON.parse(el.dataset.window || 'null')") == {"rows": [2880, 2920], "cols": [2860, 2900]}
+    assert page.locator("#headview svg line").count() > 0
+
+    # view-mode β: the same window, re-normalised by the server at the new β
+    page.select_option("#mode-select", "view")
+    page.evaluate("() => { const s = document.getElementById('beta-slider'); s.value = '0.6'; s.dispatchEvent(new Event('input')); }")
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.beta", timeout=60_000)
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.atlas === 'window-labels'", timeout=60_000)
+    after = page.eval_on_selector("#heatmap", "el => ({z: el.data[0].z, beta: Number(el.dataset.beta), title: el.layout.title.text})")
+    assert len(after["z"]) == len(before) and "view β" in after["title"]
+    assert after["beta"] > 0.125  # 10^0.6 × β₀ (β₀ = 1/8 for head_dim 64)
+    changed = max(abs(a - b) for ra, rb in zip(after["z"], before) for a, b in zip(ra, rb))
+    assert changed > 1e-3, "the window did not change with β"
+    # sharper at a larger β: each row's largest share grows (the causal zeros stay zero)
+    assert sum(max(r) for r in after["z"]) > sum(max(r) for r in before)
+    screenshot(page, "long-05-window-view-beta")
+    page.locator("#heatmap").screenshot(path=str(ROOT / "artifacts" / "screenshots" / "long-window-view-beta.png"))
+    assert not page_log.errors, page_log.errors
+
+
+def test_cancel_stops_a_long_run(page, page_log, long_server):
+    """Cancel while a long first view runs: the fetch is aborted, the page says so, and the server stops the run at its
+    next layer (its log says after how many layers) instead of finishing its 30."""
+    sample = (ROOT / "static" / "samples" / "long-sample.txt").read_text()
+    page.goto(f"{long_server}/#m=smollm2-135m&t={quote(sample[:600])}")
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.atlas === 'overview'", timeout=300_000)
+    page.fill("#text-input", sample[:9000] + " Cancel this one.")  # not cached: a fresh run
+    page.click("#run-button")
+    page.wait_for_function(PROGRESS_SHOWN, timeout=300_000)
+    busy_before = _server_cpu_seconds(long_server)
+    page.wait_for_timeout(1000)
+    busy_rate = _server_cpu_seconds(long_server) - busy_before  # CPU seconds per second while the run works
+    shown = page.eval_on_selector("#run-progress", "el => Number(el.dataset.progress)")
+    assert shown < 25, f"the run was nearly done ({shown} of 30 layers): cancelling it proves little"
+    page.click("#run-cancel")
+    page.wait_for_function("() => document.getElementById('status').textContent.startsWith('cancelled')", timeout=10_000)
+    assert "of 30" in page.text_content("#status")
+    assert page.is_hidden("#run-progress")
+    assert page.eval_on_selector("#heatmap", "el => el.dataset.atlas") == "overview"  # the previous input stays
+    page.wait_for_timeout(1500)  # the layer in progress ends; the next layer's check stops the run
+    after = _server_cpu_seconds(long_server)
+    page.wait_for_timeout(3000)
+    spent = _server_cpu_seconds(long_server) - after
+    print(f"\nrunning: {busy_rate:.2f} CPU-s/s; in the 3 s after Cancel (+1.5 s): {spent:.2f} CPU-s")
+    assert busy_rate > 0.3, "the run was not working: the test proves nothing"
+    assert spent < 0.25 * busy_rate * 3, (spent, busy_rate)  # it would have kept working for seconds more
     assert not page_log.errors, page_log.errors

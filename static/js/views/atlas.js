@@ -3,8 +3,10 @@
 // (POST /api/runs/{run_id}/window) and draws it with token labels once it is narrow enough to read; a click on a
 // query row draws that row over the whole context for the head or for every head of the layer; the retrieval
 // view shows, per layer × head, the attention mass that row puts on a span of keys (POST /api/runs/{id}/row).
+// View-mode β applies to the window, the row and the retrieval view (the server re-normalises from q̂ k̂ᵀ at that β,
+// no model run); the overview stays at the run's own β.
 
-import { postJSON, setStatus } from "../api.js";
+import { isAbort, postJSON, setStatus } from "../api.js";
 import { visibleToken } from "../dom.js";
 import { decodeTensor, fmt } from "../mathx.js";
 import { loadPlotly } from "../vendor.js";
@@ -12,7 +14,7 @@ import { loadPlotly } from "../vendor.js";
 const LABEL_MAX = 80; // token labels on an axis once a window is at most this many tokens wide
 const MAX_CELLS = 262_144; // the server's default max_window_cells: larger boxes show the overview instead
 
-let current = null; // {el, r, layer, head, tokens, beta, panel}
+let current = null; // {el, r, layer, head, tokens, beta, row, onWindow}
 
 // The atlas panel (row plot, retrieval controls) under the heatmap, made once.
 function panel(el) {
@@ -25,47 +27,72 @@ function panel(el) {
     <div class="fig-tools"><label class="help">row of <select id="atlas-row-scope" aria-label="row scope">
       <option value="head">this head</option><option value="layer">all heads of this layer</option></select></label>
       <span class="help" id="atlas-row-title">click a query row of the map</span></div>
-    <div id="atlas-row" class="plot" style="height:220px"></div>
+    <div id="atlas-row" class="plot" style="height:220px" hidden></div>
     <div class="fig-tools"><span class="help">retrieval: keys</span>
       <input id="atlas-span-from" type="number" min="0" value="0" style="width:6em" aria-label="span start">
       <span class="help">to</span><input id="atlas-span-to" type="number" min="1" value="16" style="width:6em" aria-label="span end">
       <span class="help">from query row</span><input id="atlas-span-row" type="number" min="0" style="width:6em" aria-label="query row">
       <button id="atlas-span-go" type="button">attention mass per head</button></div>
-    <div id="atlas-retrieval" class="plot" style="height:320px"></div>`;
+    <div id="atlas-retrieval" class="plot" style="height:320px" hidden></div>`;
   el.after(box);
   box.querySelector("#atlas-span-go").addEventListener("click", () => retrieval());
   box.querySelector("#atlas-row-scope").addEventListener("change", () => current?.row !== undefined && drawRow(current.row));
   return box;
 }
 
-// A long response for one layer and head (request layers [layer], heads [head]).
-export async function drawAtlas(el, r, { layer, head, beta = null }) {
+// A long response for one layer and head (request layers [layer], heads [head]). beta: view-mode β or null (the
+// run's own). onWindow({P, rows, cols}) hears each exact window drawn, and null when the overview is shown again.
+// The same run drawn again (another head, β mode, the full load after a partial one) keeps the zoomed window.
+export async function drawAtlas(el, r, { layer, head, beta = null, onWindow = null }) {
   const Plotly = await loadPlotly();
   const tokens = r.tokens;
-  current = { el, r, layer, head, tokens, beta, row: undefined };
+  const same = current?.r.run_id === r.run_id;
+  const kept = same && el.dataset.window ? JSON.parse(el.dataset.window) : null;
+  const row = same ? current.row : undefined;
+  current = { el, r, layer, head, tokens, beta, row: undefined, onWindow };
   const box = panel(el);
   box.hidden = false;
   box.querySelector("#atlas-note").textContent = `${tokens.length.toLocaleString("en")} tokens, over full_map_tokens = `
     + `${r.full_map_tokens}: the map shows blocks of P's mean (the overview). Drag a box or scroll to zoom: exact `
     + `windows load from the server; double-click returns to the overview.`;
   const spanRow = box.querySelector("#atlas-span-row");
-  if (!spanRow.value) spanRow.value = String(tokens.length - 1);
-  drawOverview(Plotly);
+  if (!spanRow.value || !same) spanRow.value = String(tokens.length - 1); // a new input: its last token asks
+  if (!same) { // another input's row and retrieval plots are hidden until asked again
+    for (const id of ["atlas-row", "atlas-retrieval"]) document.getElementById(id).hidden = true;
+    box.querySelector("#atlas-row-title").textContent = "click a query row of the map";
+  }
   el.removeAllListeners?.("plotly_relayout");
+  el.removeAllListeners?.("plotly_click");
+  drawOverview(Plotly);
   el.on("plotly_relayout", (ev) => onZoom(ev));
   el.on("plotly_click", (ev) => { const p = ev.points?.[0]; if (p) drawRow(Math.floor(p.y)); });
+  if (kept) await drawWindow(kept.rows, kept.cols);
+  if (row !== undefined && current) await drawRow(row);
 }
 
 export const atlasShown = () => current !== null;
 
+// The page's map mode, as the response carried it: value-weighted windows, rows and retrieval follow the overview.
+const weighting = (r) => r.weighting ?? "attention";
+const weightingNote = (r) => (weighting(r) === "value_norm" ? " · value-weighted ‖P·v W_O‖" : "");
+
 export function hideAtlas() {
   const box = document.getElementById("atlas-panel");
   if (box) box.hidden = true;
+  if (current) { delete current.el.dataset.atlas; delete current.el.dataset.window; }
   current = null;
 }
 
+// A window or row request that failed: an aborted one was replaced by a newer one; an evicted run says so.
+function failed(err, what) {
+  if (isAbort(err)) return;
+  const gone = err.status === 404 ? ": the run was evicted from the server's cache, press Run again" : "";
+  setStatus(`${what}: ${err.message}${gone}`, { error: true });
+}
+
 function drawOverview(Plotly = window.Plotly) {
-  const { el, r, layer, head } = current;
+  const { el, r, layer, head, onWindow } = current;
+  zoomSeq += 1; // a window still on its way no longer replaces the overview
   const maps = decodeTensor(r.overview.maps)[0][0]; // (B, B)
   const rows = r.overview.edges, cols = r.overview.col_edges ?? rows;
   const mid = (e) => e.slice(0, -1).map((v, i) => (v + e[i + 1]) / 2);
@@ -74,12 +101,14 @@ function drawOverview(Plotly = window.Plotly) {
     hovertemplate: "queries ≈ %{y:.0f} · keys ≈ %{x:.0f}<br>mean P %{z:.3g}<extra></extra>",
   };
   Plotly.react(el, [trace], {
-    title: { text: `overview · layer ${layer}, head ${head}`, font: { size: 13 } },
+    title: { text: `overview · layer ${layer}, head ${head}${current.beta ? " · at the run's β (zoom for view β)" : ""}${weightingNote(r)}`, font: { size: 13 } },
     margin: { l: 60, r: 10, t: 30, b: 40 },
     xaxis: { title: "key token", range: [0, cols.at(-1)] }, yaxis: { title: "query token", autorange: "reversed" },
     dragmode: "zoom",
   }, { scrollZoom: true, responsive: true });
   el.dataset.atlas = "overview";
+  delete el.dataset.window;
+  onWindow?.(null);
 }
 
 let zoomSeq = 0;
@@ -101,9 +130,12 @@ export async function drawWindow(rows, cols) {
   const seq = ++zoomSeq;
   const { el, r, layer, head, tokens, beta } = current;
   setStatus(`window ${rows[0]}–${rows[1]} × ${cols[0]}–${cols[1]}…`);
-  const w = await postJSON(`/api/runs/${r.run_id}/window`, { layer, head, rows, cols, beta, encoding: "f32" },
-    { channel: "atlas-window" });
-  if (seq !== zoomSeq || !current) return;
+  let w;
+  try {
+    w = await postJSON(`/api/runs/${r.run_id}/window`, { layer, head, rows, cols, beta, weighting: weighting(r), encoding: "f32" },
+      { channel: "atlas-window" });
+  } catch (err) { failed(err, "window"); return; }
+  if (seq !== zoomSeq || current?.r !== r) return;
   const z = decodeTensor(w.attention);
   const xs = Array.from({ length: cols[1] - cols[0] }, (_, i) => cols[0] + i);
   const ys = Array.from({ length: rows[1] - rows[0] }, (_, i) => rows[0] + i);
@@ -118,21 +150,26 @@ export async function drawWindow(rows, cols) {
     ? { title, tickmode: "array", tickvals: idx, ticktext: idx.map(label), tickfont: { size: 9 } }
     : { title };
   await window.Plotly.react(el, [trace], {
-    title: { text: `window · layer ${layer}, head ${head}${beta ? ` · view β = ${fmt(beta)}` : ""}`, font: { size: 13 } },
+    title: { text: `window · layer ${layer}, head ${head}${beta ? ` · view β = ${fmt(beta)}` : ""}${weightingNote(r)}`, font: { size: 13 } },
     margin: { l: narrow ? 110 : 60, r: 10, t: 30, b: narrow ? 110 : 40 },
     xaxis: axis(xs, "key token"), yaxis: { ...axis(ys, "query token"), autorange: "reversed" }, dragmode: "zoom",
   }, { scrollZoom: true, responsive: true });
   el.dataset.atlas = narrow ? "window-labels" : "window";
   el.dataset.window = JSON.stringify({ rows, cols });
-  setStatus(`window ${rows[0]}–${rows[1]} × ${cols[0]}–${cols[1]} (exact)`);
+  el.dataset.beta = beta === null ? "" : String(beta);
+  setStatus(`window ${rows[0]}–${rows[1]} × ${cols[0]}–${cols[1]} (exact${beta ? `, view β = ${fmt(beta)}` : ""})`);
+  if (current?.r === r) current.onWindow?.({ P: z, rows, cols });
 }
 
-// View-mode β on a long input: the shown window re-normalised by the server at that β (no model run).
+// View-mode β on a long input (null: the run's own): the shown window and row re-normalised by the server at
+// that β (no model run). Over the overview only its title changes.
 export async function setAtlasBeta(beta) {
-  if (!current) return;
+  if (!current || current.beta === beta) return;
   current.beta = beta;
   const w = current.el.dataset.window ? JSON.parse(current.el.dataset.window) : null;
   if (w) await drawWindow(w.rows, w.cols);
+  else drawOverview();
+  if (current?.row !== undefined) await drawRow(current.row);
 }
 
 async function drawRow(i) {
@@ -140,8 +177,12 @@ async function drawRow(i) {
   current.row = i;
   const { r, layer, head, tokens, beta } = current;
   const scope = document.getElementById("atlas-row-scope").value;
-  const body = { row: i, layers: [layer], heads: scope === "layer" ? null : [head], beta, encoding: "f32" };
-  const out = await postJSON(`/api/runs/${r.run_id}/row`, body, { channel: "atlas-row" });
+  const body = { row: i, layers: [layer], heads: scope === "layer" ? null : [head], beta, weighting: weighting(r), encoding: "f32" };
+  let out;
+  try {
+    out = await postJSON(`/api/runs/${r.run_id}/row`, body, { channel: "atlas-row" });
+  } catch (err) { failed(err, "row"); return; }
+  if (current?.r !== r) return;
   const rows = decodeTensor(out.attention)[0]; // (h, T)
   const x = tokens.map((_, j) => j);
   const text = tokens.map((t, j) => `${j}:${visibleToken(t)}`);
@@ -149,8 +190,10 @@ async function drawRow(i) {
     type: "scattergl", mode: "lines", x, y: p, text, name: `head ${out.heads[k]}`,
     hovertemplate: "key %{text}<br>P %{y:.4g}<extra>%{fullData.name}</extra>",
   }));
-  document.getElementById("atlas-row-title").textContent = `query ${i}:${visibleToken(tokens[i])} over all ${tokens.length} keys`;
+  document.getElementById("atlas-row-title").textContent = `query ${i}:${visibleToken(tokens[i])} over all ${tokens.length} keys`
+    + (beta ? ` · view β = ${fmt(beta)}` : "");
   document.getElementById("atlas-span-row").value = String(i);
+  document.getElementById("atlas-row").hidden = false;
   await window.Plotly.react("atlas-row", traces, {
     margin: { l: 50, r: 10, t: 10, b: 40 }, xaxis: { title: "key token" }, yaxis: { title: "P" }, showlegend: rows.length > 1,
   }, { responsive: true });
@@ -164,11 +207,15 @@ async function retrieval() {
   const row = Math.min(n - 1, Math.max(0, get("atlas-span-row")));
   const from = Math.min(n - 1, Math.max(0, get("atlas-span-from")));
   const to = Math.min(n, Math.max(from + 1, get("atlas-span-to")));
-  const out = await postJSON(`/api/runs/${r.run_id}/row`, { row, span: [from, to], include_row: false, beta },
-    { channel: "atlas-retrieval" });
+  let out;
+  try {
+    out = await postJSON(`/api/runs/${r.run_id}/row`, { row, span: [from, to], include_row: false, beta, weighting: weighting(r) },
+      { channel: "atlas-retrieval" });
+  } catch (err) { failed(err, "retrieval"); return; }
   const mass = out.span_mass; // (L, H)
   const best = mass.flatMap((hs, l) => hs.map((m, h) => [m, l, h])).sort((a, b) => b[0] - a[0])[0];
   const el = document.getElementById("atlas-retrieval");
+  el.hidden = false;
   await window.Plotly.react(el, [{
     type: "heatmap", z: mass, colorscale: "Viridis", zmin: 0,
     hovertemplate: "layer %{y}, head %{x}<br>mass on keys " + `${from}–${to - 1}: ` + "%{z:.3g}<extra></extra>",

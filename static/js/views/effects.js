@@ -25,6 +25,11 @@ export function drawEffect({ outputEl, hiddenEl, tvEl, warningsEl }, response, {
     margin: { l: 70, r: 10, t: 30, b: 35 }, yaxis: { range: cosineRange(hc, effect.hidden_cosine_std) },
   }, CONFIG);
   tv ??= effect.attention_tv_all || effect.attention_tv;
+  if (!tv) { // a long input's runs keep no maps: no TV (docs/science.md §10)
+    Plotly.react(tvEl, [], { ...emptyLayout("attention change (TV) per layer × head"),
+      annotations: [{ text: "not computed for inputs over full_map_tokens", showarrow: false, font: { color: "#667085" } }] }, CONFIG);
+    return;
+  }
   Plotly.react(tvEl, [{
     type: "heatmap", z: tv, colorscale: "Reds", zmin: 0, zmax: Math.max(1e-6, ...tv.flat()),
     hovertemplate: "layer %{y}, head %{x}<br>TV = %{z:.4f}<extra></extra>", colorbar: { thickness: 10 },

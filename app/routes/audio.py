@@ -1,10 +1,11 @@
 """Speech: uploads (POST /api/audio), the log-mel the model sees and the clip for playback, Whisper's attention with
 interventions (POST /api/audio/attention), the streamed greedy transcript, and the page (/audio).
 
-Uploads are size-checked before and while the body is read (max_audio_bytes), decoded in the thread pool by
-models/audio.py (containers by magic number, codec allowlist, channel and sample-rate limits, the duration counted
-while decoding: a decoder bomb stops at max_audio_s), and kept by app/audiostore.py (memory, plus Redis when
-redis_url is set). Ids are random (app/ids.py).
+Uploads are size-checked before and while the body is read (max_audio_bytes; the images' guard, read_upload in
+app/routes/images.py), decoded in the thread pool by models/audio.py (containers by magic number, codec allowlist,
+channel and sample-rate limits, the duration counted while decoding: a decoder bomb stops at max_audio_s), and kept
+by app/audiostore.py (the upload store of app/imagestore.py: memory, plus Redis when redis_url is set). Ids are
+random (app/ids.py).
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import Field
-from starlette.datastructures import UploadFile
 
 from app.attention import _check_indices, check_request_limits, fast_json, field_error
 from app.audiostore import AudioStore, audio_limits, get_audio_store
@@ -31,7 +31,7 @@ from app.encoding import tensor_field
 from app.ids import ID_PATTERN, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.lifecycle import check_cancelled
-from app.routes.images import MULTIPART_SLACK, decode_gate
+from app.routes.images import _error, _too_large, decode_gate, read_upload
 from app.runtime import Runtime, UnknownModel
 from app.schemas import IndexList, Interventions, _Strict, to_engine
 from app.templating import templates
@@ -52,15 +52,6 @@ DEFAULT_MODEL = "whisper-tiny-en"
 
 def _sample_path(runtime: Runtime) -> Path:
     return ROOT / runtime.settings.weights_dir / "samples" / "speech-sample.wav"
-
-
-def _error(status: int, message: str, field: str = "file") -> JSONResponse:
-    return JSONResponse({"detail": [{"loc": ["body", field], "msg": message, "type": "value_error"}]}, status_code=status)
-
-
-def _too_large(limit: int, detail: str | None = None) -> JSONResponse:
-    return JSONResponse({"detail": detail or f"file: the upload is larger than the limit of {limit:,} bytes (max_audio_bytes)"},
-                        status_code=413, headers={"Connection": "close"})
 
 
 def _describe(audio_id: str, audio: DecodedAudio) -> dict[str, Any]:
@@ -90,33 +81,11 @@ async def upload_audio(request: Request, store: AudioStoreDep) -> JSONResponse:
     duration, the file's own sample rate and channels, and its container."""
     settings = request.app.state.runtime.settings
     limit = settings.max_audio_bytes
-    content_type = request.headers.get("content-type", "")
-    if not content_type.lower().startswith("multipart/form-data"):
-        return _error(415, f"send multipart/form-data with the clip in the field 'file' (got {content_type or 'no content type'!r})")
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            return _error(400, "invalid Content-Length header", "content-length")
-        if int(declared) > limit + MULTIPART_SLACK:
-            return _too_large(limit)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit + MULTIPART_SLACK:
-            return _too_large(limit)
-    request._body = bytes(body)
-    form = await request.form(max_files=1, max_fields=8)
-    try:
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            return _error(422, "missing the multipart field 'file' holding the audio")
-        data = await upload.read()
-    finally:
-        await form.close()
+    data = await read_upload(request, limit, "max_audio_bytes", "audio", store)
+    if isinstance(data, JSONResponse):
+        return data
     if not data:
         return _error(400, "the file is empty")
-    if len(data) > limit:
-        return _too_large(limit)
     gate = decode_gate(request.app)
     if not await gate.acquire():
         return JSONResponse({"detail": f"server busy: {gate.limit} decodes already running (max_concurrent_decodes)"},

@@ -96,15 +96,51 @@ def decode_gate(app) -> DecodeGate:
     return gate
 
 
-def _too_large(limit: int, detail: str | None = None) -> JSONResponse:
+def _too_large(limit: int, detail: str | None = None, setting: str = "max_upload_bytes") -> JSONResponse:
     return JSONResponse(
-        {"detail": detail or f"file: the upload is larger than the limit of {limit:,} bytes (max_upload_bytes)"},
+        {"detail": detail or f"file: the upload is larger than the limit of {limit:,} bytes ({setting})"},
         status_code=413, headers={"Connection": "close"},
     )
 
 
 def _error(status: int, message: str, field: str = "file") -> JSONResponse:
     return JSONResponse({"detail": [{"loc": ["body", field], "msg": message, "type": "value_error"}]}, status_code=status)
+
+
+async def read_upload(request: Request, limit: int, setting: str, what: str, store=None) -> bytes | JSONResponse:
+    """The bytes of an upload's multipart field `file` (the image and speech uploads), or the refusal to answer:
+    415 not multipart; 400 a bad Content-Length; 413 over `limit` (the setting named), before the body is read when
+    Content-Length says so, else counted as it comes (chunked uploads have none), and over the shared store's
+    per-item limit; 422 no `file` field holding `what`."""
+    content_type = request.headers.get("content-type", "")
+    if not content_type.lower().startswith("multipart/form-data"):
+        return _error(415, f"send multipart/form-data with the {what} in the field 'file' (got {content_type or 'no content type'!r})")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            return _error(400, "invalid Content-Length header", "content-length")
+        if int(declared) > limit + MULTIPART_SLACK:
+            return _too_large(limit, setting=setting)  # refused before a byte of the body is read
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit + MULTIPART_SLACK:
+            return _too_large(limit, setting=setting)
+    request._body = bytes(body)  # Starlette's form parser reads the cached body instead of the (consumed) stream
+    form = await request.form(max_files=1, max_fields=8)
+    try:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            return _error(422, f"missing the multipart field 'file' holding the {what}")
+        data = await upload.read()
+    finally:
+        await form.close()
+    if len(data) > limit:
+        return _too_large(limit, setting=setting)
+    if store is not None and store.max_item_bytes is not None and len(data) > store.max_item_bytes:
+        return _too_large(store.max_item_bytes, f"file: the upload is larger than the shared store's limit of "
+                                                f"{store.max_item_bytes:,} bytes per item (redis_max_item_bytes)")
+    return data
 
 
 UPLOAD_OPENAPI = {
@@ -139,34 +175,9 @@ async def upload_image(request: Request, store: ImageStoreDep) -> JSONResponse:
     At most max_concurrent_decodes decode at once; one that waits longer than decode_wait_s gets 503."""
     settings = request.app.state.runtime.settings
     limit = settings.max_upload_bytes
-    content_type = request.headers.get("content-type", "")
-    if not content_type.lower().startswith("multipart/form-data"):
-        return _error(415, f"send multipart/form-data with the image in the field 'file' (got {content_type or 'no content type'!r})")
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            return _error(400, "invalid Content-Length header", "content-length")
-        if int(declared) > limit + MULTIPART_SLACK:
-            return _too_large(limit)  # refused before a byte of the body is read
-    body = bytearray()
-    async for chunk in request.stream():  # chunked uploads have no Content-Length: count as they come
-        body += chunk
-        if len(body) > limit + MULTIPART_SLACK:
-            return _too_large(limit)
-    request._body = bytes(body)  # Starlette's form parser reads the cached body instead of the (consumed) stream
-    form = await request.form(max_files=1, max_fields=8)
-    try:
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            return _error(422, "missing the multipart field 'file' holding the image")
-        data = await upload.read()
-    finally:
-        await form.close()
-    if len(data) > limit:
-        return _too_large(limit)
-    if store.max_item_bytes is not None and len(data) > store.max_item_bytes:
-        return _too_large(store.max_item_bytes, f"file: the upload is larger than the shared image store's limit of "
-                                                f"{store.max_item_bytes:,} bytes per image (redis_max_item_bytes)")
+    data = await read_upload(request, limit, "max_upload_bytes", "image", store)
+    if isinstance(data, JSONResponse):
+        return data
     gate = decode_gate(request.app)
     if not await gate.acquire():
         return JSONResponse(

@@ -2,8 +2,6 @@
 /api/text/attention, on tiny random models added the way an operator adds them; 4xx naming the field."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -11,6 +9,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
+from tests.api.helpers import sse_events, tiny_models_client
 from tests.tiny_models import build_text_model
 
 CLEAN, CORRUPT = "the cat sat on the mat", "the dog ran on the rug"
@@ -19,22 +18,10 @@ PATCH = {"model": "tiny-llama", "clean": CLEAN, "corrupt": CORRUPT, "answer": "t
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    settings = Settings(
-        # patching_batch_tokens: 3 copies of the 8-token prompts per batch, so a scan has several batches
-        default_models=["tiny-llama"], max_response_numbers=200_000, patching_batch_tokens=24,
-        extra_models={
-            "tiny-llama": str(build_text_model("llama", tmp_path_factory.mktemp("llama"))),
-            "tiny-bert": str(build_text_model("bert", tmp_path_factory.mktemp("bert"))),
-            "tiny-bart": str(build_text_model("bart", tmp_path_factory.mktemp("bart"))),
-        },
-    )
-    with TestClient(create_app(settings)) as c:
-        c.app.state.runtime.warm_up()
+    # patching_batch_tokens: 3 copies of the 8-token prompts per batch, so a scan has several batches
+    with tiny_models_client(tmp_path_factory, {"tiny-llama": "llama", "tiny-bert": "bert", "tiny-bart": "bart"},
+                            default_models=["tiny-llama"], max_response_numbers=200_000, patching_batch_tokens=24) as c:
         yield c
-
-
-def _events(response) -> list[dict]:
-    return [json.loads(line[len("data: "):]) for line in response.text.split("\n") if line.startswith("data: ")]
 
 
 def _loc(response) -> list:
@@ -62,7 +49,7 @@ def test_streamed_scan_reports_progress_then_the_same_result(client):
     plain = client.post("/api/text/patching", json={**PATCH, "scan": "residual"}).json()
     r = client.post("/api/text/patching", json={**PATCH, "scan": "residual"}, headers={"Accept": "text/event-stream"})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-    events = _events(r)
+    events = sse_events(r)
     progress = [e["progress"] for e in events if "progress" in e]
     assert progress == sorted(progress) and len(progress) >= 3 and progress[-1] == events[0]["total"]
     assert events[-1]["done"] is True

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
+from tests.api.helpers import sse_events, tiny_models_client
 from tests.tiny_models import build_text_model
 
 TEXT = "the cat sat on the mat because it was tired"
@@ -17,21 +18,9 @@ TEXT = "the cat sat on the mat because it was tired"
 
 @pytest.fixture(scope="module")
 def lm_client(tmp_path_factory):
-    settings = Settings(
-        default_models=["tiny-llama"], max_new_tokens=12, max_response_numbers=200_000,
-        extra_models={
-            "tiny-llama": str(build_text_model("llama", tmp_path_factory.mktemp("llama"))),
-            "tiny-bart": str(build_text_model("bart", tmp_path_factory.mktemp("bart"))),
-            "tiny-t5": str(build_text_model("t5", tmp_path_factory.mktemp("t5"))),
-        },
-    )
-    with TestClient(create_app(settings)) as client:
-        client.app.state.runtime.warm_up()
+    with tiny_models_client(tmp_path_factory, {"tiny-llama": "llama", "tiny-bart": "bart", "tiny-t5": "t5"},
+                            default_models=["tiny-llama"], max_new_tokens=12, max_response_numbers=200_000) as client:
         yield client
-
-
-def _events(response) -> list[dict]:
-    return [json.loads(line[len("data: "):]) for line in response.text.split("\n") if line.startswith("data: ")]
 
 
 def test_models_list_the_language_models_with_kv_heads_and_parity(lm_client):
@@ -92,7 +81,7 @@ def test_generate_streams_both_continuations(lm_client):
             "interventions": [{"op": "perturb_keys", "noise_std": 20.0, "seed": 3}]}
     response = lm_client.post("/api/text/generate", json=body)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
-    events = _events(response)
+    events = sse_events(response)
     steps, done = events[:-1], events[-1]
     assert done["done"] is True and 1 <= len(steps) <= 6
     assert [e["step"] for e in steps] == list(range(len(steps)))

@@ -1,0 +1,28 @@
+"""Helpers shared by the API tests: an app serving tiny random models added the way an operator adds them, and the
+events of a server-sent-events answer."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+from tests.tiny_models import build_text_model
+
+
+@contextmanager
+def tiny_models_client(tmp_path_factory, families: dict[str, str], **settings) -> Iterator[TestClient]:
+    """A client of an app serving {model id: family of tests/tiny_models.py} as extra models, warmed up (so tests
+    do not race the background warm-up); `settings` are the rest of its Settings."""
+    models = {name: str(build_text_model(family, tmp_path_factory.mktemp(family))) for name, family in families.items()}
+    with TestClient(create_app(Settings(extra_models=models, **settings))) as client:
+        client.app.state.runtime.warm_up()
+        yield client
+
+
+def sse_events(response) -> list[dict]:
+    """The JSON payloads of a server-sent-events answer, in order."""
+    return [json.loads(line[len("data:"):]) for line in response.text.splitlines() if line.startswith("data:")]

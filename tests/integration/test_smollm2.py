@@ -4,32 +4,20 @@ generation that stops when its client leaves."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
 from models.interventions import Intervention
+from tests.integration.helpers import cpu_after_leaving, real_server, smollm2_adapter
 
-ROOT = Path(__file__).resolve().parents[2]
-WEIGHTS = ROOT / "weights" / "smollm2-135m"
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
 def lm():
-    if not (WEIGHTS / "prepared.json").is_file():
-        pytest.fail("weights/smollm2-135m is missing: run `make weights`")
-    from models.adapters.causal_lm import CausalLMAdapter
-
-    return CausalLMAdapter("smollm2-135m", str(WEIGHTS), device="cpu")
+    return smollm2_adapter()
 
 
 def test_paris_is_the_top_prediction(lm):
@@ -72,43 +60,10 @@ def test_plain_continuation_equals_generate_and_chat_answers(lm):
     assert "Paris" in lm.decode(ours)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 def test_generation_stops_when_the_client_disconnects():
     """A real server: read two events of a 64-token generation, close the connection, and the process goes
     idle (without the stop it would compute ~60 more steps of two continuations)."""
-    port = _free_port()
-    env = {**os.environ, "ATTNLAB_DEFAULT_MODELS": '["smollm2-135m"]'}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT, env=env,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/api/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail("server not ready in 120 s")
-        for _ in range(30):  # start-up work (e.g. the example's first view) may still run after ready: wait it out
-            used = _cpu_seconds(server.pid)
-            time.sleep(1.0)
-            if _cpu_seconds(server.pid) - used < 0.05:
-                break
+    with real_server({"ATTNLAB_DEFAULT_MODELS": '["smollm2-135m"]'}, ready_s=120) as (base, server):
         body = {"model": "smollm2-135m", "text": "Once upon a time", "max_new_tokens": 64}
         with httpx.stream("POST", f"{base}/api/text/generate", json=body, timeout=60) as response:
             assert response.status_code == 200
@@ -119,15 +74,6 @@ def test_generation_stops_when_the_client_disconnects():
                     events += 1
                     if events == 2:
                         break
-        time.sleep(1.5)  # the step in progress finishes
-        used_before = _cpu_seconds(server.pid)
-        time.sleep(3.0)
-        idle_cpu = _cpu_seconds(server.pid) - used_before
+        idle_cpu = cpu_after_leaving(server.pid, settle_s=1.5)  # the step in progress finishes first
         assert idle_cpu < 0.5, f"the server kept working after the client left ({idle_cpu:.2f} CPU s in 3 s)"
         assert httpx.get(f"{base}/api/health", timeout=5).status_code == 200
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()

@@ -2,26 +2,22 @@
 (docs/science.md "Beyond attention weights"): France/Paris against Italy/Rome."""
 from __future__ import annotations
 
-from pathlib import Path
+import json
 
+import httpx
 import pytest
 import torch
 
 from models.interventions import Intervention
 from models.patching import Pair, attribution_scan, baseline, head_scan, last_logits, rank_correlation, single_token
+from tests.integration.helpers import cpu_after_leaving, real_server, smollm2_adapter
 
-ROOT = Path(__file__).resolve().parents[2]
-WEIGHTS = ROOT / "weights" / "smollm2-135m"
 CLEAN, CORRUPT = "The capital of France is", "The capital of Italy is"
 
 
 @pytest.fixture(scope="module")
 def lm():
-    if not (WEIGHTS / "prepared.json").is_file():
-        pytest.fail("weights/smollm2-135m is missing: run `make weights`")
-    from models.adapters.causal_lm import CausalLMAdapter
-
-    return CausalLMAdapter("smollm2-135m", str(WEIGHTS), device="cpu")
+    return smollm2_adapter()
 
 
 @pytest.fixture(scope="module")
@@ -68,41 +64,9 @@ def test_lens_last_row_is_the_models_prediction(lm):
 def test_a_streamed_scan_stops_when_the_client_leaves():
     """A real server: a residual scan in batches of 4 (90 batches), two progress events read, the connection
     closed, and the process goes idle (without the stop it would run the other ~88 batches)."""
-    import json
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    import httpx
-
-    from tests.integration.test_smollm2 import _cpu_seconds, _free_port
-
-    port = _free_port()
-    # batches of 4 copies of the 12-token prompt
-    env = {**os.environ, "ATTNLAB_DEFAULT_MODELS": '["smollm2-135m"]', "ATTNLAB_PATCHING_BATCH_TOKENS": "48"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT, env=env,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300  # loading takes about 2 min on a busy 2-core machine
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/api/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail("server not ready in 300 s")
-        for _ in range(30):  # start-up work may still run after ready: wait it out
-            used = _cpu_seconds(server.pid)
-            time.sleep(1.0)
-            if _cpu_seconds(server.pid) - used < 0.05:
-                break
+    # batches of 4 copies of the 12-token prompt; loading takes about 2 min on a busy 2-core machine
+    env = {"ATTNLAB_DEFAULT_MODELS": '["smollm2-135m"]', "ATTNLAB_PATCHING_BATCH_TOKENS": "48"}
+    with real_server(env, ready_s=300) as (base, server):
         body = {"model": "smollm2-135m", "clean": "The Eiffel Tower stands in France, in the city of",
                 "corrupt": "The Colosseum stands in Italy, in the city of", "answer": " Paris", "wrong": " Rome",
                 "scan": "residual"}
@@ -118,15 +82,6 @@ def test_a_streamed_scan_stops_when_the_client_leaves():
                     if len(progress) == 2:
                         break
         assert progress == [4, 8]
-        time.sleep(2.0)  # the batch in progress finishes
-        used_before = _cpu_seconds(server.pid)
-        time.sleep(3.0)
-        idle_cpu = _cpu_seconds(server.pid) - used_before
+        idle_cpu = cpu_after_leaving(server.pid, settle_s=2.0)  # the batch in progress finishes first
         assert idle_cpu < 0.5, f"the server kept scanning after the client left ({idle_cpu:.2f} CPU s in 3 s)"
         assert httpx.get(f"{base}/api/health", timeout=5).status_code == 200
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()

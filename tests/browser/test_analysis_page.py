@@ -3,9 +3,15 @@
 next token move from " Rome" to " Paris"; then the logit lens and the faithfulness chart."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from urllib.parse import quote
 
-from tests.browser.conftest import screenshot
+import pytest
+
+from tests.browser.conftest import screenshot, serve_app
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PROMPT = "The capital of France is"
 
@@ -84,4 +90,39 @@ def test_residual_scan_click_a_cell_and_see_the_next_token_shift(live_server, pa
     assert shift["before"] == " Rome" and shift["after"] == " Paris" and shift["kl"] > 0.1
     assert "residual stream after L" in page.text_content("#patch-shift-title")
     screenshot(page, "analysis-residual-patch")
+    page_log.check()
+
+
+@pytest.fixture(scope="module")
+def long_server():
+    yield from serve_app({"ATTNLAB_FULL_MAP_TOKENS": "64", "ATTNLAB_DEFAULT_MODELS": '["smollm2-135m"]'},
+                         log_name="browser-long-value-server.log")
+
+
+def test_value_weighting_applies_to_a_long_inputs_overview_and_windows(page, page_log, long_server):
+    """Over full_map_tokens the map mode still applies: the overview is the value-weighted one, and a zoomed exact
+    window is asked for and drawn value-weighted (equal to the API's window of the same run)."""
+    text = (ROOT / "static" / "samples" / "long-sample.txt").read_text()[:600]  # about 150 tokens: long at 64
+    page.goto(f"{long_server}/#m=smollm2-135m&t={quote(text)}")
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.atlas === 'overview'", timeout=300_000)
+    sink = "() => document.getElementById('heatmap').data[0].z.map(r => r[0]).reduce((a, b) => a + b, 0)"
+    before = page.evaluate(sink)
+    page.select_option("#weighting-select", "value_norm")
+    page.wait_for_function("() => document.getElementById('heatmap').layout.title.text.includes('value-weighted')",
+                           timeout=300_000)
+    assert page.evaluate(sink) < before - 0.1  # the first token's blocks (an attention sink) lose weight
+    with page.expect_request(lambda r: "/window" in r.url) as request:
+        page.evaluate("""() => Plotly.relayout('heatmap', {'xaxis.range[0]': 0, 'xaxis.range[1]': 40,
+                                                          'yaxis.range[0]': 60, 'yaxis.range[1]': 20})""")
+    body = json.loads(request.value.post_data)
+    assert body["weighting"] == "value_norm"
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.atlas === 'window-labels'", timeout=60_000)
+    drawn = page.eval_on_selector("#heatmap", "el => ({z: el.data[0].z, title: el.layout.title.text})")
+    assert "value-weighted" in drawn["title"]
+    run_id = request.value.url.split("/api/runs/")[1].split("/")[0]
+    api = page.evaluate("""async ([id, body]) => (await (await fetch(`/api/runs/${id}/window`, {method: 'POST',
+        headers: {'Content-Type': 'application/json'}, body: JSON.stringify({...body, encoding: 'json'})})).json()).attention""",
+                        [run_id, body])
+    assert max(abs(a - b) for ra, rb in zip(api, drawn["z"]) for a, b in zip(ra, rb)) < 1e-6
+    page.locator("#heatmap").screenshot(path=str(ROOT / "artifacts" / "screenshots" / "long-value-window.png"))
     page_log.check()

@@ -144,7 +144,7 @@ export async function drawWindow(rows, cols) {
   const trace = {
     type: "heatmap", z, x: xs, y: ys, colorscale: "Viridis", zmin: 0,
     customdata: ys.map((i) => xs.map((j) => [label(i), label(j)])),
-    hovertemplate: "query %{customdata[0]}<br>key %{customdata[1]}<br>P %{z:.4g}<extra></extra>",
+    hovertemplate: `query %{customdata[0]}<br>key %{customdata[1]}<br>${weighting(r) === "value_norm" ? "value-weighted" : "P"} %{z:.4g}<extra></extra>`,
   };
   const axis = (idx, title) => narrow
     ? { title, tickmode: "array", tickvals: idx, ticktext: idx.map(label), tickfont: { size: 9 } }

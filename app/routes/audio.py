@@ -309,7 +309,9 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
         "model": info.id, "audio_id": req.audio_id, "run_id": result.run_id, "tokens": encoded.tokens, "positions": 1500,
         "clip_positions": n_positions, "frame_s": POSITION_S, "duration_s": round(audio.duration_s, 4),
         "transcript": encoded.extra["text"], "task": encoded.extra["task"], "language": encoded.extra["language"],
-        "language_prob": encoded.extra["language_prob"], "layers": layers, "heads": heads, "kinds": req.kinds,
+        "language_prob": encoded.extra["language_prob"], "languages": info.languages,
+        "shape": {"encoder_layers": info.encoder_layers, "decoder_layers": info.decoder_layers, "heads": info.heads},
+        "layers": layers, "heads": heads, "kinds": req.kinds,
         "native_beta": info.native_beta, "attention": attention, "entropy": result.derived["entropy"],
         "output": adapter.output_summary(result, encoded), "effect": effect,
         "words": adapter.word_times(base, encoded), "alignment": adapter.alignment_ranking(base, encoded),
@@ -380,10 +382,21 @@ def _event(name: str, data: dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
+def _prepared_models(runtime: Runtime) -> list[dict[str, Any]]:
+    """The speech models whose weights are on this server (whisper-base only where the operator prepared it) and
+    whether each is multilingual, read from its prepared.json without loading it."""
+    models = []
+    for model_id, spec in runtime.specs.items():
+        marker = ROOT / runtime.settings.weights_dir / model_id / "prepared.json"
+        if spec.kind == "audio" and marker.is_file():
+            models.append({"id": model_id, "multilingual": bool(json.loads(marker.read_text()).get("multilingual"))})
+    return models
+
+
 @router.get("/audio", response_class=HTMLResponse)
 def audio_page(request: Request, runtime: RuntimeDep):
     """Speech: Whisper's cross-attention over time, with interventions."""
     settings = runtime.settings
     config = {"model": DEFAULT_MODEL, "max_audio_s": settings.max_audio_s, "max_audio_bytes": settings.max_audio_bytes,
-              "sample": _sample_path(runtime).is_file(), "sample_id": SAMPLE_ID}
+              "sample": _sample_path(runtime).is_file(), "sample_id": SAMPLE_ID, "models": _prepared_models(runtime)}
     return templates.TemplateResponse(request, "audio.html", {"config": config, "page": "audio"})

@@ -21,6 +21,9 @@ const NATIVE_BETA = 0.125; // tiny.en: 1/√64 (the response's native_beta repla
 const TIME_MARGIN = { l: 110, r: 10 };
 
 const state = {
+  model: config.model,
+  task: "transcribe",
+  language: "", // "" = detected from the clip (multilingual models)
   audioId: null,
   duration: 0,
   layer: 3,
@@ -187,7 +190,7 @@ async function refresh(attempt = 0) {
   if (!state.audioId) return;
   const ivs = interventions();
   const body = {
-    model: config.model, audio_id: state.audioId, layers: [state.layer], heads: [state.head],
+    ...modelFields(), audio_id: state.audioId, layers: [state.layer], heads: [state.head],
     encoder_layers: [state.layer], kinds: ["cross", "decoder", "encoder"], encoding: "f16",
     interventions: ivs, compare: ivs.length > 0,
   };
@@ -565,6 +568,8 @@ function drawChips() {
 
 function drawAll() {
   const r = state.response;
+  if (r.shape) setShape(r.shape);
+  syncModelControls(r);
   setOptions($("token-select"), r.tokens.map((t, i) => [i, `${i}: ${visibleToken(t)}`]), state.token ?? Math.min(r.tokens.length - 1, 2 + Math.floor((r.tokens.length - 2) / 2)));
   $("warnings").textContent = (r.warnings || []).join(" · ");
   drawSpectrogram();
@@ -613,9 +618,51 @@ function chooseHead(layer, head) {
   update();
 }
 
+// The model, its task and language (multilingual models: whisper-base where the server prepared it).
+const models = config.models?.length ? config.models : [{ id: config.model, multilingual: false }];
+const multilingual = () => models.find((m) => m.id === state.model)?.multilingual ?? false;
+const modelFields = () => ({ model: state.model, task: state.task, language: state.language || null });
+
+function setShape(shape) { // layer and head choices of the model shown (decoder layers; the encoder has as many)
+  state.layer = Math.min(state.layer, shape.decoder_layers - 1);
+  state.head = Math.min(state.head, shape.heads - 1);
+  setOptions($("layer-select"), Array.from({ length: shape.decoder_layers }, (_, l) => [l, `layer ${l}`]), state.layer);
+  setOptions($("head-select"), Array.from({ length: shape.heads }, (_, h) => [h, `head ${h}`]), state.head);
+}
+
+function syncModelControls(r = null) {
+  const many = multilingual();
+  $("task-select").disabled = $("language-select").disabled = !many;
+  $("task-select").title = $("language-select").title = many ? "" : `${state.model} is English-only: it transcribes English`;
+  const select = $("language-select");
+  if (r?.languages && select.options.length < 2) {
+    select.append(...r.languages.map((code) => new Option(code, code)));
+  }
+  select.options[0].textContent = !many ? "English" : r && !state.language && r.language
+    ? `detect (${r.language}, p = ${fmt(r.language_prob, 2)})` : "detect";
+  select.value = state.language;
+}
+
+function changeModel() {
+  state.model = $("model-select").value;
+  if (!multilingual()) { state.task = "transcribe"; state.language = ""; $("task-select").value = "transcribe"; }
+  const select = $("language-select");
+  while (select.options.length > 1) select.remove(1); // the next response lists this model's languages
+  lab.perturb.on = false; // decoder token numbers change with the prompt
+  lab.perturb.tokens.clear();
+  perturbPanel.update();
+  state.token = null;
+  syncModelControls();
+  update();
+}
+
 function setupControls() {
-  setOptions($("layer-select"), [0, 1, 2, 3].map((l) => [l, `layer ${l}`]), state.layer);
-  setOptions($("head-select"), [0, 1, 2, 3, 4, 5].map((h) => [h, `head ${h}`]), state.head);
+  setOptions($("model-select"), models.map((m) => [m.id, m.multilingual ? `${m.id} (multilingual)` : m.id]), state.model);
+  $("model-select").addEventListener("change", changeModel);
+  $("task-select").addEventListener("change", (e) => { state.task = e.target.value; update(); });
+  $("language-select").addEventListener("change", (e) => { state.language = e.target.value; update(); });
+  syncModelControls();
+  setShape({ decoder_layers: 4, heads: 6 }); // tiny.en's, until a response gives the model's
   $("layer-select").addEventListener("change", (e) => chooseHead(Number(e.target.value), state.head));
   $("head-select").addEventListener("change", (e) => chooseHead(state.layer, Number(e.target.value)));
   $("token-select").addEventListener("change", (e) => chooseToken(Number(e.target.value)));
@@ -650,7 +697,7 @@ async function streamTranscript() {
   try {
     const response = await fetch("/api/audio/transcribe", {
       method: "POST", headers: { "Content-Type": "application/json" }, signal: controller.signal,
-      body: JSON.stringify({ model: config.model, audio_id: state.audioId, interventions: interventions() }),
+      body: JSON.stringify({ ...modelFields(), audio_id: state.audioId, interventions: interventions() }),
     });
     if (!response.ok) throw new ApiError(response.status, (await response.json().catch(() => ({}))).detail);
     for await (const { event, data } of serverEvents(response.body, { named: true })) {

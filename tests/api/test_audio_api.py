@@ -185,6 +185,7 @@ def test_whisper_base_translates_detects_and_names_a_bad_language(audio_client, 
     assert out["task"] == "translate" and out["language"] == "en" and out["tokens"][:3] == [
         "<|startoftranscript|>", "<|en|>", "<|translate|>"]
     assert np.array(out["attention"]["cross"]).shape == (1, 1, len(out["tokens"]), 1500)
+    assert out["shape"] == {"encoder_layers": 6, "decoder_layers": 6, "heads": 8} and len(out["languages"]) == 99
     detected = audio_client.post("/api/audio/attention", json=body).json()
     assert detected["language"] == "en" and detected["language_prob"] > 0.5 and detected["tokens"][2] == "<|transcribe|>"
     bad = audio_client.post("/api/audio/attention", json={**body, "language": "xx"})

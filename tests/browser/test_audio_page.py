@@ -133,3 +133,33 @@ def test_lab_softmax_panel_and_query_and_key_perturbation(page, page_log, live_s
     assert "100 positions, 3.00–5.00 s of the cross-attention keys" in page.inner_text("#perturb-chosen")
     assert "perturb keys σ=40 (cross)" in page.inner_text("#iv-chips")
     page_log.check()
+
+
+def test_model_task_and_language_controls(page, page_log, live_server):
+    """tiny.en is English-only: task and language are disabled. Where whisper-base is prepared (optional), choosing it
+    gives its 6 layers × 8 heads, the detected language with its probability, and "translate" puts <|translate|> in
+    the prompt."""
+    if not SAMPLE.is_file():
+        pytest.fail("the speech sample is missing: run `make speech weights`")
+    page.goto(f"{live_server}/audio?sample")
+    wait_ready(page)
+    assert page.is_disabled("#task-select") and page.is_disabled("#language-select")
+    models = page.eval_on_selector_all("#model-select option", "els => els.map(e => e.value)")
+    base_prepared = (ROOT / "weights" / "whisper-base" / "prepared.json").is_file()
+    assert models == ["whisper-tiny-en", "whisper-base"] if base_prepared else ["whisper-tiny-en"]
+    if not base_prepared:
+        pytest.skip("whisper-base is not prepared here (optional: `make whisper-base`): only tiny.en's controls checked")
+    views = page.get_attribute("body", "data-views")
+    page.select_option("#model-select", "whisper-base")
+    page.wait_for_function(f"() => document.body.dataset.views !== '{views}'", timeout=300_000)
+    assert page.eval_on_selector_all("#layer-select option", "els => els.length") == 6
+    assert page.eval_on_selector_all("#head-select option", "els => els.length") == 8
+    assert page.inner_text("#language-select option >> nth=0").startswith("detect (en, p = ")
+    assert not page.is_disabled("#task-select")
+    views = page.get_attribute("body", "data-views")
+    page.select_option("#task-select", "translate")
+    page.wait_for_function(f"() => document.body.dataset.views !== '{views}'", timeout=300_000)
+    assert page.eval_on_selector("#token-select", "el => el.options[2].textContent") == "2: <|translate|>"
+    assert "dawn" in page.inner_text("#transcript-diff")
+    screenshot(page, "audio-whisper-base")
+    page_log.check()

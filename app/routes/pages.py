@@ -91,5 +91,6 @@ def warm_example(runtime: Runtime, model_id: str | None = None) -> bool:
         model=model_id, text=LM_EXAMPLE if lm else EXAMPLE_TEXT, text_pair=None if lm else EXAMPLE_PAIR,
         layers=[0], heads=[0], include_scores=True, thumbnail_size=24, encoding="f32",
     )
-    text_attention(request, runtime)
+    # a plain JSON request (no Accept: text/event-stream): the route answers without progress events
+    text_attention(request, runtime, Request({"type": "http", "method": "POST", "headers": []}))
     return True

@@ -1,7 +1,7 @@
 """`attnlab`: the one command-line entry point (installed by `pip install -e .` as a console script).
 
     attnlab serve [--host H --port P --model [ID=]SOURCE ... + any uvicorn option]   (app/serve.py)
-    attnlab prepare [--weights-dir DIR --force]                                    (models/prepare.py)
+    attnlab prepare [--weights-dir DIR --force --model whisper-base]                (models/prepare.py)
     attnlab bench [--only SECTION ... + run_all.py's options]                        (benchmarks/run_all.py)
 
 Each subcommand hands its arguments, untouched, to the code that already owns them, so `attnlab serve`
@@ -24,7 +24,8 @@ An attention laboratory for Transformers.
 commands:
   serve     serve the web app and API (uvicorn with attnlab's lifecycle); `attnlab serve --help`
             lists every option; `--model [ID=]SOURCE` (repeatable) adds an operator's checkpoint
-  prepare   prepare the default models' weights into weights/ (a no-op when they are up to date)
+  prepare   prepare the default models' weights into weights/ (a no-op when they are up to date);
+            `--model whisper-base` prepares that optional model instead (`make whisper-base`)
   bench     run the benchmarks (benchmarks/run_all.py; `attnlab bench --help`)
 
 Settings come from ATTNLAB_* environment variables (docs/configuration.md)."""

@@ -255,3 +255,17 @@ def test_patch_sources_have_their_own_bounded_store_404_and_410(short_and_long):
     assert r.status_code == 200
     r = long.post("/api/text/attention", json={**body, "interventions": [{**patch, "source": "f" * 32}]})
     assert r.status_code == 404
+
+
+def test_value_norm_windows_of_runs_without_norms_and_a_streamed_first_view(client):
+    # an encoder–decoder run keeps no value norms: its windows refuse the weighting, naming it
+    run_id = client.post("/api/text/attention", json={"model": "tiny-bart", "text": "the cat", "target": "the dog"}).json()["run_id"]
+    r = client.post(f"/api/runs/{run_id}/window", json={"layer": 0, "head": 0, "rows": [0, 2], "cols": [0, 2],
+                                                         "kind": "cross", "weighting": "value_norm"})
+    assert r.status_code == 422 and _loc(r) == ["body", "weighting"]
+    # the progress stream of /api/text/attention answers the same value-weighted maps
+    req = {"model": "tiny-llama", "text": CLEAN, "layers": [1], "heads": [2], "weighting": "value_norm"}
+    plain = client.post("/api/text/attention", json=req).json()
+    events = sse_events(client.post("/api/text/attention", json=req, headers={"Accept": "text/event-stream"}))
+    assert events[-1]["done"] is True and events[-1]["weighting"] == "value_norm"
+    assert np.allclose(events[-1]["attention"], plain["attention"], atol=1e-7)

@@ -145,6 +145,7 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
     }
     hideAtlas();
     state.long = null;
+    longScale(false);
     state.view = viewOf(r, body);
     if (body.thumbnail_size) state.thumbs = r.thumbnails ? decodeTensor(ofKind(r.thumbnails)) ?? null : null;
     state.query = state.query === null ? defaultQuery(state.view.queryTokens.length) : Math.min(state.query, state.view.queryTokens.length - 1);
@@ -179,6 +180,7 @@ async function showLong(r, body) {
   r.warnings = (r.warnings ?? []).filter((w) => !w.startsWith("scores are not sent"));
   state.view = null;
   state.long = { response: r, request: body, window: null };
+  longScale(true);
   clicksWired = false; // the atlas replaces the heatmap's click handler
   if (body.thumbnail_size) state.thumbs = r.thumbnails ? decodeTensor(r.thumbnails) ?? null : null;
   $("heatmap-title").textContent = `layer ${state.layer}, head ${state.head} · ${r.tokens.length.toLocaleString("en")} tokens`
@@ -188,6 +190,14 @@ async function showLong(r, body) {
   heatmapShown("attnlab:atlas-overview", { long: true });
   showTruncation(r);
   requestAnimationFrame(() => setTimeout(() => { if (state.long?.response === r) renderLongDetails(); }, 0));
+}
+
+// The overview and windows are drawn on a linear scale from 0 to their largest value: the colour-scale choice
+// applies to full maps only, so it is disabled (and says why) while a long input is shown.
+function longScale(on) {
+  const select = $("zscale");
+  select.disabled = on;
+  select.title = on ? "long inputs: the overview and windows use a linear scale, 0 to their largest value" : "";
 }
 
 // View-mode β of the shown head on a long input, for the server's windows and rows (null: the run's own).

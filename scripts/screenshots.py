@@ -32,7 +32,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-b
                  "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1200, "height": 800}
 # Taller views where the first figures sit below the controls.
-HEIGHTS = {"text": 1150, "lm": 1150, "image": 900}
+HEIGHTS = {"text": 1150, "lm": 1150, "image": 900, "long-input": 1300}
 MAX_BYTES = 150_000
 LM_PROMPT = "The capital of France is"
 
@@ -145,7 +145,49 @@ def shoot_lm(page, url):
     return True
 
 
-SHOTS = {"text": shoot_text, "image": shoot_image, "gaussian": shoot_gaussian, "guide": shoot_guide, "lm": shoot_lm}
+def shoot_long(page, url):
+    """The shipped ~3,000-token sample on smollm2-135m (over full_map_tokens: an overview), zoomed to an exact window
+    from the question at the end onto the fact near the start, on the head that puts the most attention there (the
+    retrieval view's strongest head), with that window's head view and the last token's row over every key."""
+    model = next_token_model(url)
+    if model is None:
+        log("no model with output 'next_token' listed by /api/models: long view skipped")
+        return False
+    sample = (ROOT / "static" / "samples" / "long-sample.txt").read_text()
+    page.goto(f"{url}/#m={quote(model)}&t={quote(sample)}")
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.atlas === 'overview'", timeout=900_000)
+    page.wait_for_function("() => document.querySelectorAll('#token-strip .tok').length > 512", timeout=120_000)
+    tokens = page.eval_on_selector_all("#token-strip .tok", "els => els.map(e => e.textContent)")
+    fact = next(i for i, t in enumerate(tokens) if t.strip() == "tin")  # "…is kept in a tin box under the third step…"
+    n = len(tokens)
+    cols, rows = [max(0, fact - 22), fact + 18], [n - 40, n]
+    # the retrieval view: which head puts the most attention from the last token on the fact's span
+    page.fill("#atlas-span-from", str(fact - 12))
+    page.fill("#atlas-span-to", str(fact + 10))
+    page.fill("#atlas-span-row", str(n - 1))
+    page.click("#atlas-span-go")
+    page.wait_for_function("() => document.getElementById('atlas-retrieval').dataset.best", timeout=120_000)
+    best = page.eval_on_selector("#atlas-retrieval", "el => JSON.parse(el.dataset.best)")
+    log(f"long: {n} tokens, fact at {fact}; strongest head layer {best['layer']}, head {best['head']} ({best['mass']:.3f})")
+    page.select_option("#layer-select", str(best["layer"]))
+    page.wait_for_function(f"() => document.getElementById('heatmap').layout?.title?.text?.includes('layer {best['layer']},')",
+                           timeout=120_000)
+    page.select_option("#head-select", str(best["head"]))
+    page.wait_for_function(f"() => document.getElementById('heatmap').layout?.title?.text?.includes('head {best['head']}')"
+                           " && document.getElementById('heatmap').dataset.atlas === 'overview'", timeout=120_000)
+    page.evaluate(f"""() => Plotly.relayout('heatmap', {{'xaxis.range[0]': {cols[0]}, 'xaxis.range[1]': {cols[1]},
+                                                        'yaxis.range[0]': {rows[1]}, 'yaxis.range[1]': {rows[0]}}})""")
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.atlas === 'window-labels'", timeout=120_000)
+    page.select_option("#atlas-row-scope", "layer")
+    page.evaluate(f"() => document.getElementById('heatmap').emit('plotly_click', {{points: [{{y: {n - 1}.2, x: 3}}]}})")
+    page.wait_for_function("() => (document.getElementById('atlas-row').data || []).length > 1", timeout=120_000)
+    page.evaluate("() => { document.getElementById('heatmap').closest('.row').scrollIntoView(); window.scrollBy(0, -60); }")
+    page.wait_for_timeout(800)
+    return True
+
+
+SHOTS = {"text": shoot_text, "image": shoot_image, "gaussian": shoot_gaussian, "guide": shoot_guide, "lm": shoot_lm,
+         "long-input": shoot_long}
 
 
 def main() -> int:

@@ -137,10 +137,12 @@ class WhisperAdapter(AttentionAdapter):
         return self.tokenizer.decode([i for i in ids if i < self.eot], skip_special_tokens=True).strip()
 
     @torch.inference_mode()
-    def detect_language(self, features: torch.Tensor) -> tuple[str, float]:
+    def detect_language(self, features: torch.Tensor, encoder_hidden: torch.Tensor | None = None) -> tuple[str, float]:
         """A multilingual model's language for the clip, as Whisper finds it: one decoder step after
-        <|startoftranscript|>, the most probable language token (softmax over the language tokens only)."""
-        encoder_hidden, _ = self._encoder(features, (), False)
+        <|startoftranscript|>, the most probable language token (softmax over the language tokens only).
+        `encoder_hidden`: the encoder's output without interventions, when the caller has it."""
+        if encoder_hidden is None:
+            encoder_hidden, _ = self._encoder(features, (), False)
         with run_scope(self._scope((), False)):
             logits = self.model(encoder_outputs=(encoder_hidden,), return_dict=True,
                                 decoder_input_ids=torch.tensor([[self.tokens.sot]], device=self.device)).logits[0, -1]
@@ -156,11 +158,14 @@ class WhisperAdapter(AttentionAdapter):
         model's prompt names `language` (detected from the clip when None) and `task`."""
         features = self._features(samples)
         language_prob = None
+        plain = None  # the encoder's output without interventions: once for detection and transcription
+        if (self.multilingual and language is None) or target is None:
+            plain, _ = self._encoder(features, (), False)
         if self.multilingual and language is None:
-            language, language_prob = self.detect_language(features)
+            language, language_prob = self.detect_language(features, plain)
         prompt = self.tokens.prompt(language, task)
         if target is None:
-            labels = self.transcribe(features, (), prompt=prompt)[0]
+            labels = self.transcribe(features, (), prompt=prompt, encoder_hidden=plain)[0]
         else:
             labels = self.tokenizer.encode(" " + target.strip(), add_special_tokens=False).ids[: self.max_new_tokens]
         labels = [t for t in labels if t != self.eot] + [self.eot]
@@ -258,12 +263,14 @@ class WhisperAdapter(AttentionAdapter):
     # ---- greedy decoding with the interventions ----------------------------------------------------
     @torch.inference_mode()
     def transcribe(self, features: torch.Tensor, interventions: tuple[Intervention, ...],
-                   max_new_tokens: int | None = None, on_token=None, prompt: list[int] | None = None) -> tuple[list[int], list[float]]:
+                   max_new_tokens: int | None = None, on_token=None, prompt: list[int] | None = None,
+                   encoder_hidden: torch.Tensor | None = None) -> tuple[list[int], list[float]]:
         """Greedy tokens (without the prompt, ending with <|endoftext|> unless cut by max_new_tokens) and their
         probabilities, the interventions active at every step; the encoder runs once, the decoder with a KV cache.
         Whisper's suppressed tokens are never chosen (and blank/EOT not first), as `generate` does."""
         limit = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        encoder_hidden, _ = self._encoder(features, interventions, False)
+        if encoder_hidden is None:  # (given: the caller's run of the encoder with these interventions)
+            encoder_hidden, _ = self._encoder(features, interventions, False)
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         ids = list(self.prompt if prompt is None else prompt)
         new_ids: list[int] = []

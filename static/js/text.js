@@ -186,7 +186,8 @@ async function showLong(r, body) {
   $("heatmap-title").textContent = `layer ${state.layer}, head ${state.head} · ${r.tokens.length.toLocaleString("en")} tokens`
     + ` · β = ${fmt(lab.shownBeta())}${lab.viewBeta() ? " (view: windows and rows)" : ""}`;
   showBetaScope();
-  await drawAtlas($("heatmap"), r, { layer: state.layer, head: state.head, beta: atlasBeta(), onWindow: showWindow });
+  await drawAtlas($("heatmap"), r, { layer: state.layer, head: state.head, beta: atlasBeta(), onWindow: showWindow,
+    onSelectHead: selectHead });
   heatmapShown("attnlab:atlas-overview", { long: true });
   showTruncation(r);
   requestAnimationFrame(() => setTimeout(() => { if (state.long?.response === r) renderLongDetails(); }, 0));

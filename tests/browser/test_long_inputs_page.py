@@ -62,8 +62,15 @@ def test_long_sample_overview_zoom_row_and_retrieval(page, page_log, long_server
     best = page.eval_on_selector("#atlas-retrieval", "el => JSON.parse(el.dataset.best)")
     mass = page.eval_on_selector("#atlas-retrieval", "el => el.data[0].z")
     assert 0 < best["mass"] <= 1 and best["mass"] == max(max(r) for r in mass)
+    outline = page.eval_on_selector("#atlas-retrieval", "el => el.layout.shapes[0]")
+    assert (outline["x0"] + 0.5, outline["y0"] + 0.5) == (best["head"], best["layer"])  # the strongest head outlined
     screenshot(page, "long-03-row-retrieval")
     page.locator("#atlas-panel").screenshot(path=str(ROOT / "artifacts" / "screenshots" / "long-atlas-panel.png"))
+    # a click on a retrieval cell shows that head: its overview (the same run: no new model run)
+    page.evaluate(f"() => document.getElementById('atlas-retrieval').emit('plotly_click', {{points: [{{x: {best['head']}, y: {best['layer']}}}]}})")
+    page.wait_for_function(f"() => document.getElementById('heatmap').layout.title.text.includes('layer {best['layer']}, head {best['head']}')",
+                           timeout=60_000)
+    assert page.input_value("#layer-select") == str(best["layer"]) and page.input_value("#head-select") == str(best["head"])
 
     # the continuation of a long input streams as for a short one (a few hundred tokens: the generate cost estimate
     # refuses thousands of prompt tokens on this loaded CPU, see the report of issue 20)

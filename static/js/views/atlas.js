@@ -32,7 +32,8 @@ function panel(el) {
       <input id="atlas-span-from" type="number" min="0" value="0" style="width:6em" aria-label="span start">
       <span class="help">to</span><input id="atlas-span-to" type="number" min="1" value="16" style="width:6em" aria-label="span end">
       <span class="help">from query row</span><input id="atlas-span-row" type="number" min="0" style="width:6em" aria-label="query row">
-      <button id="atlas-span-go" type="button">attention mass per head</button></div>
+      <button id="atlas-span-go" type="button">attention mass per head</button>
+      <span class="help">(click a cell to show that head)</span></div>
     <div id="atlas-retrieval" class="plot" style="height:320px" hidden></div>`;
   el.after(box);
   box.querySelector("#atlas-span-go").addEventListener("click", () => retrieval());
@@ -43,13 +44,13 @@ function panel(el) {
 // A long response for one layer and head (request layers [layer], heads [head]). beta: view-mode β or null (the
 // run's own). onWindow({P, rows, cols}) hears each exact window drawn, and null when the overview is shown again.
 // The same run drawn again (another head, β mode, the full load after a partial one) keeps the zoomed window.
-export async function drawAtlas(el, r, { layer, head, beta = null, onWindow = null }) {
+export async function drawAtlas(el, r, { layer, head, beta = null, onWindow = null, onSelectHead = null }) {
   const Plotly = await loadPlotly();
   const tokens = r.tokens;
   const same = current?.r.run_id === r.run_id;
   const kept = same && el.dataset.window ? JSON.parse(el.dataset.window) : null;
   const row = same ? current.row : undefined;
-  current = { el, r, layer, head, tokens, beta, row: undefined, onWindow };
+  current = { el, r, layer, head, tokens, beta, row: undefined, onWindow, onSelectHead };
   const box = panel(el);
   box.hidden = false;
   box.querySelector("#atlas-note").textContent = `${tokens.length.toLocaleString("en")} tokens, over full_map_tokens = `
@@ -222,6 +223,11 @@ async function retrieval() {
   }], {
     title: { text: `attention from query ${row} on keys ${from}–${to - 1} · strongest: layer ${best[1]}, head ${best[2]} (${fmt(best[0])})`, font: { size: 12 } },
     margin: { l: 50, r: 10, t: 30, b: 40 }, xaxis: { title: "head", dtick: 1 }, yaxis: { title: "layer", dtick: 1 },
+    // the strongest head outlined; a click on any cell shows that head's map
+    shapes: [{ type: "rect", x0: best[2] - 0.5, x1: best[2] + 0.5, y0: best[1] - 0.5, y1: best[1] + 0.5,
+      line: { color: "#e8590c", width: 2 } }],
   }, { responsive: true });
   el.dataset.best = JSON.stringify({ layer: best[1], head: best[2], mass: best[0] });
+  el.removeAllListeners?.("plotly_click");
+  el.on("plotly_click", (ev) => { const p = ev.points?.[0]; if (p) current?.onSelectHead?.(Number(p.y), Number(p.x)); });
 }

@@ -10,7 +10,7 @@ from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 
-from app.costs import check_request_cost, request_runs
+from app.costs import check_request_cost
 from app.encoding import fast_json, tensor_field  # noqa: F401  (fast_json: routes import it from here)
 from app.lifecycle import check_cancelled
 from app.runtime import Runtime
@@ -156,14 +156,29 @@ def _check_response_numbers(limits: Settings, numbers: int, ask: str) -> None:
                             f"max_response_numbers={cap:,}; {ask}")
 
 
-def _check_before_runs(runtime: Runtime, adapter: AttentionAdapter, req: AttentionRequestBase, interventions: tuple,
-                       maps: list[tuple[int, int, int, int]], n_tokens: int, field: str,
-                       budget_adapter: AttentionAdapter | None) -> None:
+def _request_runs(req: AttentionRequestBase, interventions: tuple, record_scores: bool) -> list[tuple[tuple, bool]]:
+    """The model runs a request makes, as (interventions, record_scores): the run with the interventions, and with
+    `compare` the run without them and one more per extra sample (the perturbations' noise re-seeded)."""
+    sample_sets = [tuple(iv.with_seed_offset(s) for iv in interventions) for s in range(req.samples)]
+    runs = [(sample_sets[0], record_scores)]
+    if req.compare:
+        runs += [((), False)] + [(sample, False) for sample in sample_sets[1:]]
+    return runs
+
+
+def _check_before_runs(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req: AttentionRequestBase,
+                       interventions: tuple, record_scores: bool, maps: list[tuple[int, int, int, int]], n_tokens: int,
+                       field: str, budget_adapter: AttentionAdapter | None) -> None:
     """The 413s before any model run, shared by every response builder: what the run would keep (check_run_budget,
     counted by `budget_adapter` as it is there) and its model time (the cost estimate, app/costs.py): refused now
-    rather than minutes of work that would end in a 503 timeout."""
+    rather than minutes of work that would end in a 503 timeout. Runs already in the result cache cost nothing: a
+    request served from them (a head or mode change after a long first view) is never refused."""
+    missing = sum(not runtime.is_cached(adapter, encoded, ivs, scores)
+                  for ivs, scores in _request_runs(req, interventions, record_scores))
+    if not missing:
+        return
     check_run_budget(runtime, maps, field, budget_adapter)
-    check_request_cost(adapter, runtime.settings, n_tokens, request_runs(req.samples, req.compare), len(interventions))
+    check_request_cost(adapter, runtime.settings, n_tokens, missing, len(interventions))
 
 
 def _sample_runs(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req: AttentionRequestBase,
@@ -174,17 +189,17 @@ def _sample_runs(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, 
     request's samples (the perturbations' noise re-seeded per sample; effect_of(base, run)), merged as mean ± std
     when there are several. Shared by every response builder; each model run first checks that the client is still
     there (a client that left, or a shutdown, stops the work here)."""
-    sample_sets = [tuple(iv.with_seed_offset(s) for iv in interventions) for s in range(req.samples)]
+    (first, first_scores), *others = _request_runs(req, interventions, record_scores)
     check_cancelled()
-    result = runtime.run(adapter, encoded, sample_sets[0], record_scores)
+    result = runtime.run(adapter, encoded, first, first_scores)
     if not req.compare:
         return result, None, None
     check_cancelled()
-    base = runtime.run(adapter, encoded, (), False)
+    base = runtime.run(adapter, encoded, *others[0])
     effects = [effect_of(base, result)]
-    for sample in sample_sets[1:]:
+    for sample, scores in others[1:]:
         check_cancelled()
-        effects.append(effect_of(base, runtime.run(adapter, encoded, sample, False)))
+        effects.append(effect_of(base, runtime.run(adapter, encoded, sample, scores)))
     return result, base, effects[0] if len(effects) == 1 else _merge_samples(effects)
 
 
@@ -209,7 +224,8 @@ def build_attention_response(
     queries = _check_indices(requested_queries, n_tokens, ("queries",), "query token")
     interventions = engine_interventions(req, adapter, n_tokens)
     long = n_tokens > adapter.full_map_tokens  # the run keeps an atlas, not P (docs/science.md §10)
-    _check_before_runs(runtime, adapter, req, interventions, [(len(adapter.layer_of), info.heads, n_tokens, n_tokens)],
+    _check_before_runs(runtime, adapter, encoded, req, interventions, req.include_scores and not long,
+                       [(len(adapter.layer_of), info.heads, n_tokens, n_tokens)],
                        n_tokens, "text" if info.kind == "text" else "image_size", adapter)
 
     maps = 1 + int(req.include_scores and not long) + int(req.compare and req.include_base)  # P, Ŝ, P without interventions
@@ -347,7 +363,8 @@ def build_seq2seq_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: E
     maps = [(info.layers, info.heads, *shapes["encoder"]), (info.decoder_layers, info.decoder_heads, *shapes["decoder"]),
             (info.decoder_layers, info.decoder_heads, *shapes["cross"])]
     # a long run keeps q̂/k̂ and summaries (a short one's P goes to the host)
-    _check_before_runs(runtime, adapter, req, interventions, maps, n_source + n_target, "text", adapter if long else None)
+    _check_before_runs(runtime, adapter, encoded, req, interventions, False, maps, n_source + n_target, "text",
+                       adapter if long else None)
     _check_response_numbers(limits, numbers, "ask for fewer layers/heads")
 
     def sliced(result: AttentionResult) -> dict[str, Any]:

@@ -82,6 +82,10 @@ class ResultCache:
             self.hits += 1
             return result
 
+    def __contains__(self, key: tuple) -> bool:  # no LRU move, no hit/miss count
+        with self._lock:
+            return key in self._items
+
     def put(self, key: tuple, result: AttentionResult) -> None:
         device = result.device_nbytes
         host = result.nbytes - device
@@ -348,6 +352,13 @@ class Runtime:
             while len(self._encoded) > self.settings.result_cache_items:
                 self._encoded.popitem(last=False)
         return encoded
+
+    def is_cached(self, adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...],
+                  record_scores: bool) -> bool:
+        """Whether `run` with these arguments would be answered from the cache (for the checks before the work)."""
+        scope = cache_scope.get()
+        key = (scope, adapter.info.id, encoded.key, interventions, record_scores)
+        return key in self.cache or (not record_scores and (*key[:-1], True) in self.cache)
 
     def run(
         self, adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...], record_scores: bool

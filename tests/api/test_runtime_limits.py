@@ -549,3 +549,25 @@ def test_a_request_whose_work_no_longer_fits_after_queueing_is_refused_at_its_tu
         finally:
             request_deadline.reset(deadline)
             request_model_seconds.reset(estimate)
+
+
+def test_a_request_served_from_cached_runs_is_never_refused_by_the_cost_estimate(tiny_bert):
+    """After a slow first view, a head or mode change over the same cached runs got 413 (the estimate counted runs
+    the cache already held). With a throughput at which one run takes far over request_timeout_s: the cached
+    request is answered, a new input is refused."""
+    from app.costs import THROUGHPUT
+
+    client = TestClient(create_app(make_settings(tiny_bert)))
+    with client:
+        client.app.state.runtime.warm_up()
+        body = {"model": "tiny", "text": "the cat sat on the mat", "layers": [0], "heads": [0],
+                "interventions": [PERTURB], "compare": True}
+        assert client.post("/api/text/attention", json=body).status_code == 200
+        try:
+            THROUGHPUT._rates["tiny"] = 1.0  # one multiply-add per second: every uncached run is hours
+            r = client.post("/api/text/attention", json={**body, "heads": [1]})
+            assert r.status_code == 200, r.text
+            r = client.post("/api/text/attention", json={**body, "text": "a dog ran"})
+            assert r.status_code == 413 and "2 model runs" in r.json()["detail"], r.text
+        finally:
+            THROUGHPUT.clear()

@@ -7,7 +7,8 @@
 3. the greedy transcript with an intervention active (3–7 s masked in cross-attention) against `generate`
    (target ≤ 1.5×), with eager attention (the same arithmetic) and with PyTorch's sdpa (transformers' default).
 
-    python -m benchmarks.speech [--repeats 5] [--threads 2]      # from the checkout's root; results → benchmarks/results/speech.json
+    python -m benchmarks.speech [--repeats 5] [--threads 2] [--model whisper-base]
+    # from the checkout's root; results → benchmarks/results/speech.json (whisper-base: speech-whisper-base.json)
 """
 from __future__ import annotations
 
@@ -22,9 +23,8 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-WEIGHTS = ROOT / "weights" / "whisper-tiny-en"
 SAMPLE = ROOT / "weights" / "samples" / "speech-sample.wav"
-RESULTS = ROOT / "benchmarks" / "results" / "speech.json"
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def timed(fn) -> float:
@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="whisper-tiny-en", choices=["whisper-tiny-en", "whisper-base"])
     args = parser.parse_args(argv)
+    weights = ROOT / "weights" / args.model
     torch.set_num_threads(args.threads)
     from transformers import WhisperForConditionalGeneration
 
@@ -53,11 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     from models.adapters.whisper import WhisperAdapter
     from models.interventions import Intervention
 
-    adapter = WhisperAdapter("whisper-tiny-en", str(WEIGHTS), device="cpu")
-    raw = WhisperForConditionalGeneration.from_pretrained(WEIGHTS, attn_implementation="eager").eval()
-    raw_sdpa = WhisperForConditionalGeneration.from_pretrained(WEIGHTS, attn_implementation="sdpa").eval()
+    adapter = WhisperAdapter(args.model, str(weights), device="cpu")
+    raw = WhisperForConditionalGeneration.from_pretrained(weights, attn_implementation="eager").eval()
+    raw_sdpa = WhisperForConditionalGeneration.from_pretrained(weights, attn_implementation="sdpa").eval()
+    # a multilingual model: generate with the adapter's prompt (English, transcribe), as the product decodes it
+    language = {"language": "en", "task": "transcribe"} if adapter.multilingual else {}
     clip = ten_second_clip()
-    encoded = adapter.encode(clip, ("bench",))
+    encoded = adapter.encode(clip, ("bench",), language="en" if adapter.multilingual else None)
     features, ids = encoded.inputs["input_features"], encoded.inputs["decoder_input_ids"]
     mask = adapter.engine_interventions([KindScopedIntervention(Intervention(op="mask_keys", tokens=tuple(range(150, 350))), "cross")])
 
@@ -67,11 +71,13 @@ def main(argv: list[str] | None = None) -> int:
 
     @torch.inference_mode()
     def raw_generate():
-        return raw.generate(input_features=features, max_new_tokens=adapter.max_new_tokens, do_sample=False, num_beams=1)
+        return raw.generate(input_features=features, max_new_tokens=adapter.max_new_tokens, do_sample=False, num_beams=1,
+                            **language)
 
     @torch.inference_mode()
     def raw_generate_sdpa():
-        return raw_sdpa.generate(input_features=features, max_new_tokens=adapter.max_new_tokens, do_sample=False, num_beams=1)
+        return raw_sdpa.generate(input_features=features, max_new_tokens=adapter.max_new_tokens, do_sample=False,
+                                 num_beams=1, **language)
 
     def view():
         result = adapter.run(encoded)
@@ -79,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         adapter.alignment_ranking(result, encoded)
 
     def first_view():
-        fresh = adapter.encode(clip, ("bench", time.perf_counter()))
+        fresh = adapter.encode(clip, ("bench", time.perf_counter()))  # a multilingual model detects the language too
         result = adapter.run(fresh)
         adapter.word_times(result, fresh)
         adapter.alignment_ranking(result, fresh)
@@ -102,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         times["raw_generate_sdpa"].append(timed(raw_generate_sdpa))
     median = {k: statistics.median(v) for k, v in times.items()}
     report = {
+        "model": args.model,
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads (a shared, loaded 2-core machine)",
         "clip_s": clip.size / 16000, "tokens": len(encoded.tokens), "repeats": args.repeats,
         "same_transcript_as_generate": same_transcript, "median_s": median,
@@ -113,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         },
         "all_s": times,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: report[k] for k in ("machine", "clip_s", "tokens", "same_transcript_as_generate", "median_s", "ratios")}, indent=2))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / ("speech.json" if args.model == "whisper-tiny-en" else f"speech-{args.model}.json")
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: report[k] for k in ("model", "machine", "clip_s", "tokens", "same_transcript_as_generate", "median_s", "ratios")}, indent=2))
     return 0
 
 

@@ -45,6 +45,17 @@ const ofKind = (field) => (field && isSeq2seq() && !Array.isArray(field) && !fie
 const shape = () => (isSeq2seq() && state.kind !== "encoder"
   ? { layers: state.info.decoder_layers ?? state.info.layers, heads: state.info.decoder_heads ?? state.info.heads }
   : { layers: state.info.layers, heads: state.info.heads });
+// The shown kind's key and query tokens: cross-attention has target queries (rows) and source keys (columns);
+// decoder self-attention is target × target; everything else source × source.
+function kindTokens(r) {
+  const target = r.target_tokens ?? [];
+  return {
+    keys: isSeq2seq() && state.kind === "decoder" ? target : r.tokens,
+    queries: isSeq2seq() && state.kind !== "encoder" ? target : r.tokens,
+  };
+}
+// A heading's prefix naming the shown kind (encoder–decoders).
+const kindPrefix = () => (isSeq2seq() ? `${state.kind} · ` : "");
 // The shown map is causal: a decoder LM, or an encoder–decoder's decoder self-attention.
 const causalMap = () => isLM() || (isSeq2seq() && state.kind === "decoder");
 
@@ -182,15 +193,25 @@ async function showLong(r, body) {
   state.long = { response: r, request: body, window: null };
   longScale(true);
   clicksWired = false; // the atlas replaces the heatmap's click handler
-  if (body.thumbnail_size) state.thumbs = r.thumbnails ? decodeTensor(r.thumbnails) ?? null : null;
-  $("heatmap-title").textContent = `layer ${state.layer}, head ${state.head} · ${r.tokens.length.toLocaleString("en")} tokens`
-    + ` · β = ${fmt(lab.shownBeta())}${lab.viewBeta() ? " (view: windows and rows)" : ""}`;
+  // thumbnails (encoder–decoders at long inputs send none: the model view says so)
+  if (body.thumbnail_size) state.thumbs = r.thumbnails ? decodeTensor(ofKind(r.thumbnails)) ?? null : null;
+  longTitle(r);
   showBetaScope();
-  await drawAtlas($("heatmap"), r, { layer: state.layer, head: state.head, beta: atlasBeta(), onWindow: showWindow,
-    onSelectHead: selectHead });
+  const { keys, queries } = kindTokens(r);
+  await drawAtlas($("heatmap"), r, { layer: state.layer, head: state.head, kind: isSeq2seq() ? state.kind : null,
+    queryTokens: queries, keyTokens: keys, beta: atlasBeta(), onWindow: showWindow, onSelectHead: selectHead });
   heatmapShown("attnlab:atlas-overview", { long: true });
   showTruncation(r);
   requestAnimationFrame(() => setTimeout(() => { if (state.long?.response === r) renderLongDetails(); }, 0));
+}
+
+// The heatmap's heading at a long input: kind, head, length (the shown kind's keys), β.
+function longTitle(r) {
+  const { keys, queries } = kindTokens(r);
+  const size = keys === queries ? `${keys.length.toLocaleString("en")} tokens`
+    : `${queries.length.toLocaleString("en")} × ${keys.length.toLocaleString("en")} tokens`;
+  $("heatmap-title").textContent = `${kindPrefix()}layer ${state.layer}, head ${state.head} · ${size}`
+    + ` · β = ${fmt(lab.shownBeta())}${lab.viewBeta() ? " (view: windows and rows)" : ""}`;
 }
 
 // The overview and windows are drawn on a linear scale from 0 to their largest value: the colour-scale choice
@@ -209,14 +230,14 @@ function showWindow(w) {
   if (!state.long) return;
   state.long.window = w;
   const box = $("headview");
+  const { keys: tokens, queries: queryTokens } = kindTokens(state.long.response);
   if (!w) {
     box.replaceChildren(Object.assign(document.createElement("p"), { className: "help",
-      textContent: `${state.long.response.tokens.length.toLocaleString("en")} tokens: zoom into the heatmap (a window of at most 160 tokens a side) to see that window's head view.` }));
+      textContent: `${tokens.length.toLocaleString("en")} tokens: zoom into the heatmap (a window of at most 160 tokens a side) to see that window's head view.` }));
     box.dataset.window = "";
     return;
   }
-  const tokens = state.long.response.tokens;
-  const keys = tokens.slice(w.cols[0], w.cols[1]), queries = tokens.slice(w.rows[0], w.rows[1]);
+  const keys = tokens.slice(w.cols[0], w.cols[1]), queries = queryTokens.slice(w.rows[0], w.rows[1]);
   const masked = new Set([...lab.lab.masks.tokens].filter((j) => j >= w.cols[0] && j < w.cols[1]).map((j) => j - w.cols[0]));
   // Rows are normalised over all T keys, so a window's P is small (much of it goes to sinks outside the window):
   // the lines are drawn relative to the window's largest P, and the note says so.
@@ -249,6 +270,7 @@ function renderLongDetails() {
     drawNextToken(r, r.tokens);
     continuation.followChanges();
   }
+  if (isSeq2seq() && r.output) drawTarget(r); // the decoded target and its probabilities work at any length
 }
 
 // A text cut to the model's token limit: say so next to the text box, with what was kept and dropped.
@@ -312,9 +334,7 @@ function viewOf(r, body) {
   const attention = decodeTensor(ofKind(r.attention))[0][0];
   const scores = r.scores ? decodeTensor(ofKind(r.scores))?.[0]?.[0] ?? null : null;
   const base = r.base_attention ? decodeTensor(ofKind(r.base_attention))[0][0] : attention;
-  const target = r.target_tokens ?? [];
-  const tokens = isSeq2seq() && state.kind === "decoder" ? target : r.tokens;
-  const queryTokens = isSeq2seq() && state.kind !== "encoder" ? target : r.tokens;
+  const { keys: tokens, queries: queryTokens } = kindTokens(r);
   return { tokens, queryTokens, attention, scores, base, response: r, request: body };
 }
 
@@ -389,8 +409,7 @@ let longBetaTimer = null;
 function showLongBeta(settle) {
   clearTimeout(longBetaTimer);
   const r = state.long.response;
-  $("heatmap-title").textContent = `layer ${state.layer}, head ${state.head} · ${r.tokens.length.toLocaleString("en")} tokens`
-    + ` · β = ${fmt(lab.shownBeta())}${lab.viewBeta() ? " (view: windows and rows)" : ""}`;
+  longTitle(r);
   showBetaScope();
   longBetaTimer = setTimeout(() => {
     if (state.long?.response === r) setAtlasBeta(atlasBeta()).then(() => lab.render(r, state.long.request, derived(r)));
@@ -493,18 +512,22 @@ function renderModelView(r) {
       layer: state.layer, head: state.head, entropy: ofKind(r.entropy), onSelect: selectHead,
     });
   } else {
-    $("modelview").replaceChildren(Object.assign(document.createElement("p"), { className: "help", textContent: "the server sends no thumbnails for this model: use the layer and head selectors or the head summaries" }));
+    const why = state.long && isSeq2seq()
+      ? "thumbnails are not computed for an encoder–decoder input over full_map_tokens (the run keeps an overview per kind instead)"
+      : "the server sends no thumbnails for this model";
+    $("modelview").replaceChildren(Object.assign(document.createElement("p"), { className: "help", textContent: `${why}: use the layer and head selectors or the head summaries` }));
   }
 }
 
 // Attention received by each key, received[j] = (1/T) Σ_i P[i, j] of the shown head (§10), over the whole context:
-// keys far above 1/T are "attention sinks". Encoder–decoder responses carry none.
+// keys far above 1/T are "attention sinks". Encoder–decoders: the shown kind's (cross: source keys, averaged over
+// the target's queries); short encoder–decoder responses carry none.
 function drawReceived(r) {
   const box = $("received-panel");
-  const field = r.received && !isSeq2seq() ? decodeTensor(r.received) : null;
+  const field = r.received ? decodeTensor(ofKind(r.received)) : null;
   box.hidden = !field;
   if (!field) return;
-  const received = field[0][0], tokens = r.tokens;
+  const received = field[0][0], tokens = kindTokens(r).keys;
   const x = received.map((_, j) => j), text = tokens.map((t, j) => `${j}:${visibleToken(t)}`);
   let top = 0;
   received.forEach((p, j) => { if (p > received[top]) top = j; });
@@ -516,7 +539,7 @@ function drawReceived(r) {
       line: { dash: "dot", color: "#999", width: 1 }, hoverinfo: "skip" },
   ], {
     margin: { l: 55, r: 10, t: 30, b: 40 }, showlegend: false,
-    title: { text: `layer ${state.layer}, head ${state.head} · most received: key ${text[top]} (${fmt(received[top], 3)})`, font: { size: 12 } },
+    title: { text: `${kindPrefix()}layer ${state.layer}, head ${state.head} · most received: key ${text[top]} (${fmt(received[top], 3)})`, font: { size: 12 } },
     xaxis: { title: { text: "key token" } }, yaxis: { title: { text: "received (log)" }, type: "log", exponentformat: "power" },
   }, PLOT);
   el.dataset.top = String(top);
@@ -556,8 +579,8 @@ function renderHeadDetails(P) {
 
 function renderTokens() {
   const masks = lab.lab.masks.tokens;
-  const tokens = state.view?.tokens ?? state.long.response.tokens;
   const square = state.view ? state.view.tokens === state.view.queryTokens : false;
+  const tokens = state.view?.tokens ?? kindTokens(state.long.response).keys; // the shown kind's keys
   $("token-strip").classList.toggle("scroll", Boolean(state.long)); // thousands of chips: a scrolling box
   $("token-strip").replaceChildren(...tokens.map((tok, i) => {
     const el = document.createElement("span");

@@ -5,6 +5,8 @@
 // view shows, per layer × head, the attention mass that row puts on a span of keys (POST /api/runs/{id}/row).
 // View-mode β applies to the window, the row and the retrieval view (the server re-normalises from q̂ k̂ᵀ at that β,
 // no model run); the overview stays at the run's own β.
+// Encoder–decoders (kind encoder | decoder | cross) carry an overview per kind: its rows are the kind's queries and its
+// columns its keys (cross: target queries × source keys), and every window/row request names the kind.
 
 import { isAbort, postJSON, setStatus } from "../api.js";
 import { visibleToken } from "../dom.js";
@@ -14,7 +16,7 @@ import { loadPlotly } from "../vendor.js";
 const LABEL_MAX = 80; // token labels on an axis once a window is at most this many tokens wide
 const MAX_CELLS = 262_144; // the server's default max_window_cells: larger boxes show the overview instead
 
-let current = null; // {el, r, layer, head, tokens, beta, row, onWindow}
+let current = null; // {el, r, kind, layer, head, queryTokens, keyTokens, beta, row, onWindow}
 
 // The atlas panel (row plot, retrieval controls) under the heatmap, made once.
 function panel(el) {
@@ -43,21 +45,27 @@ function panel(el) {
 
 // A long response for one layer and head (request layers [layer], heads [head]). beta: view-mode β or null (the
 // run's own). onWindow({P, rows, cols}) hears each exact window drawn, and null when the overview is shown again.
-// The same run drawn again (another head, β mode, the full load after a partial one) keeps the zoomed window.
-export async function drawAtlas(el, r, { layer, head, beta = null, onWindow = null, onSelectHead = null }) {
+// kind: an encoder–decoder's attention kind (null for one-kind models); queryTokens label and bound the rows,
+// keyTokens the columns. The same run and kind drawn again (another head, β mode, the full load after a partial
+// one) keeps the zoomed window; the same run with another kind is a new view.
+export async function drawAtlas(el, r, { layer, head, kind = null, queryTokens = r.tokens, keyTokens = r.tokens, beta = null,
+  onWindow = null, onSelectHead = null }) {
   const Plotly = await loadPlotly();
-  const tokens = r.tokens;
-  const same = current?.r.run_id === r.run_id;
+  const same = current?.r.run_id === r.run_id && current?.kind === kind;
   const kept = same && el.dataset.window ? JSON.parse(el.dataset.window) : null;
   const row = same ? current.row : undefined;
-  current = { el, r, layer, head, tokens, beta, row: undefined, onWindow, onSelectHead };
+  current = { el, r, kind, layer, head, queryTokens, keyTokens, beta, row: undefined, onWindow, onSelectHead };
   const box = panel(el);
   box.hidden = false;
-  box.querySelector("#atlas-note").textContent = `${tokens.length.toLocaleString("en")} tokens, over full_map_tokens = `
+  const n = (x) => x.toLocaleString("en");
+  const size = kind === "cross" ? `cross-attention: ${n(queryTokens.length)} target queries × ${n(keyTokens.length)} source keys`
+    : kind ? `${kind} self-attention: ${n(keyTokens.length)} ${kind === "decoder" ? "target" : "source"} tokens`
+    : `${n(keyTokens.length)} tokens`;
+  box.querySelector("#atlas-note").textContent = `${size}, over full_map_tokens = `
     + `${r.full_map_tokens}: the map shows blocks of P's mean (the overview). Drag a box or scroll to zoom: exact `
     + `windows load from the server; double-click returns to the overview.`;
   const spanRow = box.querySelector("#atlas-span-row");
-  if (!spanRow.value || !same) spanRow.value = String(tokens.length - 1); // a new input: its last token asks
+  if (!spanRow.value || !same) spanRow.value = String(queryTokens.length - 1); // a new input: its last query asks
   if (!same) { // another input's row and retrieval plots are hidden until asked again
     for (const id of ["atlas-row", "atlas-retrieval"]) document.getElementById(id).hidden = true;
     box.querySelector("#atlas-row-title").textContent = "click a query row of the map";
@@ -92,24 +100,35 @@ function failed(err, what) {
 }
 
 function drawOverview(Plotly = window.Plotly) {
-  const { el, r, layer, head, onWindow } = current;
+  const { el, r, kind, layer, head, onWindow } = current;
   zoomSeq += 1; // a window still on its way no longer replaces the overview
-  const maps = decodeTensor(r.overview.maps)[0][0]; // (B, B)
-  const rows = r.overview.edges, cols = r.overview.col_edges ?? rows;
+  const overview = kind ? r.overview[kind] : r.overview;
+  const maps = decodeTensor(overview.maps)[0][0]; // (B_q, B_k)
+  const rows = overview.edges, cols = overview.col_edges ?? rows;
   const mid = (e) => e.slice(0, -1).map((v, i) => (v + e[i + 1]) / 2);
   const trace = {
     type: "heatmap", z: maps, x: mid(cols), y: mid(rows), colorscale: "Viridis", zmin: 0,
     hovertemplate: "queries ≈ %{y:.0f} · keys ≈ %{x:.0f}<br>mean P %{z:.3g}<extra></extra>",
   };
   Plotly.react(el, [trace], {
-    title: { text: `overview · layer ${layer}, head ${head}${current.beta ? " · at the run's β (zoom for view β)" : ""}${weightingNote(r)}`, font: { size: 13 } },
+    title: { text: `overview · ${kind ? `${kind} · ` : ""}layer ${layer}, head ${head}${current.beta ? " · at the run's β (zoom for view β)" : ""}${weightingNote(r)}`, font: { size: 13 } },
     margin: { l: 60, r: 10, t: 30, b: 40 },
-    xaxis: { title: "key token", range: [0, cols.at(-1)] }, yaxis: { title: "query token", autorange: "reversed" },
+    xaxis: { title: { text: axisTitle("key") }, range: [0, cols.at(-1)] }, yaxis: { title: { text: axisTitle("query") }, autorange: "reversed" },
     dragmode: "zoom",
   }, { scrollZoom: true, responsive: true });
   el.dataset.atlas = "overview";
+  el.dataset.run = r.run_id; // which run and kind the map shows (a kind switch draws the same run)
+  el.dataset.kind = kind ?? "";
   delete el.dataset.window;
   onWindow?.(null);
+}
+
+// Axis titles: an encoder–decoder's cross-attention has target queries and source keys.
+function axisTitle(side) {
+  const kind = current?.kind;
+  if (!kind) return `${side} token`;
+  const seq = kind === "encoder" || (kind === "cross" && side === "key") ? "source" : "target";
+  return `${side} (${seq} token)`;
 }
 
 let zoomSeq = 0;
@@ -118,10 +137,10 @@ async function onZoom(ev) {
   if (ev["xaxis.autorange"] || ev["yaxis.autorange"]) { drawOverview(); return; }
   const x0 = ev["xaxis.range[0]"], x1 = ev["xaxis.range[1]"], y0 = ev["yaxis.range[0]"], y1 = ev["yaxis.range[1]"];
   if (x0 === undefined || y0 === undefined) return;
-  const n = current.tokens.length;
-  const clamp = (v) => Math.max(0, Math.min(n, Math.round(v)));
-  const cols = [clamp(Math.min(x0, x1)), clamp(Math.max(x0, x1))];
-  const rows = [clamp(Math.min(y0, y1)), clamp(Math.max(y0, y1))];
+  const clamp = (v, n) => Math.max(0, Math.min(n, Math.round(v)));
+  const nk = current.keyTokens.length, nq = current.queryTokens.length;
+  const cols = [clamp(Math.min(x0, x1), nk), clamp(Math.max(x0, x1), nk)];
+  const rows = [clamp(Math.min(y0, y1), nq), clamp(Math.max(y0, y1), nq)];
   if (cols[1] - cols[0] < 1 || rows[1] - rows[0] < 1) return;
   if ((cols[1] - cols[0]) * (rows[1] - rows[0]) > MAX_CELLS) return; // still overview-sized: Plotly's own zoom
   await drawWindow(rows, cols);
@@ -129,37 +148,39 @@ async function onZoom(ev) {
 
 export async function drawWindow(rows, cols) {
   const seq = ++zoomSeq;
-  const { el, r, layer, head, tokens, beta } = current;
+  const { el, r, kind, layer, head, queryTokens, keyTokens, beta } = current;
   setStatus(`window ${rows[0]}–${rows[1]} × ${cols[0]}–${cols[1]}…`);
   let w;
   try {
-    w = await postJSON(`/api/runs/${r.run_id}/window`, { layer, head, rows, cols, beta, weighting: weighting(r), encoding: "f32" },
+    w = await postJSON(`/api/runs/${r.run_id}/window`, { layer, head, kind, rows, cols, beta, weighting: weighting(r), encoding: "f32" },
       { channel: "atlas-window" });
   } catch (err) { failed(err, "window"); return; }
-  if (seq !== zoomSeq || current?.r !== r) return;
+  if (seq !== zoomSeq || current?.r !== r || current.kind !== kind) return;
   const z = decodeTensor(w.attention);
   const xs = Array.from({ length: cols[1] - cols[0] }, (_, i) => cols[0] + i);
   const ys = Array.from({ length: rows[1] - rows[0] }, (_, i) => rows[0] + i);
-  const label = (i) => `${i}:${visibleToken(tokens[i])}`;
+  const label = (tokens) => (i) => `${i}:${visibleToken(tokens[i])}`;
+  const queryLabel = label(queryTokens), keyLabel = label(keyTokens);
   const narrow = xs.length <= LABEL_MAX && ys.length <= LABEL_MAX;
   const trace = {
     type: "heatmap", z, x: xs, y: ys, colorscale: "Viridis", zmin: 0,
-    customdata: ys.map((i) => xs.map((j) => [label(i), label(j)])),
+    customdata: ys.map((i) => xs.map((j) => [queryLabel(i), keyLabel(j)])),
     hovertemplate: `query %{customdata[0]}<br>key %{customdata[1]}<br>${weighting(r) === "value_norm" ? "value-weighted" : "P"} %{z:.4g}<extra></extra>`,
   };
-  const axis = (idx, title) => narrow
-    ? { title, tickmode: "array", tickvals: idx, ticktext: idx.map(label), tickfont: { size: 9 } }
-    : { title };
+  const axis = (idx, text, name) => narrow // Plotly 3 reads an axis title from {text} only
+    ? { title: { text }, tickmode: "array", tickvals: idx, ticktext: idx.map(name), tickfont: { size: 9 } }
+    : { title: { text } };
   await window.Plotly.react(el, [trace], {
-    title: { text: `window · layer ${layer}, head ${head}${beta ? ` · view β = ${fmt(beta)}` : ""}${weightingNote(r)}`, font: { size: 13 } },
+    title: { text: `window · ${kind ? `${kind} · ` : ""}layer ${layer}, head ${head}${beta ? ` · view β = ${fmt(beta)}` : ""}${weightingNote(r)}`, font: { size: 13 } },
     margin: { l: narrow ? 110 : 60, r: 10, t: 30, b: narrow ? 110 : 40 },
-    xaxis: axis(xs, "key token"), yaxis: { ...axis(ys, "query token"), autorange: "reversed" }, dragmode: "zoom",
+    xaxis: axis(xs, axisTitle("key"), keyLabel), yaxis: { ...axis(ys, axisTitle("query"), queryLabel), autorange: "reversed" },
+    dragmode: "zoom",
   }, { scrollZoom: true, responsive: true });
   el.dataset.atlas = narrow ? "window-labels" : "window";
   el.dataset.window = JSON.stringify({ rows, cols });
   el.dataset.beta = beta === null ? "" : String(beta);
   setStatus(`window ${rows[0]}–${rows[1]} × ${cols[0]}–${cols[1]} (exact${beta ? `, view β = ${fmt(beta)}` : ""})`);
-  if (current?.r === r) current.onWindow?.({ P: z, rows, cols });
+  if (current?.r === r && current.kind === kind) current.onWindow?.({ P: z, rows, cols });
 }
 
 // View-mode β on a long input (null: the run's own): the shown window and row re-normalised by the server at
@@ -176,41 +197,42 @@ export async function setAtlasBeta(beta) {
 async function drawRow(i) {
   if (!current) return;
   current.row = i;
-  const { r, layer, head, tokens, beta } = current;
+  const { r, kind, layer, head, queryTokens, keyTokens: tokens, beta } = current;
+  if (!(i >= 0 && i < queryTokens.length)) return; // a click below the last query row
   const scope = document.getElementById("atlas-row-scope").value;
-  const body = { row: i, layers: [layer], heads: scope === "layer" ? null : [head], beta, weighting: weighting(r), encoding: "f32" };
+  const body = { row: i, layers: [layer], heads: scope === "layer" ? null : [head], kind, beta, weighting: weighting(r), encoding: "f32" };
   let out;
   try {
     out = await postJSON(`/api/runs/${r.run_id}/row`, body, { channel: "atlas-row" });
   } catch (err) { failed(err, "row"); return; }
-  if (current?.r !== r) return;
-  const rows = decodeTensor(out.attention)[0]; // (h, T)
+  if (current?.r !== r || current.kind !== kind) return;
+  const rows = decodeTensor(out.attention)[0]; // (h, T_k)
   const x = tokens.map((_, j) => j);
   const text = tokens.map((t, j) => `${j}:${visibleToken(t)}`);
   const traces = rows.map((p, k) => ({
     type: "scattergl", mode: "lines", x, y: p, text, name: `head ${out.heads[k]}`,
     hovertemplate: "key %{text}<br>P %{y:.4g}<extra>%{fullData.name}</extra>",
   }));
-  document.getElementById("atlas-row-title").textContent = `query ${i}:${visibleToken(tokens[i])} over all ${tokens.length} keys`
+  document.getElementById("atlas-row-title").textContent = `query ${i}:${visibleToken(queryTokens[i])} over all ${tokens.length} keys`
     + (beta ? ` · view β = ${fmt(beta)}` : "");
   document.getElementById("atlas-span-row").value = String(i);
   document.getElementById("atlas-row").hidden = false;
   await window.Plotly.react("atlas-row", traces, {
-    margin: { l: 50, r: 10, t: 10, b: 40 }, xaxis: { title: "key token" }, yaxis: { title: "P" }, showlegend: rows.length > 1,
+    margin: { l: 50, r: 10, t: 10, b: 40 }, xaxis: { title: { text: axisTitle("key") } }, yaxis: { title: { text: "P" } }, showlegend: rows.length > 1,
   }, { responsive: true });
 }
 
 async function retrieval() {
   if (!current) return;
-  const { r, tokens, beta } = current;
-  const n = tokens.length;
+  const { r, kind, queryTokens, keyTokens, beta } = current;
+  const nq = queryTokens.length, n = keyTokens.length;
   const get = (id) => Number(document.getElementById(id).value);
-  const row = Math.min(n - 1, Math.max(0, get("atlas-span-row")));
+  const row = Math.min(nq - 1, Math.max(0, get("atlas-span-row")));
   const from = Math.min(n - 1, Math.max(0, get("atlas-span-from")));
   const to = Math.min(n, Math.max(from + 1, get("atlas-span-to")));
   let out;
   try {
-    out = await postJSON(`/api/runs/${r.run_id}/row`, { row, span: [from, to], include_row: false, beta, weighting: weighting(r) },
+    out = await postJSON(`/api/runs/${r.run_id}/row`, { row, span: [from, to], include_row: false, kind, beta, weighting: weighting(r) },
       { channel: "atlas-retrieval" });
   } catch (err) { failed(err, "retrieval"); return; }
   const mass = out.span_mass; // (L, H)
@@ -222,7 +244,7 @@ async function retrieval() {
     hovertemplate: "layer %{y}, head %{x}<br>mass on keys " + `${from}–${to - 1}: ` + "%{z:.3g}<extra></extra>",
   }], {
     title: { text: `attention from query ${row} on keys ${from}–${to - 1} · strongest: layer ${best[1]}, head ${best[2]} (${fmt(best[0])})`, font: { size: 12 } },
-    margin: { l: 50, r: 10, t: 30, b: 40 }, xaxis: { title: "head", dtick: 1 }, yaxis: { title: "layer", dtick: 1 },
+    margin: { l: 50, r: 10, t: 30, b: 40 }, xaxis: { title: { text: "head" }, dtick: 1 }, yaxis: { title: { text: "layer" }, dtick: 1 },
     // the strongest head outlined; a click on any cell shows that head's map
     shapes: [{ type: "rect", x0: best[2] - 0.5, x1: best[2] + 0.5, y0: best[1] - 0.5, y1: best[1] + 0.5,
       line: { color: "#e8590c", width: 2 } }],

@@ -496,6 +496,14 @@ __all__ = ["Atlas", "AtlasConfig", "AtlasRecorder", "LayerRecord", "atlas_attent
            "scores_window", "edges", "run_bytes"]
 
 
+def value_norms_from_gram(values: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """‖v_j W_O^h‖ = √(v_j G_h v_jᵀ) per head and key: values (H, T_k, d_v), gram (H, d_v, d_v) float64 → (H, T_k)
+    float32. Float64 because v G vᵀ sums terms of both signs (a small norm would lose its digits in float32)."""
+    v = values.double()  # (H, T_k, d_v)
+    squared = (torch.matmul(v, gram.to(v.device)) * v).sum(dim=-1)  # (H, T_k)
+    return squared.clamp_min_(0.0).sqrt_().float()
+
+
 @dataclass
 class PendingRecord:
     """A short run's layer, as references to tensors the forward computed anyway; turned into a LayerRecord only
@@ -509,7 +517,19 @@ class PendingRecord:
     interventions: tuple[Intervention, ...]
     layer: int
     query_offset: int = 0
-    value_norms: torch.Tensor | None = None  # (H, T_k), as LayerRecord.value_norms
+    # (V (H, T_k, d_v), G (H, d_v, d_v) float64) when the run keeps value norms: references to what the forward had,
+    # the norms formed from them when first asked for, so a run that never shows a value-weighted map pays nothing
+    # (on a GPU the per-layer float64 work was ~5 ms of a 27 ms run at 128 tokens: launches, not arithmetic)
+    norms_from: tuple[torch.Tensor, torch.Tensor] | None = None
+    _norms: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def value_norms(self) -> torch.Tensor | None:
+        """(H, T_k) float32 ‖v_j W_O^h‖, as LayerRecord.value_norms; None when the run kept none."""
+        if self._norms is None and self.norms_from is not None:
+            self._norms = value_norms_from_gram(*self.norms_from)
+            self.norms_from = None  # V is no longer held
+        return self._norms
 
     def build(self) -> LayerRecord:
         n_heads, n_keys = self.queries.shape[0], self.keys.shape[1]
@@ -525,5 +545,6 @@ class PendingRecord:
         )
 
     def tensors(self) -> list[torch.Tensor]:
-        parts = [self.queries, self.keys, self.allowed, self.extras.bias, self.extras.mask_bias, self.value_norms]
+        parts = [self.queries, self.keys, self.allowed, self.extras.bias, self.extras.mask_bias, self._norms,
+                 *(self.norms_from or ())]
         return [t for t in parts if t is not None]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from models.atlas import PendingRecord, value_norms_from_gram
 from models.interventions import Intervention
 
 
@@ -133,12 +134,13 @@ def keep_value_norms(value: torch.Tensor, layer: int, grams: list[torch.Tensor])
         return
     atlas = getattr(scope, "atlas", None)
     record = (atlas.records if atlas is not None else scope.records).get(layer)
+    if isinstance(record, PendingRecord):  # a short run: the norms are formed when first asked for
+        if record.norms_from is None and record.value_norms is None:
+            record.norms_from = (value[0].detach(), grams[layer])
+        return
     if record is None or record.value_norms is not None:
         return
-    gram = grams[layer].to(value.device)  # (H, d_v, d_v) float64
-    v = value[0].detach().double()  # (H, T_k, d_v)
-    squared = (torch.matmul(v, gram) * v).sum(dim=-1)  # (H, T_k): v G vᵀ = ‖v W_O^h‖²
-    record.value_norms = squared.clamp_min_(0.0).sqrt_().float()
+    record.value_norms = value_norms_from_gram(value[0].detach(), grams[layer])  # (H, T_k)
 
 
 def current_sources() -> Mapping[str, list[torch.Tensor]]:

@@ -353,23 +353,28 @@ class Runtime:
                 self._encoded.popitem(last=False)
         return encoded
 
+    @staticmethod
+    def _cache_keys(adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...],
+                    record_scores: bool) -> list[tuple]:
+        """The cache keys that answer a run, in order: its own, and without scores the run with them (it serves)."""
+        scope = cache_scope.get()  # result_cache_scope="client": each client's own entries (docs/deploy.md)
+        key = (scope, adapter.info.id, encoded.key, interventions, record_scores)
+        return [key] if record_scores else [key, (*key[:-1], True)]
+
     def is_cached(self, adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...],
                   record_scores: bool) -> bool:
         """Whether `run` with these arguments would be answered from the cache (for the checks before the work)."""
-        scope = cache_scope.get()
-        key = (scope, adapter.info.id, encoded.key, interventions, record_scores)
-        return key in self.cache or (not record_scores and (*key[:-1], True) in self.cache)
+        return any(key in self.cache for key in self._cache_keys(adapter, encoded, interventions, record_scores))
 
     def run(
         self, adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...], record_scores: bool
     ) -> AttentionResult:
-        scope = cache_scope.get()  # result_cache_scope="client": each client's own entries (docs/deploy.md)
-        key = (scope, adapter.info.id, encoded.key, interventions, record_scores)
-        result = self.cache.get(key)
-        if result is None and not record_scores:  # a run with scores serves one without them
-            result = self.cache.get((scope, adapter.info.id, encoded.key, interventions, True))
-        if result is not None:
-            return result
+        keys = self._cache_keys(adapter, encoded, interventions, record_scores)
+        key = keys[0]
+        for candidate in keys:
+            result = self.cache.get(candidate)
+            if result is not None:
+                return result
         with self.admitted():
             result = self.cache.get(key)  # another request may have computed it while we waited
             if result is None:

@@ -26,6 +26,7 @@ from app.attention import (build_attention_response, check_request_limits, engin
                            pooling_matrix, thumbnails)
 from app.encoding import fast_json, tensor_field
 from app.ids import new_id
+from app.progress import wants_events
 from app.lifecycle import RequestCancelled, check_cancelled
 from app.runtime import Overloaded, Runtime, UnknownModel
 from app.schemas import FaithfulnessRequest, LensRequest, PatchingRequest
@@ -308,10 +309,6 @@ def _one_token(adapter: CausalLMAdapter, name: str, text: str) -> int:
     return token
 
 
-def _wants_stream(request: Request) -> bool:
-    return "text/event-stream" in request.headers.get("accept", "")
-
-
 def _event(payload: dict) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
@@ -366,7 +363,7 @@ def _stream(job: Callable[[Callable[[int, int], None]], dict]) -> StreamingRespo
 
 
 def _respond(request: Request, job: Callable[[Callable[[int, int], None]], dict]) -> Response:
-    if _wants_stream(request):
+    if wants_events(request):
         return _stream(job)
 
     def progress(_done: int, _total: int) -> None:

@@ -74,9 +74,9 @@ def mean_token_distance(attention: torch.Tensor) -> torch.Tensor:
     in tokens (positions in the returned token list, special tokens included). A row that is all zero
     (every key masked) contributes 0.
 
-    attention: (L, H, T, T) → (L, H)
+    attention: (L, H, T, T) → (L, H), computed on P's device (a GPU run's maps are not copied for it)
     """
     n_tokens = attention.shape[-1]
-    positions = torch.arange(n_tokens, dtype=torch.float32)
+    positions = torch.arange(n_tokens, dtype=torch.float32, device=attention.device)
     distances = (positions[:, None] - positions[None, :]).abs()  # (T, T): |i − j|
     return _weighted_row_sums(attention.float(), distances).mean(dim=-1).float()  # (L, H)

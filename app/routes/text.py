@@ -17,8 +17,9 @@ from app.lifecycle import RequestCancelled, check_cancelled
 from app.progress import respond
 from app.runtime import Overloaded, Runtime, UnknownModel
 from app.schemas import AttentionResponse, GenerateRequest, TextAttentionRequest
-from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, RequestFieldError, token_distance_on_device
+from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, RequestFieldError
 from models.adapters.causal_lm import CausalLMAdapter
+from models.summaries import mean_token_distance
 
 router = APIRouter(prefix="/api/text", tags=["text"])
 _WHAT = "POST /api/text/attention"
@@ -61,10 +62,13 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep, request: Requ
     _refuse_fields(req, adapter.info.output)
     encoded = _encode(runtime, adapter, req)
     if adapter.info.output == "seq2seq":  # attention per kind: encoder, decoder, cross
-        return respond(request, lambda: _with_input_tokens(build_seq2seq_response(runtime, adapter, encoded, req), adapter, encoded, req), _WHAT)
-    # with patch_heads sources in reach, and value-weighted maps on request (app/routes/analysis.py)
+        def build() -> dict:
+            return build_seq2seq_response(runtime, adapter, encoded, req)
+    else:  # with patch_heads sources in reach, and value-weighted maps on request (app/routes/analysis.py)
+        def build() -> dict:
+            return analysis.attention_response(runtime, adapter, encoded, req, text_fields)
     # with Accept: text/event-stream, layer progress events and then this response (app/progress.py)
-    return respond(request, lambda: _with_input_tokens(analysis.attention_response(runtime, adapter, encoded, req, text_fields), adapter, encoded, req), _WHAT)
+    return respond(request, lambda: _with_input_tokens(build(), adapter, encoded, req), _WHAT)
 
 
 def _with_input_tokens(response: dict, adapter: AttentionAdapter, encoded, req: TextAttentionRequest) -> dict:
@@ -88,7 +92,7 @@ def text_fields(result: AttentionResult) -> dict:
     was taken block by block during the run (docs/science.md §10)."""
     if result.is_long:
         return {"mean_distance": result.atlas.mean_distance().tolist()}
-    return {"mean_distance": result.summary("mean_distance", lambda: token_distance_on_device(result.kept_attention).tolist())}
+    return {"mean_distance": result.summary("mean_distance", lambda: mean_token_distance(result.kept_attention).tolist())}
 
 
 @router.post(

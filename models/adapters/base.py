@@ -161,16 +161,6 @@ AttentionResult.attention = property(_host_attention, _keep_attention,  # type: 
                                          "when the run ran on a GPU, the kept tensor itself on a CPU")
 
 
-def token_distance_on_device(attention: torch.Tensor) -> torch.Tensor:
-    """models.summaries.mean_token_distance (Σ_j P[i, j] |i − j| averaged over query rows, docs/science.md §6)
-    computed where P is kept, so a GPU run's maps are not copied for it. (L, H, T, T) → (L, H) float32, on P's
-    device."""
-    n_tokens = attention.shape[-1]
-    positions = torch.arange(n_tokens, dtype=torch.float32, device=attention.device)
-    distances = (positions[:, None] - positions[None, :]).abs()  # (T, T)
-    return torch.einsum("lhij,ij->lhi", attention.float(), distances).double().mean(dim=-1).float()
-
-
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 

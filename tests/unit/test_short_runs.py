@@ -9,9 +9,8 @@ import torch
 
 from app.attention import thumbnails
 from app.runtime import ResultCache
-from models.adapters.base import AttentionResult, token_distance_on_device
+from models.adapters.base import AttentionResult
 from models.adapters.causal_lm import CausalLMAdapter
-from models.summaries import mean_token_distance
 from tests.tiny_models import build_text_model
 
 TEXT = "the cat sat on the mat because it was tired"
@@ -58,11 +57,6 @@ def test_cache_counts_a_host_copy_made_after_put():
     # 400 + 3,200 (first and its copy) + 400 + 400 > 4,000: the oldest, `first`, goes
     assert cache.get(("a",)) is None and cache.get(("b",)) is not None and cache.get(("c",)) is not None
     assert cache._bytes == 800
-
-
-def test_token_distance_where_p_is_kept_equals_the_summary(llama):
-    attention = llama.run(llama.encode(TEXT)).kept_attention
-    torch.testing.assert_close(token_distance_on_device(attention), mean_token_distance(attention))
 
 
 def test_thumbnails_of_kept_maps_unchanged(llama):

@@ -28,17 +28,27 @@ export async function postJSON(url, body, { channel = url } = {}) {
       body: JSON.stringify(body),
       signal: controller.signal,
     });
-    const payload = await response.json().catch(() => ({ detail: response.statusText }));
-    if (!response.ok) throw new ApiError(response.status, payload.detail);
-    return payload;
+    return await readJSON(response);
   } finally {
     if (inflight.get(channel) === controller) inflight.delete(channel);
   }
 }
 
 export async function getJSON(url) {
-  const response = await fetch(url);
-  const payload = await response.json().catch(() => ({ detail: response.statusText }));
+  return readJSON(await fetch(url));
+}
+
+// A response's JSON body; a refusal (not ok) throws an ApiError with the server's detail, or the status text when
+// the body is not JSON. Any other failure to read the body is thrown as it is: an ok body cut short by an abort (a
+// newer request on the channel) once resolved to { detail: "OK" }, and the caller read fields it did not have.
+export async function readJSON(response) {
+  let payload;
+  try {
+    payload = await response.json();
+  } catch (err) {
+    if (response.ok || isAbort(err)) throw err;
+    payload = { detail: response.statusText };
+  }
   if (!response.ok) throw new ApiError(response.status, payload.detail);
   return payload;
 }

@@ -3,7 +3,7 @@
 // the heads ranked by alignment; interventions (mask a span by dragging over the spectrogram, β on cross heads,
 // ablate heads) re-run the model, and the transcript before/after, per-token Δp and the streamed greedy transcript
 // show what the decoder heard.
-import { ApiError, getJSON, isAbort, postJSON, serverEvents, setStatus } from "./api.js";
+import { ApiError, getJSON, isAbort, postJSON, readJSON, serverEvents, setStatus } from "./api.js";
 import { byId as $, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
 import { MODEBAR_REMOVE } from "./vendor.js";
@@ -99,10 +99,12 @@ async function uploadBlob(blob, name) {
   const form = new FormData();
   form.append("file", blob, name);
   const response = await fetch("/api/audio", { method: "POST", body: form });
-  const payload = await response.json().catch(() => ({ detail: response.statusText }));
-  if (!response.ok) {
-    const message = new ApiError(response.status, payload.detail).message;
-    showError(message);
+  let payload;
+  try {
+    payload = await readJSON(response);
+  } catch (err) {
+    if (!(err instanceof ApiError)) throw err;
+    showError(err.message);
     setStatus("upload refused", { error: true });
     return;
   }
@@ -699,7 +701,7 @@ async function streamTranscript() {
       method: "POST", headers: { "Content-Type": "application/json" }, signal: controller.signal,
       body: JSON.stringify({ ...modelFields(), audio_id: state.audioId, interventions: interventions() }),
     });
-    if (!response.ok) throw new ApiError(response.status, (await response.json().catch(() => ({}))).detail);
+    if (!response.ok) await readJSON(response); // throws the refusal
     for await (const { event, data } of serverEvents(response.body, { named: true })) {
       if (data) out.textContent = data.text || "…";
       if (event === "done") out.dataset.done = "1";

@@ -1,7 +1,7 @@
 // The output side of language models on the text page (§9): the next-token distribution before and
 // after the interventions, the two greedy continuations streamed side by side, and an encoder–decoder's
 // decoded target with its per-token probabilities.
-import { ApiError, serverEvents } from "./api.js";
+import { readJSON, serverEvents } from "./api.js";
 import { byId, count, el, fillList, showToken } from "./dom.js";
 import { fmt } from "./mathx.js";
 
@@ -112,10 +112,7 @@ export function mountContinuation({ body, onError }) {
       const res = await fetch("/api/text/generate", {
         method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(request), signal: mine.signal,
       });
-      if (!res.ok) {
-        const payload = await res.json().catch(() => ({ detail: res.statusText }));
-        throw new ApiError(res.status, payload.detail);
-      }
+      if (!res.ok) await readJSON(res); // throws the refusal
       for await (const event of serverEvents(res.body)) {
         if (event.done) {
           // Sides that stopped short of the tokens asked for ended (both at once end the stream with no

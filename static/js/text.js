@@ -2,7 +2,7 @@
 // the laboratory (static/js/lab/lab.js: β, masks, ablation, perturbations, effects, summaries, softmax panel,
 // export, shareable URL). Language models add the next-token panel and the two continuations (lm.js);
 // encoder–decoders add the attention kind (encoder / decoder / cross) and the decoded target.
-import { ApiError, getJSON, isAbort, postJSON, serverEvents, setStatus } from "./api.js";
+import { getJSON, isAbort, postJSON, readJSON, serverEvents, setStatus } from "./api.js";
 import { byId as $, numbered, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, entropy, fmt, maxAbs, softmaxRow } from "./mathx.js";
 import { drawDiff } from "./views/diff.js";
@@ -108,9 +108,7 @@ async function fetchAttention(body, { progress }) {
       body: JSON.stringify(body), signal: mine.signal,
     });
     if (!res.ok || !res.headers.get("content-type")?.startsWith("text/event-stream")) {
-      const payload = await res.json().catch(() => ({ detail: res.statusText }));
-      if (!res.ok) throw new ApiError(res.status, payload.detail);
-      return payload;
+      return readJSON(res);
     }
     for await (const event of serverEvents(res.body)) {
       if (event.done) return event;

@@ -100,7 +100,8 @@ def page(browser, page_log):
     context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
     pg = context.new_page()
     pg.on("console", lambda m: page_log.errors.append(m.text) if m.type == "error" else None)
-    pg.on("pageerror", lambda e: page_log.errors.append(str(e)))
+    # the stack names the script and line of an uncaught error (the message alone often doesn't say where)
+    pg.on("pageerror", lambda e: page_log.errors.append(f"{e.message}\n{e.stack or ''}".strip()))
 
     def on_request(request):
         host = urlparse(request.url).hostname

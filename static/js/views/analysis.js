@@ -6,7 +6,7 @@
 //
 // mountAnalysis({info, text, interventions, onError}): info() the selected ModelInfo, text() the prompt box,
 // interventions() the lab's list. The panels follow the model on their own (decoder LMs; faithfulness also encoders).
-import { ApiError, postJSON, serverEvents } from "../api.js";
+import { postJSON, readJSON, serverEvents } from "../api.js";
 import { byId, el, fillList, showToken } from "../dom.js";
 import { fmt } from "../mathx.js";
 import { loadPlotly } from "../vendor.js";
@@ -65,10 +65,7 @@ function mountPatching(info, onError) {
         method: "POST", headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
         body: JSON.stringify(request), signal: mine.signal,
       });
-      if (!res.ok) {
-        const payload = await res.json().catch(() => ({ detail: res.statusText }));
-        throw new ApiError(res.status, payload.detail);
-      }
+      if (!res.ok) await readJSON(res); // throws the refusal
       for await (const event of serverEvents(res.body)) {
         if (event.error) throw new Error(event.error);
         if (event.progress !== undefined) {

@@ -2,6 +2,8 @@
 layer's block (for the residual stream), each layer's output projection W_O, and the final norm (the lens)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -38,15 +40,20 @@ def layer_blocks(model: nn.Module, layer_of: dict[int, int]) -> list[nn.Module]:
     return blocks
 
 
-def output_projections(model: nn.Module, layer_of: dict[int, int], n_heads: int, head_dim: int) -> list[torch.Tensor]:
+def output_projections(model: nn.Module, layer_of: dict[int, int], n_heads: int | Sequence[int],
+                       head_dim: int | Sequence[int]) -> list[torch.Tensor]:
     """W_O of every layer as (H, d_v, D): head h's output (d_v,) times W_O[h] is its share of the layer's output.
+    n_heads / head_dim: one for every layer, or one per layer (encoder–decoders whose kinds differ in heads).
 
     The projection is the attention module's own (o_proj, out_proj, c_proj, o) or, in BERT/ViT, the sibling
     `output.dense` of the self-attention module."""
     parents = _parents(model)
-    width = n_heads * head_dim
+    modules = attention_modules(model, layer_of)
+    heads_of = [n_heads] * len(modules) if isinstance(n_heads, int) else list(n_heads)
+    dims_of = [head_dim] * len(modules) if isinstance(head_dim, int) else list(head_dim)
     out = []
-    for module in attention_modules(model, layer_of):
+    for module, n_heads, head_dim in zip(modules, heads_of, dims_of):
+        width = n_heads * head_dim
         candidates = [getattr(module, name, None) for name in ("o_proj", "out_proj", "c_proj", "o", "dense")]
         if id(module) in parents:
             sibling_output = getattr(parents[id(module)][0], "output", None)

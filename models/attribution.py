@@ -13,7 +13,7 @@ import weakref
 import torch
 
 from models.adapters.base import AttentionAdapter, Encoded
-from models.anatomy import output_projections
+from models.anatomy import attention_modules, output_projections
 from models.atlas import Atlas, LayerRecord, full_rows
 from models.head_ops import HeadRun, current_sources, head_run
 from models.interventions import Intervention
@@ -42,11 +42,32 @@ def run_value_norms(adapter: AttentionAdapter, encoded: Encoded, interventions: 
         inputs["logits_to_keep"] = 1
     with head_run(HeadRun(values=values, sources=current_sources())):  # patch_heads sources stay visible
         adapter._forward(inputs, interventions, record_scores=False)
-    info = adapter.info
-    projections = output_projections(adapter.model, adapter.layer_of, info.heads, info.head_dim)
+    projections = output_projections(adapter.model, adapter.layer_of, *layer_head_shapes(adapter))
     with torch.inference_mode():
         norms = [value_norms(values[l][0].to(w.dtype), w).float().cpu() for l, w in enumerate(projections)]
     return torch.stack(norms)  # (L, H, T)
+
+
+def layer_head_shapes(adapter: AttentionAdapter) -> tuple[list[int], list[int]]:
+    """(heads, d_v) of every engine layer, in the engine's numbering. An encoder–decoder's kinds may differ in heads
+    (BART's encoder_attention_heads vs decoder_attention_heads; T5's d_kv is not D / H), so each attention module's
+    own numbers are read where it has them (num_heads/n_heads/num_attention_heads, head_dim/key_value_proj_dim/
+    attention_head_size), else the model's per kind."""
+    info = adapter.info
+    kind_of = {g: kind for kind, layers in (getattr(adapter, "kind_layers", None) or {}).items() for g in layers}
+    heads, dims = [], []
+    for layer, module in enumerate(attention_modules(adapter.model, adapter.layer_of)):
+        decoder_side = kind_of.get(layer, "encoder") != "encoder"
+        default_heads = (getattr(info, "decoder_heads", None) or info.heads) if decoder_side else info.heads
+        n_heads = next((int(v) for v in (getattr(module, name, None) for name in
+                                          ("num_heads", "n_heads", "num_attention_heads")) if isinstance(v, int)),
+                       default_heads)
+        head_dim = next((int(v) for v in (getattr(module, name, None) for name in
+                                           ("head_dim", "key_value_proj_dim", "attention_head_size")) if isinstance(v, int)),
+                        info.head_dim)
+        heads.append(n_heads)
+        dims.append(head_dim)
+    return heads, dims
 
 
 # ---- value norms kept with a run (windows, rows and overviews of long inputs) --------------------------------------
@@ -63,9 +84,8 @@ def value_grams(adapter: AttentionAdapter) -> list[torch.Tensor] | None:
     model = adapter.model
     with _grams_lock:
         if model not in _grams:
-            info = adapter.info
             try:
-                projections = output_projections(model, adapter.layer_of, info.heads, info.head_dim)
+                projections = output_projections(model, adapter.layer_of, *layer_head_shapes(adapter))
             except ValueError:
                 _grams[model] = None
             else:
@@ -79,6 +99,17 @@ def kept_value_norms(atlas: Atlas | None) -> torch.Tensor | None:
     if atlas is None:
         return None
     norms = [atlas.records[l].value_norms for l in sorted(atlas.records)]
+    if any(n is None for n in norms):
+        return None
+    return torch.stack([n.cpu() for n in norms])
+
+
+def layer_value_norms(atlas: Atlas | None, layers: list[int]) -> torch.Tensor | None:
+    """The kept norms of the given engine layers (one kind of an encoder–decoder: its keys are the same tokens),
+    (l, H, T_k) float32 on the host; None when any of them has none."""
+    if atlas is None:
+        return None
+    norms = [atlas.records[g].value_norms if g in atlas.records else None for g in layers]
     if any(n is None for n in norms):
         return None
     return torch.stack([n.cpu() for n in norms])

@@ -133,6 +133,12 @@ class AttentionRequestBase(_Strict):
     )
 
 
+# value-weighted maps (Kobayashi et al. 2020), offered wherever P is: text, images, encoder–decoders, speech
+Weighting = Literal["attention", "value_norm"]
+WEIGHTING_DESCRIPTION = ("'value_norm': maps of ‖P[i,j]·v_j W_O^h‖ normalised per row instead of P (Kobayashi et al. "
+                         "2020: what each key's value adds to the head's output)")
+
+
 class TextAttentionRequest(AttentionRequestBase):
     model: str = "minilm"
     text: str = Field(min_length=1, description="the sentence; for encoder–decoders the source (at most max_text_chars)")
@@ -141,9 +147,9 @@ class TextAttentionRequest(AttentionRequestBase):
         None, description="decoder LMs: the query position whose next-token distribution is shown (null = the last)"
     )
     chat: bool = Field(False, description="decoder LMs with a chat template: wrap `text` as a user turn")
-    weighting: Literal["attention", "value_norm"] = Field(
-        "attention", description="'value_norm': maps of ‖P[i,j]·v_j W_O^h‖ normalised per row instead of P "
-        "(Kobayashi et al. 2020; encoders and decoder LMs)"
+    weighting: Weighting = Field(
+        "attention", description=WEIGHTING_DESCRIPTION + "; encoders, decoder LMs and encoder–decoders (every kind: "
+        "the cross maps weighted by the source tokens' values)"
     )
     target: str | None = Field(
         None,
@@ -245,6 +251,8 @@ class AttentionResponse(BaseModel):
     attention: Any = Field(description="[L][H][T][T] probabilities after interventions (or base64 f16)")
     scores: Any = None
     base_attention: Any = Field(None, description="with compare and include_base: the same slices of P without interventions")
+    base_run_id: str | None = Field(None, description="inputs over full_map_tokens with compare: the kept run without "
+                                    "the interventions (its windows; P̂ − P by POST /api/runs/{run_id}/window `minus`)")
     effect: Effect | None = None
     warnings: list[str]
 

@@ -24,13 +24,14 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import Field
 from starlette.datastructures import UploadFile
 
-from app.attention import build_attention_response, check_request_limits, fast_json, field_error
+from app.attention import check_request_limits, fast_json, field_error
 from app.deps import ImageStoreDep, RuntimeDep
 from app.ids import new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.lifecycle import check_cancelled
+from app.routes import analysis
 from app.runtime import Runtime, UnknownModel
-from app.schemas import AttentionRequestBase, AttentionResponse, IndexList
+from app.schemas import WEIGHTING_DESCRIPTION, AttentionRequestBase, AttentionResponse, IndexList, Weighting
 from app.templating import templates
 from models.adapters.base import AttentionResult, Encoded
 from models.images import (
@@ -258,6 +259,8 @@ class ImageAttentionRequest(AttentionRequestBase):
     queries: IndexList | None = Field(
         None, description="query rows of `attention`/`scores` to return (null = all rows): [L][H][len(queries)][T]",
     )
+    weighting: Weighting = Field("attention", description=WEIGHTING_DESCRIPTION + "; `rollout` and `mean_distance` "
+                                 "stay those of P")
 
 
 def image_fields(adapter, encoded: Encoded, req: ImageAttentionRequest, item: StoredImage):
@@ -323,7 +326,9 @@ def image_attention(req: ImageAttentionRequest, runtime: RuntimeDep, store: Imag
             f"(at most {max_image_size(adapter, cap)} px on this model)"))
     check_cancelled()
     encoded = runtime.encode(adapter, ("image", req.image_id, size), lambda: adapter.encode(item.image, req.image_id, size))
-    return fast_json(build_attention_response(runtime, adapter, encoded, req, image_fields(adapter, encoded, req, item)))
+    # value norms kept with the run (its windows/rows can be value-weighted later); weighting "value_norm" weights the
+    # maps, thumbnails and received (app/routes/analysis.py, as for text)
+    return fast_json(analysis.attention_response(runtime, adapter, encoded, req, image_fields(adapter, encoded, req, item)))
 
 
 def image_tokens(adapter, size: int) -> int:

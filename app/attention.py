@@ -250,6 +250,8 @@ def build_attention_response(
         warnings.append(f"input truncated to {n_tokens} tokens (the model's max_tokens)")
     if result.is_long:
         response = _long_response(adapter, encoded, req, result, layers, heads, requested_queries, queries, effect, warnings)
+        # the run without the interventions, kept too: its windows, and P̂ − P by /window's `minus`
+        response["base_run_id"] = base.run_id if base is not None else None
         response["elapsed_s"] = getattr(result, "elapsed_s", None) if limits.expose_timings else None
         if family_fields is not None:
             response.update(family_fields(result))
@@ -300,7 +302,7 @@ def _long_response(adapter: AttentionAdapter, encoded: Encoded, req: AttentionRe
         warnings.append(f"effect.attention_tv is not computed for inputs over full_map_tokens={adapter.full_map_tokens:,} "
                         "(the runs keep no maps); hidden_cosine and the output change are")
     if req.compare and req.include_base:
-        warnings.append("base_attention is not sent for long inputs: ask the base run's windows instead")
+        warnings.append("base_attention is not sent for long inputs: ask the base run's windows instead (base_run_id)")
     if req.include_scores:
         warnings.append(f"scores are not sent for inputs over full_map_tokens={adapter.full_map_tokens:,}: they come by "
                         "window (POST /api/runs/{run_id}/window with include_scores)")
@@ -384,7 +386,9 @@ def build_seq2seq_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: E
     if encoded.truncated:
         warnings.append(f"source truncated to {n_source} tokens (the model's max_tokens)")
     if result.is_long:
-        return _seq2seq_long_response(adapter, encoded, req, result, layers, heads, effect, warnings)
+        response = _seq2seq_long_response(adapter, encoded, req, result, layers, heads, effect, warnings)
+        response["base_run_id"] = base.run_id if base is not None else None  # for /window's `minus` (P̂ − P)
+        return response
     return {
         "model": info.id, "tokens": encoded.tokens, "target_tokens": encoded.extra["target_tokens"],
         "truncated": encoded.truncated, "layers": layers, "heads": heads, "native_beta": info.native_beta,
@@ -404,7 +408,7 @@ def _seq2seq_long_response(adapter: Seq2SeqAdapter, encoded: Encoded, req: Atten
         warnings.append(f"effect.attention_tv is not computed for inputs over full_map_tokens={adapter.full_map_tokens:,} "
                         "(the runs keep no maps); hidden_cosine and the output change are")
     if req.compare and req.include_base:
-        warnings.append("base_attention is not sent for long inputs: ask the base run's windows instead")
+        warnings.append("base_attention is not sent for long inputs: ask the base run's windows instead (base_run_id)")
     atlas = result.atlas
     overview = {}
     for kind in KINDS:

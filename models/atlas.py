@@ -133,10 +133,10 @@ def _blocked(record: LayerRecord, r0: int, r1: int, c0: int, c1: int,
     return blocked
 
 
-@torch.inference_mode()
-def full_rows(record: LayerRecord, heads: list[int], r0: int, r1: int, beta: float | None = None) -> torch.Tensor:
-    """P[r0:r1, :] of the given heads, normalised over the whole row; with `beta`, at that β instead of the
-    run's (view mode: no model re-run). Rows with every key masked are 0. → (h, r, T_k) float32"""
+def _row_logits(record: LayerRecord, heads: list[int], r0: int, r1: int,
+                beta: float | None) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """z of rows [r0, r1) over the keys those rows may see, masked cells −∞: (z (h, r, c) float32, the mask
+    (1|h, r, c) or None, c). A causal model's keys after the last row are left out (c < T_k): they are all masked."""
     n_keys = record.keys.shape[1]
     cols = min(n_keys, r1 + record.query_offset) if record.model_causal else n_keys
     rep = record.n_rep
@@ -150,6 +150,38 @@ def full_rows(record: LayerRecord, heads: list[int], r0: int, r1: int, beta: flo
     blocked = _blocked(record, r0, r1, 0, cols, heads)
     if blocked is not None:
         z = z.masked_fill(blocked, float("-inf"))
+    return z, blocked, cols
+
+
+@torch.inference_mode()
+def full_row_entropy(record: LayerRecord, heads: list[int], r0: int, r1: int, beta: float | None = None,
+                     block: int = 128) -> torch.Tensor:
+    """H_i = −Σ_j P_ij log P_ij of rows [r0, r1), each over ALL its keys (nats), at `beta` when given, from q̂ k̂ᵀ:
+    H_i = lse_i − Σ_j P_ij z_ij with lse_i the row's log-sum-exp. Blocks of `block` rows, so memory is
+    O(h·block·T_k) whatever r1 − r0 is. A row with every key masked has entropy 0. → (h, r) float32"""
+    out = []
+    for b0 in range(r0, r1, block):
+        b1 = min(r1, b0 + block)
+        z, blocked, _ = _row_logits(record, heads, b0, b1, beta)  # (h, b, c)
+        top = z.amax(dim=-1, keepdim=True)  # (h, b, 1): −∞ for a row with every key masked
+        live = torch.isfinite(top[..., 0])
+        # shifted by the row's max: lse and Σ p·z are then O(1) and their difference keeps its float32 digits
+        z = z - torch.where(torch.isfinite(top), top, 0.0)
+        lse = torch.logsumexp(z, dim=-1)  # (h, b)
+        probs = torch.exp(z - torch.where(live, lse, 0.0)[..., None])  # (h, b, c): exp(−∞) = 0 at masked cells
+        finite_z = z if blocked is None else z.masked_fill(blocked, 0.0)  # p = 0 there: Σ p·z over allowed keys
+        entropy = torch.where(live, lse - _row_dot(probs, finite_z), torch.zeros_like(lse)).clamp_min_(0.0)
+        out.append(entropy)
+        del z, probs, finite_z
+    return torch.cat(out, dim=1)
+
+
+@torch.inference_mode()
+def full_rows(record: LayerRecord, heads: list[int], r0: int, r1: int, beta: float | None = None) -> torch.Tensor:
+    """P[r0:r1, :] of the given heads, normalised over the whole row; with `beta`, at that β instead of the
+    run's (view mode: no model re-run). Rows with every key masked are 0. → (h, r, T_k) float32"""
+    n_keys = record.keys.shape[1]
+    z, blocked, cols = _row_logits(record, heads, r0, r1, beta)
     probs = torch.softmax(z, dim=-1)
     if blocked is not None:
         probs = probs.nan_to_num_(0.0)  # a row with every key masked: all 0, never NaN
@@ -493,7 +525,7 @@ def run_bytes(n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, n_que
 
 
 __all__ = ["Atlas", "AtlasConfig", "AtlasRecorder", "LayerRecord", "atlas_attention", "window", "full_rows",
-           "scores_window", "edges", "run_bytes"]
+           "full_row_entropy", "scores_window", "edges", "run_bytes"]
 
 
 def value_norms_from_gram(values: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:

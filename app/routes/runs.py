@@ -1,7 +1,8 @@
 """Kept runs (docs/science.md §10): exact windows of any head, and one query row over every key, rebuilt from what
 the run kept (q̂, k̂, β, masks, extras) without re-running the model.
 
-POST /api/runs/{run_id}/window  — P[r0:r1, c0:c1] of one head (optionally at a view β, optionally with Ŝ)
+POST /api/runs/{run_id}/window  — P[r0:r1, c0:c1] of one head (optionally at a view β, optionally with Ŝ), the
+                                  entropy of each of its rows over every key, or P̂ − P against another run
 POST /api/runs/{run_id}/row     — P[i, :] of the chosen layers × heads, and per head the mass on a span of keys
 """
 from __future__ import annotations
@@ -19,8 +20,9 @@ from app.ids import is_valid_id
 from app.runtime import Runtime
 from app.schemas import AttentionKind, _Strict
 from models.adapters.base import AttentionResult
-from models.atlas import LayerRecord, full_rows, scores_window, window
+from models.atlas import LayerRecord, full_row_entropy, full_rows, scores_window, window
 from models.attribution import value_weighted_rows
+from models.interventions import row_entropy
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
@@ -42,6 +44,8 @@ class WindowRequest(_Strict):
                                "β for this head (from q̂ k̂ᵀ, no model re-run); null = the run's own")
     include_scores: bool = Field(False, description="also Ŝ = q̂ k̂ᵀ for the window (before β, masks and softmax)")
     weighting: Weighting = WEIGHTING
+    minus: str | None = Field(None, description="another kept run of the same model and tokens (e.g. a compare's "
+                              "base_run_id): `attention` is then this run's window minus that run's (P̂ − P)")
     encoding: Encoding = "json"
 
 
@@ -91,13 +95,17 @@ def _range(values: list[int], size: int, name: str) -> tuple[int, int]:
 
 
 @router.post("/{run_id}/window", responses={
-    404: {"description": "unknown or evicted run"}, 413: {"description": "over max_window_cells"},
-    422: {"description": "indices out of range"}})
+    404: {"description": "unknown or evicted run (this one, or the run named by `minus`)"},
+    413: {"description": "over max_window_cells"},
+    422: {"description": "indices out of range; `minus` a run of another model or token count"}})
 def run_window(run_id: str, req: WindowRequest, runtime: RuntimeDep) -> Response:
     """One head's attention P[r0:r1, c0:c1] of a kept run, exactly as the run computed it (every row normalised over
     all its keys), rebuilt from q̂ k̂ᵀ with the run's β, masks and extras — the way to look into inputs over
     full_map_tokens, whose responses carry an overview instead of maps (see /guide#s10). `beta` re-normalises the
-    window's rows at another β for this head without re-running the model (view mode)."""
+    window's rows at another β for this head without re-running the model (view mode). `row_entropy` is the entropy
+    of each of the window's rows over ALL its keys (not only the window's columns). With `minus` (another kept run
+    of the same model and tokens, e.g. a compare's `base_run_id`) `attention` is the difference P̂ − P of the two
+    runs' windows, each computed as above."""
     result = _kept(runtime, run_id)
     global_layer, n_rows, n_cols = _layer(runtime, result, req.layer, req.kind, ("layer",))
     record = result.atlas.record(global_layer)
@@ -109,19 +117,54 @@ def run_window(run_id: str, req: WindowRequest, runtime: RuntimeDep) -> Response
     if cells > cap:
         raise HTTPException(413, detail=f"the window has {cells:,} cells, over max_window_cells={cap:,}: ask for fewer "
                             "rows or cols")
+    other = _minus_run(runtime, result, req, (n_rows, n_cols)) if req.minus is not None else None
+    block = result.atlas.config.block_rows  # rows per block of the entropy: the run's own block size
+    attention, entropy = _window_of(result, req, global_layer, rows, cols, block)
+    body = {"layer": req.layer, "head": req.head, "rows": list(rows), "cols": list(cols), "kind": req.kind,
+            "beta": req.beta, "weighting": req.weighting, "minus": req.minus,
+            "scores": tensor_field(scores_window(record, req.head, rows, cols), req.encoding) if req.include_scores else None}
+    if other is not None:
+        other_attention, other_entropy = _window_of(other, req, global_layer, rows, cols, block)
+        attention = attention - other_attention.to(attention.device)  # P̂ − P: (r, c)
+        body["minus_row_entropy"] = other_entropy.tolist()
+    body["attention"] = tensor_field(attention, req.encoding)
+    body["row_entropy"] = entropy.tolist()  # (r,) nats
+    return fast_json(body)
+
+
+def _minus_run(runtime: Runtime, result: AttentionResult, req: WindowRequest, shape: tuple[int, int]) -> AttentionResult:
+    """The run named by `minus`: kept (else 404), of the same model, and with the same query and key counts in the
+    asked layer (else 422 naming `minus`)."""
+    other = _kept(runtime, req.minus)
+    if other.model_id != result.model_id:
+        raise field_error(("minus",), f"run {req.minus!r} is of model {other.model_id}, this run of {result.model_id}: "
+                          "a difference window needs two runs of the same model")
+    _, other_rows, other_cols = _layer(runtime, other, req.layer, req.kind, ("layer",))
+    if (other_rows, other_cols) != shape:
+        raise field_error(("minus",), f"run {req.minus!r} has {other_rows} query × {other_cols} key tokens here and "
+                          f"this run {shape[0]} × {shape[1]}: a difference window needs the same tokens")
+    return other
+
+
+def _window_of(result: AttentionResult, req: WindowRequest, global_layer: int, rows: tuple[int, int],
+               cols: tuple[int, int], block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the window (r, c), the entropy of each of its rows over every key (r,) float32 on the host) of one run, at
+    the request's β and weighting."""
+    record = result.atlas.record(global_layer)
     kept = _kept_maps(result, req.kind, req.layer)
     if req.weighting == "value_norm":  # every key of the rows is needed: each row is renormalised over all of them
         _check_norms(record)
         probs = kept[req.head, rows[0]:rows[1]][None] if kept is not None and req.beta is None else None  # (1, r, T_k)
-        attention = value_weighted_rows(record, [req.head], rows[0], rows[1], req.beta, probs)[0, :, cols[0]:cols[1]]
-    elif kept is not None and req.beta is None:  # a short run keeps P: the window is a slice of it
+        full = value_weighted_rows(record, [req.head], rows[0], rows[1], req.beta, probs)[0]  # (r, T_k)
+        # the entropy of the map shown: the value-weighted rows, each a distribution over every key
+        return full[:, cols[0]:cols[1]], row_entropy(full).float().cpu()
+    if kept is not None and req.beta is None:  # a short run keeps P: the window is a slice of it
         attention = kept[req.head, rows[0]:rows[1], cols[0]:cols[1]]
     else:
         attention = window(record, req.head, rows, cols, req.beta)
-    body = {"layer": req.layer, "head": req.head, "rows": list(rows), "cols": list(cols), "kind": req.kind,
-            "beta": req.beta, "weighting": req.weighting, "attention": tensor_field(attention, req.encoding),
-            "scores": tensor_field(scores_window(record, req.head, rows, cols), req.encoding) if req.include_scores else None}
-    return fast_json(body)
+    # from q̂ k̂ᵀ and each row's log-sum-exp, blocks of rows: no r × T_k map beyond one block
+    entropy = full_row_entropy(record, [req.head], rows[0], rows[1], req.beta, block)[0].cpu()  # (r,)
+    return attention, entropy
 
 
 def _check_norms(record: LayerRecord) -> None:

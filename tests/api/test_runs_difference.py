@@ -1,0 +1,126 @@
+"""Windows of kept runs (issue 20's gaps, docs/api.md "Runs, windows and long inputs"): the difference window P̂ − P
+of two runs (`minus`, with a long compare's `base_run_id`) and the entropy of each window row over ALL its keys
+(`row_entropy`), checked against the full maps of the same tiny Llama (GQA) run short, with masks and β."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+from tests.tiny_models import build_text_model
+
+TEXT = ("the cat sat on the mat because it was tired , the dog ran on the street . a big red car did not cross "
+        "the small blue house , it was the capital of france")
+# a key mask on two heads and a temperature on another: P̂ − P has cells of both signs in layer 1
+INTERVENTIONS = [{"op": "mask_keys", "tokens": [2, 5], "layers": [1], "heads": [0, 3]},
+                 {"op": "temperature", "beta": 0.5, "layers": [1], "heads": [2]}]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return str(build_text_model("llama", tmp_path_factory.mktemp("llama-diff")))
+
+
+def _client(llama, **overrides):
+    settings = Settings(default_models=["lm"], extra_models={"lm": llama}, max_response_numbers=200_000, **overrides)
+    return TestClient(create_app(settings))
+
+
+@pytest.fixture(scope="module")
+def long_client(llama):
+    with _client(llama, full_map_tokens=8, overview_blocks=6, atlas_block_rows=4, max_window_cells=1000) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def short_client(llama):
+    with _client(llama) as c:
+        yield c
+
+
+def _attention(client, text=TEXT, **body):
+    response = client.post("/api/text/attention", json={"model": "lm", "text": text, **body})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _window(client, run, **body):
+    response = client.post(f"/api/runs/{run}/window", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _entropy(p: np.ndarray) -> np.ndarray:
+    p = p.astype(np.float64)
+    return -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=-1)
+
+
+def test_difference_window_is_the_difference_of_the_two_runs(long_client, short_client):
+    long = _attention(long_client, interventions=INTERVENTIONS, compare=True)
+    run, base = long["run_id"], long["base_run_id"]
+    assert base and base != run and long["attention"] is None
+    short = _attention(short_client, interventions=INTERVENTIONS, compare=True, include_base=True)
+    full_diff = np.array(short["attention"]) - np.array(short["base_attention"])  # (L, H, T, T)
+    n = len(long["tokens"])
+    for head in range(4):
+        box = {"layer": 1, "head": head, "rows": [3, n], "cols": [0, 14]}
+        diff = np.array(_window(long_client, run, minus=base, **box)["attention"])
+        after = np.array(_window(long_client, run, **box)["attention"])
+        before = np.array(_window(long_client, base, **box)["attention"])
+        assert np.abs(diff - (after - before)).max() <= 1e-7
+        assert np.abs(diff - full_diff[1, head, 3:n, 0:14]).max() <= 1e-6
+    masked = np.array(_window(long_client, run, minus=base, layer=1, head=0, rows=[3, n], cols=[0, 14])["attention"])
+    assert masked.min() < -1e-3 and masked.max() > 1e-3  # the masked keys lose, the others gain
+    untouched = np.array(_window(long_client, run, minus=base, layer=0, head=0, rows=[3, n], cols=[0, 14])["attention"])
+    assert np.abs(untouched).max() <= 1e-6  # layer 0 has no intervention: P̂ = P
+    # a short run's windows are slices of its kept P: the difference too (the base run is kept, by its own id)
+    short_base = _attention(short_client)["run_id"]
+    diff = _window(short_client, short["run_id"], minus=short_base, layer=1, head=3, rows=[0, 9], cols=[0, n])
+    assert np.abs(np.array(diff["attention"]) - full_diff[1, 3, :9]).max() <= 1e-6
+
+
+def test_difference_window_refusals(long_client):
+    run = _attention(long_client, interventions=INTERVENTIONS)["run_id"]
+    other_tokens = _attention(long_client, text=TEXT + " again and again")["run_id"]
+    box = {"layer": 1, "head": 0, "rows": [0, 4], "cols": [0, 4]}
+    refused = long_client.post(f"/api/runs/{run}/window", json={**box, "minus": other_tokens})
+    assert refused.status_code == 422 and "minus" in str(refused.json()["detail"]), refused.text
+    gone = long_client.post(f"/api/runs/{run}/window", json={**box, "minus": "0" * 32})
+    assert gone.status_code == 404 and "no longer kept" in gone.json()["detail"]
+    too_big = long_client.post(f"/api/runs/{run}/window", json={**box, "rows": [0, 38], "cols": [0, 38],
+                                                                  "minus": other_tokens})
+    assert too_big.status_code == 413 and "max_window_cells" in too_big.json()["detail"]
+
+
+@pytest.mark.parametrize("beta", [None, 0.7])
+def test_row_entropy_is_the_entropy_of_each_full_row(long_client, short_client, beta):
+    """Each window row's entropy over every key (not the window's columns), at the run's β or the view β, with the
+    run's key masks: equal to −Σ P log P of the full map's rows (≤ 1e-5)."""
+    run = _attention(long_client, interventions=INTERVENTIONS)["run_id"]
+    # the same run short, P in full; at a view β the same head re-run with that temperature
+    ivs = INTERVENTIONS if beta is None else [INTERVENTIONS[0], {"op": "temperature", "beta": beta, "layers": [1],
+                                                                 "heads": [0]}]
+    full = np.array(_attention(short_client, interventions=ivs)["attention"])  # (L, H, T, T)
+    n = full.shape[-1]
+    window = _window(long_client, run, layer=1, head=0, rows=[1, n], cols=[4, 12], beta=beta)  # blocks of 4 rows
+    expected = _entropy(full[1, 0, 1:n])
+    assert len(window["row_entropy"]) == n - 1
+    assert np.abs(np.array(window["row_entropy"]) - expected).max() <= 1e-5
+    # not the entropy of the window's columns alone
+    assert np.abs(np.array(window["row_entropy"]) - _entropy(full[1, 0, 1:n, 4:12])).max() > 1e-2
+
+
+def test_row_entropy_of_value_weighted_windows_and_of_both_runs(long_client):
+    long = _attention(long_client, interventions=INTERVENTIONS, compare=True)
+    run, base, n = long["run_id"], long["base_run_id"], len(long["tokens"])
+    box = {"layer": 1, "head": 3, "rows": [10, 14], "cols": [0, 6]}
+    weighted = _window(long_client, run, weighting="value_norm", **box)
+    rows = long_client.post(f"/api/runs/{run}/row", json={"row": 12, "layers": [1], "heads": [3],
+                                                          "weighting": "value_norm"}).json()["attention"][0][0]
+    assert abs(weighted["row_entropy"][2] - _entropy(np.array(rows))) <= 1e-5
+    diff = _window(long_client, run, minus=base, **box)
+    assert diff["row_entropy"] == _window(long_client, run, **box)["row_entropy"]
+    assert diff["minus_row_entropy"] == _window(long_client, base, **box)["row_entropy"]
+    assert n > 14

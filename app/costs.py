@@ -34,6 +34,10 @@ from fastapi import HTTPException
 request_model_seconds: contextvars.ContextVar[float | None] = contextvars.ContextVar("request_model_seconds",
                                                                                     default=None)
 
+# The model runs (forwards) this request's cost check counted: the ones the result cache does not hold. A progress
+# stream (app/progress.py) shows one bar over all of them: runs × layers.
+request_model_runs: contextvars.ContextVar[int | None] = contextvars.ContextVar("request_model_runs", default=None)
+
 MIN_TIMED_S = 0.2  # runs shorter than this do not update a model's measured throughput
 INTERVENTION_WEIGHT = 4  # elementwise work per score per intervention, in multiply-add equivalents
 # A decode's peak: the decoded bitmap (≤ 4 B/px: RGBA, CMYK, 32-bit gray) + its RGB copy (3 B/px) + a stripe.
@@ -128,6 +132,7 @@ def check_request_cost(adapter, settings, tokens: int, runs: int, interventions:
     seconds = estimated_seconds(adapter, settings, macs)
     limit = settings.request_timeout_s
     request_model_seconds.set(seconds)
+    request_model_runs.set(runs)
     if seconds > limit:
         raise HTTPException(413, detail=(
             f"{field}: this request needs {runs} model run{'s' if runs > 1 else ''} over {tokens:,} tokens"

@@ -2,8 +2,11 @@
 
 A first view of thousands of tokens takes seconds on a CPU. When the client asks with `Accept: text/event-stream`,
 `respond` runs the request's work in a worker thread with `app.lifecycle.request_progress` set, and streams
-`{"progress": layers_done, "total": n_layers, "run": k}` after each attention layer of the k-th model run, then
-`{"done": true, …the usual JSON response…}`. A client that leaves (a page's Cancel) stops the work at the next layer.
+`{"progress": done, "total": runs × n_layers, "run": k, "runs": runs}` after each attention layer of the k-th of the
+request's `runs` model runs (a compare runs the model once more, and once per further sample; runs the result cache
+holds are not run and not counted), `done` = (k − 1)·n_layers + the layers done in run k: one bar from 0 to total
+over the whole request, never restarting; then `{"done": true, …the usual JSON response…}`. A client that leaves
+(a page's Cancel) stops the work at the next layer.
 
 Refusals before the first layer (422, 413, 503, …) are still answered with their own status: the endpoint waits for
 the work's first event (a layer done, the answer, or an error) before it starts the stream.
@@ -21,6 +24,7 @@ import orjson
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
+from app.costs import request_model_runs
 from app.encoding import fast_json
 from app.lifecycle import RequestCancelled, check_cancelled, request_progress
 from app.runtime import Overloaded
@@ -55,7 +59,10 @@ def respond(request: Request, job: Callable[[], dict[str, Any]], what: str) -> R
             heard["run"] += 1
         heard["run"] = max(heard["run"], 1)
         heard.update(done=done, total=total)
-        events.put({"progress": done, "total": total, "run": heard["run"]})
+        run = heard["run"]
+        # the runs the cost check counted (set in this worker thread's context); more if the request made more
+        runs = max(run, request_model_runs.get() or 1)
+        events.put({"progress": (run - 1) * total + done, "total": runs * total, "run": run, "runs": runs})
 
     def work() -> None:
         request_progress.set(progress)  # in this thread's copy of the request's context only

@@ -94,7 +94,7 @@ function request({ thumbnails = false, partial = false } = {}) {
 // request asks for layer progress (server-sent events) and the page shows a progress bar with Cancel.
 const mayBeLong = (text) => text.length > 2 * (limits.full_map_tokens ?? 512);
 
-// POST /api/text/attention; with progress, `{"progress", "total", "run"}` events drive the bar until the response.
+// POST /api/text/attention; with progress, `{"progress", "total", "run", "runs"}` events drive the bar until the response.
 // Cancel (or a newer load) aborts the fetch: the server stops the run at its next layer.
 let runController = null;
 async function fetchAttention(body, { progress }) {
@@ -121,14 +121,15 @@ async function fetchAttention(body, { progress }) {
   }
 }
 
-// The progress bar: layers done of the model run in progress (null: hidden).
+// The progress bar: layers done over every model run of the request (a compare runs the model twice: one bar to
+// runs × layers, app/progress.py) (null: hidden).
 function showProgress(event) {
   const box = $("run-progress");
   box.hidden = !event;
   if (!event) return;
   $("run-progress-bar").max = event.total;
   $("run-progress-bar").value = event.progress;
-  const run = event.run > 1 ? ` (model run ${event.run})` : "";
+  const run = (event.runs ?? 1) > 1 ? ` (model run ${event.run} of ${event.runs})` : "";
   $("run-progress-text").textContent = `first view: layers done ${event.progress} of ${event.total}${run}`;
   box.dataset.progress = String(event.progress);
   box.dataset.total = String(event.total);

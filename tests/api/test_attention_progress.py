@@ -48,7 +48,7 @@ def test_layers_then_the_response(client):
     status, kind, events = _events(client, text=TEXT + " one", layers=[1], heads=[0], encoding="f32")
     assert status == 200 and kind.startswith("text/event-stream")
     *progress, done = events
-    assert progress == [{"progress": k, "total": n_layers, "run": 1} for k in range(1, n_layers + 1)]
+    assert progress == [{"progress": k, "total": n_layers, "run": 1, "runs": 1} for k in range(1, n_layers + 1)]
     assert done["done"] is True and done["attention"] is None and done["overview"]["edges"][-1] == len(done["tokens"])
     # the same request without the stream: the cached run, the same answer
     plain = client.post("/api/text/attention", json={"model": "lm", "text": TEXT + " one", "layers": [1], "heads": [0],
@@ -70,6 +70,23 @@ def test_a_cached_run_answers_at_once_and_each_run_is_counted(client):
     events = _events(client, text=TEXT + " three", interventions=[mask], compare=True)[2]
     runs = [e["run"] for e in events if "progress" in e]
     assert runs == [1] * n_layers + [2] * n_layers and events[-1]["done"] and events[-1]["effect"] is not None
+
+
+@pytest.mark.parametrize("samples, runs", [(1, 2), (3, 4)])
+def test_one_bar_over_every_run_of_a_request(client, samples, runs):
+    """A compare runs the model twice (and once more per further sample): the bar goes once from 1 to runs × layers,
+    every event with the same total, never restarting."""
+    n_layers = _layers(client)
+    noise = {"op": "perturb_keys", "noise_std": 0.5, "layers": [0]}  # samples re-seed it: every run is a new run
+    events = _events(client, text=TEXT + f" five {samples}", interventions=[noise], compare=True, samples=samples)[2]
+    *progress, done = events
+    assert done["done"] is True and done["effect"] is not None
+    assert [e["progress"] for e in progress] == list(range(1, runs * n_layers + 1))  # monotone, one step a layer
+    assert {e["total"] for e in progress} == {runs * n_layers} and {e["runs"] for e in progress} == {runs}
+    assert [e["run"] for e in progress] == [k for k in range(1, runs + 1) for _ in range(n_layers)]
+    # the same request again: every run cached, answered at once (nothing to count)
+    again = _events(client, text=TEXT + f" five {samples}", interventions=[noise], compare=True, samples=samples)[2]
+    assert len(again) == 1 and again[0]["done"]
 
 
 @pytest.mark.parametrize("body, status, field", [

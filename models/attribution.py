@@ -129,17 +129,18 @@ def value_weighted_rows(record: LayerRecord, heads: list[int], r0: int, r1: int,
 
 
 @torch.inference_mode()
-def value_weighted_overview(atlas: Atlas, block_rows: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+def value_weighted_overview(atlas: Atlas, block_rows: int = 128,
+                            layers: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The overview of the value-weighted maps of a long run: Σ over each overview block's cells (L, H, nR, nC), on
     the same edges as P's (Atlas.overview divides by the cells), and received (L, H, T_k) = Σ_i VW[i, j] / T_q.
     P is rebuilt block by block of rows from q̂/k̂ (no T × T map held, no model re-run): about the attention's own
-    arithmetic once more."""
-    layers = sorted(atlas.records)
-    row_edges, col_edges = atlas.row_edges(), atlas.col_edges()
-    row_width, col_width = row_edges[1] - row_edges[0], col_edges[1] - col_edges[0]
-    block = max(row_width, block_rows // row_width * row_width)  # blocks start on overview rows
+    arithmetic once more. `layers`: engine layers of one shape (one kind of an encoder–decoder; default all)."""
+    layers = sorted(atlas.records) if layers is None else layers
     sums, received = [], []
     for layer in layers:
+        row_edges, col_edges = atlas.row_edges(layer), atlas.col_edges(layer)  # a kind's own queries and keys
+        row_width, col_width = row_edges[1] - row_edges[0], col_edges[1] - col_edges[0]
+        block = max(row_width, block_rows // row_width * row_width)  # blocks start on overview rows
         record = atlas.record(layer)
         heads = list(range(record.n_heads))
         n_queries, n_keys = record.queries.shape[1], record.keys.shape[1]

@@ -22,8 +22,8 @@ import torch
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
 
-from app.attention import (build_attention_response, check_request_limits, engine_interventions, field_error,
-                           pooling_matrix, thumbnails)
+from app.attention import (build_attention_response, build_seq2seq_response, check_request_limits, engine_interventions,
+                           field_error, pooling_matrix, seq2seq_interventions, thumbnails)
 from app.encoding import fast_json, tensor_field
 from app.ids import new_id
 from app.progress import wants_events
@@ -36,7 +36,8 @@ from models.adapters.causal_lm import CausalLMAdapter
 from models.adapters.seq2seq import Seq2SeqAdapter
 from models.anatomy import layer_blocks
 from models.attribution import (
-    kept_value_norms, run_value_norms, value_grams, value_weighted, value_weighted_overview, value_weighted_rows,
+    kept_value_norms, layer_value_norms, run_value_norms, value_grams, value_weighted, value_weighted_overview,
+    value_weighted_rows,
 )
 from models.faithfulness import faithfulness
 from models.head_ops import HeadRun, head_run
@@ -169,8 +170,6 @@ def request_sources(runtime: Runtime, adapter: AttentionAdapter, interventions: 
 
 # ---- /api/text/attention: sources and value-weighted maps --------------------------------------------------------
 def refuse_for_seq2seq(req) -> None:
-    if req.weighting != "attention":
-        raise field_error(("weighting",), "value_norm maps are offered for encoders and decoder LMs, not encoder–decoders")
     for i, item in enumerate(req.interventions):
         if item.op in PATCH_OPS:
             raise field_error(("interventions", i, "op"), f"{item.op} is not offered for encoder–decoder models")
@@ -195,6 +194,63 @@ def attention_response(runtime: Runtime, adapter: AttentionAdapter, encoded: Enc
         if req.weighting == "value_norm":
             _value_weighting(runtime, adapter, encoded, req, response)
     return response
+
+
+def seq2seq_attention_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: Encoded, req) -> dict[str, Any]:
+    """build_seq2seq_response with value norms kept with every run it makes (windows and rows of every kind can be
+    value-weighted later); with weighting "value_norm" each kind's maps (short) or overview and received (long)
+    replaced by the value-weighted ones: encoder and cross keys weighted by the source tokens' values, the decoder's
+    by the target tokens'."""
+    if req.weighting == "value_norm" and value_grams(adapter) is None:
+        raise field_error(("weighting",), f"value_norm: no output projection W_O found in model {adapter.info.id}")
+    with head_run(HeadRun(value_grams=value_grams(adapter))):
+        response = build_seq2seq_response(runtime, adapter, encoded, req)
+    if req.weighting == "value_norm":
+        interventions = seq2seq_interventions(req, adapter, len(encoded.tokens), len(encoded.extra["target_tokens"]))
+        response["weighting"] = "value_norm"
+        kinds_value_weighting(runtime, adapter, req, response, runtime.run(adapter, encoded, interventions, False),
+                              lambda: runtime.run(adapter, encoded, (), False))
+    return response
+
+
+def kinds_value_weighting(runtime: Runtime, adapter, req, response: dict, result, base_run: Callable | None = None,
+                          kinds: tuple[str, ...] = ("encoder", "decoder", "cross")) -> None:
+    """Replace the P of each kind in an encoder–decoder (or Whisper) response by its value-weighted map: `attention`
+    [kind] (and `base_attention`[kind]) of a short run, `overview`[kind] and `received`[kind] of a long one (rebuilt
+    from q̂/k̂ block by block, once per cached run). `response` names the layers (within the kind) and heads."""
+    layers, heads = response["layers"], response["heads"]
+
+    def norms_of(run, kind: str) -> torch.Tensor:
+        norms = layer_value_norms(run.atlas, adapter.kind_layers[kind])  # (L_kind, H, T_k)
+        if norms is None:
+            raise HTTPException(409, detail="this run kept no value norms: run the input again")
+        return norms
+
+    if result.is_long:
+        atlas = result.atlas
+        for kind in kinds:
+            def overview(kind=kind) -> tuple[torch.Tensor, torch.Tensor]:
+                norms_of(result, kind)
+                check_cancelled()
+                with runtime.admitted():  # the attention's arithmetic once more: it takes its turn like a run
+                    return value_weighted_overview(atlas, atlas.config.block_rows, adapter.kind_layers[kind])
+            sums, received = result.summary(f"value_overview_{kind}", overview)  # (L_k, H, nR, nC), (L_k, H, T_k)
+            first = adapter.kind_layers[kind][0]
+            rows = torch.tensor(atlas.row_edges(first)).diff().float()
+            cols = torch.tensor(atlas.col_edges(first)).diff().float()
+            means = sums[layers][:, heads] / (rows[:, None] * cols[None, :])  # (l, h, nR, nC)
+            response["overview"][kind] = {**response["overview"][kind], "maps": tensor_field(means, req.encoding)}
+            response["received"][kind] = tensor_field(received[layers][:, heads], req.encoding)
+        return
+
+    def weighted(run, kind: str) -> torch.Tensor:
+        return value_weighted(run.by_kind[kind][layers][:, heads], norms_of(run, kind)[layers][:, heads])  # (l, h, ·, ·)
+
+    response["attention"] = {**response["attention"], **{kind: tensor_field(weighted(result, kind), req.encoding)
+                                                         for kind in kinds if response["attention"].get(kind) is not None}}
+    if response.get("base_attention") is not None and base_run is not None:
+        base = base_run()
+        response["base_attention"] = {kind: tensor_field(weighted(base, kind), req.encoding) for kind in kinds}
 
 
 def run_norms(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, result, interventions) -> torch.Tensor:

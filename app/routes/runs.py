@@ -31,7 +31,8 @@ Range = Annotated[list[Index], Field(min_length=2, max_length=2)]
 Encoding = Literal["json", "f16", "f32"]
 Weighting = Literal["attention", "value_norm"]
 WEIGHTING = Field("attention", description="'value_norm': the value-weighted map ‖P[i,j]·v_j W_O^h‖ renormalised per "
-                  "row (each row over all its keys) from the per-key norms the run kept, instead of P (text runs)")
+                  "row (each row over all its keys) from the per-key norms the run kept, instead of P (text, image, "
+                  "encoder–decoder and speech runs; every kind)")
 
 
 class WindowRequest(_Strict):
@@ -169,8 +170,8 @@ def _window_of(result: AttentionResult, req: WindowRequest, global_layer: int, r
 
 def _check_norms(record: LayerRecord) -> None:
     if record.value_norms is None:
-        raise field_error(("weighting",), "value_norm: this run kept no value norms (text runs of /api/text/attention "
-                          "keep them; image, speech and encoder–decoder runs do not)")
+        raise field_error(("weighting",), "value_norm: this run kept no value norms (runs of /api/text/attention, "
+                          "/api/image/attention and /api/audio/attention keep them): run the input again")
 
 
 def _kept_maps(result: AttentionResult, kind: str | None, layer: int) -> torch.Tensor | None:

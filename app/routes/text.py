@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
-from app.attention import (build_attention_response, build_seq2seq_response, check_request_limits, engine_interventions,
+from app.attention import (build_attention_response, check_request_limits, engine_interventions,
                            fast_json, field_error)
 from app.costs import check_stream_cost, observe_run
 from app.deps import RuntimeDep
@@ -62,8 +62,8 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep, request: Requ
     _refuse_fields(req, adapter.info.output)
     encoded = _encode(runtime, adapter, req)
     if adapter.info.output == "seq2seq":  # attention per kind: encoder, decoder, cross
-        def build() -> dict:
-            return build_seq2seq_response(runtime, adapter, encoded, req)
+        def build() -> dict:  # value norms kept with its runs, value-weighted maps of every kind on request
+            return analysis.seq2seq_attention_response(runtime, adapter, encoded, req)
     else:  # with patch_heads sources in reach, and value-weighted maps on request (app/routes/analysis.py)
         def build() -> dict:
             return analysis.attention_response(runtime, adapter, encoded, req, text_fields)

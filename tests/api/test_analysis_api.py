@@ -112,8 +112,9 @@ def test_value_norm_weighting_rows_sum_to_one_and_differ_from_p(client):
     weighted = np.array(r.json()["attention"])
     assert weighted.shape == plain.shape and np.allclose(weighted.sum(-1), 1, atol=1e-5)
     assert not np.allclose(weighted, plain, atol=1e-3)
+    # encoder–decoders too (every kind; tests/api/test_value_weighting_seq2seq.py checks the maps)
     r = client.post("/api/text/attention", json={"model": "tiny-bart", "text": "the cat", "weighting": "value_norm"})
-    assert r.status_code == 422 and _loc(r) == ["body", "weighting"]
+    assert r.status_code == 200 and r.json()["weighting"] == "value_norm"
 
 
 def test_faithfulness_endpoint(client):
@@ -258,11 +259,11 @@ def test_patch_sources_have_their_own_bounded_store_404_and_410(short_and_long):
 
 
 def test_value_norm_windows_of_runs_without_norms_and_a_streamed_first_view(client):
-    # an encoder–decoder run keeps no value norms: its windows refuse the weighting, naming it
+    # an encoder–decoder run keeps its value norms too: its cross windows take the weighting
     run_id = client.post("/api/text/attention", json={"model": "tiny-bart", "text": "the cat", "target": "the dog"}).json()["run_id"]
     r = client.post(f"/api/runs/{run_id}/window", json={"layer": 0, "head": 0, "rows": [0, 2], "cols": [0, 2],
                                                          "kind": "cross", "weighting": "value_norm"})
-    assert r.status_code == 422 and _loc(r) == ["body", "weighting"]
+    assert r.status_code == 200 and r.json()["weighting"] == "value_norm"
     # the progress stream of /api/text/attention answers the same value-weighted maps
     req = {"model": "tiny-llama", "text": CLEAN, "layers": [1], "heads": [2], "weighting": "value_norm"}
     plain = client.post("/api/text/attention", json=req).json()

@@ -8,7 +8,10 @@ of size d costs about
 
 (every weight once per token; QKᵀ and PV per head; n interventions each touching every score and every key
 vector once — a perturbation draws d noise values per key, at every decoding step too — counted four times:
-elementwise work and random numbers are memory-bound). A request runs `runs` such forwards (1, or 1 + samples with
+elementwise work and random numbers are memory-bound). A long text first view with `weighting: "value_norm"` also
+builds its value-weighted overview (models/attribution.value_weighted_overview): every score of every head rebuilt
+from q̂/k̂ and passed through softmax, weighting, renormalising and pooling, counted as VALUE_OVERVIEW_WEIGHT·L·H·T·T_k·d
+(`value_overview_macs`). A request runs `runs` such forwards (1, or 1 + samples with
 `compare`: the base and every sample). Its seconds are that total over the model's throughput: measured from
 the model's own runs (`THROUGHPUT`, runs of at least MIN_TIMED_S only: tiny runs are all overhead), else the
 `compute_gmacs_per_s` setting. A request estimated over `request_timeout_s` would only be admitted to time
@@ -38,6 +41,16 @@ request_model_seconds: contextvars.ContextVar[float | None] = contextvars.Contex
 # stream (app/progress.py) shows one bar over all of them: runs × layers.
 request_model_runs: contextvars.ContextVar[int | None] = contextvars.ContextVar("request_model_runs", default=None)
 
+# Work a request does besides its forwards, not yet counted: (field, what, multiply-adds), set by the route before the
+# response is built (the value-weighted overview of a long first view). check_request_cost counts it with the runs;
+# when every run is cached, check_extra_cost counts it alone just before the work.
+request_extra_work: contextvars.ContextVar[tuple[str, str, float] | None] = contextvars.ContextVar(
+    "request_extra_work", default=None)
+
+# The value-weighted overview per score, in units of the head size d. Measured: at 2,048 tokens on smollm2-135m it
+# took 0.83× the long first run itself (benchmarks/results/value_norms_cpu.json), 0.83·forward_macs / (L·H·T²·d) ≈ 4.8:
+# the product q̂·k̂ once, then several float32 passes over every score that run far below the matmul rate.
+VALUE_OVERVIEW_WEIGHT = 5.0
 MIN_TIMED_S = 0.2  # runs shorter than this do not update a model's measured throughput
 INTERVENTION_WEIGHT = 4  # elementwise work per score per intervention, in multiply-add equivalents
 # A decode's peak: the decoded bitmap (≤ 4 B/px: RGBA, CMYK, 32-bit gray) + its RGB copy (3 B/px) + a stripe.
@@ -63,6 +76,12 @@ def forward_macs(shape: ModelShape, queries: int, keys: int, interventions: int 
 def request_runs(samples: int, compare: bool) -> int:
     """Forwards of an attention request: the run, and with `compare` the base and each further sample."""
     return 1 + samples if compare else 1
+
+
+def value_overview_macs(shape: ModelShape, queries: int, keys: int, layers: int | None = None) -> float:
+    """The value-weighted overview of a long run over `layers` (default all of the shape's; see the module doc)."""
+    layers = shape.layers if layers is None else layers
+    return VALUE_OVERVIEW_WEIGHT * layers * shape.heads * queries * keys * shape.head_dim
 
 
 def stream_macs(shape: ModelShape, prompt: int, new_tokens: int, interventions: int) -> float:
@@ -129,6 +148,10 @@ def check_request_cost(adapter, settings, tokens: int, runs: int, interventions:
     macs = runs * forward_macs(shape, tokens, keys or tokens, interventions)
     # work a family does besides its forwards, once per request (a long image's rollout: models/adapters/vit.py)
     macs += getattr(adapter, "summary_macs", lambda n: 0.0)(tokens)
+    extra = request_extra_work.get()
+    if extra is not None:  # counted here, with the runs, once
+        macs += extra[2]
+        request_extra_work.set(None)
     seconds = estimated_seconds(adapter, settings, macs)
     limit = settings.request_timeout_s
     request_model_seconds.set(seconds)
@@ -136,9 +159,27 @@ def check_request_cost(adapter, settings, tokens: int, runs: int, interventions:
     if seconds > limit:
         raise HTTPException(413, detail=(
             f"{field}: this request needs {runs} model run{'s' if runs > 1 else ''} over {tokens:,} tokens"
-            f"{f' with {interventions} interventions' if interventions else ''}, about {seconds:,.0f} s of model "
+            f"{f' with {interventions} interventions' if interventions else ''}"
+            f"{f' and {extra[1]}' if extra is not None else ''}, about {seconds:,.0f} s of model "
             f"time on {adapter.info.id}, over request_timeout_s={limit:g} s; ask for fewer samples, a shorter input "
-            "or fewer interventions"))
+            f"or fewer interventions{f' (or {extra[0]} as before)' if extra is not None else ''}"))
+
+
+def check_extra_cost(adapter, settings) -> None:
+    """The request's extra work (request_extra_work) when check_request_cost did not count it (every run was in the
+    result cache: a weighting switch after a long first view): 413 naming its field when it alone would not finish
+    within request_timeout_s."""
+    extra = request_extra_work.get()
+    if extra is None:
+        return
+    request_extra_work.set(None)
+    field, what, macs = extra
+    seconds = estimated_seconds(adapter, settings, macs)
+    limit = settings.request_timeout_s
+    if seconds > limit:
+        raise HTTPException(413, detail=(
+            f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
+            f"request_timeout_s={limit:g} s; use a shorter input"))
 
 
 def check_stream_cost(adapter, settings, prompt: int, new_tokens: int, interventions: int) -> None:

@@ -24,6 +24,7 @@ from fastapi.responses import StreamingResponse
 
 from app.attention import (build_attention_response, build_seq2seq_response, check_request_limits, engine_interventions,
                            field_error, pooling_matrix, seq2seq_interventions, thumbnails)
+from app.costs import check_extra_cost, model_shape, request_extra_work, value_overview_macs
 from app.encoding import fast_json, tensor_field
 from app.ids import new_id
 from app.progress import wants_events
@@ -184,11 +185,19 @@ def refuse_for_generate(req) -> None:
                               "/api/text/lens, not for continuations (each decoding step sees one new position)")
 
 
+OVERVIEW_FIELD, OVERVIEW_WHAT = "weighting", "the value-weighted overview (weighting value_norm)"
+
+
 def attention_response(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req,
                        family_fields: Callable | None = None) -> dict[str, Any]:
     """build_attention_response with the request's patch sources in reach and value norms kept with every run it
     makes (so windows, rows and overviews of the kept run can be value-weighted later); with weighting "value_norm"
     the maps, thumbnails and received replaced by those of ‖P[i,j]·v_j W_O^h‖ normalised per row."""
+    n_tokens = len(encoded.tokens)
+    long_value = req.weighting == "value_norm" and n_tokens > adapter.full_map_tokens
+    # a long value-weighted first view rebuilds its overview from q̂/k̂: counted by the cost estimate (app/costs.py)
+    request_extra_work.set((OVERVIEW_FIELD, OVERVIEW_WHAT, value_overview_macs(model_shape(adapter), n_tokens, n_tokens))
+                           if long_value else None)
     with head_run(request_sources(runtime, adapter, req.interventions, value_norms=True)):
         response = build_attention_response(runtime, adapter, encoded, req, family_fields)
         if req.weighting == "value_norm":
@@ -203,6 +212,15 @@ def seq2seq_attention_response(runtime: Runtime, adapter: Seq2SeqAdapter, encode
     by the target tokens'."""
     if req.weighting == "value_norm" and value_grams(adapter) is None:
         raise field_error(("weighting",), f"value_norm: no output projection W_O found in model {adapter.info.id}")
+    n_source, n_target = len(encoded.tokens), len(encoded.extra["target_tokens"])
+    if req.weighting == "value_norm" and max(n_source, n_target) > adapter.full_map_tokens:  # every kind's overview
+        info, shape = adapter.info, model_shape(adapter)
+        macs = sum(value_overview_macs(shape, q, k, layers) for q, k, layers in (
+            (n_source, n_source, info.layers), (n_target, n_target, info.decoder_layers),
+            (n_target, n_source, info.decoder_layers)))
+        request_extra_work.set((OVERVIEW_FIELD, OVERVIEW_WHAT, macs))
+    else:
+        request_extra_work.set(None)
     with head_run(HeadRun(value_grams=value_grams(adapter))):
         response = build_seq2seq_response(runtime, adapter, encoded, req)
     if req.weighting == "value_norm":
@@ -231,6 +249,7 @@ def kinds_value_weighting(runtime: Runtime, adapter, req, response: dict, result
         for kind in kinds:
             def overview(kind=kind) -> tuple[torch.Tensor, torch.Tensor]:
                 norms_of(result, kind)
+                check_extra_cost(adapter, runtime.settings)  # every run was cached: the overviews alone (app/costs.py)
                 check_cancelled()
                 with runtime.admitted():  # the attention's arithmetic once more: it takes its turn like a run
                     return value_weighted_overview(atlas, atlas.config.block_rows, adapter.kind_layers[kind])
@@ -314,6 +333,7 @@ def _long_value_weighting(runtime: Runtime, req, response: dict, result, layers:
         raise HTTPException(409, detail="this long run kept no value norms: run the input again")
 
     def overview() -> tuple[torch.Tensor, torch.Tensor]:
+        check_extra_cost(runtime.adapter(result.model_id), runtime.settings)  # every run was cached: the overview alone
         check_cancelled()
         with runtime.admitted():  # the attention's arithmetic once more: it takes its turn like a run
             return value_weighted_overview(atlas, atlas.config.block_rows)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
+import torch
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
@@ -33,11 +34,13 @@ from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.lifecycle import check_cancelled
 from app.routes.images import _error, _too_large, decode_gate, read_upload
 from app.runtime import Runtime, UnknownModel
-from app.schemas import IndexList, Interventions, _Strict, to_engine
+from app.schemas import WEIGHTING_DESCRIPTION, IndexList, Interventions, Weighting, _Strict, to_engine
 from app.templating import templates
 from models.adapters.base import Encoded
 from models.adapters.seq2seq import KINDS, KindScopedIntervention
-from models.adapters.whisper import POSITION_S, WhisperAdapter
+from models.adapters.whisper import POSITION_S, WhisperAdapter, encoder_overview
+from models.attribution import layer_value_norms, value_grams, value_weighted, value_weighted_rows
+from models.head_ops import HeadRun, head_run
 from models.audio import AudioInputError, DecodedAudio, decode_bytes, to_wav
 from models.effects import attention_tv
 
@@ -184,6 +187,9 @@ class AudioAttentionRequest(_Strict):
     interventions: Interventions = Field(default_factory=list)
     compare: bool = False
     encoding: Literal["json", "f16", "f32"] = "json"
+    weighting: Weighting = Field("attention", description=WEIGHTING_DESCRIPTION + "; cross keys (encoder positions, "
+                                 "20 ms each) weighted by what each frame's value adds, the encoder overview pooled "
+                                 "from the value-weighted encoder maps; `words`, `alignment` and `effect` stay P's")
 
 
 def _audio_adapter(runtime: Runtime, model: str) -> WhisperAdapter:
@@ -279,14 +285,23 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
         raise HTTPException(413, detail=f"the response would hold {numbers:,} numbers, over max_response_numbers="
                             f"{runtime.settings.max_response_numbers:,}; ask for fewer layers/heads/kinds")
     check_cancelled()
-    base = runtime.run(adapter, encoded, (), False)
-    result = runtime.run(adapter, encoded, interventions, False) if interventions else base
+    grams = value_grams(adapter)
+    if req.weighting == "value_norm" and grams is None:
+        raise field_error(("weighting",), f"value_norm: no output projection W_O found in model {info.id}")
+    with head_run(HeadRun(value_grams=grams)):  # every run keeps its value norms: windows/rows can be value-weighted
+        base = runtime.run(adapter, encoded, (), False)
+        result = runtime.run(adapter, encoded, interventions, False) if interventions else base
+    value_norm = req.weighting == "value_norm"
     attention: dict[str, Any] = {}
     for kind in ("cross", "decoder"):
-        attention[kind] = tensor_field(result.by_kind[kind][layers][:, heads], req.encoding) if kind in req.kinds else None
+        maps = result.by_kind[kind][layers][:, heads] if kind in req.kinds else None  # (l, h, N, ·)
+        if maps is not None and value_norm:
+            maps = value_weighted(maps, _kind_norms(adapter, result, kind)[layers][:, heads])
+        attention[kind] = None if maps is None else tensor_field(maps, req.encoding)
     attention["encoder"] = None
     if "encoder" in req.kinds:
-        overview = result.output["encoder_overview"][encoder_layers][:, heads]  # (l, h, B, B)
+        overview = (_value_encoder_overview(runtime, adapter, result) if value_norm
+                    else result.output["encoder_overview"])[encoder_layers][:, heads]  # (l, h, B, B)
         attention["encoder"] = {"overview": tensor_field(overview, req.encoding), "layers": encoder_layers,
                                 "block_positions": result.derived["overview_block"], "positions": n_positions}
     effect = None
@@ -311,12 +326,41 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
         "transcript": encoded.extra["text"], "task": encoded.extra["task"], "language": encoded.extra["language"],
         "language_prob": encoded.extra["language_prob"], "languages": info.languages,
         "shape": {"encoder_layers": info.encoder_layers, "decoder_layers": info.decoder_layers, "heads": info.heads},
-        "layers": layers, "heads": heads, "kinds": req.kinds,
+        "layers": layers, "heads": heads, "kinds": req.kinds, "weighting": req.weighting,
         "native_beta": info.native_beta, "attention": attention, "entropy": result.derived["entropy"],
         "output": adapter.output_summary(result, encoded), "effect": effect,
         "words": adapter.word_times(base, encoded), "alignment": adapter.alignment_ranking(base, encoded),
         "warnings": warnings,
     })
+
+
+def _kind_norms(adapter: WhisperAdapter, result, kind: str) -> torch.Tensor:
+    """‖v_j W_O^h‖ of one kind's layers, (L_kind, H, T_k): cross keys are the 1,500 encoder positions."""
+    norms = layer_value_norms(result.atlas, adapter.kind_layers[kind])
+    if norms is None:  # a run made without them (none of this route's): the same input again keeps them
+        raise HTTPException(409, detail="this run kept no value norms: run the clip again")
+    return norms
+
+
+def _value_encoder_overview(runtime: Runtime, adapter: WhisperAdapter, result) -> torch.Tensor:
+    """The encoder overview of the value-weighted encoder maps, (L_enc, H, B, B) on the blocks of the P overview:
+    each layer's 1,500 rows rebuilt from its kept q̂/k̂ (the run keeps no encoder P), weighted by the frames' value
+    norms and pooled (models/adapters/whisper.encoder_overview); once per cached run, taking its turn like a run."""
+    def compute() -> torch.Tensor:
+        _kind_norms(adapter, result, "encoder")
+        n_positions = result.derived["n_positions"]
+        pooled = []
+        check_cancelled()
+        with runtime.admitted():
+            for layer in adapter.kind_layers["encoder"]:
+                record = result.atlas.record(layer)
+                heads = []
+                for head in range(record.n_heads):  # a head at a time: one 1,500² map held, not H of them
+                    rows = value_weighted_rows(record, [head], 0, record.queries.shape[1])  # (1, 1500, 1500)
+                    heads.append(encoder_overview(rows[None], n_positions)[0][0, 0])  # (B, B)
+                pooled.append(torch.stack(heads))  # (H, B, B)
+        return torch.stack(pooled)
+    return result.summary("value_encoder_overview", compute)
 
 
 @router.post("/api/audio/transcribe")

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import base64
+import functools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
@@ -240,11 +242,6 @@ def build_attention_response(
     result, base, effect = _sample_runs(runtime, adapter, encoded, req, interventions, req.include_scores and not long,
                                         lambda base, run: _effect(adapter, base, run, encoded, layers, heads))
 
-    rows = slice(None) if requested_queries is None else queries
-
-    def sliced(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor[layers][:, heads][:, :, rows]  # (l, h, q, T)
-
     warnings = list(result.warnings)
     if encoded.truncated:
         warnings.append(f"input truncated to {n_tokens} tokens (the model's max_tokens)")
@@ -256,33 +253,73 @@ def build_attention_response(
         if family_fields is not None:
             response.update(family_fields(result))
         return response
+    response = short_response(adapter, encoded, req, result, base, layers, heads, requested_queries, queries, family_fields)
+    response.update(effect=effect, warnings=warnings,
+                    elapsed_s=getattr(result, "elapsed_s", None) if limits.expose_timings else None)  # a cache oracle otherwise
+    return response
+
+
+def short_response(adapter: AttentionAdapter, encoded: Encoded, req: AttentionRequestBase, result: AttentionResult,
+                   base: AttentionResult | None, layers: list[int], heads: list[int], requested_queries: list[int] | None,
+                   queries: list[int], family_fields: Callable[[AttentionResult], dict[str, Any]] | None = None,
+                   ) -> dict[str, Any]:
+    """The first view of a short run (P kept whole, on the device it ran on: GPU memory on a GPU): slices of P (and Ŝ),
+    received, thumbnails and summaries of every head, the output panel, and the family's fields.
+
+    Everything taken from the run's device tensors is formed there, batched over every layer and head (the thumbnails
+    one pooled product over the stacked (L, H, T, T) maps), and read to the host in ONE copy (read_to_host); the
+    output panel (adapter.output_summary) is the only other read. A family field returned as a tensor (the text
+    route's mean distance) joins that copy and is sent as nested lists. On a GPU each separate read is a
+    synchronisation and a copy of its own, and at 128-512 tokens the first view is bound by them and by kernel
+    launches, not by arithmetic (benchmarks/results/gpu_long.md, "Response building (CPU proxy)")."""
+    kept = result.kept_attention  # (L, H, T, T) on the run's device
+    layer_index, head_index = _as_index(layers), _as_index(heads)
+    # (l, h, T, T): one copy kernel when the indices run in steps of one (the layout the means below had before)
+    selected = kept[layer_index][:, head_index].contiguous()
+    rows = slice(None) if requested_queries is None else queries
+    device_parts: dict[str, torch.Tensor] = {  # what is read to the host, in one copy
+        "attention": selected if requested_queries is None else selected[:, :, rows],  # (l, h, q, T)
+        "received": selected.mean(dim=2),  # (l, h, T): the attention each key gets, averaged over queries
+    }
+    if req.include_scores:
+        device_parts["scores"] = result.scores_slice(layers, heads, rows)  # (l, h, q, T)
+    if base is not None and req.include_base:
+        device_parts["base_attention"] = base.kept_attention[layer_index][:, head_index][:, :, rows]  # (l, h, q, T)
+    if "entropy" not in result.derived:  # a run's own entropy is taken during its forward
+        device_parts["entropy"] = row_entropy(kept).mean(dim=-1)  # (L, H)
+    thumbnail_key = f"thumbnails{req.thumbnail_size}"
+    if req.thumbnail_size and thumbnail_key not in result.derived:  # (L, H, t, t) levels and each head's max
+        device_parts["thumbnail_levels"], device_parts["thumbnail_max"] = thumbnail_levels(kept, req.thumbnail_size)
+    family = family_fields(result) if family_fields is not None else {}
+    tensor_fields = [name for name, value in family.items() if isinstance(value, torch.Tensor)]
+    device_parts.update({f"family.{name}": family[name] for name in tensor_fields})
+
+    host = read_to_host(device_parts)  # the one device → host copy
+
+    if "entropy" in host:
+        result.derived["entropy"] = host["entropy"].astype("float64").tolist()
+    if "thumbnail_levels" in host:
+        result.derived[thumbnail_key] = thumbnail_field(host["thumbnail_levels"], host["thumbnail_max"])
+    family.update({name: host[f"family.{name}"].tolist() for name in tensor_fields})
+
+    def field(name: str) -> object:
+        return tensor_field(torch.from_numpy(host[name]), req.encoding) if name in host else None
+
+    info = adapter.info
     response: dict[str, Any] = {
-        "model": info.id,
-        "tokens": encoded.tokens,
-        "truncated": encoded.truncated,
-        "layers": layers,
-        "heads": heads,
+        "model": info.id, "tokens": encoded.tokens, "truncated": encoded.truncated, "layers": layers, "heads": heads,
         "native_beta": info.native_beta,
-        # slices of P where the run keeps it (GPU memory on a GPU): only what the response holds is copied to the host
-        "attention": tensor_field(sliced(result.kept_attention), req.encoding),
-        "scores": tensor_field(result.scores_slice(layers, heads, rows), req.encoding) if req.include_scores else None,
-        "base_attention": tensor_field(sliced(base.kept_attention), req.encoding) if base is not None and req.include_base else None,
-        # (L, H) summaries of every head, computed once per cached result
-        "entropy": result.summary("entropy", lambda: row_entropy(result.kept_attention).mean(dim=-1).tolist()),
+        "attention": field("attention"), "scores": field("scores"), "base_attention": field("base_attention"),
+        "entropy": result.derived["entropy"],  # (L, H): every head
         "output": adapter.output_summary(result, encoded),
-        "thumbnails": result.summary(f"thumbnails{req.thumbnail_size}", lambda: thumbnails(result.kept_attention, req.thumbnail_size))
-        if req.thumbnail_size else None,
-        "effect": effect,
-        "warnings": warnings,
-        "elapsed_s": getattr(result, "elapsed_s", None) if limits.expose_timings else None,  # a cache oracle otherwise
-        "run_id": result.run_id,
-        "overview": None,
-        "received": tensor_field(result.kept_attention[layers][:, heads].mean(dim=2), req.encoding),  # (l, h, T)
+        "thumbnails": result.derived[thumbnail_key] if req.thumbnail_size else None,
+        "effect": None, "warnings": [], "elapsed_s": None,
+        "run_id": result.run_id, "overview": None,
+        "received": field("received"),
     }
     if requested_queries is not None:
         response["queries"] = queries
-    if family_fields is not None:
-        response.update(family_fields(result))
+    response.update(family)
     return response
 
 
@@ -425,29 +462,75 @@ def _seq2seq_long_response(adapter: Seq2SeqAdapter, encoded: Encoded, req: Atten
     }
 
 
+def _as_index(values: list[int]) -> slice | list[int]:
+    """Indices that run in steps of one as a slice: the selection is then a view and one copy, not two index kernels
+    and, on a GPU, each index list's own copy to the device."""
+    if values and values == list(range(values[0], values[0] + len(values))):
+        return slice(values[0], values[0] + len(values))
+    return values
+
+
 def thumbnails(attention: torch.Tensor, size: int) -> dict[str, Any]:
     """Every head's map average-pooled to at most size × size, as pictures: uint8 relative to each head's
-    maximum (`max`, (L, H)), base64. (L, H, T, T) → {"dtype": "uint8", "shape": [L, H, t, t], "max", "data"}."""
-    n_layers, n_heads, n_tokens, _ = attention.shape
+    maximum (`max`, (L, H)), base64. (L, H, T, T) → {"dtype": "uint8", "shape": [L, H, t, t], "max", "data"}.
+    The first view forms the same levels inside its one read (short_response); this reads them on their own."""
+    levels, peak = thumbnail_levels(attention, size)
+    host = read_to_host({"levels": levels, "max": peak})  # one copy for both
+    return thumbnail_field(host["levels"], host["max"])
+
+
+def thumbnail_levels(attention: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The thumbnails of every head at once, on the maps' device: one pooled product over the stacked maps, levels
+    0-255 relative to each head's maximum. (L, H, T, T) → levels (L, H, t, t) uint8, max (L, H) float32."""
     pooled = attention
-    if n_tokens > size:
-        pool = pooling_matrix(n_tokens, size).to(attention.device)  # (size, T), where the maps are (a GPU's memory)
+    if attention.shape[-1] > size:
+        pool = _pooling_on(attention.shape[-1], size, attention.device)  # (size, T), kept where the maps are
         pooled = pool @ attention @ pool.T  # (L, H, size, size): two batched products, no copy of the maps
     peak = pooled.amax(dim=(-1, -2)).clamp_min(1e-12)  # (L, H)
     levels = torch.round(pooled / peak[..., None, None] * 255).to(torch.uint8)  # (L, H, t, t)
-    return {
-        "dtype": "uint8",
-        "shape": list(levels.shape),
-        "max": peak.tolist(),
-        "data": base64.b64encode(levels.cpu().numpy().tobytes()).decode("ascii"),
-    }
+    return levels, peak
+
+
+def thumbnail_field(levels: np.ndarray, peak: np.ndarray) -> dict[str, Any]:
+    """The thumbnails' response field from host arrays: levels (L, H, t, t) uint8, base64; max (L, H)."""
+    return {"dtype": "uint8", "shape": list(levels.shape), "max": peak.tolist(),
+            "data": base64.b64encode(np.ascontiguousarray(levels, dtype=np.uint8).tobytes()).decode("ascii")}
+
+
+def read_to_host(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Tensors of one device → numpy arrays on the host, in ONE device → host copy: their bytes concatenated on the
+    device (widest element first, so every part stays aligned), copied once, then viewed per tensor. On a GPU each
+    `.cpu()`, `.tolist()` or `float(t)` is a synchronisation and a copy of its own (a first view made six). The
+    arrays are fresh host memory: they never alias a tensor of the run (on a CPU the concatenation copies)."""
+    if not tensors:
+        return {}
+    names = sorted(tensors, key=lambda name: -tensors[name].element_size())  # stable: the given order within a width
+    parts = [tensors[name].detach().contiguous().reshape(-1).view(torch.uint8) for name in names]  # bytes of each
+    data = torch.cat(parts).cpu().numpy()  # the one transfer
+    host, offset = {}, 0
+    for name, part in zip(names, parts):
+        tensor = tensors[name]
+        dtype = torch.empty(0, dtype=tensor.dtype).numpy().dtype
+        host[name] = data[offset:offset + part.numel()].view(dtype).reshape(tuple(tensor.shape))
+        offset += part.numel()
+    return host
 
 
 def pooling_matrix(n: int, size: int) -> torch.Tensor:
     """The averaging of adaptive_avg_pool over one axis as a (size, n) matrix: bin i covers
-    [⌊i n / size⌋, ⌈(i + 1) n / size⌉), so A M Aᵀ equals adaptive_avg_pool2d(M, size)."""
-    matrix = torch.zeros(size, n)
-    for i in range(size):
-        start, end = (i * n) // size, -((-(i + 1) * n) // size)
-        matrix[i, start:end] = 1.0 / (end - start)
-    return matrix
+    [⌊i n / size⌋, ⌈(i + 1) n / size⌉), so A M Aᵀ equals adaptive_avg_pool2d(M, size). Each weight is 1 / (bin width)
+    rounded once to float32."""
+    bins = torch.arange(size)
+    start, end = (bins * n) // size, -((-(bins + 1) * n) // size)  # (size,): each bin's first and past-the-last index
+    columns = torch.arange(n)
+    inside = (columns[None, :] >= start[:, None]) & (columns[None, :] < end[:, None])  # (size, n)
+    weights = (1.0 / (end - start).double()).float()  # (size,): as a Python float rounded to float32
+    return inside.float() * weights[:, None]
+
+
+@functools.lru_cache(maxsize=32)
+def _pooling_on(n: int, size: int, device: torch.device) -> torch.Tensor:
+    """pooling_matrix on `device`, once per (n, size, device): a first view neither rebuilds it nor copies it to a
+    GPU again. A plain tensor (not an inference tensor), usable in and outside inference mode."""
+    with torch.inference_mode(False):
+        return pooling_matrix(n, size).to(device)

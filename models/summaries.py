@@ -4,6 +4,8 @@
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -77,6 +79,15 @@ def mean_token_distance(attention: torch.Tensor) -> torch.Tensor:
     attention: (L, H, T, T) → (L, H), computed on P's device (a GPU run's maps are not copied for it)
     """
     n_tokens = attention.shape[-1]
-    positions = torch.arange(n_tokens, dtype=torch.float32, device=attention.device)
-    distances = (positions[:, None] - positions[None, :]).abs()  # (T, T): |i − j|
+    # (T, T): |i − j|, kept per length up to a short run's size (16 of 1,024² floats at most: 64 MiB)
+    distances = (_token_distances if n_tokens <= 1024 else _token_distances.__wrapped__)(n_tokens, attention.device)
     return _weighted_row_sums(attention.float(), distances).mean(dim=-1).float()  # (L, H)
+
+
+@functools.lru_cache(maxsize=16)
+def _token_distances(n_tokens: int, device: torch.device) -> torch.Tensor:
+    """|i − j| as a (T, T) float32 matrix on `device`, once per (T, device) up to 1,024 tokens: a first view does not
+    form it again (on a GPU three kernel launches less). A plain tensor (not an inference tensor), usable in and outside inference mode."""
+    with torch.inference_mode(False):
+        positions = torch.arange(n_tokens, dtype=torch.float32, device=device)
+        return (positions[:, None] - positions[None, :]).abs()

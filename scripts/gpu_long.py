@@ -65,11 +65,17 @@ def main() -> None:
     parser.add_argument("--random-weights", action="store_true",
                         help="--weights has config and tokenizer only: save seeded random weights there first")
     parser.add_argument("--short-repeats", type=int, default=15, help="interleaved repeats per short length")
+    parser.add_argument("--response-only", action="store_true",
+                        help="only the short first views' response building, before/after (no app, no raw model)")
+    parser.add_argument("--response-repeats", type=int, default=15, help="interleaved repeats of the response building")
     args = parser.parse_args()
     if args.random_weights:
         random_weights(args.weights)
     if args.engine:
         engine(args)
+        return
+    if args.response_only:
+        response_only(args)
         return
 
     from fastapi.testclient import TestClient
@@ -162,6 +168,8 @@ def main() -> None:
                 "p_on": str(kept.kept_attention.device), "host_copy_of_p": "_host_attention" in kept.__dict__,
                 "syncs_in_forward": _syncs_in_forward(adapter, encoded, device),
                 **rebuild_cost(kept, device),
+                # from the run's result to the response bytes, before/after the batched read (below)
+                "response_building": response_building(adapter, text, encoded, device, args.response_repeats),
             })
             print(json.dumps({k: v for k, v in report["short"][-1].items() if not k.endswith("_all_s")}), flush=True)
             if args.out:  # each section as it ends: a later failure keeps what was measured
@@ -273,6 +281,158 @@ def rebuild_cost(kept, device: torch.device) -> dict:
     qk = sum(t.numel() * t.element_size() for r in records for t in (r.queries, r.keys))
     return {"p_bytes": attention.numel() * attention.element_size(), "qk_bytes": qk,
             "rebuild_all_p_s": statistics.median(times), "rebuild_max_abs_error": error}
+
+
+# ---- response building: from a short run's result to the response bytes (issue 20: the last ≈ 7 ms on the GPU) ------
+def _previous_pooling_matrix(n: int, size: int) -> torch.Tensor:
+    """app/attention.pooling_matrix before the batched read (a loop on the host, then copied to the device)."""
+    matrix = torch.zeros(size, n)
+    for i in range(size):
+        start, end = (i * n) // size, -((-(i + 1) * n) // size)
+        matrix[i, start:end] = 1.0 / (end - start)
+    return matrix
+
+
+def _previous_thumbnails(attention: torch.Tensor, size: int) -> dict:
+    """app/attention.thumbnails before the batched read: `max` and the levels each read on their own."""
+    import base64
+
+    pooled = attention
+    if attention.shape[-1] > size:
+        pool = _previous_pooling_matrix(attention.shape[-1], size).to(attention.device)  # (size, T)
+        pooled = pool @ attention @ pool.T  # (L, H, size, size)
+    peak = pooled.amax(dim=(-1, -2)).clamp_min(1e-12)  # (L, H)
+    levels = torch.round(pooled / peak[..., None, None] * 255).to(torch.uint8)
+    return {"dtype": "uint8", "shape": list(levels.shape), "max": peak.tolist(),
+            "data": base64.b64encode(levels.cpu().numpy().tobytes()).decode("ascii")}
+
+
+def previous_short_response(adapter, encoded, req, result, layers: list[int], heads: list[int]) -> dict:
+    """A text first view of a short run as app/attention.py built it before the batched read (2026-11-26), field by
+    field, each a device → host read of its own (the map, the thumbnails' max and levels, received, the mean distance;
+    the output panel's). Kept here only to measure the change against it; the product has only the new path."""
+    from app.encoding import tensor_field
+    from models.interventions import row_entropy
+    from models.summaries import mean_token_distance
+
+    kept = result.kept_attention
+
+    def sliced(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor[layers][:, heads][:, :, slice(None)]  # (l, h, q, T)
+
+    return {
+        "model": adapter.info.id, "tokens": encoded.tokens, "truncated": encoded.truncated, "layers": layers,
+        "heads": heads, "native_beta": adapter.info.native_beta,
+        "attention": tensor_field(sliced(kept), req.encoding), "scores": None, "base_attention": None,
+        "entropy": result.summary("entropy", lambda: row_entropy(kept).mean(dim=-1).tolist()),
+        "output": adapter.output_summary(result, encoded),
+        "thumbnails": result.summary(f"thumbnails{req.thumbnail_size}", lambda: _previous_thumbnails(kept, req.thumbnail_size)),
+        "effect": None, "warnings": list(result.warnings), "elapsed_s": None, "run_id": result.run_id, "overview": None,
+        "received": tensor_field(kept[layers][:, heads].mean(dim=2), req.encoding),
+        "mean_distance": result.summary("mean_distance", lambda: mean_token_distance(kept).tolist()),
+    }
+
+
+def response_building(adapter, text: str, encoded, device: torch.device, repeats: int) -> dict:
+    """A short first view's response building alone, from the run's result to the response bytes (the page's first
+    view: one head's map in f16, thumbnails 24 of every head, summaries, the output panel, JSON), before (the
+    previous per-field reads, above) and after (app/attention.short_response), interleaved; each starts from the
+    run's own summaries (a fresh run). Also each path's op count (torch.profiler: aten ops, top-level ones; on a GPU
+    the kernel launches and memcpy calls) and on a GPU its device → host synchronisations (set_sync_debug_mode).
+    Both paths must give the same bytes."""
+    import warnings
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from app.attention import short_response
+    from app.encoding import fast_json
+    from app.routes.text import text_fields
+    from app.schemas import TextAttentionRequest
+
+    layers, heads = [0], [0]
+    req = TextAttentionRequest(model="smollm2-135m", text=text, encoding="f16", thumbnail_size=24, layers=layers, heads=heads)
+    result = adapter.run(encoded)
+    fresh = dict(result.derived)  # what a new run carries (its entropy): every build starts from it
+
+    def new() -> bytes:
+        result.derived = dict(fresh)
+        response = short_response(adapter, encoded, req, result, None, layers, heads, None, [], text_fields)
+        response.update(effect=None, warnings=list(result.warnings), elapsed_s=None)  # as build_attention_response
+        return fast_json(response).body
+
+    def old() -> bytes:
+        result.derived = dict(fresh)
+        return fast_json(previous_short_response(adapter, encoded, req, result, layers, heads)).body
+
+    if new() != old():
+        sys.exit("response building: the previous and the new path give different bytes")
+
+    def timed(fn) -> float:
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        return time.perf_counter() - start
+
+    for _ in range(3):  # warm-up (the new path's pooling matrix and distances are kept per length and device)
+        new(), old()
+    news, olds = [], []
+    for _ in range(repeats):
+        news.append(timed(new))
+        olds.append(timed(old))
+
+    def counts(fn) -> dict:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            fn()
+            _sync(device)
+        events = prof.events()
+        aten = [e for e in events if e.name.startswith("aten::")]
+        out = {"aten_ops": len(aten),
+               "aten_top_level_ops": sum(e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::") for e in aten)}
+        if device.type == "cuda":
+            out["kernel_launches"] = sum(e.name in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
+                                                    "cuLaunchKernelEx") for e in events)
+            out["memcpy_calls"] = sum(e.name.startswith(("cudaMemcpy", "cuMemcpy")) for e in events)
+            out["synchronize_calls"] = sum("Synchronize" in e.name for e in events)
+        if device.type == "cuda":  # device → host synchronisations as torch's sync debug mode sees them
+            torch.cuda.synchronize()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    fn()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            out["syncs"] = sum("synchroniz" in str(w.message) for w in caught)
+        return out
+
+    new_s, old_s = statistics.median(news), statistics.median(olds)
+    return {"tokens": len(encoded.tokens), "response_before_ms": 1000 * old_s, "response_after_ms": 1000 * new_s,
+            "response_after_over_before": new_s / old_s,
+            "response_pair_ratio_median": statistics.median(n / o for n, o in zip(news, olds)),
+            "response_before_all_ms": [1000 * t for t in olds], "response_after_all_ms": [1000 * t for t in news],
+            "response_bytes": len(new()), "counts_before": counts(old), "counts_after": counts(new)}
+
+
+def response_only(args) -> None:
+    """--response-only: response_building at each --short length on the model alone (CausalLMAdapter, no app)."""
+    from transformers import AutoTokenizer
+
+    from models.adapters.causal_lm import CausalLMAdapter
+
+    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(args.weights)
+    adapter = CausalLMAdapter("smollm2-135m", str(args.weights), max_tokens=max(args.short) + 64, device=device.type)
+    report: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "mode": "response",
+                    "torch": torch.__version__, "threads": torch.get_num_threads(), "random_weights": args.random_weights,
+                    "short": []}
+    for n in args.short:
+        text, encoded = _short_text(adapter, tokenizer, min(n, adapter.full_map_tokens))
+        report["short"].append(response_building(adapter, text, encoded, device, args.response_repeats))
+        print(json.dumps({k: v for k, v in report["short"][-1].items() if not k.endswith("_all_ms")}), flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def random_weights(folder: Path) -> None:

@@ -89,10 +89,11 @@ def _encode(runtime: Runtime, adapter: AttentionAdapter, req: TextAttentionReque
 
 def text_fields(result: AttentionResult) -> dict:
     """Text-only summaries: mean attention distance in tokens for every head (docs/science.md §6); a long input's
-    was taken block by block during the run (docs/science.md §10)."""
+    was taken block by block during the run (docs/science.md §10). A short run's is left on the run's device, (L, H):
+    the response builder reads it with the rest of the first view in one copy (app/attention.py short_response)."""
     if result.is_long:
         return {"mean_distance": result.atlas.mean_distance().tolist()}
-    return {"mean_distance": result.summary("mean_distance", lambda: mean_token_distance(result.kept_attention).tolist())}
+    return {"mean_distance": result.summary("mean_distance", lambda: mean_token_distance(result.kept_attention))}
 
 
 @router.post(

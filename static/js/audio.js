@@ -10,6 +10,7 @@ import { MODEBAR_REMOVE } from "./vendor.js";
 import { createLab } from "./lab/interventions.js";
 import { mountPerturbPanel } from "./lab/perturb.js";
 import { mountSoftmaxPanel } from "./lab/softmax.js";
+import { mapName, onWeightingChange, weightingFields, weightingOf } from "./views/weighting.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
 const PLOT = { responsive: true, displaylogo: false, modeBarButtonsToRemove: MODEBAR_REMOVE };
@@ -195,6 +196,7 @@ async function refresh(attempt = 0) {
     ...modelFields(), audio_id: state.audioId, layers: [state.layer], heads: [state.head],
     encoder_layers: [state.layer], kinds: ["cross", "decoder", "encoder"], encoding: "f16",
     interventions: ivs, compare: ivs.length > 0,
+    ...weightingFields(), // P, or every map value-weighted: the cross rows by what each 20 ms frame's value adds
   };
   setStatus(ivs.length ? "running with the interventions…" : "running Whisper…");
   try {
@@ -326,10 +328,11 @@ function drawCross() {
   const rows = crossRows(r);
   const times = Array.from({ length: r.clip_positions }, (_, j) => (j + 0.5) * POSITION_S);
   const labels = tokenLabels(r.tokens);
-  $("cross-title").textContent = `layer ${state.layer}, head ${state.head} · ${r.tokens.length} tokens × ${r.clip_positions} positions of 20 ms`;
+  const name = mapName(r);
+  $("cross-title").textContent = `${name === "P" ? "" : `${name} · `}layer ${state.layer}, head ${state.head} · ${r.tokens.length} tokens × ${r.clip_positions} positions of 20 ms`;
   Plotly.react("cross-map", [{
     type: "heatmap", z: rows, x: times, y: labels, colorscale: "Viridis", zmin: 0, showscale: false,
-    hovertemplate: "%{y} · %{x:.2f} s · P = %{z:.3f}<extra></extra>",
+    hovertemplate: `%{y} · %{x:.2f} s · ${name} = %{z:.3f}<extra></extra>`,
   }], {
     margin: { ...TIME_MARGIN, t: 10, b: 36 }, shapes: spanShapes(),
     xaxis: { title: { text: "time (s)" }, range: [0, r.duration_s] },
@@ -405,7 +408,7 @@ function drawCurve() {
   Plotly.react("row-curve", traces, {
     margin: { ...TIME_MARGIN, t: 26, b: 64 }, shapes: spanShapes(),
     title: { text: `row ${token} (${visibleToken(r.tokens[token])}) over time`, font: { size: 12 }, x: 0, xanchor: "left", xref: "paper" },
-    xaxis: { range: [0, r.duration_s], ticksuffix: " s" }, yaxis: { title: { text: "P" }, rangemode: "tozero" },
+    xaxis: { range: [0, r.duration_s], ticksuffix: " s" }, yaxis: { title: { text: mapName(r) }, rangemode: "tozero" },
     legend: { orientation: "h", y: -0.18, x: 1, xanchor: "right", yanchor: "top" },
   }, PLOT);
 }
@@ -538,7 +541,8 @@ async function encoderWindow(t0, t1, s0, s1) {
   if (rows[1] - rows[0] < 2 || cols[1] - cols[0] < 2) return;
   if (rows[1] - rows[0] > MAX_WINDOW_SIDE || cols[1] - cols[0] > MAX_WINDOW_SIDE) return; // the overview is as good
   const w = await postJSON(`/api/runs/${r.run_id}/window`, {
-    layer: state.layer, head: state.head, kind: "encoder", rows, cols, encoding: "f16" }, { channel: "encoder-window" });
+    layer: state.layer, head: state.head, kind: "encoder", rows, cols, weighting: weightingOf(r), encoding: "f16" },
+    { channel: "encoder-window" });
   const z = decodeTensor(w.attention).map((row) => Array.from(row));
   const times = (a, b) => Array.from({ length: b - a }, (_, i) => (a + i + 0.5) * POSITION_S);
   $("encoder-title").textContent = `layer ${state.layer}, head ${state.head} · exact window ${fmt(rows[0] * POSITION_S, 3)}–${fmt(rows[1] * POSITION_S, 3)} s × ${fmt(cols[0] * POSITION_S, 3)}–${fmt(cols[1] * POSITION_S, 3)} s (double-click: overview)`;
@@ -667,6 +671,7 @@ function setupControls() {
   setShape({ decoder_layers: 4, heads: 6 }); // tiny.en's, until a response gives the model's
   $("layer-select").addEventListener("change", (e) => chooseHead(Number(e.target.value), state.head));
   $("head-select").addEventListener("change", (e) => chooseHead(state.layer, Number(e.target.value)));
+  onWeightingChange(() => update());
   $("token-select").addEventListener("change", (e) => chooseToken(Number(e.target.value)));
   $("add-span").addEventListener("click", () => addSpan(Number($("span-start").value), Math.min(state.duration || 30, Number($("span-end").value))));
   $("clear-all").addEventListener("click", () => {

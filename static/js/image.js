@@ -12,6 +12,7 @@ import { mountLab } from "./lab/lab.js";
 import { intParam } from "./lab/urlstate.js";
 import { MODEBAR_REMOVE } from "./vendor.js";
 import { drawAtlas, hideAtlas } from "./views/atlas.js";
+import { mapName, onWeightingChange, weightingFields, weightingOf } from "./views/weighting.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
 const PLOT = { responsive: true, displaylogo: false };
@@ -70,7 +71,7 @@ function requestBody() {
       model: state.model, image_id: state.imageId, image_size: native * state.sizeFactor, queries: [state.query],
       layers: [state.layer], heads: [state.head], // the overview of the shown head; every head's row comes by /row
       interventions: ivs, compare: ivs.length > 0, include_base: false, include_scores: false, // maps: by window
-      samples: ivs.length > 0 ? imageLab.samples() : 1, encoding: "f32",
+      samples: ivs.length > 0 ? imageLab.samples() : 1, encoding: "f32", ...weightingFields(),
     };
   }
   return {
@@ -83,6 +84,7 @@ function requestBody() {
     include_base: ivs.length > 0, // P without interventions, for P̂ − P, in the same response
     include_scores: true, // the lab's softmax panel needs Ŝ of the query row
     samples: ivs.length > 0 ? imageLab.samples() : 1,
+    ...weightingFields(), // P or the value-weighted maps (the softmax panel's Ŝ is P's either way)
   };
 }
 
@@ -200,9 +202,10 @@ async function load({ retried = false } = {}) {
 // head: one POST /api/runs/{run_id}/row (cached per run and query), laid out as a short response's [L][H][1][T].
 let rowsCache = { key: null, value: null };
 async function withEveryHead(r) {
-  const key = `${r.run_id}:${state.query}`;
+  const key = `${r.run_id}:${state.query}:${weightingOf(r)}`;
   if (rowsCache.key !== key) {
-    const out = await postJSON(`/api/runs/${r.run_id}/row`, { row: state.query, encoding: "f32" }, { channel: "image-rows" });
+    const out = await postJSON(`/api/runs/${r.run_id}/row`, { row: state.query, weighting: weightingOf(r), encoding: "f32" },
+      { channel: "image-rows" });
     rowsCache = { key, value: { layers: out.layers, heads: out.heads, rows: decodeTensor(out.attention) } }; // (L, H, T)
   }
   const { layers, heads, rows } = rowsCache.value;
@@ -267,11 +270,12 @@ function currentMap() {
   const r = state.response;
   const [rows, cols] = grid();
   if ($("rollout-toggle").checked) return { z: r.rollout, title: "rollout: CLS row of Ã_L⋯Ã_1 over the patches" };
-  const row = r.attention[state.layer][state.head][0]; // (T,) P[query, :]
+  const row = r.attention[state.layer][state.head][0]; // (T,) P[query, :] or its value-weighted row
   const q = r.tokens[state.query];
+  const name = mapName(r);
   return {
     z: reshape(row.slice(prefix()), rows, cols),
-    title: `layer ${state.layer}, head ${state.head}, query ${q}; P to prefix tokens: ${fmt(row.slice(0, prefix()).reduce((a, b) => a + b, 0))}`,
+    title: `${name === "P" ? "" : `${name} · `}layer ${state.layer}, head ${state.head}, query ${q}; ${name} to prefix tokens: ${fmt(row.slice(0, prefix()).reduce((a, b) => a + b, 0))}`,
   };
 }
 
@@ -508,6 +512,7 @@ function bindEvents() {
   $("layer-select").addEventListener("change", (e) => { state.layer = state.response.layers.indexOf(Number(e.target.value)); render(); });
   $("head-select").addEventListener("change", (e) => { state.head = state.response.heads.indexOf(Number(e.target.value)); render(); });
   $("rollout-toggle").addEventListener("change", () => renderOverlay());
+  onWeightingChange(() => load()); // a new request: the server forms the value-weighted maps (the run itself is cached)
   $("click-mode").addEventListener("change", () => renderOverlay());
   $("query-cls").addEventListener("click", () => { state.query = 0; load(); });
   $("clear-masks").addEventListener("click", () => { state.masked.clear(); load(); });

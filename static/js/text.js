@@ -14,6 +14,7 @@ import { figureToParams, intParam, paramsToFigure } from "./lab/urlstate.js";
 import { drawNextToken, drawTarget, kvGroups, mountContinuation } from "./lm.js";
 import { mountAnalysis } from "./views/analysis.js";
 import { drawAtlas, hideAtlas, setAtlasBeta } from "./views/atlas.js";
+import { chosenWeighting } from "./views/weighting.js";
 import { loadPlotly } from "./vendor.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
@@ -78,7 +79,8 @@ function request({ thumbnails = false, partial = false } = {}) {
     encoding: "f32", // exact, and decoded without parsing a number per cell
   };
   // value-weighted maps ‖P·v W_O‖ (§12.4) instead of P: the server's maps, so no browser-side β (no scores)
-  if (!isSeq2seq() && $("weighting-select")?.value === "value_norm") { body.weighting = "value_norm"; body.include_scores = false; }
+  // (encoder–decoders too: every kind, the cross keys weighted by the source tokens' values)
+  if (chosenWeighting() === "value_norm") { body.weighting = "value_norm"; body.include_scores = false; }
   if (isLM()) {
     body.position = state.position;
     body.chat = $("chat-toggle").checked && Boolean(state.info.chat);

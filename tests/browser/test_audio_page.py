@@ -39,6 +39,18 @@ def test_upload_map_drag_mask_and_diff(page, page_log, live_server, tmp_path):
     assert "Attention" in words
     assert page.get_attribute("#transcript-diff", "data-changed") == "0"
 
+    # the map mode (issue 22 §3): the cross rows weighted by what each 20 ms frame's value adds, then back to P
+    plain = np.array(page.eval_on_selector("#cross-map", "el => el.data[0].z"), dtype=float)
+    page.select_option("#weighting-select", "value_norm")
+    page.wait_for_function("() => document.getElementById('cross-title').textContent.startsWith('value-weighted')",
+                           timeout=300_000)
+    weighted = np.array(page.eval_on_selector("#cross-map", "el => el.data[0].z"), dtype=float)
+    assert weighted.shape == plain.shape and np.abs(weighted - plain).max() > 1e-3
+    screenshot(page, "audio-value-weighted")
+    page.select_option("#weighting-select", "attention")
+    page.wait_for_function("() => document.getElementById('cross-title').textContent.startsWith('layer')", timeout=300_000)
+    assert np.abs(np.array(page.eval_on_selector("#cross-map", "el => el.data[0].z"), dtype=float) - plain).max() < 1e-3
+
     # drag from 3 s to 7 s (past the clip's end: clipped to 6.68 s) over the spectrogram
     box = page.locator("#spectrogram .nsewdrag").first.bounding_box()
     x_at = lambda seconds: box["x"] + box["width"] * seconds / clip.duration_s  # noqa: E731

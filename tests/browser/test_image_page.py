@@ -88,6 +88,21 @@ def test_image_page_journey(live_server, page, page_log):
     assert np.abs(after_click - first).max() > 1e-3
     screenshot(pg, "image-02-patch-query")
 
+    # the map mode (issue 22 §3): the value-weighted row ‖P·v W_O‖ of the same run redraws the overlay (it still sums
+    # to 1 with its prefix share); back to P draws the map again
+    plain = overlay_z(pg)
+    pg.select_option("#weighting-select", "value_norm")
+    pg.wait_for_selector("#overlay-title:has-text('value-weighted')", timeout=60_000)
+    wait_idle(pg)
+    weighted = overlay_z(pg)
+    assert weighted.shape == plain.shape and np.abs(weighted - plain).max() > 1e-3
+    assert np.isclose(weighted.sum(), 1 - prefix_share(pg), atol=2e-3)
+    screenshot(pg, "image-02b-value-weighted")
+    pg.select_option("#weighting-select", "attention")
+    pg.wait_for_selector("#overlay-title:not(:has-text('value-weighted'))", timeout=60_000)
+    wait_idle(pg)
+    assert np.allclose(overlay_z(pg), plain, atol=1e-6)
+
     # the β slider re-runs the model and redraws: β = 10^1.5 β₀ sharpens the row
     prefix_share_before = prefix_share(pg)
     pg.eval_on_selector("#beta-slider", "el => { el.value = '1.5'; el.dispatchEvent(new Event('input', {bubbles: true})); }")

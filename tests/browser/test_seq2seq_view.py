@@ -24,6 +24,15 @@ def bart_server(tmp_path_factory):
     yield from serve_app({"ATTNLAB_EXTRA_MODELS": json.dumps({"tiny-bart": str(folder)})}, "browser-server-bart.log")
 
 
+# true when the heatmap's drawn z differs from z0 somewhere by > 1e-3 (differs = true) or nowhere by > 1e-6 (false)
+DRAWN_DIFFERS = """([sel, z0, differs]) => {
+  const t = document.querySelector(sel)?.data?.[0];
+  if (!t || t.z.length !== z0.length) return false;
+  const gap = Math.max(...t.z.map((row, i) => Math.max(...row.map((v, j) => Math.abs(v - z0[i][j])))));
+  return differs ? gap > 1e-3 : gap < 1e-6;
+}"""
+
+
 def wait_idle(page):
     page.wait_for_function("() => /tokens/.test(document.getElementById('status').textContent)", timeout=60_000)
 
@@ -55,6 +64,19 @@ def test_cross_attention_view(page, page_log, bart_server):
     assert len(queries) == n and [label.split(":", 1)[1] for label in queries][-3:] == TARGET.split()
     assert "k=cross" in page.url
     screenshot(page, "seq2seq-cross")
+
+    # the map mode (issue 22 §3): the cross rows weighted by the source tokens' values, from the server
+    page.select_option("#weighting-select", "value_norm")
+    page.wait_for_function(DRAWN_DIFFERS, arg=[HEATMAP, cross, True], timeout=60_000)
+    wait_idle(page)
+    weighted = plot_data(page, HEATMAP)
+    assert len(weighted) == n and all(abs(sum(row) - 1) < 1e-4 for row in weighted)
+    assert max(abs(a - b) for ra, rb in zip(weighted, cross) for a, b in zip(ra, rb)) > 1e-3
+    assert bodies and bodies[-1]["weighting"] == "value_norm"
+    page.select_option("#weighting-select", "attention")
+    page.wait_for_function(DRAWN_DIFFERS, arg=[HEATMAP, cross, False], timeout=60_000)  # P again
+    wait_idle(page)
+    bodies.clear()
 
     # An intervention made while the cross-attention is shown names that kind.
     page.check("#ablate-toggle")

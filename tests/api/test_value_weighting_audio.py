@@ -16,7 +16,7 @@ BODY = {"layers": [1], "heads": [2], "encoder_layers": [1], "kinds": ["cross", "
 
 def _direct_cross(adapter, features: torch.Tensor, layer: int, head: int, probs: np.ndarray) -> np.ndarray:
     """P[i, j]·‖v_j W_O^h‖ renormalised per row, with v_j = encoder output → encoder_attn.v_proj, computed here from
-    the modules (the view runs without interventions, so the plain encoder's output is the run's)."""
+    the modules (no encoder intervention in these runs, so the plain encoder's output is the run's)."""
     model = adapter.model
     with torch.inference_mode():
         hidden = model.model.encoder(features.to(adapter.device)).last_hidden_state[0]  # (1500, D)
@@ -48,6 +48,18 @@ def test_value_norm_cross_rows_weight_each_frame_by_its_value(audio_client, samp
     assert enc.shape == enc_p.shape and np.abs(enc - enc_p).max() > 1e-4
     # the transcript, words and alignment are P's, unchanged
     assert body["transcript"] == p["transcript"] and body["words"] == p["words"] and body["alignment"] == p["alignment"]
+    # with a cross mask (frames 100–149) and β on the cross heads: the masked frames get 0, and the rows are still
+    # the intervened P times the same frame norms (cross masks and β leave the encoder, so its values, unchanged)
+    ivs = [{"op": "mask_keys", "kind": "cross", "tokens": list(range(100, 150))},
+           {"op": "temperature", "kind": "cross", "beta": 0.5}]
+    p_iv = audio_client.post("/api/audio/attention", json={"audio_id": sample_id, **BODY, "kinds": ["cross"],
+                                                           "interventions": ivs}).json()
+    vw_iv = audio_client.post("/api/audio/attention", json={"audio_id": sample_id, **BODY, "kinds": ["cross"],
+                                                            "interventions": ivs, "weighting": "value_norm"}).json()
+    cross_p_iv, cross_iv = np.array(p_iv["attention"]["cross"]), np.array(vw_iv["attention"]["cross"])
+    assert np.abs(cross_p_iv - cross_p).max() > 1e-3 and float(np.abs(cross_iv[..., 100:150]).max()) == 0.0
+    expected_iv = _direct_cross(adapter, adapter._features(samples), 1, 2, cross_p_iv[0, 0].astype(np.float64))
+    assert np.abs(cross_iv[0, 0] - expected_iv).max() <= 1e-4
     bad = audio_client.post("/api/audio/attention", json={"audio_id": sample_id, "weighting": "norm"})
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][-1] == "weighting"
 

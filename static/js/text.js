@@ -251,6 +251,21 @@ function showWindow(w) {
       textContent: `window: queries ${w.rows[0]}–${w.rows[1] - 1} → keys ${w.cols[0]}–${w.cols[1] - 1}; line weight ∝ P / ${fmt(top, 3)} (the window's largest P; each row sums to 1 over all ${tokens.length.toLocaleString("en")} keys)` }));
   }
   box.dataset.window = JSON.stringify({ rows: w.rows, cols: w.cols });
+  if (w.rowEntropy) drawWindowEntropy(w, queryTokens, tokens.length);
+}
+
+// The entropy panel at a long input: each row of the zoomed window, over all the keys (the server's row_entropy).
+function drawWindowEntropy(w, queryTokens, nKeys) {
+  const labels = w.rowEntropy.map((_, i) => `${w.rows[0] + i}:${visibleToken(queryTokens[w.rows[0] + i])}`);
+  const uniform = Math.log(nKeys);
+  Plotly.react($("entropy-plot"), [
+    { type: "bar", x: labels, y: w.rowEntropy, name: `row entropy (over all ${nKeys.toLocaleString("en")} keys)`, marker: { color: "#3b5bdb" } },
+    { type: "scatter", mode: "lines", x: [labels[0], labels.at(-1)], y: [uniform, uniform], name: "log n (uniform)", line: { dash: "dot", color: "#999" } },
+  ], {
+    margin: { l: 40, r: 10, t: 10, b: 60 }, showlegend: true, legend: { orientation: "h", y: 1.12 },
+    xaxis: { type: "category", tickangle: -60, showticklabels: labels.length <= 40 }, yaxis: { title: { text: "nats" }, rangemode: "tozero" },
+  }, PLOT);
+  $("entropy-plot").dataset.rows = JSON.stringify(w.rows);
 }
 
 function renderLongDetails() {
@@ -259,12 +274,16 @@ function renderLongDetails() {
   renderTokens();
   renderModelView(r);
   lab.render(r, body, derived(r));
-  if (r.effect) drawDiff($("diff-heatmap"), null, { empty: "P̂ − P needs both runs' maps: not drawn for inputs over full_map_tokens (the effect's other panels are)" });
-  if (!state.long.window) showWindow(null);
-  Plotly.react($("entropy-plot"), [], {
-    margin: { l: 40, r: 10, t: 10, b: 30 }, xaxis: { visible: false }, yaxis: { visible: false },
-    annotations: [{ text: "row entropy per query needs all of P: at long inputs see each head's mean entropy in the head summaries", showarrow: false, font: { color: "#667085" } }],
-  }, PLOT);
+  if (r.effect) drawDiff($("diff-heatmap"), null, { empty: r.base_run_id ? "inputs over full_map_tokens: zoom into the map and choose “difference P̂ − P” under it"
+    : "P̂ − P needs both runs' maps: not drawn for inputs over full_map_tokens (the effect's other panels are)" });
+  if (!state.long.window) {
+    showWindow(null);
+    Plotly.react($("entropy-plot"), [], {
+      margin: { l: 40, r: 10, t: 10, b: 30 }, xaxis: { visible: false }, yaxis: { visible: false },
+      annotations: [{ text: "at long inputs: zoom into the map for the entropy of each window row (over all keys)", showarrow: false, font: { color: "#667085" } }],
+    }, PLOT);
+    delete $("entropy-plot").dataset.rows;
+  }
   drawReceived(r);
   if (isLM() && r.output?.kind === "next_token") { // the prediction and the continuation work at any length
     renderPositions(r.tokens);

@@ -80,6 +80,36 @@ def test_long_sample_overview_zoom_row_and_retrieval(page, page_log, long_server
                            timeout=300_000)
     assert page.get_attribute("#continuation", "data-state") == "done", page.text_content("#status")
     assert page.locator("#continuation-base .gen-tok").count() == 3
+
+    # the window's rows' entropy over all keys, beside it and in the entropy panel
+    page.evaluate("""() => Plotly.relayout('heatmap', {'xaxis.range[0]': 10, 'xaxis.range[1]': 50,
+                                                      'yaxis.range[0]': 60, 'yaxis.range[1]': 20})""")
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.atlas === 'window-labels'", timeout=60_000)
+    strip = page.eval_on_selector("#heatmap", "el => ({x: Array.from(el.data[1].x), y: Array.from(el.data[1].y), axis: el.data[1].xaxis})")
+    assert strip["axis"] == "x2" and strip["y"] == list(range(20, 60)) and all(h > 0 for h in strip["x"])
+    assert page.eval_on_selector("#entropy-plot", "el => JSON.parse(el.dataset.rows)") == [20, 60]
+    assert page.eval_on_selector("#entropy-plot", "el => Array.from(el.data[0].y)") == strip["x"]
+
+    # an intervention on a long input (key 15 masked): the page runs a compare, the response names the run without it,
+    # and a window can show P̂ − P, on a diverging scale symmetric around 0 (the masked key loses, the others gain)
+    assert page.is_hidden("#atlas-show-box")
+    page.locator("#token-strip .tok[data-index='15']").click()
+    page.wait_for_function("() => !document.getElementById('atlas-show-box').hidden", timeout=300_000)
+    page.select_option("#atlas-show", "diff")
+    page.evaluate("""() => Plotly.relayout('heatmap', {'xaxis.range[0]': 10, 'xaxis.range[1]': 50,
+                                                      'yaxis.range[0]': 60, 'yaxis.range[1]': 20})""")
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.show === 'diff'"
+                           " && document.getElementById('heatmap').dataset.atlas === 'window-labels'", timeout=60_000)
+    diff = page.eval_on_selector("#heatmap", """el => ({z: el.data[0].z, zmin: el.data[0].zmin, zmax: el.data[0].zmax,
+        zmid: el.data[0].zmid, scale: el.data[0].colorscale, lines: el.data.length, title: el.layout.title.text,
+        maxAbs: Number(el.dataset.maxAbs)})""")
+    values = [v for row in diff["z"] for v in row]
+    assert min(values) < -1e-4 and max(values) > 1e-4  # both signs
+    assert all(row[15 - 10] < 0 for row in diff["z"])  # every query row (20..59) lost its attention to key 15
+    assert diff["zmid"] == 0 and diff["zmin"] == -diff["zmax"] == -diff["maxAbs"] and diff["scale"] == "RdBu"
+    assert diff["lines"] == 3 and "P̂ − P" in diff["title"]  # the entropy of both runs' rows beside it
+    screenshot(page, "long-06-window-difference")
+    page.locator("#heatmap").screenshot(path=str(ROOT / "artifacts" / "screenshots" / "long-window-difference.png"))
     assert not page_log.errors, page_log.errors
 
 

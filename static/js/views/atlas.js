@@ -7,10 +7,13 @@
 // no model run); the overview stays at the run's own β.
 // Encoder–decoders (kind encoder | decoder | cross) carry an overview per kind: its rows are the kind's queries and its
 // columns its keys (cross: target queries × source keys), and every window/row request names the kind.
+// With interventions (a compare: the response names `base_run_id`, the run without them) a window can show P̂ − P
+// instead of P̂ (the server's `minus`), on a diverging scale symmetric around 0 as the short page's diff. Beside every
+// window a thin plot shows each row's entropy over ALL the keys (`row_entropy`; in a difference, both runs').
 
 import { isAbort, postJSON, setStatus } from "../api.js";
 import { visibleToken } from "../dom.js";
-import { decodeTensor, fmt } from "../mathx.js";
+import { decodeTensor, fmt, maxAbs } from "../mathx.js";
 import { loadPlotly } from "../vendor.js";
 
 const LABEL_MAX = 80; // token labels on an axis once a window is at most this many tokens wide
@@ -28,7 +31,9 @@ function panel(el) {
     <p class="help" id="atlas-note"></p>
     <div class="fig-tools"><label class="help">row of <select id="atlas-row-scope" aria-label="row scope">
       <option value="head">this head</option><option value="layer">all heads of this layer</option></select></label>
-      <span class="help" id="atlas-row-title">click a query row of the map</span></div>
+      <span class="help" id="atlas-row-title">click a query row of the map</span>
+      <label class="help" id="atlas-show-box" hidden>windows show <select id="atlas-show" aria-label="window shows">
+        <option value="P">P̂ (with the interventions)</option><option value="diff">difference P̂ − P</option></select></label></div>
     <div id="atlas-row" class="plot" style="height:220px" hidden></div>
     <div class="fig-tools"><span class="help">retrieval: keys</span>
       <input id="atlas-span-from" type="number" min="0" value="0" style="width:6em" aria-label="span start">
@@ -40,6 +45,11 @@ function panel(el) {
   el.after(box);
   box.querySelector("#atlas-span-go").addEventListener("click", () => retrieval());
   box.querySelector("#atlas-row-scope").addEventListener("change", () => current?.row !== undefined && drawRow(current.row));
+  box.querySelector("#atlas-show").addEventListener("change", () => {
+    const w = current?.el.dataset.window ? JSON.parse(current.el.dataset.window) : null;
+    if (w) drawWindow(w.rows, w.cols);
+    else if (current) drawOverview();
+  });
   return box;
 }
 
@@ -64,6 +74,8 @@ export async function drawAtlas(el, r, { layer, head, kind = null, queryTokens =
   box.querySelector("#atlas-note").textContent = `${size}, over full_map_tokens = `
     + `${r.full_map_tokens}: the map shows blocks of P's mean (the overview). Drag a box or scroll to zoom: exact `
     + `windows load from the server; double-click returns to the overview.`;
+  // P̂ − P is offered where the response names the run without the interventions
+  box.querySelector("#atlas-show-box").hidden = !r.base_run_id;
   const spanRow = box.querySelector("#atlas-span-row");
   if (!spanRow.value || !same) spanRow.value = String(queryTokens.length - 1); // a new input: its last query asks
   if (!same) { // another input's row and retrieval plots are hidden until asked again
@@ -84,6 +96,8 @@ export const atlasShown = () => current !== null;
 // The page's map mode, as the response carried it: value-weighted windows, rows and retrieval follow the overview.
 const weighting = (r) => r.weighting ?? "attention";
 const weightingNote = (r) => (weighting(r) === "value_norm" ? " · value-weighted ‖P·v W_O‖" : "");
+// Windows show the difference P̂ − P: chosen, and the run without the interventions is kept.
+const showsDiff = (r) => Boolean(r.base_run_id) && document.getElementById("atlas-show")?.value === "diff";
 
 export function hideAtlas() {
   const box = document.getElementById("atlas-panel");
@@ -111,7 +125,7 @@ function drawOverview(Plotly = window.Plotly) {
     hovertemplate: "queries ≈ %{y:.0f} · keys ≈ %{x:.0f}<br>mean P %{z:.3g}<extra></extra>",
   };
   Plotly.react(el, [trace], {
-    title: { text: `overview · ${kind ? `${kind} · ` : ""}layer ${layer}, head ${head}${current.beta ? " · at the run's β (zoom for view β)" : ""}${weightingNote(r)}`, font: { size: 13 } },
+    title: { text: `overview · ${kind ? `${kind} · ` : ""}layer ${layer}, head ${head}${current.beta ? " · at the run's β (zoom for view β)" : ""}${showsDiff(r) ? " · of P̂ (zoom for P̂ − P)" : ""}${weightingNote(r)}`, font: { size: 13 } },
     margin: { l: 60, r: 10, t: 30, b: 40 },
     xaxis: { title: { text: axisTitle("key") }, range: [0, cols.at(-1)] }, yaxis: { title: { text: axisTitle("query") }, autorange: "reversed" },
     dragmode: "zoom",
@@ -150,10 +164,13 @@ export async function drawWindow(rows, cols) {
   const seq = ++zoomSeq;
   const { el, r, kind, layer, head, queryTokens, keyTokens, beta } = current;
   setStatus(`window ${rows[0]}–${rows[1]} × ${cols[0]}–${cols[1]}…`);
-  let w;
-  try {
-    w = await postJSON(`/api/runs/${r.run_id}/window`, { layer, head, kind, rows, cols, beta, weighting: weighting(r), encoding: "f32" },
-      { channel: "atlas-window" });
+  const diff = showsDiff(r);
+  const ask = { layer, head, kind, rows, cols, beta, weighting: weighting(r), encoding: "f32" };
+  let w, plain;
+  try { // a difference: P̂ − P for the map, and P̂ itself for the head view (each window is one small request)
+    [w, plain] = await Promise.all([
+      postJSON(`/api/runs/${r.run_id}/window`, diff ? { ...ask, minus: r.base_run_id } : ask, { channel: "atlas-window" }),
+      diff ? postJSON(`/api/runs/${r.run_id}/window`, ask, { channel: "atlas-window-plain" }) : null]);
   } catch (err) { failed(err, "window"); return; }
   if (seq !== zoomSeq || current?.r !== r || current.kind !== kind) return;
   const z = decodeTensor(w.attention);
@@ -162,25 +179,43 @@ export async function drawWindow(rows, cols) {
   const label = (tokens) => (i) => `${i}:${visibleToken(tokens[i])}`;
   const queryLabel = label(queryTokens), keyLabel = label(keyTokens);
   const narrow = xs.length <= LABEL_MAX && ys.length <= LABEL_MAX;
+  const what = weighting(r) === "value_norm" ? "value-weighted" : "P";
+  const span = diff ? Math.max(1e-12, maxAbs(z, 0)) : null; // a diverging scale symmetric around 0, as the short diff's
+  const scale = diff ? { colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -span, zmax: span }
+    : { colorscale: "Viridis", zmin: 0 };
   const trace = {
-    type: "heatmap", z, x: xs, y: ys, colorscale: "Viridis", zmin: 0,
+    type: "heatmap", z, x: xs, y: ys, ...scale, colorbar: { x: 0.77, xanchor: "left", thickness: 10, tickfont: { size: 9 } },
     customdata: ys.map((i) => xs.map((j) => [queryLabel(i), keyLabel(j)])),
-    hovertemplate: `query %{customdata[0]}<br>key %{customdata[1]}<br>${weighting(r) === "value_norm" ? "value-weighted" : "P"} %{z:.4g}<extra></extra>`,
+    hovertemplate: `query %{customdata[0]}<br>key %{customdata[1]}<br>${diff ? `${what} P̂ − P` : what} %{z:.4g}<extra></extra>`,
   };
+  // beside the window: each row's entropy over all the keys, on the window's rows (the short page's entropy panel)
+  const strip = (values, name, color) => ({
+    type: "scatter", mode: "lines+markers", x: values, y: ys, xaxis: "x2", yaxis: "y", name,
+    line: { color, width: 1.5 }, marker: { size: 3, color },
+    hovertemplate: `query %{y}<br>${name} %{x:.3f} nats<extra></extra>`,
+  });
+  const entropy = [strip(w.row_entropy, diff ? "entropy P̂" : "row entropy", "#3b5bdb")];
+  if (diff) entropy.push(strip(w.minus_row_entropy, "entropy P", "#999"));
   const axis = (idx, text, name) => narrow // Plotly 3 reads an axis title from {text} only
     ? { title: { text }, tickmode: "array", tickvals: idx, ticktext: idx.map(name), tickfont: { size: 9 } }
     : { title: { text } };
-  await window.Plotly.react(el, [trace], {
-    title: { text: `window · ${kind ? `${kind} · ` : ""}layer ${layer}, head ${head}${beta ? ` · view β = ${fmt(beta)}` : ""}${weightingNote(r)}`, font: { size: 13 } },
+  const maxDiff = diff ? ` (max |Δ| = ${fmt(span, 3)})` : "";
+  await window.Plotly.react(el, [trace, ...entropy], {
+    title: { text: `${diff ? "P̂ − P · " : ""}window · ${kind ? `${kind} · ` : ""}layer ${layer}, head ${head}${beta ? ` · view β = ${fmt(beta)}` : ""}${weightingNote(r)}${maxDiff}`, font: { size: 13 } },
     margin: { l: narrow ? 110 : 60, r: 10, t: 30, b: narrow ? 110 : 40 },
-    xaxis: axis(xs, axisTitle("key"), keyLabel), yaxis: { ...axis(ys, axisTitle("query"), queryLabel), autorange: "reversed" },
-    dragmode: "zoom",
+    xaxis: { ...axis(xs, axisTitle("key"), keyLabel), domain: [0, 0.76] }, yaxis: { ...axis(ys, axisTitle("query"), queryLabel), autorange: "reversed" },
+    xaxis2: { domain: [0.88, 1], title: { text: "row entropy (nats)", font: { size: 10 } }, rangemode: "tozero", tickfont: { size: 9 } },
+    showlegend: false, dragmode: "zoom",
   }, { scrollZoom: true, responsive: true });
   el.dataset.atlas = narrow ? "window-labels" : "window";
+  el.dataset.show = diff ? "diff" : "P"; // what the window shows: P̂, or P̂ − P
+  el.dataset.maxAbs = diff ? String(span) : "";
   el.dataset.window = JSON.stringify({ rows, cols });
   el.dataset.beta = beta === null ? "" : String(beta);
-  setStatus(`window ${rows[0]}–${rows[1]} × ${cols[0]}–${cols[1]} (exact${beta ? `, view β = ${fmt(beta)}` : ""})`);
-  if (current?.r === r && current.kind === kind) current.onWindow?.({ P: z, rows, cols });
+  setStatus(`window ${rows[0]}–${rows[1]} × ${cols[0]}–${cols[1]} (exact${diff ? ", P̂ − P" : ""}${beta ? `, view β = ${fmt(beta)}` : ""})`);
+  // the head view draws P̂ of the window (a difference has signs: not line weights); row entropy for the page's panel
+  const shown = diff ? decodeTensor(plain.attention) : z;
+  if (current?.r === r && current.kind === kind) current.onWindow?.({ P: shown, rows, cols, rowEntropy: diff ? plain.row_entropy : w.row_entropy });
 }
 
 // View-mode β on a long input (null: the run's own): the shown window and row re-normalised by the server at

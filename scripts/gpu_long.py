@@ -13,6 +13,9 @@ the same device. Runs on a CPU too (with small --tokens) as a smoke test.
   (adapter.run, no HTTP), interleaved, after warm-up; medians. Also what the cached run keeps on the device and on
   the host (a short run's P stays on the device), and the device → host synchronisations inside one forward
   (torch.cuda.set_sync_debug_mode: there should be none).
+  Each short row also has `response_building`: the first view's response building alone (from the run's result to
+  the response bytes) before/after the one-read change, interleaved, with op counts and (on a GPU) synchronisations;
+  `--response-only` measures just that, on the model alone (no app, no raw model).
 Targets (issue 20): long first view ≤ 1 s at 8,192 tokens; 512 tokens ≤ 1.5× raw; 128 tokens ≤ 1.3× raw.
 
 --random-weights: the folder given by --weights holds smollm2-135m's config and tokenizer only; weights are drawn at
@@ -171,7 +174,9 @@ def main() -> None:
                 # from the run's result to the response bytes, before/after the batched read (below)
                 "response_building": response_building(adapter, text, encoded, device, args.response_repeats),
             })
-            print(json.dumps({k: v for k, v in report["short"][-1].items() if not k.endswith("_all_s")}), flush=True)
+            row = {k: v for k, v in report["short"][-1].items() if not k.endswith("_all_s")}
+            row["response_building"] = {k: v for k, v in row["response_building"].items() if not k.endswith("_all_ms")}
+            print(json.dumps(row), flush=True)
             if args.out:  # each section as it ends: a later failure keeps what was measured
                 args.out.write_text(json.dumps(report, indent=2) + "\n")
 
@@ -313,7 +318,6 @@ def previous_short_response(adapter, encoded, req, result, layers: list[int], he
     the output panel's). Kept here only to measure the change against it; the product has only the new path."""
     from app.encoding import tensor_field
     from models.interventions import row_entropy
-    from models.summaries import mean_token_distance
 
     kept = result.kept_attention
 
@@ -329,8 +333,17 @@ def previous_short_response(adapter, encoded, req, result, layers: list[int], he
         "thumbnails": result.summary(f"thumbnails{req.thumbnail_size}", lambda: _previous_thumbnails(kept, req.thumbnail_size)),
         "effect": None, "warnings": list(result.warnings), "elapsed_s": None, "run_id": result.run_id, "overview": None,
         "received": tensor_field(kept[layers][:, heads].mean(dim=2), req.encoding),
-        "mean_distance": result.summary("mean_distance", lambda: mean_token_distance(kept).tolist()),
+        "mean_distance": result.summary("mean_distance", lambda: _previous_mean_token_distance(kept).tolist()),
     }
+
+
+def _previous_mean_token_distance(attention: torch.Tensor) -> torch.Tensor:
+    """models.summaries.mean_token_distance before |i − j| was kept per length: formed at every call."""
+    from models.summaries import _weighted_row_sums
+
+    positions = torch.arange(attention.shape[-1], dtype=torch.float32, device=attention.device)
+    distances = (positions[:, None] - positions[None, :]).abs()  # (T, T)
+    return _weighted_row_sums(attention.float(), distances).mean(dim=-1).float()  # (L, H)
 
 
 def response_building(adapter, text: str, encoded, device: torch.device, repeats: int) -> dict:
@@ -339,7 +352,7 @@ def response_building(adapter, text: str, encoded, device: torch.device, repeats
     previous per-field reads, above) and after (app/attention.short_response), interleaved; each starts from the
     run's own summaries (a fresh run). Also each path's op count (torch.profiler: aten ops, top-level ones; on a GPU
     the kernel launches and memcpy calls) and on a GPU its device → host synchronisations (set_sync_debug_mode).
-    Both paths must give the same bytes."""
+    Both paths should give the same bytes (`same_bytes`; tests/unit/test_response_building.py checks it on a CPU)."""
     import warnings
 
     from torch.profiler import ProfilerActivity, profile
@@ -364,8 +377,9 @@ def response_building(adapter, text: str, encoded, device: torch.device, repeats
         result.derived = dict(fresh)
         return fast_json(previous_short_response(adapter, encoded, req, result, layers, heads)).body
 
-    if new() != old():
-        sys.exit("response building: the previous and the new path give different bytes")
+    same_bytes = new() == old()  # on a CPU they are (tests/unit/test_response_building.py); said, not fatal, here
+    if not same_bytes:
+        print("response building: the previous and the new path gave different bytes", flush=True)
 
     def timed(fn) -> float:
         _sync(device)
@@ -382,14 +396,36 @@ def response_building(adapter, text: str, encoded, device: torch.device, repeats
         olds.append(timed(old))
 
     def counts(fn) -> dict:
+        try:
+            return _counts(fn)
+        except Exception as exc:  # noqa: BLE001 - a profiler that fails on some host must not end the timings' run
+            return {"error": repr(exc)[:300]}
+
+    def _counts(fn) -> dict:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with profile(activities=activities) as prof:
             fn()
             _sync(device)
         events = prof.events()
         aten = [e for e in events if e.name.startswith("aten::")]
+        # ops that do work on data (about a kernel each on a GPU): the innermost aten ops that are not views, metadata,
+        # allocations or composites (matmul → mm/bmm)
+        composite = {"view", "reshape", "_reshape_alias", "as_strided", "as_strided_", "select", "slice", "unsqueeze",
+                     "squeeze", "squeeze_", "expand", "permute", "transpose", "t", "mT", "alias", "detach", "detach_",
+                     "lift", "lift_fresh", "resolve_conj", "resolve_neg", "empty", "empty_strided", "empty_like",
+                     "unbind", "numpy_T", "_unsafe_view", "to", "_to_copy", "contiguous", "clone", "item",
+                     "_local_scalar_dense", "split", "narrow", "view_as", "resize_", "zeros", "matmul", "einsum",
+                     "linear", "flatten"}
+
+        def does_work(event) -> bool:
+            return event.name.startswith("aten::") and event.name[6:] not in composite
+
+        def innermost(event) -> bool:
+            return not any(does_work(c) or not innermost(c) for c in event.cpu_children)
+
         out = {"aten_ops": len(aten),
-               "aten_top_level_ops": sum(e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::") for e in aten)}
+               "aten_top_level_ops": sum(e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::") for e in aten),
+               "data_ops": sum(does_work(e) and innermost(e) for e in aten)}
         if device.type == "cuda":
             out["kernel_launches"] = sum(e.name in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
                                                     "cuLaunchKernelEx") for e in events)
@@ -412,7 +448,7 @@ def response_building(adapter, text: str, encoded, device: torch.device, repeats
             "response_after_over_before": new_s / old_s,
             "response_pair_ratio_median": statistics.median(n / o for n, o in zip(news, olds)),
             "response_before_all_ms": [1000 * t for t in olds], "response_after_all_ms": [1000 * t for t in news],
-            "response_bytes": len(new()), "counts_before": counts(old), "counts_after": counts(new)}
+            "response_bytes": len(new()), "same_bytes": same_bytes, "counts_before": counts(old), "counts_after": counts(new)}
 
 
 def response_only(args) -> None:

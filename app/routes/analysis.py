@@ -300,10 +300,19 @@ def _value_weighting(runtime: Runtime, adapter: AttentionAdapter, encoded: Encod
         return
     norms = run_norms(runtime, adapter, encoded, result, interventions)  # (L, H, T)
     weighted = lambda res, n: value_weighted(res.attention[layers][:, heads], n[layers][:, heads])  # noqa: E731
-    maps = weighted(result, norms)  # (l, h, T, T)
     rows = response.get("queries")
-    response["attention"] = tensor_field(maps if rows is None else maps[:, :, rows], req.encoding)
-    response["received"] = tensor_field(maps.mean(dim=2), req.encoding)  # (l, h, T)
+    if rows is None:
+        maps = weighted(result, norms)  # (l, h, T, T)
+        response["attention"] = tensor_field(maps, req.encoding)
+        response["received"] = tensor_field(maps.mean(dim=2), req.encoding)  # (l, h, T)
+    else:  # query rows (the image page): only those rows (each is renormalised on its own), received once per run
+        # the rows first: indexing all of P by layers/heads would copy every layer's T × T maps
+        picked = value_weighted(result.attention[:, :, rows][layers][:, heads], norms[layers][:, heads])  # (l, h, q, T)
+        response["attention"] = tensor_field(picked, req.encoding)
+        received = result.summary("value_received", lambda: torch.stack([  # (L, H, T), a layer at a time
+            value_weighted(result.attention[l], norms[l].to(result.attention.device)).mean(dim=1)
+            for l in range(result.attention.shape[0])]).cpu())
+        response["received"] = tensor_field(received[layers][:, heads], req.encoding)
     if response.get("thumbnails") is not None:
         response["thumbnails"] = result.summary(f"value_thumbnails{req.thumbnail_size}",
                                                 lambda: _value_thumbnails(result.attention, norms, req.thumbnail_size))

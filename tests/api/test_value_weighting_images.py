@@ -60,6 +60,7 @@ def test_image_value_norm_differs_from_p_and_rows_sum_to_one(clients, model):
     # `queries` rows of the value-weighted maps
     rows = short.post("/api/image/attention", json={**req, "weighting": "value_norm", "queries": [0, 5]}).json()
     assert np.abs(_f32(rows["attention"]) - vw[:, :, [0, 5]]).max() <= 1e-6
+    assert np.abs(_f32(rows["received"]) - vw.mean(axis=2)).max() <= 1e-6  # over every query row, not only those
     bad = short.post("/api/image/attention", json={**req, "weighting": "values"})
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "weighting"]
 

@@ -37,14 +37,16 @@ from fastapi import HTTPException
 request_model_seconds: contextvars.ContextVar[float | None] = contextvars.ContextVar("request_model_seconds",
                                                                                     default=None)
 
-# The model runs (forwards) this request's cost check counted: the ones the result cache does not hold. A progress
-# stream (app/progress.py) shows one bar over all of them: runs × layers.
+# The passes over the model's layers this request's cost check counted: the model runs the result cache does not hold,
+# and one more for a value-weighted overview (it goes layer by layer too). A progress stream (app/progress.py) shows
+# one bar over all of them: passes × layers.
 request_model_runs: contextvars.ContextVar[int | None] = contextvars.ContextVar("request_model_runs", default=None)
 
-# Work a request does besides its forwards, not yet counted: (field, what, multiply-adds), set by the route before the
-# response is built (the value-weighted overview of a long first view). check_request_cost counts it with the runs;
-# when every run is cached, check_extra_cost counts it alone just before the work.
-request_extra_work: contextvars.ContextVar[tuple[str, str, float] | None] = contextvars.ContextVar(
+# Work a request does besides its forwards, not yet counted: (field, what, multiply-adds, passes over the layers it
+# reports as progress), set by the route before the response is built (the value-weighted overview of a long first
+# view). check_request_cost counts it with the runs; when every run is cached, check_extra_cost counts it alone just
+# before the work.
+request_extra_work: contextvars.ContextVar[tuple[str, str, float, int] | None] = contextvars.ContextVar(
     "request_extra_work", default=None)
 
 # The value-weighted overview per score, in units of the head size d. Measured: at 2,048 tokens on smollm2-135m it
@@ -155,7 +157,7 @@ def check_request_cost(adapter, settings, tokens: int, runs: int, interventions:
     seconds = estimated_seconds(adapter, settings, macs)
     limit = settings.request_timeout_s
     request_model_seconds.set(seconds)
-    request_model_runs.set(runs)
+    request_model_runs.set(runs + (extra[3] if extra is not None else 0))
     if seconds > limit:
         raise HTTPException(413, detail=(
             f"{field}: this request needs {runs} model run{'s' if runs > 1 else ''} over {tokens:,} tokens"
@@ -173,7 +175,8 @@ def check_extra_cost(adapter, settings) -> None:
     if extra is None:
         return
     request_extra_work.set(None)
-    field, what, macs = extra
+    field, what, macs, passes = extra
+    request_model_runs.set(max(1, passes))  # the request's passes over the layers: this work's only
     seconds = estimated_seconds(adapter, settings, macs)
     limit = settings.request_timeout_s
     if seconds > limit:

@@ -28,7 +28,7 @@ from app.costs import check_extra_cost, model_shape, request_extra_work, value_o
 from app.encoding import fast_json, tensor_field
 from app.ids import new_id
 from app.progress import wants_events
-from app.lifecycle import RequestCancelled, check_cancelled
+from app.lifecycle import RequestCancelled, after_layer, check_cancelled
 from app.runtime import Overloaded, Runtime, UnknownModel
 from app.schemas import FaithfulnessRequest, LensRequest, PatchingRequest
 from app.deps import RuntimeDep
@@ -196,8 +196,8 @@ def attention_response(runtime: Runtime, adapter: AttentionAdapter, encoded: Enc
     n_tokens = len(encoded.tokens)
     long_value = req.weighting == "value_norm" and n_tokens > adapter.full_map_tokens
     # a long value-weighted first view rebuilds its overview from q̂/k̂: counted by the cost estimate (app/costs.py)
-    request_extra_work.set((OVERVIEW_FIELD, OVERVIEW_WHAT, value_overview_macs(model_shape(adapter), n_tokens, n_tokens))
-                           if long_value else None)
+    request_extra_work.set((OVERVIEW_FIELD, OVERVIEW_WHAT, value_overview_macs(model_shape(adapter), n_tokens, n_tokens),
+                            1) if long_value else None)  # one pass over the layers, reported as progress
     with head_run(request_sources(runtime, adapter, req.interventions, value_norms=True)):
         response = build_attention_response(runtime, adapter, encoded, req, family_fields)
         if req.weighting == "value_norm":
@@ -218,7 +218,7 @@ def seq2seq_attention_response(runtime: Runtime, adapter: Seq2SeqAdapter, encode
         macs = sum(value_overview_macs(shape, q, k, layers) for q, k, layers in (
             (n_source, n_source, info.layers), (n_target, n_target, info.decoder_layers),
             (n_target, n_source, info.decoder_layers)))
-        request_extra_work.set((OVERVIEW_FIELD, OVERVIEW_WHAT, macs))
+        request_extra_work.set((OVERVIEW_FIELD, OVERVIEW_WHAT, macs, 0))  # the kinds' overviews report no progress
     else:
         request_extra_work.set(None)
     with head_run(HeadRun(value_grams=value_grams(adapter))):
@@ -345,7 +345,12 @@ def _long_value_weighting(runtime: Runtime, req, response: dict, result, layers:
         check_extra_cost(runtime.adapter(result.model_id), runtime.settings)  # every run was cached: the overview alone
         check_cancelled()
         with runtime.admitted():  # the attention's arithmetic once more: it takes its turn like a run
-            return value_weighted_overview(atlas, atlas.config.block_rows)
+            layers = sorted(atlas.records)
+            parts = []
+            for i, layer in enumerate(layers):  # a layer at a time: progress and Cancel as in a model run
+                parts.append(value_weighted_overview(atlas, atlas.config.block_rows, [layer]))
+                after_layer(i, len(layers))
+            return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])  # (L, H, nR, nC), (L, H, T)
     sums, received = result.summary("value_overview", overview)  # (L, H, nR, nC), (L, H, T)
     row_sizes = torch.tensor(atlas.row_edges()).diff().float()
     col_sizes = torch.tensor(atlas.col_edges()).diff().float()

@@ -131,7 +131,8 @@ function showProgress(event) {
   if (!event) return;
   $("run-progress-bar").max = event.total;
   $("run-progress-bar").value = event.progress;
-  const run = (event.runs ?? 1) > 1 ? ` (model run ${event.run} of ${event.runs})` : "";
+  // passes over the layers: the model runs (a compare's two), then a value-weighted overview's
+  const run = (event.runs ?? 1) > 1 ? ` (pass ${event.run} of ${event.runs})` : "";
   $("run-progress-text").textContent = `first view: layers done ${event.progress} of ${event.total}${run}`;
   box.dataset.progress = String(event.progress);
   box.dataset.total = String(event.total);

@@ -99,3 +99,17 @@ def test_refusals_keep_their_status(client, body, status, field):
     assert code == status and kind.startswith("application/json")
     assert field in json.dumps(events[0]["detail"])
 
+
+
+def test_a_value_weighted_overview_is_one_more_pass_on_the_bar(client):
+    """A long first view with weighting value_norm rebuilds its overview layer by layer after the model run: the bar
+    counts it as one more pass (2 × layers), and a weighting switch on a cached run shows the overview's pass alone."""
+    n_layers = _layers(client)
+    *progress, done = _events(client, text=TEXT + " six", weighting="value_norm")[2]
+    assert done["done"] is True and done["weighting"] == "value_norm"
+    assert [e["progress"] for e in progress] == list(range(1, 2 * n_layers + 1))
+    assert {e["total"] for e in progress} == {2 * n_layers} and [e["run"] for e in progress][-1] == 2
+    assert len(_events(client, text=TEXT + " seven")[2]) == n_layers + 1  # the run alone, cached after
+    *progress, done = _events(client, text=TEXT + " seven", weighting="value_norm")[2]
+    assert done["done"] is True and [e["progress"] for e in progress] == list(range(1, n_layers + 1))
+    assert {e["total"] for e in progress} == {n_layers}

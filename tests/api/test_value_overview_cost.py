@@ -46,7 +46,7 @@ def test_the_overview_counts_with_the_runs_and_alone(client):
 
     def estimate(rate_macs: float, extra: bool) -> None:
         THROUGHPUT._rates[adapter.info.id] = rate_macs
-        request_extra_work.set(("weighting", "the value-weighted overview (weighting value_norm)", overview)
+        request_extra_work.set(("weighting", "the value-weighted overview (weighting value_norm)", overview, 1)
                                if extra else None)
         check_request_cost(adapter, settings, n, 1, 0)
 

@@ -196,8 +196,9 @@ def attention_response(runtime: Runtime, adapter: AttentionAdapter, encoded: Enc
     n_tokens = len(encoded.tokens)
     long_value = req.weighting == "value_norm" and n_tokens > adapter.full_map_tokens
     # a long value-weighted first view rebuilds its overview from q̂/k̂: counted by the cost estimate (app/costs.py)
-    request_extra_work.set((OVERVIEW_FIELD, OVERVIEW_WHAT, value_overview_macs(model_shape(adapter), n_tokens, n_tokens),
-                            1) if long_value else None)  # one pass over the layers, reported as progress
+    overview_macs = value_overview_macs(model_shape(adapter), n_tokens, n_tokens)
+    # one pass over the layers, reported as progress
+    request_extra_work.set((OVERVIEW_FIELD, OVERVIEW_WHAT, overview_macs, 1) if long_value else None)
     with head_run(request_sources(runtime, adapter, req.interventions, value_norms=True)):
         response = build_attention_response(runtime, adapter, encoded, req, family_fields)
         if req.weighting == "value_norm":

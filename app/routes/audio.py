@@ -300,8 +300,8 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
         attention[kind] = None if maps is None else tensor_field(maps, req.encoding)
     attention["encoder"] = None
     if "encoder" in req.kinds:
-        overview = (_value_encoder_overview(runtime, adapter, result) if value_norm
-                    else result.output["encoder_overview"])[encoder_layers][:, heads]  # (l, h, B, B)
+        overview = (_value_encoder_overview(runtime, adapter, result, encoder_layers) if value_norm
+                    else result.output["encoder_overview"][encoder_layers])[:, heads]  # (l, h, B, B)
         attention["encoder"] = {"overview": tensor_field(overview, req.encoding), "layers": encoder_layers,
                                 "block_positions": result.derived["overview_block"], "positions": n_positions}
     effect = None
@@ -342,25 +342,24 @@ def _kind_norms(adapter: WhisperAdapter, result, kind: str) -> torch.Tensor:
     return norms
 
 
-def _value_encoder_overview(runtime: Runtime, adapter: WhisperAdapter, result) -> torch.Tensor:
-    """The encoder overview of the value-weighted encoder maps, (L_enc, H, B, B) on the blocks of the P overview:
-    each layer's 1,500 rows rebuilt from its kept q̂/k̂ (the run keeps no encoder P), weighted by the frames' value
-    norms and pooled (models/adapters/whisper.encoder_overview); once per cached run, taking its turn like a run."""
-    def compute() -> torch.Tensor:
-        _kind_norms(adapter, result, "encoder")
-        n_positions = result.derived["n_positions"]
-        pooled = []
+def _value_encoder_overview(runtime: Runtime, adapter: WhisperAdapter, result, layers: list[int]) -> torch.Tensor:
+    """The encoder overview of the value-weighted encoder maps of the given encoder layers, (l, H, B, B) on the blocks
+    of the P overview: each layer's 1,500 rows rebuilt from its kept q̂/k̂ (the run keeps no encoder P), weighted by
+    the frames' value norms and pooled (models/adapters/whisper.encoder_overview); once per cached run and layer (the
+    page shows one), taking its turn like a run."""
+    _kind_norms(adapter, result, "encoder")
+    n_positions = result.derived["n_positions"]
+
+    def pooled(layer: int) -> torch.Tensor:
+        record = result.atlas.record(adapter.kind_layers["encoder"][layer])
+        heads = []
         check_cancelled()
         with runtime.admitted():
-            for layer in adapter.kind_layers["encoder"]:
-                record = result.atlas.record(layer)
-                heads = []
-                for head in range(record.n_heads):  # a head at a time: one 1,500² map held, not H of them
-                    rows = value_weighted_rows(record, [head], 0, record.queries.shape[1])  # (1, 1500, 1500)
-                    heads.append(encoder_overview(rows[None], n_positions)[0][0, 0])  # (B, B)
-                pooled.append(torch.stack(heads))  # (H, B, B)
-        return torch.stack(pooled)
-    return result.summary("value_encoder_overview", compute)
+            for head in range(record.n_heads):  # a head at a time: one 1,500² map held, not H of them
+                rows = value_weighted_rows(record, [head], 0, record.queries.shape[1])  # (1, 1500, 1500)
+                heads.append(encoder_overview(rows[None], n_positions)[0][0, 0])  # (B, B)
+        return torch.stack(heads)  # (H, B, B)
+    return torch.stack([result.summary(f"value_encoder_overview{l}", lambda l=l: pooled(l)) for l in layers])
 
 
 @router.post("/api/audio/transcribe")

@@ -492,7 +492,7 @@ function drawSelfMaps() {
   const decoder = decodeTensor(r.attention.decoder)[0][0].map((row) => Array.from(row));
   const labels = tokenLabels(r.tokens);
   Plotly.react("decoder-map", [{ type: "heatmap", z: decoder, x: labels, y: labels, colorscale: "Viridis", zmin: 0, showscale: false,
-    hovertemplate: "%{y} → %{x}: %{z:.3f}<extra></extra>" }], {
+    hovertemplate: `%{y} → %{x}: ${mapName(r)} %{z:.3f}<extra></extra>` }], {
     margin: { l: 90, r: 10, t: 10, b: 90 }, xaxis: { type: "category", tickangle: -60, tickfont: { size: 9 } },
     yaxis: { type: "category", autorange: "reversed", tickfont: { size: 9 } },
   }, PLOT);
@@ -501,7 +501,8 @@ function drawSelfMaps() {
   const overview = decodeTensor(enc.overview)[0][0].map((row) => Array.from(row));
   const step = enc.block_positions * POSITION_S;
   const edges = overview.map((_, i) => (i + 0.5) * step);
-  $("encoder-title").textContent = `layer ${state.layer}, head ${state.head} · blocks of ${fmt(step * 1000, 3)} ms`;
+  const name = mapName(r) === "P" ? "" : `${mapName(r)} · `;
+  $("encoder-title").textContent = `${name}layer ${state.layer}, head ${state.head} · blocks of ${fmt(step * 1000, 3)} ms`;
   drawEncoder(overview, edges, edges, "overview");
   const el = $("encoder-map");
   if (!el.dataset.bound) {
@@ -545,7 +546,7 @@ async function encoderWindow(t0, t1, s0, s1) {
     { channel: "encoder-window" });
   const z = decodeTensor(w.attention).map((row) => Array.from(row));
   const times = (a, b) => Array.from({ length: b - a }, (_, i) => (a + i + 0.5) * POSITION_S);
-  $("encoder-title").textContent = `layer ${state.layer}, head ${state.head} · exact window ${fmt(rows[0] * POSITION_S, 3)}–${fmt(rows[1] * POSITION_S, 3)} s × ${fmt(cols[0] * POSITION_S, 3)}–${fmt(cols[1] * POSITION_S, 3)} s (double-click: overview)`;
+  $("encoder-title").textContent = `${mapName(r) === "P" ? "" : `${mapName(r)} · `}layer ${state.layer}, head ${state.head} · exact window ${fmt(rows[0] * POSITION_S, 3)}–${fmt(rows[1] * POSITION_S, 3)} s × ${fmt(cols[0] * POSITION_S, 3)}–${fmt(cols[1] * POSITION_S, 3)} s (double-click: overview)`;
   drawEncoder(z, times(cols[0], cols[1]), times(rows[0], rows[1]), "window");
 }
 

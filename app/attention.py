@@ -267,11 +267,12 @@ def short_response(adapter: AttentionAdapter, encoded: Encoded, req: AttentionRe
     received, thumbnails and summaries of every head, the output panel, and the family's fields.
 
     Everything taken from the run's device tensors is formed there, batched over every layer and head (the thumbnails
-    one pooled product over the stacked (L, H, T, T) maps), and read to the host in ONE copy (read_to_host); the
-    output panel (adapter.output_summary) is the only other read. A family field returned as a tensor (the text
-    route's mean distance) joins that copy and is sent as nested lists. On a GPU each separate read is a
-    synchronisation and a copy of its own, and at 128-512 tokens the first view is bound by them and by kernel
-    launches, not by arithmetic (benchmarks/results/gpu_long.md, "Response building (CPU proxy)")."""
+    one pooled product over the stacked (L, H, T, T) maps), and read to the host in ONE copy (read_to_host), with the
+    run's entropy (kept on its device by the run) and the output panel's tensors where the adapter forms them on the
+    device (adapter.output_parts: a decoder LM's top-k); other adapters' panels (output_summary) are read on their
+    own. A family field returned as a tensor (the text route's mean distance) joins that copy and is sent as nested
+    lists. On a GPU each separate read is a synchronisation and a copy of its own, and at 128-512 tokens the first
+    view is bound by them and by kernel launches, not by arithmetic (benchmarks/results/gpu_long.md, "Response building (CPU proxy)")."""
     kept = result.kept_attention  # (L, H, T, T) on the run's device
     layer_index, head_index = _as_index(layers), _as_index(heads)
     # (l, h, T, T): one copy kernel when the indices run in steps of one (the layout the means below had before)
@@ -285,14 +286,20 @@ def short_response(adapter: AttentionAdapter, encoded: Encoded, req: AttentionRe
         device_parts["scores"] = result.scores_slice(layers, heads, rows)  # (l, h, q, T)
     if base is not None and req.include_base:
         device_parts["base_attention"] = base.kept_attention[layer_index][:, head_index][:, :, rows]  # (l, h, q, T)
-    if "entropy" not in result.derived:  # a run's own entropy is taken during its forward
-        device_parts["entropy"] = row_entropy(kept).mean(dim=-1)  # (L, H)
+    entropy = result.derived.get("entropy")  # the run's own, taken during its forward: (L, H) on its device until read
+    if entropy is None:
+        entropy = row_entropy(kept).mean(dim=-1)  # (L, H)
+    if isinstance(entropy, torch.Tensor):
+        device_parts["entropy"] = entropy
     thumbnail_key = f"thumbnails{req.thumbnail_size}"
     if req.thumbnail_size and thumbnail_key not in result.derived:  # (L, H, t, t) levels and each head's max
         device_parts["thumbnail_levels"], device_parts["thumbnail_max"] = thumbnail_levels(kept, req.thumbnail_size)
     family = family_fields(result) if family_fields is not None else {}
     tensor_fields = [name for name, value in family.items() if isinstance(value, torch.Tensor)]
     device_parts.update({f"family.{name}": family[name] for name in tensor_fields})
+    output_parts = adapter.output_parts(result, encoded)  # a decoder LM's next-token top-k, formed on the device
+    if output_parts is not None:
+        device_parts.update({f"output.{name}": tensor for name, tensor in output_parts.tensors.items()})
 
     host = read_to_host(device_parts)  # the one device → host copy
 
@@ -311,7 +318,8 @@ def short_response(adapter: AttentionAdapter, encoded: Encoded, req: AttentionRe
         "native_beta": info.native_beta,
         "attention": field("attention"), "scores": field("scores"), "base_attention": field("base_attention"),
         "entropy": result.derived["entropy"],  # (L, H): every head
-        "output": adapter.output_summary(result, encoded),
+        "output": adapter.output_summary(result, encoded) if output_parts is None else
+        output_parts.build({name: host[f"output.{name}"] for name in output_parts.tensors}),
         "thumbnails": result.derived[thumbnail_key] if req.thumbnail_size else None,
         "effect": None, "warnings": [], "elapsed_s": None,
         "run_id": result.run_id, "overview": None,

@@ -68,13 +68,17 @@ class AttentionResult:
     attention: torch.Tensor | None
     # (L+1, T, D) embeddings then every layer's output, float32, on the run's device like P
     hidden_states: torch.Tensor
-    output: dict[str, torch.Tensor]  # raw model output used for effects (embedding, logits, ...), on the host
+    # raw model output used for effects (embedding, logits, ...): on the host; a decoder LM's (its final hidden states and
+    # last-position logits) stays on the run's device, where its output panel is formed (models/adapters/causal_lm.py)
+    output: dict[str, torch.Tensor]
     # When scores are recorded: the queries and keys after perturbation, each (L, H, T, d), on the run's device;
     # Ŝ = q̂ k̂ᵀ.
     queries: torch.Tensor | None = None
     keys: torch.Tensor | None = None
     warnings: list[str] = field(default_factory=list)
-    derived: dict[str, Any] = field(default_factory=dict)  # summaries computed once per cached result
+    # summaries computed once per cached result. A short run's "entropy" (L, H) float64 is a tensor on the run's
+    # device until the first response reads it with the rest (app/attention.py short_response), then nested lists
+    derived: dict[str, Any] = field(default_factory=dict)
     # Encoder–decoders: P per attention kind ("encoder", "decoder", "cross"), each (L, H, T_q, T_k);
     # `attention` is then the encoder's.
     by_kind: dict[str, torch.Tensor] | None = None
@@ -177,6 +181,15 @@ def to_host(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
     loop of runs got much faster (smollm2-135m at 512 tokens 230 → 35 ms), but the server keeps each result in its
     cache, so every fresh request paid a new cudaHostAlloc (about 8 ms per 18 MB) and the API got no faster."""
     return [None if t is None else t.detach().float().cpu() for t in tensors]
+
+
+@dataclass
+class OutputParts:
+    """An output panel in two halves (AttentionAdapter.output_parts): `tensors` on the run's device, and `build`, which
+    makes the panel from their host copies (numpy arrays of the same names)."""
+
+    tensors: dict[str, torch.Tensor]
+    build: Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class RequestFieldError(ValueError):
@@ -286,11 +299,17 @@ class AttentionAdapter:
 
     def model_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """Inputs on the model's device; floating ones (pixels) in its dtype."""
-        return {
-            k: (v.to(self.device, self.dtype) if v.is_floating_point() else v.to(self.device))
-            if isinstance(v, torch.Tensor) else v
-            for k, v in inputs.items()
-        }
+        return {k: self._input_on_device(v) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+    def _input_on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """One input tensor on the model's device (floating ones in its dtype). Host → GPU copies go from page-locked
+        memory with non_blocking=True: a copy from pageable memory makes the host wait for the GPU to drain (two such
+        waits per forward were measured, input ids and mask), a pinned one is queued on the stream and the host goes on
+        launching. Safe: the pinned copy is torch's own temporary (its caching host allocator keeps the block until the
+        copy has run) and the stream orders the copy before every kernel that reads it."""
+        if self.device.type == "cuda" and tensor.device.type == "cpu":
+            tensor = tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor.to(self.device, self.dtype) if tensor.is_floating_point() else tensor.to(self.device)
 
     @torch.inference_mode()
     def _forward(
@@ -307,8 +326,10 @@ class AttentionAdapter:
 
     def _result(
         self, encoded: Encoded, outputs: Any, scope: RunScope, hidden_states: tuple[torch.Tensor, ...],
-        output: dict[str, torch.Tensor],
+        output: dict[str, torch.Tensor], output_on_device: bool = False,
     ) -> AttentionResult:
+        """The run's AttentionResult. `output_on_device`: a short run keeps `output` on the run's device (float32) for an
+        adapter that forms its output panel there (a decoder LM); otherwise it is copied to the host."""
         layers = range(self.info.layers)
         if scope.atlas is not None:  # a long input: the atlas stays on the device; only small summaries move
             atlas = Atlas(scope.atlas.records, scope.atlas.summaries, scope.atlas.config)
@@ -329,11 +350,12 @@ class AttentionAdapter:
             queries = torch.stack([scope.queries_keys[l][0][0] for l in layers]).float()  # (L, H, T, d)
             keys = torch.stack([scope.queries_keys[l][1][0] for l in layers]).float()  # (L, H, T, d)
         hidden = torch.stack([h[0] for h in hidden_states]).float()  # (L+1, T, D)
-        entropy = scope.layer_entropy(list(layers))  # (L, H)
-        values = to_host(list(output.values()))
+        # (L, H) float64, left on the device: the response reads it with the rest of the first view (one copy)
+        entropy = scope.layer_entropy(list(layers))
+        values = [t.detach().float() for t in output.values()] if output_on_device else to_host(list(output.values()))
         return AttentionResult(
             tokens=encoded.tokens, attention=attention, queries=queries, keys=keys, hidden_states=hidden,
-            output=dict(zip(output, values)), warnings=list(scope.warnings), derived={"entropy": entropy.tolist()},
+            output=dict(zip(output, values)), warnings=list(scope.warnings), derived={"entropy": entropy},
             atlas=Atlas(dict(scope.records), {}, self.atlas_config) if len(scope.records) == len(self.layer_of) else None,
         )
 
@@ -354,6 +376,12 @@ class AttentionAdapter:
 
     def output_summary(self, result: AttentionResult, encoded: Encoded | None = None) -> dict[str, Any] | None:
         """What the model says for one run (e.g. top-5 predictions); None when there's nothing to show."""
+        return None
+
+    def output_parts(self, result: AttentionResult, encoded: Encoded | None = None) -> OutputParts | None:
+        """The output panel as tensors on the run's device and what builds output_summary's value from their host
+        copies, so that a response builder reads them in its one device → host copy; None: the panel is built by
+        output_summary alone (its own reads)."""
         return None
 
     def output_effect(self, before: AttentionResult, after: AttentionResult, encoded: Encoded) -> dict[str, Any]:

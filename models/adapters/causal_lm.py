@@ -5,9 +5,12 @@ Output "next_token": the distribution p(· | tokens ≤ i) at a chosen position 
 top-k, and with a comparison KL(before ‖ after), the change of the before-top token's probability and the
 ranks of each side's top tokens on the other side.
 
-Only the final hidden states (T × D) are kept per run; the logits of a position are formed on demand with
-the model's own head (T × V would be 100 MB at 512 tokens for a 49k vocabulary). The probe at load checks
-that this reproduces the model's logits.
+Kept per run, on the run's device: the final hidden states (T × D) and the logits of the last position, as the
+forward computed them (logits_to_keep=1). The last position's panel is the softmax of those logits; another
+position's logits are formed on demand with the model's own head (T × V would be 100 MB at 512 tokens for a 49k
+vocabulary; the probe at load checks that the head reproduces the model's logits). Softmax and top-k run on the
+device; the panel is then read to the host once: the top-k (probabilities and ids, 2 × k numbers), with the rest of
+a first view's response in its one copy (output_parts, app/attention.py short_response).
 """
 from __future__ import annotations
 
@@ -19,8 +22,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from models.adapters.base import (AttentionAdapter, AttentionResult, Encoded, ModelInfo, RequestFieldError, encode_now,
-                                  pick_device)
+from models.adapters.base import (AttentionAdapter, AttentionResult, Encoded, ModelInfo, OutputParts, RequestFieldError,
+                                  encode_now, pick_device)
 from models.effects import kl_divergence
 from models.hooks import RunScope, UnsupportedAttention, load_with_attnlab, run_scope
 from models.interventions import Intervention
@@ -144,31 +147,58 @@ class CausalLMAdapter(AttentionAdapter):
 
     # ---- forward -----------------------------------------------------------------------------------
     def run(self, encoded: Encoded, interventions: tuple[Intervention, ...] = (), record_scores: bool = False) -> AttentionResult:
-        # the head runs on demand (_logits), so the forward computes the logits of one position only
+        # the forward computes the logits of the last position only; other positions' come from the head on demand
         outputs, scope = self._forward({**encoded.inputs, "logits_to_keep": 1}, interventions, record_scores, encoded)
         hidden_states = outputs.hidden_states  # L+1 × (1, T, D); the last is the final norm's output
-        return self._result(encoded, outputs, scope, hidden_states, {"final_hidden": hidden_states[-1][0]})
+        output = {"final_hidden": hidden_states[-1][0], "last_logits": outputs.logits[0, -1]}  # (T, D), (V,)
+        return self._result(encoded, outputs, scope, hidden_states, output, output_on_device=True)
+
+    def position_logits(self, result: AttentionResult, position: int) -> torch.Tensor:
+        """The model's logits after tokens ≤ position, on the run's device: (V,). The last position's are the forward's
+        own; another position's, the head applied to that position's final hidden state."""
+        if position == len(result.tokens) - 1 and "last_logits" in result.output:
+            return result.output["last_logits"]
+        with torch.inference_mode():
+            return self._logits(result.output["final_hidden"][position])
+
+    def device_distribution(self, result: AttentionResult, position: int) -> torch.Tensor:
+        """p(· | tokens ≤ position), float64, on the run's device: (V,)"""
+        with torch.inference_mode():
+            return torch.softmax(self.position_logits(result, position).double(), dim=-1)
 
     def distribution(self, result: AttentionResult, position: int) -> torch.Tensor:
-        """p(· | tokens ≤ position), float64: (V,)"""
-        with torch.inference_mode():
-            logits = self._logits(result.output["final_hidden"][position])
-        return torch.softmax(logits.double().cpu(), dim=-1)
+        """p(· | tokens ≤ position), float64, on the host: (V,)"""
+        return self.device_distribution(result, position).cpu()
 
-    def _top(self, probs: torch.Tensor, k: int = TOP_K) -> list[dict[str, Any]]:
-        top = torch.topk(probs, min(k, probs.numel()))
-        return [
-            {"token": self.token_text(int(i)), "id": int(i), "prob": float(p)} for p, i in zip(top.values, top.indices)
-        ]
+    def _top_parts(self, probs: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
+        """The top k of a distribution on its device as one (2, k) float64 tensor: probabilities, then ids (exact in
+        float64), so that they are read in one copy."""
+        with torch.inference_mode():
+            top = torch.topk(probs, min(k, probs.numel()))
+            return torch.stack([top.values, top.indices.double()])  # (2, k)
+
+    def _top_items(self, top: Any) -> list[dict[str, Any]]:
+        """The (2, k) top-k of _top_parts, on the host, as the panel's items."""
+        return [{"token": self.token_text(int(i)), "id": int(i), "prob": float(p)} for p, i in zip(top[0], top[1])]
+
+    def output_parts(self, result: AttentionResult, encoded: Encoded | None = None) -> OutputParts:
+        position = (encoded.extra["position"] if encoded is not None else len(result.tokens) - 1)
+        top = self._top_parts(self.device_distribution(result, position))  # (2, k) on the run's device
+
+        def build(host: dict[str, Any]) -> dict[str, Any]:
+            return {"kind": "next_token", "position": position, "top": self._top_items(host["top"])}
+
+        return OutputParts({"top": top}, build)
 
     def output_summary(self, result: AttentionResult, encoded: Encoded | None = None) -> dict[str, Any]:
-        position = (encoded.extra["position"] if encoded is not None else len(result.tokens) - 1)
-        return {"kind": "next_token", "position": position, "top": self._top(self.distribution(result, position))}
+        parts = self.output_parts(result, encoded)
+        return parts.build({name: t.cpu().numpy() for name, t in parts.tensors.items()})  # one read: the top-k
 
     def output_effect(self, before: AttentionResult, after: AttentionResult, encoded: Encoded) -> dict[str, Any]:
         position = encoded.extra["position"]
-        p, q = self.distribution(before, position), self.distribution(after, position)
-        top_before, top_after = self._top(p), self._top(q)
+        # both distributions in one read; KL, ranks and the top-k on the host as before
+        p, q = torch.stack([self.device_distribution(before, position), self.device_distribution(after, position)]).cpu()
+        top_before, top_after = self._top_items(self._top_parts(p)), self._top_items(self._top_parts(q))
         for item in top_before:
             item["rank_after"] = rank_of(q, item["id"])
         for item in top_after:

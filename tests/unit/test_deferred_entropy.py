@@ -30,7 +30,7 @@ def _both(adapter, encoded, interventions):
 def _flat(entropy) -> torch.Tensor:
     if isinstance(entropy, dict):
         return torch.cat([torch.tensor(entropy[k]).flatten() for k in sorted(entropy)])
-    return torch.tensor(entropy).flatten()
+    return torch.as_tensor(entropy).flatten()
 
 
 @pytest.mark.parametrize("family", ["llama", "bert", "bart"])

@@ -119,7 +119,7 @@ def test_a_run_records_entropy_and_maps_in_place(adapter):
     for ivs in [(), (Intervention("mask_keys", tokens=(2,)), Intervention("temperature", beta=0.05, layers=(1,)))]:
         result = adapter.run(encoded, ivs, record_scores=True)
         expected = row_entropy(result.attention.double()).mean(dim=-1)  # (L, H)
-        assert torch.allclose(torch.tensor(result.derived["entropy"], dtype=torch.float64), expected, atol=1e-5)
+        assert torch.allclose(torch.as_tensor(result.derived["entropy"], dtype=torch.float64), expected, atol=1e-5)
         without = adapter.run(encoded, ivs, record_scores=False)
         assert without.scores is None
         assert torch.allclose(without.attention, result.attention, atol=1e-6)

@@ -23,6 +23,19 @@ def tiny_models_client(tmp_path_factory, families: dict[str, str], **settings) -
         yield client
 
 
+# A sentence of 38 tokens for the tiny LM (tests/tiny_models.py "llama": GQA), and the settings under which it is a long
+# input: the long-input path from 9 tokens on, overviews of 6 blocks, row blocks of 4 rows.
+TINY_TEXT = ("the cat sat on the mat because it was tired , the dog ran on the street . a big red car did not cross "
+             "the small blue house , it was the capital of france")
+TINY_ATLAS = {"full_map_tokens": 8, "overview_blocks": 6, "atlas_block_rows": 4}
+
+
+def tiny_lm_client(folder, **settings) -> TestClient:
+    """A client (use it in a `with`) of an app serving the tiny model in `folder` as its only model, "lm"."""
+    return TestClient(create_app(Settings(default_models=["lm"], extra_models={"lm": str(folder)},
+                                          max_response_numbers=200_000, **settings)))
+
+
 def sse_events(response) -> list[dict]:
     """The JSON payloads of a server-sent-events answer, in order."""
     return [json.loads(line[len("data:"):]) for line in response.text.splitlines() if line.startswith("data:")]

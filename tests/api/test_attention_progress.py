@@ -7,23 +7,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from fastapi.testclient import TestClient
-
-from app.main import create_app
-from app.settings import Settings
+from tests.api.helpers import TINY_ATLAS, tiny_lm_client
+from tests.api.helpers import TINY_TEXT as TEXT
 from tests.tiny_models import build_text_model
 
-TEXT = ("the cat sat on the mat because it was tired , the dog ran on the street . a big red car did not cross "
-        "the small blue house , it was the capital of france")
 STREAM = {"Accept": "text/event-stream"}
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     llama = str(build_text_model("llama", tmp_path_factory.mktemp("llama-progress")))
-    settings = Settings(default_models=["lm"], extra_models={"lm": llama}, max_response_numbers=200_000,
-                        full_map_tokens=8, overview_blocks=6, atlas_block_rows=4)
-    with TestClient(create_app(settings)) as c:
+    with tiny_lm_client(llama, **TINY_ATLAS) as c:
         yield c
 
 

@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
+from tests.api.helpers import TINY_ATLAS, tiny_lm_client
+from tests.api.helpers import TINY_TEXT as TEXT
 from tests.tiny_models import build_text_model
 
-TEXT = ("the cat sat on the mat because it was tired , the dog ran on the street . a big red car did not cross "
-        "the small blue house , it was the capital of france")
 
 
 @pytest.fixture(scope="module")
@@ -21,21 +21,15 @@ def llama(tmp_path_factory):
     return str(build_text_model("llama", tmp_path_factory.mktemp("llama")))
 
 
-def _client(llama, **overrides):
-    settings = Settings(default_models=["lm"], extra_models={"lm": llama}, max_response_numbers=200_000,
-                        **overrides)
-    return TestClient(create_app(settings))
-
-
 @pytest.fixture(scope="module")
 def long_client(llama):
-    with _client(llama, full_map_tokens=8, overview_blocks=6, atlas_block_rows=4, max_window_cells=300) as c:
+    with tiny_lm_client(llama, **TINY_ATLAS, max_window_cells=300) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def short_client(llama):
-    with _client(llama) as c:
+    with tiny_lm_client(llama) as c:
         yield c
 
 
@@ -122,7 +116,7 @@ def test_limits(long_client, llama):
         response = long_client.post(f"/api/runs/{unknown}/window", json={"layer": 0, "head": 0, "rows": [0, 2], "cols": [0, 2]})
         assert response.status_code == 404
     # evicted: a cache of one result keeps only the latest run
-    with _client(llama, full_map_tokens=8, result_cache_items=1) as client:
+    with tiny_lm_client(llama, full_map_tokens=8, result_cache_items=1) as client:
         first = _attention(client)["run_id"]
         body = {"layer": 0, "head": 0, "rows": [0, 2], "cols": [0, 2]}
         assert client.post(f"/api/runs/{first}/window", json=body).status_code == 200

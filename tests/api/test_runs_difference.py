@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
-
-from app.main import create_app
-from app.settings import Settings
+from tests.api.helpers import TINY_ATLAS, tiny_lm_client
+from tests.api.helpers import TINY_TEXT as TEXT
 from tests.tiny_models import build_text_model
 
-TEXT = ("the cat sat on the mat because it was tired , the dog ran on the street . a big red car did not cross "
-        "the small blue house , it was the capital of france")
 # a key mask on two heads and a temperature on another: P̂ − P has cells of both signs in layer 1
 INTERVENTIONS = [{"op": "mask_keys", "tokens": [2, 5], "layers": [1], "heads": [0, 3]},
                  {"op": "temperature", "beta": 0.5, "layers": [1], "heads": [2]}]
@@ -23,20 +19,15 @@ def llama(tmp_path_factory):
     return str(build_text_model("llama", tmp_path_factory.mktemp("llama-diff")))
 
 
-def _client(llama, **overrides):
-    settings = Settings(default_models=["lm"], extra_models={"lm": llama}, max_response_numbers=200_000, **overrides)
-    return TestClient(create_app(settings))
-
-
 @pytest.fixture(scope="module")
 def long_client(llama):
-    with _client(llama, full_map_tokens=8, overview_blocks=6, atlas_block_rows=4, max_window_cells=1000) as c:
+    with tiny_lm_client(llama, **TINY_ATLAS, max_window_cells=1000) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def short_client(llama):
-    with _client(llama) as c:
+    with tiny_lm_client(llama) as c:
         yield c
 
 

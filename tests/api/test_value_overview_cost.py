@@ -8,25 +8,20 @@ import contextvars
 
 import pytest
 from fastapi import HTTPException
-from fastapi.testclient import TestClient
-
 from app.costs import (THROUGHPUT, check_request_cost, forward_macs, model_shape, request_extra_work,
                        value_overview_macs)
-from app.main import create_app
 from app.settings import Settings
+from tests.api.helpers import TINY_ATLAS, tiny_lm_client
+from tests.api.helpers import TINY_TEXT as TEXT
 from tests.tiny_models import build_text_model
 from tests.unit.test_cost_defaults import smollm2_shape
 
-TEXT = ("the cat sat on the mat because it was tired , the dog ran on the street . a big red car did not cross "
-        "the small blue house , it was the capital of france")
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     llama = str(build_text_model("llama", tmp_path_factory.mktemp("llama-cost")))
-    settings = Settings(default_models=["lm"], extra_models={"lm": llama}, max_response_numbers=200_000,
-                        full_map_tokens=8, overview_blocks=6, atlas_block_rows=4)
-    with TestClient(create_app(settings)) as c:
+    with tiny_lm_client(llama, **TINY_ATLAS) as c:
         yield c
     THROUGHPUT.clear()
 

@@ -37,15 +37,21 @@ def _direct_weighted(probs: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
     return weighted / weighted.sum(dim=-1, keepdim=True)
 
 
-def _capture(pairs: dict) -> tuple[dict, list]:
-    """Forward hooks on each value projection: key → its output (T, H·d) of the last forward."""
+def _run_capturing_values(adapter, pairs: dict, encoded, interventions) -> tuple:
+    """The adapter's run (keeping value norms) with forward hooks on each value projection: (result, key → that
+    projection's output (T, H·d) in the run)."""
     seen: dict = {}
     handles = []
     for key, (v_proj, _) in pairs.items():
         def hook(_m, _a, out, key=key):
             seen[key] = out[0].detach()
         handles.append(v_proj.register_forward_hook(hook))
-    return seen, handles
+    try:
+        with head_run(HeadRun(value_grams=value_grams(adapter))):
+            return adapter.run(encoded, interventions), seen
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 # ---- ViT ----------------------------------------------------------------------------------------------------------
@@ -65,13 +71,7 @@ def test_vit_value_weighted_rows_equal_a_direct_computation(vit, interventions):
     layers = vit.model.vit.layers
     pairs = {l: (layer.attention.v_proj, layer.attention.o_proj) for l, layer in enumerate(layers)}
     encoded = vit.encode(_photo(), "id")
-    seen, handles = _capture(pairs)
-    try:
-        with head_run(HeadRun(value_grams=value_grams(vit))):
-            result = vit.run(encoded, interventions)
-    finally:
-        for handle in handles:
-            handle.remove()
+    result, seen = _run_capturing_values(vit, pairs, encoded, interventions)
     kept = layer_value_norms(result.atlas, list(range(len(layers))))  # (L, H, T)
     assert kept is not None
     for l, (_, dense) in pairs.items():
@@ -123,13 +123,7 @@ def test_seq2seq_value_weighted_rows_of_every_kind_equal_a_direct_computation(se
         KindScopedIntervention(Intervention("temperature", beta=0.3, layers=(1,), heads=(1,)), "decoder"),
     ]) if masked else ()
     pairs = _seq2seq_pairs(adapter.model, family)
-    seen, handles = _capture(pairs)
-    try:
-        with head_run(HeadRun(value_grams=value_grams(adapter))):
-            result = adapter.run(encoded, interventions)
-    finally:
-        for handle in handles:
-            handle.remove()
+    result, seen = _run_capturing_values(adapter, pairs, encoded, interventions)
     n_heads = {"encoder": adapter.info.heads, "decoder": adapter.info.decoder_heads, "cross": adapter.info.decoder_heads}
     for kind in KINDS:
         kept = layer_value_norms(result.atlas, adapter.kind_layers[kind])  # (L_kind, H, T_k)

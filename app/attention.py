@@ -18,7 +18,7 @@ from app.lifecycle import check_cancelled
 from app.runtime import Runtime
 from app.schemas import AttentionRequestBase, to_engine
 from app.settings import Settings
-from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
+from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, pending_dead_rows, settle_dead_rows
 from models.adapters.seq2seq import KINDS, KindScopedIntervention, Seq2SeqAdapter
 from models.effects import attention_tv, hidden_cosine, mean_and_std
 from models.head_ops import current_residual_sources, current_sources
@@ -242,10 +242,9 @@ def build_attention_response(
     result, base, effect = _sample_runs(runtime, adapter, encoded, req, interventions, req.include_scores and not long,
                                         lambda base, run: _effect(adapter, base, run, encoded, layers, heads))
 
-    warnings = list(result.warnings)
-    if encoded.truncated:
-        warnings.append(f"input truncated to {n_tokens} tokens (the model's max_tokens)")
+    truncated = [f"input truncated to {n_tokens} tokens (the model's max_tokens)"] if encoded.truncated else []
     if result.is_long:
+        warnings = list(result.warnings) + truncated
         response = _long_response(adapter, encoded, req, result, layers, heads, requested_queries, queries, effect, warnings)
         # the run without the interventions, kept too: its windows, and P̂ − P by /window's `minus`
         response["base_run_id"] = base.run_id if base is not None else None
@@ -254,7 +253,8 @@ def build_attention_response(
             response.update(family_fields(result))
         return response
     response = short_response(adapter, encoded, req, result, base, layers, heads, requested_queries, queries, family_fields)
-    response.update(effect=effect, warnings=warnings,
+    # after short_response: a short run's dead-row warnings come with its one read
+    response.update(effect=effect, warnings=list(result.warnings) + truncated,
                     elapsed_s=getattr(result, "elapsed_s", None) if limits.expose_timings else None)  # a cache oracle otherwise
     return response
 
@@ -300,8 +300,14 @@ def short_response(adapter: AttentionAdapter, encoded: Encoded, req: AttentionRe
     output_parts = adapter.output_parts(result, encoded)  # a decoder LM's next-token top-k, formed on the device
     if output_parts is not None:
         device_parts.update({f"output.{name}": tensor for name, tensor in output_parts.tensors.items()})
+    dead_rows = pending_dead_rows(result)  # (L, H) counts behind the run's warnings, until they are read
+    if dead_rows is not None:
+        device_parts["dead_rows"] = dead_rows
 
     host = read_to_host(device_parts)  # the one device → host copy
+
+    if "dead_rows" in host:
+        settle_dead_rows(result, host["dead_rows"])
 
     if "entropy" in host:
         result.derived["entropy"] = host["entropy"].astype("float64").tolist()

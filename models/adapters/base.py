@@ -6,6 +6,7 @@ scores Ŝ for every layer and head, hidden states, and the raw output from which
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -163,6 +164,68 @@ def _keep_attention(result: AttentionResult, value: torch.Tensor | None) -> None
 AttentionResult.attention = property(_host_attention, _keep_attention,  # type: ignore[assignment]
                                      doc="P on the host, (L, H, T, T) float32: a copy of kept_attention made once "
                                          "when the run ran on a GPU, the kept tensor itself on a CPU")
+
+
+_SETTLE_LOCK = threading.RLock()  # settling a run's pending dead-row warnings (see settle_dead_rows)
+
+
+def pending_dead_rows(result: AttentionResult) -> torch.Tensor | None:
+    """A short run's count of query rows with every key masked, per layer and head, (L, H) int64 on the run's device,
+    while its warnings are not yet read (a response builder reads it with the rest of its one copy, then calls
+    settle_dead_rows); None once they are."""
+    pending = result.__dict__.get("_pending_dead_rows")
+    return None if pending is None else pending[1]
+
+
+def settle_dead_rows(result: AttentionResult, counts: Any) -> None:
+    """The run's warnings from the host copy of pending_dead_rows ((L, H) counts): the text RunScope.warnings writes,
+    one line per layer that has such rows, after the warnings the run was built with. Once per result: a cached run's
+    responses may be built in two threads at once, the second settles nothing."""
+    with _SETTLE_LOCK:
+        pending = result.__dict__.pop("_pending_dead_rows", None)
+        if pending is not None:
+            result.__dict__["_warnings"].extend(_dead_rows_lines(pending[0], counts))
+
+
+def _dead_rows_lines(layers: list[int], counts: Any) -> list[str]:
+    lines = []
+    for layer, per_head in zip(layers, counts):
+        per_head = [int(c) for c in per_head]
+        if sum(per_head):
+            heads = [h for h, c in enumerate(per_head) if c]
+            lines.append(f"layer {layer}: {sum(per_head)} query rows in heads {heads} have every key masked; "
+                         "their attention and output are 0")
+    return lines
+
+
+def _host_warnings(result: AttentionResult) -> list[str]:
+    with _SETTLE_LOCK:
+        pending = result.__dict__.get("_pending_dead_rows")
+        if pending is not None:  # read on their own: one device → host copy
+            settle_dead_rows(result, pending[1].tolist())
+    return result.__dict__["_warnings"]
+
+
+def _set_warnings(result: AttentionResult, value: list[str]) -> None:
+    result.__dict__["_warnings"] = value
+
+
+def _defer_dead_rows(result: AttentionResult, scope: RunScope) -> None:
+    """Keep the run's dead-row counts on its device instead of reading them now (RunScope.warnings reads them as the
+    run ends: on a GPU the host would wait there for the whole forward, before the response's work is queued)."""
+    layers = sorted(scope.dead_rows)
+    if not layers or len({scope.dead_rows[l].shape[1] for l in layers}) != 1:  # none, or layers with different heads
+        result.warnings = result.warnings + list(scope.warnings)
+        return
+    # (L, H): rows with every key masked per head, over batch items and query rows
+    counts = torch.stack([scope.dead_rows[l].sum(dim=(0, 2)) for l in layers])
+    result.__dict__["_pending_dead_rows"] = (layers, counts)
+
+
+# `warnings` is a field read through a property: a short run's dead-row warnings are formed when first read
+AttentionResult.warnings = property(_host_warnings, _set_warnings,  # type: ignore[assignment]
+                                    doc="the run's warnings (list of str); a short run's dead-row lines are read from "
+                                        "the device at the first access, or with a response's one copy")
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -353,11 +416,13 @@ class AttentionAdapter:
         # (L, H) float64, left on the device: the response reads it with the rest of the first view (one copy)
         entropy = scope.layer_entropy(list(layers))
         values = [t.detach().float() for t in output.values()] if output_on_device else to_host(list(output.values()))
-        return AttentionResult(
+        result = AttentionResult(
             tokens=encoded.tokens, attention=attention, queries=queries, keys=keys, hidden_states=hidden,
-            output=dict(zip(output, values)), warnings=list(scope.warnings), derived={"entropy": entropy},
+            output=dict(zip(output, values)), derived={"entropy": entropy},
             atlas=Atlas(dict(scope.records), {}, self.atlas_config) if len(scope.records) == len(self.layer_of) else None,
         )
+        _defer_dead_rows(result, scope)  # the dead-row warnings: read with the response's copy, or when first asked
+        return result
 
     # ---- a text request (the server's TextAttentionRequest and GenerateRequest, read by field name: the engine
     # imports nothing of the web app). Text families implement both; `cached(key, encode)` keeps encoded inputs

@@ -96,3 +96,28 @@ def test_first_view_reads_the_panel_and_entropy_with_the_rest(family, monkeypatc
     assert out["output"] == expected
     assert out["entropy"] == entropy.tolist()  # the same float64 numbers, now lists
     assert result.derived["entropy"] == out["entropy"]  # read once per cached run
+
+
+def test_dead_row_warnings_read_with_the_first_view_or_on_their_own(family):
+    """A short run keeps the counts behind its 'every key masked' warnings on its device; they are read with the first
+    view's one copy, or on their own at the first read of `warnings`: either way the lines RunScope.warnings writes."""
+    from models.interventions import Intervention
+
+    adapter, _ = family
+    encoded = adapter.at_position(adapter.encode(TEXT), None)
+    n = len(encoded.tokens)
+    masked = (Intervention("mask_keys", tokens=tuple(range(n)), heads=(1,), layers=(1,)),)  # head 1 of layer 1: dead
+    _, scope = adapter._forward({**encoded.inputs, "logits_to_keep": 1}, masked, False, encoded)
+    expected = list(scope.warnings)
+    assert len(expected) == 1 and expected[0].startswith(f"layer 1: {n} query rows in heads [1]")
+
+    on_their_own = adapter.run(encoded, masked)
+    assert on_their_own.warnings == expected
+    assert adapter.run(encoded).warnings == []  # nothing masked: no line
+
+    with_the_view = adapter.run(encoded, masked)
+    req = TextAttentionRequest(model=adapter.info.id, text=TEXT, encoding="f32", thumbnail_size=None, layers=[1], heads=[1])
+    out = short_response(adapter, encoded, req, with_the_view, None, [1], [1], None, list(range(n)))
+    assert "_pending_dead_rows" not in with_the_view.__dict__  # settled by the response's read
+    assert with_the_view.warnings == expected
+    assert out["output"] == adapter.output_summary(with_the_view, encoded)

@@ -14,7 +14,7 @@ import { figureToParams, intParam, paramsToFigure } from "./lab/urlstate.js";
 import { drawNextToken, drawTarget, kvGroups, mountContinuation } from "./lm.js";
 import { mountAnalysis } from "./views/analysis.js";
 import { drawAtlas, hideAtlas, setAtlasBeta } from "./views/atlas.js";
-import { chosenWeighting } from "./views/weighting.js";
+import { chosenWeighting, weightingOf } from "./views/weighting.js";
 import { loadPlotly } from "./vendor.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
@@ -207,13 +207,16 @@ async function showLong(r, body) {
   requestAnimationFrame(() => setTimeout(() => { if (state.long?.response === r) renderLongDetails(); }, 0));
 }
 
+// The heading's note when the maps are value-weighted ‖P·v W_O‖ rather than P (the response says which).
+const valueWeighted = (r) => (weightingOf(r) === "value_norm" ? " · value-weighted ‖P·v W_O‖" : "");
+
 // The heatmap's heading at a long input: kind, head, length (the shown kind's keys), β.
 function longTitle(r) {
   const { keys, queries } = kindTokens(r);
   const size = keys === queries ? `${keys.length.toLocaleString("en")} tokens`
     : `${queries.length.toLocaleString("en")} × ${keys.length.toLocaleString("en")} tokens`;
   $("heatmap-title").textContent = `${kindPrefix()}layer ${state.layer}, head ${state.head} · ${size}`
-    + ` · β = ${fmt(lab.shownBeta())}${lab.viewBeta() ? " (view: windows and rows)" : ""}`;
+    + ` · β = ${fmt(lab.shownBeta())}${lab.viewBeta() ? " (view: windows and rows)" : ""}${valueWeighted(r)}`;
 }
 
 // The overview and windows are drawn on a linear scale from 0 to their largest value: the colour-scale choice
@@ -390,7 +393,8 @@ function showHead({ settle = 0, onSettle = null } = {}) {
   const P = shownAttention();
   const el = $("heatmap");
   const kind = isSeq2seq() ? `${state.kind} · ` : "";
-  $("heatmap-title").textContent = `${kind}layer ${state.layer}, head ${state.head} · β = ${fmt(lab.shownBeta())}`;
+  $("heatmap-title").textContent = `${kind}layer ${state.layer}, head ${state.head} · β = ${fmt(lab.shownBeta())}`
+    + valueWeighted(v.response);
   showBetaScope();
   clearTimeout(settleTimer);
   const forbidden = maskedCells(P.length, v.tokens.length);

@@ -59,6 +59,7 @@ def test_scan_click_a_cell_and_see_the_next_token_shift(live_server, page, page_
     with page.expect_response(lambda r: r.url.endswith("/api/text/attention") and "value_norm" in (r.request.post_data or "")):
         page.select_option("#weighting-select", "value_norm")
     page.wait_for_function(f"() => ({sink})() < {before} - 0.05", timeout=60_000)
+    assert "value-weighted" in page.inner_text("#heatmap-title")  # the heading says what the map is
     page.click("#faith-run")
     page.wait_for_function("() => document.getElementById('faith-panel').dataset.state === 'done'", timeout=300_000)
     assert page.eval_on_selector("#faith-panel", "e => e.dataset.best")
@@ -111,6 +112,7 @@ def test_value_weighting_applies_to_a_long_inputs_overview_and_windows(page, pag
     page.wait_for_function("() => document.getElementById('heatmap').layout.title.text.includes('value-weighted')",
                            timeout=300_000)
     assert page.evaluate(sink) < before - 0.1  # the first token's blocks (an attention sink) lose weight
+    assert "value-weighted" in page.inner_text("#heatmap-title")
     with page.expect_request(lambda r: "/window" in r.url) as request:
         page.evaluate("""() => Plotly.relayout('heatmap', {'xaxis.range[0]': 0, 'xaxis.range[1]': 40,
                                                           'yaxis.range[0]': 60, 'yaxis.range[1]': 20})""")

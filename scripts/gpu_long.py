@@ -312,13 +312,38 @@ def _previous_thumbnails(attention: torch.Tensor, size: int) -> dict:
             "data": base64.b64encode(levels.cpu().numpy().tobytes()).decode("ascii")}
 
 
+def _previous_output_summary(adapter, result, encoded, final_hidden) -> dict:
+    """The next-token panel before it joined the one read: the host copy of the final hidden row copied back to the
+    device, the head applied, the float64 logits read to the host, softmax and top-k there."""
+    from models.adapters.causal_lm import TOP_K
+
+    position = encoded.extra["position"]
+    with torch.inference_mode():
+        logits = adapter._logits(final_hidden[position])  # (V,)
+    probs = torch.softmax(logits.double().cpu(), dim=-1)
+    top = torch.topk(probs, min(TOP_K, probs.numel()))
+    return {"kind": "next_token", "position": position, "top": [
+        {"token": adapter.token_text(int(i)), "id": int(i), "prob": float(p)} for p, i in zip(top.values, top.indices)]}
+
+
+def previous_run_end(result) -> tuple[list[str], torch.Tensor]:
+    """The reads a short run made as it ended before they joined the response's one read (2026-11-26): its entropy
+    (.tolist()), its dead-row counts (the warnings) and its output (the final hidden states, .cpu()). Returns
+    (warnings, the final hidden states on the host)."""
+    if isinstance(result.derived.get("entropy"), torch.Tensor):
+        result.derived["entropy"] = result.derived["entropy"].tolist()
+    return list(result.warnings), result.output["final_hidden"].cpu()
+
+
 def previous_short_response(adapter, encoded, req, result, layers: list[int], heads: list[int]) -> dict:
     """A text first view of a short run as app/attention.py built it before the batched read (2026-11-26), field by
     field, each a device → host read of its own (the map, the thumbnails' max and levels, received, the mean distance;
-    the output panel's). Kept here only to measure the change against it; the product has only the new path."""
+    the output panel's), after the run's own reads as it ended (previous_run_end). Kept here only to measure the
+    change against it; the product has only the new path."""
     from app.encoding import tensor_field
     from models.interventions import row_entropy
 
+    warnings, final_hidden = previous_run_end(result)
     kept = result.kept_attention
 
     def sliced(tensor: torch.Tensor) -> torch.Tensor:
@@ -329,9 +354,9 @@ def previous_short_response(adapter, encoded, req, result, layers: list[int], he
         "heads": heads, "native_beta": adapter.info.native_beta,
         "attention": tensor_field(sliced(kept), req.encoding), "scores": None, "base_attention": None,
         "entropy": result.summary("entropy", lambda: row_entropy(kept).mean(dim=-1).tolist()),
-        "output": adapter.output_summary(result, encoded),
+        "output": _previous_output_summary(adapter, result, encoded, final_hidden),
         "thumbnails": result.summary(f"thumbnails{req.thumbnail_size}", lambda: _previous_thumbnails(kept, req.thumbnail_size)),
-        "effect": None, "warnings": list(result.warnings), "elapsed_s": None, "run_id": result.run_id, "overview": None,
+        "effect": None, "warnings": warnings, "elapsed_s": None, "run_id": result.run_id, "overview": None,
         "received": tensor_field(kept[layers][:, heads].mean(dim=2), req.encoding),
         "mean_distance": result.summary("mean_distance", lambda: _previous_mean_token_distance(kept).tolist()),
     }
@@ -365,16 +390,22 @@ def response_building(adapter, text: str, encoded, device: torch.device, repeats
     layers, heads = [0], [0]
     req = TextAttentionRequest(model="smollm2-135m", text=text, encoding="f16", thumbnail_size=24, layers=layers, heads=heads)
     result = adapter.run(encoded)
-    fresh = dict(result.derived)  # what a new run carries (its entropy): every build starts from it
+    # what a new run carries (its entropy on the device, its dead-row counts not yet read): every build starts from it
+    fresh = dict(result.derived), list(result.__dict__["_warnings"]), result.__dict__.get("_pending_dead_rows")
+
+    def restore() -> None:
+        result.derived, result.__dict__["_warnings"] = dict(fresh[0]), list(fresh[1])
+        if fresh[2] is not None:
+            result.__dict__["_pending_dead_rows"] = fresh[2]
 
     def new() -> bytes:
-        result.derived = dict(fresh)
+        restore()
         response = short_response(adapter, encoded, req, result, None, layers, heads, None, [], text_fields)
         response.update(effect=None, warnings=list(result.warnings), elapsed_s=None)  # as build_attention_response
         return fast_json(response).body
 
     def old() -> bytes:
-        result.derived = dict(fresh)
+        restore()
         return fast_json(previous_short_response(adapter, encoded, req, result, layers, heads)).body
 
     same_bytes = new() == old()  # on a CPU they are (tests/unit/test_response_building.py); said, not fatal, here

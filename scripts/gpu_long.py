@@ -29,6 +29,7 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -42,6 +43,15 @@ WORDS = ("the river ran past the old mill and the miller kept a record of every 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+def _timed(fn, device: torch.device) -> float:
+    """Seconds of fn(), the device's queued work included."""
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
 
 
 def _text_of(tokenizer, n: int) -> str:
@@ -412,12 +422,7 @@ def response_building(adapter, text: str, encoded, device: torch.device, repeats
     if not same_bytes:
         print("response building: the previous and the new path gave different bytes", flush=True)
 
-    def timed(fn) -> float:
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        return time.perf_counter() - start
+    timed = partial(_timed, device=device)
 
     for _ in range(3):  # warm-up (the new path's pooling matrix and distances are kept per length and device)
         new(), old()
@@ -538,12 +543,7 @@ def engine(args) -> None:
         return Encoded(key=("gpu_long", n), tokens=["t"] * ids.shape[1],
                        inputs={"input_ids": ids, "attention_mask": torch.ones_like(ids)}, extra={"position": ids.shape[1] - 1})
 
-    def timed(fn) -> float:
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        return time.perf_counter() - start
+    timed = partial(_timed, device=device)
 
     def raw_forward(ids):
         with torch.inference_mode():

@@ -232,10 +232,10 @@ def build_attention_response(
 
     maps = 1 + int(req.include_scores and not long) + int(req.compare and req.include_base)  # P, Ŝ, P without interventions
     numbers = len(layers) * len(heads) * len(queries) * n_tokens * maps
-    if long:  # the overview and received instead of P (and the requested query rows, if any)
+    if long:  # the overview (with compare the base run's too) and received instead of P, and any requested query rows
         blocks = min(limits.overview_blocks, n_tokens)
-        numbers = len(layers) * len(heads) * (blocks * blocks + n_tokens + (0 if requested_queries is None else
-                                                                             len(queries) * n_tokens))
+        numbers = len(layers) * len(heads) * (blocks * blocks * (1 + int(req.compare)) + n_tokens
+                                              + (0 if requested_queries is None else len(queries) * n_tokens))
     _check_response_numbers(limits, numbers, "ask for fewer layers/heads/queries (fields 'layers', 'heads', 'queries') "
                             "or turn off include_scores")
 
@@ -246,8 +246,11 @@ def build_attention_response(
     if result.is_long:
         warnings = list(result.warnings) + truncated
         response = _long_response(adapter, encoded, req, result, layers, heads, requested_queries, queries, effect, warnings)
-        # the run without the interventions, kept too: its windows, and P̂ − P by /window's `minus`
+        # the run without the interventions, kept too: its windows, and P̂ − P by /window's `minus`; its overview on the
+        # same blocks (same tokens), so that the page can show the overview of P̂ − P (a block mean is linear in P)
         response["base_run_id"] = base.run_id if base is not None else None
+        response["base_overview"] = (tensor_field(base.atlas.overview(layers, heads), req.encoding)  # (l, h, B, B)
+                                     if base is not None and base.atlas is not None else None)
         response["elapsed_s"] = getattr(result, "elapsed_s", None) if limits.expose_timings else None
         if family_fields is not None:
             response.update(family_fields(result))

@@ -253,6 +253,9 @@ class AttentionResponse(BaseModel):
     base_attention: Any = Field(None, description="with compare and include_base: the same slices of P without interventions")
     base_run_id: str | None = Field(None, description="inputs over full_map_tokens with compare: the kept run without "
                                     "the interventions (its windows; P̂ − P by POST /api/runs/{run_id}/window `minus`)")
+    base_overview: Any = Field(None, description="inputs over full_map_tokens with compare (text and images, weighting "
+                               "attention): that run's overview maps on the same blocks as `overview.maps`, (l, h, B, B); "
+                               "overview.maps − base_overview is the overview of P̂ − P")
     effect: Effect | None = None
     warnings: list[str]
 

@@ -357,6 +357,7 @@ def _long_value_weighting(runtime: Runtime, req, response: dict, result, layers:
     col_sizes = torch.tensor(atlas.col_edges()).diff().float()
     means = sums[layers][:, heads] / (row_sizes[:, None] * col_sizes[None, :])  # (l, h, nR, nC)
     response["overview"] = {**response["overview"], "maps": tensor_field(means, req.encoding)}
+    response["base_overview"] = None  # P's: the base run's value-weighted overview is not formed (windows take minus)
     response["received"] = tensor_field(received[layers][:, heads], req.encoding)
     if response.get("thumbnails") is not None:
         response["thumbnails"] = result.summary(f"value_thumbnails{req.thumbnail_size}",

@@ -72,6 +72,26 @@ def test_difference_window_is_the_difference_of_the_two_runs(long_client, short_
     assert np.abs(np.array(diff["attention"]) - full_diff[1, 3, :9]).max() <= 1e-6
 
 
+def test_overview_of_the_difference_from_the_base_overview(long_client, short_client):
+    """A long compare answers the base run's overview on the same blocks: overview − base_overview is the block mean of
+    P̂ − P (a block's mean is linear in P), checked against the full maps of the same model run short."""
+    heads = [0, 1, 2, 3]
+    long = _attention(long_client, interventions=INTERVENTIONS, compare=True, layers=[1], heads=heads)
+    plain = _attention(long_client, layers=[1], heads=heads)  # the same tokens without interventions: the base run
+    assert np.abs(np.array(long["base_overview"]) - np.array(plain["overview"]["maps"])).max() <= 1e-6
+    short = _attention(short_client, interventions=INTERVENTIONS, compare=True, include_base=True)
+    full_diff = np.array(short["attention"])[1] - np.array(short["base_attention"])[1]  # (H, T, T)
+    rows, cols = long["overview"]["edges"], long["overview"]["col_edges"]
+    expected = np.array([[[full_diff[h, r0:r1, c0:c1].mean() for c0, c1 in zip(cols, cols[1:])]
+                          for r0, r1 in zip(rows, rows[1:])] for h in heads])  # (h, B, B)
+    got = np.array(long["overview"]["maps"])[0] - np.array(long["base_overview"])[0]
+    assert np.abs(got - expected).max() <= 1e-6 and np.abs(expected).max() > 1e-3
+    # value-weighted: the base run's value-weighted overview is not formed, so none is sent
+    weighted = _attention(long_client, interventions=INTERVENTIONS, compare=True, layers=[1], heads=[0],
+                          weighting="value_norm")
+    assert weighted["base_run_id"] and weighted["base_overview"] is None
+
+
 def test_difference_window_refusals(long_client):
     run = _attention(long_client, interventions=INTERVENTIONS)["run_id"]
     other_tokens = _attention(long_client, text=TEXT + " again and again")["run_id"]

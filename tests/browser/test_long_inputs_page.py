@@ -96,6 +96,14 @@ def test_long_sample_overview_zoom_row_and_retrieval(page, page_log, long_server
     page.locator("#token-strip .tok[data-index='15']").click()
     page.wait_for_function("() => !document.getElementById('atlas-show-box').hidden", timeout=300_000)
     page.select_option("#atlas-show", "diff")
+    # the overview shows P̂ − P too (the two runs' overviews subtracted), on the same diverging scale
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.show === 'diff'"
+                           " && document.getElementById('heatmap').dataset.atlas === 'overview'", timeout=60_000)
+    overview = page.eval_on_selector("#heatmap", """el => ({z: el.data[0].z.flat(), zmid: el.data[0].zmid,
+        title: el.layout.title.text})""")
+    assert overview["zmid"] == 0 and "P̂ − P" in overview["title"] and "zoom for" not in overview["title"]
+    assert min(overview["z"]) < -1e-4 and max(overview["z"]) > 1e-4  # the masked key's blocks lose, others gain
+    page.locator("#heatmap").screenshot(path=str(ROOT / "artifacts" / "screenshots" / "long-overview-difference.png"))
     page.evaluate("""() => Plotly.relayout('heatmap', {'xaxis.range[0]': 10, 'xaxis.range[1]': 50,
                                                       'yaxis.range[0]': 60, 'yaxis.range[1]': 20})""")
     page.wait_for_function("() => document.getElementById('heatmap').dataset.show === 'diff'"

@@ -7,8 +7,9 @@
 // no model run); the overview stays at the run's own β.
 // Encoder–decoders (kind encoder | decoder | cross) carry an overview per kind: its rows are the kind's queries and its
 // columns its keys (cross: target queries × source keys), and every window/row request names the kind.
-// With interventions (a compare: the response names `base_run_id`, the run without them) a window can show P̂ − P
-// instead of P̂ (the server's `minus`), on a diverging scale symmetric around 0 as the short page's diff. Beside every
+// With interventions (a compare: the response names `base_run_id`, the run without them) the map can show P̂ − P
+// instead of P̂ — a window by the server's `minus`, the overview as the difference of the two runs' overviews
+// (`base_overview`) — on a diverging scale symmetric around 0 as the short page's diff. Beside every
 // window a thin plot shows each row's entropy over ALL the keys (`row_entropy`; in a difference, both runs').
 
 import { isAbort, postJSON, setStatus } from "../api.js";
@@ -32,7 +33,7 @@ function panel(el) {
     <div class="fig-tools"><label class="help">row of <select id="atlas-row-scope" aria-label="row scope">
       <option value="head">this head</option><option value="layer">all heads of this layer</option></select></label>
       <span class="help" id="atlas-row-title">click a query row of the map</span>
-      <label class="help" id="atlas-show-box" hidden>windows show <select id="atlas-show" aria-label="window shows">
+      <label class="help" id="atlas-show-box" hidden>the map shows <select id="atlas-show" aria-label="the map shows">
         <option value="P">P̂ (with the interventions)</option><option value="diff">difference P̂ − P</option></select></label></div>
     <div id="atlas-row" class="plot" style="height:220px" hidden></div>
     <div class="fig-tools"><span class="help">retrieval: keys</span>
@@ -117,20 +118,28 @@ function drawOverview(Plotly = window.Plotly) {
   const { el, r, kind, layer, head, onWindow } = current;
   zoomSeq += 1; // a window still on its way no longer replaces the overview
   const overview = kind ? r.overview[kind] : r.overview;
-  const maps = decodeTensor(overview.maps)[0][0]; // (B_q, B_k)
+  const shown = decodeTensor(overview.maps)[0][0]; // (B_q, B_k)
+  // the overview of P̂ − P: a block's mean is linear in P, so it is the difference of the two runs' overviews
+  const base = showsDiff(r) && !kind && r.base_overview ? decodeTensor(r.base_overview)[0][0] : null; // (B_q, B_k)
+  const diff = base !== null;
+  const maps = diff ? shown.map((row, i) => row.map((v, j) => v - base[i][j])) : shown;
   const rows = overview.edges, cols = overview.col_edges ?? rows;
   const mid = (e) => e.slice(0, -1).map((v, i) => (v + e[i + 1]) / 2);
+  const span = diff ? Math.max(1e-12, maxAbs(maps, 0)) : null;
   const trace = {
-    type: "heatmap", z: maps, x: mid(cols), y: mid(rows), colorscale: "Viridis", zmin: 0,
-    hovertemplate: "queries ≈ %{y:.0f} · keys ≈ %{x:.0f}<br>mean P %{z:.3g}<extra></extra>",
+    type: "heatmap", z: maps, x: mid(cols), y: mid(rows),
+    ...(diff ? { colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -span, zmax: span } : { colorscale: "Viridis", zmin: 0 }),
+    hovertemplate: `queries ≈ %{y:.0f} · keys ≈ %{x:.0f}<br>mean ${diff ? "P̂ − P" : "P"} %{z:.3g}<extra></extra>`,
   };
+  const what = diff ? " · P̂ − P" : showsDiff(r) ? " · of P̂ (zoom for P̂ − P)" : "";
   Plotly.react(el, [trace], {
-    title: { text: `overview · ${kind ? `${kind} · ` : ""}layer ${layer}, head ${head}${current.beta ? " · at the run's β (zoom for view β)" : ""}${showsDiff(r) ? " · of P̂ (zoom for P̂ − P)" : ""}${weightingNote(r)}`, font: { size: 13 } },
+    title: { text: `overview · ${kind ? `${kind} · ` : ""}layer ${layer}, head ${head}${current.beta ? " · at the run's β (zoom for view β)" : ""}${what}${weightingNote(r)}`, font: { size: 13 } },
     margin: { l: 60, r: 10, t: 30, b: 40 },
     xaxis: { title: { text: axisTitle("key") }, range: [0, cols.at(-1)] }, yaxis: { title: { text: axisTitle("query") }, autorange: "reversed" },
     dragmode: "zoom",
   }, { scrollZoom: true, responsive: true });
   el.dataset.atlas = "overview";
+  el.dataset.show = diff ? "diff" : "P";
   el.dataset.run = r.run_id; // which run and kind the map shows (a kind switch draws the same run)
   el.dataset.kind = kind ?? "";
   delete el.dataset.window;

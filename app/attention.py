@@ -381,11 +381,13 @@ def _long_response(adapter: AttentionAdapter, encoded: Encoded, req: AttentionRe
 
 def seq2seq_interventions(req: AttentionRequestBase, adapter: Seq2SeqAdapter, n_source: int, n_target: int):
     """Validate each intervention against the kinds it targets, then translate (kind, layers) into the engine's
-    global layers. Keys are source tokens for encoder and cross attention, target tokens for the decoder."""
+    global layers. Keys are source tokens for encoder and cross attention, target tokens for the decoder; queries (the
+    tokens of perturb_queries) are source tokens for the encoder, target tokens for the decoder and cross attention."""
     info = adapter.info
     layers_of = {"encoder": info.layers, "decoder": info.decoder_layers, "cross": info.decoder_layers}
     heads_of = {"encoder": info.heads, "decoder": info.decoder_heads, "cross": info.decoder_heads}
     keys_of = {"encoder": n_source, "decoder": n_target, "cross": n_source}
+    queries_of = {"encoder": n_source, "decoder": n_target, "cross": n_target}  # perturb_queries names query rows
     scoped = []
     for i, item in enumerate(req.interventions):
         kinds = KINDS if item.kind is None else (item.kind,)
@@ -393,8 +395,10 @@ def seq2seq_interventions(req: AttentionRequestBase, adapter: Seq2SeqAdapter, n_
         _check_indices(item.layers, min(layers_of[k] for k in kinds), ("interventions", i, "layers"), f"layer ({where})")
         _check_indices(item.heads, min(heads_of[k] for k in kinds), ("interventions", i, "heads"), f"head ({where})")
         tokens = getattr(item, "tokens", None)
-        if tokens is not None:
-            _check_indices(tokens, min(keys_of[k] for k in kinds), ("interventions", i, "tokens"), f"token ({where})")
+        if tokens is not None:  # keys, or with perturb_queries query rows (cross-attention's are target tokens)
+            rows = queries_of if item.op == "perturb_queries" else keys_of
+            _check_indices(tokens, min(rows[k] for k in kinds), ("interventions", i, "tokens"),
+                           f"{'query ' if item.op == 'perturb_queries' else ''}token ({where})")
         scoped.append(KindScopedIntervention(to_engine(item), item.kind))
     return adapter.engine_interventions(scoped)
 

@@ -207,6 +207,7 @@ def _interventions(req: AudioAttentionRequest, adapter: WhisperAdapter, n_target
     info = adapter.info
     layers_of = {"encoder": info.encoder_layers, "decoder": info.decoder_layers, "cross": info.decoder_layers}
     keys_of = {"encoder": 1500, "decoder": n_target, "cross": 1500}
+    queries_of = {"encoder": 1500, "decoder": n_target, "cross": n_target}  # perturb_queries names query rows
     scoped = []
     for i, item in enumerate(req.interventions):
         where = ("interventions", i)
@@ -219,9 +220,12 @@ def _interventions(req: AudioAttentionRequest, adapter: WhisperAdapter, n_target
         kinds = KINDS if item.kind is None else (item.kind,)
         _check_indices(item.layers, min(layers_of[k] for k in kinds), (*where, "layers"), "layer")
         _check_indices(item.heads, info.heads, (*where, "heads"), "head")
-        if tokens is not None:
-            _check_indices(tokens, keys_of[item.kind], (*where, "tokens"),
-                           "decoder token" if item.kind == "decoder" else "encoder position")
+        if tokens is not None:  # a cross-attention query is a decoder token, its key an encoder position
+            queries = item.op == "perturb_queries"
+            decoder_side = item.kind == "decoder" or (queries and item.kind == "cross")
+            _check_indices(tokens, (queries_of if queries else keys_of)[item.kind], (*where, "tokens"),
+                           f"decoder token{' (cross-attention queries)' if queries and item.kind == 'cross' else ''}"
+                           if decoder_side else "encoder position")
         scoped.append(KindScopedIntervention(to_engine(item), item.kind))
     return adapter.engine_interventions(scoped)
 

@@ -123,6 +123,8 @@ def test_compare_with_a_masked_span(audio_client, sample_id):
     ({"interventions": [{"op": "mask_keys", "tokens": [3]}]}, "kind"),
     ({"interventions": [{"op": "mask_keys", "kind": "cross", "tokens": [1500]}]}, "tokens"),
     ({"interventions": [{"op": "mask_keys", "kind": "decoder", "tokens": [999]}]}, "tokens"),
+    # cross-attention's queries are decoder tokens (its keys are encoder positions): row 1000 is not there
+    ({"interventions": [{"op": "perturb_queries", "kind": "cross", "tokens": [1000], "noise_std": 1.0}]}, "tokens"),
     ({"interventions": [{"op": "temperature", "beta": 1.0, "kind": "encoder", "layers": [4]}]}, "layers"),
     ({"layers": [4]}, "layers"),
     ({"task": "translate"}, "task"),

@@ -137,6 +137,12 @@ def test_seq2seq_interventions_are_checked_per_kind(lm_client):
     assert response.status_code == 422 and "cross attention" in response.text
     body["interventions"][0]["kind"] = "decoder"  # decoder keys are the target tokens: 6 is fine
     assert lm_client.post("/api/text/attention", json=body).status_code == 200
+    # perturb_queries names query rows: cross-attention's are the target tokens (6 is fine), the encoder's the source's
+    body["interventions"] = [{"op": "perturb_queries", "tokens": [6], "kind": "cross", "noise_std": 1.0}]
+    assert lm_client.post("/api/text/attention", json=body).status_code == 200
+    body["interventions"][0]["kind"] = "encoder"
+    response = lm_client.post("/api/text/attention", json=body)
+    assert response.status_code == 422 and "query token (encoder attention)" in response.text, response.text
 
 
 def test_a_run_over_the_memory_budget_is_refused_before_it_starts(tmp_path):

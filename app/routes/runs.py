@@ -159,10 +159,10 @@ def _window_of(result: AttentionResult, req: WindowRequest, global_layer: int, r
         full = value_weighted_rows(record, [req.head], rows[0], rows[1], req.beta, probs)[0]  # (r, T_k)
         # the entropy of the map shown: the value-weighted rows, each a distribution over every key
         return full[:, cols[0]:cols[1]], row_entropy(full).float().cpu()
-    if kept is not None and req.beta is None:  # a short run keeps P: the window is a slice of it
-        attention = kept[req.head, rows[0]:rows[1], cols[0]:cols[1]]
-    else:
-        attention = window(record, req.head, rows, cols, req.beta)
+    if kept is not None and req.beta is None:  # a short run keeps P: the window and its rows are slices of it
+        full = kept[req.head, rows[0]:rows[1]]  # (r, T_k)
+        return full[:, cols[0]:cols[1]], row_entropy(full).float().cpu()
+    attention = window(record, req.head, rows, cols, req.beta)
     # from q̂ k̂ᵀ and each row's log-sum-exp, blocks of rows: no r × T_k map beyond one block
     entropy = full_row_entropy(record, [req.head], rows[0], rows[1], req.beta, block)[0].cpu()  # (r,)
     return attention, entropy

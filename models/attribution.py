@@ -96,12 +96,7 @@ def value_grams(adapter: AttentionAdapter) -> list[torch.Tensor] | None:
 
 def kept_value_norms(atlas: Atlas | None) -> torch.Tensor | None:
     """The norms a run kept on its records, (L, H, T_k) float32 on the host; None when any layer has none."""
-    if atlas is None:
-        return None
-    norms = [atlas.records[l].value_norms for l in sorted(atlas.records)]
-    if any(n is None for n in norms):
-        return None
-    return torch.stack([n.cpu() for n in norms])
+    return None if atlas is None else layer_value_norms(atlas, sorted(atlas.records))
 
 
 def layer_value_norms(atlas: Atlas | None, layers: list[int]) -> torch.Tensor | None:

@@ -4,6 +4,10 @@ per-item limit), with what differs for audio:
 
 - the decoded LRU holds clips (16 kHz mono float32), bounded by `audio_cache_items`;
 - bytes read from Redis (another replica's upload) are decoded here under this replica's own limits (models/audio.py);
+  bytes that do not decode here (stricter limits than the uploading replica's, another PyAV, or bytes no replica of
+  this version would have accepted) are not "absent" as a bad image is: the AudioInputError goes on to the route,
+  which answers its 400/413/415 naming `audio_id` (an upload of the same clip would be refused the same way, so
+  the 404's "upload it again" would mislead);
 - the key prefix is `redis_key_prefix` with `audio:` for its last part (`attnlab:image:` → `attnlab:audio:`).
 """
 from __future__ import annotations
@@ -15,7 +19,7 @@ from fastapi import Request
 
 from app.imagestore import UploadKind, UploadStore, build_upload_store
 from app.settings import Settings
-from models.audio import AudioInputError, AudioLimits, DecodedAudio, decode_bytes
+from models.audio import AudioLimits, DecodedAudio, decode_bytes
 
 AudioStore = UploadStore  # the routes' annotation: get(id) → DecodedAudio | None, put(id, bytes, DecodedAudio)
 
@@ -57,7 +61,7 @@ def audio_kind(settings: Settings) -> UploadKind:
     return UploadKind(
         name="audio", key_prefix=settings.redis_key_prefix.removesuffix("image:") + "audio:",
         new_local=lambda: ClipLRU(settings.audio_cache_items), id_items=16 * settings.audio_cache_items,
-        decode=lambda data: decode_bytes(data, audio_limits(settings)), decode_errors=(AudioInputError,),
+        decode=lambda data: decode_bytes(data, audio_limits(settings)), decode_errors=(),  # AudioInputError: to the route
     )
 
 

@@ -8,11 +8,18 @@ Safety:
 - limits (app/settings.py): channels, sample rates, and the decoded duration, counted *while* decoding: a tiny
   file that would decode to hours (a decoder bomb) is stopped as soon as it passes `max_audio_s`, so memory never
   holds more than that much audio;
-- a file that declares a longer duration than it decodes to (cut off in transfer) is refused as truncated.
+- a file that declares a longer duration than it decodes to (cut off in transfer) is refused as truncated;
+- a stream whose sample rate or channel layout changes part-way (two MP3s joined end to end, a WebM from a
+  recorder that switched inputs) is resampled segment by segment, each segment under the same limits;
+- whatever FFmpeg/PyAV raises on a damaged file ends as AudioInputError (400/413/415), never another exception:
+  a stream FFmpeg has no decoder for (an unknown WAV format tag, a mangled Matroska CodecID) is 415, a header
+  that cannot be decoded (a WAV with 0 bits per sample) or an inconsistent stream 400.
 """
 from __future__ import annotations
 
 import io
+import logging
+import struct
 import wave
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +37,10 @@ CODECS = {
 }
 FORMAT_NAMES = {"wav": "wav", "flac": "flac", "mp3": "mp3", "ogg": "ogg", "webm": "webm"}
 TRUNCATION_SLACK_S = 0.25  # decoded shorter than declared by more than this (and 10 %): truncated
+# WAVE format tags FFmpeg decodes to a codec of CODECS["wav"] (the 0xFFFE extensible header names one of these)
+WAV_TAGS = {0x0001: "PCM", 0x0003: "IEEE float", 0x0006: "A-law", 0x0007: "µ-law", 0xFFFE: "extensible"}
+
+log = logging.getLogger(__name__)
 
 
 class AudioInputError(ValueError):
@@ -91,29 +102,89 @@ def decode_bytes(data: bytes, limits: AudioLimits = AudioLimits()) -> DecodedAud
         container = av.open(io.BytesIO(data), mode="r", format=demuxer)
     except (av.error.FFmpegError, ValueError, OSError) as exc:
         raise AudioInputError(f"the {fmt} file cannot be read: {exc}") from None
-    with container:
-        if not container.streams.audio:
-            raise AudioInputError(f"the {fmt} file has no audio stream", 415)
-        stream = container.streams.audio[0]
-        codec = stream.codec_context.name
-        if codec not in CODECS[fmt]:
-            raise AudioInputError(f"codec {codec!r} in a {fmt} file is not accepted (accepted: {sorted(CODECS[fmt])})", 415)
-        rate, channels = int(stream.codec_context.sample_rate or 0), int(stream.codec_context.channels or 0)
-        if not limits.min_sample_rate <= rate <= limits.max_sample_rate:
-            raise AudioInputError(f"sample rate {rate} Hz is outside {limits.min_sample_rate}–{limits.max_sample_rate} Hz "
-                                  "(min_audio_sample_rate, max_audio_sample_rate)", 400)
-        if not 1 <= channels <= limits.max_channels:
-            raise AudioInputError(f"{channels} channels; at most {limits.max_channels} are accepted (max_audio_channels)", 400)
-        declared = _wav_declared_seconds(data) if fmt == "wav" else _declared_seconds(container, stream)
-        if declared is not None and declared > limits.max_seconds + 0.5:
-            raise AudioInputError(_too_long(declared, limits), 413)
-        samples = _decode_stream(container, stream, fmt, limits)
+    try:
+        with container:
+            (rate, channels), declared, samples = _decode_container(container, data, fmt, limits)
+    except (AudioInputError, MemoryError):
+        raise
+    except av.error.FFmpegError as exc:
+        raise AudioInputError(f"the {fmt} file cannot be decoded: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 — PyAV on a damaged file; logged with its traceback so bugs stay visible
+        log.warning("audio: %s file refused after an unexpected %s from PyAV", fmt, type(exc).__name__, exc_info=True)
+        raise AudioInputError(f"the {fmt} file cannot be decoded (damaged or inconsistent stream: "
+                              f"{type(exc).__name__}: {exc})") from None
     if samples.size == 0:
         raise AudioInputError(f"the {fmt} file decodes to no audio")
     seconds = samples.size / RATE
     if declared is not None and declared - seconds > max(TRUNCATION_SLACK_S, 0.1 * declared):
         raise AudioInputError(f"the {fmt} file is truncated: it declares {declared:.2f} s but decodes to {seconds:.2f} s")
     return DecodedAudio(samples=samples, sample_rate=rate, channels=channels, format=FORMAT_NAMES[fmt])
+
+
+def _decode_container(container, data: bytes, fmt: str, limits: AudioLimits):
+    """((rate, channels), declared seconds or None, samples) of the first audio stream, with every check."""
+    if not container.streams.audio:
+        raise AudioInputError(f"the {fmt} file has no audio stream", 415)
+    stream = container.streams.audio[0]
+    if stream.codec_context is None:  # FFmpeg found no decoder for the stream's codec id
+        raise _no_decoder(data, fmt)
+    codec = stream.codec_context.name
+    if codec not in CODECS[fmt]:
+        raise AudioInputError(f"codec {codec!r} in a {fmt} file is not accepted (accepted: {sorted(CODECS[fmt])})", 415)
+    rate, channels = int(stream.codec_context.sample_rate or 0), int(stream.codec_context.channels or 0)
+    _check_shape(rate, channels, limits)
+    declared = _wav_declared_seconds(data) if fmt == "wav" else _declared_seconds(container, stream)
+    if declared is not None and declared > limits.max_seconds + 0.5:
+        raise AudioInputError(_too_long(declared, limits), 413)
+    samples, first = _decode_stream(container, stream, fmt, limits)
+    # a stream that changes part-way is described by its first segment (FFmpeg's header may already name a later one)
+    return (first[3], first[2]) if first else (rate, channels), declared, samples
+
+
+def _check_shape(rate: int, channels: int, limits: AudioLimits, where: str = "") -> None:
+    if not limits.min_sample_rate <= rate <= limits.max_sample_rate:
+        raise AudioInputError(f"sample rate {rate} Hz{where} is outside {limits.min_sample_rate}–{limits.max_sample_rate} Hz "
+                              "(min_audio_sample_rate, max_audio_sample_rate)", 400)
+    if channels < 1:
+        raise AudioInputError(f"the stream declares {channels} channels{where}: the file is damaged", 400)
+    if channels > limits.max_channels:
+        raise AudioInputError(f"{channels} channels{where}; at most {limits.max_channels} are accepted (max_audio_channels)", 400)
+
+
+def _no_decoder(data: bytes, fmt: str) -> AudioInputError:
+    """Why FFmpeg has no decoder for the stream: for a WAV, read from its fmt chunk (an unknown format tag is a
+    format we do not decode, 415; a known tag with 0 bits per sample a damaged header, 400)."""
+    if fmt == "wav":
+        header = _wav_fmt(data)
+        if header is not None:
+            tag, bits = header
+            if tag not in WAV_TAGS:
+                return AudioInputError(f"WAV format tag 0x{tag:04X} is not one we decode (accepted: "
+                                       + ", ".join(f"0x{t:04X} {n}" for t, n in WAV_TAGS.items()) + ")", 415)
+            if bits == 0:
+                return AudioInputError(f"the WAV header ({WAV_TAGS[tag]}) declares bits_per_sample 0: the file is damaged")
+            return AudioInputError(f"the WAV header ({WAV_TAGS[tag]}, bits_per_sample {bits}) names no sample format "
+                                   "FFmpeg decodes", 415)
+    return AudioInputError(f"the {fmt} file's audio codec is unknown to FFmpeg (damaged, or not a codec we decode; "
+                           f"accepted: {sorted(CODECS[fmt])})", 415)
+
+
+def _wav_fmt(data: bytes) -> tuple[int, int] | None:
+    """(format tag, bits per sample) of a WAV's fmt chunk; the extensible header's sub-format tag in its place."""
+    offset = 12
+    while offset + 8 <= len(data):
+        chunk, size = data[offset:offset + 4], struct.unpack("<I", data[offset + 4:offset + 8])[0]
+        body = data[offset + 8:offset + 8 + size]
+        if chunk == b"fmt ":
+            if len(body) < 16:
+                return None
+            tag, bits = struct.unpack("<H", body[0:2])[0], struct.unpack("<H", body[14:16])[0]
+            if tag == 0xFFFE and len(body) >= 26:  # WAVE_FORMAT_EXTENSIBLE: the sub-format GUID starts with the tag
+                sub = struct.unpack("<H", body[24:26])[0]
+                tag = sub if sub in WAV_TAGS else 0x10000 + sub  # unknown sub-formats stay unknown
+            return tag, bits
+        offset += 8 + size + (size & 1)
+    return None
 
 
 def _too_long(seconds: float, limits: AudioLimits) -> str:
@@ -147,31 +218,63 @@ def _declared_seconds(container, stream) -> float | None:
     return None
 
 
-def _decode_stream(container, stream, fmt: str, limits: AudioLimits) -> np.ndarray:
-    """Decode, resampling as it goes, and stop once past the duration limit (the bomb guard)."""
+def _decode_stream(container, stream, fmt: str, limits: AudioLimits) -> tuple[np.ndarray, tuple | None]:
+    """Decode, resampling as it goes, and stop once past the duration limit (the bomb guard). A resampler takes one
+    input format/layout/rate: where the stream changes them, the segment so far is flushed and a new one set up.
+    Answers the samples and the first segment's (format, layout, channels, rate), None when nothing decoded."""
     import av
 
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=RATE)
     budget = int((limits.max_seconds + 0.5) * RATE)  # samples at 16 kHz; a little slack for codec padding
     parts: list[np.ndarray] = []
     total = 0
-    try:
-        for frame in container.decode(stream):
-            for out in resampler.resample(frame):
-                chunk = out.to_ndarray().reshape(-1)  # (n,) float32
-                total += chunk.size
-                if total > budget:
-                    raise AudioInputError(_too_long(0.0, limits) + " (decoding stopped there)", 413)
-                parts.append(chunk)
-        for out in resampler.resample(None):  # flush
-            chunk = out.to_ndarray().reshape(-1)
+    resampler, shape, first = None, None, None
+
+    def take(frames) -> None:
+        nonlocal total
+        for out in frames:
+            chunk = out.to_ndarray().reshape(-1)  # (n,) float32
             total += chunk.size
+            if total > budget:
+                raise AudioInputError(_too_long(0.0, limits) + " (decoding stopped there)", 413)
             parts.append(chunk)
-    except av.error.FFmpegError as exc:
-        raise AudioInputError(f"the {fmt} file cannot be decoded: {exc}") from None
-    if total > budget:
-        raise AudioInputError(_too_long(total / RATE, limits), 413)
-    return np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)
+
+    for frame in (_mp3_frames(container, stream) if fmt == "mp3" else container.decode(stream)):
+        frame_shape = (frame.format.name, frame.layout.name, frame.layout.nb_channels, int(frame.sample_rate or 0))
+        if frame_shape != shape:
+            if resampler is not None:
+                take(resampler.resample(None))  # the previous segment's tail
+            _check_shape(frame_shape[3], frame_shape[2], limits, f" (from {total / RATE:.2f} s on)" if shape else "")
+            resampler, shape = av.AudioResampler(format="flt", layout="mono", rate=RATE), frame_shape
+            first = first or frame_shape
+        take(resampler.resample(frame))
+    if resampler is not None:
+        take(resampler.resample(None))  # flush
+    return (np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)), first
+
+
+# MPEG audio header: version bits → the sample rates of its 2-bit index (MPEG-1, MPEG-2, MPEG-2.5)
+MPEG_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}
+
+
+def _mpeg_rate(packet: bytes) -> int | None:
+    """The sample rate an MPEG audio frame's 4-byte header names, None when it is not a valid header."""
+    if len(packet) < 4 or packet[0] != 0xFF or (packet[1] & 0xE0) != 0xE0:
+        return None
+    rates, index = MPEG_RATES.get((packet[1] >> 3) & 3), (packet[2] >> 2) & 3
+    return rates[index] if rates is not None and index < 3 else None
+
+
+def _mp3_frames(container, stream):
+    """Decoded MP3 frames, each labelled with the sample rate of its own packet's header. FFmpeg's MP3 decoder stamps
+    a frame with the rate of the frame before (it updates the rate after allocating the frame), so where the rate
+    changes part-way (two MP3s joined) one frame would be resampled at the wrong rate; MP3 has no decoder delay, so
+    a packet's frames are its own."""
+    for packet in container.demux(stream):
+        rate = _mpeg_rate(bytes(packet)) if packet.size else None
+        for frame in packet.decode():
+            if rate is not None and frame.sample_rate != rate:
+                frame.sample_rate = rate
+            yield frame
 
 
 def decode_path(path: str | Path, limits: AudioLimits = AudioLimits()) -> DecodedAudio:

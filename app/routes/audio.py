@@ -114,14 +114,18 @@ def _stored(runtime: Runtime, store: AudioStore, audio_id: str, field: tuple = (
         raise field_error(field, "audio_id must be 32 lowercase hex characters (from POST /api/audio)")
     try:
         audio = store.get(audio_id)
+        if audio is None and audio_id == SAMPLE_ID:
+            path = _sample_path(runtime)
+            if path.is_file():
+                data = path.read_bytes()
+                audio = decode_bytes(data, audio_limits(runtime.settings))
+                store.put(audio_id, data, audio, shared=False)  # every replica has the file
     except StoreUnavailable as exc:
         raise HTTPException(503, detail=str(exc), headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-    if audio is None and audio_id == SAMPLE_ID:
-        path = _sample_path(runtime)
-        if path.is_file():
-            data = path.read_bytes()
-            audio = decode_bytes(data, audio_limits(runtime.settings))
-            store.put(audio_id, data, audio, shared=False)  # every replica has the file
+    except AudioInputError as exc:  # another replica's upload (from Redis) that does not decode under this one
+        loc = list(field) if field[0] == "path" else ["body", *field]
+        raise HTTPException(exc.status, detail=[{"loc": loc, "type": "value_error", "msg": f"the clip {audio_id} "
+                            f"held by the server does not decode on this replica: {exc}"}]) from None
     if audio is None:
         raise HTTPException(404, detail=f"audio_id {audio_id!r} is not held by the server (expired or never uploaded): "
                                         "upload the clip again")

@@ -52,6 +52,11 @@ class Settings(BaseSettings):
     # heads of smollm2-135m, at 256 four times that; a 4,096-token run then keeps about 600 MB in all)
     overview_blocks: int = Field(128, ge=2, le=1024)
     max_window_cells: int = Field(262_144, ge=1)  # one window of POST /api/runs/{run_id}/window: rows × cols
+    # What one window or row of a kept run may COMPUTE, not only return: each row over all T_k keys, per pass and per
+    # layer and head asked (docs/api.md "Runs"); past it 413 naming `rows`, `layers` or `heads`. 2^26 admits every
+    # row of a 4,096-token run with `minus` (3 s on the shared 2-core CI machine at load 3.5) and all 270 heads of
+    # smollm2-135m at any length.
+    max_computed_numbers: int = Field(64 * 2**20, ge=1)
     # What one run may keep on a GPU (its atlas stays in device memory): max_run_bytes applies on a CPU. 8,192
     # tokens of smollm2-135m keep about 2 GB there (q̂, k̂, overview, one 1,024-row block, the mask).
     max_run_bytes_gpu: int = Field(8 * 1024**3, ge=1)

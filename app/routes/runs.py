@@ -4,6 +4,12 @@ the run kept (q̂, k̂, β, masks, extras) without re-running the model.
 POST /api/runs/{run_id}/window  — P[r0:r1, c0:c1] of one head (optionally at a view β, optionally with Ŝ), the
                                   entropy of each of its rows over every key, or P̂ − P against another run
 POST /api/runs/{run_id}/row     — P[i, :] of the chosen layers × heads, and per head the mass on a span of keys
+
+Both are bounded by what they COMPUTE, not only by what they return: softmax over a row needs every key of it, so a
+window of r rows costs r × T_k numbers per pass (the rows rebuilt, re-weighted, their entropy) and a row r × T_k per
+layer × head asked, however few numbers come back (a span's mass alone is one number a head). Over
+`max_computed_numbers` that is a 413 naming the field that drives it; a repeated layer or head is a 422. The work
+runs under the runtime's model lock (`runtime.admitted()`), queued like any other model work: one at a time.
 """
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ from typing import Annotated, Literal
 
 import torch
 from fastapi import APIRouter, HTTPException, Response
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from app.attention import fast_json, field_error
 from app.deps import RuntimeDep
@@ -29,6 +35,9 @@ router = APIRouter(prefix="/api/runs", tags=["runs"])
 Index = Annotated[int, Field(ge=0)]
 Range = Annotated[list[Index], Field(min_length=2, max_length=2)]
 Encoding = Literal["json", "f16", "f32"]
+# uniqueItems: a repeated index was computed again (1,024 × 1,024 repeats of one head took minutes of CPU); checked by
+# RowRequest._each_once (422 naming the field)
+UniqueIndices = Annotated[list[Index], Field(min_length=1, max_length=1024, json_schema_extra={"uniqueItems": True})]
 Weighting = Literal["attention", "value_norm"]
 WEIGHTING = Field("attention", description="'value_norm': the value-weighted map ‖P[i,j]·v_j W_O^h‖ renormalised per "
                   "row (each row over all its keys) from the per-key norms the run kept, instead of P (text, image, "
@@ -52,14 +61,22 @@ class WindowRequest(_Strict):
 
 class RowRequest(_Strict):
     row: Index = Field(description="the query row i")
-    layers: list[Index] | None = Field(None, min_length=1, max_length=1024, description="layers (null = all)")
-    heads: list[Index] | None = Field(None, min_length=1, max_length=1024, description="heads (null = all)")
+    layers: UniqueIndices | None = Field(None, description="layers (null = all), each at most once")
+    heads: UniqueIndices | None = Field(None, description="heads (null = all), each at most once")
     kind: AttentionKind | None = None
     beta: float | None = Field(None, gt=0, le=1e4, description="view-mode β for every returned head")
     span: Range | None = Field(None, description="[c0, c1): keys whose attention mass per head is returned")
     include_row: bool = Field(True, description="false: only the span's mass (the retrieval view), no rows")
     weighting: Weighting = WEIGHTING
     encoding: Encoding = "json"
+
+    @field_validator("layers", "heads")
+    @classmethod
+    def _each_once(cls, values: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if values is not None and len(set(values)) < len(values):
+            repeated = sorted({v for v in values if values.count(v) > 1})
+            raise ValueError(f"{info.field_name} {repeated} named more than once: name each at most once")
+        return values
 
 
 def _kept(runtime: Runtime, run_id: str) -> AttentionResult:
@@ -97,7 +114,8 @@ def _range(values: list[int], size: int, name: str) -> tuple[int, int]:
 
 @router.post("/{run_id}/window", responses={
     404: {"description": "unknown or evicted run (this one, or the run named by `minus`)"},
-    413: {"description": "over max_window_cells"},
+    413: {"description": "over max_window_cells (rows × cols returned), or over max_computed_numbers (rows × all "
+          "keys, per pass, computed): names `rows`"},
     422: {"description": "indices out of range; `minus` a run of another model or token count"}})
 def run_window(run_id: str, req: WindowRequest, runtime: RuntimeDep) -> Response:
     """One head's attention P[r0:r1, c0:c1] of a kept run, exactly as the run computed it (every row normalised over
@@ -109,28 +127,50 @@ def run_window(run_id: str, req: WindowRequest, runtime: RuntimeDep) -> Response
     runs' windows, each computed as above."""
     result = _kept(runtime, run_id)
     global_layer, n_rows, n_cols = _layer(runtime, result, req.layer, req.kind, ("layer",))
-    record = result.atlas.record(global_layer)
-    if req.head >= record.n_heads:
-        raise field_error(("head",), f"head {req.head} out of range: this layer has {record.n_heads} heads")
+    n_heads = result.atlas.records[global_layer].queries.shape[0]  # (a short run's record is built under the lock)
+    if req.head >= n_heads:
+        raise field_error(("head",), f"head {req.head} out of range: this layer has {n_heads} heads")
     rows, cols = _range(req.rows, n_rows, "rows"), _range(req.cols, n_cols, "cols")
     cells = (rows[1] - rows[0]) * (cols[1] - cols[0])
     cap = runtime.settings.max_window_cells
     if cells > cap:
-        raise HTTPException(413, detail=f"the window has {cells:,} cells, over max_window_cells={cap:,}: ask for fewer "
-                            "rows or cols")
+        raise HTTPException(413, detail=f"rows, cols: the window has {cells:,} cells, over max_window_cells={cap:,}: "
+                            "ask for fewer rows or cols")
     other = _minus_run(runtime, result, req, (n_rows, n_cols)) if req.minus is not None else None
-    block = result.atlas.config.block_rows  # rows per block of the entropy: the run's own block size
-    attention, entropy = _window_of(result, req, global_layer, rows, cols, block)
+    computed = sum(_window_numbers(run, req, rows, cols, n_cols) for run in (result, other) if run is not None)
+    limit = runtime.settings.max_computed_numbers
+    if computed > limit:
+        raise HTTPException(413, detail=(
+            f"rows: a window of {rows[1] - rows[0]:,} rows is computed over all {n_cols:,} keys of each row (softmax "
+            f"needs every key; the rows' entropy is a second pass{', for both runs of `minus`' if other else ''}): "
+            f"{computed:,} numbers, over max_computed_numbers={limit:,}; ask for fewer rows"))
+    block = result.atlas.config.block_rows  # rows per block: the run's own block size
+    with runtime.admitted():  # model work like any other: one at a time, queued (503 when the queue is full)
+        record = result.atlas.record(global_layer)
+        attention, entropy = _window_of(result, req, global_layer, rows, cols, block)
+        scores = scores_window(record, req.head, rows, cols) if req.include_scores else None
+        if other is not None:
+            other_attention, other_entropy = _window_of(other, req, global_layer, rows, cols, block)
+            attention = attention - other_attention.to(attention.device)  # P̂ − P: (r, c)
     body = {"layer": req.layer, "head": req.head, "rows": list(rows), "cols": list(cols), "kind": req.kind,
             "beta": req.beta, "weighting": req.weighting, "minus": req.minus,
-            "scores": tensor_field(scores_window(record, req.head, rows, cols), req.encoding) if req.include_scores else None}
+            "scores": tensor_field(scores, req.encoding) if scores is not None else None}
     if other is not None:
-        other_attention, other_entropy = _window_of(other, req, global_layer, rows, cols, block)
-        attention = attention - other_attention.to(attention.device)  # P̂ − P: (r, c)
         body["minus_row_entropy"] = other_entropy.tolist()
     body["attention"] = tensor_field(attention, req.encoding)
     body["row_entropy"] = entropy.tolist()  # (r,) nats
     return fast_json(body)
+
+
+def _window_numbers(result: AttentionResult, req: WindowRequest, rows: tuple[int, int], cols: tuple[int, int],
+                    n_keys: int) -> int:
+    """The numbers one run's window computes: r × T_k per pass over its rows (a short run's kept P at the run's β is
+    sliced, not rebuilt; a value-weighted row is a pass of its own; the entropy over every key is one more), plus
+    the window's scores when asked."""
+    r = rows[1] - rows[0]
+    kept = _kept_maps(result, req.kind, req.layer) is not None and req.beta is None
+    passes = (0 if kept else 1) + (1 if req.weighting == "value_norm" else 0) + 1
+    return r * n_keys * passes + (r * (cols[1] - cols[0]) if req.include_scores else 0)
 
 
 def _minus_run(runtime: Runtime, result: AttentionResult, req: WindowRequest, shape: tuple[int, int]) -> AttentionResult:
@@ -150,19 +190,25 @@ def _minus_run(runtime: Runtime, result: AttentionResult, req: WindowRequest, sh
 def _window_of(result: AttentionResult, req: WindowRequest, global_layer: int, rows: tuple[int, int],
                cols: tuple[int, int], block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(the window (r, c), the entropy of each of its rows over every key (r,) float32 on the host) of one run, at
-    the request's β and weighting."""
+    the request's β and weighting. Rebuilt rows are built `block` rows at a time: no r × T_k map is held."""
     record = result.atlas.record(global_layer)
     kept = _kept_maps(result, req.kind, req.layer)
+    blocks = [(b0, min(rows[1], b0 + block)) for b0 in range(rows[0], rows[1], block)]
     if req.weighting == "value_norm":  # every key of the rows is needed: each row is renormalised over all of them
         _check_norms(record)
-        probs = kept[req.head, rows[0]:rows[1]][None] if kept is not None and req.beta is None else None  # (1, r, T_k)
-        full = value_weighted_rows(record, [req.head], rows[0], rows[1], req.beta, probs)[0]  # (r, T_k)
-        # the entropy of the map shown: the value-weighted rows, each a distribution over every key
-        return full[:, cols[0]:cols[1]], row_entropy(full).float().cpu()
+        parts, entropies = [], []
+        for b0, b1 in blocks:
+            probs = kept[req.head, b0:b1][None] if kept is not None and req.beta is None else None  # (1, b, T_k)
+            full = value_weighted_rows(record, [req.head], b0, b1, req.beta, probs)[0]  # (b, T_k)
+            parts.append(full[:, cols[0]:cols[1]])
+            # the entropy of the map shown: the value-weighted rows, each a distribution over every key
+            entropies.append(row_entropy(full).float().cpu())
+            del full
+        return torch.cat(parts), torch.cat(entropies)
     if kept is not None and req.beta is None:  # a short run keeps P: the window and its rows are slices of it
         full = kept[req.head, rows[0]:rows[1]]  # (r, T_k)
         return full[:, cols[0]:cols[1]], row_entropy(full).float().cpu()
-    attention = window(record, req.head, rows, cols, req.beta)
+    attention = torch.cat([window(record, req.head, (b0, b1), cols, req.beta) for b0, b1 in blocks])
     # from q̂ k̂ᵀ and each row's log-sum-exp, blocks of rows: no r × T_k map beyond one block
     entropy = full_row_entropy(record, [req.head], rows[0], rows[1], req.beta, block)[0].cpu()  # (r,)
     return attention, entropy
@@ -183,8 +229,10 @@ def _kept_maps(result: AttentionResult, kind: str | None, layer: int) -> torch.T
 
 
 @router.post("/{run_id}/row", responses={
-    404: {"description": "unknown or evicted run"}, 413: {"description": "over max_response_numbers"},
-    422: {"description": "indices out of range"}})
+    404: {"description": "unknown or evicted run"},
+    413: {"description": "over max_response_numbers (returned), or over max_computed_numbers (layers × heads × all "
+          "keys, computed): names `layers` or `heads`"},
+    422: {"description": "indices out of range; a layer or head named more than once"}})
 def run_row(run_id: str, req: RowRequest, runtime: RuntimeDep) -> Response:
     """Query row i over every key, for the chosen layers × heads (default all): `attention` [l][h][T_k]; with
     `span` [c0, c1), `span_mass` [l][h] = Σ_{c0 ≤ j < c1} P[i, j], the attention each head puts on those keys
@@ -205,19 +253,29 @@ def run_row(run_id: str, req: RowRequest, runtime: RuntimeDep) -> Response:
     if req.row >= n_rows:
         raise field_error(("row",), f"row {req.row} out of range: this run has {n_rows} query rows (0..{n_rows - 1})")
     span = _range(req.span, n_cols, "span") if req.span is not None else None
+    driver = "layers" if len(layers) >= len(heads) else "heads"  # the field with more entries drives the product
     numbers = len(layers) * len(heads) * (n_cols if req.include_row else 1)
     cap = runtime.settings.max_response_numbers
     if numbers > cap:
-        raise HTTPException(413, detail=f"the response would hold {numbers:,} numbers, over max_response_numbers="
-                            f"{cap:,}: ask for fewer layers/heads")
-    if req.weighting == "value_norm":
-        for g, _, _ in resolved:
-            _check_norms(result.atlas.record(g))
-        rows = torch.stack([value_weighted_rows(result.atlas.record(g), heads, req.row, req.row + 1, req.beta)[:, 0]
-                            for g, _, _ in resolved]).cpu()  # (l, h, T_k)
-    else:
-        rows = torch.stack([full_rows(result.atlas.record(g), heads, req.row, req.row + 1, req.beta)[:, 0]
-                            for g, _, _ in resolved]).cpu()  # (l, h, T_k)
+        raise HTTPException(413, detail=f"{driver}: the response would hold {numbers:,} numbers, over "
+                            f"max_response_numbers={cap:,}: ask for fewer layers/heads")
+    # every head's row is computed over all T_k keys (softmax needs them), whether or not the row is returned
+    computed = len(layers) * len(heads) * n_cols
+    limit = runtime.settings.max_computed_numbers
+    if computed > limit:
+        raise HTTPException(413, detail=(
+            f"{driver}: row {req.row} of {len(layers)} layers × {len(heads)} heads is computed over all {n_cols:,} "
+            f"keys (softmax needs every key, even for a span's mass alone): {computed:,} numbers, over "
+            f"max_computed_numbers={limit:,}; ask for fewer layers or heads"))
+    with runtime.admitted():  # model work like any other: one at a time, queued (503 when the queue is full)
+        if req.weighting == "value_norm":
+            for g, _, _ in resolved:
+                _check_norms(result.atlas.record(g))
+            rows = torch.stack([value_weighted_rows(result.atlas.record(g), heads, req.row, req.row + 1, req.beta)[:, 0]
+                                for g, _, _ in resolved]).cpu()  # (l, h, T_k)
+        else:
+            rows = torch.stack([full_rows(result.atlas.record(g), heads, req.row, req.row + 1, req.beta)[:, 0]
+                                for g, _, _ in resolved]).cpu()  # (l, h, T_k)
     body = {"row": req.row, "layers": layers, "heads": heads, "kind": req.kind, "beta": req.beta,
             "weighting": req.weighting,
             "attention": tensor_field(rows, req.encoding) if req.include_row else None,

@@ -69,9 +69,11 @@ UPLOAD_OPENAPI = {
                                 "description": "WAV, FLAC, MP3, OGG (Opus/Vorbis) or WebM (Opus)"}},
     }}}},
     "responses": {
-        "400": {"description": "unreadable, truncated or empty audio; channels or sample rate outside the limits"},
+        "400": {"description": "unreadable, truncated, damaged or empty audio; channels or sample rate outside the "
+                               "limits (of any segment, where they change part-way)"},
         "413": {"description": "over max_audio_bytes, or longer than max_audio_s (counted while decoding)"},
-        "415": {"description": "not audio in an accepted container/codec, or not multipart/form-data"},
+        "415": {"description": "not audio in an accepted container/codec (or one FFmpeg has no decoder for), or not "
+                               "multipart/form-data"},
         "422": {"description": "no `file` field"},
         "503": {"description": "decodes busy (max_concurrent_decodes) or the shared store (Redis) unreachable"},
     },

@@ -30,7 +30,7 @@ const state = {
   layer: 3,
   head: 0,
   token: null, // decoder row shown as a curve
-  spans: [], // [{kind, start, end}] masked time spans (seconds)
+  spans: [], // [{kind, first, last, start, end}] masked spans: encoder positions first…last = [start, end) s
   perturbKind: "cross", // the attention whose keys the perturbation's span is ("cross" | "encoder"); queries: cross
   beta: 0, // log10(β / β₀) on cross-attention
   ablated: new Set(), // "layer.head" cross heads
@@ -40,11 +40,18 @@ const state = {
   streaming: null,
 };
 
-const spanTokens = (s) => {
-  const first = Math.max(0, Math.floor(s.start / POSITION_S));
-  const last = Math.min(1499, Math.ceil(s.end / POSITION_S) - 1);
-  return Array.from({ length: Math.max(0, last - first + 1) }, (_, i) => first + i);
-};
+const spanTokens = (s) => Array.from({ length: Math.max(0, s.last - s.first + 1) }, (_, i) => s.first + i);
+
+// A drawn or typed span [t0, t1) s snapped to whole 20 ms encoder positions (each edge to the nearest position
+// boundary, at least one position): the span shown, labelled and sent are then the same positions. null: none.
+function snapSpan(t0, t1) {
+  const limit = Math.min(1500, Math.ceil((state.duration || 30) / POSITION_S - 1e-9));
+  const first = Math.max(0, Math.min(limit - 1, Math.round(Math.min(t0, t1) / POSITION_S)));
+  const stop = Math.min(limit, Math.max(first + 1, Math.round(Math.max(t0, t1) / POSITION_S)));
+  if (!(stop > first)) return null;
+  return { first, last: stop - 1, start: first * POSITION_S, end: stop * POSITION_S };
+}
+const spanLabel = (s) => `${s.start.toFixed(2)}–${s.end.toFixed(2)} s = positions ${s.first}–${s.last}`;
 
 // The lab's store (static/js/lab/interventions.js): this page uses its perturbation, drawn by the lab's panel. Its
 // chosen set holds encoder positions (20 ms each) when the target is keys, decoder tokens when it is queries.
@@ -552,7 +559,7 @@ async function encoderWindow(t0, t1, s0, s1) {
 
 function drawChips() {
   const chips = [];
-  state.spans.forEach((s, i) => chips.push([`mask ${fmt(s.start, 3)}–${fmt(s.end, 3)} s (${s.kind})`,
+  state.spans.forEach((s, i) => chips.push([`mask ${spanLabel(s)} (${s.kind})`,
     () => { state.spans.splice(i, 1); update(); }]));
   const perturb = perturbation();
   if (perturb) {
@@ -601,18 +608,20 @@ function update() {
 }
 
 function addSpan(start, end) {
-  if (!(end - start >= POSITION_S)) return;
+  if (!(end - start >= POSITION_S / 2)) return; // under half a position: a click, not a span
+  const span = snapSpan(start, end);
+  if (!span) return;
   const kind = $("mask-kind").value;
   if ($("span-action").value === "perturb") { // the span's positions become the perturbation's keys, and it is on
     const p = lab.perturb;
     p.target = "keys";
-    p.tokens = new Set(spanTokens({ start, end }));
+    p.tokens = new Set(spanTokens(span));
     p.on = true;
     perturbTarget = "keys";
     state.perturbKind = kind;
     perturbPanel.update();
   } else {
-    state.spans.push({ kind, start, end });
+    state.spans.push({ kind, ...span });
   }
   update();
 }

@@ -109,7 +109,10 @@ LABEL org.opencontainers.image.title="attnlab" \
       org.opencontainers.image.description="Transformer attention maps and interventions (torch ${TORCH_VARIANT})"
 # Every cache goes to /tmp, so the container runs with --read-only --tmpfs /tmp. The NVIDIA Container Toolkit
 # mounts the driver's compute libraries and nvidia-smi (utility) into a container started with --gpus.
+# MALLOC_ARENA_MAX=2 (CPU and CUDA image): glibc's per-thread malloc arenas kept gigabytes of freed memory under a
+# mixed load; two arenas bound it (docs/deploy.md "Memory allocator"). Set here, the server starts with it.
 ENV HOME=/tmp \
+    MALLOC_ARENA_MAX=2 \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     HF_HOME=/tmp/hf \
     HF_HUB_OFFLINE=1 \

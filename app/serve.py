@@ -48,6 +48,7 @@ try:  # one of uvicorn's [standard] extras (requirements.txt): a C HTTP parser
 except ImportError:  # httptools not installed: the h11 protocol below serves alone
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
+from app.cli import allocator_report, bound_allocator
 from app.lifecycle import LIFECYCLE
 from app.settings import get_settings
 
@@ -345,10 +346,15 @@ def add_models(models: dict[str, str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--help" not in argv:
+        # MALLOC_ARENA_MAX=2 unless set or turned off (app/cli.py): re-executes this module with it, same pid
+        argv = bound_allocator("app.serve", argv)
     signal.signal(signal.SIGTERM, _exit_now)  # until uvicorn installs its own (and again when it restores this)
-    argv, models = take_models(sys.argv[1:] if argv is None else argv)
+    argv, models = take_models(argv)
     add_models(models)
     _log_to_stderr()
+    log.info("allocator: %s", allocator_report(os.environ))
     settings = get_settings()
     for protocol in (HeaderTimeoutH11Protocol, HeaderTimeoutHttpToolsProtocol):
         if protocol is not None:

@@ -29,6 +29,10 @@ class Settings(BaseSettings):
     # |Δ output| against float32 on its probe input (GET /api/models).
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     torch_threads: int = 0  # 0 = leave torch's default
+    # glibc malloc arenas of the server process: `attnlab serve` / `python -m app.serve` re-execute themselves with
+    # MALLOC_ARENA_MAX set to this unless the environment already sets it (or preloads jemalloc); 0 = glibc's default
+    # (8 per core: freed memory stayed in per-thread arenas, docs/deploy.md "Memory allocator"). Read at start only.
+    malloc_arena_max: int = Field(2, ge=0)
     # Inputs of at most this many tokens run on one thread: as fast on such small matrices (measured on the
     # 2-core CI machine, benchmarks/results), and the other cores stay free for HTTP, JSON and a browser.
     single_thread_max_tokens: int = 48

@@ -399,6 +399,11 @@ user="$(docker_ exec "$CID" id -u)"
 docker_ exec "$CID" sh -c 'touch /app/x 2>/dev/null && exit 1 || exit 0' || { log "root filesystem is writable"; exit 1; }
 docker_ exec "$CID" python -c 'import os, urllib.request as u; u.urlopen("http://127.0.0.1:%s/api/health" % os.environ["UVICORN_PORT"], timeout=4)'
 log "uid $user, read-only root, healthcheck command OK"
+# The allocator bound (docs/deploy.md "Memory allocator"): the server (pid 1, the image's CMD) runs with glibc's
+# malloc arenas bounded, CPU and CUDA image alike.
+arenas="$(docker_ exec "$CID" sh -c 'tr "\0" "\n" </proc/1/environ | sed -n "s/^MALLOC_ARENA_MAX=//p"')"
+[ "$arenas" = 2 ] || { log "the server runs with MALLOC_ARENA_MAX='$arenas', not 2"; exit 1; }
+log "server process: MALLOC_ARENA_MAX=$arenas"
 # docker stop DURING a request (issue 12): a long request (16 samples of a 500-word text, about a minute
 # here) is running when `docker stop -t 10` sends SIGTERM; the container must exit 0 before docker's
 # SIGKILL, and the request must get a JSON 503 with Retry-After (shutdown_grace_s = 5 s), not a 500 or a cut.

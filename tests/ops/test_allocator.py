@@ -1,0 +1,114 @@
+"""The allocator bound (issue 27, docs/deploy.md "Memory allocator"): the server process runs with glibc's malloc
+arenas bounded (MALLOC_ARENA_MAX=2), set before its first allocation. `attnlab serve` and `python -m app.serve`
+re-execute themselves with it (same pid) unless the environment sets it or preloads an allocator of its own;
+`--no-allocator-bound` / ATTNLAB_MALLOC_ARENA_MAX=0 turn it off; both Docker images set it in their environment.
+The servers here serve no model (ATTNLAB_DEFAULT_MODELS=[]): what is checked is the process itself."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.cli import allocator_environ
+from app.settings import Settings
+from tests.faults.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+ATTNLAB = Path(sys.executable).parent / "attnlab"
+
+
+def serve(tmp_path: Path, command: list[str], **env: str) -> tuple[dict[str, str], str]:
+    """Start `command` (+ --port) with `env` added to an environment without MALLOC_*/ATTNLAB_*/LD_PRELOAD; once it
+    answers /api/health, the server process's own environment (/proc/<pid>/environ: the pid Popen started, which the
+    re-execution keeps) and its log."""
+    port = free_port()
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("ATTNLAB_", "MALLOC_")) and k != "LD_PRELOAD"}
+    base.update(ATTNLAB_DEFAULT_MODELS="[]", PYTHONPATH=str(ROOT), **env)
+    log_path = tmp_path / f"serve-{port}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(port)], cwd=tmp_path, env=base,
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        end = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < end, "no answer after 120 s:\n" + log_path.read_text()
+            time.sleep(0.2)
+        raw = Path(f"/proc/{proc.pid}/environ").read_bytes()
+        environ = dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"app.serve" in cmdline or cmdline[1].endswith(b"attnlab")  # the server itself (re-executed or not)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        return environ, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_attnlab_serve_runs_the_server_with_two_arenas(tmp_path):
+    environ, log = serve(tmp_path, [str(ATTNLAB), "serve"])
+    assert environ.get("MALLOC_ARENA_MAX") == "2", sorted(environ)
+    assert "attnlab: allocator: MALLOC_ARENA_MAX=2" in log, log
+
+
+def test_python_m_app_serve_too_and_a_users_value_is_kept(tmp_path):
+    environ, log = serve(tmp_path, [sys.executable, "-m", "app.serve"], MALLOC_ARENA_MAX="4")
+    assert environ["MALLOC_ARENA_MAX"] == "4"
+    assert "allocator: MALLOC_ARENA_MAX=4" in log, log
+
+
+@pytest.mark.parametrize("how", ["flag", "setting"])
+def test_the_bound_can_be_turned_off(tmp_path, how):
+    extra = ["--no-allocator-bound"] if how == "flag" else []
+    env = {} if how == "flag" else {"ATTNLAB_MALLOC_ARENA_MAX": "0"}
+    environ, log = serve(tmp_path, [str(ATTNLAB), "serve", *extra], **env)
+    assert "MALLOC_ARENA_MAX" not in environ
+    assert "allocator: glibc's default malloc arenas" in log, log
+
+
+def test_which_environments_are_changed():
+    assert allocator_environ({})["MALLOC_ARENA_MAX"] == "2"
+    assert allocator_environ({"ATTNLAB_MALLOC_ARENA_MAX": "3", "PATH": "/bin"}) == {
+        "ATTNLAB_MALLOC_ARENA_MAX": "3", "PATH": "/bin", "MALLOC_ARENA_MAX": "3"}
+    assert allocator_environ({"MALLOC_ARENA_MAX": "8"}) is None  # the user's own
+    assert allocator_environ({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}) is None
+    assert allocator_environ({"ATTNLAB_MALLOC_ARENA_MAX": "0"}) is None
+    with pytest.raises(SystemExit, match="ATTNLAB_MALLOC_ARENA_MAX='two'"):
+        allocator_environ({"ATTNLAB_MALLOC_ARENA_MAX": "two"})
+    assert Settings().malloc_arena_max == 2  # the documented setting, same default
+
+
+def _runtime_stage_env(dockerfile: str) -> dict[str, str]:
+    """ENV of the Dockerfile's final stage (`FROM base AS runtime`) and of the stage it is built on (`base`)."""
+    stages = re.split(r"^FROM ", dockerfile, flags=re.M)[1:]
+    by_name = {re.match(r"\S+ AS (\w+)", s).group(1): s for s in stages}
+    env: dict[str, str] = {}
+    for name in ("base", "runtime"):
+        text = by_name[name].replace("\\\n", " ")
+        for line in re.findall(r"^ENV (.+)$", text, flags=re.M):
+            env.update(re.findall(r"(\w+)=(\S+)", line))
+    return env
+
+
+def test_both_docker_images_set_the_bound():
+    """The CPU and the CUDA image are the same Dockerfile (TORCH_VARIANT=cuda for the latter, scripts/docker_ci.sh
+    --cuda): the final stage's environment holds MALLOC_ARENA_MAX=2 whatever the variant, so `python -m app.serve`
+    (the CMD) starts bounded without re-executing; docker_ci.sh checks it in the running container."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert _runtime_stage_env(dockerfile).get("MALLOC_ARENA_MAX") == "2"
+    assert "MALLOC_ARENA_MAX" in (ROOT / "scripts" / "docker_ci.sh").read_text()

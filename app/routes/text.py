@@ -172,3 +172,34 @@ def _events(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], inter
 def _over_budget(step: int, budget_s: float) -> dict:
     return {"error": f"the stream ran past generate_timeout_s={budget_s:g} s after {step} steps and was ended; "
                      "ask for fewer tokens or interventions, or a shorter prompt", "setting": "generate_timeout_s"}
+
+
+# ---- POST /api/text/tokenize --------------------------------------------------------------------------------------
+# The analysis panels' answer boxes show which token an answer will be ("␣Paris · id 7042"): "Anna" and " Anna" are
+# different tokens, and a prompt that ends without a space is followed by the spaced one.
+from pydantic import BaseModel as _BaseModel, ConfigDict as _ConfigDict, Field as _Field  # noqa: E402
+
+
+class TokenizeRequest(_BaseModel):
+    model_config = _ConfigDict(extra="forbid", strict=True)
+    model: str = "smollm2-135m"
+    text: str = _Field(min_length=1, max_length=200, description="a short text, e.g. an answer token ' Paris'")
+
+
+@router.post("/tokenize")
+def tokenize(req: TokenizeRequest, runtime: RuntimeDep) -> dict:
+    """The tokens and ids of a short text, without special tokens: `{"tokens", "ids"}`; a text that does not start
+    with white space also names its variant with a leading space, `with_space: {"text", "tokens", "ids"}`."""
+    adapter = _text_adapter(runtime, req.model)
+    tokenizer = getattr(adapter, "tokenizer", None)
+    if tokenizer is None:
+        raise field_error(("model",), f"model {req.model} has no text tokenizer to ask")
+
+    def pieces(text: str) -> dict:
+        ids = [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+        return {"text": text, "tokens": [tokenizer.decode([i]) for i in ids], "ids": ids}
+
+    out = pieces(req.text)
+    if not req.text[:1].isspace():
+        out["with_space"] = pieces(" " + req.text)
+    return out

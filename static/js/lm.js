@@ -1,7 +1,7 @@
 // The output side of language models on the text page (§9): the next-token distribution before and
 // after the interventions, the two greedy continuations streamed side by side, and an encoder–decoder's
 // decoded target with its per-token probabilities.
-import { readJSON, serverEvents } from "./api.js";
+import { jobClock, postJob } from "./views/jobs.js";
 import { byId, count, el, fillList, showToken } from "./dom.js";
 import { fmt } from "./mathx.js";
 
@@ -88,6 +88,7 @@ function drawRankTable(table, before, after) {
 // differs from the one shown and "follow changes" is on.
 export function mountContinuation({ body, onError }) {
   const run = byId("generate-button"), stop = byId("stop-button"), status = byId("continuation-status");
+  const eta = byId("continuation-eta");
   const cols = { base: byId("continuation-base"), intervened: byId("continuation-intervened") };
   let controller = null, shownKey = null, asked = false;
 
@@ -108,40 +109,37 @@ export function mountContinuation({ body, onError }) {
     status.textContent = "generating…";
     let steps = 0, firstDiff = null;
     const ended = new Map(); // side prefix → the step at which it ended
-    try {
-      const res = await fetch("/api/text/generate", {
-        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(request), signal: mine.signal,
-      });
-      if (!res.ok) await readJSON(res); // throws the refusal
-      for await (const event of serverEvents(res.body)) {
-        if (event.done) {
-          // Sides that stopped short of the tokens asked for ended (both at once end the stream with no
-          // step event saying so).
-          for (const [col, prefix] of [[cols.base, "base_"], [cols.intervened, ""]]) {
-            if (!ended.has(prefix) && steps < request.max_new_tokens) { ended.set(prefix, steps); col.append(endMark(steps)); }
-          }
-          const endings = [["base_", "without"], ["", "with"]].filter(([p]) => ended.has(p))
-            .map(([p, side]) => `${side} the interventions it ended after ${count(ended.get(p), "token")}`);
-          status.textContent = `${steps} tokens · ${firstDiff === null ? "identical" : `they differ from token ${firstDiff + 1}`}`
-            + (endings.length ? ` · ${endings.join("; ")}` : "");
-          panel.dataset.state = "done";
-          break;
+    // a job: its accepted event's ETA and queue place count down beside the tokens (static/js/views/jobs.js)
+    const clock = jobClock((text) => { if (controller === mine) eta.textContent = text; });
+    const onStep = (event) => {
+      if (event.accepted || event.step === undefined) { clock.event(event); return; } // not a token
+      const differs = event.id !== event.base_id;
+      if (differs && firstDiff === null) firstDiff = event.step;
+      // Every step names both sides; a side that has ended says so (ended: true, its token fields null),
+      // and is marked once where it ended.
+      for (const [col, prefix] of [[cols.base, "base_"], [cols.intervened, ""]]) {
+        if (event[`${prefix}ended`]) {
+          if (!ended.has(prefix)) { ended.set(prefix, event.step); col.append(endMark(event.step)); }
+        } else {
+          col.append(tokenSpan(event[`${prefix}token`], event[`${prefix}prob`], differs, event.step));
         }
-        if (event.error) throw new Error(event.error);
-        const differs = event.id !== event.base_id;
-        if (differs && firstDiff === null) firstDiff = event.step;
-        // Every step names both sides; a side that has ended says so (ended: true, its token fields null),
-        // and is marked once where it ended.
-        for (const [col, prefix] of [[cols.base, "base_"], [cols.intervened, ""]]) {
-          if (event[`${prefix}ended`]) {
-            if (!ended.has(prefix)) { ended.set(prefix, event.step); col.append(endMark(event.step)); }
-          } else {
-            col.append(tokenSpan(event[`${prefix}token`], event[`${prefix}prob`], differs, event.step));
-          }
-        }
-        steps += 1;
-        status.textContent = `${steps} tokens…`;
       }
+      steps += 1;
+      clock.step(steps, request.max_new_tokens);
+      status.textContent = `${steps} tokens…`;
+    };
+    try {
+      await postJob("/api/text/generate", request, { signal: mine.signal, onEvent: onStep });
+      // Sides that stopped short of the tokens asked for ended (both at once end the stream with no
+      // step event saying so).
+      for (const [col, prefix] of [[cols.base, "base_"], [cols.intervened, ""]]) {
+        if (!ended.has(prefix) && steps < request.max_new_tokens) { ended.set(prefix, steps); col.append(endMark(steps)); }
+      }
+      const endings = [["base_", "without"], ["", "with"]].filter(([p]) => ended.has(p))
+        .map(([p, side]) => `${side} the interventions it ended after ${count(ended.get(p), "token")}`);
+      status.textContent = `${steps} tokens · ${firstDiff === null ? "identical" : `they differ from token ${firstDiff + 1}`}`
+        + (endings.length ? ` · ${endings.join("; ")}` : "");
+      panel.dataset.state = "done";
       panel.dataset.differs = firstDiff === null ? "no" : "yes";
     } catch (err) {
       if (err.name === "AbortError") {
@@ -149,10 +147,11 @@ export function mountContinuation({ body, onError }) {
         return;
       }
       panel.dataset.state = "error";
-      status.textContent = "";
+      status.textContent = `error: ${err.message}`; // beside the Generate button, not only in the header
       onError(`continuation: ${err.message}`);
     } finally {
-      if (controller === mine) { controller = null; run.disabled = false; stop.disabled = true; }
+      clock.stop();
+      if (controller === mine) { controller = null; run.disabled = false; stop.disabled = true; eta.textContent = ""; }
     }
   }
 

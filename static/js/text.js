@@ -2,7 +2,8 @@
 // the laboratory (static/js/lab/lab.js: β, masks, ablation, perturbations, effects, summaries, softmax panel,
 // export, shareable URL). Language models add the next-token panel and the two continuations (lm.js);
 // encoder–decoders add the attention kind (encoder / decoder / cross) and the decoded target.
-import { getJSON, isAbort, postJSON, readJSON, serverEvents, setStatus } from "./api.js";
+import { getJSON, isAbort, postJSON, setStatus } from "./api.js";
+import { jobClock, postJob } from "./views/jobs.js";
 import { byId as $, numbered, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, entropy, fmt, maxAbs, softmaxRow } from "./mathx.js";
 import { drawDiff } from "./views/diff.js";
@@ -13,7 +14,7 @@ import { mountLab } from "./lab/lab.js";
 import { figureToParams, intParam, paramsToFigure } from "./lab/urlstate.js";
 import { drawNextToken, drawTarget, kvGroups, mountContinuation } from "./lm.js";
 import { mountAnalysis } from "./views/analysis.js";
-import { drawAtlas, hideAtlas, setAtlasBeta } from "./views/atlas.js";
+import { ATLAS_SCALES, drawAtlas, hideAtlas, setAtlasBeta, setAtlasScale } from "./views/atlas.js";
 import { chosenWeighting, weightingOf } from "./views/weighting.js";
 import { loadPlotly } from "./vendor.js";
 
@@ -96,7 +97,8 @@ function request({ thumbnails = false, partial = false } = {}) {
 // request asks for layer progress (server-sent events) and the page shows a progress bar with Cancel.
 const mayBeLong = (text) => text.length > 2 * (limits.full_map_tokens ?? 512);
 
-// POST /api/text/attention; with progress, `{"progress", "total", "run", "runs"}` events drive the bar until the response.
+// POST /api/text/attention; with progress a job (static/js/views/jobs.js): its accepted event (ETA, queue) and
+// `{"progress", "total", "run", "runs"}` events drive the bar until the response.
 // Cancel (or a newer load) aborts the fetch: the server stops the run at its next layer.
 let runController = null;
 async function fetchAttention(body, { progress }) {
@@ -104,31 +106,31 @@ async function fetchAttention(body, { progress }) {
   if (!progress) return postJSON("/api/text/attention", body, { channel: "text" });
   const mine = new AbortController();
   runController = mine;
+  const clock = jobClock((text) => { if (runController === mine) $("run-progress-eta").textContent = text; });
+  showProgress({ progress: 0, total: 0 });
   try {
-    const res = await fetch("/api/text/attention", {
-      method: "POST", headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
-      body: JSON.stringify(body), signal: mine.signal,
-    });
-    if (!res.ok || !res.headers.get("content-type")?.startsWith("text/event-stream")) {
-      return readJSON(res);
-    }
-    for await (const event of serverEvents(res.body)) {
-      if (event.done) return event;
-      if (event.error) throw new Error(event.error);
-      showProgress(event);
-    }
-    throw new Error("the server ended the stream without a response");
+    return await postJob("/api/text/attention", body, { signal: mine.signal, onEvent: (event) => {
+      clock.event(event);
+      if (event.progress !== undefined) showProgress(event);
+    } });
   } finally {
+    clock.stop();
     if (runController === mine) { runController = null; showProgress(null); } // a newer stream keeps its own bar
   }
 }
 
 // The progress bar: layers done over every model run of the request (a compare runs the model twice: one bar to
-// runs × layers, app/progress.py) (null: hidden).
+// runs × layers, app/streams.py), and the job's time left (null: hidden).
 function showProgress(event) {
   const box = $("run-progress");
   box.hidden = !event;
-  if (!event) return;
+  if (!event) { $("run-progress-eta").textContent = ""; return; }
+  if (!event.total) { // accepted, no layer done yet (or waiting in the queue)
+    $("run-progress-bar").removeAttribute("value");
+    $("run-progress-text").textContent = "first view: starting";
+    box.dataset.progress = "0";
+    return;
+  }
   $("run-progress-bar").max = event.total;
   $("run-progress-bar").value = event.progress;
   // passes over the layers: the model runs (a compare's two), then a value-weighted overview's
@@ -145,6 +147,7 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
   const seq = ++loadSeq;
   if (!$("text-input").value.trim()) { emptyInput(); return; }
   $("text-error").hidden = true;
+  $("run-error").hidden = true;
   setStatus("running…");
   try {
     const partial = settle > 0 && !state.long; // a long input's run is seconds: no partial runs while a slider moves
@@ -172,9 +175,34 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
       cancelled = null;
       return;
     }
-    setStatus(err.message, { error: true });
+    showRunError(err.message);
     lab.fail(err.message);
   }
+}
+
+// A refused or failed run: the message under the Run button (the header only says where to look: a long message
+// there pushed the navigation onto two lines), and the panels marked as the previous input's.
+function showRunError(message) {
+  const box = $("run-error");
+  box.textContent = `${message}${state.view || state.long ? " — the panels below still show the previous run" : ""}`;
+  box.hidden = false;
+  setStatus("the run failed: see the message under Run", { error: true });
+  markStale(true);
+}
+
+// The panels that show a run's numbers; marked (dimmed) while they do not match the text box, cleared on the next
+// drawn run (renderDetails, renderLongDetails remove every .stale).
+const RUN_PANELS = ["heatmap", "atlas-panel", "headview", "token-strip", "lm-panels", "modelview", "entropy-plot",
+  "received-panel", "effect-panel", "summaries-panel", "softmax-panel"];
+function markStale(on) {
+  for (const id of RUN_PANELS) $(id)?.classList.toggle("stale", on);
+  document.body.dataset.stale = on ? "1" : "";
+}
+// The text box edited away from the text the panels were run on: they no longer match it.
+function followTextEdits() {
+  const shown = (state.long?.request ?? state.view?.request)?.text;
+  if (shown === undefined) return;
+  markStale($("text-input").value !== shown);
 }
 
 // Cancel: abort the running request (the server stops at its next layer); the page keeps what it showed.
@@ -219,12 +247,16 @@ function longTitle(r) {
     + ` · β = ${fmt(lab.shownBeta())}${lab.viewBeta() ? " (view: windows and rows)" : ""}${valueWeighted(r)}`;
 }
 
-// The overview and windows are drawn on a linear scale from 0 to their largest value: the colour-scale choice
-// applies to full maps only, so it is disabled (and says why) while a long input is shown.
+// A long input's overview and windows offer the scales that need no full map: linear 0 – max, log and each row
+// to its own max (views/atlas.js); "0 – 1" and "max over rows ≥ k" are for full maps, so they are disabled there and
+// the menu shows what is drawn.
 function longScale(on) {
   const select = $("zscale");
-  select.disabled = on;
-  select.title = on ? "long inputs: the overview and windows use a linear scale, 0 to their largest value" : "";
+  for (const option of select.options) option.disabled = on && !ATLAS_SCALES.includes(option.value);
+  if (on && !ATLAS_SCALES.includes(select.value)) select.value = "max";
+  $("zscale-k-box").hidden = select.value !== "rowsk";
+  select.title = on ? "long inputs: the overview and windows are drawn 0 – max, on a log scale, or each row to its own max" : "";
+  if (on) setAtlasScale(select.value, { redraw: false });
 }
 
 // View-mode β of the shown head on a long input, for the server's windows and rows (null: the run's own).
@@ -275,6 +307,7 @@ function drawWindowEntropy(w, queryTokens, nKeys) {
 function renderLongDetails() {
   const { response: r, request: body } = state.long;
   document.querySelectorAll(".stale").forEach((el) => el.classList.remove("stale"));
+  document.body.dataset.stale = "";
   renderTokens();
   renderModelView(r);
   lab.render(r, body, derived(r));
@@ -518,6 +551,7 @@ function wireHeatmapClicks() {
 function renderDetails() {
   const v = state.view, r = v.response;
   document.querySelectorAll(".stale").forEach((el) => el.classList.remove("stale"));
+  document.body.dataset.stale = "";
   renderTokens();
   renderModelView(r);
   lab.render(r, v.request, derived(r));
@@ -683,6 +717,14 @@ const continuation = mountContinuation({
 mountAnalysis({ info: () => state.info, text: () => $("text-input").value, interventions: () => lab.interventions(),
   onError: (msg) => setStatus(msg, { error: true }) });
 
+// Arrow keys move the head and layer (lab.js) only while the focus is inside the map or the controls (.keys-area,
+// focused by a click anywhere in it): with nothing focused they scroll the page, as on any page. Caught on the way
+// down, before the lab's listener on the document hears them.
+window.addEventListener("keydown", (e) => {
+  if (!["ArrowLeft", "ArrowRight", "ArrowUp", "ArrowDown"].includes(e.key)) return;
+  if (!document.activeElement?.closest?.(".keys-area")) e.stopPropagation();
+}, { capture: true });
+
 function pageParams() {
   const params = new URLSearchParams();
   params.set("m", state.model);
@@ -838,6 +880,26 @@ async function init() {
     load();
   });
   $("run-button").addEventListener("click", rerun);
+  $("text-input").addEventListener("input", followTextEdits);
+  // The long sample (README, /guide#s10): its language model, its text (trailing white space stripped: a last query
+  // row of "\n" predicts "\n" and puts almost nothing on the fact), streamed with progress (mayBeLong).
+  $("long-sample-button").addEventListener("click", async () => {
+    let text;
+    try {
+      const res = await fetch("/static/samples/long-sample.txt");
+      if (!res.ok) throw new Error(`${res.status} ${res.statusText}`);
+      text = (await res.text()).trimEnd();
+    } catch (err) { showRunError(`the long sample did not load: ${err.message}`); return; }
+    const lm = textModels.find((m) => m.output === "next_token");
+    if (lm && state.model !== lm.id) {
+      state.model = lm.id;
+      $("model-select").value = lm.id;
+      continuation.reset();
+      chooseModel();
+    }
+    $("text-input").value = text;
+    rerun();
+  });
   $("run-cancel").addEventListener("click", cancelRun);
   for (const id of ["text-input", "pair-input", "target-input"]) { // Ctrl+Enter runs from any text box
     $(id).addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); rerun(); } });
@@ -860,7 +922,12 @@ async function init() {
   $("chat-toggle").addEventListener("change", rerun);
   $("layer-select").addEventListener("change", () => selectHead(Number($("layer-select").value), state.head));
   $("head-select").addEventListener("change", () => selectHead(state.layer, Number($("head-select").value)));
-  const rescale = () => { $("zscale-k-box").hidden = $("zscale").value !== "rowsk"; if (state.view) showHead(); lab.writeUrl(); };
+  const rescale = () => {
+    $("zscale-k-box").hidden = $("zscale").value !== "rowsk";
+    if (state.view) showHead();
+    else if (state.long) setAtlasScale($("zscale").value);
+    lab.writeUrl();
+  };
   $("zscale").addEventListener("change", () => { scaleChosen = true; rescale(); });
   $("zscale-k").addEventListener("change", rescale);
   $("diff-kind").addEventListener("change", () => lab.writeUrl());

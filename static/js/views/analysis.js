@@ -6,7 +6,8 @@
 //
 // mountAnalysis({info, text, interventions, onError}): info() the selected ModelInfo, text() the prompt box,
 // interventions() the lab's list. The panels follow the model on their own (decoder LMs; faithfulness also encoders).
-import { postJSON, readJSON, serverEvents } from "../api.js";
+import { postJSON } from "../api.js";
+import { jobClock, postJob } from "./jobs.js";
 import { byId, el, fillList, showToken } from "../dom.js";
 import { fmt } from "../mathx.js";
 import { loadPlotly } from "../vendor.js";
@@ -36,13 +37,80 @@ export function mountAnalysis({ info, text, interventions, onError = () => {} })
   mountPatching(info, onError);
   mountLens(info, text, interventions);
   mountFaithfulness(info, text);
+  // the token each answer box will be, refreshed when the box, its prompt or the model changes
+  const hints = [
+    answerHint(byId("patch-answer"), info, () => byId("patch-clean").value, [byId("patch-clean")]),
+    answerHint(byId("patch-wrong"), info, () => byId("patch-corrupt").value, [byId("patch-corrupt")]),
+    answerHint(byId("faith-answer"), info, text, [byId("text-input")], { optional: true }),
+  ];
+  const refresh = () => {
+    follow();
+    byId("faith-answer-box").hidden = !isLM(); // encoders' faithfulness has no answer token
+    if (isLM()) hints.forEach((h) => h.check());
+  };
+  byId("model-select")?.addEventListener("change", () => setTimeout(refresh));
+  if (layers) new MutationObserver(refresh).observe(layers, { childList: true }); // the first model taken up
   return { follow };
+}
+
+// ---- answer tokens -------------------------------------------------------------------------------------------
+// "Anna" and " Anna" are two tokens (smollm2-135m: ids 46484 and 16435); after a prompt that ends without a space
+// the model's next word is the spaced one, so "Anna" scans the wrong token and no refusal says so. Under the box:
+// the token that will be used, its white space visible, with its id ("␣Paris · id 7042"); several tokens are
+// refused by the server, so say so here first; and when the prompt ends without a space and the answer has none,
+// offer the spaced variant in one click (POST /api/text/tokenize).
+function answerHint(input, info, prompt, prompts, { optional = false } = {}) {
+  const hint = byId(`${input.id}-token`);
+  let controller = null, timer = null;
+  async function check() {
+    controller?.abort();
+    const value = input.value, model = info()?.id;
+    hint.classList.remove("bad");
+    delete hint.dataset.id;
+    delete hint.dataset.suggest;
+    if (!model || info()?.output !== "next_token") { hint.replaceChildren(); return; }
+    if (!value) {
+      hint.textContent = optional ? "empty: the model's top prediction" : "empty: type one token, e.g. ␣Paris";
+      hint.classList.toggle("bad", !optional);
+      return;
+    }
+    const mine = new AbortController();
+    controller = mine;
+    let r;
+    try {
+      r = await postJob("/api/text/tokenize", { model, text: value }, { signal: mine.signal });
+    } catch (err) {
+      if (err.name !== "AbortError") { hint.textContent = `cannot tokenize: ${err.message}`; hint.classList.add("bad"); }
+      return;
+    }
+    if (controller !== mine || input.value !== value) return;
+    const code = (t, id) => [el("span", { className: "tok-id", textContent: showToken(t) }), ` · id ${id}`];
+    if (r.ids.length !== 1) {
+      hint.classList.add("bad");
+      hint.replaceChildren(`${r.ids.length} tokens (${r.tokens.map(showToken).join(" | ")}): it must be one token`);
+    } else {
+      hint.replaceChildren(...code(r.tokens[0], r.ids[0]));
+      hint.dataset.id = String(r.ids[0]);
+    }
+    const spaced = r.with_space;
+    if (spaced && spaced.ids.length === 1 && !/\s$/.test(prompt())) {
+      const use = el("button", { type: "button", textContent: `use ${showToken(spaced.tokens[0])}`,
+        title: `replace the answer with “${spaced.text}” (id ${spaced.ids[0]})` });
+      use.addEventListener("click", () => { input.value = spaced.text; check(); });
+      hint.append(el("br"), `the prompt ends without a space: the next word would be ${showToken(spaced.tokens[0])} (id ${spaced.ids[0]})`, use);
+      hint.dataset.suggest = String(spaced.ids[0]);
+    }
+  }
+  const later = () => { clearTimeout(timer); timer = setTimeout(check, 250); };
+  input.addEventListener("input", later);
+  for (const box of prompts) box?.addEventListener("input", later);
+  return { check };
 }
 
 // ---- patching ------------------------------------------------------------------------------------------------
 function mountPatching(info, onError) {
   const run = byId("patch-run"), stop = byId("patch-stop"), bar = byId("patch-progress"), status = byId("patch-status");
-  const error = byId("patch-error"), panel = byId("patching-panel");
+  const error = byId("patch-error"), panel = byId("patching-panel"), eta = byId("patch-eta");
   let controller = null, scan = null;
 
   async function start() {
@@ -60,26 +128,23 @@ function mountPatching(info, onError) {
     bar.value = 0;
     panel.dataset.state = "running";
     status.textContent = "starting…";
+    // a job (static/js/views/jobs.js): its ETA and queue place beside the bar, then the scan's batches
+    const clock = jobClock((text) => { if (controller === mine) eta.textContent = text; });
     try {
-      const res = await fetch("/api/text/patching", {
-        method: "POST", headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
-        body: JSON.stringify(request), signal: mine.signal,
-      });
-      if (!res.ok) await readJSON(res); // throws the refusal
-      for await (const event of serverEvents(res.body)) {
-        if (event.error) throw new Error(event.error);
+      const done = await postJob("/api/text/patching", request, { signal: mine.signal, onEvent: (event) => {
+        clock.event(event);
         if (event.progress !== undefined) {
           bar.max = event.total;
           bar.value = event.progress;
           status.textContent = `${event.progress} / ${event.total} ${request.scan === "heads" ? "heads" : "cells"}`;
           panel.dataset.progress = String(event.progress);
         }
-        if (event.done) {
-          scan = { ...event, request };
-          await drawScan(scan);
-          panel.dataset.state = "done";
-        }
-      }
+      } });
+      clock.stop();
+      eta.textContent = "";
+      scan = { ...done, request };
+      await drawScan(scan);
+      panel.dataset.state = "done";
     } catch (err) {
       if (err.name === "AbortError") {
         if (controller === mine) { status.textContent = "stopped"; panel.dataset.state = "stopped"; }
@@ -91,7 +156,8 @@ function mountPatching(info, onError) {
       error.hidden = false;
       onError(`patching: ${err.message}`);
     } finally {
-      if (controller === mine) { controller = null; run.disabled = false; stop.disabled = true; bar.hidden = true; }
+      clock.stop();
+      if (controller === mine) { controller = null; run.disabled = false; stop.disabled = true; bar.hidden = true; eta.textContent = ""; }
     }
   }
 
@@ -193,26 +259,35 @@ function mountPatching(info, onError) {
 // ---- logit lens ----------------------------------------------------------------------------------------------
 function mountLens(info, text, interventions) {
   const status = byId("lens-status"), panel = byId("lens-panel");
+  let controller = null;
   async function show() {
     const ivs = interventions();
+    controller?.abort();
+    const mine = new AbortController();
+    controller = mine;
     status.textContent = "running…";
     panel.dataset.state = "running";
+    const clock = jobClock((eta) => { if (controller === mine) status.textContent = `running… ${eta}`; });
     try {
-      const r = await postJSON("/api/text/lens", {
+      const r = await postJob("/api/text/lens", {
         model: info().id, text: text(), top: 5, interventions: ivs, compare: ivs.length > 0,
-      }, { channel: "lens" });
+      }, { signal: mine.signal, onEvent: (e) => clock.event(e) });
+      clock.stop();
       const Plotly = await loadPlotly();
       await drawLens(Plotly, byId("lens-plot"), r.top, r.tokens, ivs.length ? "with the interventions" : "");
       byId("lens-before-box").hidden = !r.top_before || !ivs.length;
       if (r.top_before && ivs.length) await drawLens(Plotly, byId("lens-before-plot"), r.top_before, r.tokens, "without them");
       const last = r.top[r.top.length - 1];
-      status.textContent = `${r.top.length} layers × ${r.tokens.length} positions; the model's prediction: ${showToken(last[last.length - 1][0].token)}`;
+      const top = last[last.length - 1][0];
+      status.textContent = `${r.top.length} layers × ${r.tokens.length} positions; the model's prediction: ${showToken(top.token)} · id ${top.id}`;
       panel.dataset.state = "done";
       panel.dataset.lastTop = last[last.length - 1][0].token;
     } catch (err) {
       if (err.name === "AbortError") return;
       status.textContent = err.message;
       panel.dataset.state = "error";
+    } finally {
+      clock.stop();
     }
   }
   byId("lens-run").addEventListener("click", show);
@@ -237,11 +312,20 @@ async function drawLens(Plotly, node, top, tokens, title) {
 // ---- faithfulness --------------------------------------------------------------------------------------------
 function mountFaithfulness(info, text) {
   const status = byId("faith-status"), panel = byId("faith-panel");
+  let controller = null;
   async function check() {
+    controller?.abort();
+    const mine = new AbortController();
+    controller = mine;
     status.textContent = "running…";
     panel.dataset.state = "running";
+    const clock = jobClock((eta) => { if (controller === mine) status.textContent = `running… ${eta}`; });
+    const body = { model: info().id, text: text() };
+    const answer = byId("faith-answer")?.value;
+    if (answer && info()?.output === "next_token") body.answer = answer;
     try {
-      const r = await postJSON("/api/text/faithfulness", { model: info().id, text: text() }, { channel: "faith" });
+      const r = await postJob("/api/text/faithfulness", body, { signal: mine.signal, onEvent: (e) => clock.event(e) });
+      clock.stop();
       const Plotly = await loadPlotly();
       const names = Object.keys(r.methods);
       const field = names.some((n) => r.methods[n].p_drop) ? "p_drop" : "change";
@@ -266,6 +350,8 @@ function mountFaithfulness(info, text) {
       if (err.name === "AbortError") return;
       status.textContent = err.message;
       panel.dataset.state = "error";
+    } finally {
+      clock.stop();
     }
   }
   byId("faith-run").addEventListener("click", check);

@@ -30,17 +30,18 @@ function panel(el) {
   box.id = "atlas-panel";
   box.innerHTML = `
     <p class="help" id="atlas-note"></p>
-    <div class="fig-tools"><label class="help">row of <select id="atlas-row-scope" aria-label="row scope">
-      <option value="head">this head</option><option value="layer">all heads of this layer</option></select></label>
-      <span class="help" id="atlas-row-title">click a query row of the map</span>
-      <label class="help" id="atlas-show-box" hidden>the map shows <select id="atlas-show" aria-label="the map shows">
-        <option value="P">P̂ (with the interventions)</option><option value="diff">difference P̂ − P</option></select></label></div>
+    <div id="atlas-error" class="field-error" role="alert" hidden></div>
+    <div class="fig-tools atlas-tools"><label class="help" id="atlas-show-box" hidden>the map shows <select id="atlas-show" aria-label="the map shows">
+        <option value="P">P̂ (with the interventions)</option><option value="diff">difference P̂ − P</option></select></label>
+      <label class="help">row plot of <select id="atlas-row-scope" aria-label="row scope">
+      <option value="head">this head</option><option value="layer">all heads of this layer</option></select></label></div>
+    <p class="help" id="atlas-row-title">click a query row of the map to draw it over every key</p>
     <div id="atlas-row" class="plot" style="height:220px" hidden></div>
-    <div class="fig-tools"><span class="help">retrieval: keys</span>
-      <input id="atlas-span-from" type="number" min="0" value="0" style="width:6em" aria-label="span start">
-      <span class="help">to</span><input id="atlas-span-to" type="number" min="1" value="16" style="width:6em" aria-label="span end">
-      <span class="help">from query row</span><input id="atlas-span-row" type="number" min="0" style="width:6em" aria-label="query row">
-      <button id="atlas-span-go" type="button">attention mass per head</button>
+    <div class="fig-tools atlas-tools"><span class="help">retrieval: attention mass from query row</span>
+      <input id="atlas-span-row" type="number" min="0" class="atlas-num" aria-label="query row">
+      <span class="help">on keys</span><input id="atlas-span-from" type="number" min="0" value="0" class="atlas-num" aria-label="span start">
+      <span class="help">to</span><input id="atlas-span-to" type="number" min="1" value="16" class="atlas-num" aria-label="span end">
+      <button id="atlas-span-go" type="button">per layer × head</button>
       <span class="help">(click a cell to show that head)</span></div>
     <div id="atlas-retrieval" class="plot" style="height:320px" hidden></div>`;
   el.after(box);
@@ -62,9 +63,13 @@ function panel(el) {
 export async function drawAtlas(el, r, { layer, head, kind = null, queryTokens = r.tokens, keyTokens = r.tokens, beta = null,
   onWindow = null, onSelectHead = null }) {
   const Plotly = await loadPlotly();
-  const same = current?.r.run_id === r.run_id && current?.kind === kind;
+  // The same input (tokens) and kind keeps the place: another head, the full load after a partial one, and a new
+  // run of the same tokens (a compare after an intervention) re-ask the same window, row and retrieval of it.
+  const same = current?.kind === kind && (current?.r.run_id === r.run_id
+    || (sameTokens(current.queryTokens, queryTokens) && sameTokens(current.keyTokens, keyTokens)));
   const kept = same && el.dataset.window ? JSON.parse(el.dataset.window) : null;
   const row = same ? current.row : undefined;
+  const retrievalShown = same && current.r.run_id !== r.run_id && !document.getElementById("atlas-retrieval")?.hidden;
   current = { el, r, kind, layer, head, queryTokens, keyTokens, beta, row: undefined, onWindow, onSelectHead };
   const box = panel(el);
   box.hidden = false;
@@ -81,7 +86,7 @@ export async function drawAtlas(el, r, { layer, head, kind = null, queryTokens =
   if (!spanRow.value || !same) spanRow.value = String(queryTokens.length - 1); // a new input: its last query asks
   if (!same) { // another input's row and retrieval plots are hidden until asked again
     for (const id of ["atlas-row", "atlas-retrieval"]) document.getElementById(id).hidden = true;
-    box.querySelector("#atlas-row-title").textContent = "click a query row of the map";
+    box.querySelector("#atlas-row-title").textContent = "click a query row of the map to draw it over every key";
   }
   el.removeAllListeners?.("plotly_relayout");
   el.removeAllListeners?.("plotly_click");
@@ -90,9 +95,40 @@ export async function drawAtlas(el, r, { layer, head, kind = null, queryTokens =
   el.on("plotly_click", (ev) => { const p = ev.points?.[0]; if (p) drawRow(Math.floor(p.y)); });
   if (kept) await drawWindow(kept.rows, kept.cols);
   if (row !== undefined && current) await drawRow(row);
+  if (retrievalShown && current) await retrieval(); // the same span of the new run
 }
 
+const sameTokens = (a, b) => a === b || (a?.length === b?.length && a.every((t, i) => t === b[i]));
+
 export const atlasShown = () => current !== null;
+
+// The colour scale of the overview and the windows, as the page's menu (#zscale) names it: "log" (log₁₀ P from
+// 10⁻⁴: a causal map's P[0, 0] = 1 leaves a linear scale almost black), "row" (each row over its own max), else
+// linear from 0 to the largest value. The hover reads P itself either way (text).
+let scaleName = "max";
+export const ATLAS_SCALES = ["max", "log", "row"];
+export function setAtlasScale(name, { redraw = true } = {}) {
+  scaleName = ATLAS_SCALES.includes(name) ? name : "max";
+  if (!redraw || !current) return;
+  const w = current.el.dataset.window ? JSON.parse(current.el.dataset.window) : null;
+  if (w) drawWindow(w.rows, w.cols);
+  else drawOverview();
+}
+const LOG_FLOOR = -4;
+function coloured(P) {
+  const text = P.map((row) => row.map((p) => Number(p).toPrecision(3)));
+  if (scaleName === "log") {
+    const top = Math.max(LOG_FLOOR + 0.01, Math.log10(Math.max(1e-12, maxAbs(P, 0))));
+    const tickvals = [-4, -3, -2, -1, 0].filter((t) => t <= top + 1e-9);
+    return { z: P.map((row) => row.map((p) => (p > 10 ** LOG_FLOOR ? Math.log10(p) : LOG_FLOOR))), zmin: LOG_FLOOR, zmax: top, text,
+      colorbar: { tickvals, ticktext: tickvals.map((t) => ["10⁻⁴", "0.001", "0.01", "0.1", "1"][t + 4]), title: { text: "P (log)" } } };
+  }
+  if (scaleName === "row") {
+    const z = P.map((row) => { const m = maxAbs(row, 0); return m > 0 ? row.map((p) => p / m) : row.slice(); });
+    return { z, zmin: 0, zmax: 1, text, colorbar: { title: { text: "P / row max" } } };
+  }
+  return { z: P, zmin: 0, text };
+}
 
 // The page's map mode, as the response carried it: value-weighted windows, rows and retrieval follow the overview.
 const weighting = (r) => r.weighting ?? "attention";
@@ -111,8 +147,12 @@ export function hideAtlas() {
 function failed(err, what) {
   if (isAbort(err)) return;
   const gone = err.status === 404 ? ": the run was evicted from the server's cache, press Run again" : "";
-  setStatus(`${what}: ${err.message}${gone}`, { error: true });
+  // beside the map's controls (the header's status line only points here)
+  const box = document.getElementById("atlas-error");
+  if (box) { box.textContent = `${what}: ${err.message}${gone}`; box.hidden = false; box.dataset.what = what; }
+  setStatus(`${what} failed: see the message under the map`, { error: true });
 }
+const cleared = () => { const box = document.getElementById("atlas-error"); if (box) box.hidden = true; };
 
 function drawOverview(Plotly = window.Plotly) {
   const { el, r, kind, layer, head, onWindow } = current;
@@ -126,10 +166,11 @@ function drawOverview(Plotly = window.Plotly) {
   const rows = overview.edges, cols = overview.col_edges ?? rows;
   const mid = (e) => e.slice(0, -1).map((v, i) => (v + e[i + 1]) / 2);
   const span = diff ? Math.max(1e-12, maxAbs(maps, 0)) : null;
+  const shownZ = diff ? null : coloured(maps);
   const trace = {
-    type: "heatmap", z: maps, x: mid(cols), y: mid(rows),
-    ...(diff ? { colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -span, zmax: span } : { colorscale: "Viridis", zmin: 0 }),
-    hovertemplate: `queries ≈ %{y:.0f} · keys ≈ %{x:.0f}<br>mean ${diff ? "P̂ − P" : "P"} %{z:.3g}<extra></extra>`,
+    type: "heatmap", x: mid(cols), y: mid(rows),
+    ...(diff ? { z: maps, colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -span, zmax: span } : { colorscale: "Viridis", ...shownZ }),
+    hovertemplate: `queries ≈ %{y:.0f} · keys ≈ %{x:.0f}<br>mean ${diff ? "P̂ − P %{z:.3g}" : "P %{text}"}<extra></extra>`,
   };
   const what = diff ? " · P̂ − P" : showsDiff(r) ? " · of P̂ (zoom for P̂ − P)" : "";
   Plotly.react(el, [trace], {
@@ -139,6 +180,7 @@ function drawOverview(Plotly = window.Plotly) {
     dragmode: "zoom",
   }, { scrollZoom: true, responsive: true });
   el.dataset.atlas = "overview";
+  el.dataset.scale = diff ? "diff" : scaleName;
   el.dataset.show = diff ? "diff" : "P";
   el.dataset.run = r.run_id; // which run and kind the map shows (a kind switch draws the same run)
   el.dataset.kind = kind ?? "";
@@ -190,12 +232,14 @@ export async function drawWindow(rows, cols) {
   const narrow = xs.length <= LABEL_MAX && ys.length <= LABEL_MAX;
   const what = weighting(r) === "value_norm" ? "value-weighted" : "P";
   const span = diff ? Math.max(1e-12, maxAbs(z, 0)) : null; // a diverging scale symmetric around 0, as the short diff's
-  const scale = diff ? { colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -span, zmax: span }
-    : { colorscale: "Viridis", zmin: 0 };
+  const shownZ = diff ? null : coloured(z);
+  const scale = diff ? { z, colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -span, zmax: span }
+    : { colorscale: "Viridis", ...shownZ };
   const trace = {
-    type: "heatmap", z, x: xs, y: ys, ...scale, colorbar: { x: 0.77, xanchor: "left", thickness: 10, tickfont: { size: 9 } },
+    type: "heatmap", x: xs, y: ys, ...scale,
+    colorbar: { x: 0.77, xanchor: "left", thickness: 10, tickfont: { size: 9 }, ...(shownZ?.colorbar ?? {}) },
     customdata: ys.map((i) => xs.map((j) => [queryLabel(i), keyLabel(j)])),
-    hovertemplate: `query %{customdata[0]}<br>key %{customdata[1]}<br>${diff ? `${what} P̂ − P` : what} %{z:.4g}<extra></extra>`,
+    hovertemplate: `query %{customdata[0]}<br>key %{customdata[1]}<br>${diff ? `${what} P̂ − P %{z:.4g}` : `${what} %{text}`}<extra></extra>`,
   };
   // beside the window: each row's entropy over all the keys, on the window's rows (the short page's entropy panel)
   const strip = (values, name, color) => ({
@@ -217,6 +261,7 @@ export async function drawWindow(rows, cols) {
     showlegend: false, dragmode: "zoom",
   }, { scrollZoom: true, responsive: true });
   el.dataset.atlas = narrow ? "window-labels" : "window";
+  el.dataset.scale = diff ? "diff" : scaleName;
   el.dataset.show = diff ? "diff" : "P"; // what the window shows: P̂, or P̂ − P
   el.dataset.maxAbs = diff ? String(span) : "";
   el.dataset.window = JSON.stringify({ rows, cols });
@@ -250,6 +295,7 @@ async function drawRow(i) {
     out = await postJSON(`/api/runs/${r.run_id}/row`, body, { channel: "atlas-row" });
   } catch (err) { failed(err, "row"); return; }
   if (current?.r !== r || current.kind !== kind) return;
+  cleared();
   const rows = decodeTensor(out.attention)[0]; // (h, T_k)
   const x = tokens.map((_, j) => j);
   const text = tokens.map((t, j) => `${j}:${visibleToken(t)}`);
@@ -260,6 +306,7 @@ async function drawRow(i) {
   document.getElementById("atlas-row-title").textContent = `query ${i}:${visibleToken(queryTokens[i])} over all ${tokens.length} keys`
     + (beta ? ` · view β = ${fmt(beta)}` : "");
   document.getElementById("atlas-span-row").value = String(i);
+  Object.assign(document.getElementById("atlas-row").dataset, { run: r.run_id, row: String(i) });
   document.getElementById("atlas-row").hidden = false;
   await window.Plotly.react("atlas-row", traces, {
     margin: { l: 50, r: 10, t: 10, b: 40 }, xaxis: { title: { text: axisTitle("key") } }, yaxis: { title: { text: "P" } }, showlegend: rows.length > 1,
@@ -279,6 +326,8 @@ async function retrieval() {
     out = await postJSON(`/api/runs/${r.run_id}/row`, { row, span: [from, to], include_row: false, kind, beta, weighting: weighting(r) },
       { channel: "atlas-retrieval" });
   } catch (err) { failed(err, "retrieval"); return; }
+  if (current?.r !== r) return; // another run is shown now
+  cleared();
   const mass = out.span_mass; // (L, H)
   const best = mass.flatMap((hs, l) => hs.map((m, h) => [m, l, h])).sort((a, b) => b[0] - a[0])[0];
   const el = document.getElementById("atlas-retrieval");
@@ -294,6 +343,8 @@ async function retrieval() {
       line: { color: "#e8590c", width: 2 } }],
   }, { responsive: true });
   el.dataset.best = JSON.stringify({ layer: best[1], head: best[2], mass: best[0] });
+  el.dataset.run = r.run_id;
+  el.dataset.span = JSON.stringify({ row, from, to });
   el.removeAllListeners?.("plotly_click");
   el.on("plotly_click", (ev) => { const p = ev.points?.[0]; if (p) current?.onSelectHead?.(Number(p.y), Number(p.x)); });
 }

@@ -10,6 +10,7 @@ behaves exactly like `python -m app.serve` and `attnlab prepare` like `python -m
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -90,6 +91,10 @@ def bound_allocator(module: str, args: list[str]) -> list[str]:
     if environ is not None:
         sys.stdout.flush()
         sys.stderr.flush()
+        # A SIGTERM while the new image starts (`docker stop` of a starting server) would kill it with status 143:
+        # blocked across exec (the mask and a pending signal survive it), it is taken by app/serve.py's exit-at-once
+        # handler as soon as that is installed (main() unblocks it).
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         os.execve(sys.executable, [sys.executable, "-m", module, *args], environ)
     return args
 

@@ -351,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         # MALLOC_ARENA_MAX=2 unless set or turned off (app/cli.py): re-executes this module with it, same pid
         argv = bound_allocator("app.serve", argv)
     signal.signal(signal.SIGTERM, _exit_now)  # until uvicorn installs its own (and again when it restores this)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked across the re-execution (app/cli.py)
     argv, models = take_models(argv)
     add_models(models)
     _log_to_stderr()

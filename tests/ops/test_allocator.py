@@ -112,3 +112,23 @@ def test_both_docker_images_set_the_bound():
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert _runtime_stage_env(dockerfile).get("MALLOC_ARENA_MAX") == "2"
     assert "MALLOC_ARENA_MAX" in (ROOT / "scripts" / "docker_ci.sh").read_text()
+
+
+def test_sigterm_while_it_re_executes_exits_0(tmp_path):
+    """`docker stop` of a server that is re-executing itself: a SIGTERM the moment the new image runs (its cmdline is
+    `python -m app.serve`, its handlers not yet installed) still ends it with status 0, not killed (-15)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNLAB_", "MALLOC_")) and k != "LD_PRELOAD"}
+    env["ATTNLAB_DEFAULT_MODELS"] = "[]"
+    proc = subprocess.Popen([str(ATTNLAB), "serve", "--port", str(free_port())], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 30
+        while b"app.serve" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():  # the exec has happened
+            assert proc.poll() is None and time.monotonic() < end
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -12,10 +12,10 @@ from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 
-from app.costs import check_request_cost
+from app.costs import check_request_cost, request_peak_bytes
 from app.encoding import fast_json, tensor_field  # noqa: F401  (fast_json: routes import it from here)
 from app.lifecycle import check_cancelled
-from app.runtime import Runtime
+from app.runtime import Runtime, request_deadline
 from app.schemas import AttentionRequestBase, to_engine
 from app.settings import Settings
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, pending_dead_rows, settle_dead_rows
@@ -180,7 +180,27 @@ def _check_before_runs(runtime: Runtime, adapter: AttentionAdapter, encoded: Enc
     if not missing:
         return
     check_run_budget(runtime, maps, field, budget_adapter)
-    check_request_cost(adapter, runtime.settings, n_tokens, missing, len(interventions))
+    # its in-flight peak must fit memory_budget_bytes at all (413), then its time (a job is accepted here), then it
+    # waits for room beside the kept runs (app/memory.py)
+    memory = RequestPeak(runtime, adapter, n_tokens, missing, record_scores, field)
+    check_request_cost(adapter, runtime.settings, n_tokens, missing, len(interventions), input_field=field)
+    memory.reserve()
+
+
+class RequestPeak:
+    """A request's estimated in-flight memory (app/costs.py request_peak_bytes): refused at once (413) when it could
+    never fit the budget; `reserve()` waits for room."""
+
+    def __init__(self, runtime: Runtime, adapter: AttentionAdapter, n_tokens: int, runs: int, record_scores: bool,
+                 field: str = "text", keys: int | None = None):
+        self.runtime = runtime
+        self.nbytes = request_peak_bytes(adapter, n_tokens, runs, keys, record_scores)
+        self.what = f"{runs} model run{'s' if runs > 1 else ''} over {n_tokens:,} tokens"
+        self.field = "compare" if runs > 1 and field == "text" else field
+        runtime.memory.check_fits(self.nbytes, self.field, self.what)
+
+    def reserve(self) -> None:
+        self.runtime.memory.reserve(self.nbytes, self.field, self.what, request_deadline.get())
 
 
 def _sample_runs(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req: AttentionRequestBase,

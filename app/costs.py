@@ -25,7 +25,9 @@ result cache (3/4) and the decoded-image cache (1/4).
 from __future__ import annotations
 
 import contextvars
+import os
 import threading
+import time
 from dataclasses import dataclass
 
 from fastapi import HTTPException
@@ -38,7 +40,7 @@ request_model_seconds: contextvars.ContextVar[float | None] = contextvars.Contex
                                                                                     default=None)
 
 # The passes over the model's layers this request's cost check counted: the model runs the result cache does not hold,
-# and one more for a value-weighted overview (it goes layer by layer too). A progress stream (app/progress.py) shows
+# and one more for a value-weighted overview (it goes layer by layer too). A job's stream (app/streams.py) shows
 # one bar over all of them: passes × layers.
 request_model_runs: contextvars.ContextVar[int | None] = contextvars.ContextVar("request_model_runs", default=None)
 
@@ -66,6 +68,8 @@ class ModelShape:
     layers: int
     heads: int
     head_dim: int
+    hidden: int = 0  # the residual stream's width D (hidden states: (L+1)·T·D)
+    kv_heads: int = 0  # key/value heads per layer (grouped-query attention keeps fewer k̂)
 
 
 def forward_macs(shape: ModelShape, queries: int, keys: int, interventions: int = 0) -> float:
@@ -98,28 +102,108 @@ def stream_macs(shape: ModelShape, prompt: int, new_tokens: int, interventions: 
     return with_iv + base
 
 
-class Throughput:
-    """Measured multiply-adds per second of each model (an exponential average over its timed runs)."""
+class CpuShare:
+    """The share of this machine's CPUs the process can have now: cores / (cores + cores kept busy by other
+    processes), from /proc/stat and /proc/self/stat, smoothed over the last seconds. 1.0 without /proc or on a GPU
+    (device work does not wait for the host's other processes in the same way)."""
+
+    MIN_INTERVAL_S = 0.5
 
     def __init__(self) -> None:
-        self._rates: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._last: tuple[float, int, int] | None = None  # (monotonic, busy ticks of the machine, ticks of this process)
+        self._others = 0.0  # busy cores of other processes, smoothed
+        self._hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        try:
+            self.cores = max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            self.cores = max(1, os.cpu_count() or 1)
+
+    @staticmethod
+    def _ticks() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(v) for v in f.readline().split()[1:]]
+            with open("/proc/self/stat") as f:
+                own = f.read().rsplit(")", 1)[1].split()
+        except (OSError, ValueError, IndexError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields[:8]) - idle, int(own[11]) + int(own[12])  # utime + stime of this process
+
+    def now(self) -> float:
+        with self._lock:
+            ticks = self._ticks()
+            if ticks is None:
+                return 1.0
+            t = time.monotonic()
+            if self._last is None:
+                self._last = (t, *ticks)
+            elif t - self._last[0] >= self.MIN_INTERVAL_S:
+                dt = t - self._last[0]
+                others = ((ticks[0] - self._last[1]) - (ticks[1] - self._last[2])) / (self._hz * dt)
+                self._others = 0.5 * self._others + 0.5 * max(0.0, min(others, 4.0 * self.cores))
+                self._last = (t, *ticks)
+            return self.cores / (self.cores + self._others)
+
+
+CPU_SHARE = CpuShare()
+RECENCY = 0.8  # each newer timed run weighs 1/0.8 = 1.25 times the one before it
+
+
+class Throughput:
+    """Seconds of one model run ≈ overhead + multiply-adds / rate, per model: a least-squares fit over its timed runs
+    (the start-up timing first), the older ones down-weighted (RECENCY), each normalised to an idle machine by the CPU
+    share the process had while it ran (an estimate is divided by the share now). Runs of similar size give no
+    slope: then the line through the origin, which the largest runs dominate (a short run is mostly per-call overhead
+    and must not make a long one look slow: the previous average of per-run rates estimated the 2,933-token sample at
+    148-198 s on a server that had served short views; it ran in 7.5 s)."""
+
+    def __init__(self) -> None:
+        self._rates: dict[str, float] = {}  # multiply-adds per second on an idle machine
+        self._overheads: dict[str, float] = {}  # seconds per run besides the multiply-adds
+        self._sums: dict[str, list[float]] = {}  # recency-weighted Σw, Σm, Σs, Σm², Σm·s
         self._lock = threading.Lock()
 
-    def observe(self, model_id: str, macs: float, seconds: float) -> None:
+    def observe(self, model_id: str, macs: float, seconds: float, share: float = 1.0) -> None:
         if seconds < MIN_TIMED_S or macs <= 0:
             return
-        rate = macs / seconds
+        idle_s = seconds * share
         with self._lock:
-            old = self._rates.get(model_id)
-            self._rates[model_id] = rate if old is None else 0.7 * old + 0.3 * rate
+            sums = [v * RECENCY for v in self._sums.get(model_id, [0.0] * 5)]
+            for i, v in enumerate((1.0, macs, idle_s, macs * macs, macs * idle_s)):
+                sums[i] += v
+            self._sums[model_id] = sums
+            w, m, t, mm, mt = sums
+            spread = w * mm - m * m
+            slope = (w * mt - m * t) / spread if spread > 1e-3 * m * m else 0.0
+            overhead = (t - slope * m) / w if slope > 0 else 0.0
+            if slope <= 0 or overhead < 0:  # through the origin
+                slope, overhead = mt / mm, 0.0
+            self._rates[model_id], self._overheads[model_id] = 1.0 / slope, overhead
+
+    def seconds(self, model_id: str, macs: float, default_rate: float) -> tuple[float, bool]:
+        """Idle-machine seconds of `macs` multiply-adds on that model, and whether they come from its timed runs (a
+        given rate, compute_gmacs_per_s or set_rate, is taken as it is, with no load correction)."""
+        with self._lock:
+            seconds = self._overheads.get(model_id, 0.0) + macs / self._rates.get(model_id, default_rate)
+            return seconds, model_id in self._sums
 
     def rate(self, model_id: str, default: float) -> float:
         with self._lock:
             return self._rates.get(model_id, default)
 
+    def set_rate(self, model_id: str, macs_per_s: float) -> None:
+        """A known rate (tests, a benchmark's measurement), no overhead; later timed runs refit from here on."""
+        with self._lock:
+            self._rates[model_id], self._overheads[model_id] = macs_per_s, 0.0
+            self._sums.pop(model_id, None)
+
     def clear(self) -> None:
         with self._lock:
             self._rates.clear()
+            self._overheads.clear()
+            self._sums.clear()
 
 
 THROUGHPUT = Throughput()
@@ -127,25 +211,73 @@ _shapes: dict[int, ModelShape] = {}
 
 
 def model_shape(adapter) -> ModelShape:
-    """Parameters, layers, heads and head size of an adapter's model (parameters counted once per adapter)."""
+    """Parameters, layers, heads and sizes of an adapter's model (parameters counted once per adapter)."""
     shape = _shapes.get(id(adapter))
     if shape is None:
         model = getattr(adapter, "model", None)
         params = sum(p.numel() for p in model.parameters()) if model is not None else 0
         info = adapter.info
         layers = info.layers + (info.decoder_layers or 0)
-        shape = _shapes[id(adapter)] = ModelShape(params, layers, info.heads, info.head_dim)
+        config = getattr(model, "config", None)
+        hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", None) or info.heads * info.head_dim
+        shape = _shapes[id(adapter)] = ModelShape(params, layers, info.heads, info.head_dim, int(hidden),
+                                                  info.kv_heads or info.heads)
     return shape
 
 
+def _share(adapter) -> float:
+    device = getattr(adapter, "device", None)
+    return 1.0 if device is not None and getattr(device, "type", "cpu") != "cpu" else CPU_SHARE.now()
+
+
 def estimated_seconds(adapter, settings, macs: float) -> float:
-    rate = THROUGHPUT.rate(adapter.info.id, settings.compute_gmacs_per_s * 1e9)
-    return macs / rate
+    """Seconds of `macs` multiply-adds on this adapter's model under the machine's load now."""
+    idle, measured = THROUGHPUT.seconds(adapter.info.id, macs, settings.compute_gmacs_per_s * 1e9)
+    return idle / _share(adapter) if measured else idle
+
+
+def time_limit(settings) -> tuple[float, str]:
+    """The current request's limit: a job's job_timeout_s, else request_timeout_s."""
+    from app.jobs import current_job
+
+    if current_job.get() is not None:
+        return settings.job_timeout_s, "job_timeout_s"
+    return settings.request_timeout_s, "request_timeout_s"
+
+
+def _as_job_hint(settings, seconds: float) -> str:
+    """A plain request's 413: whether the streamed form (a job) would be admitted."""
+    from app.jobs import current_job
+
+    if current_job.get() is None and seconds <= settings.job_timeout_s:
+        return (f"; sent with Accept: text/event-stream it runs as a job (limit job_timeout_s="
+                f"{settings.job_timeout_s:g} s, progress and an ETA) and would be admitted")
+    return ""
+
+
+def accept_job(seconds: float, runs: int) -> None:
+    """The current job (if any) passed its cost check: its accepted event, then its turn among this client's jobs."""
+    from app.jobs import JOBS, current_job
+
+    job = current_job.get()
+    if job is not None:
+        JOBS.accept(job, seconds, runs)
+
+
+def cost_field(shape: ModelShape, tokens: int, keys: int, runs: int, interventions: int, input_field: str) -> str:
+    """The request field that drives a request's model time: its input, its extra runs (compare, samples) or its
+    interventions (each touches every score of every run)."""
+    one = forward_macs(shape, tokens, keys)
+    parts = {input_field: one, ("samples" if runs > 2 else "compare"): (runs - 1) * one,
+             "interventions": runs * (forward_macs(shape, tokens, keys, interventions) - one)}
+    return max(parts, key=parts.get)
 
 
 def check_request_cost(adapter, settings, tokens: int, runs: int, interventions: int, keys: int | None = None,
-                       field: str = "samples") -> None:
-    """413 before any work when `runs` forwards over `tokens` would not finish within request_timeout_s."""
+                       field: str | None = None, input_field: str = "text") -> float:
+    """413 before any work when `runs` forwards over `tokens` would not finish within the request's limit (a job's
+    job_timeout_s, else request_timeout_s); the message names the field that drives the cost (`field` when given).
+    A job is then accepted (its ETA event). Returns the estimated seconds."""
     shape = model_shape(adapter)
     macs = runs * forward_macs(shape, tokens, keys or tokens, interventions)
     # work a family does besides its forwards, once per request (a long image's rollout: models/adapters/vit.py)
@@ -155,22 +287,28 @@ def check_request_cost(adapter, settings, tokens: int, runs: int, interventions:
         macs += extra[2]
         request_extra_work.set(None)
     seconds = estimated_seconds(adapter, settings, macs)
-    limit = settings.request_timeout_s
+    limit, setting = time_limit(settings)
     request_model_seconds.set(seconds)
-    request_model_runs.set(runs + (extra[3] if extra is not None else 0))
+    passes = runs + (extra[3] if extra is not None else 0)
+    request_model_runs.set(passes)
     if seconds > limit:
+        field = field or (extra[0] if extra is not None and extra[2] > macs / 2 else
+                          cost_field(shape, tokens, keys or tokens, runs, interventions, input_field))
         raise HTTPException(413, detail=(
             f"{field}: this request needs {runs} model run{'s' if runs > 1 else ''} over {tokens:,} tokens"
             f"{f' with {interventions} interventions' if interventions else ''}"
             f"{f' and {extra[1]}' if extra is not None else ''}, about {seconds:,.0f} s of model "
-            f"time on {adapter.info.id}, over request_timeout_s={limit:g} s; ask for fewer samples, a shorter input "
-            f"or fewer interventions{f' (or {extra[0]} as before)' if extra is not None else ''}"))
+            f"time on {adapter.info.id} at this machine's measured speed and load, over {setting}={limit:g} s"
+            f"{_as_job_hint(settings, seconds)}; or ask for a shorter input, fewer samples or fewer interventions"
+            f"{f' (or {extra[0]} as before)' if extra is not None else ''}"))
+    accept_job(seconds, passes)
+    return seconds
 
 
 def check_extra_cost(adapter, settings) -> None:
     """The request's extra work (request_extra_work) when check_request_cost did not count it (every run was in the
     result cache: a weighting switch after a long first view): 413 naming its field when it alone would not finish
-    within request_timeout_s."""
+    within the request's limit."""
     extra = request_extra_work.get()
     if extra is None:
         return
@@ -178,15 +316,30 @@ def check_extra_cost(adapter, settings) -> None:
     field, what, macs, passes = extra
     request_model_runs.set(max(1, passes))  # the request's passes over the layers: this work's only
     seconds = estimated_seconds(adapter, settings, macs)
-    limit = settings.request_timeout_s
+    limit, setting = time_limit(settings)
     if seconds > limit:
         raise HTTPException(413, detail=(
             f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
-            f"request_timeout_s={limit:g} s; use a shorter input"))
+            f"{setting}={limit:g} s{_as_job_hint(settings, seconds)}; use a shorter input"))
+    accept_job(seconds, max(1, passes))
+
+
+def check_work_cost(adapter, settings, macs: float, passes: int, field: str, what: str) -> float:
+    """Any other work measured in multiply-adds (a patching scan's copies, the lens, a faithfulness check): 413 naming
+    `field` when it would not finish within the request's limit; a job is then accepted. Returns the seconds."""
+    seconds = estimated_seconds(adapter, settings, macs)
+    limit, setting = time_limit(settings)
+    request_model_seconds.set(seconds)
+    if seconds > limit:
+        raise HTTPException(413, detail=(
+            f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
+            f"{setting}={limit:g} s{_as_job_hint(settings, seconds)}; ask for less"))
+    accept_job(seconds, passes)
+    return seconds
 
 
 def check_stream_cost(adapter, settings, prompt: int, new_tokens: int, interventions: int) -> None:
-    """413 before a generate stream that would not finish within generate_timeout_s."""
+    """413 before a generate stream that would not finish within generate_timeout_s; the stream's job is accepted."""
     seconds = estimated_seconds(adapter, settings, stream_macs(model_shape(adapter), prompt, new_tokens, interventions))
     limit = settings.generate_timeout_s
     if seconds > limit:
@@ -194,11 +347,44 @@ def check_stream_cost(adapter, settings, prompt: int, new_tokens: int, intervent
             f"max_new_tokens: {new_tokens} steps on a {prompt:,}-token prompt with {interventions} interventions "
             f"need about {seconds:,.0f} s of model time on {adapter.info.id}, over generate_timeout_s={limit:g} s; "
             "ask for fewer tokens, a shorter prompt or fewer interventions"))
+    accept_job(seconds, 2)
 
 
 def observe_run(adapter, tokens: int, keys: int, interventions: int, seconds: float) -> None:
-    """Record a finished forward's time (runtime.run calls this)."""
-    THROUGHPUT.observe(adapter.info.id, forward_macs(model_shape(adapter), tokens, keys, interventions), seconds)
+    """Record a finished forward's time (runtime.run calls this), normalised by the CPU share the process had."""
+    THROUGHPUT.observe(adapter.info.id, forward_macs(model_shape(adapter), tokens, keys, interventions), seconds,
+                       _share(adapter))
+
+
+# ---- memory: a request's in-flight peak (app/memory.py) ------------------------------------------------------------
+# Transient working memory of one forward, in units of its float32 hidden-state stack (L+1)·T·D·4: measured on
+# smollm2-135m at 3,999 tokens with MALLOC_ARENA_MAX=2, RSS rose 0.47 GB above the first run's kept bytes (1.65 stacks)
+# and 0.58 GB more for a compare's second run that keeps 0.54 GB (benchmarks/results/memory.md).
+TRANSIENT_STACKS = 2.0
+
+
+def run_kept_bytes(adapter, tokens: int, keys: int | None = None, record_scores: bool = False) -> int:
+    """What one run keeps in the result cache: a long run (over full_map_tokens) its atlas (q̂ of every head, k̂ of
+    every key/value head, float32; the overview) and float16 hidden states; a short run P (L·H·T·T_k float32),
+    q̂/k̂ with scores, and float32 hidden states."""
+    shape = model_shape(adapter)
+    keys = keys or tokens
+    layers, heads, d, hidden = shape.layers, shape.heads, shape.head_dim, shape.hidden
+    if tokens > getattr(adapter, "full_map_tokens", 1 << 30):
+        blocks = min(getattr(getattr(adapter, "atlas_config", None), "overview_blocks", 128), tokens)
+        return (layers * (heads + shape.kv_heads) * tokens * d * 4 + layers * heads * blocks * blocks * 4
+                + (layers + 1) * tokens * hidden * 2)
+    kept = layers * heads * tokens * keys * 4 + (layers + 1) * tokens * hidden * 4
+    if record_scores:
+        kept += layers * heads * (tokens + keys) * d * 4 + layers * heads * tokens * keys * 4
+    return kept
+
+
+def request_peak_bytes(adapter, tokens: int, runs: int, keys: int | None = None, record_scores: bool = False) -> int:
+    """A request's in-flight peak: the runs it keeps, and one forward's transient working memory at a time."""
+    shape = model_shape(adapter)
+    transient = TRANSIENT_STACKS * (shape.layers + 1) * tokens * shape.hidden * 4
+    return int(runs * run_kept_bytes(adapter, tokens, keys, record_scores) + transient)
 
 
 def cache_budgets(settings) -> tuple[int, int]:

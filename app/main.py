@@ -27,6 +27,8 @@ from app.routes import analysis
 from app.routes import audio
 from app.routes import runs
 from app.lifecycle import RequestCancelled, RequestGuard, use_parsed_json
+from app.jobs import client_of, request_client
+from app.memory import RequestMemory, request_memory
 from app.runtime import Overloaded, Runtime, request_deadline, request_timings
 from app.settings import Settings, get_settings
 from app.templating import templates
@@ -129,10 +131,19 @@ class RequestDeadline:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         token = request_deadline.set(time.monotonic() + self.seconds)
+        # who sent it (jobs queue per client; a client may evict its own kept runs) and what it holds of the memory
+        # budget (app/memory.py: reserved before its runs, released here when its response has been sent)
+        client = request_client.set(client_of(scope.get("headers", []), scope.get("client")))
+        memory = RequestMemory(client=request_client.get())
+        memory_token = request_memory.set(memory)
         try:
             await self.app(scope, receive, send)
         finally:
             request_deadline.reset(token)
+            request_client.reset(client)
+            request_memory.reset(memory_token)
+            if memory.budget is not None:
+                memory.budget.release(memory)
 
 
 class AdmissionGate:

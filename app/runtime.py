@@ -10,21 +10,28 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import itertools
+import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 import torch
 
 from app.costs import observe_run, request_model_seconds
 from app.ids import new_id
+from app.jobs import current_job, request_client
+from app.memory import MemoryBudget
 from app.lifecycle import RequestCancelled, after_layer, cache_scope, request_cancel  # noqa: F401  (cache_scope: re-exported)
 from app.settings import Settings
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
 from models.hooks import UnsupportedAttention, on_each_layer
 from models.interventions import Intervention
 from models.registry import ModelSpec, build_registry
+
+
+log = logging.getLogger("attnlab")
 
 
 class UnknownModel(KeyError):
@@ -40,7 +47,10 @@ request_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 request_timings: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("request_timings", default=None)
 # cache_scope (app/lifecycle.py): the client a request's cached results belong to when result_cache_scope is
 # "client" (set by RequestGuard from the cookie or header); None: the cache is shared by everyone.
-CANCEL_POLL_S = 0.1  # a queued request whose client left stops waiting within this
+CANCEL_POLL_S = 0.1
+# The start-up timing forwards (Runtime.time_model), in characters/4 (about tokens): a short view and a long input over
+# full_map_tokens, about 0.3 s and 1.5 s for smollm2-135m on an idle 2-core CPU.
+TIMING_TOKENS = (128, 640)  # a queued request whose client left stops waiting within this
 
 
 def _add_timing(name: str, seconds: float) -> None:
@@ -60,17 +70,28 @@ class Overloaded(RuntimeError):
 class ResultCache:
     """LRU of AttentionResults, bounded by item count, host bytes and device bytes (on a GPU a run's tensors stay in
     GPU memory: a short run's P, q̂/k̂ and hidden states, a long run's atlas; max_device_bytes bounds those,
-    max_bytes the host memory); each kept result is also found by its run id (`by_run_id`) until it is evicted."""
+    max_bytes the host memory); each kept result is also found by its run id (`by_run_id`) until it is evicted.
 
-    def __init__(self, max_items: int, max_bytes: int, max_device_bytes: int = 0):
+    A result is pinned for `pin_s` after it was put or last read by its run id (its client's next window, row or
+    difference): eviction takes unpinned results first, least recently used first, and never a pinned one to make
+    room for another put. The memory accountant (app/memory.py) counts pinned bytes and may ask a client's own
+    older results to go (`evict_for`)."""
+
+    def __init__(self, max_items: int, max_bytes: int, max_device_bytes: int = 0, pin_s: float = 0.0):
         self.max_items, self.max_bytes, self.max_device_bytes = max_items, max_bytes, max_device_bytes
+        self.pin_s = pin_s
         self._items: OrderedDict[tuple, AttentionResult] = OrderedDict()
         self._run_keys: dict[str, tuple] = {}  # run id → cache key
         self._sizes: dict[tuple, tuple[int, int]] = {}  # key → (host bytes, device bytes), measured once
+        self._pins: dict[tuple, tuple[float, str]] = {}  # key → (pinned until, monotonic; the client it was put for)
         self._bytes = 0
         self._device_bytes = 0
         self._lock = threading.Lock()
         self.hits = self.misses = 0
+
+    @property
+    def host_bytes(self) -> int:
+        return self._bytes
 
     def get(self, key: tuple) -> AttentionResult | None:
         with self._lock:
@@ -86,7 +107,7 @@ class ResultCache:
         with self._lock:
             return key in self._items
 
-    def put(self, key: tuple, result: AttentionResult) -> None:
+    def put(self, key: tuple, result: AttentionResult, client: str = "") -> None:
         device = result.device_nbytes
         host = result.nbytes - device
         if host > self.max_bytes or device > self.max_device_bytes or self.max_items <= 0:
@@ -96,6 +117,7 @@ class ResultCache:
                 return
             self._items[key] = result
             self._sizes[key] = (host, device)
+            self._pins[key] = (time.monotonic() + self.pin_s, client)
             self._bytes += host
             self._device_bytes += device
             if result.run_id is not None:
@@ -103,11 +125,42 @@ class ResultCache:
             self._remeasure()
             while (len(self._items) > self.max_items or self._bytes > self.max_bytes
                    or self._device_bytes > self.max_device_bytes):
-                old_key, evicted = self._items.popitem(last=False)
-                old_host, old_device = self._sizes.pop(old_key)
-                self._bytes -= old_host
-                self._device_bytes -= old_device
-                self._run_keys.pop(evicted.run_id, None)
+                victim = self._oldest_unpinned(exclude=key)
+                if victim is None:  # only pinned results are left: they stay (the accountant counts them)
+                    break
+                self._evict(victim)
+
+    def _pinned(self, key: tuple, now: float) -> bool:
+        return self._pins.get(key, (0.0, ""))[0] > now
+
+    def _oldest_unpinned(self, exclude: tuple | None = None) -> tuple | None:
+        now = time.monotonic()
+        return next((k for k in self._items if k != exclude and not self._pinned(k, now)), None)
+
+    def _evict(self, key: tuple) -> None:
+        evicted = self._items.pop(key)
+        old_host, old_device = self._sizes.pop(key)
+        self._pins.pop(key, None)
+        self._bytes -= old_host
+        self._device_bytes -= old_device
+        self._run_keys.pop(evicted.run_id, None)
+
+    def evict_for(self, nbytes: int, client: str) -> int:
+        """Free at least `nbytes` of host memory if that can be done without taking a run another client may still
+        use: unpinned results first (least recently used first), then `client`'s own pinned results, oldest first (the
+        client has moved on to a new request). Returns the bytes freed."""
+        freed = 0
+        with self._lock:
+            now = time.monotonic()
+            for own_pins in (False, True):
+                for key in list(self._items):
+                    if freed >= nbytes:
+                        return freed
+                    if self._pinned(key, now) and not (own_pins and client and self._pins[key][1] == client):
+                        continue
+                    freed += self._sizes[key][0]
+                    self._evict(key)
+        return freed
 
     def _remeasure(self) -> None:
         """Sizes again (under the lock): a GPU run's P gets a host copy once a consumer needs all of it on the host
@@ -122,12 +175,14 @@ class ResultCache:
                 self._device_bytes += device - old_device
 
     def by_run_id(self, run_id: str) -> AttentionResult | None:
-        """The kept result of that run (marked recently used), or None once evicted or never kept."""
+        """The kept result of that run (marked recently used, its pin renewed), or None once evicted or never kept."""
         with self._lock:
             key = self._run_keys.get(run_id)
             if key is None or key not in self._items:
                 return None
             self._items.move_to_end(key)
+            until, client = self._pins.get(key, (0.0, ""))
+            self._pins[key] = (max(until, time.monotonic() + self.pin_s), client)
             return self._items[key]
 
     def clear(self) -> None:
@@ -135,6 +190,7 @@ class ResultCache:
             self._items.clear()
             self._run_keys.clear()
             self._sizes.clear()
+            self._pins.clear()
             self._bytes = self._device_bytes = 0
 
 
@@ -185,14 +241,19 @@ class Runtime:
         self.unavailable: dict[str, str] = {}  # model id → why it could not load
         self._load_lock = threading.Lock()
         self._run_lock = threading.Lock()  # one forward at a time
-        self._turns = threading.Condition()  # the lock is handed over in arrival order (see _acquire_in_order)
-        self._fifo: deque[object] = deque()
+        self._turns = threading.Condition()  # the lock is handed over by priority (see _acquire_in_order)
+        # waiting turns as (priority, ticket): interactive work (0, arrival) before jobs (1, the job's arrival)
+        self._fifo: list[tuple[tuple[int, int], int]] = []
+        self._tickets = itertools.count(1)
+        self.yields = 0  # times a running job handed the model to waiting interactive work (for the benchmarks)
         self._waiting = 0
         self._waiting_lock = threading.Lock()
         self._encoded: OrderedDict[tuple, Encoded] = OrderedDict()
         self._encoded_lock = threading.Lock()
         self.cache = ResultCache(settings.result_cache_items, settings.result_cache_bytes,
-                                 result_cache_device_bytes(settings, _gpu_total_bytes(settings)))
+                                 result_cache_device_bytes(settings, _gpu_total_bytes(settings)), settings.result_pin_s)
+        # kept runs + in-flight peaks within memory_budget_bytes (app/memory.py); app/costs.py reserves before runs
+        self.memory = MemoryBudget(settings.memory_budget_bytes, settings.memory_reserved_bytes, self.cache)
         self.ready = False
         if settings.torch_threads > 0:
             torch.set_num_threads(settings.torch_threads)
@@ -227,16 +288,49 @@ class Runtime:
 
     def warm_up(self) -> None:
         for model_id in self.settings.default_models:
-            self.adapter(model_id)
+            adapter = self.adapter(model_id)
+            if "compute_gmacs_per_s" not in self.settings.model_fields_set:  # a rate the operator gave is taken as is
+                self.time_model(adapter)
         self.ready = True
+
+    def time_model(self, adapter: AttentionAdapter, sizes: tuple[int, ...] = TIMING_TOKENS) -> list[float] | None:
+        """Time forwards of a text model at start-up, so that the first cost estimates use this machine's measured
+        speed (app/costs.py) instead of the compute_gmacs_per_s assumption: a short input and one over full_map_tokens
+        (the long path), so the fit has an overhead and a rate. The runs are not kept. Returns their seconds (None: not
+        a text model)."""
+        if adapter.info.kind != "text" or adapter.info.output == "seq2seq":
+            return None
+        words = "the model reads every token of this sentence and attends to the tokens before it".split()
+        timed = []
+        with self.admitted():
+            adapter.run(adapter.encode(" ".join(words)), (), False)  # the first call's one-time set-up, untimed
+            for size in sizes:
+                encoded = adapter.encode(" ".join(words * (size // len(words) + 1))[: size * 6])
+                n = len(encoded.tokens)
+                with self._threads_for(n):
+                    started = time.perf_counter()
+                    adapter.run(encoded, (), False)
+                    seconds = time.perf_counter() - started
+                observe_run(adapter, n, n, 0, seconds)
+                timed.append(seconds)
+                log.info("timed %s at start-up: %d tokens in %.2f s", adapter.info.id, n, seconds)
+        return timed
 
     def loaded_adapters(self) -> list[AttentionAdapter]:
         return list(self._adapters.values())
 
     # ---- admission ---------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def admitted(self) -> Iterator[None]:
-        """Hold the model lock; refuse at once when `queue_depth` requests already wait."""
+    def admitted(self, interactive: bool | None = None) -> Iterator[None]:
+        """Hold the model lock; refuse at once when `queue_depth` requests already wait.
+
+        Interactive work (a plain request, a decoding step; `interactive` None: whatever is not a job) takes the lock
+        before any waiting job, and a running job hands the lock to it at the next layer boundary (`_layer_done`):
+        short work waits for at most one layer of a long job (docs/api.md "Jobs"). Jobs take turns in arrival order."""
+        job = current_job.get()
+        if interactive is None:
+            interactive = job is None
+        priority = (0, next(self._tickets)) if interactive or job is None else (1, job.seq)
         with self._waiting_lock:
             if self._waiting >= self.settings.queue_depth:
                 raise Overloaded(f"server busy: {self._waiting} requests already waiting (queue_depth)")
@@ -245,7 +339,7 @@ class Runtime:
         timeout = self.settings.request_timeout_s if deadline is None else deadline - time.monotonic()
         waited_from = time.perf_counter()
         try:
-            acquired = timeout > 0 and self._acquire_in_order(timeout)
+            acquired = timeout > 0 and self._acquire_in_order(timeout, priority)
         finally:
             _add_timing("queue", time.perf_counter() - waited_from)
             with self._waiting_lock:
@@ -253,21 +347,55 @@ class Runtime:
         if acquired == "cancelled":
             raise RequestCancelled(request_cancel.get().reason)
         if not acquired:
-            raise Overloaded(
-                f"timed out after {self.settings.request_timeout_s:g} s waiting for the model (request_timeout_s)",
-                retry_after=max(1, round(self.settings.request_timeout_s / 4)),
-            )
+            raise self._timed_out(job)
+        holding = [True]
+
+        def layer_done(layer: int, n_layers: int) -> None:
+            after_layer(layer, n_layers)  # cancel and progress first: a job that should stop does not queue again
+            if priority[0] == 1:
+                self._hand_over_if_waited(priority, holding, job)
+
         try:
             cancel = request_cancel.get()
             if cancel is not None and cancel.is_set():  # the client left while we waited: the lock goes on at once
                 raise RequestCancelled(cancel.reason)
             self._refuse_if_out_of_time(deadline)
-            with on_each_layer(after_layer):  # a client that leaves stops the forward at its next layer
+            with on_each_layer(layer_done):  # a client that leaves stops the forward at its next layer
                 yield
         finally:
-            self._run_lock.release()
+            if holding[0]:
+                self._run_lock.release()
             with self._turns:
                 self._turns.notify_all()
+
+    def _timed_out(self, job) -> Overloaded:
+        if job is not None:
+            return Overloaded(f"timed out waiting for the model: the job ran past job_timeout_s="
+                              f"{self.settings.job_timeout_s:g} s", retry_after=max(1, round(self.settings.request_timeout_s / 4)))
+        return Overloaded(
+            f"timed out after {self.settings.request_timeout_s:g} s waiting for the model (request_timeout_s)",
+            retry_after=max(1, round(self.settings.request_timeout_s / 4)),
+        )
+
+    def _hand_over_if_waited(self, priority: tuple[int, int], holding: list[bool], job) -> None:
+        """Between two layers of a job's forward: when interactive work waits, let it run, then take the lock back in
+        the job's own place (its arrival order among jobs). The forward's state lives in this thread and the engine's
+        recording in context variables, so another forward in between changes nothing of this one."""
+        with self._turns:
+            if not any(p[0] == 0 for p, _ in self._fifo):
+                return
+            holding[0] = False
+            self._run_lock.release()
+            self.yields += 1
+            self._turns.notify_all()
+        deadline = request_deadline.get()
+        timeout = self.settings.job_timeout_s if deadline is None else deadline - time.monotonic()
+        acquired = timeout > 0 and self._acquire_in_order(timeout, priority)
+        if acquired == "cancelled":
+            raise RequestCancelled(request_cancel.get().reason)
+        if not acquired:
+            raise self._timed_out(job)
+        holding[0] = True
 
     def _refuse_if_out_of_time(self, deadline: float | None) -> None:
         """At a request's first turn with the model: 503 when its estimated model time no longer fits before its
@@ -284,20 +412,20 @@ class Runtime:
                 retry_after=max(1, round(self.settings.request_timeout_s / 4)),
             )
 
-    def _acquire_in_order(self, timeout: float) -> bool | str:
-        """Take the model lock in arrival order: with a bare Lock a newcomer may overtake the queue, so
-        an unlucky request could wait until its time limit however short the queue is. "cancelled": the
-        request's client left (or the server stops) while it waited; it leaves the queue then."""
+    def _acquire_in_order(self, timeout: float, priority: tuple[int, int] | None = None) -> bool | str:
+        """Take the model lock in priority order (interactive work first, each kind in arrival order): with a bare Lock a
+        newcomer may overtake the queue, so an unlucky request could wait until its time limit however short the queue
+        is. "cancelled": the request's client left (or the server stops) while it waited; it leaves the queue then."""
         end = time.monotonic() + timeout
-        ticket = object()
+        entry = (priority or (0, next(self._tickets)), next(self._tickets))
         cancel = request_cancel.get()
         with self._turns:
-            self._fifo.append(ticket)
+            self._fifo.append(entry)
             try:
                 while True:
                     if cancel is not None and cancel.is_set():
                         return "cancelled"
-                    if self._fifo[0] is ticket and self._run_lock.acquire(blocking=False):
+                    if min(self._fifo) == entry and self._run_lock.acquire(blocking=False):
                         return True
                     remaining = end - time.monotonic()
                     if remaining <= 0:
@@ -305,7 +433,7 @@ class Runtime:
                     # woken at each release; the poll notices a cancelled request (a client that left)
                     self._turns.wait(min(remaining, CANCEL_POLL_S if cancel is not None else 0.5))
             finally:
-                self._fifo.remove(ticket)
+                self._fifo.remove(entry)
                 self._turns.notify_all()
 
     @property
@@ -327,15 +455,20 @@ class Runtime:
             torch.set_num_threads(threads)
 
     @contextlib.contextmanager
-    def step(self, n_tokens: int) -> Iterator[None]:
-        """One step of a longer job (a decoding step): admitted like a request of its own, with its own
-        `request_timeout_s` (a long stream is not cut off by its total time), on one thread for small inputs."""
-        token = request_deadline.set(time.monotonic() + self.settings.request_timeout_s)
+    def step(self, n_tokens: int, interactive: bool | None = None) -> Iterator[None]:
+        """One step of a longer piece of work (a patching batch, a decoding step), admitted on its own so other requests
+        interleave, on one thread for small inputs. Every step counts against the same deadline: the job's
+        (job_timeout_s) or the request's (request_timeout_s); outside a request, request_timeout_s from now.
+        A decoding step is interactive (`interactive=True`): it goes before waiting jobs."""
+        token = None
+        if request_deadline.get() is None:
+            token = request_deadline.set(time.monotonic() + self.settings.request_timeout_s)
         try:
-            with self.admitted(), self._threads_for(n_tokens):
+            with self.admitted(interactive), self._threads_for(n_tokens):
                 yield
         finally:
-            request_deadline.reset(token)
+            if token is not None:
+                request_deadline.reset(token)
 
     def encode(self, adapter: AttentionAdapter, input_key: tuple, encode: Callable[[], Encoded]) -> Encoded:
         """Encoded inputs are cached too; encoding may run the model (a pair's embedding), so it is admitted."""
@@ -386,5 +519,5 @@ class Runtime:
                 _add_timing("model", result.elapsed_s)
                 n = len(encoded.tokens)
                 observe_run(adapter, n, n, len(interventions), result.elapsed_s)  # app/costs.py's throughput
-                self.cache.put(key, result)
+                self.cache.put(key, result, request_client.get())
         return result

@@ -113,6 +113,13 @@ class Settings(BaseSettings):
     # Runtime.
     queue_depth: int = 32  # requests waiting for a model at once before 503
     request_timeout_s: float = 60.0
+    # A job (a request sent with Accept: text/event-stream: it streams progress and is told its ETA first, docs/api.md
+    # "Jobs") is bounded by this instead of request_timeout_s, and refused with 413 only when its estimate exceeds it.
+    job_timeout_s: float = Field(900.0, gt=0)
+    # A run stays pinned in the result cache this long after it was answered or last read by its run id (a window, a
+    # row): its client's next step finds it, and a compare keeps both runs. Pinned bytes count against
+    # memory_budget_bytes; a request that does not fit beside them waits (app/memory.py).
+    result_pin_s: float = Field(120.0, ge=0)
     result_cache_items: int = 64
     result_cache_bytes: int | None = None  # None = a share of memory_budget_bytes (app/costs.py)
     # On a GPU a run's atlas stays in device memory, so the result cache is sized against the GPU's memory instead:

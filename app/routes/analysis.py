@@ -7,29 +7,26 @@ stopping at the next batch once the client has gone.
 """
 from __future__ import annotations
 
-import contextvars
-import json
 import logging
-import queue
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from fastapi import APIRouter, HTTPException, Request, Response
-from fastapi.responses import StreamingResponse
 
 from app.attention import (build_attention_response, build_seq2seq_response, check_request_limits, engine_interventions,
                            field_error, pooling_matrix, seq2seq_interventions, thumbnails)
-from app.costs import check_extra_cost, model_shape, request_extra_work, value_overview_macs
-from app.encoding import fast_json, tensor_field
+from app.costs import (check_extra_cost, check_work_cost, forward_macs, model_shape, request_extra_work,
+                       value_overview_macs)
+from app.encoding import tensor_field
 from app.ids import new_id
-from app.progress import wants_events
-from app.lifecycle import RequestCancelled, after_layer, check_cancelled
-from app.runtime import Overloaded, Runtime, UnknownModel
+from app.streams import respond, respond_steps
+from app.lifecycle import after_layer, check_cancelled
+from app.runtime import Runtime, UnknownModel
 from app.schemas import FaithfulnessRequest, LensRequest, PatchingRequest
 from app.deps import RuntimeDep
 from models.adapters.base import AttentionAdapter, Encoded
@@ -401,68 +398,6 @@ def _one_token(adapter: CausalLMAdapter, name: str, text: str) -> int:
     return token
 
 
-def _event(payload: dict) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
-
-
-def _stream(job: Callable[[Callable[[int, int], None]], dict]) -> StreamingResponse:
-    """Run `job(progress)` in a worker thread (with this request's context: its cancel event and sources) and send
-    each progress(done, total) call as an event, then the result. A client that leaves stops the job at its next
-    progress call (its batch in progress finishes first)."""
-    events_queue: queue.Queue = queue.Queue()
-    stopped = threading.Event()
-    context = contextvars.copy_context()
-
-    def progress(done: int, total: int) -> None:
-        if stopped.is_set():
-            raise RequestCancelled("client")
-        check_cancelled()
-        events_queue.put({"progress": done, "total": total})
-
-    def work() -> None:
-        try:
-            events_queue.put({"done": True, **context.run(job, progress)})
-        except RequestCancelled:
-            events_queue.put(None)
-        except Overloaded as exc:
-            events_queue.put({"error": str(exc), "retry_after": exc.retry_after})
-        except Exception as exc:  # a bug: say it in the stream (the status is already sent) and log it
-            log.exception("analysis scan failed")
-            events_queue.put({"error": f"internal error: {type(exc).__name__}"})
-
-    def events() -> Iterator[str]:
-        worker = threading.Thread(target=work, name="attnlab-scan", daemon=True)
-        worker.start()
-        try:
-            while True:
-                try:
-                    event = events_queue.get(timeout=1.0)
-                except queue.Empty:
-                    check_cancelled()
-                    continue
-                if event is None:
-                    return
-                yield _event(event)
-                if "done" in event or "error" in event:
-                    return
-        except RequestCancelled:
-            return
-        finally:
-            stopped.set()  # the client left (or the stream ended): the scan stops at its next batch
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-
-
-def _respond(request: Request, job: Callable[[Callable[[int, int], None]], dict]) -> Response:
-    if wants_events(request):
-        return _stream(job)
-
-    def progress(_done: int, _total: int) -> None:
-        check_cancelled()
-    return fast_json(job(progress))
-
-
 # ---- POST /api/text/patching --------------------------------------------------------------------------------------
 @router.post("/patching", responses={
     200: {"description": "the scan (JSON), or with Accept: text/event-stream progress events then the result",
@@ -495,8 +430,14 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
     pair = Pair(clean, corrupt, answer, wrong)
     n_tokens = clean.shape[1]
     batch = max(1, runtime.settings.patching_batch_tokens // n_tokens)  # patched copies per forward
+    copies, scanned = _scan_copies(adapter, req, n_tokens)
 
     def job(progress) -> dict:
+        # the whole scan's model time, before any forward: 413 naming `scan` over the limit (a plain request's
+        # request_timeout_s, a job's job_timeout_s); a job is accepted here with its ETA
+        shape = model_shape(adapter)
+        check_work_cost(adapter, runtime.settings, copies * forward_macs(shape, n_tokens, n_tokens, len(interventions)),
+                        1, "scan", f"{scanned} ({copies:,} forwards over {n_tokens} tokens)")
         with head_run(sources):
             attribution = None
             with runtime.step(n_tokens):
@@ -534,7 +475,19 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
                 adapter.info.id, PatchSource(base.clean_outputs, base.clean_residual))
         return response
 
-    return _respond(request, job)
+    return respond_steps(request, job, "POST /api/text/patching")
+
+
+def _scan_copies(adapter, req, n_tokens: int) -> tuple[int, str]:
+    """Forwards a patching request makes (a backward counted as two), and what they are, for its cost check: the clean
+    and corrupted runs, then one patched copy per head (scan heads) or per layer and position (scan residual), and the
+    attribution estimate's forward and backward beside an exact head scan."""
+    info = adapter.info
+    if req.method == "attribution":
+        return 4, "attribution patching"
+    if req.scan == "heads":
+        return 2 + info.layers * info.heads + 3, f"a head scan of {info.layers} × {info.heads} heads"
+    return 2 + info.layers * n_tokens, f"a residual scan of {info.layers} layers × {n_tokens} positions"
 
 
 def _finite(tensor: torch.Tensor) -> list:
@@ -544,7 +497,7 @@ def _finite(tensor: torch.Tensor) -> list:
 
 # ---- POST /api/text/lens ------------------------------------------------------------------------------------------
 @router.post("/lens", responses={422: {"description": "a field is wrong"}, 503: {"description": "queue full"}})
-def lens(req: LensRequest, runtime: RuntimeDep) -> Response:
+def lens(req: LensRequest, runtime: RuntimeDep, request: Request) -> Response:
     """The logit lens (see /guide#s12-3): row l is the residual stream after layer l through the final norm and the
     unembedding, `top` [L][T][k] of {"token", "id", "prob"}; the last row is the model's own next-token
     distribution. With interventions and `compare`, `top_before` is the lens without them."""
@@ -554,18 +507,26 @@ def lens(req: LensRequest, runtime: RuntimeDep) -> Response:
     sources = request_sources(runtime, adapter, req.interventions)
     with head_run(sources):
         interventions = engine_interventions(req, adapter, ids.shape[1])
-        check_cancelled()
-        with runtime.admitted():
-            after = logit_lens(adapter, ids, interventions, req.top)
-        before = None
-        if req.compare:
+    n_tokens = ids.shape[1]
+
+    def work() -> dict:
+        runs = 2 if req.compare and interventions else 1
+        check_work_cost(adapter, runtime.settings, runs * forward_macs(model_shape(adapter), n_tokens, n_tokens,
+                                                                       len(interventions)), runs, "text", "the lens")
+        with head_run(sources):
             check_cancelled()
             with runtime.admitted():
-                before = logit_lens(adapter, ids, (), req.top) if interventions else after
-    return fast_json({
-        "model": adapter.info.id, "tokens": [adapter.token_text(int(i)) for i in ids[0]],
-        "top": _lens_cells(adapter, after), "top_before": None if before is None else _lens_cells(adapter, before),
-    })
+                after = logit_lens(adapter, ids, interventions, req.top)
+            before = None
+            if req.compare:
+                check_cancelled()
+                with runtime.admitted():
+                    before = logit_lens(adapter, ids, (), req.top) if interventions else after
+        return {
+            "model": adapter.info.id, "tokens": [adapter.token_text(int(i)) for i in ids[0]],
+            "top": _lens_cells(adapter, after), "top_before": None if before is None else _lens_cells(adapter, before),
+        }
+    return respond(request, work, "POST /api/text/lens")
 
 
 def _lens_cells(adapter: CausalLMAdapter, found) -> list:
@@ -582,7 +543,7 @@ def _lens_cells(adapter: CausalLMAdapter, found) -> list:
 
 # ---- POST /api/text/faithfulness ------------------------------------------------------------------------------------
 @router.post("/faithfulness", responses={422: {"description": "a field is wrong"}, 503: {"description": "queue full"}})
-def faithfulness_check(req: FaithfulnessRequest, runtime: RuntimeDep) -> Response:
+def faithfulness_check(req: FaithfulnessRequest, runtime: RuntimeDep, request: Request) -> Response:
     """Which attribution of a query row is faithful (see /guide#s12-5): keys ranked by raw attention (layer
     mean), value-weighted attention, rollout and gradient × attention; each method's top-k keys are masked in every
     layer, and the output change is reported per k: decoder LMs `kl` of the next-token distribution and `p_drop` of
@@ -614,8 +575,15 @@ def faithfulness_check(req: FaithfulnessRequest, runtime: RuntimeDep) -> Respons
         if not isinstance(adapter, CausalLMAdapter):
             raise field_error(("answer",), "answer is for decoder language models")
         answer = _one_token(adapter, "answer", req.answer)
-    check_cancelled()
-    with runtime.admitted():
-        result = faithfulness(adapter, encoded, position, list(dict.fromkeys(req.k)), list(dict.fromkeys(req.methods)),
-                              answer, req.layer, req.head)
-    return fast_json({"model": adapter.info.id, "tokens": encoded.tokens, "position": position, **result})
+    ks, methods = list(dict.fromkeys(req.k)), list(dict.fromkeys(req.methods))
+
+    def work() -> dict:
+        # a run to rank the keys (and a backward for grad × attention), then one masked run per method and k
+        forwards = 3 + len(ks) * len(methods)
+        check_work_cost(adapter, runtime.settings, forwards * forward_macs(model_shape(adapter), n_tokens, n_tokens),
+                        1, "k", f"{forwards} forwards of the faithfulness check")
+        check_cancelled()
+        with runtime.admitted():
+            result = faithfulness(adapter, encoded, position, ks, methods, answer, req.layer, req.head)
+        return {"model": adapter.info.id, "tokens": encoded.tokens, "position": position, **result}
+    return respond(request, work, "POST /api/text/faithfulness")

@@ -1,21 +1,17 @@
 """Text attention: POST /api/text/attention (encoders, decoder LMs, encoder–decoders) and POST /api/text/generate."""
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
 
-from app.attention import (build_attention_response, check_request_limits, engine_interventions,
-                           fast_json, field_error)
+from app.attention import check_request_limits, engine_interventions, field_error
 from app.costs import check_stream_cost, observe_run
 from app.deps import RuntimeDep
 from app.routes import analysis
-from app.lifecycle import RequestCancelled, check_cancelled
-from app.progress import respond
-from app.runtime import Overloaded, Runtime, UnknownModel
+from app.lifecycle import check_cancelled
+from app.streams import JobStream, respond, run_job
+from app.runtime import Runtime, UnknownModel
 from app.schemas import AttentionResponse, GenerateRequest, TextAttentionRequest
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, RequestFieldError
 from models.adapters.causal_lm import CausalLMAdapter
@@ -67,7 +63,7 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep, request: Requ
     else:  # with patch_heads sources in reach, and value-weighted maps on request (app/routes/analysis.py)
         def build() -> dict:
             return analysis.attention_response(runtime, adapter, encoded, req, text_fields)
-    # with Accept: text/event-stream, layer progress events and then this response (app/progress.py)
+    # with Accept: text/event-stream a job: accepted with its ETA, layer progress, then this response (app/streams.py)
     return respond(request, lambda: _with_input_tokens(build(), adapter, encoded, req), _WHAT)
 
 
@@ -101,12 +97,13 @@ def text_fields(result: AttentionResult) -> dict:
     responses={200: {"content": {"text/event-stream": {}}, "description": "one event per new token, then a done event"},
                503: {"description": "queue full"}},
 )
-def generate(req: GenerateRequest, runtime: RuntimeDep) -> StreamingResponse:
+def generate(req: GenerateRequest, runtime: RuntimeDep, request: Request) -> Response:
     """Greedy continuations of a decoder LM's prompt, with the interventions active at every step and without
-    them, streamed as server-sent events (see /guide#s9): `{"step", "token", "id", "prob", "ended", "base_token",
-    "base_id", "base_prob", "base_ended"}` per new token, every key in every event (once a side has ended its
-    `ended` is true and its other fields are null), then `{"done": true, "text", "base_text"}`. Closing the
-    connection stops the generation after the step in progress.
+    them, streamed as server-sent events (see /guide#s9): a job (docs/api.md "Jobs"), so first `{"accepted": true,
+    "eta_s", "queue_position", "runs"}`, then `{"step", "token", "id", "prob", "ended", "base_token", "base_id",
+    "base_prob", "base_ended"}` per new token, every key in every event (once a side has ended its `ended` is true and
+    its other fields are null), then `{"done": true, "text", "base_text"}`. Each step goes before waiting jobs, like
+    other interactive work. Closing the connection stops the generation after the step in progress.
     """
     check_request_limits(runtime.settings, req)  # max_text_chars, max_new_tokens, max_interventions: as on every route
     if not req.text.strip():
@@ -118,55 +115,50 @@ def generate(req: GenerateRequest, runtime: RuntimeDep) -> StreamingResponse:
     interventions = engine_interventions(req, adapter, len(encoded.tokens))
     analysis.refuse_for_generate(req)  # mean ablation needs every position at once
     prompt = encoded.inputs["input_ids"][0].tolist()
-    # 413 before the stream starts when its model time would exceed generate_timeout_s (app/costs.py)
-    check_stream_cost(adapter, runtime.settings, len(prompt), req.max_new_tokens, len(interventions))
-    return StreamingResponse(
-        _events(runtime, adapter, prompt, interventions, req.max_new_tokens), media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+
+    def work(stream: JobStream) -> dict:
+        # 413 before the stream starts when its model time would exceed generate_timeout_s (app/costs.py); accepted
+        check_stream_cost(adapter, runtime.settings, len(prompt), req.max_new_tokens, len(interventions))
+        return _continue(runtime, adapter, prompt, interventions, req.max_new_tokens, stream)
+
+    return run_job(request, work, "POST /api/text/generate", layer_progress=False)
 
 
-def _events(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], interventions, max_new_tokens: int) -> Iterator[str]:
-    """Both continuations step by step; each step takes the model lock on its own, so other requests interleave."""
+def _continue(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], interventions, max_new_tokens: int,
+              stream: JobStream) -> dict:
+    """Both continuations step by step; each step takes the model lock on its own (interactive: before waiting jobs),
+    so other requests interleave."""
     sides = {"": adapter.continuation(prompt, interventions, max_new_tokens),
              "base_": adapter.continuation(prompt, (), max_new_tokens)}
     ids: dict[str, list[int]] = {"": [], "base_": []}
     budget_s = runtime.settings.generate_timeout_s
-    deadline = time.monotonic() + budget_s  # the whole stream's budget; request_timeout_s bounds each step's wait
-    try:
-        for step in range(max_new_tokens):
-            event: dict = {"step": step}
-            for prefix in ("", "base_"):  # one shape every step: a side that has ended says so, its fields null
-                new = None
-                if prefix in sides:
-                    check_cancelled()  # before each side's forward: a client that left costs at most one more
-                    if time.monotonic() > deadline:
-                        yield f"data: {json.dumps(_over_budget(step, budget_s))}\n\n"
-                        return
-                    with runtime.step(len(prompt) if step == 0 else 1):  # after the prompt, one new token a step
-                        started = time.perf_counter()
-                        new = next(sides[prefix], None)
-                        if step == 0:  # the prompt's forward: its real speed feeds the cost estimate (app/costs.py);
-                            # one-token steps are mostly per-call overhead and would skew a full forward's estimate
-                            observe_run(adapter, len(prompt), len(prompt), len(interventions) if prefix == "" else 0,
-                                        time.perf_counter() - started)
-                    if new is None:
-                        del sides[prefix]
-                    else:
-                        ids[prefix].append(new.id)
-                ended = new is None
-                event.update({f"{prefix}token": None if ended else new.token, f"{prefix}id": None if ended else new.id,
-                              f"{prefix}prob": None if ended else new.prob, f"{prefix}ended": ended})
-            if not sides:
-                break
-            yield f"data: {json.dumps(event)}\n\n"
-    except RequestCancelled:
-        return
-    except Overloaded as exc:  # the stream has started: say it in the stream, not with a status
-        yield f"data: {json.dumps({'error': str(exc), 'retry_after': exc.retry_after})}\n\n"
-        return
-    done = {"done": True, "text": adapter.decode(ids[""]), "base_text": adapter.decode(ids["base_"])}
-    yield f"data: {json.dumps(done)}\n\n"
+    deadline = time.monotonic() + budget_s  # the whole stream's budget
+    for step in range(max_new_tokens):
+        event: dict = {"step": step}
+        for prefix in ("", "base_"):  # one shape every step: a side that has ended says so, its fields null
+            new = None
+            if prefix in sides:
+                check_cancelled()  # before each side's forward: a client that left costs at most one more
+                if time.monotonic() > deadline:
+                    return _over_budget(step, budget_s)
+                with runtime.step(len(prompt) if step == 0 else 1, interactive=step > 0):
+                    started = time.perf_counter()
+                    new = next(sides[prefix], None)
+                    if step == 0:  # the prompt's forward: its real speed feeds the cost estimate (app/costs.py);
+                        # one-token steps are mostly per-call overhead and would skew a full forward's estimate
+                        observe_run(adapter, len(prompt), len(prompt), len(interventions) if prefix == "" else 0,
+                                    time.perf_counter() - started)
+                if new is None:
+                    del sides[prefix]
+                else:
+                    ids[prefix].append(new.id)
+            ended = new is None
+            event.update({f"{prefix}token": None if ended else new.token, f"{prefix}id": None if ended else new.id,
+                          f"{prefix}prob": None if ended else new.prob, f"{prefix}ended": ended})
+        if not sides:
+            break
+        stream.emit(event)
+    return {"text": adapter.decode(ids[""]), "base_text": adapter.decode(ids["base_"])}
 
 
 def _over_budget(step: int, budget_s: float) -> dict:

@@ -37,5 +37,13 @@ def tiny_lm_client(folder, **settings) -> TestClient:
 
 
 def sse_events(response) -> list[dict]:
-    """The JSON payloads of a server-sent-events answer, in order."""
+    """The JSON payloads of a job's server-sent-events answer, in order, after its accepted event (checked here: a
+    job's first event, docs/api.md "Jobs")."""
+    accepted, *events = job_events(response)
+    assert accepted.get("accepted") is True and {"eta_s", "queue_position", "runs"} <= set(accepted), accepted
+    return events
+
+
+def job_events(response) -> list[dict]:
+    """Every JSON payload of a server-sent-events answer, in order, the accepted event included."""
     return [json.loads(line[len("data:"):]) for line in response.text.splitlines() if line.startswith("data:")]

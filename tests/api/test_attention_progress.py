@@ -30,7 +30,11 @@ def _events(client, **body) -> tuple[int, str, list[dict]]:
         return status, kind, [json.loads(text)]
     blocks = [b for b in text.split("\n\n") if b.strip()]
     assert all(b.startswith("data: ") for b in blocks), blocks
-    return status, kind, [json.loads(b[len("data: "):]) for b in blocks]
+    events = [json.loads(b[len("data: "):]) for b in blocks]
+    # a job's first event, before any layer (docs/api.md "Jobs"); the rest as before it
+    accepted, *events = events
+    assert accepted["accepted"] is True and set(accepted) == {"accepted", "eta_s", "queue_position", "runs"}, accepted
+    return status, kind, events
 
 
 def _layers(client) -> int:

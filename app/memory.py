@@ -1,0 +1,104 @@
+"""The memory accountant: the whole process within `memory_budget_bytes` (docs/configuration.md "Memory").
+
+    memory_reserved_bytes (models, torch)  +  kept runs (the result cache)  +  Σ in-flight peaks  ≤  memory_budget_bytes
+
+Before its model runs, a request reserves its estimated in-flight peak (app/costs.py `request_peak_bytes`: the runs
+it will keep, and the transient working memory of one forward). The reservation is granted only when it fits beside
+what is kept and what other requests hold; to make room the result cache gives up runs nobody is using (unpinned,
+least recently used first), then the requesting client's own older runs. When it still does not fit, the request
+waits in the queue (a job keeps its place and its ETA), and is refused with 413 only when it could never fit.
+
+A run is pinned for `result_pin_s` after it was answered or last read (a window, a row), so a client's next step
+finds it (a compare keeps both runs); a pin's bytes count against the budget like any kept run.
+"""
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from dataclasses import dataclass
+
+from fastapi import HTTPException
+
+from app.lifecycle import RequestCancelled, request_cancel
+
+POLL_S = 0.1
+
+
+@dataclass
+class RequestMemory:
+    """What one request has reserved (the largest of its reservations; released when the request ends)."""
+
+    nbytes: int = 0
+    client: str = ""
+    budget: "MemoryBudget | None" = None  # the budget it holds bytes of (released through it)
+
+
+# Set per HTTP request by app/main.py (RequestDeadline); the job's worker thread shares the same object.
+request_memory: contextvars.ContextVar[RequestMemory | None] = contextvars.ContextVar("attnlab_memory", default=None)
+
+
+class MemoryBudget:
+    def __init__(self, budget_bytes: int, reserved_bytes: int, cache) -> None:
+        self.limit = max(0, budget_bytes - reserved_bytes)  # for kept runs and in-flight work
+        self.cache = cache  # app.runtime.ResultCache: kept bytes, pins, eviction
+        self._in_flight: list[RequestMemory] = []
+        self._cond = threading.Condition()
+        self.waited = 0  # requests that had to wait for room (for /api/health and the benchmarks)
+
+    @property
+    def in_flight_bytes(self) -> int:
+        with self._cond:
+            return sum(r.nbytes for r in self._in_flight)
+
+    def used_bytes(self) -> int:
+        return self.in_flight_bytes + self.cache.host_bytes
+
+    def reserve(self, nbytes: int, field: str, what: str, deadline: float | None) -> None:
+        """Raise the current request's reservation to `nbytes`, waiting for room; 413 naming `field` when it could
+        never fit. Outside a request (no RequestMemory in the context: scripts, tests of the engine) nothing is held."""
+        holder = request_memory.get()
+        if holder is None or nbytes <= holder.nbytes:
+            return
+        self.check_fits(nbytes, field, what)
+        cancel = request_cancel.get()
+        waited = False
+        with self._cond:
+            while True:
+                others = sum(r.nbytes for r in self._in_flight if r is not holder)
+                need = others + nbytes + self.cache.host_bytes - self.limit
+                if need > 0:
+                    self.cache.evict_for(need, holder.client)
+                    need = others + nbytes + self.cache.host_bytes - self.limit
+                if need <= 0:
+                    holder.nbytes, holder.budget = nbytes, self
+                    if holder not in self._in_flight:
+                        self._in_flight.append(holder)
+                    if waited:
+                        self.waited += 1
+                    return
+                waited = True
+                if cancel is not None and cancel.is_set():
+                    raise RequestCancelled(cancel.reason)
+                if deadline is not None and time.monotonic() > deadline:
+                    from app.runtime import Overloaded  # the runtime imports this module
+
+                    raise Overloaded(
+                        f"server busy: {what} needs about {nbytes / 2**20:,.0f} MiB and the memory budget stayed full "
+                        "(runs other clients were still using) until this request's time limit", retry_after=10)
+                self._cond.wait(POLL_S)  # woken by a release; pins expire on their own, so poll too
+
+    def check_fits(self, nbytes: int, field: str, what: str) -> None:
+        """413 naming `field` when `nbytes` could never fit beside the models, even with nothing else kept."""
+        if nbytes > self.limit:
+            raise HTTPException(413, detail=(
+                f"{field}: {what} needs about {nbytes / 2**20:,.0f} MiB of memory while it runs, over the "
+                f"{self.limit / 2**20:,.0f} MiB that memory_budget_bytes leaves beside the models "
+                f"(memory_reserved_bytes); ask for a shorter input, fewer samples or no compare"))
+
+    def release(self, holder: RequestMemory) -> None:
+        with self._cond:
+            holder.nbytes = 0
+            if holder in self._in_flight:
+                self._in_flight.remove(holder)
+            self._cond.notify_all()

@@ -28,6 +28,7 @@ import contextvars
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import HTTPException
@@ -264,13 +265,19 @@ def accept_job(seconds: float, runs: int) -> None:
         JOBS.accept(job, seconds, runs)
 
 
-def cost_field(shape: ModelShape, tokens: int, keys: int, runs: int, interventions: int, input_field: str) -> str:
-    """The request field that drives a request's model time: its input, its extra runs (compare, samples) or its
-    interventions (each touches every score of every run)."""
+def cost_field(shape: ModelShape, tokens: int, keys: int, runs: int, interventions: int, input_field: str,
+               fits: Callable[[float], bool]) -> str:
+    """The request field to change so that a refused request fits: its input when one plain run alone does not fit
+    (`fits(macs)`), else the larger of what it adds: its extra runs (compare, samples) or its interventions (each
+    touches every score of every run)."""
     one = forward_macs(shape, tokens, keys)
-    parts = {input_field: one, ("samples" if runs > 2 else "compare"): (runs - 1) * one,
-             "interventions": runs * (forward_macs(shape, tokens, keys, interventions) - one)}
-    return max(parts, key=parts.get)
+    if not fits(one) or runs == 1 and not interventions:
+        return input_field
+    extra_runs = (runs - 1) * one
+    interventions_part = runs * (forward_macs(shape, tokens, keys, interventions) - one)
+    if extra_runs >= interventions_part:
+        return "samples" if runs > 2 else "compare"
+    return "interventions"
 
 
 def check_request_cost(adapter, settings, tokens: int, runs: int, interventions: int, keys: int | None = None,
@@ -292,8 +299,9 @@ def check_request_cost(adapter, settings, tokens: int, runs: int, interventions:
     passes = runs + (extra[3] if extra is not None else 0)
     request_model_runs.set(passes)
     if seconds > limit:
-        field = field or (extra[0] if extra is not None and extra[2] > macs / 2 else
-                          cost_field(shape, tokens, keys or tokens, runs, interventions, input_field))
+        field = field or (extra[0] if extra is not None and extra[2] > macs / 2 else cost_field(
+            shape, tokens, keys or tokens, runs, interventions, input_field,
+            lambda part: estimated_seconds(adapter, settings, part) <= limit))
         raise HTTPException(413, detail=(
             f"{field}: this request needs {runs} model run{'s' if runs > 1 else ''} over {tokens:,} tokens"
             f"{f' with {interventions} interventions' if interventions else ''}"

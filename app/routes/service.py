@@ -10,6 +10,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from app.deps import RuntimeDep
+from app.jobs import JOBS
 from app.runtime import UnknownModel, Runtime
 from app.schemas import ModelsOut
 
@@ -23,6 +24,17 @@ router = APIRouter(prefix="/api", tags=["service"])
 @router.get("/health")
 async def health() -> dict[str, str]:
     return {"status": "ok"}
+
+
+@router.get("/jobs")
+async def jobs(runtime: RuntimeDep) -> dict:
+    """The jobs running and waiting (what, seconds left by their estimate, runs; no inputs) and the memory budget:
+    bytes in flight, kept by the result cache, and the limit for both (docs/api.md "Jobs")."""
+    memory = runtime.memory
+    return {"jobs": JOBS.snapshot(),
+            "memory": {"in_flight_bytes": memory.in_flight_bytes, "kept_bytes": runtime.cache.host_bytes,
+                       "limit_bytes": memory.limit, "waited": memory.waited},
+            "yields": runtime.yields}
 
 
 @router.get("/ready", responses={503: {"description": "default models still loading"}})

@@ -1,0 +1,116 @@
+"""Jobs through the API (docs/api.md "Jobs"): a streamed request is accepted first with its ETA, is bounded by
+job_timeout_s rather than request_timeout_s, and a plain request's 413 says so and names the field that drives the
+cost; a long compare keeps both of its runs. A tiny Llama (tests/tiny_models.py) with a given throughput, so the
+estimates are known numbers."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from tests.api.helpers import TINY_ATLAS, TINY_TEXT, job_events, sse_events, tiny_lm_client
+from tests.tiny_models import build_text_model
+
+from app.costs import THROUGHPUT, forward_macs, model_shape
+
+STREAM = {"Accept": "text/event-stream"}
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return str(build_text_model("llama", tmp_path_factory.mktemp("llama-jobs")))
+
+
+def _client_at(llama, seconds_per_run: float, text: str = TINY_TEXT, **settings):
+    """A client whose estimate of one plain run of `text` is `seconds_per_run`."""
+    client = tiny_lm_client(llama, request_timeout_s=10, job_timeout_s=100, **settings)
+    client.__enter__()
+    runtime = client.app.state.runtime
+    deadline = time.monotonic() + 60
+    while not runtime.ready and time.monotonic() < deadline:  # the start-up timing runs first: then the given rate
+        time.sleep(0.05)
+    adapter = runtime.adapter("lm")
+    n = len(adapter.encode(text).tokens)
+    THROUGHPUT.set_rate("lm", forward_macs(model_shape(adapter), n, n) / seconds_per_run)
+    return client
+
+
+@pytest.fixture()
+def slow(llama):
+    """Each run estimated at 6 s: one run fits request_timeout_s=10, a compare (two runs) does not; job_timeout_s=100."""
+    client = _client_at(llama, 6.0)
+    yield client
+    client.__exit__(None, None, None)
+    THROUGHPUT.clear()
+
+
+def test_a_job_is_accepted_first_with_its_eta(slow):
+    body = {"model": "lm", "text": TINY_TEXT, "layers": [0], "heads": [0], "compare": True,
+            "interventions": [{"op": "mask_keys", "tokens": [3]}]}
+    response = slow.post("/api/text/attention", json=body, headers=STREAM)
+    assert response.status_code == 200
+    accepted, *rest = job_events(response)
+    assert accepted["accepted"] is True and accepted["queue_position"] == 0 and accepted["runs"] == 2
+    assert 12.0 <= accepted["eta_s"] <= 13.0  # two runs of 6 s (and the mask's work), nothing ahead
+    assert "progress" in rest[0] and rest[-1]["done"] is True
+
+
+def test_a_plain_request_over_request_timeout_is_told_to_stream_and_the_job_is_admitted(slow):
+    body = {"model": "lm", "text": TINY_TEXT + " again", "layers": [0], "heads": [0], "compare": True,
+            "interventions": [{"op": "mask_keys", "tokens": [3]}]}
+    plain = slow.post("/api/text/attention", json=body)
+    assert plain.status_code == 413
+    detail = plain.json()["detail"]
+    assert detail.startswith("compare:")  # the second run is what does not fit, not `samples` (none were sent)
+    assert "request_timeout_s=10" in detail and "Accept: text/event-stream" in detail
+    streamed = slow.post("/api/text/attention", json=body, headers=STREAM)
+    assert streamed.status_code == 200 and sse_events(streamed)[-1]["done"] is True
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ({"compare": True, "samples": 4, "interventions": [{"op": "perturb_keys", "noise_std": 1.0}]}, "samples"),
+    ({}, "text"),
+])
+def test_the_413_names_the_field_that_drives_the_cost(llama, extra, field):
+    client = _client_at(llama, 200.0 if field == "text" else 30.0)  # one run of 200 s: over job_timeout_s=100
+    try:
+        body = {"model": "lm", "text": TINY_TEXT, "layers": [0], "heads": [0], **extra}
+        refused = client.post("/api/text/attention", json=body, headers=STREAM)
+        assert refused.status_code == 413  # refused before the stream starts: its own status, not an event
+        detail = refused.json()["detail"]
+        assert detail.startswith(f"{field}:") and "job_timeout_s=100" in detail
+    finally:
+        client.__exit__(None, None, None)
+        THROUGHPUT.clear()
+
+
+def test_a_long_compare_keeps_both_runs(llama):
+    """Both runs of a compare answer windows, even where the result cache holds a single run: they are pinned."""
+    client = tiny_lm_client(llama, result_cache_items=1, **TINY_ATLAS)
+    with client:
+        body = {"model": "lm", "text": TINY_TEXT, "layers": [0], "heads": [0], "compare": True,
+                "interventions": [{"op": "mask_keys", "tokens": [3]}]}
+        answer = client.post("/api/text/attention", json=body).json()
+        assert answer["attention"] is None  # the long path: windows come from the kept runs
+        window = {"layer": 0, "head": 0, "rows": [0, 8], "cols": [0, 8]}
+        for run_id in (answer["run_id"], answer["base_run_id"]):
+            assert client.post(f"/api/runs/{run_id}/window", json=window).status_code == 200, run_id
+        difference = client.post(f"/api/runs/{answer['run_id']}/window", json={**window, "minus": answer["base_run_id"]})
+        assert difference.status_code == 200
+
+
+def test_a_patching_scan_is_estimated_before_it_runs(llama):
+    # each forward of the prompt 1 s: a head scan of 2 × 4 heads + 5 forwards ≈ 13 s > request_timeout_s=10
+    client = _client_at(llama, 1.0, "the cat sat on the mat")
+    try:
+        body = {"model": "lm", "clean": "the cat sat on the mat", "corrupt": "the dog sat on the mat",
+                "answer": " the", "wrong": " a", "scan": "heads"}
+        plain = client.post("/api/text/patching", json=body)
+        assert plain.status_code == 413, plain.text
+        assert plain.json()["detail"].startswith("scan:") and "Accept: text/event-stream" in plain.json()["detail"]
+        streamed = client.post("/api/text/patching", json=body, headers=STREAM)
+        assert streamed.status_code == 200
+        events = job_events(streamed)
+        assert events[0]["accepted"] is True and events[-1]["done"] is True
+    finally:
+        client.__exit__(None, None, None)
+        THROUGHPUT.clear()

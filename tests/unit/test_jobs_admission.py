@@ -1,0 +1,204 @@
+"""Jobs and the budget (docs/api.md "Jobs"), piece by piece: the fair model lock (interactive work goes before jobs and
+a job hands the lock over between layers), one running job per client, pinned results, the memory accountant and the
+measured throughput."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from fastapi import HTTPException
+
+from app.costs import Throughput
+from app.jobs import JOBS, Job, JobBoard, current_job
+from app.memory import MemoryBudget, RequestMemory, request_memory
+from app.runtime import ResultCache, Runtime
+from app.settings import Settings
+from models.hooks import _layer_listener
+
+
+class _Result:
+    """What ResultCache reads of a result: its bytes, the device part and its run id."""
+
+    def __init__(self, host: int, run_id: str):
+        self.nbytes, self.device_nbytes, self.run_id = host, 0, run_id
+
+
+def _runtime() -> Runtime:
+    return Runtime(Settings(default_models=[], request_timeout_s=30))
+
+
+def _job(client: str = "c1") -> Job:
+    return Job(what="test", client=client, deadline=time.monotonic() + 30, emit=lambda event: None)
+
+
+def test_a_running_job_hands_the_model_to_interactive_work_between_layers():
+    runtime = _runtime()
+    layers_done: list[float] = []
+    job_started = threading.Event()
+
+    def job_forward() -> None:
+        current_job.set(_job())
+        with runtime.admitted():
+            job_started.set()
+            listener = _layer_listener.get()  # what the engine calls after each attention layer
+            for layer in range(20):
+                time.sleep(0.05)  # a layer's work
+                listener(layer, 20)
+                layers_done.append(time.monotonic())
+
+    worker = threading.Thread(target=job_forward)
+    worker.start()
+    job_started.wait(5)
+    time.sleep(0.12)
+    asked = time.monotonic()
+    with runtime.admitted():  # interactive (no job in this thread's context)
+        got = time.monotonic()
+        during = len(layers_done)
+    worker.join(10)
+    assert during < 20, "the short request waited for the whole job"
+    assert got - asked < 0.5, f"waited {got - asked:.2f} s: more than about one layer"
+    assert runtime.yields >= 1 and len(layers_done) == 20  # the job finished all its layers after handing over
+
+
+def test_waiting_interactive_work_goes_before_waiting_jobs():
+    runtime = _runtime()
+    order: list[str] = []
+    runtime._run_lock.acquire()  # something holds the model
+
+    def wait(name: str, job: Job | None) -> None:
+        if job is not None:
+            current_job.set(job)
+        with runtime.admitted():
+            order.append(name)
+
+    job_thread = threading.Thread(target=wait, args=("job", _job()))
+    job_thread.start()
+    while not runtime._fifo:
+        time.sleep(0.01)
+    short_thread = threading.Thread(target=wait, args=("short", None))
+    short_thread.start()
+    while len(runtime._fifo) < 2:
+        time.sleep(0.01)
+    runtime._run_lock.release()
+    with runtime._turns:
+        runtime._turns.notify_all()
+    job_thread.join(5)
+    short_thread.join(5)
+    assert order == ["short", "job"]
+
+
+def test_one_running_job_per_client_and_others_go_on():
+    board = JobBoard()
+    events: list[dict] = []
+    first = Job(what="a", client="x", deadline=time.monotonic() + 30, emit=events.append)
+    board.accept(first, estimate_s=10.0, runs=1)
+    assert events[-1] == {"accepted": True, "eta_s": 10.0, "queue_position": 0, "runs": 1}
+    started: dict[str, float] = {}
+
+    def second_of(client: str) -> None:
+        job = Job(what="b", client=client, deadline=time.monotonic() + 30, emit=events.append)
+        board.accept(job, estimate_s=5.0, runs=2)  # returns when the job may start
+        started[client] = time.monotonic()
+
+    same = threading.Thread(target=second_of, args=("x",))
+    other = threading.Thread(target=second_of, args=("y",))
+    same.start()
+    other.start()
+    other.join(5)
+    assert "y" in started and "x" not in started  # another client's job is not held back by x's
+    queued = [e for e in events[1:] if e["runs"] == 2]
+    assert all(e["queue_position"] >= 1 and e["eta_s"] >= 14.0 for e in queued)  # behind the first: its ETA too
+    time.sleep(0.3)
+    assert "x" not in started
+    finished = time.monotonic()
+    board.finish(first)
+    same.join(5)
+    assert started["x"] >= finished
+
+
+def test_a_pinned_result_stays_until_its_pin_ends():
+    cache = ResultCache(max_items=1, max_bytes=100, pin_s=0.4)
+    cache.put(("a",), _Result(60, "a"), "client-1")
+    cache.put(("b",), _Result(60, "b"), "client-1")  # over both bounds, but "a" is pinned: both are kept
+    assert cache.by_run_id("a") is not None and cache.by_run_id("b") is not None
+    time.sleep(0.5)
+    cache.put(("c",), _Result(10, "c"), "client-2")  # pins over: the least recently used go
+    assert cache.by_run_id("c") is not None
+    assert cache.by_run_id("a") is None and cache.by_run_id("b") is None
+
+
+def test_reading_a_run_renews_its_pin():
+    cache = ResultCache(max_items=1, max_bytes=100, pin_s=0.5)
+    cache.put(("a",), _Result(60, "a"))
+    time.sleep(0.3)
+    assert cache.by_run_id("a") is not None  # a window of the run: pinned again for 0.5 s
+    time.sleep(0.3)
+    cache.put(("b",), _Result(60, "b"))
+    assert cache.by_run_id("a") is not None
+
+
+def test_making_room_takes_unpinned_then_the_clients_own_runs_never_anothers():
+    cache = ResultCache(max_items=10, max_bytes=1000, pin_s=60)
+    cache.put(("mine",), _Result(100, "mine"), "me")
+    cache.put(("theirs",), _Result(100, "theirs"), "them")
+    cache.pin_s = 0
+    cache.put(("loose",), _Result(100, "loose"), "them")
+    assert cache.evict_for(100, "me") == 100 and cache.by_run_id("loose") is None  # the unpinned one first
+    assert cache.evict_for(300, "me") == 100  # then my own pinned run, never theirs
+    assert cache.by_run_id("mine") is None and cache.by_run_id("theirs") is not None
+
+
+def test_the_accountant_waits_for_room_and_refuses_what_never_fits():
+    cache = ResultCache(max_items=10, max_bytes=10_000, pin_s=60)
+    budget = MemoryBudget(budget_bytes=1_500, reserved_bytes=500, cache=cache)  # 1,000 bytes for runs
+    cache.put(("kept",), _Result(300, "kept"), "someone")  # pinned by another client
+    with pytest.raises(HTTPException) as refused:
+        budget.check_fits(1_001, "text", "one run")
+    assert refused.value.status_code == 413 and refused.value.detail.startswith("text:")
+
+    first = RequestMemory(client="a")
+    token = request_memory.set(first)
+    budget.reserve(600, "text", "one run", None)  # 300 kept + 600 ≤ 1,000
+    request_memory.reset(token)
+    assert budget.in_flight_bytes == 600
+
+    granted = threading.Event()
+
+    def second() -> None:
+        request_memory.set(RequestMemory(client="b"))
+        budget.reserve(400, "text", "another run", time.monotonic() + 10)  # 300 + 600 + 400 > 1,000: waits
+        granted.set()
+
+    threading.Thread(target=second, daemon=True).start()
+    assert not granted.wait(0.4)
+    budget.release(first)
+    assert granted.wait(5)
+    assert cache.by_run_id("kept") is not None  # room came from the release, not from another client's pinned run
+
+
+def test_the_throughput_fit_is_not_made_slow_by_short_runs():
+    """Short runs are mostly per-call overhead: with the old average of per-run rates, a few of them made a long
+    input's estimate several times too long."""
+    model, overhead, rate = "m", 0.15, 30e9
+    fit = Throughput()
+    for macs in (1e10, 2e10, 5e10, 1e10, 3e11, 1e10):  # seconds = overhead + macs / rate
+        fit.observe(model, macs, overhead + macs / rate)
+    seconds, measured = fit.seconds(model, 7e11, 1.0)
+    assert measured and seconds == pytest.approx(overhead + 7e11 / rate, rel=0.02)
+    # the same runs on a machine where the process had half the CPU: normalised to an idle machine
+    loaded = Throughput()
+    for macs in (1e10, 3e11):
+        loaded.observe(model, macs, 2 * (overhead + macs / rate), share=0.5)
+    assert loaded.seconds(model, 7e11, 1.0)[0] == pytest.approx(overhead + 7e11 / rate, rel=0.02)
+
+
+def test_a_given_rate_is_taken_as_it_is():
+    fit = Throughput()
+    fit.set_rate("m", 1e9)
+    assert fit.seconds("m", 2e9, 5.0) == (2.0, False)  # no load correction for a rate that was not measured
+    assert fit.seconds("other", 10.0, 5.0) == (2.0, False)
+
+
+def test_the_board_is_empty_after_the_jobs():
+    assert len(JOBS) == 0  # no job of another test left behind

@@ -9,66 +9,21 @@ from typing import Any
 import numpy as np
 import torch
 from fastapi import HTTPException
-from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 
 from app.costs import check_request_cost, request_peak_bytes
 from app.encoding import fast_json, tensor_field  # noqa: F401  (fast_json: routes import it from here)
+from app.errors import field_error
+from app.interventions import check_indices, engine_interventions, seq2seq_interventions
 from app.lifecycle import check_cancelled
 from app.runtime import Runtime, request_deadline
-from app.schemas import AttentionRequestBase, to_engine
+from app.schemas import AttentionRequestBase
 from app.settings import Settings
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, pending_dead_rows, settle_dead_rows
-from models.adapters.seq2seq import KINDS, KindScopedIntervention, Seq2SeqAdapter
+from models.adapters.seq2seq import KINDS, Seq2SeqAdapter
 from models.effects import attention_tv, hidden_cosine, mean_and_std
-from models.head_ops import current_residual_sources, current_sources
 from models.atlas import full_rows, run_bytes
-from models.interventions import Intervention, row_entropy
-
-
-def field_error(loc: tuple, message: str) -> RequestValidationError:
-    """A 422 in FastAPI's usual shape, naming the field."""
-    return RequestValidationError([{"loc": ("body", *loc), "msg": message, "type": "value_error"}])
-
-
-def _check_indices(values: list[int] | None, size: int, loc: tuple, what: str) -> list[int]:
-    if values is None:
-        return list(range(size))
-    bad = [v for v in values if v >= size]
-    if bad:
-        raise field_error(loc, f"{what} {bad} out of range: this model/input has {size} {what}s (0..{size - 1})")
-    return list(dict.fromkeys(values))  # de-duplicated, order kept
-
-
-def engine_interventions(req: AttentionRequestBase, adapter: AttentionAdapter, n_tokens: int) -> tuple[Intervention, ...]:
-    """Check every index against the model and the input; 422 naming the field if out of range."""
-    info = adapter.info
-    result = []
-    for i, item in enumerate(req.interventions):
-        if item.kind is not None:
-            raise field_error(("interventions", i, "kind"), f"model {info.id} has one kind of attention; kind must be null")
-        _check_indices(item.layers, info.layers, ("interventions", i, "layers"), "layer")
-        _check_indices(item.heads, info.heads, ("interventions", i, "heads"), "head")
-        tokens = getattr(item, "tokens", None)
-        if tokens is not None:
-            _check_indices(tokens, n_tokens, ("interventions", i, "tokens"), "token")
-        if item.op in ("patch_heads", "patch_residual"):
-            check_patch_source(item.source, n_tokens, ("interventions", i, "source"), item.op)
-        result.append(to_engine(item))
-    return tuple(result)
-
-
-def check_patch_source(source: str, n_tokens: int, loc: tuple, op: str = "patch_heads") -> None:
-    """A patch_heads / patch_residual source must be a run kept for this request's model with this input's token
-    count (app/routes/analysis.py puts them in reach; elsewhere, e.g. continuations, none is)."""
-    kept = (current_sources() if op == "patch_heads" else current_residual_sources()).get(source)
-    if kept is None:
-        raise field_error(loc, f"unknown or expired run {source!r}: {op} takes the clean_run_id of POST "
-                          "/api/text/patching, on /api/text/attention and /api/text/lens with the same model")
-    kept_tokens = kept[0].shape[1] if op == "patch_heads" else kept.shape[1]  # (H, T, d_v) per layer; (L, T, D)
-    if kept_tokens != n_tokens:
-        raise field_error(loc, f"run {source!r} has {kept_tokens} tokens and this input {n_tokens}: "
-                          f"{op} needs the same token count")
+from models.interventions import row_entropy
 
 
 # Request fields that hold text, each at most max_text_chars characters.
@@ -240,10 +195,10 @@ def build_attention_response(
     info = adapter.info
     limits = runtime.settings  # the request's own limits were checked by its route (check_request_limits)
     n_tokens = len(encoded.tokens)
-    layers = _check_indices(req.layers, info.layers, ("layers",), "layer")
-    heads = _check_indices(req.heads, info.heads, ("heads",), "head")
+    layers = check_indices(req.layers, info.layers, ("layers",), "layer")
+    heads = check_indices(req.heads, info.heads, ("heads",), "head")
     requested_queries = getattr(req, "queries", None)
-    queries = _check_indices(requested_queries, n_tokens, ("queries",), "query token")
+    queries = check_indices(requested_queries, n_tokens, ("queries",), "query token")
     interventions = engine_interventions(req, adapter, n_tokens)
     long = n_tokens > adapter.full_map_tokens  # the run keeps an atlas, not P (docs/science.md §10)
     _check_before_runs(runtime, adapter, encoded, req, interventions, req.include_scores and not long,
@@ -399,30 +354,6 @@ def _long_response(adapter: AttentionAdapter, encoded: Encoded, req: AttentionRe
     return response
 
 
-def seq2seq_interventions(req: AttentionRequestBase, adapter: Seq2SeqAdapter, n_source: int, n_target: int):
-    """Validate each intervention against the kinds it targets, then translate (kind, layers) into the engine's
-    global layers. Keys are source tokens for encoder and cross attention, target tokens for the decoder; queries (the
-    tokens of perturb_queries) are source tokens for the encoder, target tokens for the decoder and cross attention."""
-    info = adapter.info
-    layers_of = {"encoder": info.layers, "decoder": info.decoder_layers, "cross": info.decoder_layers}
-    heads_of = {"encoder": info.heads, "decoder": info.decoder_heads, "cross": info.decoder_heads}
-    keys_of = {"encoder": n_source, "decoder": n_target, "cross": n_source}
-    queries_of = {"encoder": n_source, "decoder": n_target, "cross": n_target}  # perturb_queries names query rows
-    scoped = []
-    for i, item in enumerate(req.interventions):
-        kinds = KINDS if item.kind is None else (item.kind,)
-        where = "the smallest over kinds " + "/".join(kinds) if len(kinds) > 1 else f"{kinds[0]} attention"
-        _check_indices(item.layers, min(layers_of[k] for k in kinds), ("interventions", i, "layers"), f"layer ({where})")
-        _check_indices(item.heads, min(heads_of[k] for k in kinds), ("interventions", i, "heads"), f"head ({where})")
-        tokens = getattr(item, "tokens", None)
-        if tokens is not None:  # keys, or with perturb_queries query rows (cross-attention's are target tokens)
-            rows = queries_of if item.op == "perturb_queries" else keys_of
-            _check_indices(tokens, min(rows[k] for k in kinds), ("interventions", i, "tokens"),
-                           f"{'query ' if item.op == 'perturb_queries' else ''}token ({where})")
-        scoped.append(KindScopedIntervention(to_engine(item), item.kind))
-    return adapter.engine_interventions(scoped)
-
-
 def build_seq2seq_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: Encoded, req: AttentionRequestBase) -> dict[str, Any]:
     """The response for an encoder–decoder: attention, entropy and effects per kind (encoder M × M, decoder
     N × N, cross N × M) for the requested layers/heads, the target tokens and their probabilities."""
@@ -431,8 +362,8 @@ def build_seq2seq_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: E
     if req.include_scores:
         raise field_error(("include_scores",), "scores are not offered for encoder–decoder models yet")
     n_source, n_target = len(encoded.tokens), len(encoded.extra["target_tokens"])
-    layers = _check_indices(req.layers, min(info.layers, info.decoder_layers), ("layers",), "layer")
-    heads = _check_indices(req.heads, min(info.heads, info.decoder_heads), ("heads",), "head")
+    layers = check_indices(req.layers, min(info.layers, info.decoder_layers), ("layers",), "layer")
+    heads = check_indices(req.heads, min(info.heads, info.decoder_heads), ("heads",), "head")
     interventions = seq2seq_interventions(req, adapter, n_source, n_target)
     shapes = {"encoder": (n_source, n_source), "decoder": (n_target, n_target), "cross": (n_target, n_source)}
     long = max(n_source, n_target) > adapter.full_map_tokens  # every kind runs blockwise, keeping an atlas (§10)

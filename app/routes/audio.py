@@ -25,19 +25,19 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import Field
 
-from app.attention import _check_indices, check_request_limits, fast_json, field_error
+from app.attention import check_request_limits, fast_json, field_error
 from app.audiostore import AudioStore, audio_limits, get_audio_store
 from app.deps import RuntimeDep
 from app.encoding import tensor_field
 from app.ids import ID_PATTERN, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
+from app.interventions import check_indices, whisper_interventions
 from app.lifecycle import check_cancelled
 from app.routes.images import _error, _too_large, decode_gate, read_upload
 from app.runtime import Runtime, UnknownModel
-from app.schemas import WEIGHTING_DESCRIPTION, IndexList, Interventions, Weighting, _Strict, to_engine
+from app.schemas import WEIGHTING_DESCRIPTION, IndexList, Interventions, Weighting, _Strict
 from app.templating import templates
 from models.adapters.base import Encoded
-from models.adapters.seq2seq import KINDS, KindScopedIntervention
 from models.adapters.whisper import POSITION_S, WhisperAdapter, encoder_overview
 from models.attribution import layer_value_norms, value_grams, value_weighted, value_weighted_rows
 from models.head_ops import HeadRun, head_run
@@ -207,35 +207,6 @@ def _audio_adapter(runtime: Runtime, model: str) -> WhisperAdapter:
     return adapter
 
 
-def _interventions(req: AudioAttentionRequest, adapter: WhisperAdapter, n_target: int):
-    """Check each intervention against its kind: keys are encoder positions (0 … 1499, 20 ms each) for cross and
-    encoder attention, decoder tokens for the decoder; 422 naming the field otherwise."""
-    info = adapter.info
-    layers_of = {"encoder": info.encoder_layers, "decoder": info.decoder_layers, "cross": info.decoder_layers}
-    keys_of = {"encoder": 1500, "decoder": n_target, "cross": 1500}
-    queries_of = {"encoder": 1500, "decoder": n_target, "cross": n_target}  # perturb_queries names query rows
-    scoped = []
-    for i, item in enumerate(req.interventions):
-        where = ("interventions", i)
-        if item.op == "patch_heads":
-            raise field_error((*where, "op"), "patch_heads is not offered for speech models")
-        tokens = getattr(item, "tokens", None)
-        if tokens is not None and item.kind is None:
-            raise field_error((*where, "kind"), f"{item.op} with tokens needs a kind: token numbers are encoder "
-                              "positions (20 ms each) for 'cross' and 'encoder', decoder tokens for 'decoder'")
-        kinds = KINDS if item.kind is None else (item.kind,)
-        _check_indices(item.layers, min(layers_of[k] for k in kinds), (*where, "layers"), "layer")
-        _check_indices(item.heads, info.heads, (*where, "heads"), "head")
-        if tokens is not None:  # a cross-attention query is a decoder token, its key an encoder position
-            queries = item.op == "perturb_queries"
-            decoder_side = item.kind == "decoder" or (queries and item.kind == "cross")
-            _check_indices(tokens, (queries_of if queries else keys_of)[item.kind], (*where, "tokens"),
-                           f"decoder token{' (cross-attention queries)' if queries and item.kind == 'cross' else ''}"
-                           if decoder_side else "encoder position")
-        scoped.append(KindScopedIntervention(to_engine(item), item.kind))
-    return adapter.engine_interventions(scoped)
-
-
 # greedy transcripts with interventions, per (model, audio, interventions): a re-view needs no new decoding
 _transcripts: OrderedDict[tuple, tuple[list[int], list[float]]] = OrderedDict()
 _transcripts_lock = threading.Lock()
@@ -285,10 +256,10 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
     adapter, audio, encoded = _prepare(req, runtime, store)
     info = adapter.info
     n = len(encoded.tokens)
-    layers = _check_indices(req.layers, info.decoder_layers, ("layers",), "layer")
-    heads = _check_indices(req.heads, info.heads, ("heads",), "head")
-    encoder_layers = _check_indices(req.encoder_layers, info.encoder_layers, ("encoder_layers",), "encoder layer")
-    interventions = _interventions(req, adapter, n)
+    layers = check_indices(req.layers, info.decoder_layers, ("layers",), "layer")
+    heads = check_indices(req.heads, info.heads, ("heads",), "head")
+    encoder_layers = check_indices(req.encoder_layers, info.encoder_layers, ("encoder_layers",), "encoder layer")
+    interventions = whisper_interventions(req, adapter, n)
     n_positions = min(1500, math.ceil(audio.samples.size / (POSITION_S * 16000)))
     numbers = len(layers) * len(heads) * n * ((1500 if "cross" in req.kinds else 0) + (n if "decoder" in req.kinds else 0))
     if numbers > runtime.settings.max_response_numbers:
@@ -377,7 +348,7 @@ def audio_transcribe(req: AudioAttentionRequest, runtime: RuntimeDep, store: Aud
     """The greedy transcript with the interventions active, streamed as server-sent events: one `token` event per
     new token ({"token", "prob", "text"}), then `done` ({"text"}). Each step is admitted on its own."""
     adapter, audio, encoded = _prepare(req, runtime, store)
-    interventions = _interventions(req, adapter, len(encoded.tokens))
+    interventions = whisper_interventions(req, adapter, len(encoded.tokens))
     features = encoded.inputs["input_features"]
 
     def events() -> Iterator[bytes]:

@@ -175,3 +175,45 @@ def test_streamed_runs_show_their_time_left(live_server, page, page_log):
     seen = page.evaluate("() => window.__eta")
     assert any(i == "continuation-eta" and re.search(r"about \d+ s left|finishing", t) for i, t in seen), seen
     page_log.check()
+
+
+def test_empty_analysis_panels_are_collapsed_until_used(live_server, page, page_log):
+    _ready(page, live_server)
+    page.wait_for_function("() => !document.getElementById('patching-panel').hidden", timeout=60_000)
+    heights = page.evaluate("""() => Object.fromEntries(['patching-panel', 'lens-panel', 'faith-panel']
+        .map(id => [id, document.getElementById(id).getBoundingClientRect().height]))""")
+    # before: 560 px of empty heatmap, 560 of lens and 320 of faithfulness plots, about 1,500 px in all
+    assert sum(heights.values()) < 700, heights
+    page.click("#faith-run")
+    page.wait_for_function("() => document.getElementById('faith-panel').dataset.state === 'done'", timeout=300_000)
+    assert page.eval_on_selector("#faith-plot", "e => e.getBoundingClientRect().height") > 300
+    page_log.check()
+
+
+def test_effect_labels_stay_on_one_line(live_server, page, page_log):
+    _ready(page, live_server)
+    page.click("#token-strip .tok[data-index='1']")  # mask a key: the effect panel lists the next token before/after
+    page.wait_for_function("() => [...document.querySelectorAll('#output-effect dt')].some(d => d.textContent === 'top before')",
+                           timeout=300_000)
+    lines = page.evaluate("""() => [...document.querySelectorAll('#output-effect dt')].map(d => {
+        const style = getComputedStyle(d);
+        return [d.textContent, d.getBoundingClientRect().height / parseFloat(style.lineHeight === 'normal' ? 1.2 * parseFloat(style.fontSize) : style.lineHeight)];
+    })""")
+    short = {t: n for t, n in lines if len(t) < 20}
+    assert short and all(n < 1.6 for n in short.values()), lines
+    page_log.check()
+
+
+def test_guide_pages_link_only_to_pages_that_exist(live_server, page, page_log):
+    page.goto(f"{live_server}/guide")
+    pages = sorted({h.split("#")[0] for h in page.eval_on_selector_all(
+        "a[href^='/guide']", "els => els.map(a => a.getAttribute('href'))")} | {"/guide"})
+    broken = []
+    for path in pages:
+        page.goto(f"{live_server}{path}")
+        hrefs = page.eval_on_selector_all("main a[href]", "els => els.map(a => a.href)")
+        for href in sorted({h.split("#")[0] for h in hrefs if h.startswith(live_server)}):
+            if page.request.get(href).status != 200:
+                broken.append((path, href))
+    assert not broken, broken  # /guide/configuration linked ../benchmarks/results/README.md: a 404
+    page_log.check()

@@ -163,6 +163,7 @@ function mountPatching(info, onError) {
 
   async function drawScan(result) {
     const Plotly = await loadPlotly();
+    byId("patch-results").hidden = false;
     const heads = result.scan === "heads";
     const layers = result.effect.length, columns = result.effect[0].length;
     const x = heads ? Array.from({ length: columns }, (_, h) => `h${h}`) : result.corrupt_tokens.map((t, i) => `${i}:${showToken(t)}`);
@@ -274,6 +275,7 @@ function mountLens(info, text, interventions) {
       }, { signal: mine.signal, onEvent: (e) => clock.event(e) });
       clock.stop();
       const Plotly = await loadPlotly();
+      byId("lens-plot").hidden = false;
       await drawLens(Plotly, byId("lens-plot"), r.top, r.tokens, ivs.length ? "with the interventions" : "");
       byId("lens-before-box").hidden = !r.top_before || !ivs.length;
       if (r.top_before && ivs.length) await drawLens(Plotly, byId("lens-before-plot"), r.top_before, r.tokens, "without them");
@@ -335,6 +337,7 @@ function mountFaithfulness(info, text) {
         hovertemplate: `${name}, k = %{x}: %{y:.4f}<extra></extra>`,
       }));
       const what = field === "p_drop" ? `drop in p(${showToken(r.answer?.token ?? "")})` : "1 − cosine of the output";
+      byId("faith-plot").hidden = false;
       await Plotly.react(byId("faith-plot"), traces, {
         margin: { l: 55, r: 10, t: 10, b: 40 }, xaxis: { type: "log", title: { text: "k keys masked" }, tickvals: r.k },
         yaxis: { title: { text: what } }, legend: { orientation: "h", y: 1.12 },

@@ -5,9 +5,11 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.errors import field_error
 from app.imagestore import UploadStore, get_image_store
-from app.runtime import Runtime
+from app.runtime import Runtime, UnknownModel
 from app.settings import Settings
+from models.adapters.base import AttentionAdapter
 
 
 # async: FastAPI would run a plain `def` dependency in a worker thread, a thread hop per request for a lookup.
@@ -22,3 +24,12 @@ async def get_app_settings(request: Request) -> Settings:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 ImageStoreDep = Annotated[UploadStore, Depends(get_image_store)]  # uploads: memory or Redis (app/imagestore.py)
+
+
+def adapter_for(runtime: Runtime, model: str, kind: str | None = None, loc: tuple = ("model",)) -> AttentionAdapter:
+    """The adapter of `model` (of `kind`: text, image, audio, when given), loaded on first use; a 422 naming `loc`
+    when this server has no such model of that kind or refused to load it (the message lists what it has)."""
+    try:
+        return runtime.adapter(model, kind=kind)
+    except UnknownModel as exc:
+        raise field_error(loc, str(exc.args[0])) from None

@@ -26,9 +26,9 @@ from app.encoding import tensor_field
 from app.ids import new_id
 from app.streams import respond, respond_steps
 from app.lifecycle import after_layer, check_cancelled
-from app.runtime import Runtime, UnknownModel
+from app.runtime import Runtime
 from app.schemas import FaithfulnessRequest, LensRequest, PatchingRequest
-from app.deps import RuntimeDep
+from app.deps import RuntimeDep, adapter_for
 from models.adapters.base import AttentionAdapter, Encoded
 from models.adapters.causal_lm import CausalLMAdapter
 from models.adapters.seq2seq import Seq2SeqAdapter
@@ -368,10 +368,7 @@ def _long_value_weighting(runtime: Runtime, req, response: dict, result, layers:
 
 # ---- helpers ----------------------------------------------------------------------------------------------------
 def _lm(runtime: Runtime, model: str) -> CausalLMAdapter:
-    try:
-        adapter = runtime.adapter(model, kind="text")
-    except UnknownModel as exc:
-        raise field_error(("model",), str(exc.args[0])) from None
+    adapter = adapter_for(runtime, model, "text")
     if not isinstance(adapter, CausalLMAdapter):
         raise field_error(("model",), f"model {model} is not a decoder language model (output {adapter.info.output!r})")
     return adapter
@@ -549,10 +546,7 @@ def faithfulness_check(req: FaithfulnessRequest, runtime: RuntimeDep, request: R
     layer, and the output change is reported per k: decoder LMs `kl` of the next-token distribution and `p_drop` of
     p(answer); encoders the change of their own output (`kl` for masked-LM/classes, 1 − cosine for embeddings)."""
     check_request_limits(runtime.settings, req)
-    try:
-        adapter = runtime.adapter(req.model, kind="text")
-    except UnknownModel as exc:
-        raise field_error(("model",), str(exc.args[0])) from None
+    adapter = adapter_for(runtime, req.model, "text")
     if isinstance(adapter, Seq2SeqAdapter):
         raise field_error(("model",), "the faithfulness check is offered for encoders and decoder LMs")
     if not req.text.strip():

@@ -27,14 +27,14 @@ from pydantic import Field
 
 from app.attention import check_request_limits, fast_json, field_error
 from app.audiostore import AudioStore, audio_limits, get_audio_store
-from app.deps import RuntimeDep
+from app.deps import RuntimeDep, adapter_for
 from app.encoding import tensor_field
 from app.ids import ID_PATTERN, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.interventions import check_indices, whisper_interventions
 from app.lifecycle import check_cancelled
 from app.routes.images import _error, _too_large, decode_gate, read_upload
-from app.runtime import Runtime, UnknownModel
+from app.runtime import Runtime
 from app.schemas import WEIGHTING_DESCRIPTION, IndexList, Interventions, Weighting, _Strict
 from app.templating import templates
 from models.adapters.base import Encoded
@@ -198,15 +198,6 @@ class AudioAttentionRequest(_Strict):
                                  "from the value-weighted encoder maps; `words`, `alignment` and `effect` stay P's")
 
 
-def _audio_adapter(runtime: Runtime, model: str) -> WhisperAdapter:
-    try:
-        adapter = runtime.adapter(model, kind="audio")
-    except UnknownModel as exc:
-        raise field_error(("model",), str(exc.args[0])) from None
-    assert isinstance(adapter, WhisperAdapter)
-    return adapter
-
-
 # greedy transcripts with interventions, per (model, audio, interventions): a re-view needs no new decoding
 _transcripts: OrderedDict[tuple, tuple[list[int], list[float]]] = OrderedDict()
 _transcripts_lock = threading.Lock()
@@ -230,7 +221,7 @@ def _transcript(runtime: Runtime, adapter: WhisperAdapter, encoded: Encoded, int
 def _prepare(req: AudioAttentionRequest, runtime: Runtime, store: AudioStore):
     check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any work
     audio = _stored(runtime, store, req.audio_id)  # before the model: an unknown clip costs no model load
-    adapter = _audio_adapter(runtime, req.model)
+    adapter: WhisperAdapter = adapter_for(runtime, req.model, "audio")
     if req.task == "translate" and not adapter.multilingual:
         raise field_error(("task",), f"{adapter.info.id} is English-only: it transcribes, it does not translate (task "
                           "must be 'transcribe'; whisper-base translates, prepared by `attnlab prepare --model whisper-base`)")

@@ -25,12 +25,12 @@ from pydantic import Field
 from starlette.datastructures import UploadFile
 
 from app.attention import check_request_limits, fast_json, field_error
-from app.deps import ImageStoreDep, RuntimeDep
+from app.deps import ImageStoreDep, RuntimeDep, adapter_for
 from app.ids import new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.lifecycle import check_cancelled
 from app.routes import analysis
-from app.runtime import Runtime, UnknownModel
+from app.runtime import Runtime
 from app.schemas import WEIGHTING_DESCRIPTION, AttentionRequestBase, AttentionResponse, IndexList, Weighting
 from app.templating import templates
 from models.adapters.base import AttentionResult, Encoded
@@ -308,9 +308,7 @@ def image_attention(req: ImageAttentionRequest, runtime: RuntimeDep, store: Imag
     check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any work
     item = _stored(store, req.image_id)
     try:
-        adapter = runtime.adapter(req.model, kind="image")
-    except UnknownModel as exc:
-        raise field_error(("model",), str(exc.args[0])) from None
+        adapter = adapter_for(runtime, req.model, "image")
     except (OSError, ValueError) as exc:  # weights not prepared on this machine
         raise HTTPException(503, detail=f"model {req.model!r} is not available here: {exc}") from None
     try:

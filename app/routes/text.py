@@ -7,11 +7,11 @@ from fastapi import APIRouter, Request, Response
 
 from app.attention import check_request_limits, engine_interventions, field_error
 from app.costs import check_stream_cost, observe_run
-from app.deps import RuntimeDep
+from app.deps import RuntimeDep, adapter_for
 from app.routes import analysis
 from app.lifecycle import check_cancelled
 from app.streams import JobStream, respond, run_job
-from app.runtime import Runtime, UnknownModel
+from app.runtime import Runtime
 from app.schemas import AttentionResponse, GenerateRequest, TextAttentionRequest
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, RequestFieldError
 from models.adapters.causal_lm import CausalLMAdapter
@@ -19,13 +19,6 @@ from models.summaries import mean_token_distance
 
 router = APIRouter(prefix="/api/text", tags=["text"])
 _WHAT = "POST /api/text/attention"
-
-
-def _text_adapter(runtime: Runtime, model: str) -> AttentionAdapter:
-    try:
-        return runtime.adapter(model, kind="text")
-    except UnknownModel as exc:
-        raise field_error(("model",), str(exc.args[0])) from None
 
 
 def _refuse_fields(req: TextAttentionRequest, output: str) -> None:
@@ -54,7 +47,7 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep, request: Requ
     check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any model work
     if not req.text.strip():
         raise field_error(("text",), "text is empty or only white space")
-    adapter = _text_adapter(runtime, req.model)
+    adapter = adapter_for(runtime, req.model, "text")
     _refuse_fields(req, adapter.info.output)
     encoded = _encode(runtime, adapter, req)
     if adapter.info.output == "seq2seq":  # attention per kind: encoder, decoder, cross
@@ -108,7 +101,7 @@ def generate(req: GenerateRequest, runtime: RuntimeDep, request: Request) -> Res
     check_request_limits(runtime.settings, req)  # max_text_chars, max_new_tokens, max_interventions: as on every route
     if not req.text.strip():
         raise field_error(("text",), "text is empty or only white space")
-    adapter = _text_adapter(runtime, req.model)
+    adapter = adapter_for(runtime, req.model, "text")
     if not isinstance(adapter, CausalLMAdapter):
         raise field_error(("model",), f"model {req.model} is not a decoder language model (output {adapter.info.output!r})")
     encoded = _encode(runtime, adapter, req)
@@ -182,7 +175,7 @@ class TokenizeRequest(_BaseModel):
 def tokenize(req: TokenizeRequest, runtime: RuntimeDep) -> dict:
     """The tokens and ids of a short text, without special tokens: `{"tokens", "ids"}`; a text that does not start
     with white space also names its variant with a leading space, `with_space: {"text", "tokens", "ids"}`."""
-    adapter = _text_adapter(runtime, req.model)
+    adapter = adapter_for(runtime, req.model, "text")
     tokenizer = getattr(adapter, "tokenizer", None)
     if tokenizer is None:
         raise field_error(("model",), f"model {req.model} has no text tokenizer to ask")

@@ -289,18 +289,7 @@ function renderOverlay() {
     type: "heatmap", z, colorscale: OVERLAY_SCALE, zmin: 0, showscale: true,
     colorbar: { thickness: 12 }, hovertemplate: "patch (%{y}, %{x})<br>%{z:.4f}<extra></extra>",
   };
-  const maskedCells = [...state.masked].map(tokenPatch).filter(Boolean);
-  const masks = {
-    type: "scatter", mode: "markers", x: maskedCells.map((p) => p[1]), y: maskedCells.map((p) => p[0]),
-    marker: { symbol: "x-thin", size: Math.max(6, 0.55 * CELL_PX / cols), line: { width: 2, color: "#2ee6ff" } },
-    hoverinfo: "skip", showlegend: false,
-  };
-  const qp = tokenPatch(state.query);
-  const query = {
-    type: "scatter", mode: "markers", x: qp ? [qp[1]] : [], y: qp ? [qp[0]] : [],
-    marker: { symbol: "square-open", size: Math.max(8, 0.8 * CELL_PX / cols), line: { width: 3, color: "#00e676" } },
-    hoverinfo: "skip", showlegend: false,
-  };
+  const masks = masksTrace(), query = queryTrace();
   // The figure's height follows its width, so the square grid fills it (on a phone a fixed 560 px left the
   // y axis to stretch over rows that do not exist).
   const plotW = Math.max(120, ($("overlay").clientWidth || 480) - 30 - 10 - 70); // margins and colour bar
@@ -318,6 +307,25 @@ function renderOverlay() {
   };
   // One drawing with every layer (a second redraw for the rings would widen the window in which a click is lost).
   Plotly.react($("overlay"), [heat, masks, query, picksTrace(), cursorTrace()], layout, OVERLAY_PLOT);
+}
+
+// The masked keys' crosses and the query's square: named traces, moved at once by a click (restyleMarkers).
+function masksTrace() {
+  const cells = [...state.masked].map(tokenPatch).filter(Boolean);
+  return {
+    type: "scatter", mode: "markers", name: "masked keys", x: cells.map((p) => p[1]), y: cells.map((p) => p[0]),
+    marker: { symbol: "x-thin", size: Math.max(6, 0.55 * CELL_PX / grid()[1]), line: { width: 2, color: "#2ee6ff" } },
+    hoverinfo: "skip", showlegend: false,
+  };
+}
+
+function queryTrace() {
+  const qp = tokenPatch(state.query);
+  return {
+    type: "scatter", mode: "markers", name: "query", x: qp ? [qp[1]] : [], y: qp ? [qp[0]] : [],
+    marker: { symbol: "square-open", size: Math.max(8, 0.8 * CELL_PX / grid()[1]), line: { width: 3, color: "#00e676" } },
+    hoverinfo: "skip", showlegend: false,
+  };
 }
 
 function renderModelGrid() {
@@ -402,11 +410,42 @@ function renderReadouts() {
 // ---- events ----------------------------------------------------------------------------------------
 function onOverlayClick(ev) {
   const point = ev.points?.[0];
+  if (ev.event) return; // a real click: bindPatchClicks has it (a plotly_click emitted by a script has no event)
   if (!point || !state.response) return;
   const [rows, cols] = grid();
   const c = Math.round(point.x), r = Math.round(point.y);
   if (r < 0 || r >= rows || c < 0 || c >= cols) return;
   choosePatch(r, c);
+}
+
+// Patch clicks from the pointer itself, not from Plotly's plotly_click: Plotly emits that only with hover data of its
+// own, and dropped most clicks held ~60 ms like a finger's (four mask clicks 150 ms apart masked 2 patches). A press
+// and release within 5 px, begun on the plot area, is a click on the patch under the press; a longer move is the
+// brush's (plotly_selected). The release is caught on window: Plotly covers the page while a button is down.
+function bindPatchClicks() {
+  const overlay = $("overlay");
+  let press = null;
+  overlay.addEventListener("pointerdown", (e) => {
+    press = e.button === 0 && e.target.closest?.(".nsewdrag") ? { x: e.clientX, y: e.clientY } : null;
+  }, true);
+  window.addEventListener("pointerup", (e) => {
+    const at = press;
+    press = null;
+    if (!at || Math.hypot(e.clientX - at.x, e.clientY - at.y) > 5) return;
+    const point = overlayPoint(at.x, at.y);
+    if (point) onOverlayClick({ points: [point] });
+  }, true);
+  window.addEventListener("pointercancel", () => { press = null; }, true);
+}
+
+// Data coordinates (column x, row y) under a page point of the overlay's plot area, from its axes' ranges (the top
+// edge is the y axis's range[1], reversed or not).
+function overlayPoint(clientX, clientY) {
+  const layout = $("overlay")._fullLayout, area = $("overlay").querySelector(".nsewdrag")?.getBoundingClientRect();
+  const xr = layout?.xaxis?.range, yr = layout?.yaxis?.range;
+  if (!xr || !yr || !area?.width || !area?.height) return null;
+  const fx = (clientX - area.left) / area.width, fy = (clientY - area.top) / area.height;
+  return { x: xr[0] + fx * (xr[1] - xr[0]), y: yr[1] + fy * (yr[0] - yr[1]) };
 }
 
 // Keyboard: the overlay takes the focus; Shift + arrow keys move a patch cursor (plain arrows keep moving
@@ -456,6 +495,8 @@ function choosePatch(r, c) {
     state.query = token;
   }
   renderReadouts(); // at once: the re-run may take a moment
+  restyleMarkers(masksTrace());
+  restyleMarkers(queryTrace());
   load();
 }
 
@@ -468,6 +509,7 @@ function onOverlaySelect(ev) { // the brush: box/lasso selection masks every pat
     if (c >= Math.min(...xs) && c <= Math.max(...xs) && r >= Math.min(...ys) && r <= Math.max(...ys)) state.masked.add(patchToken(r, c));
   }
   renderReadouts();
+  restyleMarkers(masksTrace());
   load();
 }
 
@@ -519,6 +561,7 @@ function bindEvents() {
   $("reupload-input").addEventListener("change", (ev) => { const f = ev.target.files?.[0]; if (f) reuploadForLink(f); });
 
   $("overlay").on?.("plotly_click", onOverlayClick);
+  bindPatchClicks();
   $("overlay").on?.("plotly_selected", onOverlaySelect);
   $("model-grid").on?.("plotly_click", onGridClick);
 

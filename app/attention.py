@@ -104,12 +104,14 @@ def _merge_samples(effects: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def _check_response_numbers(limits: Settings, numbers: int, ask: str) -> None:
-    """413 before any run when the response would hold more than max_response_numbers numbers; `ask` says how to ask
-    for less."""
+def check_response_numbers(limits: Settings, numbers: int, counts: dict[str, int], ask: str) -> None:
+    """413 before any work when the response would hold more than max_response_numbers numbers, naming first the
+    request field among `counts` ({field: entries asked}, e.g. layers and heads) with the most entries (the first
+    on a tie); `ask` says how to ask for less. Every route's refusal has this one form."""
     cap = limits.max_response_numbers
     if numbers > cap:
-        raise HTTPException(413, detail=f"the response would hold {numbers:,} numbers, over the cap "
+        field = max(counts, key=counts.__getitem__)
+        raise HTTPException(413, detail=f"{field}: the response would hold {numbers:,} numbers, over the cap "
                             f"max_response_numbers={cap:,}; {ask}")
 
 
@@ -211,8 +213,9 @@ def build_attention_response(
         blocks = min(limits.overview_blocks, n_tokens)
         numbers = len(layers) * len(heads) * (blocks * blocks * (1 + int(req.compare)) + n_tokens
                                               + (0 if requested_queries is None else len(queries) * n_tokens))
-    _check_response_numbers(limits, numbers, "ask for fewer layers/heads/queries (fields 'layers', 'heads', 'queries') "
-                            "or turn off include_scores")
+    counts = {"layers": len(layers), "heads": len(heads), **({} if requested_queries is None else {"queries": len(queries)})}
+    check_response_numbers(limits, numbers, counts, "ask for fewer layers/heads/queries (fields 'layers', 'heads', "
+                           "'queries') or turn off include_scores")
 
     result, base, effect = _sample_runs(runtime, adapter, encoded, req, interventions, req.include_scores and not long,
                                         lambda base, run: _effect(adapter, base, run, encoded, layers, heads))
@@ -376,7 +379,7 @@ def build_seq2seq_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: E
     # a long run keeps q̂/k̂ and summaries (a short one's P goes to the host)
     _check_before_runs(runtime, adapter, encoded, req, interventions, False, maps, n_source + n_target, "text",
                        adapter if long else None)
-    _check_response_numbers(limits, numbers, "ask for fewer layers/heads")
+    check_response_numbers(limits, numbers, {"layers": len(layers), "heads": len(heads)}, "ask for fewer layers/heads")
 
     def sliced(result: AttentionResult) -> dict[str, Any]:
         return {kind: tensor_field(maps[layers][:, heads], req.encoding) for kind, maps in result.by_kind.items()}

@@ -25,7 +25,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import Field
 
-from app.attention import check_request_limits, fast_json, field_error
+from app.attention import check_request_limits, check_response_numbers, fast_json, field_error
 from app.audiostore import AudioStore, audio_limits, get_audio_store
 from app.deps import RuntimeDep, adapter_for
 from app.encoding import tensor_field
@@ -253,9 +253,8 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
     interventions = whisper_interventions(req, adapter, n)
     n_positions = min(1500, math.ceil(audio.samples.size / (POSITION_S * 16000)))
     numbers = len(layers) * len(heads) * n * ((1500 if "cross" in req.kinds else 0) + (n if "decoder" in req.kinds else 0))
-    if numbers > runtime.settings.max_response_numbers:
-        raise HTTPException(413, detail=f"the response would hold {numbers:,} numbers, over max_response_numbers="
-                            f"{runtime.settings.max_response_numbers:,}; ask for fewer layers/heads/kinds")
+    check_response_numbers(runtime.settings, numbers, {"layers": len(layers), "heads": len(heads), "kinds": len(req.kinds)},
+                           "ask for fewer layers/heads/kinds")
     check_cancelled()
     grams = value_grams(adapter)
     if req.weighting == "value_norm" and grams is None:

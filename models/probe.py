@@ -21,12 +21,45 @@ from models.hooks import ATTN_IMPLEMENTATION, CallTrace, UnsupportedAttention, r
 PARITY_TOLERANCE = 1e-4
 
 
+def layer_facts(config) -> dict:
+    """`layer_types` ("sliding" | "full" | "chunked" per layer) and `sliding_window` (tokens, or None) of a decoder
+    config: what GET /api/models reports, and what sizes the probe's long input (window_probe_length)."""
+    n_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+    window = getattr(config, "sliding_window", None)
+    raw = getattr(config, "layer_types", None)
+    if raw:
+        types = ["sliding" if t.startswith("sliding") else "chunked" if t.startswith("chunked") else "full" for t in raw]
+    elif window and getattr(config, "use_sliding_window", True) is not False:
+        types = ["sliding"] * n_layers  # Mistral-style: one window for every layer
+    else:
+        types = ["full"] * n_layers
+    if "sliding" not in types:
+        window = None
+    return {"layer_types": types, "sliding_window": int(window) if window else None}
+
+
+def window_probe_length(config) -> int | None:
+    """Tokens of the second probe input of a model with sliding-window or chunked layers: longer than the window
+    (or chunk) by a margin, so its band is exercised and a mismatch there refused; None for a model without them
+    (its one short probe covers everything it does). Capped by the model's context."""
+    facts = layer_facts(config)
+    spans = [facts["sliding_window"]] if facts["sliding_window"] else []
+    if "chunked" in facts["layer_types"] and getattr(config, "attention_chunk_size", None):
+        spans.append(int(config.attention_chunk_size))
+    if not spans:
+        return None
+    length = max(spans) + max(8, max(spans) // 32)
+    context = getattr(config, "max_position_embeddings", None)
+    return min(length, int(context)) if context else length
+
+
 @dataclass
 class ProbeReport:
     modules: list[nn.Module]  # attention modules in the order of their first call
     names: dict[int, str]  # id(module) → its dotted name in the model
     parity: float  # max |Δ output| against eager attention
     dtype_parity: float | None = None  # served in float16/bfloat16: max |Δ output| against float32
+    long_tokens: int | None = None  # the second, longer-than-the-window probe input's length (windowed models)
 
 
 def attention_leaves(model: nn.Module) -> dict[int, str]:

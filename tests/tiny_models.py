@@ -43,6 +43,12 @@ def _config(family: str, vocab: int):
         "gemma2": lambda: (tf.Gemma2Config(num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
                                            attn_logit_softcapping=5.0, final_logit_softcapping=3.0, **decoder),
                            tf.Gemma2ForCausalLM),
+        # local and global layers (every 2nd global, like Gemma 3's every 6th) with a sliding window of 8, shorter
+        # than the test inputs, and q/k norms; tests of windowed attention run it past the window
+        "gemma3": lambda: (tf.Gemma3TextConfig(num_attention_heads=4, num_key_value_heads=1, head_dim=8,
+                                               sliding_window=8, sliding_window_pattern=2, query_pre_attn_scalar=8,
+                                               layer_types=["sliding_attention", "full_attention"], **decoder),
+                           tf.Gemma3ForCausalLM),
         "bart": lambda: (tf.BartConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
                                        max_position_embeddings=128, **seq2seq), tf.BartForConditionalGeneration),
@@ -58,8 +64,8 @@ def _config(family: str, vocab: int):
     }[family]()
 
 
-TEXT_FAMILIES = ("gpt2", "llama", "qwen2", "gemma2", "bart", "marian", "t5", "bert")
-CAUSAL_FAMILIES = ("gpt2", "llama", "qwen2", "gemma2")
+TEXT_FAMILIES = ("gpt2", "llama", "qwen2", "gemma2", "gemma3", "bart", "marian", "t5", "bert")
+CAUSAL_FAMILIES = ("gpt2", "llama", "qwen2", "gemma2", "gemma3")
 SEQ2SEQ_FAMILIES = ("bart", "marian", "t5")
 
 

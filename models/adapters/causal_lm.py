@@ -26,6 +26,8 @@ from models.adapters.base import (AttentionAdapter, AttentionResult, Encoded, Mo
                                   encode_now, pick_device)
 from models.effects import kl_divergence
 from models.hooks import RunScope, UnsupportedAttention, load_with_attnlab, run_scope
+from models.gguf import read_prepared
+from models.probe import layer_facts, window_probe_length
 from models.interventions import Intervention
 
 TOP_K = 10
@@ -49,8 +51,11 @@ class CausalLMAdapter(AttentionAdapter):
         model = load_with_attnlab(AutoModelForCausalLM, source, dtype=torch.float32)
         probe_inputs = dict(self.tokenizer(PROBE_TEXT, return_tensors="pt"))
         probe_inputs.pop("token_type_ids", None)
-        report = self._attach_probed(model, pick_device(device), probe_inputs, lambda out: out.logits, dtype)
+        report = self._attach_probed(model, pick_device(device), probe_inputs, lambda out: out.logits, dtype,
+                                     long_inputs=self.window_probe_inputs(config))
         self._check_head_reproduces_logits(probe_inputs)
+        facts = layer_facts(config)
+        prepared = read_prepared(source)  # prepared weights (models/gguf.py): licence and what they are
         self.config = config
         n_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
@@ -64,9 +69,22 @@ class CausalLMAdapter(AttentionAdapter):
             max_tokens=self.max_tokens, kv_heads=getattr(config, "num_key_value_heads", None) or n_heads,
             parity=report.parity, chat=bool(getattr(self.tokenizer, "chat_template", None)),
             max_new_tokens=max_new_tokens, architecture=type(model).__name__, dtype=dtype,
-            dtype_parity=report.dtype_parity,
+            dtype_parity=report.dtype_parity, model_type=config.model_type, origin=prepared.get("source"), licence=prepared.get("licence"),
+            upstream=prepared.get("upstream"), **facts,
         )
         self.eos_ids = self._eos_ids()
+
+    def window_probe_inputs(self, config) -> dict[str, torch.Tensor] | None:
+        """The probe's second input for a model with sliding-window or chunked layers: the probe text repeated past
+        the window (models/probe.py window_probe_length); None for other models."""
+        length = window_probe_length(config)
+        if length is None:
+            return None
+        ids = self.tokenizer(PROBE_TEXT, return_tensors="pt")["input_ids"]  # (1, t)
+        body = self.tokenizer(" " + PROBE_TEXT, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        repeats = -(-max(0, length - ids.shape[1]) // max(1, body.shape[1]))
+        ids = torch.cat([ids, body.repeat(1, repeats)], dim=1)[:, :length]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
     # ---- load-time checks ----------------------------------------------------------------------------
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

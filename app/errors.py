@@ -1,9 +1,25 @@
-"""The error answers routes share: a 422 in FastAPI's usual shape naming the field."""
+"""The error answers routes share: a 422 in FastAPI's usual shape naming the field, and the answers of the upload
+routes (images, audio), which return a response rather than raise (they run before the body is read)."""
 from __future__ import annotations
 
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 
 def field_error(loc: tuple, message: str) -> RequestValidationError:
     """A 422 in FastAPI's usual shape, naming the field."""
     return RequestValidationError([{"loc": ("body", *loc), "msg": message, "type": "value_error"}])
+
+
+def error_response(status: int, message: str, field: str = "file") -> JSONResponse:
+    """A 4xx in FastAPI's validation shape, naming the body field (an upload's `file` unless said)."""
+    return JSONResponse({"detail": [{"loc": ["body", field], "msg": message, "type": "value_error"}]}, status_code=status)
+
+
+def too_large_response(limit: int, detail: str | None = None, setting: str = "max_upload_bytes") -> JSONResponse:
+    """413 for an upload over `limit` bytes, naming the setting; the connection is closed (the rest of the body is
+    not read)."""
+    return JSONResponse(
+        {"detail": detail or f"file: the upload is larger than the limit of {limit:,} bytes ({setting})"},
+        status_code=413, headers={"Connection": "close"},
+    )

@@ -18,4 +18,6 @@ def new_id() -> str:
 
 
 def is_valid_id(value: str) -> bool:
-    return bool(ID_PATTERN.match(value))
+    """Whether `value` has the shape of an id (uploads of images and audio, runs): the one check of every route.
+    The whole string must match: a trailing newline is not an id."""
+    return ID_PATTERN.fullmatch(value) is not None

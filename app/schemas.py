@@ -5,6 +5,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.ids import ID_PATTERN
 from models.interventions import Intervention
 
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -64,7 +65,7 @@ class PatchHeads(_Scoped):
     `source` is the `clean_run_id` of POST /api/text/patching."""
 
     op: Literal["patch_heads"]
-    source: str = Field(pattern=r"^[0-9a-f]{32}$", description="run id of the source run (clean_run_id)")
+    source: str = Field(pattern=ID_PATTERN.pattern, description="run id of the source run (clean_run_id)")
 
 
 class PatchResidual(_Scoped):
@@ -72,7 +73,7 @@ class PatchResidual(_Scoped):
     (same token count): `source` is the `clean_run_id` of POST /api/text/patching; `heads` must be null."""
 
     op: Literal["patch_residual"]
-    source: str = Field(pattern=r"^[0-9a-f]{32}$", description="run id of the source run (clean_run_id)")
+    source: str = Field(pattern=ID_PATTERN.pattern, description="run id of the source run (clean_run_id)")
     tokens: IndexList | None = Field(None, description="token positions to patch (null = all)")
 
 

@@ -265,10 +265,6 @@ def image_id_for(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:IMAGE_ID_HEX_CHARS]
 
 
-def is_image_id(value: str) -> bool:
-    return len(value) == IMAGE_ID_HEX_CHARS and all(c in "0123456789abcdef" for c in value)
-
-
 # ---- the store -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StoredImage:

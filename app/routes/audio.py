@@ -28,12 +28,13 @@ from pydantic import Field
 from app.attention import check_request_limits, check_response_numbers, fast_json, field_error
 from app.audiostore import AudioStore, audio_limits, get_audio_store
 from app.deps import RuntimeDep, adapter_for
+from app.errors import error_response, too_large_response
 from app.encoding import tensor_field
-from app.ids import ID_PATTERN, new_id
+from app.ids import is_valid_id, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.interventions import check_indices, whisper_interventions
 from app.lifecycle import check_cancelled
-from app.routes.images import _error, _too_large, decode_gate, read_upload
+from app.routes.images import decode_gate, read_upload
 from app.runtime import Runtime
 from app.schemas import WEIGHTING_DESCRIPTION, IndexList, Interventions, Weighting, _Strict
 from app.templating import templates
@@ -48,7 +49,6 @@ router = APIRouter(tags=["audio"])
 ROOT = Path(__file__).resolve().parents[2]
 # The bundled sample (made at setup by espeak-ng, models/prepare.py) has this fixed id on every replica.
 SAMPLE_ID = "5a3b1e00000000000000000000000001"
-AUDIO_ID_PATTERN = ID_PATTERN.pattern
 AudioStoreDep = Annotated[AudioStore, Depends(get_audio_store)]
 DEFAULT_MODEL = "whisper-tiny-en"
 
@@ -90,7 +90,7 @@ async def upload_audio(request: Request, store: AudioStoreDep) -> JSONResponse:
     if isinstance(data, JSONResponse):
         return data
     if not data:
-        return _error(400, "the file is empty")
+        return error_response(400, "the file is empty")
     gate = decode_gate(request.app)
     if not await gate.acquire():
         return JSONResponse({"detail": f"server busy: {gate.limit} decodes already running (max_concurrent_decodes)"},
@@ -98,7 +98,7 @@ async def upload_audio(request: Request, store: AudioStoreDep) -> JSONResponse:
     try:
         audio = await run_in_threadpool(decode_bytes, data, audio_limits(settings))
     except AudioInputError as exc:
-        return _error(exc.status, str(exc))
+        return error_response(exc.status, str(exc))
     finally:
         gate.release()
     audio_id = new_id()
@@ -107,12 +107,12 @@ async def upload_audio(request: Request, store: AudioStoreDep) -> JSONResponse:
     except StoreUnavailable as exc:
         return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
     except StoreItemTooLarge as exc:
-        return _too_large(store.max_item_bytes or limit, f"file: {exc}")
+        return too_large_response(store.max_item_bytes or limit, f"file: {exc}")
     return JSONResponse(_describe(audio_id, audio))
 
 
 def _stored(runtime: Runtime, store: AudioStore, audio_id: str, field: tuple = ("audio_id",)) -> DecodedAudio:
-    if not ID_PATTERN.match(audio_id):
+    if not is_valid_id(audio_id):
         raise field_error(field, "audio_id must be 32 lowercase hex characters (from POST /api/audio)")
     try:
         audio = store.get(audio_id)

@@ -26,7 +26,8 @@ from starlette.datastructures import UploadFile
 
 from app.attention import check_request_limits, fast_json, field_error
 from app.deps import ImageStoreDep, RuntimeDep, adapter_for
-from app.ids import new_id
+from app.errors import error_response, too_large_response
+from app.ids import ID_PATTERN, is_valid_id, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.lifecycle import check_cancelled
 from app.routes import analysis
@@ -35,7 +36,6 @@ from app.schemas import WEIGHTING_DESCRIPTION, AttentionRequestBase, AttentionRe
 from app.templating import templates
 from models.adapters.base import AttentionResult, Encoded
 from models.images import (
-    IMAGE_ID_HEX_CHARS,
     ImageInputError,
     StoredImage,
     decode_image,
@@ -50,7 +50,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLES_DIR = ROOT / "static" / "samples"
 MULTIPART_SLACK = 64 * 1024  # boundaries and part headers around the file; the file itself is checked exactly
 MAX_VIEW_SIZE = 1036
-IMAGE_ID_PATTERN = rf"^[0-9a-f]{{{IMAGE_ID_HEX_CHARS}}}$"
 # The page's example photos (static/samples, see LICENSE.md there) and which model each suits.
 SAMPLES = [
     {"name": "Street scene", "file": "street.jpg", "model": "dinov2-small"},
@@ -97,17 +96,6 @@ def decode_gate(app) -> DecodeGate:
     return gate
 
 
-def _too_large(limit: int, detail: str | None = None, setting: str = "max_upload_bytes") -> JSONResponse:
-    return JSONResponse(
-        {"detail": detail or f"file: the upload is larger than the limit of {limit:,} bytes ({setting})"},
-        status_code=413, headers={"Connection": "close"},
-    )
-
-
-def _error(status: int, message: str, field: str = "file") -> JSONResponse:
-    return JSONResponse({"detail": [{"loc": ["body", field], "msg": message, "type": "value_error"}]}, status_code=status)
-
-
 async def read_upload(request: Request, limit: int, setting: str, what: str, store=None) -> bytes | JSONResponse:
     """The bytes of an upload's multipart field `file` (the image and speech uploads), or the refusal to answer:
     415 not multipart; 400 a bad Content-Length; 413 over `limit` (the setting named), before the body is read when
@@ -115,31 +103,31 @@ async def read_upload(request: Request, limit: int, setting: str, what: str, sto
     per-item limit; 422 no `file` field holding `what`."""
     content_type = request.headers.get("content-type", "")
     if not content_type.lower().startswith("multipart/form-data"):
-        return _error(415, f"send multipart/form-data with the {what} in the field 'file' (got {content_type or 'no content type'!r})")
+        return error_response(415, f"send multipart/form-data with the {what} in the field 'file' (got {content_type or 'no content type'!r})")
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
-            return _error(400, "invalid Content-Length header", "content-length")
+            return error_response(400, "invalid Content-Length header", "content-length")
         if int(declared) > limit + MULTIPART_SLACK:
-            return _too_large(limit, setting=setting)  # refused before a byte of the body is read
+            return too_large_response(limit, setting=setting)  # refused before a byte of the body is read
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit + MULTIPART_SLACK:
-            return _too_large(limit, setting=setting)
+            return too_large_response(limit, setting=setting)
     request._body = bytes(body)  # Starlette's form parser reads the cached body instead of the (consumed) stream
     form = await request.form(max_files=1, max_fields=8)
     try:
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
-            return _error(422, f"missing the multipart field 'file' holding the {what}")
+            return error_response(422, f"missing the multipart field 'file' holding the {what}")
         data = await upload.read()
     finally:
         await form.close()
     if len(data) > limit:
-        return _too_large(limit, setting=setting)
+        return too_large_response(limit, setting=setting)
     if store is not None and store.max_item_bytes is not None and len(data) > store.max_item_bytes:
-        return _too_large(store.max_item_bytes, f"file: the upload is larger than the shared store's limit of "
+        return too_large_response(store.max_item_bytes, f"file: the upload is larger than the shared store's limit of "
                                                 f"{store.max_item_bytes:,} bytes per item (redis_max_item_bytes)")
     return data
 
@@ -189,7 +177,7 @@ async def upload_image(request: Request, store: ImageStoreDep) -> JSONResponse:
     try:
         decoded = await run_in_threadpool(decode_image, data, settings.max_image_pixels, settings.max_image_aspect_ratio)
     except ImageInputError as exc:
-        return _error(exc.status, str(exc))
+        return error_response(exc.status, str(exc))
     finally:
         gate.release()
     image_id = new_id()  # never the content hash: an id is a capability (the store deduplicates internally)
@@ -198,7 +186,7 @@ async def upload_image(request: Request, store: ImageStoreDep) -> JSONResponse:
     except StoreUnavailable as exc:
         return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
     except StoreItemTooLarge as exc:
-        return _too_large(store.max_item_bytes or limit, f"file: {exc}")
+        return too_large_response(store.max_item_bytes or limit, f"file: {exc}")
     return JSONResponse({"image_id": image_id, "width": decoded.width, "height": decoded.height,
                          "format": decoded.format, "mode": decoded.source_mode})
 
@@ -224,7 +212,7 @@ async def image_view(request: Request, store: ImageStoreDep, image_id: str,
     what the page draws the attention over. A render (resize + PNG encoding, tens of ms for a large upload)
     takes a slot of the decode gate like an upload's decode: many clients fetching views take turns instead of
     taking every worker thread and core from the API."""
-    if len(image_id) != IMAGE_ID_HEX_CHARS or any(c not in "0123456789abcdef" for c in image_id):
+    if not is_valid_id(image_id):
         raise HTTPException(404, detail=f"image_id {image_id!r} is not a valid id")
     gate = decode_gate(request.app)
     if not await gate.acquire():
@@ -250,7 +238,7 @@ def _render_view(store, image_id: str, size: int) -> bytes:
 # ---- attention -------------------------------------------------------------------------------------
 class ImageAttentionRequest(AttentionRequestBase):
     model: str = "dinov2-small"
-    image_id: str = Field(pattern=IMAGE_ID_PATTERN, description="from POST /api/images")
+    image_id: str = Field(pattern=ID_PATTERN.pattern, description="from POST /api/images")
     image_size: int | None = Field(
         None, ge=1, le=4096,
         description="model input size in px (a multiple of the patch size; null = the model's native size, "

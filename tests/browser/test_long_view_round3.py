@@ -48,6 +48,12 @@ def test_long_view_scales_eta_and_keeps_its_place_across_a_compare(page, page_lo
     row_max = page.eval_on_selector("#heatmap", "el => el.data[0].z.map(r => Math.max(...r))")
     assert all(abs(m - 1) < 1e-6 or m == 0 for m in row_max) and max(row_max) == 1
 
+    # the controls under the map: the row plot's note on a line of its own (it ran into "the map shows" before:
+    # "click a query row of the the map shows map"), number boxes sized to a few digits
+    box = lambda sel: page.eval_on_selector(sel, "e => { const r = e.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, width: r.width}; }")
+    assert box("#atlas-row-title")["top"] >= box("#atlas-row-scope")["bottom"]
+    assert all(box(f"#atlas-span-{k}")["width"] <= 90 for k in ("from", "to", "row"))
+
     # a window, a query row and a retrieval span
     page.evaluate("""() => Plotly.relayout('heatmap', {'xaxis.range[0]': 10, 'xaxis.range[1]': 50,
                                                       'yaxis.range[0]': 60, 'yaxis.range[1]': 20})""")

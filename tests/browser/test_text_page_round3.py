@@ -187,6 +187,10 @@ def test_empty_analysis_panels_are_collapsed_until_used(live_server, page, page_
     page.click("#faith-run")
     page.wait_for_function("() => document.getElementById('faith-panel').dataset.state === 'done'", timeout=300_000)
     assert page.eval_on_selector("#faith-plot", "e => e.getBoundingClientRect().height") > 300
+    # the chart is of this prompt: an edit of the prompt dims it
+    assert not page.eval_on_selector("#faith-plot", "e => e.classList.contains('stale')")
+    page.fill("#text-input", "The capital of Spain is")
+    assert page.eval_on_selector("#faith-plot", "e => e.classList.contains('stale')")
     page_log.check()
 
 

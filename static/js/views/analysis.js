@@ -49,6 +49,13 @@ export function mountAnalysis({ info, text, interventions, onError = () => {} })
     if (isLM()) hints.forEach((h) => h.check());
   };
   byId("model-select")?.addEventListener("change", () => setTimeout(refresh));
+  // the lens and the faithfulness chart of another prompt: dimmed once the prompt box no longer holds it
+  byId("text-input")?.addEventListener("input", () => {
+    for (const [panel, plot] of [["lens-panel", "lens-plot"], ["faith-panel", "faith-plot"]]) {
+      const shown = byId(panel).dataset.text;
+      byId(plot).classList.toggle("stale", shown !== undefined && shown !== text());
+    }
+  });
   if (layers) new MutationObserver(refresh).observe(layers, { childList: true }); // the first model taken up
   return { follow };
 }
@@ -255,6 +262,14 @@ function mountPatching(info, onError) {
 
   run.addEventListener("click", start);
   stop.addEventListener("click", () => controller?.abort());
+  // a scan whose prompts or answers were edited since: dimmed until it is run again
+  const fields = { clean: "patch-clean", corrupt: "patch-corrupt", answer: "patch-answer", wrong: "patch-wrong", scan: "patch-scan" };
+  const followEdits = () => {
+    const old = scan && Object.entries(fields).some(([k, id]) => byId(id).value !== scan.request[k]);
+    for (const id of ["patch-results", "patch-shift"]) byId(id).classList.toggle("stale", Boolean(old));
+  };
+  for (const id of Object.values(fields)) byId(id).addEventListener(id === "patch-scan" ? "change" : "input", followEdits);
+  run.addEventListener("click", () => setTimeout(followEdits));
 }
 
 // ---- logit lens ----------------------------------------------------------------------------------------------
@@ -270,9 +285,8 @@ function mountLens(info, text, interventions) {
     panel.dataset.state = "running";
     const clock = jobClock((eta) => { if (controller === mine) status.textContent = `running… ${eta}`; });
     try {
-      const r = await postJob("/api/text/lens", {
-        model: info().id, text: text(), top: 5, interventions: ivs, compare: ivs.length > 0,
-      }, { signal: mine.signal, onEvent: (e) => clock.event(e) });
+      const request = { model: info().id, text: text(), top: 5, interventions: ivs, compare: ivs.length > 0 };
+      const r = await postJob("/api/text/lens", request, { signal: mine.signal, onEvent: (e) => clock.event(e) });
       clock.stop();
       const Plotly = await loadPlotly();
       byId("lens-plot").hidden = false;
@@ -284,6 +298,8 @@ function mountLens(info, text, interventions) {
       status.textContent = `${r.top.length} layers × ${r.tokens.length} positions; the model's prediction: ${showToken(top.token)} · id ${top.id}`;
       panel.dataset.state = "done";
       panel.dataset.lastTop = last[last.length - 1][0].token;
+      panel.dataset.text = request.text;
+      byId("lens-plot").classList.remove("stale");
     } catch (err) {
       if (err.name === "AbortError") return;
       status.textContent = err.message;
@@ -349,6 +365,8 @@ function mountFaithfulness(info, text) {
       status.textContent = `most faithful here (mean over k): ${best.join(", ")}${best.length > 1 ? " (tied: the same top keys)" : ""}`;
       panel.dataset.best = best.join(",");
       panel.dataset.state = "done";
+      panel.dataset.text = body.text;
+      byId("faith-plot").classList.remove("stale");
     } catch (err) {
       if (err.name === "AbortError") return;
       status.textContent = err.message;

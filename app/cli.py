@@ -1,7 +1,7 @@
 """`attnlab`: the one command-line entry point (installed by `pip install -e .` as a console script).
 
     attnlab serve [--host H --port P --model [ID=]SOURCE --no-allocator-bound + any uvicorn option]  (app/serve.py)
-    attnlab prepare [--weights-dir DIR --force --model whisper-base]                (models/prepare.py)
+    attnlab prepare [--weights-dir DIR --force --model ID | --gguf PATH --name NAME] (models/prepare.py)
     attnlab bench [--only SECTION ... + run_all.py's options]                        (benchmarks/run_all.py)
 
 Each subcommand hands its arguments, untouched, to the code that already owns them, so `attnlab serve`
@@ -27,7 +27,8 @@ commands:
   serve     serve the web app and API (uvicorn with attnlab's lifecycle); `attnlab serve --help`
             lists every option; `--model [ID=]SOURCE` (repeatable) adds an operator's checkpoint
   prepare   prepare the default models' weights into weights/ (a no-op when they are up to date);
-            `--model whisper-base` prepares that optional model instead (`make whisper-base`)
+            `--model whisper-base|qwen2.5-0.5b|qwen2.5-1.5b` prepares that optional model instead;
+            `--gguf PATH --name NAME` prepares a GGUF file of a supported decoder family
   bench     run the benchmarks (benchmarks/run_all.py; `attnlab bench --help`)
 
 Settings come from ATTNLAB_* environment variables (docs/configuration.md)."""
@@ -35,10 +36,12 @@ Settings come from ATTNLAB_* environment variables (docs/configuration.md)."""
 SERVE_PREFACE = """usage: attnlab serve [APP] [options]
 
 Serves attnlab (APP defaults to app.main:app) with uvicorn's options below, plus:
-  --model [ID=]SOURCE   add a checkpoint of any family (a local folder or a hub id already in the cache);
+  --model [ID=]SOURCE   add a checkpoint of any family (a local folder or a hub id already in the cache), or a
+                        llama.cpp GGUF file (ID=/path/model.gguf: dequantized into weights/ID on first use);
                         repeatable; the command-line form of ATTNLAB_EXTRA_MODELS
-  --no-allocator-bound  leave glibc's malloc arenas unbounded (the same as ATTNLAB_MALLOC_ARENA_MAX=0);
-                        by default the server runs with MALLOC_ARENA_MAX=2 unless the environment sets it
+  --no-allocator-bound  leave glibc's malloc alone: arenas unbounded, no periodic malloc_trim (the same as
+                        ATTNLAB_MALLOC_ARENA_MAX=0 ATTNLAB_MALLOC_TRIM_INTERVAL_S=0); by default the server runs
+                        with MALLOC_ARENA_MAX=2 (unless the environment sets it) and trims every 10 s
 Weights are read from ATTNLAB_WEIGHTS_DIR (default: weights/ in the checkout, as `attnlab prepare` writes).
 """
 
@@ -87,6 +90,7 @@ def bound_allocator(module: str, args: list[str]) -> list[str]:
     if NO_BOUND_FLAG in args:
         args = [a for a in args if a != NO_BOUND_FLAG]
         os.environ[ARENA_SETTING] = "0"  # the settings (and a re-executed child) see the choice too
+        os.environ["ATTNLAB_MALLOC_TRIM_INTERVAL_S"] = "0"  # and no periodic malloc_trim (app/serve.py)
     environ = allocator_environ(os.environ)
     if environ is not None:
         sys.stdout.flush()

@@ -105,3 +105,69 @@ def build_image_model(family: str, folder: Path, seed: int = 0) -> Path:
         raise ValueError(family)
     model.save_pretrained(folder)
     return folder
+
+
+def build_llama_gguf(path: Path, seed: int = 0):
+    """A llama.cpp-style GGUF file (float32 tensors, a SentencePiece-style vocabulary) of a tiny random Llama, written
+    with the `gguf` package; returns the LlamaForCausalLM it was written from, to compare against. Q and K are
+    stored in llama.cpp's rotary layout (transformers' GGUF loader undoes it)."""
+    import gguf
+    import numpy as np
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokens = ["<unk>", "<s>", "</s>"] + ["▁" + w for w in WORDS] + list("abcdefghijklmnopqrstuvwxyz,.") + ["▁"]
+    heads, kv_heads, hidden = 4, 2, 32
+    config = LlamaConfig(vocab_size=len(tokens), hidden_size=hidden, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128,
+                         bos_token_id=1, eos_token_id=2, initializer_range=0.3, tie_word_embeddings=False,
+                         rms_norm_eps=1e-5)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-llama")
+    writer.add_context_length(128)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(64)
+    writer.add_block_count(2)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 3 + [-float(i) for i in range(len(tokens) - 3)])
+    writer.add_token_types([2, 3, 3] + [1] * (len(tokens) - 3))  # unknown, control ×2, normal
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+
+    def rotary_layout(weight, n_heads):  # transformers' layout → llama.cpp's (pairs interleaved per head)
+        return weight.reshape(n_heads, 2, weight.shape[0] // n_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    per_layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+                 "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for name, value in model.state_dict().items():
+        value = value.numpy()
+        if name in top:
+            writer.add_tensor(top[name], np.ascontiguousarray(value, dtype=np.float32))
+            continue
+        _, _, layer, *module, _ = name.split(".")
+        module = ".".join(module)
+        if module == "self_attn.q_proj":
+            value = rotary_layout(value, heads)
+        elif module == "self_attn.k_proj":
+            value = rotary_layout(value, kv_heads)
+        writer.add_tensor(f"blk.{layer}.{per_layer[module]}.weight", np.ascontiguousarray(value, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model

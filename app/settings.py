@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     # MALLOC_ARENA_MAX set to this unless the environment already sets it (or preloads jemalloc); 0 = glibc's default
     # (8 per core: freed memory stayed in per-thread arenas, docs/deploy.md "Memory allocator"). Read at start only.
     malloc_arena_max: int = Field(2, ge=0)
+    # The served process calls glibc's malloc_trim(0) this often (seconds; 0 = never): freed pages inside the arenas go
+    # back to the kernel (after a long run's buffers were freed, 1.7 GB of RSS did: docs/deploy.md "Memory allocator").
+    malloc_trim_interval_s: float = Field(10.0, ge=0)
     # Inputs of at most this many tokens run on one thread: as fast on such small matrices (measured on the
     # 2-core CI machine, benchmarks/results), and the other cores stay free for HTTP, JSON and a browser.
     single_thread_max_tokens: int = 48

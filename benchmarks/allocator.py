@@ -9,8 +9,9 @@ too, so the table says what each one really ran with.
 
     .venv/bin/python benchmarks/allocator.py [--clients 8 --duration 120 --configs bound unbound]
 
-Configurations: `bound` (the default: MALLOC_ARENA_MAX=2 set by attnlab serve), `unbound` (--no-allocator-bound:
-glibc's default, 8 arenas per core), `jemalloc` (LD_PRELOAD of Debian's libjemalloc2, when installed).
+Configurations: `bound` (the default: MALLOC_ARENA_MAX=2 set by attnlab serve, malloc_trim(0) every 10 s),
+`arenas-only` (MALLOC_ARENA_MAX=2, no periodic trim), `unbound` (--no-allocator-bound: glibc's default, 8 arenas per
+core, no trim), `jemalloc` (LD_PRELOAD of Debian's libjemalloc2, when installed).
 Writes benchmarks/results/allocator.md (+ .json beside it). Keep it short on a shared machine.
 """
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import re
 import signal
 import subprocess
 import tempfile
@@ -39,11 +42,29 @@ def peak_mb(pid: int) -> float:
     return int(Path(f"/proc/{pid}/status").read_text().split("VmHWM:")[1].split()[0]) / 1024
 
 
-def measure(config: str, clients: int, duration: float, idle: float, log_dir: Path) -> dict:
+def long_client(base: str, until: float, seed: int, log: dict) -> None:
+    """Long inputs back to back: 600-900 words of text on smollm2-135m (over full_map_tokens: a blockwise run whose
+    atlas the result cache keeps, and large temporaries freed after it)."""
+    rng = random.Random(1000 + seed)
+    words = "the a cat dog sat on mat river bank money bird flew over house red green small old book".split()
+    with httpx.Client(base_url=base, timeout=300) as client:
+        while time.monotonic() < until:
+            body = {"model": "smollm2-135m", "text": " ".join(rng.choice(words) for _ in range(rng.randint(600, 900))),
+                    "layers": [rng.randrange(30)], "heads": [rng.randrange(9)]}
+            try:
+                key = str(client.post("/api/text/attention", json=body).status_code)
+            except httpx.HTTPError as exc:
+                key = type(exc).__name__
+            log[key] = log.get(key, 0) + 1
+
+
+def measure(config: str, clients: int, duration: float, idle: float, log_dir: Path, long_clients: int = 0) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
     args = [str(ATTNLAB), "serve", "--host", "127.0.0.1", "--no-access-log"]
     if config == "unbound":
         args.append("--no-allocator-bound")
+    elif config == "arenas-only":
+        env["ATTNLAB_MALLOC_TRIM_INTERVAL_S"] = "0"
     elif config == "jemalloc":
         if not JEMALLOC.is_file():
             return {"config": config, "skipped": f"{JEMALLOC} is not installed (apt-get install libjemalloc2)"}
@@ -73,19 +94,29 @@ def measure(config: str, clients: int, duration: float, idle: float, log_dir: Pa
         load_before = os.getloadavg()
         rss_before = rss_mb(server.pid)
         print(f"{config}: ready, RSS {rss_before:.0f} MB; {clients} mixed clients × {duration:.0f} s", flush=True)
+        long_log: dict[str, int] = {}
+        longs = [threading.Thread(target=long_client, args=(base, time.monotonic() + duration, seed, long_log))
+                 for seed in range(long_clients)]
+        for t in longs:
+            t.start()
         load = run_phase_sync(base, clients, duration, server.pid, sample_every=1.0, image_id=image_id, mixed=True)
+        for t in longs:
+            t.join()
         rss_after = rss_mb(server.pid)
         time.sleep(idle)
+        trims = [line for line in (log_dir / f"allocator-{config}.server.log").read_text().splitlines()
+                 if "malloc_trim:" in line]
         result = {
             "config": config,
             "allocator_env": {k: environ[k] for k in ("MALLOC_ARENA_MAX", "LD_PRELOAD") if k in environ},
             "rss_before_mb": round(rss_before, 1), "rss_peak_mb": round(peak_mb(server.pid), 1),
             "rss_after_load_mb": round(rss_after, 1), "rss_after_idle_mb": round(rss_mb(server.pid), 1),
-            "idle_s": idle, "load_average_before": [round(x, 1) for x in load_before],
+            "idle_s": idle, "trims_logged": trims, "load_average_before": [round(x, 1) for x in load_before],
             "load_average_after": [round(x, 1) for x in os.getloadavg()],
-            "requests": summary(load), "other_requests": load["mixed"],
+            "requests": summary(load), "other_requests": load["mixed"], "long_requests": long_log,
         }
-        print(json.dumps({k: v for k, v in result.items() if k not in ("requests", "other_requests")}), flush=True)
+        print(json.dumps({k: v for k, v in result.items() if k not in ("requests", "other_requests", "trims_logged")}),
+              flush=True)
         return result
     finally:
         if server.poll() is None:
@@ -97,29 +128,41 @@ def measure(config: str, clients: int, duration: float, idle: float, log_dir: Pa
                 server.wait()
 
 
+def _trimmed(lines: list[str]) -> str:
+    sizes = [float(re.search(r"malloc_trim: ([\d,.]+) MB", line).group(1).replace(",", "")) for line in lines]
+    return f"{len(sizes)}: {sum(sizes):,.0f} MB in all, the largest {max(sizes):,.0f} MB" if sizes else "none"
+
+
+def _longs(log: dict | None) -> str:
+    return f"; long: {', '.join(f'{n} × {k}' for k, n in sorted(log.items()))}" if log else ""
+
+
 def report(results: list[dict], args, info: dict) -> str:
     lines = [
         "# The allocator bound: `attnlab serve` with and without MALLOC_ARENA_MAX=2",
         "",
-        f"`benchmarks/allocator.py --clients {args.clients} --duration {args.duration:g} --idle {args.idle:g}`: "
+        f"`benchmarks/allocator.py --clients {args.clients} --duration {args.duration:g} --idle {args.idle:g} "
+        f"--long-clients {args.long_clients}`: "
         "`attnlab serve` (default settings and models) on loopback, benchmarks/load.py's mixed clients (text "
         "attention, image uploads, views and dinov2-small attention, 4-token generate streams), one configuration "
-        "after the other. Machine: " + f"{info['cpu_model']}, {info['cores']} cores (shared with other engineers' "
+        "after the other; `--long-clients` more clients post 600-900-word texts to smollm2-135m (long runs) back to "
+        "back. Machine: " + f"{info['cpu_model']}, {info['cores']} cores (shared with other engineers' "
         f"tests: load averages below), torch {info['torch']}, Python {info['python']}.",
         "",
         "| configuration | server env | RSS before | peak RSS (VmHWM) | RSS after the load | after "
-        f"{args.idle:g} s idle | requests (200 / 503) | load average before → after |",
-        "|---|---|---|---|---|---|---|---|",
+        f"{args.idle:g} s idle | trims logged (≥ 64 MB each) | requests (200 / 503) | load average before → after |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if "skipped" in r:
-            lines.append(f"| {r['config']} | skipped: {r['skipped']} | | | | | | |")
+            lines.append(f"| {r['config']} | skipped: {r['skipped']} | | | | | | | |")
             continue
         s = r["requests"]["statuses"]
         env = ", ".join(f"{k}={v}" for k, v in r["allocator_env"].items()) or "(none)"
         lines.append(
             f"| {r['config']} | {env} | {r['rss_before_mb']:,.0f} MB | {r['rss_peak_mb']:,.0f} MB | "
-            f"{r['rss_after_load_mb']:,.0f} MB | {r['rss_after_idle_mb']:,.0f} MB | {s.get('200', 0)} / {s.get('503', 0)} | "
+            f"{r['rss_after_load_mb']:,.0f} MB | {r['rss_after_idle_mb']:,.0f} MB | {_trimmed(r['trims_logged'])} | "
+            f"{s.get('200', 0)} / {s.get('503', 0)}{_longs(r.get('long_requests'))} | "
             f"{r['load_average_before'][0]} → {r['load_average_after'][0]} |")
     return "\n".join(lines) + "\n"
 
@@ -129,13 +172,15 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--duration", type=float, default=120)
     ap.add_argument("--idle", type=float, default=10)
-    ap.add_argument("--configs", nargs="+", default=["bound", "unbound"], choices=["bound", "unbound", "jemalloc"])
+    ap.add_argument("--long-clients", type=int, default=0, help="clients posting 600-900-word texts besides the mix")
+    ap.add_argument("--configs", nargs="+", default=["bound", "arenas-only", "unbound"],
+                    choices=["bound", "arenas-only", "unbound", "jemalloc"])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "allocator.md")
     args = ap.parse_args()
     info = machine()
     logs = Path(tempfile.mkdtemp(prefix="attnlab-allocator-"))  # the servers' logs, outside the checkout
     print(f"server logs in {logs}", flush=True)
-    results = [measure(c, args.clients, args.duration, args.idle, logs) for c in args.configs]
+    results = [measure(c, args.clients, args.duration, args.idle, logs, args.long_clients) for c in args.configs]
     args.out.with_suffix(".json").write_text(json.dumps({"machine": info, "results": results}, indent=1))
     args.out.write_text(report(results, args, info))
     print(args.out.read_text())

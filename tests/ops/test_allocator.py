@@ -1,7 +1,8 @@
 """The allocator bound (issue 27, docs/deploy.md "Memory allocator"): the server process runs with glibc's malloc
 arenas bounded (MALLOC_ARENA_MAX=2), set before its first allocation. `attnlab serve` and `python -m app.serve`
-re-execute themselves with it (same pid) unless the environment sets it or preloads an allocator of its own;
-`--no-allocator-bound` / ATTNLAB_MALLOC_ARENA_MAX=0 turn it off; both Docker images set it in their environment.
+re-execute themselves with it (same pid) unless the environment sets it or preloads an allocator of its own, and
+call malloc_trim(0) every malloc_trim_interval_s; `--no-allocator-bound` / ATTNLAB_MALLOC_ARENA_MAX=0 turn the bound
+off; both Docker images set it in their environment.
 The servers here serve no model (ATTNLAB_DEFAULT_MODELS=[]): what is checked is the process itself."""
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ def test_attnlab_serve_runs_the_server_with_two_arenas(tmp_path):
     environ, log = serve(tmp_path, [str(ATTNLAB), "serve"])
     assert environ.get("MALLOC_ARENA_MAX") == "2", sorted(environ)
     assert "attnlab: allocator: MALLOC_ARENA_MAX=2" in log, log
+    assert "attnlab: allocator: malloc_trim(0) every 10 s" in log, log
 
 
 def test_python_m_app_serve_too_and_a_users_value_is_kept(tmp_path):
@@ -79,6 +81,8 @@ def test_the_bound_can_be_turned_off(tmp_path, how):
     environ, log = serve(tmp_path, [str(ATTNLAB), "serve", *extra], **env)
     assert "MALLOC_ARENA_MAX" not in environ
     assert "allocator: glibc's default malloc arenas" in log, log
+    if how == "flag":  # the flag turns the periodic malloc_trim off too
+        assert "allocator: malloc_trim(0) off" in log, log
 
 
 def test_which_environments_are_changed():
@@ -132,3 +136,34 @@ def test_sigterm_while_it_re_executes_exits_0(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+TRIM_CHILD = r"""
+import sys, time
+from app.serve import MallocTrimmer, _resident_pages
+held, pins = [], []
+for _ in range(3000):  # 300 MB in 100 KB chunks (under glibc's mmap threshold: from the heap), each followed by a
+    held.append(bytearray(100_000))  # small live object, so the freed chunks are not at the heap's top
+    pins.append(bytearray(64))
+del held
+before = _resident_pages()
+trimmer = MallocTrimmer(0.05)
+trimmer.start()
+time.sleep(0.5)
+print(before, _resident_pages(), trimmer.calls, trimmer.returned_bytes)
+"""
+
+
+def test_the_periodic_malloc_trim_returns_freed_memory():
+    """Freed heap memory under live small objects stays resident until malloc_trim(0): the server's trimmer thread
+    (every malloc_trim_interval_s) gives it back."""
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", TRIM_CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, after, calls, returned = map(int, out.stdout.split())
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert calls >= 1
+    assert (before - after) * page > 200 * 2**20, (before, after)  # most of the 300 MB went back
+    assert returned > 200 * 2**20
+    assert Settings().malloc_trim_interval_s == 10.0

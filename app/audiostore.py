@@ -13,13 +13,13 @@ per-item limit), with what differs for audio:
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 
 from fastapi import Request
 
 from app.imagestore import UploadKind, UploadStore, build_upload_store
 from app.settings import Settings
-from models.audio import AudioLimits, DecodedAudio, decode_bytes
+from models.audio import AudioLimits, decode_bytes
+from models.lru import BoundedLRU
 
 AudioStore = UploadStore  # the routes' annotation: get(id) → DecodedAudio | None, put(id, bytes, DecodedAudio)
 
@@ -29,38 +29,11 @@ def audio_limits(settings: Settings) -> AudioLimits:
                        min_sample_rate=settings.min_audio_sample_rate, max_sample_rate=settings.max_audio_sample_rate)
 
 
-class ClipLRU:
-    """Decoded clips by content digest, the `max_items` most recently used."""
-
-    def __init__(self, max_items: int):
-        self.max_items = max(1, max_items)
-        self._items: OrderedDict[str, DecodedAudio] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, digest: str) -> DecodedAudio | None:
-        with self._lock:
-            audio = self._items.get(digest)
-            if audio is not None:
-                self._items.move_to_end(digest)
-            return audio
-
-    def put(self, digest: str, audio: DecodedAudio) -> DecodedAudio:
-        with self._lock:
-            self._items[digest] = audio
-            self._items.move_to_end(digest)
-            while len(self._items) > self.max_items:
-                self._items.popitem(last=False)
-        return audio
-
-    def __contains__(self, digest: str) -> bool:
-        with self._lock:
-            return digest in self._items
-
-
 def audio_kind(settings: Settings) -> UploadKind:
     return UploadKind(
         name="audio", key_prefix=settings.redis_key_prefix.removesuffix("image:") + "audio:",
-        new_local=lambda: ClipLRU(settings.audio_cache_items), id_items=16 * settings.audio_cache_items,
+        new_local=lambda: BoundedLRU(max(1, settings.audio_cache_items)),  # decoded clips by content digest
+        id_items=16 * settings.audio_cache_items,
         decode=lambda data: decode_bytes(data, audio_limits(settings)), decode_errors=(),  # AudioInputError: to the route
     )
 

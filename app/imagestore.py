@@ -37,7 +37,6 @@ import logging
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -45,6 +44,7 @@ from fastapi import Request
 
 from app.settings import Settings
 from models.images import ImageInputError, ImageStore, StoredImage, configure_pillow, decode_image
+from models.lru import BoundedLRU
 
 log = logging.getLogger("attnlab")
 RETRY_AFTER_S = 5  # what a 503 for an unreachable Redis tells the client
@@ -97,27 +97,9 @@ def content_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class IdMap:
+def id_map(max_items: int) -> BoundedLRU[str, str]:
     """Random id → content digest, bounded (LRU): ids outlive their decoded images only this far."""
-
-    def __init__(self, max_items: int):
-        self.max_items = max(1, max_items)
-        self._map: OrderedDict[str, str] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def set(self, upload_id: str, digest: str) -> None:
-        with self._lock:
-            self._map[upload_id] = digest
-            self._map.move_to_end(upload_id)
-            while len(self._map) > self.max_items:
-                self._map.popitem(last=False)
-
-    def get(self, upload_id: str) -> str | None:
-        with self._lock:
-            digest = self._map.get(upload_id)
-            if digest is not None:
-                self._map.move_to_end(upload_id)
-            return digest
+    return BoundedLRU(max(1, max_items))
 
 
 def _as_id(item: StoredImage, image_id: str) -> StoredImage:
@@ -133,12 +115,12 @@ class MemoryUploadStore:
     def __init__(self, kind: UploadKind):
         self.kind = kind
         self.local = kind.new_local()
-        self.ids = IdMap(kind.id_items)
+        self.ids = id_map(kind.id_items)
 
     def put(self, upload_id: str, data: bytes, decoded: Any, *, shared: bool = True) -> Any:
         digest = content_digest(data)
         item = self.local.get(digest) or self.local.put(digest, decoded)  # the same content is kept once
-        self.ids.set(upload_id, digest)
+        self.ids.put(upload_id, digest)
         return self.kind.with_id(item, upload_id)
 
     def get(self, upload_id: str) -> Any | None:
@@ -177,7 +159,7 @@ class RedisUploadStore:
         self.kind = kind
         self.prefix = kind.key_prefix
         self.local = kind.new_local()
-        self.ids = IdMap(kind.id_items)
+        self.ids = id_map(kind.id_items)
         self._errors = redis.exceptions.RedisError  # every refusal of Redis's, not only a lost connection
         self._response_error = redis.exceptions.ResponseError
         # One retry: a pooled connection left broken by a Redis restart is replaced at once, so the first
@@ -241,7 +223,7 @@ class RedisUploadStore:
                 raise self._failed(exc) from None
             self._succeeded()
         item = self.local.get(digest) or self.local.put(digest, decoded)
-        self.ids.set(upload_id, digest)
+        self.ids.put(upload_id, digest)
         return self.kind.with_id(item, upload_id)
 
     def _getex(self, key: str) -> bytes | None:
@@ -288,7 +270,7 @@ class RedisUploadStore:
                 log.warning("%s store: %s… from Redis no longer decodes here (%s); treated as absent", name, digest[:8], exc)
                 return None
             item = self.local.put(digest, decoded)
-        self.ids.set(upload_id, digest)
+        self.ids.put(upload_id, digest)
         return self.kind.with_id(item, upload_id)
 
     def __contains__(self, upload_id: str) -> bool:

@@ -25,8 +25,6 @@ import io
 import json
 import logging
 import re
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from struct import error as StructError  # some Pillow plugins raise it on short headers
@@ -34,6 +32,8 @@ from struct import error as StructError  # some Pillow plugins raise it on short
 import numpy as np
 import torch
 from PIL import Image, ImageFile, ImageOps
+
+from models.lru import BoundedLRU
 
 ALLOWED_FORMATS = ("PNG", "JPEG", "WEBP")
 IMAGE_ID_HEX_CHARS = 32  # 128 bits of sha256: collisions are not a practical concern
@@ -292,24 +292,19 @@ class ImageStore:
                  max_long_side: int = 4096):
         self.max_items, self.max_bytes, self.max_short_side = max_items, max_bytes, max_short_side
         self.max_long_side = max_long_side
-        self._items: OrderedDict[str, StoredImage] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._items: BoundedLRU[str, StoredImage] = BoundedLRU(max_items, max_bytes, size=lambda item: item.nbytes)
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
+        return len(self._items)
 
     def __contains__(self, image_id: str) -> bool:
-        with self._lock:
-            return image_id in self._items
+        return image_id in self._items
 
     def get(self, image_id: str) -> StoredImage | None:
-        with self._lock:
-            item = self._items.get(image_id)
-            if item is not None:
-                self._items.move_to_end(image_id)
-            return item
+        return self._items.get(image_id)
+
+    def clear(self) -> None:
+        self._items.clear()
 
     def put(self, image_id: str, decoded: DecodedImage) -> StoredImage:
         image = decoded.image
@@ -319,16 +314,7 @@ class ImageStore:
             size = (max(1, round(image.width * factor)), max(1, round(image.height * factor)))
             image = image.resize(size, Image.Resampling.BICUBIC, reducing_gap=3.0)
         item = StoredImage(image_id, image, decoded.width, decoded.height, decoded.format, decoded.source_mode)
-        with self._lock:
-            old = self._items.pop(image_id, None)
-            if old is not None:
-                self._bytes -= old.nbytes
-            self._items[image_id] = item
-            self._bytes += item.nbytes
-            while self._items and (len(self._items) > self.max_items or self._bytes > self.max_bytes):
-                _, evicted = self._items.popitem(last=False)
-                self._bytes -= evicted.nbytes
-        return item
+        return self._items.put(image_id, item)
 
 
 # ---- preprocessing ---------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import json
 import math
 import queue
 import threading
-from collections import OrderedDict
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -33,7 +33,7 @@ from app.encoding import tensor_field
 from app.ids import is_valid_id, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.interventions import check_indices, whisper_interventions
-from app.lifecycle import check_cancelled
+from app.lifecycle import cache_scope, check_cancelled
 from app.routes.images import decode_gate, read_upload
 from app.runtime import Runtime
 from app.schemas import WEIGHTING_DESCRIPTION, IndexList, Interventions, Weighting, _Strict
@@ -42,6 +42,7 @@ from models.adapters.base import Encoded
 from models.adapters.whisper import POSITION_S, WhisperAdapter, encoder_overview
 from models.attribution import layer_value_norms, value_grams, value_weighted, value_weighted_rows
 from models.head_ops import HeadRun, head_run
+from models.lru import BoundedLRU
 from models.audio import AudioInputError, DecodedAudio, decode_bytes, to_wav
 from models.effects import attention_tv
 
@@ -198,23 +199,29 @@ class AudioAttentionRequest(_Strict):
                                  "from the value-weighted encoder maps; `words`, `alignment` and `effect` stay P's")
 
 
-# greedy transcripts with interventions, per (model, audio, interventions): a re-view needs no new decoding
-_transcripts: OrderedDict[tuple, tuple[list[int], list[float]]] = OrderedDict()
+# greedy transcripts with interventions, per runtime (each app's own, bounded by its result_cache_items) and
+# (client scope, model, audio, interventions): a re-view needs no new decoding; with result_cache_scope="client" a
+# client never reads another's, as with the result cache (app/runtime.py)
+_transcripts: weakref.WeakKeyDictionary[Runtime, BoundedLRU[tuple, tuple[list[int], list[float]]]] = weakref.WeakKeyDictionary()
 _transcripts_lock = threading.Lock()
 
 
+def _transcript_cache(runtime: Runtime) -> BoundedLRU[tuple, tuple[list[int], list[float]]]:
+    with _transcripts_lock:
+        cache = _transcripts.get(runtime)
+        if cache is None:
+            cache = _transcripts[runtime] = BoundedLRU(runtime.settings.result_cache_items)
+        return cache
+
+
 def _transcript(runtime: Runtime, adapter: WhisperAdapter, encoded: Encoded, interventions: tuple) -> tuple[list[int], list[float]]:
-    key = (adapter.info.id, encoded.key, interventions)
-    with _transcripts_lock:
-        if key in _transcripts:
-            _transcripts.move_to_end(key)
-            return _transcripts[key]
-    with runtime.admitted():
-        value = adapter.transcribe(encoded.inputs["input_features"], interventions, prompt=encoded.extra["prompt"])
-    with _transcripts_lock:
-        _transcripts[key] = value
-        while len(_transcripts) > runtime.settings.result_cache_items:
-            _transcripts.popitem(last=False)
+    cache = _transcript_cache(runtime)
+    key = (cache_scope.get(), adapter.info.id, encoded.key, interventions)
+    value = cache.get(key)
+    if value is None:
+        with runtime.admitted():
+            value = adapter.transcribe(encoded.inputs["input_features"], interventions, prompt=encoded.extra["prompt"])
+        cache.put(key, value)
     return value
 
 

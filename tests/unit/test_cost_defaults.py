@@ -1,42 +1,53 @@
 """The cost estimate's default throughput must admit what the defaults allow: a first view of the longest text
 input (settings.max_tokens) on the default LM, alone and with compare, before the model has timed runs of its own.
-At the earlier default (8 GMAC/s) a 3,000-token first view was estimated at 89 s and refused with 413."""
+At the earlier default (8 GMAC/s) a 3,000-token first view was estimated at 89 s and refused with 413. Admission is
+app/costs.check_request_cost itself, on an adapter with smollm2-135m's shape (its config, no weights loaded)."""
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from fastapi import HTTPException
 
-from app.costs import ModelShape, forward_macs, request_runs
+from app.costs import check_request_cost, request_runs
 from app.settings import Settings
 
 CONFIG = Path(__file__).resolve().parents[2] / "weights" / "smollm2-135m" / "config.json"
 
 
-def smollm2_shape() -> ModelShape:
+def smollm2_like_adapter(model_id: str) -> SimpleNamespace:
+    """What check_request_cost reads of an adapter (app/costs.model_shape): info, and the model's parameters and
+    config; `model_id` is fresh per test, so no timed runs of another test's make the estimate a measured one."""
     if not CONFIG.is_file():
         pytest.fail("weights/smollm2-135m is missing: run `make weights`")
     c = json.loads(CONFIG.read_text())
     d, layers, vocab, ffn = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["intermediate_size"]
-    kv = c["num_key_value_heads"] * d // c["num_attention_heads"]
+    heads = c["num_attention_heads"]
+    kv = c["num_key_value_heads"] * d // heads
     per_layer = d * d * 2 + d * kv * 2 + 3 * d * ffn  # q, o, k, v, gate/up/down (norms are negligible)
-    return ModelShape(params=layers * per_layer + vocab * d, layers=layers, heads=c["num_attention_heads"],
-                      head_dim=d // c["num_attention_heads"])
+    params = layers * per_layer + vocab * d
+    model = SimpleNamespace(parameters=lambda: [SimpleNamespace(numel=lambda: params)],
+                            config=SimpleNamespace(hidden_size=d))
+    info = SimpleNamespace(id=model_id, layers=layers, heads=heads, head_dim=d // heads, decoder_layers=None,
+                           kv_heads=c["num_key_value_heads"])
+    return SimpleNamespace(info=info, model=model)
 
 
 @pytest.mark.parametrize("compare", [False, True])
 def test_a_first_view_at_max_tokens_is_admitted_by_the_default_estimate(compare):
     settings = Settings()
-    shape = smollm2_shape()
-    macs = request_runs(1, compare) * forward_macs(shape, settings.max_tokens, settings.max_tokens)
-    seconds = macs / (settings.compute_gmacs_per_s * 1e9)
+    adapter = smollm2_like_adapter(f"smollm2-shape-admitted-{compare}")
+    seconds = check_request_cost(adapter, settings, settings.max_tokens, request_runs(1, compare), 0)
     assert seconds < settings.request_timeout_s, (settings.max_tokens, compare, seconds)
 
 
 def test_sixteen_samples_at_max_tokens_are_still_refused():
-    """The estimate still does its job: 17 runs of the longest input cannot finish in time."""
+    """The estimate still does its job: 17 runs of the longest input cannot finish in time: 413 naming the field."""
     settings = Settings()
-    macs = request_runs(16, True) * forward_macs(smollm2_shape(), settings.max_tokens, settings.max_tokens)
-    assert macs / (settings.compute_gmacs_per_s * 1e9) > settings.request_timeout_s
+    adapter = smollm2_like_adapter("smollm2-shape-refused")
+    with pytest.raises(HTTPException) as refused:
+        check_request_cost(adapter, settings, settings.max_tokens, request_runs(16, True), 0)
+    assert refused.value.status_code == 413 and "request_timeout_s" in refused.value.detail, refused.value.detail
 
 
 

@@ -4,6 +4,9 @@ apart masked only 2 patches; the same holds for token clicks on the text and spe
 from __future__ import annotations
 
 import json
+import re
+
+import pytest
 
 from tests.browser.conftest import screenshot
 from tests.browser.test_image_page import wait_idle
@@ -56,4 +59,69 @@ def test_image_mask_clicks_150ms_apart(page, page_log, live_server):
     prefix = 1  # dinov2-small: CLS, then the patches row by row
     assert tokens == sorted(prefix + r * cols + c for r, c in patches), bodies[-1]["interventions"]
     screenshot(page, "quick-clicks-image")
+    page_log.check()
+
+
+def click_chips(page, selector, indices):
+    """Human clicks on the chips `selector`[data-index=i], GAP_MS apart; what #mask-list / the chosen list read at once."""
+    for i in indices:
+        box = None
+        while box is None:  # None while the page rebuilds the strip: look again
+            box = page.locator(f"{selector}[data-index='{i}']").bounding_box()
+        human_click(page, box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.wait_for_timeout(GAP_MS - HOLD_MS)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "static/js/text.js (not this change's file) rebuilds #token-strip on every response (renderTokens): a click whose "
+    "press and release fall on either side of a redraw is lost (measured: 6 clicks 150 ms apart masked 4). Fix there: "
+    "keep the chips when the tokens are the same and toggle their classes, or listen on the strip (pointerdown/up)"))
+def test_text_token_mask_clicks_150ms_apart(page, page_log, live_server):
+    bodies = record_requests(page, "/api/attention")
+    page.goto(live_server + "/#m=minilm")
+    page.wait_for_function("() => /tokens/.test(document.getElementById('status').textContent)", timeout=120_000)
+    picks = [1, 3, 5, 7, 2, 6]
+    readouts = []
+    for i in picks:
+        click_chips(page, "#token-strip .tok", [i])
+        readouts.append(page.text_content("#mask-list"))
+    assert [len(re.findall(r"\b\d+:", text)) for text in readouts] == list(range(1, len(picks) + 1)), readouts
+    page.wait_for_timeout(500)  # past any coalescing of changes into one request
+    page.wait_for_function("() => /tokens/.test(document.getElementById('status').textContent)", timeout=120_000)
+    assert masked_tokens(bodies[-1]) == sorted(picks), bodies[-1]["interventions"]
+    assert sorted(int(i) for i in page.eval_on_selector_all("#token-strip .tok.masked", "els => els.map(e => e.dataset.index)")) == sorted(picks)
+    page_log.check()
+
+
+def test_speech_query_picks_150ms_apart_and_across_a_redraw(page, page_log, live_server):
+    """The speech page's token clicks: decoder tokens chosen for a query perturbation that is on (each click re-runs);
+    six 150 ms apart, then one whose button is held while a response is drawn (the chips were rebuilt under it)."""
+    bodies = record_requests(page, "/api/audio/attention")
+    page.goto(f"{live_server}/audio?sample")
+    page.wait_for_function("() => document.body.dataset.ready === '1'", timeout=300_000)
+    page.select_option("#perturb-target", "queries")
+    page.click("#perturb-apply")
+    views = page.get_attribute("body", "data-views")
+    page.wait_for_function(f"() => document.body.dataset.views !== '{views}'", timeout=300_000)
+    picks = [3, 5, 7, 9, 11, 13]
+    readouts = []
+    for i in picks:
+        click_chips(page, "#perturb-tokens .tok", [i])
+        readouts.append(page.text_content("#perturb-chosen"))
+    assert [len(re.findall(r"\b\d+:", text)) for text in readouts] == list(range(1, len(picks) + 1)), readouts
+
+    # press on token 15, hold while the run for the six picks is drawn, release: still a click
+    views = page.get_attribute("body", "data-views")
+    box = page.locator("#perturb-tokens .tok[data-index='15']").bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.wait_for_function(f"() => document.body.dataset.views !== '{views}'", timeout=300_000)
+    page.mouse.up()
+    picks.append(15)
+    assert len(re.findall(r"\b\d+:", page.text_content("#perturb-chosen"))) == len(picks), page.text_content("#perturb-chosen")
+    page.wait_for_timeout(500)  # past the page's 150 ms coalescing of changes into one request
+    page.wait_for_function("() => document.getElementById('status').textContent.includes('active')", timeout=300_000)
+    runs = [b for b in bodies if b["interventions"]]  # (the page's second request, without interventions, is "before")
+    last = [iv for iv in runs[-1]["interventions"] if iv["op"] == "perturb_queries"]
+    assert last and sorted(last[0]["tokens"]) == sorted(picks), runs[-1]["interventions"]
     page_log.check()

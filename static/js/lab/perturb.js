@@ -72,8 +72,12 @@ export function mountPerturbPanel(container, lab, {
 
   let labels = [];
   function setTokens(tokenLabels) {
+    // The same tokens again (every response): the chips stay. Rebuilding them lost a click whose press and release
+    // fell on either side of a redraw (the release landed on a new chip: no click).
+    const same = tokenLabels.length === labels.length && tokenLabels.every((t, j) => t === labels[j]) && strip.children.length === labels.length;
     labels = tokenLabels;
     if (!showTokenStrip) { strip.hidden = true; update(); return; }
+    if (same) { update(); return; }
     strip.replaceChildren(...labels.map((tok, j) => {
       const shown = visibleToken(tok);
       const chip = el("span", { className: "tok" + (shown !== tok ? " ws" : ""), textContent: shown, title: `${unit} ${j}: click to choose for the perturbation` });

@@ -7,6 +7,7 @@ tiny random BART added the way an operator adds an encoder–decoder (extra_mode
 from __future__ import annotations
 
 import pytest
+from tests.api.helpers import sse_events
 from fastapi.testclient import TestClient
 
 from app.main import create_app
@@ -79,6 +80,6 @@ def test_each_example_answers_2xx(client, runs_client):
         response = server.post(path.replace("{run_id}", run_id or ""), json=body)
         assert 200 <= response.status_code < 300, (path, name, response.status_code, response.text[:500])
         if path == "/api/text/generate":
-            assert '"done": true' in response.text
+            assert sse_events(response)[-1]["done"] is True  # a job: accepted, its tokens, then done
         elif path in ("/api/text/attention", "/api/image/attention"):
             assert response.json()["effect"] is not None  # the example's interventions ran and were compared

@@ -115,8 +115,9 @@ def test_limits(long_client, llama):
     for unknown in ("0" * 32, "not-an-id"):
         response = long_client.post(f"/api/runs/{unknown}/window", json={"layer": 0, "head": 0, "rows": [0, 2], "cols": [0, 2]})
         assert response.status_code == 404
-    # evicted: a cache of one result keeps only the latest run
-    with tiny_lm_client(llama, full_map_tokens=8, result_cache_items=1) as client:
+    # evicted: a cache of one result keeps only the latest run once the first one's pin is over (result_pin_s=0;
+    # pinned runs: tests/api/test_jobs_api.py)
+    with tiny_lm_client(llama, full_map_tokens=8, result_cache_items=1, result_pin_s=0) as client:
         first = _attention(client)["run_id"]
         body = {"layer": 0, "head": 0, "rows": [0, 2], "cols": [0, 2]}
         assert client.post(f"/api/runs/{first}/window", json=body).status_code == 200

@@ -74,9 +74,10 @@ RUN if [ -n "${PIP_WHEELS_ONLY}" ]; then export PIP_NO_INDEX=1; fi \
 RUN apt-get update \
     && apt-get install -y --no-install-recommends espeak-ng \
     && rm -rf /var/lib/apt/lists/*
-# `python -m models.prepare` (what `attnlab prepare` runs) needs models/ importable; it imports nothing else of attnlab.
+# `python -m attnlab_prepare` (what `attnlab prepare` runs) needs models/ importable; it imports nothing else of attnlab.
 COPY models/ models/
-RUN python -m models.prepare --weights-dir /build/weights \
+COPY attnlab_prepare.py .
+RUN python -m attnlab_prepare --weights-dir /build/weights \
     && test -s /build/weights/samples/speech-sample.wav
 
 # ---- venv: the runtime's virtual environment -------------------------------------------------------------

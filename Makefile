@@ -57,7 +57,7 @@ browser:
 	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	@test -d /usr/share/datasets/fashion-mnist || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist)
 
-# Debian's espeak-ng speaks the /audio page's sample clip at setup (models/prepare.py); without apt the sample is skipped.
+# Debian's espeak-ng speaks the /audio page's sample clip at setup (attnlab_prepare.py); without apt the sample is skipped.
 speech:
 	@test -x /usr/bin/espeak-ng || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng) \
 		|| echo "espeak-ng could not be installed: the /audio page will have no sample clip"

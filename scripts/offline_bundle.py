@@ -25,7 +25,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from models.prepare import sha256_file
+from attnlab_prepare import sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 # The host's own: its torch matches its driver, and numpy/CUDA libraries come with it.

@@ -48,7 +48,7 @@ from models.effects import attention_tv
 
 router = APIRouter(tags=["audio"])
 ROOT = Path(__file__).resolve().parents[2]
-# The bundled sample (made at setup by espeak-ng, models/prepare.py) has this fixed id on every replica.
+# The bundled sample (made at setup by espeak-ng, attnlab_prepare.py) has this fixed id on every replica.
 SAMPLE_ID = "5a3b1e00000000000000000000000001"
 AudioStoreDep = Annotated[AudioStore, Depends(get_audio_store)]
 DEFAULT_MODEL = "whisper-tiny-en"
@@ -140,7 +140,7 @@ def audio_sample(runtime: RuntimeDep, store: AudioStoreDep) -> dict[str, Any]:
     """The bundled sample clip (spoken by espeak-ng at setup): its fixed id and text; 404 when it was not made."""
     if not _sample_path(runtime).is_file():
         raise HTTPException(404, detail="no sample clip on this server (espeak-ng was not installed at setup)")
-    from models.prepare import SPEECH_SAMPLE_TEXT
+    from models.whisper_front import SPEECH_SAMPLE_TEXT
 
     return {**_describe(SAMPLE_ID, _stored(runtime, store, SAMPLE_ID)), "text": SPEECH_SAMPLE_TEXT}
 
@@ -154,7 +154,7 @@ def _spectrogram(samples: np.ndarray) -> np.ndarray:
     global _extractor
     with _extractor_lock:
         if _extractor is None:
-            from models.prepare import whisper_feature_extractor
+            from models.whisper_front import whisper_feature_extractor
 
             _extractor = whisper_feature_extractor()
     frames = min(3000, math.ceil(samples.size / 160))

@@ -85,7 +85,7 @@ class WhisperAdapter(AttentionAdapter):
         self.alignment_heads = [tuple(pair) for pair in ct2_config.get("alignment_heads", [])]  # (decoder layer, head)
         model = load_with_attnlab(WhisperForConditionalGeneration, str(folder), dtype=torch.float32)
         config = model.config
-        from models.prepare import whisper_tokens
+        from models.whisper_front import whisper_tokens
 
         self.tokens = whisper_tokens(folder / "tokenizer.json", config.vocab_size, ct2_config.get("lang_ids"))
         self.eot = self.tokens.eot

@@ -11,7 +11,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 WEIGHTS = ROOT / "weights" / "smollm2-135m"
 
-from models import prepare as prepare_weights  # noqa: E402
+import attnlab_prepare as prepare_weights  # noqa: E402
 
 
 @pytest.fixture(scope="module")

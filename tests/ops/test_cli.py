@@ -41,8 +41,9 @@ def test_serve_help_shows_model_and_uvicorn_options(tmp_path):
 
 
 def test_the_package_is_the_checkout(tmp_path):
-    """An editable install: app/ and models/ import from this checkout (static/, templates/ sit beside them)."""
-    code = "import app, models, models.prepare; print(app.__file__); print(models.prepare.ROOT)"
+    """An editable install: app/, models/ and attnlab_prepare import from this checkout (static/, templates/ sit beside
+    them)."""
+    code = "import app, models, attnlab_prepare; print(app.__file__); print(attnlab_prepare.ROOT)"
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     app_file, root = result.stdout.split()

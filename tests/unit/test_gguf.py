@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from models import gguf
-from models.prepare import main as prepare_main
+from attnlab_prepare import main as prepare_main
 from models.registry import build_registry
 from tests.tiny_models import build_llama_gguf
 

@@ -174,7 +174,7 @@ def test_concatenated_parts_read_as_the_whole_file(tmp_path):
 
 
 def test_whisper_prompts_english_only_and_multilingual():
-    from models.prepare import WhisperTokens
+    from models.whisper_front import WhisperTokens
 
     english = WhisperTokens(eot=50256, sot=50257, no_timestamps=50362, transcribe=None, translate=None, languages={})
     assert not english.multilingual and english.prompt() == [50257, 50362] == english.prompt("en")
@@ -190,7 +190,7 @@ def test_special_tokens_come_from_the_tokenizer(tmp_path):
     more embeddings is multilingual."""
     from tokenizers import Tokenizer, models
 
-    from models.prepare import whisper_tokens
+    from models.whisper_front import whisper_tokens
 
     specials = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|de|>", "<|translate|>", "<|transcribe|>",
                 "<|notimestamps|>"]

@@ -106,6 +106,8 @@ def test_value_weighting_applies_to_a_long_inputs_overview_and_windows(page, pag
     text = (ROOT / "static" / "samples" / "long-sample.txt").read_text()[:600]  # about 150 tokens: long at 64
     page.goto(f"{long_server}/#m=smollm2-135m&t={quote(text)}")
     page.wait_for_function("() => document.getElementById('heatmap').dataset.atlas === 'overview'", timeout=300_000)
+    page.select_option("#zscale", "max")  # the linear scale: the drawn z is P itself (a causal map opens on log₁₀ P)
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.scale === 'max'", timeout=30_000)
     sink = "() => document.getElementById('heatmap').data[0].z.map(r => r[0]).reduce((a, b) => a + b, 0)"
     before = page.evaluate(sink)
     page.select_option("#weighting-select", "value_norm")

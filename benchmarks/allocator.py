@@ -12,7 +12,8 @@ too, so the table says what each one really ran with.
 Configurations: `bound` (the default: MALLOC_ARENA_MAX=2 set by attnlab serve, malloc_trim(0) every 10 s),
 `arenas-only` (MALLOC_ARENA_MAX=2, no periodic trim), `unbound` (--no-allocator-bound: glibc's default, 8 arenas per
 core, no trim), `jemalloc` (LD_PRELOAD of Debian's libjemalloc2, when installed).
-Writes benchmarks/results/allocator.md (+ .json beside it). Keep it short on a shared machine.
+Writes benchmarks/results/allocator-load.md (+ .json beside it; benchmarks/results/allocator.md sums up the runs).
+Keep it short on a shared machine.
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ import random
 import re
 import signal
 import subprocess
-import tempfile
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -43,19 +45,25 @@ def peak_mb(pid: int) -> float:
 
 
 def long_client(base: str, until: float, seed: int, log: dict) -> None:
-    """Long inputs back to back: 600-900 words of text on smollm2-135m (over full_map_tokens: a blockwise run whose
-    atlas the result cache keeps, and large temporaries freed after it)."""
+    """Long inputs back to back, as jobs (Accept: text/event-stream, job_timeout_s; a plain request is held to
+    request_timeout_s, which a long input on a loaded 2-core machine does not fit): 500-650 words of text on
+    smollm2-135m, over full_map_tokens: a blockwise run whose atlas the result cache keeps, its large temporaries
+    freed after it. Each client is a client of its own (one running job per client)."""
     rng = random.Random(1000 + seed)
     words = "the a cat dog sat on mat river bank money bird flew over house red green small old book".split()
-    with httpx.Client(base_url=base, timeout=300) as client:
+    headers = {"Accept": "text/event-stream", "X-Attnlab-Client": f"allocator-long-{seed}"}
+    with httpx.Client(base_url=base, timeout=max(1.0, until - time.monotonic()) + 30, headers=headers) as client:
         while time.monotonic() < until:
-            body = {"model": "smollm2-135m", "text": " ".join(rng.choice(words) for _ in range(rng.randint(600, 900))),
+            body = {"model": "smollm2-135m", "text": " ".join(rng.choice(words) for _ in range(rng.randint(500, 650))),
                     "layers": [rng.randrange(30)], "heads": [rng.randrange(9)]}
             try:
-                key = str(client.post("/api/text/attention", json=body).status_code)
+                r = client.post("/api/text/attention", json=body)
+                key = str(r.status_code) + (" done" if '"done": true' in r.text or '"done":true' in r.text else "")
             except httpx.HTTPError as exc:
                 key = type(exc).__name__
             log[key] = log.get(key, 0) + 1
+            if not key.endswith("done"):
+                time.sleep(1.0)
 
 
 def measure(config: str, clients: int, duration: float, idle: float, log_dir: Path, long_clients: int = 0) -> dict:
@@ -145,8 +153,8 @@ def report(results: list[dict], args, info: dict) -> str:
         f"--long-clients {args.long_clients}`: "
         "`attnlab serve` (default settings and models) on loopback, benchmarks/load.py's mixed clients (text "
         "attention, image uploads, views and dinov2-small attention, 4-token generate streams), one configuration "
-        "after the other; `--long-clients` more clients post 600-900-word texts to smollm2-135m (long runs) back to "
-        "back. Machine: " + f"{info['cpu_model']}, {info['cores']} cores (shared with other engineers' "
+        "after the other; `--long-clients` more clients post 500-650-word texts to smollm2-135m as jobs (long runs) "
+        "back to back. Machine: " + f"{info['cpu_model']}, {info['cores']} cores (shared with other engineers' "
         f"tests: load averages below), torch {info['torch']}, Python {info['python']}.",
         "",
         "| configuration | server env | RSS before | peak RSS (VmHWM) | RSS after the load | after "
@@ -172,10 +180,10 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--duration", type=float, default=120)
     ap.add_argument("--idle", type=float, default=10)
-    ap.add_argument("--long-clients", type=int, default=0, help="clients posting 600-900-word texts besides the mix")
+    ap.add_argument("--long-clients", type=int, default=0, help="clients posting 500-650-word texts (jobs) besides the mix")
     ap.add_argument("--configs", nargs="+", default=["bound", "arenas-only", "unbound"],
                     choices=["bound", "arenas-only", "unbound", "jemalloc"])
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "allocator.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "allocator-load.md")
     args = ap.parse_args()
     info = machine()
     logs = Path(tempfile.mkdtemp(prefix="attnlab-allocator-"))  # the servers' logs, outside the checkout

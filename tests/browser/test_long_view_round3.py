@@ -40,8 +40,11 @@ def test_long_view_scales_eta_and_keeps_its_place_across_a_compare(page, page_lo
 
     # colour: a causal map's default is the log scale, and the overview is drawn on it (not linear under a "log" label)
     assert not page.is_disabled("#zscale") and page.input_value("#zscale") == "log"
-    drawn = page.eval_on_selector("#heatmap", "el => ({scale: el.dataset.scale, zmin: el.data[0].zmin, text: el.data[0].text[1][0]})")
-    assert drawn["scale"] == "log" and drawn["zmin"] == -4 and float(drawn["text"]) > 0
+    drawn = page.eval_on_selector("#heatmap", """el => ({scale: el.dataset.scale, stops: el.data[0].colorscale,
+        zmax: el.data[0].zmax, text: el.data[0].text[1][0]})""")
+    # colours at log-spaced values of P: the ramp's middle colour sits at a small fraction of the largest P
+    stops = [s[0] for s in drawn["stops"]]
+    assert drawn["scale"] == "log" and stops == sorted(stops) and stops[5] < 0.05 and float(drawn["text"]) > 0
     assert page.eval_on_selector("#zscale option[value='fixed']", "o => o.disabled")
     page.select_option("#zscale", "row")
     page.wait_for_function("() => document.getElementById('heatmap').dataset.scale === 'row'", timeout=30_000)

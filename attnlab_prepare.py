@@ -783,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     prepare_dinov2_small(args.weights_dir, force=args.force)
     prepare_smollm2_135m(args.weights_dir, force=args.force)
     prepare_whisper(args.weights_dir, DEFAULT_WHISPER, force=args.force)
-    for model_id in gguf.DEFAULT_GGUF_MODELS:  # gemma3-270m (models/gguf.py)
+    for model_id in gguf.DEFAULT_GGUF_MODELS:  # none for now (models/gguf.py)
         try:
             gguf.prepare_source(args.weights_dir, model_id, force=args.force)
         except gguf.GgufError as exc:

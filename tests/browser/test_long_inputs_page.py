@@ -95,6 +95,10 @@ def test_long_sample_overview_zoom_row_and_retrieval(page, page_log, long_server
     assert page.is_hidden("#atlas-show-box")
     page.locator("#token-strip .tok[data-index='15']").click()
     page.wait_for_function("() => !document.getElementById('atlas-show-box').hidden", timeout=300_000)
+    # the compare keeps the zoomed window (issue 27); double-click's autorange goes back to the overview
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.atlas === 'window-labels'", timeout=60_000)
+    page.evaluate("() => Plotly.relayout('heatmap', {'xaxis.autorange': true, 'yaxis.autorange': true})")
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.atlas === 'overview'", timeout=60_000)
     page.select_option("#atlas-show", "diff")
     # the overview shows P̂ − P too (the two runs' overviews subtracted), on the same diverging scale
     page.wait_for_function("() => document.getElementById('heatmap').dataset.show === 'diff'"

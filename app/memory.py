@@ -14,6 +14,7 @@ finds it (a compare keeps both runs); a pin's bytes count against the budget lik
 from __future__ import annotations
 
 import contextvars
+import ctypes
 import threading
 import time
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from fastapi import HTTPException
 from app.lifecycle import RequestCancelled, request_cancel
 
 POLL_S = 0.1
+TRIM_EVERY_S = 2.0
 
 
 @dataclass
@@ -38,13 +40,44 @@ class RequestMemory:
 request_memory: contextvars.ContextVar[RequestMemory | None] = contextvars.ContextVar("attnlab_memory", default=None)
 
 
+def process_rss() -> int:
+    """This process's resident memory (VmRSS), 0 where /proc is not there."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _malloc_trim() -> None:
+    """Give glibc's free pages back to the kernel (no-op elsewhere): before waiting for room that RSS does not show."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class MemoryBudget:
-    def __init__(self, budget_bytes: int, reserved_bytes: int, cache) -> None:
+    def __init__(self, budget_bytes: int, reserved_bytes: int, cache, measure_rss: bool = True) -> None:
+        self.budget, self.reserved = budget_bytes, reserved_bytes
         self.limit = max(0, budget_bytes - reserved_bytes)  # for kept runs and in-flight work
         self.cache = cache  # app.runtime.ResultCache: kept bytes, pins, eviction
+        # The books (kept + reserved peaks) miss what the allocator holds after a run is freed and any estimate that
+        # fell short: where the process's RSS says more is in use than the books, that is what counts.
+        self.measure_rss = measure_rss
         self._in_flight: list[RequestMemory] = []
         self._cond = threading.Condition()
-        self.waited = 0  # requests that had to wait for room (for /api/health and the benchmarks)
+        self.waited = 0  # requests that had to wait for room (for /api/jobs and the benchmarks)
+
+    def _unbooked(self, others: int) -> int:
+        """Bytes in use that the books do not show: RSS over reserved + kept + the in-flight peaks (those reserve their
+        peak before reaching it, so RSS below the books counts nothing)."""
+        if not self.measure_rss:
+            return 0
+        return max(0, process_rss() - (self.reserved + self.cache.host_bytes + others))
 
     @property
     def in_flight_bytes(self) -> int:
@@ -62,14 +95,17 @@ class MemoryBudget:
             return
         self.check_fits(nbytes, field, what)
         cancel = request_cancel.get()
-        waited = False
+        waited = trimmed = False
         with self._cond:
             while True:
                 others = sum(r.nbytes for r in self._in_flight if r is not holder)
-                need = others + nbytes + self.cache.host_bytes - self.limit
+                need = others + nbytes + self.cache.host_bytes + self._unbooked(others) - self.limit
                 if need > 0:
                     self.cache.evict_for(need, holder.client)
-                    need = others + nbytes + self.cache.host_bytes - self.limit
+                    if not trimmed:  # freed runs and earlier work's garbage back to the kernel, once per wait
+                        _malloc_trim()
+                        trimmed = True
+                    need = others + nbytes + self.cache.host_bytes + self._unbooked(others) - self.limit
                 if need <= 0:
                     holder.nbytes, holder.budget = nbytes, self
                     if holder not in self._in_flight:
@@ -87,6 +123,8 @@ class MemoryBudget:
                         f"server busy: {what} needs about {nbytes / 2**20:,.0f} MiB and the memory budget stayed full "
                         "(runs other clients were still using) until this request's time limit", retry_after=10)
                 self._cond.wait(POLL_S)  # woken by a release; pins expire on their own, so poll too
+                if int(time.monotonic() / TRIM_EVERY_S) != int((time.monotonic() - POLL_S) / TRIM_EVERY_S):
+                    trimmed = False  # while waiting, trim again now and then: other work frees memory too
 
     def check_fits(self, nbytes: int, field: str, what: str) -> None:
         """413 naming `field` when `nbytes` could never fit beside the models, even with nothing else kept."""

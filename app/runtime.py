@@ -253,7 +253,8 @@ class Runtime:
         self.cache = ResultCache(settings.result_cache_items, settings.result_cache_bytes,
                                  result_cache_device_bytes(settings, _gpu_total_bytes(settings)), settings.result_pin_s)
         # kept runs + in-flight peaks within memory_budget_bytes (app/memory.py); app/costs.py reserves before runs
-        self.memory = MemoryBudget(settings.memory_budget_bytes, settings.memory_reserved_bytes, self.cache)
+        self.memory = MemoryBudget(settings.memory_budget_bytes, settings.memory_reserved_bytes, self.cache,
+                                   settings.memory_watch_rss)
         self.ready = False
         if settings.torch_threads > 0:
             torch.set_num_threads(settings.torch_threads)

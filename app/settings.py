@@ -123,6 +123,10 @@ class Settings(BaseSettings):
     # row): its client's next step finds it, and a compare keeps both runs. Pinned bytes count against
     # memory_budget_bytes; a request that does not fit beside them waits (app/memory.py).
     result_pin_s: float = Field(120.0, ge=0)
+    # The memory accountant also reads the process's RSS: where it shows more in use than its books (kept runs +
+    # reserved peaks: what the allocator keeps after a run, an estimate that fell short), new work waits for that too.
+    # Off only where one process holds many apps (the test suite).
+    memory_watch_rss: bool = True
     result_cache_items: int = 64
     result_cache_bytes: int | None = None  # None = a share of memory_budget_bytes (app/costs.py)
     # On a GPU a run's atlas stays in device memory, so the result cache is sized against the GPU's memory instead:

@@ -256,7 +256,7 @@ def _latency_summary(latencies: list, long_job: dict | None) -> dict:
     return summary
 
 
-def part_memory(pin_s: float) -> dict:
+def part_memory(pin_s: float, tokens: int) -> dict:
     limit = 4 * 2**30
     env = {"ATTNLAB_RESULT_PIN_S": str(pin_s)}
     samples: list[tuple[float, int, int]] = []
@@ -280,7 +280,7 @@ def part_memory(pin_s: float) -> dict:
         compares: list[dict] = []
 
         def compare(k: int) -> None:
-            body = {"model": "smollm2-135m", "text": text_of(4000, f"mem{k}-{random.random():.6f}"), "layers": [0],
+            body = {"model": "smollm2-135m", "text": text_of(tokens, f"mem{k}-{random.random():.6f}"), "layers": [0],
                     "heads": [0], "compare": True, "interventions": [{"op": "mask_keys", "tokens": [5]}]}
             out = job(base, "/api/text/attention", body, f"memory-{k}", timeout=1800)
             final = out.get("final") or {}
@@ -309,7 +309,7 @@ def part_memory(pin_s: float) -> dict:
         jobs_view = httpx.get(f"{base}/api/jobs", timeout=10).json()
         alive = proc.poll() is None
     budget = 3584 * 2**20
-    return {"cgroup_limit_bytes": limit, "memory_budget_bytes": budget, "result_pin_s": pin_s,
+    return {"cgroup_limit_bytes": limit, "memory_budget_bytes": budget, "result_pin_s": pin_s, "tokens": tokens,
             "idle_rss_bytes": idle_rss, "peak_rss_bytes": max(s[1] for s in samples), "vmhwm_bytes": hwm,
             "cgroup_max_usage_bytes": cg_max, "cgroup_failcnt": failcnt, "oom_control": oom.strip().splitlines(),
             "server_alive": alive, "within_budget_plus_half_gib": max(s[1] for s in samples) <= budget + 2**29,
@@ -326,22 +326,21 @@ def main() -> None:
     ap.add_argument("--parts", default="eta,fairness,memory")
     ap.add_argument("--busy", type=int, default=2)
     ap.add_argument("--pin-s", type=float, default=30.0, help="result_pin_s of the memory part's server")
+    ap.add_argument("--tokens", type=int, default=4000, help="tokens of each of the memory part's 4 compares")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "jobs.md")
     args = ap.parse_args()
     results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                  "python": sys.version.split()[0], "load_at_start": os.getloadavg()},
                      "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     parts = args.parts.split(",")
-    if "eta" in parts:
-        results["eta"] = part_eta(args.busy)
-    if "fairness" in parts:
-        results["fairness"] = part_fairness()
-    if "memory" in parts:
-        results["memory"] = part_memory(args.pin_s)
     json_path = args.out.with_suffix(".json")
-    old = json.loads(json_path.read_text()) if json_path.exists() else {}
-    old.update(results)
-    json_path.write_text(json.dumps(old, indent=1))
+    runners = {"eta": lambda: part_eta(args.busy), "fairness": part_fairness,
+               "memory": lambda: part_memory(args.pin_s, args.tokens)}
+    for part in parts:
+        results[part] = runners[part]()
+        old = json.loads(json_path.read_text()) if json_path.exists() else {}
+        old.update(results)
+        json_path.write_text(json.dumps(old, indent=1))
     print(json.dumps(results, indent=1)[:4000])
 
 

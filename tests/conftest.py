@@ -1,9 +1,15 @@
 """Fixtures shared by every test layer: tiny random-weight BERTs built here, and app clients."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# The test process holds many apps and models at once, so its RSS says nothing of one app's budget: apps built here
+# keep the memory accountant's books only (servers started as subprocesses inherit this too). The RSS watch is tested
+# on its own (tests/unit/test_jobs_admission.py).
+os.environ.setdefault("ATTNLAB_MEMORY_WATCH_RSS", "0")
 
 # app/ and models/ come from the installed package (`pip install -e .`); the checkout itself is on sys.path
 # through pyproject.toml's [tool.pytest.ini_options] pythonpath (tests.tiny_models, tests/api/slow_app.py).

@@ -151,7 +151,7 @@ def test_making_room_takes_unpinned_then_the_clients_own_runs_never_anothers():
 
 def test_the_accountant_waits_for_room_and_refuses_what_never_fits():
     cache = ResultCache(max_items=10, max_bytes=10_000, pin_s=60)
-    budget = MemoryBudget(budget_bytes=1_500, reserved_bytes=500, cache=cache)  # 1,000 bytes for runs
+    budget = MemoryBudget(budget_bytes=1_500, reserved_bytes=500, cache=cache, measure_rss=False)  # 1,000 for runs
     cache.put(("kept",), _Result(300, "kept"), "someone")  # pinned by another client
     with pytest.raises(HTTPException) as refused:
         budget.check_fits(1_001, "text", "one run")
@@ -175,6 +175,28 @@ def test_the_accountant_waits_for_room_and_refuses_what_never_fits():
     budget.release(first)
     assert granted.wait(5)
     assert cache.by_run_id("kept") is not None  # room came from the release, not from another client's pinned run
+
+
+def test_memory_the_books_miss_is_counted_from_rss():
+    """What the allocator keeps after runs are freed shows in RSS, not in the books: a request that fits the books but
+    not the process's real memory waits (here until its deadline: 503)."""
+    from app.memory import process_rss
+    from app.runtime import Overloaded
+
+    cache = ResultCache(max_items=10, max_bytes=10_000)
+    rss = process_rss()
+    assert rss > 0
+    # the books: nothing kept, nothing in flight, 100 MB reserved; the process's RSS is far above that
+    budget = MemoryBudget(budget_bytes=rss + 50 * 2**20, reserved_bytes=100 * 2**20, cache=cache)
+    token = request_memory.set(RequestMemory(client="a"))
+    try:
+        with pytest.raises(Overloaded):
+            budget.reserve(100 * 2**20, "text", "one run", time.monotonic() + 0.5)
+        books_only = MemoryBudget(budget_bytes=rss + 50 * 2**20, reserved_bytes=100 * 2**20, cache=cache,
+                                  measure_rss=False)
+        books_only.reserve(100 * 2**20, "text", "one run", time.monotonic() + 0.5)  # the books alone admit it
+    finally:
+        request_memory.reset(token)
 
 
 def test_the_throughput_fit_is_not_made_slow_by_short_runs():

@@ -640,21 +640,31 @@ function renderTokens() {
   const masks = lab.lab.masks.tokens;
   const square = state.view ? state.view.tokens === state.view.queryTokens : false;
   const tokens = state.view?.tokens ?? kindTokens(state.long.response).keys; // the shown kind's keys
-  $("token-strip").classList.toggle("scroll", Boolean(state.long)); // thousands of chips: a scrolling box
-  $("token-strip").replaceChildren(...tokens.map((tok, i) => {
-    const el = document.createElement("span");
+  const strip = $("token-strip");
+  strip.classList.toggle("scroll", Boolean(state.long)); // thousands of chips: a scrolling box
+  // The chips stay while the tokens are the same (a response to a mask click brings the same tokens): rebuilding them
+  // on every response lost a click held across the rebuild (6 clicks 150 ms apart masked 4).
+  const key = tokens.join("\u0000");
+  if (strip.dataset.tokensKey !== key) {
+    strip.dataset.tokensKey = key;
+    strip.replaceChildren(...tokens.map((tok, i) => {
+      const el = document.createElement("span");
+      el.textContent = visibleToken(tok); // a newline token reads "\n", not an empty chip
+      el.dataset.index = i;
+      el.tabIndex = 0; // keyboard: Tab to a token, Enter or Space masks it
+      el.setAttribute("role", "button");
+      el.addEventListener("click", () => lab.toggleMask(i));
+      el.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); lab.toggleMask(i); } });
+      return el;
+    }));
+  }
+  tokens.forEach((tok, i) => {
+    const el = strip.children[i];
     el.className = "tok" + (masks.has(i) ? " masked" : "") + (square && i === state.query ? " query" : "");
-    el.textContent = visibleToken(tok); // a newline token reads "\n", not an empty chip
     if (el.textContent !== tok) el.classList.add("ws");
     el.title = `token ${i}: click to ${masks.has(i) ? "unmask" : "mask"} as a key`;
-    el.dataset.index = i;
-    el.tabIndex = 0; // keyboard: Tab to a token, Enter or Space masks it
-    el.setAttribute("role", "button");
     el.setAttribute("aria-pressed", String(masks.has(i)));
-    el.addEventListener("click", () => lab.toggleMask(i));
-    el.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); lab.toggleMask(i); } });
-    return el;
-  }));
+  });
 }
 
 // Language models: which query position's next token is shown (the last by default).

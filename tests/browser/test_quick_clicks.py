@@ -73,12 +73,8 @@ def click_chips(page, selector, indices):
         page.wait_for_timeout(GAP_MS - HOLD_MS)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "static/js/text.js (not this change's file) rebuilds #token-strip on every response (renderTokens): a click whose "
-    "press and release fall on either side of a redraw is lost (measured: 6 clicks 150 ms apart masked 4). Fix there: "
-    "keep the chips when the tokens are the same and toggle their classes, or listen on the strip (pointerdown/up)"))
 def test_text_token_mask_clicks_150ms_apart(page, page_log, live_server):
-    bodies = record_requests(page, "/api/attention")
+    bodies = record_requests(page, "/api/text/attention")
     page.goto(live_server + "/#m=minilm")
     page.wait_for_function("() => /tokens/.test(document.getElementById('status').textContent)", timeout=120_000)
     picks = [1, 3, 5, 7, 2, 6]

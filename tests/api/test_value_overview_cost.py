@@ -14,7 +14,7 @@ from app.settings import Settings
 from tests.api.helpers import TINY_ATLAS, tiny_lm_client
 from tests.api.helpers import TINY_TEXT as TEXT
 from tests.tiny_models import build_text_model
-from tests.unit.test_cost_defaults import smollm2_shape
+from tests.unit.test_cost_defaults import smollm2_like_adapter
 
 
 
@@ -81,7 +81,7 @@ def test_the_overview_counts_with_the_runs_and_alone(client):
 def test_a_value_weighted_first_view_at_max_tokens_is_admitted_by_the_default_estimate():
     """smollm2-135m at settings.max_tokens: the run and its value-weighted overview fit the default estimate (the
     ~3,000-token sample on the text page with plenty to spare); with compare (a second run) they do not."""
-    settings, shape = Settings(), smollm2_shape()
+    settings, shape = Settings(), model_shape(smollm2_like_adapter("smollm2-shape-value-overview"))
     n = settings.max_tokens
     rate = settings.compute_gmacs_per_s * 1e9
     alone = (forward_macs(shape, n, n) + value_overview_macs(shape, n, n)) / rate

@@ -179,6 +179,11 @@ def _sample_runs(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, 
     for sample, scores in others[1:]:
         check_cancelled()
         effects.append(effect_of(base, runtime.run(adapter, encoded, sample, scores)))
+    # both runs pinned from now, when they are answered: the first run's pin began when it was put, and a long second
+    # run could outlast it (a 4,096-token compare's run_id answered 404 right after the compare on a busy machine)
+    for kept in (result, base):
+        if kept.run_id is not None:
+            runtime.get_run(kept.run_id)
     return result, base, effects[0] if len(effects) == 1 else _merge_samples(effects)
 
 

@@ -24,6 +24,9 @@ from fastapi import HTTPException
 from app.lifecycle import RequestCancelled, request_cancel
 
 POLL_S = 0.1
+# A request whose peak is at most this is booked without waiting for room (a short first view, a window): waiting
+# behind a long compare's memory made a 20-token view take 27 s; memory_budget_bytes + 0.5 GiB is the stated bound.
+SMALL_BYTES = 64 * 2**20
 TRIM_EVERY_S = 2.0
 
 
@@ -94,6 +97,12 @@ class MemoryBudget:
         if holder is None or nbytes <= holder.nbytes:
             return
         self.check_fits(nbytes, field, what)
+        if nbytes <= SMALL_BYTES:  # short interactive work does not wait for room: the stated margin covers it
+            with self._cond:
+                holder.nbytes, holder.budget = nbytes, self
+                if holder not in self._in_flight:
+                    self._in_flight.append(holder)
+            return
         cancel = request_cancel.get()
         waited = trimmed = False
         with self._cond:

@@ -150,28 +150,35 @@ def test_making_room_takes_unpinned_then_the_clients_own_runs_never_anothers():
 
 
 def test_the_accountant_waits_for_room_and_refuses_what_never_fits():
-    cache = ResultCache(max_items=10, max_bytes=10_000, pin_s=60)
-    budget = MemoryBudget(budget_bytes=1_500, reserved_bytes=500, cache=cache, measure_rss=False)  # 1,000 for runs
-    cache.put(("kept",), _Result(300, "kept"), "someone")  # pinned by another client
+    unit = 2**20  # MiB: reservations over SMALL_BYTES (64 MiB) wait for room
+    cache = ResultCache(max_items=10, max_bytes=10_000 * unit, pin_s=60)
+    budget = MemoryBudget(budget_bytes=1_500 * unit, reserved_bytes=500 * unit, cache=cache, measure_rss=False)
+    cache.put(("kept",), _Result(300 * unit, "kept"), "someone")  # pinned by another client
     with pytest.raises(HTTPException) as refused:
-        budget.check_fits(1_001, "text", "one run")
+        budget.check_fits(1_001 * unit, "text", "one run")
     assert refused.value.status_code == 413 and refused.value.detail.startswith("text:")
 
     first = RequestMemory(client="a")
     token = request_memory.set(first)
-    budget.reserve(600, "text", "one run", None)  # 300 kept + 600 ≤ 1,000
+    budget.reserve(600 * unit, "text", "one run", None)  # 300 kept + 600 ≤ 1,000
     request_memory.reset(token)
-    assert budget.in_flight_bytes == 600
+    assert budget.in_flight_bytes == 600 * unit
 
     granted = threading.Event()
 
     def second() -> None:
         request_memory.set(RequestMemory(client="b"))
-        budget.reserve(400, "text", "another run", time.monotonic() + 10)  # 300 + 600 + 400 > 1,000: waits
+        budget.reserve(400 * unit, "text", "another run", time.monotonic() + 10)  # 300 + 600 + 400 > 1,000: waits
         granted.set()
 
     threading.Thread(target=second, daemon=True).start()
     assert not granted.wait(0.4)
+    small = RequestMemory(client="c")
+    token = request_memory.set(small)
+    budget.reserve(8 * unit, "text", "a short view", time.monotonic() + 0.2)  # small: booked at once, no wait
+    request_memory.reset(token)
+    assert small.nbytes == 8 * unit
+    budget.release(small)
     budget.release(first)
     assert granted.wait(5)
     assert cache.by_run_id("kept") is not None  # room came from the release, not from another client's pinned run

@@ -33,9 +33,11 @@ from app.encoding import tensor_field
 from app.ids import is_valid_id, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.interventions import check_indices, whisper_interventions
+from app.costs import check_work_cost, forward_macs, model_shape
 from app.lifecycle import cache_scope, check_cancelled
 from app.routes.images import decode_gate, read_upload
 from app.runtime import Runtime
+from app.streams import respond
 from app.schemas import WEIGHTING_DESCRIPTION, IndexList, Interventions, Weighting, _Strict
 from app.templating import templates
 from models.adapters.base import Encoded
@@ -245,7 +247,7 @@ def _prepare(req: AudioAttentionRequest, runtime: Runtime, store: AudioStore):
 
 
 @router.post("/api/audio/attention")
-def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: AudioStoreDep) -> Response:
+def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: AudioStoreDep, request: Request) -> Response:
     """Whisper's attention on a clip: the decoder tokens (prompt included) and the transcript; cross-attention
     [L][H][N][1500] (keys: encoder positions of 20 ms), decoder self-attention [L][H][N][N] (causal), the encoder's
     self-attention as a pooled overview; each target token's probability (teacher-forced); words with times from
@@ -258,10 +260,25 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
     heads = check_indices(req.heads, info.heads, ("heads",), "head")
     encoder_layers = check_indices(req.encoder_layers, info.encoder_layers, ("encoder_layers",), "encoder layer")
     interventions = whisper_interventions(req, adapter, n)
+    # with Accept: text/event-stream a job (app/streams.py): accepted with its ETA, layer progress, then this response
+    return respond(request, lambda: _attention_response(req, runtime, adapter, audio, encoded, interventions,
+                                                        (layers, heads, encoder_layers)),
+                   "POST /api/audio/attention")
+
+
+def _attention_response(req: AudioAttentionRequest, runtime: Runtime, adapter: WhisperAdapter, audio, encoded,
+                        interventions, picked: tuple[list[int], list[int], list[int]]) -> dict[str, Any]:
+    info = adapter.info
+    n = len(encoded.tokens)
+    layers, heads, encoder_layers = picked
     n_positions = min(1500, math.ceil(audio.samples.size / (POSITION_S * 16000)))
     numbers = len(layers) * len(heads) * n * ((1500 if "cross" in req.kinds else 0) + (n if "decoder" in req.kinds else 0))
     check_response_numbers(runtime.settings, numbers, {"layers": len(layers), "heads": len(heads), "kinds": len(req.kinds)},
                            "ask for fewer layers/heads/kinds")
+    missing = sum(not runtime.is_cached(adapter, encoded, ivs, False) for ivs in {(), interventions})
+    if missing:  # the runs' model time, as runtime.run counts it; a job is accepted here
+        check_work_cost(adapter, runtime.settings, missing * forward_macs(model_shape(adapter), n, n, len(interventions)),
+                        missing, "audio_id", f"{missing} Whisper run{'s' if missing > 1 else ''}")
     check_cancelled()
     grams = value_grams(adapter)
     if req.weighting == "value_norm" and grams is None:
@@ -298,7 +315,7 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
             warnings.append(f"the transcript with interventions stopped at max_transcript_tokens={adapter.max_new_tokens}")
     if encoded.extra["labels"] and len(encoded.extra["labels"]) > adapter.max_new_tokens:
         warnings.append(f"the transcript stopped at max_transcript_tokens={adapter.max_new_tokens}")
-    return fast_json({
+    return {
         "model": info.id, "audio_id": req.audio_id, "run_id": result.run_id, "tokens": encoded.tokens, "positions": 1500,
         "clip_positions": n_positions, "frame_s": POSITION_S, "duration_s": round(audio.duration_s, 4),
         "transcript": encoded.extra["text"], "task": encoded.extra["task"], "language": encoded.extra["language"],
@@ -309,7 +326,7 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
         "output": adapter.output_summary(result, encoded), "effect": effect,
         "words": adapter.word_times(base, encoded), "alignment": adapter.alignment_ranking(base, encoded),
         "warnings": warnings,
-    })
+    }
 
 
 def _kind_norms(adapter: WhisperAdapter, result, kind: str) -> torch.Tensor:

@@ -192,3 +192,22 @@ def test_whisper_base_translates_detects_and_names_a_bad_language(audio_client, 
     assert detected["language"] == "en" and detected["language_prob"] > 0.5 and detected["tokens"][2] == "<|transcribe|>"
     bad = audio_client.post("/api/audio/attention", json={**body, "language": "xx"})
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][-1] == "language" and "de" in bad.json()["detail"][0]["msg"]
+
+
+def test_attention_streamed_is_a_job_with_progress_and_the_same_answer(audio_client, sample_id):
+    """docs/api.md "Jobs": with Accept: text/event-stream the speech attention is a job: accepted (ETA), a progress
+    event per attention layer of the runs it makes, then the same answer as the plain request."""
+    from tests.api.helpers import job_events
+
+    body = {"audio_id": sample_id, "layers": [1], "heads": [3], "kinds": ["cross"],
+            "interventions": [{"op": "mask_keys", "kind": "cross", "tokens": list(range(40, 60))}]}
+    streamed = audio_client.post("/api/audio/attention", json=body, headers={"Accept": "text/event-stream"})
+    assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+    accepted, *events = job_events(streamed)
+    assert accepted["accepted"] is True and accepted["runs"] >= 1 and accepted["eta_s"] > 0
+    progress = [e for e in events if "progress" in e]
+    assert progress and progress[-1]["progress"] == progress[-1]["total"]
+    done = events[-1]
+    assert done["done"] is True
+    plain = audio_client.post("/api/audio/attention", json=body).json()  # now from the result cache
+    assert done["attention"]["cross"] == plain["attention"]["cross"] and done["transcript"] == plain["transcript"]

@@ -312,6 +312,10 @@ def request_examples(models: dict[str, str], image_samples: dict[str, str],
         examples["/api/text/faithfulness"] = {"faithfulness": {
             "summary": f"{lm}: mask each method's top 1 and 2 keys of the last row", "value": {
                 "model": lm, "text": prompt, "position": None, "k": [1, 2], "methods": ["attention", "value_norm"]}}}
+    if lm or enc:
+        examples["/api/text/tokenize"] = {"answer": {
+            "summary": f"{lm or enc}: the token an answer box will use (with its leading space)",
+            "value": {"model": lm or enc, "text": " Paris"}}}
     examples["/api/runs/{run_id}/window"] = {"window": {
         "summary": "an 8 × 8 window of layer 0, head 0 (run_id from an attention response)",
         "value": {"layer": 0, "head": 0, "rows": [0, 8], "cols": [0, 8]}}}

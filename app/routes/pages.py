@@ -66,7 +66,8 @@ def _guide(request: Request, slug: str):
 def loaded_infos(runtime: Runtime, kind: str) -> list[dict] | None:
     """ModelInfo of every registry model of `kind` if all of them are loaded already, else None."""
     loaded = {adapter.info.id: adapter.info for adapter in runtime.loaded_adapters()}
-    ids = [model_id for model_id, spec in runtime.specs.items() if spec.kind == kind]
+    # models that could not load (optional weights not prepared: runtime.unavailable) are not waited for
+    ids = [model_id for model_id, spec in runtime.specs.items() if spec.kind == kind and model_id not in runtime.unavailable]
     if not ids or any(model_id not in loaded for model_id in ids):
         return None
     from app.routes.service import public_info  # `source` without server paths

@@ -295,9 +295,7 @@ def check_request_cost(adapter, settings, tokens: int, runs: int, interventions:
         request_extra_work.set(None)
     seconds = estimated_seconds(adapter, settings, macs)
     limit, setting = time_limit(settings)
-    request_model_seconds.set(seconds)
     passes = runs + (extra[3] if extra is not None else 0)
-    request_model_runs.set(passes)
     if seconds > limit:
         field = field or (extra[0] if extra is not None and extra[2] > macs / 2 else cost_field(
             shape, tokens, keys or tokens, runs, interventions, input_field,
@@ -309,6 +307,10 @@ def check_request_cost(adapter, settings, tokens: int, runs: int, interventions:
             f"time on {adapter.info.id} at this machine's measured speed and load, over {setting}={limit:g} s"
             f"{_as_job_hint(settings, seconds)}; or ask for a shorter input, fewer samples or fewer interventions"
             f"{f' (or {extra[0]} as before)' if extra is not None else ''}"))
+    # set only for work that will run: a refused estimate left in the caller's context was read by a later request
+    # made from it (a test calling this directly, then a client: 503 "needs about 400 s")
+    request_model_seconds.set(seconds)
+    request_model_runs.set(passes)
     accept_job(seconds, passes)
     return seconds
 
@@ -337,11 +339,11 @@ def check_work_cost(adapter, settings, macs: float, passes: int, field: str, wha
     `field` when it would not finish within the request's limit; a job is then accepted. Returns the seconds."""
     seconds = estimated_seconds(adapter, settings, macs)
     limit, setting = time_limit(settings)
-    request_model_seconds.set(seconds)
     if seconds > limit:
         raise HTTPException(413, detail=(
             f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
             f"{setting}={limit:g} s{_as_job_hint(settings, seconds)}; ask for less"))
+    request_model_seconds.set(seconds)
     accept_job(seconds, passes)
     return seconds
 

@@ -182,11 +182,12 @@ def test_masks_ablation_scopes_and_resets(page, page_log, live_server):
     page.wait_for_function("() => document.getElementById('interventions-list').textContent.includes('none')", timeout=60_000)
     wait_idle(page)
 
-    # Bad input reaches #status with the field's name, never silently.
+    # Bad input is said with the field's name, never silently: the header says a run failed, the message is under Run
     set_number(page, "#perturb-sigma", 100000)
     page.click("#perturb-apply")
     page.wait_for_function("() => document.getElementById('status').classList.contains('error')", timeout=60_000)
-    assert "noise_std" in page.inner_text("#status")
+    page.wait_for_function("() => !document.getElementById('run-error').hidden", timeout=60_000)
+    assert "noise_std" in page.inner_text("#run-error")
     screenshot(page, "text-lab-bad-input")
     # Chromium logs the expected 422 response itself as a console error; nothing else may appear.
     page_log.errors = [e for e in page_log.errors if "status of 422" not in e]

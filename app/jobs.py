@@ -109,15 +109,9 @@ JOBS = JobBoard()
 
 
 def client_of(headers: list[tuple[bytes, bytes]], peer: tuple[str, int] | None) -> str:
-    """The client a request comes from, for queueing and kept runs: not a security boundary (result_cache_scope is)."""
-    from app.lifecycle import SCOPE_COOKIE, SCOPE_HEADER
+    """The client a request comes from, for queueing and kept runs: the cache scope's header or cookie
+    (app.lifecycle.client_scope), else the peer's address. Not a security boundary (result_cache_scope is)."""
+    from app.lifecycle import client_scope
 
-    for key, value in headers:
-        if key == SCOPE_HEADER.encode():
-            return "h:" + value.decode("latin-1").strip()[:64]
-        if key == b"cookie":
-            for part in value.decode("latin-1").split(";"):
-                name, _, text = part.strip().partition("=")
-                if name == SCOPE_COOKIE and text:
-                    return "c:" + text[:64]
-    return "a:" + (peer[0] if peer else "?")
+    scope, new = client_scope(headers)
+    return "a:" + (peer[0] if peer else "?") if new else scope

@@ -67,6 +67,7 @@ class MemoryBudget:
     def __init__(self, budget_bytes: int, reserved_bytes: int, cache, measure_rss: bool = True) -> None:
         self.budget, self.reserved = budget_bytes, reserved_bytes
         self.limit = max(0, budget_bytes - reserved_bytes)  # for kept runs and in-flight work
+        self.models: dict[str, int] = {}  # models loaded on first use → their weights' bytes (in `reserved`)
         self.cache = cache  # app.runtime.ResultCache: kept bytes, pins, eviction
         # The books (kept + reserved peaks) miss what the allocator holds after a run is freed and any estimate that
         # fell short: where the process's RSS says more is in use than the books, that is what counts.
@@ -81,6 +82,15 @@ class MemoryBudget:
         if not self.measure_rss:
             return 0
         return max(0, process_rss() - (self.reserved + self.cache.host_bytes + others))
+
+    def add_model(self, model_id: str, nbytes: int) -> None:
+        """A model loaded beyond the default ones (memory_reserved_bytes counts those): its weights are set aside
+        too, so a first-use model (gemma3-270m: 1.1 GB in float32) shrinks the room for runs rather than overrunning
+        the budget."""
+        with self._cond:
+            self.reserved += nbytes
+            self.limit = max(0, self.budget - self.reserved)
+            self.models[model_id] = nbytes
 
     @property
     def in_flight_bytes(self) -> int:

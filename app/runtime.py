@@ -219,6 +219,15 @@ def _gpu_total_bytes(settings: Settings) -> int | None:
     return torch.cuda.get_device_properties(0).total_memory if on_gpu and torch.cuda.is_available() else None
 
 
+def host_weight_bytes(adapter: AttentionAdapter) -> int:
+    """Bytes of a loaded model's parameters and buffers in host memory (tied tensors once; 0 on a GPU)."""
+    model = getattr(adapter, "model", None)
+    if model is None or adapter.device.type != "cpu":
+        return 0
+    tensors = {t.data_ptr(): t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())}
+    return sum(tensors.values())
+
+
 def configure_atlas(adapter: AttentionAdapter, settings: Settings) -> None:
     """Long inputs (docs/science.md §10): the adapter's threshold and block settings from the settings."""
     adapter.full_map_tokens = settings.full_map_tokens_image if adapter.info.kind == "image" else settings.full_map_tokens
@@ -239,6 +248,7 @@ class Runtime:
         )
         self._adapters: dict[str, AttentionAdapter] = {}
         self.unavailable: dict[str, str] = {}  # model id → why it could not load
+        self._described: dict[str, dict] = {}  # model id → its ModelInfo read from its files (not loaded yet)
         self._load_lock = threading.Lock()
         self._run_lock = threading.Lock()  # one forward at a time
         self._turns = threading.Condition()  # the lock is handed over by priority (see _acquire_in_order)
@@ -278,8 +288,32 @@ class Runtime:
                         self.unavailable[model_id] = str(exc)
                         raise UnknownModel(f"model {model_id!r} is unavailable: {exc}") from exc
                     configure_atlas(adapter, self.settings)
+                    if model_id not in self.settings.default_models:  # memory_reserved_bytes covers the defaults only
+                        self.memory.add_model(model_id, host_weight_bytes(adapter))
                     self._adapters[model_id] = adapter
         return adapter
+
+    def describe(self, model_id: str, load: bool = True) -> dict | None:
+        """The ModelInfo dict of a model without loading it when its spec can read its facts from its files (a
+        prepared decoder LM: no parity until it is loaded), else that of the loaded model (loaded here, once; with
+        `load` False, None instead). UnknownModel when it is not prepared here or was refused."""
+        adapter = self._adapters.get(model_id)
+        if adapter is not None:
+            return adapter.info.to_dict()
+        spec = self.specs.get(model_id)
+        if spec is not None and spec.describe is not None and model_id not in self.unavailable:
+            described = self._described.get(model_id)
+            if described is None:
+                try:
+                    info = spec.describe(self.settings.dtype)
+                except (OSError, ValueError) as exc:  # not prepared (the load would say the same)
+                    self.unavailable[model_id] = str(exc)
+                    raise UnknownModel(f"model {model_id!r} is unavailable: {exc}") from exc
+                if info is not None:
+                    described = self._described[model_id] = info.to_dict()
+            if described is not None:
+                return described
+        return self.adapter(model_id).info.to_dict() if load else None
 
     def get_run(self, run_id: str) -> AttentionResult | None:
         """A kept run by its `run_id` (every attention response carries one), or None once evicted from the result

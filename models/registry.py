@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.adapters.base import AttentionAdapter
+from models.adapters.base import AttentionAdapter, ModelInfo
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,9 @@ class ModelSpec:
     load: Callable[..., AttentionAdapter]  # (device preference, dtype name = "float32") → adapter
     description: str = ""
     family: str = "encoder"  # "encoder" | "causal_lm" | "seq2seq" | "vision": which adapter loads it
+    # (dtype name) → the ModelInfo the model will have, read from its files without loading it (models/listing.py;
+    # no parity yet), or None when only a load can say; ValueError: not prepared here (as `load` would raise)
+    describe: Callable[..., "ModelInfo | None"] | None = None
 
 
 def detect_family(source: str) -> str:
@@ -40,7 +43,9 @@ def detect_family(source: str) -> str:
 
 
 def _lm_spec(model_id: str, source: Callable[[], str] | str, family: str, max_tokens: int, max_new_tokens: int,
-             description: str) -> ModelSpec:
+             description: str, describe_source: Callable[[], str | None] | None = None) -> ModelSpec:
+    """`describe_source`: the folder a decoder LM's facts are read from before it is loaded (default: `source`;
+    None from it: only a load can say, e.g. an operator's GGUF not dequantized yet)."""
     def load(device: str, dtype: str = "float32") -> AttentionAdapter:
         if family == "seq2seq":
             from models.adapters.seq2seq import Seq2SeqAdapter as adapter_class
@@ -49,7 +54,13 @@ def _lm_spec(model_id: str, source: Callable[[], str] | str, family: str, max_to
         return adapter_class(model_id, source() if callable(source) else source, max_tokens=max_tokens, device=device,
                              max_new_tokens=max_new_tokens, dtype=dtype)
 
-    return ModelSpec(model_id, "text", load, description, family)
+    def describe(dtype: str = "float32") -> ModelInfo | None:
+        from models.listing import describe_causal_lm
+
+        folder = describe_source() if describe_source else source() if callable(source) else source
+        return None if folder is None else describe_causal_lm(model_id, folder, max_tokens, max_new_tokens, dtype)
+
+    return ModelSpec(model_id, "text", load, description, family, describe if family == "causal_lm" else None)
 
 
 def _prepared_source(folder: Path, command: str) -> Callable[[], str]:
@@ -75,8 +86,10 @@ def _gguf_spec(model_id: str, gguf_path: str, weights_dir: Path, max_tokens: int
             raise ValueError(reason)
 
         return ModelSpec(model_id, "text", refuse, reason, "unknown")
+    prepared = Path(weights_dir) / model_id
     return _lm_spec(model_id, gguf_loader(model_id, gguf_path, weights_dir), "causal_lm", max_tokens, max_new_tokens,
-                    f"decoder LM from the GGUF file {Path(gguf_path).name}")
+                    f"decoder LM from the GGUF file {Path(gguf_path).name}",
+                    lambda: str(prepared) if (prepared / "prepared.json").is_file() else None)
 
 
 def _auto_spec(model_id: str, source: str, max_tokens: int, max_new_tokens: int,

@@ -64,15 +64,25 @@ def _guide(request: Request, slug: str):
 
 
 def loaded_infos(runtime: Runtime, kind: str) -> list[dict] | None:
-    """ModelInfo of every registry model of `kind` if all of them are loaded already, else None."""
-    loaded = {adapter.info.id: adapter.info for adapter in runtime.loaded_adapters()}
-    # models that could not load (optional weights not prepared: runtime.unavailable) are not waited for
-    ids = [model_id for model_id, spec in runtime.specs.items() if spec.kind == kind and model_id not in runtime.unavailable]
-    if not ids or any(model_id not in loaded for model_id in ids):
-        return None
+    """ModelInfo of every registry model of `kind` if each is loaded already or can be described from its files
+    without loading (a prepared decoder LM such as gemma3-270m: models/listing.py), else None (the page asks
+    GET /api/models)."""
     from app.routes.service import public_info  # `source` without server paths
+    from app.runtime import UnknownModel
 
-    return [public_info(runtime, loaded[model_id].to_dict()) for model_id in ids]
+    infos = []
+    for model_id, spec in runtime.specs.items():
+        # models that could not load (optional weights not prepared: runtime.unavailable) are not waited for
+        if spec.kind != kind or model_id in runtime.unavailable:
+            continue
+        try:
+            info = runtime.describe(model_id, load=False)  # the loaded model's, or read from its files
+        except UnknownModel:  # not prepared here (now in runtime.unavailable)
+            continue
+        if info is None:
+            return None
+        infos.append(public_info(runtime, info))
+    return infos or None
 
 
 def warm_example(runtime: Runtime, model_id: str | None = None) -> bool:

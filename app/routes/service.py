@@ -49,13 +49,14 @@ async def ready(runtime: RuntimeDep):
 
 @router.get("/models", response_model=ModelsOut)
 def list_models(runtime: RuntimeDep, kind: Literal["text", "image", "audio"] | None = None) -> dict:
-    """Every model a request may name (of one `kind` if given). Models not loaded yet are loaded here (once)."""
+    """Every model a request may name (of one `kind` if given). A prepared decoder LM not loaded yet is described from
+    its files (no `parity` until its first use loads and probes it); other models not loaded yet are loaded here."""
     infos = []
     for model_id, spec in runtime.specs.items():
         if kind is not None and spec.kind != kind:
             continue
         try:
-            infos.append(public_info(runtime, runtime.adapter(model_id).info.to_dict()))
+            infos.append(public_info(runtime, runtime.describe(model_id)))
         except UnknownModel:  # weights not prepared here, or refused by the load-time probe: in runtime.unavailable
             continue
     return {"models": infos}

@@ -24,6 +24,7 @@ from models.adapters.seq2seq import KINDS, Seq2SeqAdapter
 from models.effects import attention_tv, hidden_cosine, mean_and_std
 from models.atlas import full_rows, run_bytes
 from models.interventions import row_entropy
+from models.summaries import sink_mass
 
 
 # Request fields that hold text, each at most max_text_chars characters.
@@ -277,6 +278,7 @@ def short_response(adapter: AttentionAdapter, encoded: Encoded, req: AttentionRe
         entropy = row_entropy(kept).mean(dim=-1)  # (L, H)
     if isinstance(entropy, torch.Tensor):
         device_parts["entropy"] = entropy
+    device_parts["sink_mass"] = sink_mass(kept)  # (L, H): every head's mean P[i, 0]
     thumbnail_key = f"thumbnails{req.thumbnail_size}"
     if req.thumbnail_size and thumbnail_key not in result.derived:  # (L, H, t, t) levels and each head's max
         device_parts["thumbnail_levels"], device_parts["thumbnail_max"] = thumbnail_levels(kept, req.thumbnail_size)
@@ -310,6 +312,7 @@ def short_response(adapter: AttentionAdapter, encoded: Encoded, req: AttentionRe
         "native_beta": info.native_beta,
         "attention": field("attention"), "scores": field("scores"), "base_attention": field("base_attention"),
         "entropy": result.derived["entropy"],  # (L, H): every head
+        "sink_mass": host["sink_mass"].astype("float64").tolist(),  # (L, H): every head
         "output": adapter.output_summary(result, encoded) if output_parts is None else
         output_parts.build({name: host[f"output.{name}"] for name in output_parts.tensors}),
         "thumbnails": result.derived[thumbnail_key] if req.thumbnail_size else None,
@@ -351,6 +354,7 @@ def _long_response(adapter: AttentionAdapter, encoded: Encoded, req: AttentionRe
                      "maps": tensor_field(atlas.overview(layers, heads), req.encoding)},  # (l, h, B, B)
         "received": tensor_field(atlas.received(layers, heads), req.encoding),  # (l, h, T)
         "entropy": result.derived["entropy"],
+        "sink_mass": atlas.sink_mass().double().tolist(),  # (L, H): every head's mean P[i, 0], from received
         "output": adapter.output_summary(result, encoded),
         "thumbnails": result.summary(f"thumbnails{req.thumbnail_size}", lambda: atlas.thumbnails(req.thumbnail_size))
         if req.thumbnail_size else None,

@@ -169,14 +169,47 @@ class GenerateRequest(_Strict):
     interventions: Interventions = Field(default_factory=list)
 
 
+class PatchingPair(_Strict):
+    """One (clean, corrupted) pair of a set; answer/wrong default to the request's."""
+
+    clean: str = Field(min_length=1)
+    corrupt: str = Field(min_length=1, description="same token count as clean")
+    answer: str | None = Field(None, min_length=1, max_length=200)
+    wrong: str | None = Field(None, min_length=1, max_length=200)
+
+
+class PatchingFiller(_Strict):
+    """The values of a template's {slots} in the clean and the corrupted prompt (and this pair's answers)."""
+
+    clean: dict[str, str]
+    corrupt: dict[str, str]
+    answer: str | None = Field(None, min_length=1, max_length=200)
+    wrong: str | None = Field(None, min_length=1, max_length=200)
+
+
+class PatchingTemplate(_Strict):
+    """Pairs made from one prompt with {slots}: "The capital of {country} is" and one filler per pair."""
+
+    text: str = Field(min_length=1)
+    fillers: list[PatchingFiller] = Field(min_length=1)
+
+
 class PatchingRequest(_Strict):
-    """Patching between a clean and a corrupted prompt of the same token count (see /guide#s12-1)."""
+    """Patching between a clean and a corrupted prompt of the same token count, or over a set of such pairs
+    (`pairs` or `template`; see /guide#s12-1)."""
 
     model: str = "smollm2-135m"
-    clean: str = Field(min_length=1, description="the clean prompt")
-    corrupt: str = Field(min_length=1, description="the corrupted prompt (same token count)")
-    answer: str = Field(min_length=1, max_length=200, description="the clean run's answer: exactly one token, e.g. ' Paris'")
-    wrong: str = Field(min_length=1, max_length=200, description="the corrupted run's answer: one token, e.g. ' Rome'")
+    clean: str | None = Field(None, min_length=1, description="the clean prompt (a single pair)")
+    corrupt: str | None = Field(None, min_length=1, description="the corrupted prompt (same token count)")
+    answer: str | None = Field(None, min_length=1, max_length=200,
+                               description="the clean run's answer: exactly one token, e.g. ' Paris' (a set: every "
+                               "pair's unless the pair gives its own)")
+    wrong: str | None = Field(None, min_length=1, max_length=200,
+                              description="the corrupted run's answer: one token, e.g. ' Rome'")
+    pairs: list[PatchingPair] | None = Field(None, min_length=1, description="a set of pairs: each head's mean "
+                                             "effect over them, its spread, and AtP/AtP* beside it (scan heads)")
+    template: PatchingTemplate | None = Field(None, description="a set made from a template with fillers")
+    top_k: int = Field(10, ge=1, description="a set: the top-k overlap of the estimates with the exact scan")
     scan: Literal["heads", "residual"] = "heads"
     method: Literal["exact", "attribution"] = Field(
         "exact", description="'exact': one patched run per cell (batched); 'attribution': the gradient estimate "
@@ -312,6 +345,9 @@ def request_examples(models: dict[str, str], image_samples: dict[str, str],
         examples["/api/text/faithfulness"] = {"faithfulness": {
             "summary": f"{lm}: mask each method's top 1 and 2 keys of the last row", "value": {
                 "model": lm, "text": prompt, "position": None, "k": [1, 2], "methods": ["attention", "value_norm"]}}}
+        # on the prompt (one short run); "text": null takes the built-in probes (two runs, seconds on a CPU)
+        examples["/api/text/head_scores"] = {"text": {"summary": f"{lm}: each head's kind scores on a prompt",
+                                                      "value": {"model": lm, "text": prompt}}}
     if lm or enc:
         examples["/api/text/tokenize"] = {"answer": {
             "summary": f"{lm or enc}: the token an answer box will use (with its leading space)",

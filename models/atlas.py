@@ -430,6 +430,10 @@ class Atlas:
     def mean_distance(self) -> torch.Tensor:
         return torch.stack([self.summaries[l].distance for l in sorted(self.summaries)]).cpu()  # (L, H)
 
+    def sink_mass(self) -> torch.Tensor:
+        """Each head's mean P[i, 0] over rows: `received` of the first key (Σ_i P[i, 0] / T_q). (L, H) on the host"""
+        return torch.stack([self.summaries[l].received[:, 0] for l in sorted(self.summaries)]).cpu()
+
     def received(self, layers: list[int], heads: list[int]) -> torch.Tensor:
         return torch.stack([self.summaries[l].received[heads] for l in layers]).cpu()  # (l, h, T_k)
 

@@ -1,4 +1,4 @@
-"""Summaries of heads over a whole run (docs/science.md §6): attention rollout and mean attention distance.
+"""Summaries of heads over a whole run (docs/science.md §6): attention rollout, mean attention distance, sink mass.
 
 (Row entropy lives in models/interventions.py, next to the softmax it describes.)
 """
@@ -91,3 +91,9 @@ def _token_distances(n_tokens: int, device: torch.device) -> torch.Tensor:
     with torch.inference_mode(False):
         positions = torch.arange(n_tokens, dtype=torch.float32, device=device)
         return (positions[:, None] - positions[None, :]).abs()
+
+
+def sink_mass(attention: torch.Tensor) -> torch.Tensor:
+    """Sink mass (docs/science.md "Head kinds"): the share of each row's attention on the first token, P[i, 0],
+    averaged over rows (a row with every key masked counts 0). (L, H, T, T) → (L, H), on P's device"""
+    return attention[..., 0].double().mean(dim=-1).float()

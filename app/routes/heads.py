@@ -1,0 +1,131 @@
+"""Head kinds: POST /api/text/head_scores (docs/api.md "Head kinds", docs/science.md "Head kinds").
+
+Every score is taken from the lab's own runs (runtime.run: the fair model lock, the result cache, the same P the page
+shows) on the seeded built-in probes of models/head_kinds.py, or on the user's text. Answers are kept per (client scope,
+model, text) in a small bounded cache. With `Accept: text/event-stream` it is a job with one progress step per probe.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+from fastapi import APIRouter, Request, Response
+from pydantic import Field
+
+from app.attention import check_request_limits, field_error
+from app.costs import check_work_cost, forward_macs, model_shape
+from app.lifecycle import cache_scope, check_cancelled
+from app.routes.analysis import _lm
+from app.runtime import Runtime
+from app.deps import RuntimeDep
+from app.schemas import _Strict
+from app.streams import respond_steps
+from models.adapters.base import Encoded
+from models.adapters.causal_lm import CausalLMAdapter
+from models.head_kinds import ProbeSettings, head_taxonomy, locality, ordinary_token_ids
+from models.lru import BoundedLRU
+
+router = APIRouter(prefix="/api/text", tags=["text"])
+_WHAT = "POST /api/text/head_scores"
+_ANSWERS_KEPT = 16  # answers are a few hundred numbers each: a count bound is enough
+
+
+class HeadScoresRequest(_Strict):
+    """Each head's kind scores (previous-token, induction, duplicate-token, sink, retrieval, mean distance) and label."""
+
+    model: str = "smollm2-135m"
+    text: str | None = Field(None, description="null: the seeded built-in probes; a text: every score on that input")
+
+
+_caches: "weakref.WeakKeyDictionary[Runtime, BoundedLRU]" = weakref.WeakKeyDictionary()
+_caches_lock = threading.Lock()
+
+
+def _answers(runtime: Runtime) -> BoundedLRU:
+    with _caches_lock:
+        cache = _caches.get(runtime)
+        if cache is None:
+            cache = _caches[runtime] = BoundedLRU(_ANSWERS_KEPT)
+        return cache
+
+
+@router.post("/head_scores", responses={
+    200: {"description": "scores, labels and probe (JSON), or with Accept: text/event-stream progress events then them"},
+    413: {"description": "over the request's time limit"}, 422: {"description": "a field is wrong"},
+    503: {"description": "queue full"}})
+def head_scores(req: HeadScoresRequest, runtime: RuntimeDep, request: Request) -> Response:
+    """Which heads are of which kind (see /guide and docs/science.md "Head kinds"), for a decoder language model.
+
+    `scores` {name: [L][H]}: previous_token, induction, duplicate_token, sink (each the mean share of a row's attention
+    on its targets), retrieval (built-in probes only) and mean_distance (tokens); a score no row of the input applies
+    to is null. `labels` [L][H]: the kind among previous_token, induction, duplicate_token and sink that the head
+    scores highest at over its threshold (`probe.thresholds`), else null. `locality` [L][H]: "local" or "global" for
+    a model with sliding-window layers, else null. `probe`: how the input was made (seed, lengths, ids, thresholds).
+    """
+    check_request_limits(runtime.settings, req)  # max_text_chars on `text`, before any model work
+    if req.text is not None and not req.text.strip():
+        raise field_error(("text",), "text is empty or only white space (send null for the built-in probes)")
+    adapter = _lm(runtime, req.model)
+    info = adapter.info
+    limit = min(adapter.full_map_tokens, adapter.max_tokens)  # scores need every P, kept whole only up to here
+    text_ids = None
+    if req.text is not None:
+        text_ids = adapter.prompt_ids(req.text)
+        if len(text_ids) > limit:
+            raise field_error(("text",), f"text has {len(text_ids):,} tokens; head scores take at most {limit:,} "
+                              "(full_map_tokens or the model's max_tokens)")
+        if len(text_ids) < 2:
+            raise field_error(("text",), "text must have at least 2 tokens")
+    vocab = adapter.model.get_input_embeddings().num_embeddings
+    candidates = ordinary_token_ids(vocab, adapter.tokenizer.all_special_ids)
+    settings = ProbeSettings().fitted(len(candidates), limit)
+    lengths = ([len(text_ids)] if text_ids is not None else
+               [1 + 2 * settings.period, 1 + settings.filler + 2 * settings.needle])
+    first_id = _first_token(adapter)
+    key = (cache_scope.get(), info.id, req.text)
+
+    def job(progress) -> dict[str, Any]:
+        cached = _answers(runtime).get(key)
+        if cached is not None:
+            return cached
+        shape = model_shape(adapter)
+        check_work_cost(adapter, runtime.settings, sum(forward_macs(shape, n, n) for n in lengths), len(lengths),
+                        "text" if text_ids is not None else "model", "the head taxonomy")
+
+        def run(ids: list[int]) -> torch.Tensor:
+            check_cancelled()
+            return runtime.run(adapter, _encoded(adapter, ids), (), False).kept_attention  # (L, H, T, T)
+
+        found = head_taxonomy(run, candidates, first_id, settings, text_ids, progress)
+        answer = {
+            "model": info.id, "layers": info.layers, "heads": info.heads,
+            "scores": {name: None if value is None else _rounded(value) for name, value in found["scores"].items()},
+            "labels": found["labels"], "locality": locality(info.layer_types, info.heads),
+            "sliding_window": info.sliding_window, "probe": found["probe"],
+        }
+        return _answers(runtime).put(key, answer)
+
+    return respond_steps(request, job, _WHAT)
+
+
+def _first_token(adapter: CausalLMAdapter) -> int:
+    """The probe's first token: the tokenizer's BOS, else the first id it puts before any text, else its EOS."""
+    tokenizer = adapter.tokenizer
+    if tokenizer.bos_token_id is not None:
+        return int(tokenizer.bos_token_id)
+    leading = adapter.prompt_ids("")
+    return int(leading[0]) if leading else int(tokenizer.eos_token_id)
+
+
+def _encoded(adapter: CausalLMAdapter, ids: list[int]) -> Encoded:
+    """Token ids as the adapter's own input (the same run a prompt of those tokens gets), cached by its ids."""
+    input_ids = torch.tensor([ids])  # (1, T)
+    return Encoded(key=("head_probe", tuple(ids)), tokens=[adapter.token_text(i) for i in ids],
+                   inputs={"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)},
+                   extra={"position": len(ids) - 1})
+
+
+def _rounded(values: torch.Tensor) -> list[list[float]]:
+    return [[round(float(v), 6) for v in row] for row in values.cpu()]

@@ -1,0 +1,184 @@
+"""Head kinds (docs/science.md "Head kinds"): what each head of a decoder does, scored on seeded built-in probes.
+
+Scores per head, each the mean over the query rows it applies to (so every one is a share of a row's attention, in
+[0, 1], except the mean distance, in tokens):
+
+- previous_token: P[i, i−1] over rows i ≥ 1;
+- induction: on a row whose token occurred before, the mass on the key just after that earlier occurrence (on the
+  repeated-random-tokens probe, BOS + n tokens + the same n again, that is P[i, i−n+1] over the second repeat:
+  Olsson et al. 2022, "In-context learning and induction heads");
+- duplicate_token: on a row whose token occurred before, the mass on the earlier positions holding the same token;
+- sink: P[i, 0], the first token (Xiao et al. 2023, "attention sinks"); `sink_mass` of every run is the same number;
+- retrieval: the induction score at long range, on a needle of distinct tokens hidden in a long random filler and
+  repeated at the end (after Wu et al. 2024, "Retrieval head"): reported, not a label;
+- mean_distance: Σ_j P[i, j]·|i − j| over rows, in tokens (docs/science.md §6, models/summaries.py).
+
+A head's label is the kind (previous_token, induction, duplicate_token, sink) it scores highest at among those over
+their thresholds (THRESHOLDS), else None. Scores come from the caller's `run(ids)`, which must answer the lab's own
+P for those token ids (the server passes its cached runs), so a score is the number the lab shows for that head.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from models.summaries import mean_token_distance, sink_mass
+
+# Over this score a head is of that kind. Scores are shares of a row's attention, so one scale serves every kind.
+THRESHOLDS: dict[str, float] = {"previous_token": 0.5, "induction": 0.4, "duplicate_token": 0.4, "sink": 0.8}
+LABELLED_KINDS = tuple(THRESHOLDS)
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How the built-in probes are made; all of it is reported with the scores."""
+
+    seed: int = 0
+    period: int = 40  # n: random tokens in each repeat of the induction probe
+    filler: int = 256  # random tokens the needle hides in
+    needle: int = 8  # distinct random tokens of the needle, repeated at the end of the filler
+
+    def describe(self) -> dict:
+        return asdict(self)
+
+    def fitted(self, n_candidates: int, max_tokens: int) -> "ProbeSettings":
+        """The same probes shrunk to a small vocabulary or context (tiny test models); unchanged for real models."""
+        period = max(1, min(self.period, n_candidates, (max_tokens - 1) // 2))
+        needle = max(1, min(self.needle, period))
+        filler = max(1, min(self.filler, n_candidates - needle, max_tokens - 1 - 2 * needle))
+        return ProbeSettings(seed=self.seed, period=period, filler=filler, needle=needle)
+
+
+def ordinary_token_ids(vocab_size: int, special_ids: Sequence[int]) -> list[int]:
+    """Every token id of the model's vocabulary but the special ones (BOS, EOS, padding, chat markers)."""
+    special = set(special_ids)
+    return [i for i in range(vocab_size) if i not in special]
+
+
+def repeated_tokens_probe(candidates: Sequence[int], first_id: int, period: int, seed: int) -> list[int]:
+    """[first] + n distinct seeded random tokens + the same n again: 1 + 2n ids."""
+    chosen = _draw(candidates, period, seed)
+    return [first_id, *chosen, *chosen]
+
+
+def needle_probe(candidates: Sequence[int], first_id: int, filler: int, needle: int, seed: int) -> tuple[list[int], int]:
+    """[first] + filler with a needle of distinct tokens at a seeded place + the needle again.
+    Returns the ids and the first row of the needle's repeat (where the recall rows start)."""
+    drawn = _draw(candidates, filler + needle, seed + 1)  # distinct from each other: the needle occurs once before
+    filler_ids, needle_ids = drawn[:filler], drawn[filler:]
+    generator = torch.Generator().manual_seed(seed + 2)
+    # the needle's place: not at the very start nor right before the repeat (so the recall reaches back)
+    at = int(torch.randint(filler // 8, max(filler // 8 + 1, filler - filler // 8), (1,), generator=generator))
+    body = filler_ids[:at] + needle_ids + filler_ids[at:]
+    return [first_id, *body, *needle_ids], 1 + len(body)
+
+
+def _draw(candidates: Sequence[int], count: int, seed: int) -> list[int]:
+    if count > len(candidates):
+        raise ValueError(f"the vocabulary has {len(candidates)} ordinary tokens, the probe needs {count}")
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(candidates), generator=generator)[:count]
+    return [int(candidates[i]) for i in order]
+
+
+def earlier_same_token(token_ids: Sequence[int]) -> torch.Tensor:
+    """(T, T) bool: key j < i holds the same token as query i (the duplicate-token targets)."""
+    ids = torch.tensor(list(token_ids))
+    same = ids[:, None] == ids[None, :]  # (T, T)
+    return same & torch.ones_like(same).tril(-1)
+
+
+def induction_targets(token_ids: Sequence[int]) -> torch.Tensor:
+    """(T, T) bool: key j follows an earlier occurrence of query i's token (ids[j−1] = ids[i], j−1 < i, j ≤ i)."""
+    duplicate = earlier_same_token(token_ids)  # (T, T): [i, j−1]
+    targets = torch.zeros_like(duplicate)
+    targets[:, 1:] = duplicate[:, :-1]  # shift each earlier occurrence one key right: j−1 → j
+    return targets
+
+
+def previous_token_score(attention: torch.Tensor) -> torch.Tensor:
+    """Mean of P[i, i−1] over rows i ≥ 1. (L, H, T, T) → (L, H)"""
+    return attention.diagonal(offset=-1, dim1=-2, dim2=-1).double().mean(dim=-1).float()
+
+
+def target_mass(attention: torch.Tensor, targets: torch.Tensor, rows: Sequence[int] | None = None) -> torch.Tensor | None:
+    """Mean over `rows` (default: every row with a target) of the mass each row puts on its target keys; None when
+    no row applies. (L, H, T, T), (T, T) bool → (L, H)"""
+    if rows is None:
+        rows = targets.any(dim=-1).nonzero()[:, 0].tolist()
+    if not rows:
+        return None
+    index = torch.tensor(list(rows))
+    picked = attention[:, :, index].double() * targets[index].to(attention.device)  # (L, H, r, T)
+    return picked.sum(dim=-1).mean(dim=-1).float()
+
+
+def scores_of(attention: torch.Tensor, token_ids: Sequence[int], induction_rows: Sequence[int] | None = None
+              ) -> dict[str, torch.Tensor | None]:
+    """Every score of one input's P (L, H, T, T) and its token ids; `induction_rows` limits the induction mean to
+    those rows (the probe's second repeat). Each is (L, H), or None where no row applies."""
+    return {
+        "previous_token": previous_token_score(attention) if attention.shape[-1] > 1 else None,
+        "induction": target_mass(attention, induction_targets(token_ids), induction_rows),
+        "duplicate_token": target_mass(attention, earlier_same_token(token_ids)),
+        "sink": sink_mass(attention),
+        "mean_distance": mean_token_distance(attention),
+    }
+
+
+def label_heads(scores: dict[str, torch.Tensor | None], thresholds: dict[str, float] = THRESHOLDS) -> list[list[str | None]]:
+    """[L][H]: the kind each head scores highest at among the kinds over their thresholds, else None."""
+    kinds = [k for k in thresholds if scores.get(k) is not None]
+    shape = next(scores[k] for k in kinds).shape
+    labels: list[list[str | None]] = [[None] * shape[1] for _ in range(shape[0])]
+    for layer in range(shape[0]):
+        for head in range(shape[1]):
+            over = [(float(scores[k][layer, head]), k) for k in kinds if float(scores[k][layer, head]) > thresholds[k]]
+            labels[layer][head] = max(over)[1] if over else None
+    return labels
+
+
+def locality(layer_types: Sequence[str] | None, n_heads: int) -> list[list[str]] | None:
+    """[L][H] "local" (a sliding-window or chunked layer) or "global", from the model's own layer types; None for a
+    model without windowed layers."""
+    if not layer_types or all(t == "full" for t in layer_types):
+        return None
+    return [["global" if t == "full" else "local"] * n_heads for t in layer_types]
+
+
+def head_taxonomy(run: Callable[[list[int]], torch.Tensor], candidates: Sequence[int], first_id: int,
+                  settings: ProbeSettings = ProbeSettings(), text_ids: Sequence[int] | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> dict:
+    """Scores, labels and how they were made. `run(ids)` → the lab's P (L, H, T, T) for those token ids.
+
+    Without `text_ids`: the built-in probes (induction, previous-token, duplicate-token, sink and mean distance on the
+    repeated random tokens; retrieval on the needle). With `text_ids`: every score on that input alone (induction and
+    duplicate-token over the rows whose token occurred before; None where no row does)."""
+    def step(done: int, total: int) -> None:
+        if progress is not None:
+            progress(done, total)
+
+    if text_ids is not None:
+        step(0, 1)
+        scores = scores_of(run(list(text_ids)), text_ids)
+        step(1, 1)
+        probe = {"kind": "text", "tokens": len(text_ids)}
+    else:
+        step(0, 2)
+        repeated = repeated_tokens_probe(candidates, first_id, settings.period, settings.seed)
+        n = settings.period
+        scores = scores_of(run(repeated), repeated, induction_rows=range(n + 1, 2 * n + 1))
+        step(1, 2)
+        needle_ids, recall_from = needle_probe(candidates, first_id, settings.filler, settings.needle, settings.seed)
+        recall_rows = range(recall_from + 1, len(needle_ids))  # each repeated needle token after the first
+        scores["retrieval"] = target_mass(run(needle_ids), induction_targets(needle_ids), recall_rows)
+        step(2, 2)
+        probe = {
+            "kind": "builtin", **settings.describe(), "first_token_id": first_id,
+            "repeated_tokens": {"tokens": len(repeated), "ids": repeated, "induction_rows": [n + 1, 2 * n]},
+            "needle": {"tokens": len(needle_ids), "recall_rows": [recall_rows.start, recall_rows.stop - 1]},
+        }
+    probe["thresholds"] = dict(THRESHOLDS)
+    return {"scores": scores, "labels": label_heads(scores), "probe": probe}

@@ -16,6 +16,7 @@ import { drawNextToken, drawTarget, kvGroups, mountContinuation } from "./lm.js"
 import { mountAnalysis } from "./views/analysis.js";
 import { ATLAS_SCALES, drawAtlas, hideAtlas, setAtlasBeta, setAtlasScale } from "./views/atlas.js";
 import { chosenWeighting, weightingOf } from "./views/weighting.js";
+import { scaleMatrix } from "./views/scales.js";
 import { loadPlotly } from "./vendor.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
@@ -485,32 +486,9 @@ function showBetaScope() {
   jump.onclick = () => selectHead(scope.layer, state.head);
 }
 
-// The heatmap's colour scales (#zscale). "max": 0 to this map's largest value (long inputs spread attention
-// thin: at 512 tokens a 0–1 scale showed a uniform dark square); "fixed": 0 to 1; "log": log₁₀ P; "row": each
-// row over its own max; "rowsk": 0 to the max over query rows ≥ k. A causal map has P[0, 0] = 1 whatever the
-// head does (row 0 sees one key), so "this map's max" is always 1 there: its default is the log scale.
-// Returns the values to colour (z), their range, and where z is not P, P itself for the hover (customdata).
-const LOG_FLOOR = -4; // log scale: P ≤ 10⁻⁴ (and masked cells' 0) share the darkest colour
-const LOG_TICKS = ["10⁻⁴", "0.001", "0.01", "0.1", "1"];
-function scaled(P) {
-  const scale = $("zscale").value;
-  if (scale === "log") {
-    const top = Math.max(LOG_FLOOR + 0.01, Math.log10(Math.max(1e-12, maxAbs(P))));
-    const z = P.map((row) => row.map((p) => (p > 10 ** LOG_FLOOR ? Math.log10(p) : LOG_FLOOR)));
-    const tickvals = [-4, -3, -2, -1, 0].filter((t) => t <= top + 1e-9);
-    return { z, zmin: LOG_FLOOR, zmax: top, customdata: P,
-      colorbar: { tickvals, ticktext: tickvals.map((t) => LOG_TICKS[t + 4]), title: { text: "P (log)", side: "right" } } };
-  }
-  if (scale === "row") {
-    const z = P.map((row) => { const m = maxAbs(row); return m > 0 ? row.map((p) => p / m) : row.slice(); });
-    return { z, zmin: 0, zmax: 1, customdata: P, colorbar: { title: { text: "P / row max", side: "right" } } };
-  }
-  if (scale === "rowsk") {
-    const k = rowsFrom(P.length);
-    return { z: P, zmin: 0, zmax: Math.max(1e-6, maxAbs(P.slice(k))), colorbar: { title: { text: `max of rows ≥ ${k}`, side: "right" } } };
-  }
-  return { z: P, zmin: 0, zmax: scale === "fixed" ? 1 : Math.max(1e-6, maxAbs(P)) };
-}
+// The heatmap's colour scales (#zscale, static/js/views/scales.js): the values to colour, their range, and P for
+// the hover where the colours are on another scale.
+function scaled(P) { return scaleMatrix(P, $("zscale").value, { rowsFrom: rowsFrom(P.length) }); }
 // "rowsk": the first query row the scale's top is taken over (clamped to the map).
 const rowsFrom = (n) => Math.max(0, Math.min(n - 1, Math.round(Number($("zscale-k").value) || 0)));
 

@@ -26,6 +26,8 @@ from app.routes import gaussian
 from app.routes import analysis
 from app.routes import audio
 from app.routes import runs
+from app.routes import why
+from app.routes import heads
 from app.lifecycle import RequestCancelled, RequestGuard, use_parsed_json
 from app.costs import request_extra_work, request_model_runs, request_model_seconds
 from app.jobs import client_of, request_client
@@ -279,6 +281,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(analysis.router)
     app.include_router(audio.router)
     app.include_router(runs.router)
+    app.include_router(why.router)
+    app.include_router(heads.router)
     for route in _api_routes(app.router.routes):  # JSON bodies: take the value RequestGuard parsed (off the loop)
         if route.body_field is not None and "POST" in route.methods and not getattr(route, "_parsed_json", False):
             handler_of = route.get_route_handler  # FastAPI builds each route's ASGI app from this method

@@ -348,6 +348,9 @@ def request_examples(models: dict[str, str], image_samples: dict[str, str],
         # on the prompt (one short run); "text": null takes the built-in probes (two runs, seconds on a CPU)
         examples["/api/text/head_scores"] = {"text": {"summary": f"{lm}: each head's kind scores on a prompt",
                                                       "value": {"model": lm, "text": prompt}}}
+        examples["/api/text/qk_attribution"] = {"why": {
+            "summary": f"{lm}: why layer 4, head 0 attends from ' is' to ' capital' (the score split over parts)",
+            "value": {"model": lm, "text": prompt, "layer": 4, "head": 0, "query": 4, "key": 1, "expand": 3}}}
     if lm or enc:
         examples["/api/text/tokenize"] = {"answer": {
             "summary": f"{lm or enc}: the token an answer box will use (with its leading space)",

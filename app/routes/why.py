@@ -1,0 +1,105 @@
+"""Why a head attends: POST /api/text/qk_attribution, the exact split of one attention score over the parts of the
+residual stream on the query side × the key side (models/qk_attribution.py, docs/science.md "Query–key attribution").
+
+One forward of the model with the request's interventions, under the runtime's model lock like any run; the split
+itself is a few small matrix products.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from pydantic import Field
+
+from app.attention import check_request_limits, check_response_numbers, engine_interventions
+from app.costs import check_work_cost, forward_macs, model_shape
+from app.deps import RuntimeDep, adapter_for
+from app.errors import field_error
+from app.lifecycle import check_cancelled
+from app.routes.analysis import _prompt, request_sources
+from app.schemas import Interventions, NonNegInt, _Strict
+from app.streams import respond
+from models.adapters.base import RequestFieldError
+from models.adapters.causal_lm import CausalLMAdapter
+from models.head_ops import head_run
+from models.qk_attribution import check_pre_norm, qk_attribution, refuse_residual_patches
+
+router = APIRouter(prefix="/api/text", tags=["analysis"])
+
+
+class QKAttributionRequest(_Strict):
+    """One score of one head, split over query-side × key-side parts of the residual stream (see /guide)."""
+
+    model: str = "smollm2-135m"
+    text: str = Field(min_length=1)
+    layer: NonNegInt = Field(description="the layer of the head")
+    head: NonNegInt = Field(description="the query head")
+    query: NonNegInt = Field(description="the query position i")
+    key: NonNegInt = Field(description="the key position j (≤ i: decoders are causal)")
+    interventions: Interventions = Field(default_factory=list)
+    expand: int = Field(3, ge=0, le=16, description="how many key-side head parts (largest |total| first) to split "
+                        "by the source positions their head attended to from j")
+
+
+def _parts(layer: int, heads: int) -> int:
+    """Parts on one side: the embedding, every earlier head and MLP, the bias and a perturbation."""
+    return 1 + layer * (heads + 1) + 2
+
+
+@router.post("/qk_attribution", responses={
+    422: {"description": "a field is wrong: indices out of range, key after query, a post-norm model (`model`)"},
+    503: {"description": "queue full"}})
+def qk_attribution_route(req: QKAttributionRequest, request: Request, runtime: RuntimeDep) -> Response:
+    """Why head `head` of layer `layer` attends from `query` to `key`: the score β·Ŝ_ij split exactly over
+    (query part × key part), where the parts are the embedding, each earlier head through its slice of W_O, each
+    earlier MLP and the biases, with every norm frozen at its actual scale. `matrix` sums to `score`, which equals
+    β × the run's own `scores` at (i, j) (a window with include_scores). `expanded` splits the largest key-side head
+    parts by the source positions that head attended to. Pre-norm decoders only; a post-norm model is a 422."""
+    check_request_limits(runtime.settings, req)
+    adapter = adapter_for(runtime, req.model, "text")
+    try:
+        check_pre_norm(adapter.model, adapter.layer_of)
+    except RequestFieldError as exc:
+        raise field_error((exc.field,), f"model {adapter.info.id}: {exc}") from None
+    if not isinstance(adapter, CausalLMAdapter):
+        raise field_error(("model",), f"model {adapter.info.id} is not a decoder language model: query–key "
+                          "attribution is offered for pre-norm decoders (Llama, Qwen2, Gemma 2/3, GPT-2)")
+    ids = _prompt(runtime, adapter, "text", req.text)
+    n_tokens, info = ids.shape[1], adapter.info
+    for name, value, size, what in (("layer", req.layer, info.layers, "layers"), ("head", req.head, info.heads, "heads"),
+                                    ("query", req.query, n_tokens, "tokens"), ("key", req.key, n_tokens, "tokens")):
+        if value >= size:
+            raise field_error((name,), f"{name} {value} out of range: this model/input has {size} {what} (0..{size - 1})")
+    if req.key > req.query:
+        raise field_error(("key",), f"key {req.key} is after query {req.query}: a decoder's query sees only keys ≤ it")
+    sources = request_sources(runtime, adapter, req.interventions)
+    with head_run(sources):
+        interventions = engine_interventions(req, adapter, n_tokens)
+    try:
+        refuse_residual_patches(interventions, req.layer, {req.query, req.key})
+    except RequestFieldError as exc:
+        raise field_error((exc.field,), str(exc)) from None
+    parts = _parts(req.layer, info.heads)
+    check_response_numbers(runtime.settings, parts * parts, {"layer": req.layer + 1},
+                           "ask for an earlier layer")
+
+    def work() -> dict[str, Any]:
+        check_work_cost(adapter, runtime.settings, forward_macs(model_shape(adapter), n_tokens, n_tokens,
+                                                                len(interventions)), 1, "text", "the attribution")
+        with head_run(sources):
+            check_cancelled()
+            with runtime.admitted():
+                try:
+                    result = qk_attribution(adapter, ids, req.layer, req.head, req.query, req.key, interventions,
+                                            req.expand)
+                except RequestFieldError as exc:
+                    raise field_error((exc.field,), f"model {info.id}: {exc}") from None
+        tokens = [adapter.token_text(int(i)) for i in ids[0]]
+        body = {"model": info.id, "tokens": tokens, "layer": req.layer, "head": req.head, "query": req.query,
+                "key": req.key, **result.to_dict()}
+        for entry in body["expanded"]:
+            for source in entry["sources"]:
+                source["token"] = tokens[source["position"]]
+        return body
+
+    return respond(request, work, "POST /api/text/qk_attribution")

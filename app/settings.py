@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     # (least recently used first out; an evicted source is a 410).
     analysis_max_tokens: int = Field(128, ge=2)
     patching_batch_tokens: int = Field(2048, ge=1)
+    # A patching set (`pairs` or a template's `fillers`): at most this many pairs (413 naming the field); each pair
+    # costs a whole head scan, and the cost check still bounds the set's model time
+    patching_max_pairs: int = Field(32, ge=1)
     patch_sources_bytes: int = Field(256 * 1024 * 1024, ge=0)
     patch_sources_runs: int = Field(32, ge=1)
     max_upload_bytes: int = 10 * 1024 * 1024

@@ -410,7 +410,13 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
     only; 2 forwards and 1 backward). An exact head scan also returns `attribution` and `rank_correlation`.
     `clean_run_id` names the clean run's head outputs, kept for `{"op": "patch_heads", "source": clean_run_id}`.
     """
+    if req.pairs is not None or req.template is not None:  # a set of pairs: app/routes/patching_set.py
+        from app.routes.patching_set import patching_set
+        return patching_set(req, request, runtime)
     check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any work
+    for name in ("clean", "corrupt", "answer", "wrong"):
+        if getattr(req, name) is None:
+            raise field_error((name,), f"{name} is required (or give `pairs` or `template` for a set of pairs)")
     adapter = _lm(runtime, req.model)
     clean, corrupt = _prompt(runtime, adapter, "clean", req.clean), _prompt(runtime, adapter, "corrupt", req.corrupt)
     if clean.shape[1] != corrupt.shape[1]:

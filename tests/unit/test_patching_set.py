@@ -113,3 +113,19 @@ def test_agreement_numbers():
     same = agreement(exact, exact, 3)
     assert same["spearman"] == pytest.approx(1.0) and same["top_k_overlap"] == 1.0 and same["k"] == 3
     assert agreement(exact, -exact, 3)["spearman"] == pytest.approx(-1.0)
+
+
+def test_a_set_stops_when_its_progress_raises(lm):
+    """The job's Cancel: progress raises (the client left) and the scan stops there, the later pairs never run."""
+    class Left(Exception):
+        pass
+
+    calls = []
+
+    def progress(done, total):
+        calls.append(done)
+        raise Left
+
+    with pytest.raises(Left):
+        set_scan(lm, _pairs(lm), batch_tokens=24, progress=progress)
+    assert calls == [24 // 8]  # the first batch of the first pair's heads (3 copies of the 8-token prompts)

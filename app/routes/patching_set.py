@@ -1,0 +1,173 @@
+"""POST /api/text/patching over a set of prompt pairs (`pairs`, or `template` with `fillers`): each head's mean effect
+over the pairs and its spread, the attribution estimates beside it (attribution on the head output, AtP, AtP*) and
+how well each ranks the heads against the exact scan (docs/api.md "Patching over a set", docs/science.md).
+
+A set is work of its own kind: the patching route hands a request with `pairs` or `template` to `patching_set`.
+Streamed (`Accept: text/event-stream`) it is a job like every scan: accepted with its ETA, progress over every pair's
+patched heads, Cancel at the next batch.
+"""
+from __future__ import annotations
+
+import string
+from typing import Any
+
+from fastapi import HTTPException, Request, Response
+
+from app.attention import check_request_limits, engine_interventions, field_error
+from app.costs import check_work_cost, forward_macs, model_shape
+from app.routes.analysis import _finite, _lm, _one_token, _prompt, request_sources
+from app.runtime import Runtime
+from app.schemas import PatchingRequest
+from app.streams import respond_steps
+from models.head_ops import head_run
+from models.patching import Pair
+from models.patching_set import ESTIMATES, agreement, mean_and_spread, set_scan
+
+
+def expand_template(req: PatchingRequest) -> list[dict[str, Any]]:
+    """The template's pairs: its {slots} filled with each filler's clean and corrupt values. 422 naming the filler
+    when a slot is missing or unknown."""
+    template = req.template
+    slots = {name for _, name, _, _ in string.Formatter().parse(template.text) if name is not None}
+    if not slots:
+        raise field_error(("template", "text"), "the template has no {slot} to fill")
+    if any(not name.isidentifier() for name in slots):
+        raise field_error(("template", "text"), "slots are names in braces, e.g. {country}")
+    pairs = []
+    for i, filler in enumerate(template.fillers):
+        texts = {}
+        for side in ("clean", "corrupt"):
+            values = getattr(filler, side)
+            if set(values) != slots:
+                raise field_error(("template", "fillers", i, side), f"fill exactly the slots {sorted(slots)}; "
+                                  f"got {sorted(values)}")
+            texts[side] = template.text.format(**values)
+        pairs.append({**texts, "answer": filler.answer, "wrong": filler.wrong})
+    return pairs
+
+
+def patching_set(req: PatchingRequest, request: Request, runtime: Runtime) -> Response:
+    """The set form of POST /api/text/patching (called by the patching route)."""
+    settings = runtime.settings
+    if req.pairs is not None and req.template is not None:
+        raise field_error(("template",), "give either pairs or template, not both")
+    if req.clean is not None or req.corrupt is not None:
+        raise field_error(("clean",) if req.clean is not None else ("corrupt",),
+                          "a set takes its prompts from pairs or template: leave clean and corrupt out")
+    if req.scan != "heads":
+        raise field_error(("scan",), "a set is scanned by heads (scan: heads)")
+    where = "pairs" if req.pairs is not None else "template"
+    raw = ([p.model_dump() for p in req.pairs] if req.pairs is not None else expand_template(req))
+    limit = settings.patching_max_pairs
+    if len(raw) > limit:
+        field = ("pairs",) if where == "pairs" else ("template", "fillers")
+        raise HTTPException(413, detail=f"{'.'.join(field)}: {len(raw)} pairs; the limit is {limit} "
+                            "(patching_max_pairs)")
+    check_request_limits(settings, req)
+    adapter = _lm(runtime, req.model)
+
+    def loc(i: int, name: str) -> tuple:
+        if where == "pairs":
+            return ("pairs", i, name)
+        return ("template", "fillers", i, name if name in ("answer", "wrong") else name)
+
+    pairs: list[Pair] = []
+    described = []
+    for i, item in enumerate(raw):
+        for side in ("clean", "corrupt"):
+            if len(item[side]) > settings.max_text_chars:
+                raise field_error(loc(i, side), f"{side} has {len(item[side]):,} characters; the limit is "
+                                  f"{settings.max_text_chars:,} (max_text_chars)")
+        clean = _checked_prompt(runtime, adapter, loc(i, "clean"), item["clean"])
+        corrupt = _checked_prompt(runtime, adapter, loc(i, "corrupt"), item["corrupt"])
+        if clean.shape[1] != corrupt.shape[1]:
+            raise field_error(loc(i, "corrupt"), f"pair {i}: clean has {clean.shape[1]} tokens and corrupt "
+                              f"{corrupt.shape[1]}: the two prompts must have the same token count")
+        texts = {}
+        for name in ("answer", "wrong"):
+            text = item[name] if item[name] is not None else getattr(req, name)
+            if text is None:
+                raise field_error(loc(i, name), f"pair {i} has no {name}: give one for the pair or for the whole set")
+            texts[name] = text
+        try:
+            answer, wrong = _one_token(adapter, "answer", texts["answer"]), _one_token(adapter, "wrong", texts["wrong"])
+        except Exception as exc:  # the same message, naming this pair's field
+            errors = getattr(exc, "errors", lambda: None)()
+            if not errors:
+                raise
+            name = errors[0]["loc"][-1]
+            raise field_error(loc(i, name), f"pair {i}: {errors[0]['msg']}") from None
+        if answer == wrong:
+            raise field_error(loc(i, "wrong"), f"pair {i}: wrong is the same token as answer")
+        pairs.append(Pair(clean, corrupt, answer, wrong))
+        described.append({"clean_tokens": [adapter.token_text(int(t)) for t in clean[0]],
+                          "corrupt_tokens": [adapter.token_text(int(t)) for t in corrupt[0]],
+                          "answer": texts["answer"], "wrong": texts["wrong"], "answer_id": answer, "wrong_id": wrong})
+    sources = request_sources(runtime, adapter, req.interventions)
+    shortest = min(p.clean.shape[1] for p in pairs)
+    with head_run(sources):
+        interventions = engine_interventions(req, adapter, shortest)  # token indices valid in every pair
+    exact = req.method == "exact"
+    info = adapter.info
+    shape = model_shape(adapter)
+    # per pair: baseline (2 forwards), the estimates (3 forwards and a backward counted as 2), the patched copies
+    forwards_per_pair = 7 + (info.layers * info.heads if exact else 0)
+    macs = sum(forwards_per_pair * forward_macs(shape, p.clean.shape[1], p.clean.shape[1], len(interventions))
+               for p in pairs)
+
+    def job(progress) -> dict:
+        check_work_cost(adapter, settings, macs, 1, where,
+                        f"a head scan of {len(pairs)} pairs ({forwards_per_pair * len(pairs):,} forwards)")
+        with head_run(sources):
+            scans = set_scan(adapter, pairs, interventions, settings.patching_batch_tokens, exact, progress,
+                             guard=lambda tokens: runtime.step(tokens))
+        return set_response(adapter, req, described, scans, exact)
+
+    return respond_steps(request, job, "POST /api/text/patching (set)")
+
+
+def _checked_prompt(runtime: Runtime, adapter, where: tuple, text: str):
+    """_prompt's checks (white space, analysis_max_tokens), its 422 naming this pair's field."""
+    try:
+        return _prompt(runtime, adapter, where[-1], text)
+    except Exception as exc:
+        errors = getattr(exc, "errors", lambda: None)()
+        if not errors:
+            raise
+        raise field_error(where, f"pair {where[-2]}: {errors[0]['msg']}") from None
+
+
+def set_response(adapter, req: PatchingRequest, described: list[dict], scans, exact: bool) -> dict[str, Any]:
+    for item, scan in zip(described, scans):
+        item.update(ld_clean=scan.ld_clean, ld_corrupt=scan.ld_corrupt)
+    used = [k for k, scan in enumerate(scans) if scan.defined]
+    response: dict[str, Any] = {
+        "model": adapter.info.id, "scan": "heads", "method": req.method, "set": True,
+        "pairs": described, "n_pairs": len(scans), "pairs_used": used, "top_k": req.top_k,
+    }
+    warnings = [f"pair {k}: LD_clean equals LD_corrupt: its effect is undefined; left out of the means"
+                for k, scan in enumerate(scans) if not scan.defined]
+    if not used:
+        response["warnings"] = warnings + ["no pair has LD_clean ≠ LD_corrupt: nothing to average"]
+        return response
+    if warnings:
+        response["warnings"] = warnings
+    estimates = {}
+    for name in ESTIMATES:
+        mean, spread = mean_and_spread([scans[k].estimates[name] for k in used])
+        estimates[name] = {"mean": _finite(mean), "std": _finite(spread),
+                           "per_pair": [_finite(scan.estimates[name]) for scan in scans]}
+        if name == "head_output":
+            response["attribution"] = estimates[name]["mean"]
+    response["estimates"] = estimates
+    if exact:
+        mean, spread = mean_and_spread([scans[k].effect for k in used])
+        response["effect"], response["effect_std"] = _finite(mean), _finite(spread)
+        response["effect_per_pair"] = [_finite(scan.effect) for scan in scans]
+        means = {name: mean_and_spread([scans[k].estimates[name] for k in used])[0] for name in ESTIMATES}
+        response["agreement"] = {name: agreement(mean, means[name], req.top_k) for name in ESTIMATES}
+        response["rank_correlation"] = response["agreement"]["head_output"]["spearman"]
+    else:  # the estimates alone: AtP*'s mean stands for the effect
+        response["effect"] = estimates["atp_star"]["mean"]
+        response["effect_std"] = estimates["atp_star"]["std"]
+    return response

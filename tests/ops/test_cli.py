@@ -59,12 +59,16 @@ def test_prepare_is_a_fast_no_op_when_weights_exist(tmp_path):
     result = run("prepare", cwd=tmp_path)  # outside the checkout: the weights are still the checkout's
     elapsed = time.perf_counter() - start
     assert result.returncode == 0, result.stderr
-    defaults = ("dinov2-small", "smollm2-135m", "whisper-tiny-en")
+    defaults = ("dinov2-small", "smollm2-135m", "whisper-tiny-en", "gemma3-270m")
     prepared = [m for m in defaults if (WEIGHTS / m / "prepared.json").is_file()]
     assert result.stdout.count("skipping") == len(prepared) == len(defaults), result.stdout  # each one is skipped
     assert {p: p.stat().st_mtime_ns for p in WEIGHTS.rglob("*") if p.is_file()} == before
     assert elapsed < 30, f"a no-op prepare took {elapsed:.1f} s"
     assert not (tmp_path / "weights").exists()
+    # the Docker image's preparation leaves gemma3-270m out (its packages are not installed there)
+    without = run("prepare", "--without", "gemma3-270m", cwd=tmp_path)
+    assert without.returncode == 0, without.stderr
+    assert "gemma3-270m: left out" in without.stdout and "gemma3-270m: up to date" not in without.stdout
 
 
 def test_wrapper_script_runs_the_same_code(tmp_path):

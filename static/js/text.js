@@ -10,6 +10,7 @@ import { drawDiff } from "./views/diff.js";
 import { drawHeadView } from "./views/headview.js";
 import { drawHeatmap, paintHeatmap, paintPreview, tokenLabels } from "./views/heatmap.js";
 import { drawModelView } from "./views/modelview.js";
+import { mountHeadKinds } from "./views/headkinds.js";
 import { mountLab } from "./lab/lab.js";
 import { figureToParams, intParam, paramsToFigure } from "./lab/urlstate.js";
 import { drawNextToken, drawTarget, kvGroups, mountContinuation } from "./lm.js";
@@ -543,10 +544,16 @@ function renderDetails() {
   if (isSeq2seq() && r.output) drawTarget(r);
 }
 
+// The model view's colouring by a head score (static/js/views/headkinds.js): redrawn when a choice or scores arrive.
+const headKinds = mountHeadKinds($("modelview-colour"), $("modelview-colour-status"), {
+  model: () => state.model, isLM,
+  redraw: () => { const r = state.view?.response ?? state.long?.response; if (r) renderModelView(r); },
+});
+
 function renderModelView(r) {
   if (state.thumbs) {
     drawModelView($("modelview"), state.thumbs, {
-      layer: state.layer, head: state.head, entropy: ofKind(r.entropy), onSelect: selectHead,
+      layer: state.layer, head: state.head, entropy: ofKind(r.entropy), onSelect: selectHead, colour: headKinds.colour(r),
     });
   } else {
     const why = state.long && isSeq2seq()

@@ -96,12 +96,17 @@ def test_text_scores_and_cache(client, llama):
 
 
 def test_job_form_gives_progress_then_the_same_answer(client, builtin):
-    response = client.post("/api/text/head_scores", json={"model": "lm", "text": None},
+    text = "a dog and a cat , a dog and a cat"  # not asked before: the job runs (a cached answer is sent at once)
+    response = client.post("/api/text/head_scores", json={"model": "lm", "text": text},
                            headers={"Accept": "text/event-stream"})
     events = sse_events(response)
+    assert [e["progress"] for e in events[:-1]] == [0, 1] and all(e["total"] == 1 for e in events[:-1])
     assert events[-1]["done"] is True
-    done = {k: v for k, v in events[-1].items() if k != "done"}
-    assert done == builtin
+    plain = client.post("/api/text/head_scores", json={"model": "lm", "text": text}).json()
+    assert {k: v for k, v in events[-1].items() if k != "done"} == plain
+    again = sse_events(client.post("/api/text/head_scores", json={"model": "lm", "text": None},
+                                   headers={"Accept": "text/event-stream"}))
+    assert {k: v for k, v in again[-1].items() if k != "done"} == builtin
 
 
 def test_locality_of_a_windowed_model(client):

@@ -1,0 +1,371 @@
+"""`attnlab.Lab`: a Python client over the lab's HTTP API (docs/api.md), for notebooks and scripts.
+
+Standard library and numpy only (tqdm for progress bars and xarray for DataArrays are used when installed). Every
+call is one or a few HTTP requests; the numbers are the server's, decoded into numpy, never recomputed here.
+
+- Errors: a 4xx/5xx answer raises `LabError` with the server's `detail` and status.
+- Long work (attention, patching, lens, faithfulness, speech attention) is sent as a job (`Accept:
+  text/event-stream`, docs/api.md "Jobs"): its accepted event carries the ETA, progress events move a tqdm bar, the
+  done event is the usual JSON. Leaving the stream early (KeyboardInterrupt, an exception, breaking out of
+  `generate`) closes the connection, and the server stops the job at its next layer or step.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import mimetypes
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from attnlab.interventions import Intervention, to_items
+from attnlab.results import (AttentionResult, AudioAttentionResult, Clip, Continuation, FaithfulnessResult,
+                             LensResult, PatchingResult, Window, decode)
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+STREAM = {"Accept": "text/event-stream"}
+
+
+class LabError(Exception):
+    """The server refused or failed a request: `status` (HTTP status; None when the server was not reached or a
+    streamed job failed without one), `detail` (the server's `detail`: a string, or for a 422 the list of
+    {"loc", "msg", "type"}), `path` (the route) and `retry_after` (seconds, when the server was busy)."""
+
+    def __init__(self, status: int | None, detail: Any, path: str = "", retry_after: float | None = None):
+        self.status, self.detail, self.path, self.retry_after = status, detail, path, retry_after
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        detail = self.detail
+        if isinstance(detail, list):  # a validation error: one line per field, its path first
+            detail = "; ".join(f"{'.'.join(str(p) for p in item.get('loc', ()))}: {item.get('msg', item)}"
+                               if isinstance(item, dict) else str(item) for item in detail)
+        where = f" {self.path}" if self.path else ""
+        status = f"{self.status}" if self.status is not None else "error"
+        return f"{status}{where}: {detail}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _progress_bar(what: str):
+    """A tqdm bar when tqdm is installed (tqdm.auto: the notebook's widget in Jupyter), shown only for work that
+    lasts over a second; None otherwise."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=None, desc=what, unit="layer", delay=1.0, leave=False)
+
+
+class Lab:
+    """A lab server at `url` (default: $ATTNLAB_URL, else http://127.0.0.1:8000), or one of its own: `Lab.start()`.
+
+    `timeout`: seconds a plain request or a stream may stay silent. `progress`: show tqdm bars for jobs.
+    """
+
+    def __init__(self, url: str | None = None, *, timeout: float = 900.0, progress: bool = True):
+        self.url = (url or os.environ.get("ATTNLAB_URL") or DEFAULT_URL).rstrip("/")
+        self.timeout = timeout
+        self.progress = progress
+        self._process: subprocess.Popen | None = None
+        self._log = None
+
+    # ---- a server of its own -------------------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, *, port: int | None = None, host: str = "127.0.0.1", settings: dict[str, Any] | None = None,
+              args: Sequence[str] = (), log: str | Path | None = None, ready_timeout: float = 300.0,
+              **kwargs: Any) -> "Lab":
+        """Start `attnlab serve` on a free port (or `port`) in a subprocess and wait until it is ready.
+
+        settings: server settings (docs/configuration.md) passed as ATTNLAB_<NAME> environment variables, lists and
+        dicts as JSON, e.g. {"default_models": ["smollm2-135m"]}. args: more `attnlab serve` options. log: a file for
+        the server's output (default: discarded). The server stops at `lab.close()`, at the end of a `with` block,
+        or when this interpreter exits."""
+        try:
+            import app.cli  # noqa: F401 - the server is part of the package only where its dependencies are installed
+        except ImportError as exc:
+            raise RuntimeError("Lab.start needs the attnlab server installed here (pip install attnlab with "
+                               "requirements.txt); or connect to a running one with Lab(url)") from exc
+        port = port or _free_port()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        for name, value in (settings or {}).items():
+            env[f"ATTNLAB_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+        lab = cls(f"http://{host}:{port}", **kwargs)
+        lab._log = open(log, "w") if log else None  # noqa: SIM115 - closed with the server
+        output = lab._log or subprocess.DEVNULL
+        lab._process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--host", host, "--port",
+                                         str(port), *args], env=env, stdout=output, stderr=subprocess.STDOUT)
+        atexit.register(lab.close)
+        try:
+            lab.wait_ready(ready_timeout)
+        except BaseException:
+            lab.close()
+            raise
+        return lab
+
+    def wait_ready(self, timeout: float = 300.0) -> dict:
+        """Wait until GET /api/ready answers 200 (the default models are loaded); returns its answer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._process is not None and self._process.poll() is not None:
+                raise RuntimeError(f"the lab server exited with status {self._process.returncode} before it was "
+                                   "ready" + (f"; see {self._log.name}" if self._log else ""))
+            try:
+                return self._json("GET", "/api/ready", timeout=5)
+            except (LabError, OSError):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.url} was not ready within {timeout:g} s") from None
+                time.sleep(0.3)
+
+    def close(self) -> None:
+        """Stop the server this Lab started (nothing for a Lab(url))."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> "Lab":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        own = ", its own server" if self._process is not None else ""
+        return f"Lab({self.url!r}{own})"
+
+    # ---- HTTP ------------------------------------------------------------------------------------------------------
+
+    def _open(self, method: str, path: str, body: Any = None, *, headers: dict | None = None,
+              data: bytes | None = None, timeout: float | None = None):
+        if body is not None:
+            data = json.dumps(body, allow_nan=False).encode()
+            headers = {"Content-Type": "application/json", **(headers or {})}
+        call = urllib.request.Request(self.url + path, data=data, method=method, headers=headers or {})
+        try:
+            return urllib.request.urlopen(call, timeout=timeout or self.timeout)
+        except urllib.error.HTTPError as exc:
+            raise _lab_error(exc, path) from None
+        except urllib.error.URLError as exc:
+            raise LabError(None, f"cannot reach {self.url}: {exc.reason}", path) from None
+
+    def _json(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        with self._open(method, path, body, **kwargs) as answer:
+            return json.loads(answer.read())
+
+    def _events(self, path: str, body: dict) -> Iterator[dict]:
+        """The server-sent events of a POST, each as {"event": name or None, **data}. The connection is closed when
+        the iteration ends, whichever way (the server then stops the work)."""
+        answer = self._open("POST", path, body, headers=STREAM)
+        try:
+            name, data = None, []
+            for raw in answer:
+                line = raw.decode("utf-8").rstrip("\r\n")
+                if line.startswith("event:"):
+                    name = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip())
+                elif not line and data:
+                    event = json.loads("\n".join(data))
+                    yield {"event": name, **event} if name else event
+                    name, data = None, []
+        finally:
+            answer.close()  # the server sees the client leave: the job stops at its next layer or step
+
+    def _job(self, path: str, body: dict, what: str | None = None) -> dict:
+        """Run a POST as a job (docs/api.md "Jobs") and return its done event's JSON, showing progress with its ETA.
+        A KeyboardInterrupt closes the stream, which cancels the job on the server."""
+        bar = _progress_bar(what or path) if self.progress else None
+        events = self._events(path, body)
+        try:
+            for event in events:
+                if event.get("accepted"):
+                    if bar is not None:
+                        bar.set_postfix_str(f"ETA {event.get('eta_s', 0):.1f} s, "
+                                            f"{event.get('queue_position', 0)} ahead", refresh=False)
+                elif "progress" in event:
+                    if bar is not None:
+                        bar.total = event.get("total")
+                        bar.update(event["progress"] - bar.n)  # update, not refresh: the bar waits out its delay
+                elif event.get("done"):
+                    event.pop("done")
+                    return event
+                elif "error" in event:
+                    raise LabError(event.get("status"), event["error"], path, event.get("retry_after"))
+            raise LabError(None, "the stream ended without an answer", path)
+        finally:  # also on KeyboardInterrupt: closing the stream cancels the job on the server
+            events.close()
+            if bar is not None:
+                bar.close()
+
+    # ---- service -------------------------------------------------------------------------------------------------
+
+    def health(self) -> dict:
+        return self._json("GET", "/api/health")
+
+    def ready(self) -> dict:
+        return self._json("GET", "/api/ready")
+
+    def models(self, kind: str | None = None) -> list[dict]:
+        """GET /api/models: every model a request may name (ModelInfo dicts), of one kind if given."""
+        query = f"?kind={urllib.parse.quote(kind)}" if kind else ""
+        return self._json("GET", f"/api/models{query}")["models"]
+
+    def jobs(self) -> dict:
+        """GET /api/jobs: the jobs running and waiting, and the memory held."""
+        return self._json("GET", "/api/jobs")
+
+    # ---- text ----------------------------------------------------------------------------------------------------
+
+    def attention(self, text: str, model: str | None = None, *, layers: Sequence[int] | None = None,
+                  heads: Sequence[int] | None = None, interventions: Sequence[Intervention | dict] = (),
+                  compare: bool = False, include_scores: bool = False, include_base: bool = False,
+                  encoding: str = "f32", **fields: Any) -> AttentionResult:
+        """POST /api/text/attention. Any other request field (text_pair, position, chat, samples, weighting,
+        thumbnail_size, target, …) goes through `fields`. Returns an AttentionResult (`.attention` in numpy)."""
+        body = _body(model=model, text=text, layers=layers, heads=heads, interventions=to_items(interventions),
+                     compare=compare, include_scores=include_scores, include_base=include_base, encoding=encoding,
+                     **fields)
+        return AttentionResult(self._job("/api/text/attention", body, "attention"), body, self)
+
+    def window(self, run_id: str, layer: int, head: int, rows: Sequence[int] | None = None,
+               cols: Sequence[int] | None = None, **fields: Any) -> Window:
+        """POST /api/runs/{run_id}/window: the exact P of one head over rows × cols (half-open ranges) of a kept run.
+        `fields`: kind, beta, include_scores, weighting, minus."""
+        body = _body(layer=layer, head=head, rows=list(rows), cols=list(cols), encoding="f32", **fields)
+        return Window(self._json("POST", f"/api/runs/{run_id}/window", body), body, self)
+
+    def row(self, run_id: str, row: int, *, layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+            **fields: Any) -> dict:
+        """POST /api/runs/{run_id}/row: one query row over every key for layers × heads (numpy `attention`
+        (layers, heads, T_k)), and `span_mass` with `span`."""
+        body = _body(row=row, layers=layers, heads=heads, encoding="f32", **fields)
+        answer = self._json("POST", f"/api/runs/{run_id}/row", body)
+        for key in ("attention", "span_mass"):
+            answer[key] = decode(answer.get(key))
+        return answer
+
+    def tokenize(self, text: str, model: str | None = None) -> dict:
+        """POST /api/text/tokenize: how the model's tokenizer splits a short text (tokens and ids)."""
+        return self._json("POST", "/api/text/tokenize", _body(model=model, text=text))
+
+    def generate(self, text: str, model: str | None = None, *, max_new_tokens: int = 16,
+                 interventions: Sequence[Intervention | dict] = (), chat: bool = False) -> Continuation:
+        """POST /api/text/generate: iterate the continuation, one dict per step (the intervened token and the base
+        token side by side); afterwards `.text` and `.base_text`. Breaking out of the loop stops it on the server."""
+        body = _body(model=model, text=text, max_new_tokens=max_new_tokens, interventions=to_items(interventions),
+                     chat=chat)
+        return Continuation(self, body)
+
+    def patching(self, clean: str | None = None, corrupt: str | None = None, answer: str | None = None,
+                 wrong: str | None = None, model: str | None = None, *, scan: str = "heads", method: str = "exact",
+                 interventions: Sequence[Intervention | dict] = (), **fields: Any) -> PatchingResult:
+        """POST /api/text/patching: each head's (or layer × position's) share of the logit difference restored by
+        patching it from the clean run. A set of pairs: `pairs=[{clean, corrupt, answer, wrong}, …]` or `template=`."""
+        body = _body(model=model, clean=clean, corrupt=corrupt, answer=answer, wrong=wrong, scan=scan, method=method,
+                     interventions=to_items(interventions), **fields)
+        return PatchingResult(self._job("/api/text/patching", body, "patching"), body, self)
+
+    def lens(self, text: str, model: str | None = None, *, top: int = 5,
+             interventions: Sequence[Intervention | dict] = (), compare: bool = False) -> LensResult:
+        """POST /api/text/lens: the logit lens, the top tokens of the residual stream after each layer."""
+        body = _body(model=model, text=text, top=top, interventions=to_items(interventions), compare=compare)
+        return LensResult(self._job("/api/text/lens", body, "lens"), body, self)
+
+    def faithfulness(self, text: str, model: str | None = None, **fields: Any) -> FaithfulnessResult:
+        """POST /api/text/faithfulness: how much masking each method's top-k keys of a query row changes the output.
+        `fields`: position, k, methods, answer, layer, head."""
+        body = _body(model=model, text=text, **fields)
+        return FaithfulnessResult(self._job("/api/text/faithfulness", body, "faithfulness"), body, self)
+
+    # ---- speech --------------------------------------------------------------------------------------------------
+
+    def audio(self, source: str | Path | bytes, model: str | None = None) -> Clip:
+        """Upload a clip (a path or the file's bytes) with POST /api/audio; returns a Clip with `.attention(…)` and
+        `.transcribe()`. `model` is the speech model its calls use (None: the server's default)."""
+        if isinstance(source, (bytes, bytearray)):
+            content, name = bytes(source), "clip"
+        else:
+            path = Path(source)
+            content, name = path.read_bytes(), path.name
+        boundary = uuid.uuid4().hex
+        kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        data = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n"
+                f"Content-Type: {kind}\r\n\r\n").encode() + content + f"\r\n--{boundary}--\r\n".encode()
+        with self._open("POST", "/api/audio", data=data,
+                        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}) as answer:
+            return Clip(json.loads(answer.read()), self, model)
+
+    def audio_attention(self, audio_id: str, model: str | None = None, *, layers: Sequence[int] | None = None,
+                        heads: Sequence[int] | None = None, interventions: Sequence[Intervention | dict] = (),
+                        compare: bool = False, encoding: str = "f32", **fields: Any) -> AudioAttentionResult:
+        """POST /api/audio/attention on an uploaded clip (see Clip.attention)."""
+        body = _body(model=model, audio_id=audio_id, layers=layers, heads=heads,
+                     interventions=to_items(interventions), compare=compare, encoding=encoding, **fields)
+        return AudioAttentionResult(self._job("/api/audio/attention", body, "speech attention"), body, self)
+
+    def transcribe(self, audio_id: str, model: str | None = None, *,
+                   interventions: Sequence[Intervention | dict] = (), **fields: Any) -> dict:
+        """POST /api/audio/transcribe: the greedy transcript (with the interventions active) as
+        {"text", "tokens": [{"token", "prob", "text"}, …]}."""
+        body = _body(model=model, audio_id=audio_id, interventions=to_items(interventions), **fields)
+        tokens = []
+        events = self._events("/api/audio/transcribe", body)
+        try:
+            for event in events:
+                name = event.pop("event", None)
+                if name == "token":
+                    tokens.append(event)
+                elif name == "done":
+                    return {"text": event.get("text"), "tokens": tokens}
+                elif name == "error" or "error" in event:
+                    raise LabError(event.get("status"), event.get("error") or event.get("detail") or event,
+                                   "/api/audio/transcribe", event.get("retry_after"))
+        finally:  # leaving early stops the decoding on the server
+            events.close()
+        raise LabError(None, "the transcript stream ended without its done event", "/api/audio/transcribe")
+
+
+def _body(**fields: Any) -> dict:
+    """A request body without the fields left at None (the server's defaults then apply)."""
+    body = {}
+    for name, value in fields.items():
+        if value is None:
+            continue
+        if name in ("layers", "heads", "encoder_layers") or (name in ("rows", "cols", "span") and value is not None):
+            value = [int(v) for v in value]
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name}: {value} is not a finite number")
+        body[name] = value
+    return body
+
+
+def _lab_error(exc: urllib.error.HTTPError, path: str) -> LabError:
+    raw = exc.read()
+    try:
+        detail = json.loads(raw).get("detail", raw.decode("utf-8", "replace"))
+    except (ValueError, AttributeError):
+        detail = raw.decode("utf-8", "replace") or exc.reason
+    retry = exc.headers.get("Retry-After") if exc.headers else None
+    return LabError(exc.code, detail, path, float(retry) if retry and retry.replace(".", "", 1).isdigit() else None)

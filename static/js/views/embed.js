@@ -32,8 +32,8 @@ const STYLE = `
 .attnlab-embed canvas.fast-cells { position: absolute; pointer-events: none; image-rendering: pixelated; z-index: 1; }
 .attnlab-embed .ae-effect { display: flex; flex-wrap: wrap; gap: 12px; }
 .attnlab-embed .ae-effect dl { flex: 1 1 260px; margin: 0; }
-.attnlab-embed .ae-effect dt { color: #667085; }
-.attnlab-embed .ae-effect dd { margin: 0 0 4px 0; }
+.attnlab-embed .ae-effect dt { color: #667085; font-weight: normal; }
+.attnlab-embed .ae-effect dd { margin: 0 0 6px 0; font-family: ui-monospace, monospace; }
 .attnlab-embed .ae-effect .ae-small { flex: 1 1 300px; height: 240px; }
 `;
 

@@ -11,6 +11,7 @@ import { jobClock, postJob } from "./jobs.js";
 import { byId, el, fillList, showToken } from "../dom.js";
 import { fmt } from "../mathx.js";
 import { loadPlotly } from "../vendor.js";
+import { drawSet, followSource, setRequestFields } from "./patchset.js";
 
 const CONFIG = { responsive: true, displaylogo: false };
 const DIVERGING = [[0, "#b2182b"], [0.5, "#f7f7f7"], [1, "#2166ac"]];
@@ -124,10 +125,18 @@ function mountPatching(info, onError) {
     controller?.abort();
     const mine = new AbortController();
     controller = mine;
-    const request = {
-      model: info().id, clean: byId("patch-clean").value, corrupt: byId("patch-corrupt").value,
-      answer: byId("patch-answer").value, wrong: byId("patch-wrong").value, scan: byId("patch-scan").value,
-    };
+    let set;
+    try {
+      set = setRequestFields(); // null: one pair
+    } catch (err) {
+      error.textContent = err.message;
+      error.hidden = false;
+      return;
+    }
+    const request = set
+      ? { model: info().id, ...set, answer: byId("patch-answer").value, wrong: byId("patch-wrong").value, scan: "heads" }
+      : { model: info().id, clean: byId("patch-clean").value, corrupt: byId("patch-corrupt").value,
+          answer: byId("patch-answer").value, wrong: byId("patch-wrong").value, scan: byId("patch-scan").value };
     error.hidden = true;
     run.disabled = true;
     stop.disabled = false;
@@ -150,7 +159,8 @@ function mountPatching(info, onError) {
       clock.stop();
       eta.textContent = "";
       scan = { ...done, request };
-      await drawScan(scan);
+      if (done.set) status.textContent = await drawSet(await loadPlotly(), done);
+      else await drawScan(scan);
       panel.dataset.state = "done";
     } catch (err) {
       if (err.name === "AbortError") {
@@ -171,6 +181,7 @@ function mountPatching(info, onError) {
   async function drawScan(result) {
     const Plotly = await loadPlotly();
     byId("patch-results").hidden = false;
+    byId("patch-set-results").hidden = true;
     const heads = result.scan === "heads";
     const layers = result.effect.length, columns = result.effect[0].length;
     const x = heads ? Array.from({ length: columns }, (_, h) => `h${h}`) : result.corrupt_tokens.map((t, i) => `${i}:${showToken(t)}`);
@@ -264,11 +275,25 @@ function mountPatching(info, onError) {
   stop.addEventListener("click", () => controller?.abort());
   // a scan whose prompts or answers were edited since: dimmed until it is run again
   const fields = { clean: "patch-clean", corrupt: "patch-corrupt", answer: "patch-answer", wrong: "patch-wrong", scan: "patch-scan" };
+  const setBoxes = ["patch-source", "patch-set-lines", "patch-template", "patch-fillers"];
   const followEdits = () => {
-    const old = scan && Object.entries(fields).some(([k, id]) => byId(id).value !== scan.request[k]);
-    for (const id of ["patch-results", "patch-shift"]) byId(id).classList.toggle("stale", Boolean(old));
+    let old = false;
+    if (scan?.set) { // a set: stale when its request would differ now
+      try { old = JSON.stringify(setRequestFields()) !== JSON.stringify({ pairs: scan.request.pairs, template: scan.request.template }, (k, v) => v ?? undefined); } catch { old = true; }
+      old ||= ["answer", "wrong"].some((k) => byId(fields[k]).value !== scan.request[k]);
+    } else {
+      old = scan && Object.entries(fields).some(([k, id]) => byId(id).value !== scan.request[k]);
+    }
+    for (const id of ["patch-results", "patch-shift", "patch-set-results"]) byId(id).classList.toggle("stale", Boolean(old));
   };
-  for (const id of Object.values(fields)) byId(id).addEventListener(id === "patch-scan" ? "change" : "input", followEdits);
+  for (const id of [...Object.values(fields), ...setBoxes]) {
+    byId(id).addEventListener(["patch-scan", "patch-source"].includes(id) ? "change" : "input", followEdits);
+  }
+  byId("patch-source").addEventListener("change", followSource);
+  followSource();
+  byId("patch-set-estimate-name").addEventListener("change", async () => {
+    if (scan?.set) status.textContent = await drawSet(await loadPlotly(), scan);
+  });
   run.addEventListener("click", () => setTimeout(followEdits));
 }
 

@@ -28,6 +28,7 @@ from app.routes import audio
 from app.routes import runs
 from app.routes import why
 from app.routes import heads
+from app.routes import export as export_routes
 from app.lifecycle import RequestCancelled, RequestGuard, use_parsed_json
 from app.costs import request_extra_work, request_model_runs, request_model_seconds
 from app.jobs import client_of, request_client
@@ -283,6 +284,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(runs.router)
     app.include_router(why.router)
     app.include_router(heads.router)
+    app.include_router(export_routes.router)  # POST /api/text/export.html (attnlab/export.py)
     for route in _api_routes(app.router.routes):  # JSON bodies: take the value RequestGuard parsed (off the loop)
         if route.body_field is not None and "POST" in route.methods and not getattr(route, "_parsed_json", False):
             handler_of = route.get_route_handler  # FastAPI builds each route's ASGI app from this method

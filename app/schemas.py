@@ -351,6 +351,10 @@ def request_examples(models: dict[str, str], image_samples: dict[str, str],
         examples["/api/text/qk_attribution"] = {"why": {
             "summary": f"{lm}: why layer 4, head 0 attends from ' is' to ' capital' (the score split over parts)",
             "value": {"model": lm, "text": prompt, "layer": 4, "head": 0, "query": 4, "key": 1, "expand": 3}}}
+    if enc or lm:
+        examples["/api/text/export.html"] = {"standalone": {
+            "summary": f"{enc or lm}: every layer and head as one HTML file that opens offline", "value": {
+                "model": enc or lm, "text": "The cat sat on the mat."}}}
     if lm or enc:
         examples["/api/text/tokenize"] = {"answer": {
             "summary": f"{lm or enc}: the token an answer box will use (with its leading space)",

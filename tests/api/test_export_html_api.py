@@ -1,0 +1,52 @@
+"""POST /api/text/export.html (app/routes/export.py): the text page's "Export HTML" as one standalone file: every
+layer and head of the run with the scores view-mode β needs, the page's modules and plotly.js inlined; bad input is
+the same 4xx as POST /api/text/attention, naming the field."""
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+
+TEXT = "the cat sat on the mat"
+
+
+def inlined(page: str, element_id: str) -> dict:
+    start = page.index(f'<script type="application/json" id="{element_id}">')
+    return json.loads(page[page.index(">", start) + 1: page.index("</script>", start)])
+
+
+def tensor(field: dict) -> np.ndarray:
+    assert field["dtype"] == "float32"
+    return np.frombuffer(base64.b64decode(field["data"]), dtype="<f4").reshape(field["shape"])
+
+
+def test_export_is_one_file_with_every_layer_head_and_the_scores(client):
+    res = client.post("/api/text/export.html", json={"model": "tiny", "text": TEXT})
+    assert res.status_code == 200, res.text
+    assert res.headers["content-type"].startswith("text/html")
+    assert res.headers["content-disposition"] == 'attachment; filename="attnlab-tiny.html"'
+    page = res.text
+    data = inlined(page, "attnlab-data")
+    response, request = data["response"], data["request"]
+    assert request["text"] == TEXT and request["include_scores"] is True
+    T = len(response["tokens"])
+    P, S = tensor(response["attention"]), tensor(response["scores"])
+    assert P.shape == S.shape == (2, 4, T, T)
+    # the same numbers as the attention route's
+    plain = client.post("/api/text/attention", json={"model": "tiny", "text": TEXT, "include_scores": True}).json()
+    np.testing.assert_allclose(P, np.array(plain["attention"]), atol=1e-6)
+    modules = inlined(page, "attnlab-modules")
+    assert "views/embed.js" in modules and "views/heatmap.js" in modules
+    assert " src=" not in page  # every script inline: it opens offline
+
+
+def test_bad_input_is_a_4xx_naming_the_field(client):
+    cases = [({"model": "tiny", "text": "   "}, 422, "text"), ({"model": "tiny", "text": TEXT, "layers": [7]}, 422, "layers"),
+             ({"model": "no-such-model", "text": TEXT}, 422, "model"), ({"model": "tiny"}, 422, "text")]
+    for body, status, field in cases:
+        res = client.post("/api/text/export.html", json=body)
+        assert res.status_code == status, (body, res.text)
+        assert field in json.dumps(res.json()["detail"]), (body, res.text)
+    res = client.post("/api/text/export.html", json={"model": "tiny", "text": TEXT}, headers={"Accept": "text/event-stream"})
+    assert res.status_code == 406 and "Accept" in res.json()["detail"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from fastapi import APIRouter, Request, Response
 from pydantic import Field
 
@@ -32,6 +33,7 @@ class QKAttributionRequest(_Strict):
 
     model: str = "smollm2-135m"
     text: str = Field(min_length=1)
+    chat: bool = Field(False, description="the text as a user turn of the model's chat template (as the attention view)")
     layer: NonNegInt = Field(description="the layer of the head")
     head: NonNegInt = Field(description="the query head")
     query: NonNegInt = Field(description="the query position i")
@@ -39,6 +41,20 @@ class QKAttributionRequest(_Strict):
     interventions: Interventions = Field(default_factory=list)
     expand: int = Field(3, ge=0, le=16, description="how many key-side head parts (largest |total| first) to split "
                         "by the source positions their head attended to from j")
+
+
+def _prompt_ids(runtime, adapter: CausalLMAdapter, req: QKAttributionRequest):
+    """The prompt's ids (1, T), as the attention view tokenizes it (with `chat`, the model's template)."""
+    if not req.chat:
+        return _prompt(runtime, adapter, "text", req.text)
+    try:
+        ids = adapter.prompt_ids(req.text, chat=True)
+    except ValueError as exc:  # no chat template
+        raise field_error(("chat",), str(exc)) from None
+    limit = runtime.settings.analysis_max_tokens
+    if len(ids) > limit:
+        raise field_error(("text",), f"text has {len(ids)} tokens; the limit is {limit} (analysis_max_tokens)")
+    return torch.tensor([ids])
 
 
 def _parts(layer: int, heads: int) -> int:
@@ -64,7 +80,7 @@ def qk_attribution_route(req: QKAttributionRequest, request: Request, runtime: R
     if not isinstance(adapter, CausalLMAdapter):
         raise field_error(("model",), f"model {adapter.info.id} is not a decoder language model: query–key "
                           "attribution is offered for pre-norm decoders (Llama, Qwen2, Gemma 2/3, GPT-2)")
-    ids = _prompt(runtime, adapter, "text", req.text)
+    ids = _prompt_ids(runtime, adapter, req)
     n_tokens, info = ids.shape[1], adapter.info
     for name, value, size, what in (("layer", req.layer, info.layers, "layers"), ("head", req.head, info.heads, "heads"),
                                     ("query", req.query, n_tokens, "tokens"), ("key", req.key, n_tokens, "tokens")):

@@ -15,6 +15,7 @@ import { mountLab } from "./lab/lab.js";
 import { figureToParams, intParam, paramsToFigure } from "./lab/urlstate.js";
 import { drawNextToken, drawTarget, kvGroups, mountContinuation } from "./lm.js";
 import { mountAnalysis } from "./views/analysis.js";
+import { mountWhy } from "./views/why.js";
 import { ATLAS_SCALES, drawAtlas, hideAtlas, setAtlasBeta, setAtlasScale } from "./views/atlas.js";
 import { chosenWeighting, weightingOf } from "./views/weighting.js";
 import { scaleMatrix } from "./views/scales.js";
@@ -523,8 +524,14 @@ function wireHeatmapClicks() {
   $("heatmap").on("plotly_click", (ev) => {
     const pt = ev.points?.[0];
     if (pt && state.view) selectQuery(pt.pointIndex?.[0] ?? tokenLabels(state.view.queryTokens).indexOf(pt.y));
+    if (pt && state.view && isLM()) why.offer(state.query, pt.pointIndex?.[1] ?? tokenLabels(state.view.tokens).indexOf(pt.x), state.view.tokens);
   });
 }
+// "why?" on a clicked cell of a decoder's map: the score split over residual-stream parts (static/js/views/why.js)
+const why = mountWhy($("map-area"), { request: () => {
+  const r = state.view.request;
+  return { model: r.model, text: r.text, chat: Boolean(r.chat), layer: r.layers[0], head: r.heads[0], interventions: r.interventions };
+} });
 
 // Everything besides the heatmap.
 function renderDetails() {

@@ -58,7 +58,7 @@ def test_score_is_beta_times_the_windows_scores_and_the_matrix_adds_up(why_clien
 
 @pytest.mark.parametrize("body, field", [
     ({"layer": 2}, "layer"), ({"head": 4}, "head"), ({"query": 99}, "query"), ({"key": 11}, "key"),
-    ({"expand": 17}, "expand"), ({"model": "nope"}, "model"), ({"text": ""}, "text"),
+    ({"expand": 17}, "expand"), ({"model": "nope"}, "model"), ({"text": ""}, "text"), ({"chat": True}, "chat"),
     ({"interventions": [{"op": "mask_keys", "tokens": [50]}]}, "interventions"),
 ])
 def test_bad_fields_are_422_naming_them(why_client, body, field):

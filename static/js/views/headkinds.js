@@ -1,6 +1,7 @@
-// Colouring the model view by a head score (docs/science.md "Head kinds"): none, sink mass (every attention response
-// carries it), or a score of POST /api/text/head_scores (decoder LMs: fetched once per model, on the built-in probes).
-// Each head's label (the kind it scores highest at over the stated threshold) is drawn on its cell.
+// Colouring the model view by a head score (docs/science.md "Head kinds"): none; sink mass or mean distance of the
+// shown input (every attention response carries both); or a score of POST /api/text/head_scores (decoder LMs: fetched
+// once per model, on the built-in probes). Each head's label (the kind it scores highest at over the stated
+// threshold) is drawn on its cell.
 import { postJSON } from "../api.js";
 
 export const HEAD_SCORES = [
@@ -13,6 +14,8 @@ export const HEAD_SCORES = [
 ];
 // the short text drawn on a labelled head's cell
 export const LABEL_MARKS = { previous_token: "prev", induction: "ind", duplicate_token: "dup", sink: "sink" };
+// scores every attention response carries, of the input shown; the others come from the built-in probes
+const OF_THE_RUN = ["none", "sink_mass", "mean_distance"];
 
 // select: the <select> to fill; status: where the fetch's state is said; model(): the model shown; isLM(): whether
 // it takes head_scores; redraw(): draw the model view again.
@@ -32,7 +35,7 @@ export function mountHeadKinds(select, status, { model, isLM, redraw }) {
   }
 
   select.addEventListener("change", () => {
-    if (select.value !== "none" && select.value !== "sink_mass" && isLM()) fetchFor(model());
+    if (!OF_THE_RUN.includes(select.value) && isLM()) fetchFor(model());
     redraw();
   });
 
@@ -43,17 +46,19 @@ export function mountHeadKinds(select, status, { model, isLM, redraw }) {
     const ready = answer && !(answer instanceof Promise) ? answer : null;
     if (isLM() && name !== "none" && !ready && failure === null) fetchFor(model());
     for (const option of select.options) { // head_scores is for decoder LMs only
-      option.disabled = !isLM() && !["none", "sink_mass"].includes(option.value);
+      option.disabled = !isLM() && !OF_THE_RUN.includes(option.value);
     }
     status.textContent = failure ? `head scores: ${failure}` : answer instanceof Promise ? "scoring heads on the built-in probes…"
       : ready ? `labels from the built-in probes (seed ${ready.probe.seed}); thresholds ${thresholdText(ready.probe.thresholds)}` : "";
     if (name === "none") return null;
     const labels = ready?.labels ?? null;
-    if (name === "sink_mass") {
-      return response?.sink_mass ? { name, values: ofModel(response.sink_mass), labels, unit: "" } : null;
+    const unit = name === "mean_distance" ? " tokens" : "";
+    if (OF_THE_RUN.includes(name)) {
+      const values = ofModel(response?.[name]);
+      return values ? { name, values, labels, unit, source: "this input" } : null;
     }
     if (!ready) return null;
-    return { name, values: ready.scores[name], labels, unit: name === "mean_distance" ? " tokens" : "" };
+    return { name, values: ready.scores[name], labels, unit, source: "built-in probe" };
   }
 
   return { colour };

@@ -101,7 +101,7 @@ function scoreLegend(colour, top) {
   bar.className = "score-bar";
   const stops = Array.from({ length: 11 }, (_, i) => `rgb(${viridis(i / 10).join(", ")}) ${i * 10}%`);
   bar.style.background = `linear-gradient(to right, ${stops.join(", ")})`;
-  const name = colour.name.replaceAll("_", " ");
+  const name = colour.name.replaceAll("_", " ") + (colour.source ? ` (${colour.source})` : "");
   const end = colour.name === "mean_distance" ? `${top.toFixed(1)}${colour.unit}` : "1";
   legend.append(`${name}: 0 `, bar, ` ${end}`, colour.labels ? " · labels: prev = previous-token, ind = induction, dup = duplicate-token, sink" : "");
   return legend;

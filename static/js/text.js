@@ -10,6 +10,7 @@ import { drawDiff } from "./views/diff.js";
 import { drawHeadView } from "./views/headview.js";
 import { drawHeatmap, paintHeatmap, paintPreview, tokenLabels } from "./views/heatmap.js";
 import { drawModelView } from "./views/modelview.js";
+import { bandOf, layerLabel, rowLabel } from "./views/layerkinds.js";
 import { mountHeadKinds } from "./views/headkinds.js";
 import { mountLab } from "./lab/lab.js";
 import { figureToParams, intParam, paramsToFigure } from "./lab/urlstate.js";
@@ -232,6 +233,7 @@ async function showLong(r, body) {
   showBetaScope();
   const { keys, queries } = kindTokens(r);
   await drawAtlas($("heatmap"), r, { layer: state.layer, head: state.head, kind: isSeq2seq() ? state.kind : null,
+    band: isSeq2seq() ? null : bandOf(state.info, state.layer), layerName: isSeq2seq() ? null : layerLabel(state.info, state.layer),
     queryTokens: queries, keyTokens: keys, beta: atlasBeta(), onWindow: showWindow, onSelectHead: selectHead });
   heatmapShown("attnlab:atlas-overview", { long: true });
   showTruncation(r);
@@ -246,7 +248,8 @@ function longTitle(r) {
   const { keys, queries } = kindTokens(r);
   const size = keys === queries ? `${keys.length.toLocaleString("en")} tokens`
     : `${queries.length.toLocaleString("en")} × ${keys.length.toLocaleString("en")} tokens`;
-  $("heatmap-title").textContent = `${kindPrefix()}layer ${state.layer}, head ${state.head} · ${size}`
+  const layer = isSeq2seq() ? `layer ${state.layer}` : layerLabel(state.info, state.layer); // "layer 2 · local 512"
+  $("heatmap-title").textContent = `${kindPrefix()}${layer}, head ${state.head} · ${size}`
     + ` · β = ${fmt(lab.shownBeta())}${lab.viewBeta() ? " (view: windows and rows)" : ""}${valueWeighted(r)}`;
 }
 
@@ -561,6 +564,7 @@ function renderModelView(r) {
   if (state.thumbs) {
     drawModelView($("modelview"), state.thumbs, {
       layer: state.layer, head: state.head, entropy: ofKind(r.entropy), onSelect: selectHead, colour: headKinds.colour(r),
+      rowLabel: isSeq2seq() ? null : (l) => rowLabel(state.info, l), // local / global layers
     });
   } else {
     const why = state.long && isSeq2seq()
@@ -779,7 +783,7 @@ function fillHeadSelects() {
   [b.from, b.to] = [Math.min(b.from, layers - 1), Math.min(b.to, layers - 1)];
   const kv = state.info.kv_heads;
   const group = kv && kv < heads && !(isSeq2seq() && state.kind !== "encoder") ? heads / kv : null;
-  setOptions($("layer-select"), numbered(layers, "layer"), state.layer);
+  setOptions($("layer-select"), numbered(layers, "layer").map(([l, label]) => [l, isSeq2seq() ? label : layerLabel(state.info, l)]), state.layer);
   setOptions($("head-select"), numbered(heads, "head").map(([h, label]) => [h, group ? `${label} · K/V ${Math.floor(h / group)}` : label]), state.head);
 }
 

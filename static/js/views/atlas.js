@@ -16,6 +16,7 @@ import { isAbort, postJSON, setStatus } from "../api.js";
 import { visibleToken } from "../dom.js";
 import { decodeTensor, fmt, maxAbs } from "../mathx.js";
 import { loadPlotly } from "../vendor.js";
+import { bandShapes, rowBandNote, rowBandShapes } from "./layerkinds.js";
 
 const LABEL_MAX = 80; // token labels on an axis once a window is at most this many tokens wide
 const MAX_CELLS = 262_144; // the server's default max_window_cells: larger boxes show the overview instead
@@ -60,8 +61,10 @@ function panel(el) {
 // kind: an encoder–decoder's attention kind (null for one-kind models); queryTokens label and bound the rows,
 // keyTokens the columns. The same run and kind drawn again (another head, β mode, the full load after a partial
 // one) keeps the zoomed window; the same run with another kind is a new view.
+// band: a local layer's window w (static/js/views/layerkinds.js: its edge is drawn on the maps and rows), else null;
+// layerName: the layer as the titles name it ("layer 2 · local 512").
 export async function drawAtlas(el, r, { layer, head, kind = null, queryTokens = r.tokens, keyTokens = r.tokens, beta = null,
-  onWindow = null, onSelectHead = null }) {
+  onWindow = null, onSelectHead = null, band = null, layerName = null }) {
   const Plotly = await loadPlotly();
   // The same input (tokens) and kind keeps the place: another head, the full load after a partial one, and a new
   // run of the same tokens (a compare after an intervention) re-ask the same window, row and retrieval of it.
@@ -70,7 +73,8 @@ export async function drawAtlas(el, r, { layer, head, kind = null, queryTokens =
   const kept = same && el.dataset.window ? JSON.parse(el.dataset.window) : null;
   const row = same ? current.row : undefined;
   const retrievalShown = same && current.r.run_id !== r.run_id && !document.getElementById("atlas-retrieval")?.hidden;
-  current = { el, r, kind, layer, head, queryTokens, keyTokens, beta, row: undefined, onWindow, onSelectHead };
+  current = { el, r, kind, layer, head, queryTokens, keyTokens, beta, row: undefined, onWindow, onSelectHead, band,
+    layerName: layerName ?? `layer ${layer}` };
   const box = panel(el);
   box.hidden = false;
   const n = (x) => x.toLocaleString("en");
@@ -180,12 +184,13 @@ function drawOverview(Plotly = window.Plotly) {
   };
   const what = diff ? " · P̂ − P" : showsDiff(r) ? " · of P̂ (zoom for P̂ − P)" : "";
   Plotly.react(el, [trace], {
-    title: { text: `overview · ${kind ? `${kind} · ` : ""}layer ${layer}, head ${head}${current.beta ? " · at the run's β (zoom for view β)" : ""}${what}${weightingNote(r)}`, font: { size: 13 } },
+    title: { text: `overview · ${kind ? `${kind} · ` : ""}${current.layerName}, head ${head}${current.beta ? " · at the run's β (zoom for view β)" : ""}${what}${weightingNote(r)}`, font: { size: 13 } },
     margin: { l: 60, r: 10, t: 30, b: 40 },
     xaxis: { title: { text: axisTitle("key") }, range: [0, cols.at(-1)] }, yaxis: { title: { text: axisTitle("query") }, autorange: "reversed" },
-    dragmode: "zoom",
+    dragmode: "zoom", shapes: bandShapes(current.band, { x0: 0, x1: cols.at(-1), y0: 0, y1: rows.at(-1) }),
   }, { scrollZoom: true, responsive: true });
   el.dataset.atlas = "overview";
+  el.dataset.band = current.band ?? "";
   el.dataset.scale = diff ? "diff" : scaleName;
   el.dataset.show = diff ? "diff" : "P";
   el.dataset.run = r.run_id; // which run and kind the map shows (a kind switch draws the same run)
@@ -260,11 +265,12 @@ export async function drawWindow(rows, cols) {
     : { title: { text } };
   const maxDiff = diff ? ` (max |Δ| = ${fmt(span, 3)})` : "";
   await window.Plotly.react(el, [trace, ...entropy], {
-    title: { text: `${diff ? "P̂ − P · " : ""}window · ${kind ? `${kind} · ` : ""}layer ${layer}, head ${head}${beta ? ` · view β = ${fmt(beta)}` : ""}${weightingNote(r)}${maxDiff}`, font: { size: 13 } },
+    title: { text: `${diff ? "P̂ − P · " : ""}window · ${kind ? `${kind} · ` : ""}${current.layerName}, head ${head}${beta ? ` · view β = ${fmt(beta)}` : ""}${weightingNote(r)}${maxDiff}`, font: { size: 13 } },
     margin: { l: narrow ? 110 : 60, r: 10, t: 30, b: narrow ? 110 : 40 },
     xaxis: { ...axis(xs, axisTitle("key"), keyLabel), domain: [0, 0.76] }, yaxis: { ...axis(ys, axisTitle("query"), queryLabel), autorange: "reversed" },
     xaxis2: { domain: [0.88, 1], title: { text: "row entropy (nats)", font: { size: 10 } }, rangemode: "tozero", tickfont: { size: 9 } },
     showlegend: false, dragmode: "zoom",
+    shapes: bandShapes(current.band, { x0: cols[0], x1: cols[1], y0: rows[0], y1: rows[1], cells: true }),
   }, { scrollZoom: true, responsive: true });
   el.dataset.atlas = narrow ? "window-labels" : "window";
   el.dataset.scale = diff ? "diff" : scaleName;
@@ -310,12 +316,13 @@ async function drawRow(i) {
     hovertemplate: "key %{text}<br>P %{y:.4g}<extra>%{fullData.name}</extra>",
   }));
   document.getElementById("atlas-row-title").textContent = `query ${i}:${visibleToken(queryTokens[i])} over all ${tokens.length} keys`
-    + (beta ? ` · view β = ${fmt(beta)}` : "");
+    + (beta ? ` · view β = ${fmt(beta)}` : "") + rowBandNote(current.band, i);
   document.getElementById("atlas-span-row").value = String(i);
   Object.assign(document.getElementById("atlas-row").dataset, { run: r.run_id, row: String(i) });
   document.getElementById("atlas-row").hidden = false;
   await window.Plotly.react("atlas-row", traces, {
     margin: { l: 50, r: 10, t: 10, b: 40 }, xaxis: { title: { text: axisTitle("key") } }, yaxis: { title: { text: "P" } }, showlegend: rows.length > 1,
+    shapes: rowBandShapes(current.band, i),
   }, { responsive: true });
 }
 

@@ -5,15 +5,17 @@ import { LABEL_MARKS } from "./headkinds.js";
 
 // colour (optional, static/js/views/headkinds.js): { name, values [L][H], labels [L][H]|null, unit }: each cell is
 // then a tile coloured by the head's score (shares on 0–1, distances on 0–max) with the head's label written on it.
-export function drawModelView(container, thumbs, { layer, head, onSelect, entropy = null, colour = null }) {
+// rowLabel (optional): layer → {text, title} of its row's label (static/js/views/layerkinds.js: local / global).
+export function drawModelView(container, thumbs, { layer, head, onSelect, entropy = null, colour = null, rowLabel = null }) {
   const nLayers = thumbs.length, nHeads = thumbs[0].length;
   const top = colour ? scoreTop(colour) : 1;
   container.replaceChildren();
-  container.style.gridTemplateColumns = `28px repeat(${nHeads}, 1fr)`;
+  container.style.gridTemplateColumns = `${rowLabel ? 40 : 28}px repeat(${nHeads}, 1fr)`;
   container.append(axis(""));
   for (let h = 0; h < nHeads; h++) container.append(axis(`h${h}`));
   for (let l = 0; l < nLayers; l++) {
-    container.append(axis(`L${l}`));
+    const label = rowLabel?.(l) ?? { text: `L${l}`, title: "" };
+    container.append(Object.assign(axis(label.text), label.title ? { title: label.title } : {}));
     for (let h = 0; h < nHeads; h++) {
       const value = colour?.values?.[l]?.[h], label = colour?.labels?.[l]?.[h] ?? null;
       const canvas = colour ? drawScoreTile(value, top, label) : drawThumb(thumbs[l][h]);

@@ -1,0 +1,291 @@
+"""The notebook client `attnlab.Lab` against a live server of its own (`Lab.start()`: `attnlab serve` in a
+subprocess), on tiny random models (a BERT "tiny", a Llama "lm") and the real smollm2-135m and whisper-tiny-en.
+
+Every number the client returns is checked against the server's own JSON answer to the same request, sent here with
+urllib (not through the client); errors carry the server's detail; a KeyboardInterrupt during a streamed job cancels
+it on the server (GET /api/jobs empties, the server logs where it stopped); examples/quickstart.ipynb runs headless.
+About 60 s on an idle machine, most of it loading smollm2-135m and whisper-tiny-en in the server.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.tiny_models import build_text_model
+
+import attnlab
+from attnlab import (AblateHeads, Causal, Lab, LabError, MaskKeys, PatchHeads, PatchResidual, PerturbKeys,
+                     PerturbQueries, Temperature)
+
+ROOT = Path(__file__).resolve().parents[2]
+LOG = ROOT / "artifacts" / "notebook-client-server.log"
+SAMPLE = ROOT / "weights" / "samples" / "speech-sample.wav"
+TEXT = "the cat sat on the mat because it was tired"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("client-models")
+    models = {"tiny": str(build_text_model("bert", folder / "bert")), "lm": str(build_text_model("llama", folder / "llama"))}
+    LOG.parent.mkdir(exist_ok=True)
+    # smollm2-135m and whisper-tiny-en are known to every server and load on first use
+    with Lab.start(settings={"default_models": ["tiny", "lm"], "extra_models": models}, log=LOG) as started:
+        process = started._process
+        assert started.health() == {"status": "ok"} and process.poll() is None
+        yield started
+    assert process.poll() is not None and started._process is None  # the with block stopped the server
+    with pytest.raises(LabError, match="cannot reach"):
+        started.health()
+
+
+def raw(lab: Lab, path: str, body: dict | None = None) -> dict:
+    """The server's JSON answer, without the client."""
+    data = json.dumps(body).encode() if body is not None else None
+    call = urllib.request.Request(lab.url + path, data=data, headers={"Content-Type": "application/json"},
+                                  method="POST" if body is not None else "GET")
+    with urllib.request.urlopen(call, timeout=300) as answer:
+        return json.loads(answer.read())
+
+
+# ---- tiny models ---------------------------------------------------------------------------------------------------
+
+def test_attention_is_the_servers_answer_in_numpy(lab):
+    result = lab.attention(TEXT, model="tiny", interventions=[Temperature(0.5, layers=[1])], compare=True,
+                           include_scores=True)
+    served = raw(lab, "/api/text/attention", {**result.request, "encoding": "json"})
+    assert result.tokens == served["tokens"] and result.run_id and result.model == "tiny"
+    assert result.attention.shape == (2, 4, len(served["tokens"]), len(served["tokens"]))
+    np.testing.assert_array_equal(result.attention, np.array(served["attention"], dtype=np.float32))
+    np.testing.assert_array_equal(result.scores, np.array(served["scores"], dtype=np.float32))
+    np.testing.assert_allclose(result.effect["attention_tv"], served["effect"]["attention_tv"], rtol=1e-6)
+    assert result.effect["attention_tv"][1].min() > 0 and result.effect["attention_tv"][0].max() == 0  # β on layer 1 only
+    np.testing.assert_allclose(result.attention.sum(-1), 1.0, atol=1e-5)
+
+
+def test_layers_heads_and_every_op_reach_the_server(lab):
+    ops = [Temperature(2.0, layers=[0]), MaskKeys([1], heads=[0]), Causal(layers=[1]), AblateHeads(layers=[0], heads=[3]),
+           PerturbKeys(tokens=[2], noise_std=0.5), PerturbQueries(noise_std=0.2, seed=4)]
+    result = lab.attention(TEXT, model="tiny", layers=[1], heads=[0, 2], interventions=ops)
+    assert result.layers == [1] and result.heads == [0, 2] and result.attention.shape[:2] == (1, 2)
+    served = raw(lab, "/api/text/attention", {"model": "tiny", "text": TEXT, "layers": [1], "heads": [0, 2],
+                                             "interventions": [op.to_json() for op in ops]})
+    np.testing.assert_array_equal(result.attention, np.array(served["attention"], dtype=np.float32))
+    assert np.triu(result.attention[0, 0], 1).max() == 0  # causal on layer 1
+    assert result.attention[0, 0, :, 1].max() == 0  # key 1 masked for head 0
+
+
+def test_window_and_row_come_from_the_kept_run(lab):
+    result = lab.attention(TEXT, model="tiny", layers=[1], heads=[2])
+    window = result.window(1, 2, rows=(1, 4), cols=(0, 5))
+    assert window.rows == (1, 4) and window.cols == (0, 5)
+    np.testing.assert_array_equal(window.attention, result.attention[0, 0, 1:4, 0:5])
+    whole = result.window(1, 2)
+    np.testing.assert_array_equal(whole.attention, result.attention[0, 0])
+    sharper = result.window(1, 2, beta=3.0)  # view-mode β, re-normalised by the server without a new run
+    assert not np.allclose(sharper.attention, whole.attention)
+    np.testing.assert_allclose(sharper.attention.sum(-1), 1.0, atol=1e-5)
+    row = result.row(3, layers=[1], heads=[2])
+    np.testing.assert_allclose(row["attention"][0, 0], result.attention[0, 0, 3], atol=1e-6)  # rebuilt from q̂, k̂
+
+
+def test_errors_carry_the_servers_detail(lab):
+    with pytest.raises(LabError) as refused:
+        lab.attention(TEXT, model="tiny", interventions=[MaskKeys([99])])
+    assert refused.value.status == 422
+    assert refused.value.detail[0]["loc"] == ["body", "interventions", 0, "tokens"]
+    assert "out of range" in str(refused.value) and "interventions.0.tokens" in str(refused.value)
+    with pytest.raises(LabError) as unknown:
+        lab.attention(TEXT, model="no-such-model")
+    assert unknown.value.status == 422 and "no-such-model" in str(unknown.value)
+    with pytest.raises(LabError) as gone:
+        lab.window("0" * 32, 0, 0, (0, 1), (0, 1))
+    assert gone.value.status == 404 and gone.value.path == "/api/runs/" + "0" * 32 + "/window"
+    with pytest.raises(LabError) as not_lm:
+        lab.generate(TEXT, model="tiny").run()
+    assert not_lm.value.status == 422 and "decoder language model" in str(not_lm.value)
+    with pytest.raises(LabError) as unreachable:
+        Lab("http://127.0.0.1:9", timeout=5).health()
+    assert unreachable.value.status is None and "cannot reach" in str(unreachable.value)
+
+
+def test_generate_streams_the_continuation_and_a_break_stops_it(lab):
+    continuation = lab.generate("the cat sat", model="lm", max_new_tokens=5, interventions=[MaskKeys([1])])
+    steps = [step for step in continuation]
+    assert [s["step"] for s in steps] == list(range(len(steps))) and 1 <= len(steps) <= 5
+    assert continuation.text is not None and continuation.base_text is not None
+    served = []
+    body = {"model": "lm", "text": "the cat sat", "max_new_tokens": 5, "interventions": [{"op": "mask_keys", "tokens": [1]}]}
+    call = urllib.request.Request(lab.url + "/api/text/generate", data=json.dumps(body).encode(),
+                                  headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(call, timeout=60) as answer:
+        for line in answer:
+            if line.startswith(b"data: "):
+                served.append(json.loads(line[6:]))
+    assert [e for e in served if "step" in e] == steps and served[-1]["text"] == continuation.text
+    first = next(iter(lab.generate("the cat sat", model="lm", max_new_tokens=5)))  # left after one step
+    assert first["step"] == 0
+    assert list(continuation) == steps  # a finished continuation iterates its steps again
+
+
+def test_patching_lens_faithfulness_and_a_patch_from_the_clean_run(lab):
+    body = dict(clean="the cat sat on the", corrupt="the dog sat on the", answer=" mat", wrong=" rug", model="lm")
+    patching = lab.patching(**body)
+    served = raw(lab, "/api/text/patching", body | {"scan": "heads", "method": "exact", "interventions": []})
+    np.testing.assert_array_equal(patching.effect, np.array(served["effect"], dtype=np.float64))
+    assert patching.effect.shape == (2, 4) and patching.clean_run_id
+    layer, head, effect = patching.top(1)[0]
+    assert abs(effect) == np.nanmax(np.abs(patching.effect))
+    assert patching.patch(layers=[layer], heads=[head]) == PatchHeads(patching.clean_run_id, layers=[layer], heads=[head])
+    # the residual stream after layer 0 patched from the clean run at every position: layer 1 attends as in the clean run
+    clean = lab.attention(body["clean"], model="lm")
+    corrupt = lab.attention(body["corrupt"], model="lm")
+    patched = lab.attention(body["corrupt"], model="lm",
+                            interventions=[PatchResidual(patching.clean_run_id, layers=[0])])
+    assert not np.allclose(corrupt.attention[1], clean.attention[1], atol=1e-3)
+    np.testing.assert_allclose(patched.attention[1], clean.attention[1], atol=1e-5)
+
+    lens = lab.lens("the cat sat on the", model="lm", top=3, compare=True, interventions=[AblateHeads(layers=[0])])
+    served = raw(lab, "/api/text/lens", {"model": "lm", "text": "the cat sat on the", "top": 3, "compare": True,
+                                         "interventions": [{"op": "ablate_heads", "layers": [0]}]})
+    assert lens.top == served["top"] and lens.response["top_before"] == served["top_before"]
+    assert lens.top_tokens.shape == lens.top_probs.shape == (2, len(lens.tokens))
+    assert lens.top_tokens[-1, -1] == served["top"][-1][-1][0]["token"]
+
+    faithful = lab.faithfulness(TEXT, model="lm", k=[1, 2], methods=["attention", "rollout"])
+    served = raw(lab, "/api/text/faithfulness", {"model": "lm", "text": TEXT, "k": [1, 2],
+                                                 "methods": ["attention", "rollout"]})
+    assert faithful.methods == served["methods"] and set(faithful.methods) == {"attention", "rollout"}
+
+
+def test_jobs_report_progress_to_the_bar(lab, monkeypatch):
+    seen = []
+
+    class Bar:
+        n, total = 0, None
+
+        def set_postfix_str(self, text, refresh=True):
+            seen.append(("accepted", text))
+
+        def update(self, delta):
+            self.n += delta
+            seen.append(("progress", self.n, self.total))
+
+        def close(self):
+            seen.append(("closed",))
+
+    monkeypatch.setattr(attnlab.client, "_progress_bar", lambda what: Bar())
+    lab.attention("the dog ran on the rug", model="lm", compare=True, interventions=[Temperature(0.3)])
+    assert seen[0][0] == "accepted" and "ETA" in seen[0][1]
+    progress = [s for s in seen if s[0] == "progress"]
+    assert progress[-1][1:] == (4, 4)  # two runs (compare) × two layers, one bar
+    assert seen[-1] == ("closed",)
+
+
+def test_to_xarray_names_the_dimensions(lab):
+    xr = pytest.importorskip("xarray")
+    result = lab.attention(TEXT, model="tiny", layers=[1], heads=[0, 3])
+    array = result.to_xarray()
+    assert isinstance(array, xr.DataArray) and array.dims == ("layer", "head", "query", "key")
+    assert list(array["layer"].values) == [1] and list(array["head"].values) == [0, 3]
+    assert float(array.sel(layer=1, head=3, query=2, key=4)) == result.attention[0, 1, 2, 4]
+    assert list(array["query_token"].values) == result.tokens
+
+
+def test_show_and_to_html_hand_the_result_to_the_widget_and_the_export(lab, monkeypatch, tmp_path):
+    result = lab.attention(TEXT, model="tiny", layers=[0], heads=[0])
+    import attnlab.export
+
+    handed = []
+    monkeypatch.setattr(attnlab.export, "to_html", lambda r, path: handed.append((r, path)) or Path(path))
+    assert result.to_html(tmp_path / "view.html") == tmp_path / "view.html"
+    assert handed[0][0] is result and result.lab is lab and result.request["text"] == TEXT
+    try:
+        import attnlab.widget  # noqa: F401 - attnlab/widget.py, where it is installed
+    except ImportError:
+        with pytest.raises(NotImplementedError, match="widget"):
+            result.show()
+
+
+# ---- real models ---------------------------------------------------------------------------------------------------
+
+def test_smollm2_temperature_with_compare(lab):
+    result = lab.attention("The capital of France is", model="smollm2-135m",
+                           interventions=[Temperature(0.5, layers=[10])], compare=True)
+    n = len(result.tokens)
+    assert result.attention.shape == (30, 9, n, n)
+    assert np.triu(result.attention[10, 0], 1).max() == 0  # causal
+    tv = result.effect["attention_tv"]
+    assert tv[:10].max() == 0 and tv[10].min() > 0
+    assert result.output["top"][0]["token"] == " Paris" and result.effect["output"]["kl"] > 0
+
+
+def test_smollm2_long_input_overview_and_windows(lab):
+    text = " ".join(f"Item {i} is a {['red', 'blue', 'green'][i % 3]} box." for i in range(90))
+    result = lab.attention(text, model="smollm2-135m", layers=[7], heads=[5])
+    n = len(result.tokens)
+    assert n > 512 and result.is_long and result.response["attention"] is None
+    blocks = len(result.overview["edges"]) - 1
+    assert result.attention.shape == (1, 1, blocks, blocks)
+    window = result.window(7, 5, rows=(n - 3, n), cols=(0, n))
+    assert window.attention.shape == (3, n)
+    np.testing.assert_allclose(window.attention.sum(-1), 1.0, atol=1e-4)
+    assert window.attention[0, n - 2:].max() == 0  # row n−3 sees no later key
+
+
+def test_keyboard_interrupt_cancels_the_job_on_the_server(lab):
+    """A real Ctrl-C (SIGINT to the main thread) while the client reads a streamed job's events: the client closes
+    the stream, and the server stops the job at its next layer, long before its estimate."""
+    text = " ".join(["The quick brown fox jumps over the lazy dog while the cat sleeps."] * 150)
+    watcher = Lab(lab.url)
+    lab.attention("The capital of France is", model="smollm2-135m", layers=[0], heads=[0])  # loaded
+    seen: dict = {}
+
+    def interrupt_once_running():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            jobs = watcher.jobs()["jobs"]
+            if jobs:
+                seen["job"] = jobs[0]
+                time.sleep(0.5)
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=interrupt_once_running, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        lab.attention(text, model="smollm2-135m", layers=[0], heads=[0], compare=True,
+                      interventions=[Temperature(0.2)])
+    interrupted = time.monotonic()
+    assert seen["job"]["what"] == "POST /api/text/attention" and seen["job"]["runs"] == 2
+    while watcher.jobs()["jobs"] and time.monotonic() - interrupted < 30:
+        time.sleep(0.1)
+    gone = time.monotonic() - interrupted
+    assert watcher.jobs()["jobs"] == []
+    assert gone < 10 and (interrupted - started) + gone < seen["job"]["eta_s"]
+    time.sleep(0.3)
+    log = LOG.read_text().splitlines()
+    assert any("POST /api/text/attention stopped after" in line and "the client left" in line for line in log[-20:])
+
+
+def test_whisper_upload_attention_transcribe_and_windows(lab):
+    if not SAMPLE.is_file():
+        pytest.fail("weights/samples/speech-sample.wav is missing: run `make speech weights`")
+    clip = lab.audio(SAMPLE)
+    assert clip.audio_id and 1 < clip.duration_s < 30
+    result = clip.attention(layers=[3], heads=[0], kinds=["cross", "decoder"])
+    assert result.transcript and result.attention["cross"].shape == (1, 1, len(result.tokens), 1500)
+    window = result.window(3, 0, rows=(0, len(result.tokens)), cols=(0, 1500), kind="cross")
+    np.testing.assert_allclose(window.attention, result.attention["cross"][0, 0], atol=1e-6)
+    assert clip.transcribe()["text"].strip() == result.transcript.strip()
+    models = lab.models(kind="audio")
+    assert any(m["id"] == "whisper-tiny-en" and m["kind"] == "audio" for m in models)
+    with pytest.raises(LabError) as refused:
+        lab.audio(b"not audio at all")
+    assert refused.value.status in (400, 415) and refused.value.detail

@@ -1,4 +1,4 @@
-// Local and global layers (/guide#s9-9, GET /api/models `layer_types`, `sliding_window`). Gemma 3 interleaves five
+// Local and global layers (/guide#s9-10, GET /api/models `layer_types`, `sliding_window`). Gemma 3 interleaves five
 // local layers, where a query i sees only the window's most recent keys i − w + 1 … i, with one global layer that
 // sees every earlier key. The layer picker, the model view's rows and the long overview's title name each layer's
 // kind; the long overview, its windows and row plots of a local layer draw the band's edge: key i − w, the most

@@ -45,13 +45,6 @@ request_model_seconds: contextvars.ContextVar[float | None] = contextvars.Contex
 # one bar over all of them: passes × layers.
 request_model_runs: contextvars.ContextVar[int | None] = contextvars.ContextVar("request_model_runs", default=None)
 
-# Work a request does besides its forwards, not yet counted: (field, what, multiply-adds, passes over the layers it
-# reports as progress), set by the route before the response is built (the value-weighted overview of a long first
-# view). check_request_cost counts it with the runs; when every run is cached, check_extra_cost counts it alone just
-# before the work.
-request_extra_work: contextvars.ContextVar[tuple[str, str, float, int] | None] = contextvars.ContextVar(
-    "request_extra_work", default=None)
-
 # The value-weighted overview per score, in units of the head size d. Measured: at 2,048 tokens on smollm2-135m it
 # took 0.83× the long first run itself (benchmarks/results/value_norms_cpu.json), 0.83·forward_macs / (L·H·T²·d) ≈ 4.8:
 # the product q̂·k̂ once, then several float32 passes over every score that run far below the matmul rate.
@@ -281,32 +274,32 @@ def cost_field(shape: ModelShape, tokens: int, keys: int, runs: int, interventio
 
 
 def check_request_cost(adapter, settings, tokens: int, runs: int, interventions: int, keys: int | None = None,
-                       field: str | None = None, input_field: str = "text") -> float:
-    """413 before any work when `runs` forwards over `tokens` would not finish within the request's limit (a job's
-    job_timeout_s, else request_timeout_s); the message names the field that drives the cost (`field` when given).
-    A job is then accepted (its ETA event). Returns the estimated seconds."""
+                       field: str | None = None, input_field: str = "text", extra=None) -> float:
+    """413 before any work when `runs` forwards over `tokens`, and the request's `extra` work besides them (an
+    app/pipeline ExtraWork: field, what, multiply-adds, passes; the value-weighted overview of a long first view),
+    would not finish within the request's limit (a job's job_timeout_s, else request_timeout_s); the message names
+    the field that drives the cost (`field` when given). A job is then accepted (its ETA event). Returns the
+    estimated seconds."""
     shape = model_shape(adapter)
     macs = runs * forward_macs(shape, tokens, keys or tokens, interventions)
     # work a family does besides its forwards, once per request (a long image's rollout: models/adapters/vit.py)
     macs += getattr(adapter, "summary_macs", lambda n: 0.0)(tokens)
-    extra = request_extra_work.get()
     if extra is not None:  # counted here, with the runs, once
-        macs += extra[2]
-        request_extra_work.set(None)
+        macs += extra.macs
     seconds = estimated_seconds(adapter, settings, macs)
     limit, setting = time_limit(settings)
-    passes = runs + (extra[3] if extra is not None else 0)
+    passes = runs + (extra.passes if extra is not None else 0)
     if seconds > limit:
-        field = field or (extra[0] if extra is not None and extra[2] > macs / 2 else cost_field(
+        field = field or (extra.field if extra is not None and extra.macs > macs / 2 else cost_field(
             shape, tokens, keys or tokens, runs, interventions, input_field,
             lambda part: estimated_seconds(adapter, settings, part) <= limit))
         raise HTTPException(413, detail=(
             f"{field}: this request needs {runs} model run{'s' if runs > 1 else ''} over {tokens:,} tokens"
             f"{f' with {interventions} interventions' if interventions else ''}"
-            f"{f' and {extra[1]}' if extra is not None else ''}, about {seconds:,.0f} s of model "
+            f"{f' and {extra.what}' if extra is not None else ''}, about {seconds:,.0f} s of model "
             f"time on {adapter.info.id} at this machine's measured speed and load, over {setting}={limit:g} s"
             f"{_as_job_hint(settings, seconds)}; or ask for a shorter input, fewer samples or fewer interventions"
-            f"{f' (or {extra[0]} as before)' if extra is not None else ''}"))
+            f"{f' (or {extra.field} as before)' if extra is not None else ''}"))
     # set only for work that will run: a refused estimate left in the caller's context was read by a later request
     # made from it (a test calling this directly, then a client: 503 "needs about 400 s")
     request_model_seconds.set(seconds)
@@ -315,15 +308,11 @@ def check_request_cost(adapter, settings, tokens: int, runs: int, interventions:
     return seconds
 
 
-def check_extra_cost(adapter, settings) -> None:
-    """The request's extra work (request_extra_work) when check_request_cost did not count it (every run was in the
-    result cache: a weighting switch after a long first view): 413 naming its field when it alone would not finish
-    within the request's limit."""
-    extra = request_extra_work.get()
-    if extra is None:
-        return
-    request_extra_work.set(None)
-    field, what, macs, passes = extra
+def check_extra_cost(adapter, settings, extra) -> None:
+    """A request's `extra` work (field, what, multiply-adds, passes) when check_request_cost did not count it (every
+    run was in the result cache: a weighting switch after a long first view): 413 naming its field when it alone
+    would not finish within the request's limit."""
+    field, what, macs, passes = extra.field, extra.what, extra.macs, extra.passes
     request_model_runs.set(max(1, passes))  # the request's passes over the layers: this work's only
     seconds = estimated_seconds(adapter, settings, macs)
     limit, setting = time_limit(settings)

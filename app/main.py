@@ -30,7 +30,7 @@ from app.routes import why
 from app.routes import heads
 from app.routes import export as export_routes
 from app.lifecycle import RequestCancelled, RequestGuard, use_parsed_json
-from app.costs import request_extra_work, request_model_runs, request_model_seconds
+from app.costs import request_model_runs, request_model_seconds
 from app.jobs import client_of, request_client
 from app.memory import RequestMemory, request_memory
 from app.runtime import Overloaded, Runtime, request_deadline, request_timings
@@ -142,11 +142,11 @@ class RequestDeadline:
         memory_token = request_memory.set(memory)
         # the cost check's per-request values start empty: a value left in the context this request was started from
         # (a test calling check_request_cost directly) was read as this request's estimate (503 "needs about 400 s")
-        cost_tokens = [var.set(None) for var in (request_model_seconds, request_model_runs, request_extra_work)]
+        cost_tokens = [var.set(None) for var in (request_model_seconds, request_model_runs)]
         try:
             await self.app(scope, receive, send)
         finally:
-            for var, cost_token in zip((request_model_seconds, request_model_runs, request_extra_work), cost_tokens):
+            for var, cost_token in zip((request_model_seconds, request_model_runs), cost_tokens):
                 var.reset(cost_token)
             request_deadline.reset(token)
             request_client.reset(client)

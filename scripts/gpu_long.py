@@ -384,7 +384,7 @@ def _previous_mean_token_distance(attention: torch.Tensor) -> torch.Tensor:
 def response_building(adapter, text: str, encoded, device: torch.device, repeats: int) -> dict:
     """A short first view's response building alone, from the run's result to the response bytes (the page's first
     view: one head's map in f16, thumbnails 24 of every head, summaries, the output panel, JSON), before (the
-    previous per-field reads, above) and after (app/attention.short_response), interleaved; each starts from the
+    previous per-field reads, above) and after (app/pipeline/views.short_response), interleaved; each starts from the
     run's own summaries (a fresh run). Also each path's op count (torch.profiler: aten ops, top-level ones; on a GPU
     the kernel launches and memcpy calls) and on a GPU its device → host synchronisations (set_sync_debug_mode).
     Both paths should give the same bytes (`same_bytes`; tests/unit/test_response_building.py checks it on a CPU)."""
@@ -392,8 +392,11 @@ def response_building(adapter, text: str, encoded, device: torch.device, repeats
 
     from torch.profiler import ProfilerActivity, profile
 
-    from app.attention import short_response
     from app.encoding import fast_json
+    from app.pipeline.job import AttentionJob
+    from app.pipeline.maps import ShortMaps
+    from app.pipeline.views import short_response
+    from models.head_ops import HeadRun
     from app.routes.text import text_fields
     from app.schemas import TextAttentionRequest
 
@@ -410,8 +413,10 @@ def response_building(adapter, text: str, encoded, device: torch.device, repeats
 
     def new() -> bytes:
         restore()
-        response = short_response(adapter, encoded, req, result, None, layers, heads, None, [], text_fields)
-        response.update(effect=None, warnings=list(result.warnings), elapsed_s=None)  # as build_attention_response
+        job = AttentionJob(None, adapter, encoded, req, "plain", layers, heads, (), False, HeadRun(),
+                           family_fields=text_fields)  # P weighting over these layers/heads: no runtime needed
+        response = short_response(job, result, ShortMaps(job, result, None))
+        response.update(effect=None, warnings=list(result.warnings), elapsed_s=None)  # as app/pipeline/views.plain_view
         return fast_json(response).body
 
     def old() -> bytes:

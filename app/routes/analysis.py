@@ -1,5 +1,6 @@
-"""Beyond attention weights: POST /api/text/patching, /api/text/lens and /api/text/faithfulness, and the value-weighted
-maps and patch_heads sources of /api/text/attention (docs/api.md, docs/science.md "Beyond attention weights").
+"""Beyond attention weights: POST /api/text/patching, /api/text/lens and /api/text/faithfulness, and the kept clean
+runs that patch_heads/patch_residual take as sources (docs/api.md, docs/science.md "Beyond attention weights"). The
+value-weighted maps of /api/text/attention are app/pipeline's (maps.py).
 
 Scans go through the runtime's model lock like every run: a scan holds it one batch at a time, so other requests
 interleave, and with `Accept: text/event-stream` it streams `{"progress", "total"}` events and then the result,
@@ -11,32 +12,25 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from fastapi import APIRouter, HTTPException, Request, Response
 
-from app.attention import (build_attention_response, build_seq2seq_response, check_request_limits, engine_interventions,
-                           field_error, pooling_matrix, seq2seq_interventions, thumbnails)
-from app.costs import (check_extra_cost, check_work_cost, forward_macs, model_shape, request_extra_work,
-                       value_overview_macs)
-from app.encoding import tensor_field
+from app.attention import check_request_limits, engine_interventions, field_error
+from app.costs import check_work_cost, forward_macs, model_shape
 from app.ids import new_id
 from app.streams import respond, respond_steps
-from app.lifecycle import after_layer, check_cancelled
+from app.lifecycle import check_cancelled
 from app.runtime import Runtime
 from app.schemas import FaithfulnessRequest, LensRequest, PatchingRequest
 from app.deps import RuntimeDep, adapter_for
-from models.adapters.base import AttentionAdapter, Encoded
+from models.adapters.base import AttentionAdapter
 from models.adapters.causal_lm import CausalLMAdapter
 from models.adapters.seq2seq import Seq2SeqAdapter
 from models.anatomy import layer_blocks
-from models.attribution import (
-    kept_value_norms, layer_value_norms, run_value_norms, value_grams, value_weighted, value_weighted_overview,
-    value_weighted_rows,
-)
+from models.attribution import value_grams
 from models.faithfulness import faithfulness
 from models.head_ops import HeadRun, head_run
 from models.lens import logit_lens
@@ -166,7 +160,7 @@ def request_sources(runtime: Runtime, adapter: AttentionAdapter, interventions: 
     return run
 
 
-# ---- /api/text/attention: sources and value-weighted maps --------------------------------------------------------
+# ---- interventions a route refuses --------------------------------------------------------
 def refuse_for_seq2seq(req) -> None:
     for i, item in enumerate(req.interventions):
         if item.op in PATCH_OPS:
@@ -180,190 +174,6 @@ def refuse_for_generate(req) -> None:
         if item.op == "ablate_heads" and item.mode == "mean":
             raise field_error(("interventions", i, "mode"), "mean ablation is offered on /api/text/attention and "
                               "/api/text/lens, not for continuations (each decoding step sees one new position)")
-
-
-OVERVIEW_FIELD, OVERVIEW_WHAT = "weighting", "the value-weighted overview (weighting value_norm)"
-
-
-def attention_response(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req,
-                       family_fields: Callable | None = None) -> dict[str, Any]:
-    """build_attention_response with the request's patch sources in reach and value norms kept with every run it
-    makes (so windows, rows and overviews of the kept run can be value-weighted later); with weighting "value_norm"
-    the maps, thumbnails and received replaced by those of ‖P[i,j]·v_j W_O^h‖ normalised per row."""
-    n_tokens = len(encoded.tokens)
-    long_value = req.weighting == "value_norm" and n_tokens > adapter.full_map_tokens
-    # a long value-weighted first view rebuilds its overview from q̂/k̂: counted by the cost estimate (app/costs.py)
-    overview_macs = value_overview_macs(model_shape(adapter), n_tokens, n_tokens)
-    # one pass over the layers, reported as progress
-    request_extra_work.set((OVERVIEW_FIELD, OVERVIEW_WHAT, overview_macs, 1) if long_value else None)
-    with head_run(request_sources(runtime, adapter, req.interventions, value_norms=True)):
-        response = build_attention_response(runtime, adapter, encoded, req, family_fields)
-        if req.weighting == "value_norm":
-            _value_weighting(runtime, adapter, encoded, req, response)
-    return response
-
-
-def seq2seq_attention_response(runtime: Runtime, adapter: Seq2SeqAdapter, encoded: Encoded, req) -> dict[str, Any]:
-    """build_seq2seq_response with value norms kept with every run it makes (windows and rows of every kind can be
-    value-weighted later); with weighting "value_norm" each kind's maps (short) or overview and received (long)
-    replaced by the value-weighted ones: encoder and cross keys weighted by the source tokens' values, the decoder's
-    by the target tokens'."""
-    if req.weighting == "value_norm" and value_grams(adapter) is None:
-        raise field_error(("weighting",), f"value_norm: no output projection W_O found in model {adapter.info.id}")
-    n_source, n_target = len(encoded.tokens), len(encoded.extra["target_tokens"])
-    if req.weighting == "value_norm" and max(n_source, n_target) > adapter.full_map_tokens:  # every kind's overview
-        info, shape = adapter.info, model_shape(adapter)
-        macs = sum(value_overview_macs(shape, q, k, layers) for q, k, layers in (
-            (n_source, n_source, info.layers), (n_target, n_target, info.decoder_layers),
-            (n_target, n_source, info.decoder_layers)))
-        request_extra_work.set((OVERVIEW_FIELD, OVERVIEW_WHAT, macs, 0))  # the kinds' overviews report no progress
-    else:
-        request_extra_work.set(None)
-    with head_run(HeadRun(value_grams=value_grams(adapter))):
-        response = build_seq2seq_response(runtime, adapter, encoded, req)
-    if req.weighting == "value_norm":
-        interventions = seq2seq_interventions(req, adapter, len(encoded.tokens), len(encoded.extra["target_tokens"]))
-        response["weighting"] = "value_norm"
-        kinds_value_weighting(runtime, adapter, req, response, runtime.run(adapter, encoded, interventions, False),
-                              lambda: runtime.run(adapter, encoded, (), False))
-    return response
-
-
-def kinds_value_weighting(runtime: Runtime, adapter, req, response: dict, result, base_run: Callable | None = None,
-                          kinds: tuple[str, ...] = ("encoder", "decoder", "cross")) -> None:
-    """Replace the P of each kind in an encoder–decoder (or Whisper) response by its value-weighted map: `attention`
-    [kind] (and `base_attention`[kind]) of a short run, `overview`[kind] and `received`[kind] of a long one (rebuilt
-    from q̂/k̂ block by block, once per cached run). `response` names the layers (within the kind) and heads."""
-    layers, heads = response["layers"], response["heads"]
-
-    def norms_of(run, kind: str) -> torch.Tensor:
-        norms = layer_value_norms(run.atlas, adapter.kind_layers[kind])  # (L_kind, H, T_k)
-        if norms is None:
-            raise HTTPException(409, detail="this run kept no value norms: run the input again")
-        return norms
-
-    if result.is_long:
-        atlas = result.atlas
-        for kind in kinds:
-            def overview(kind=kind) -> tuple[torch.Tensor, torch.Tensor]:
-                norms_of(result, kind)
-                check_extra_cost(adapter, runtime.settings)  # every run was cached: the overviews alone (app/costs.py)
-                check_cancelled()
-                with runtime.admitted():  # the attention's arithmetic once more: it takes its turn like a run
-                    return value_weighted_overview(atlas, atlas.config.block_rows, adapter.kind_layers[kind])
-            sums, received = result.summary(f"value_overview_{kind}", overview)  # (L_k, H, nR, nC), (L_k, H, T_k)
-            first = adapter.kind_layers[kind][0]
-            rows = torch.tensor(atlas.row_edges(first)).diff().float()
-            cols = torch.tensor(atlas.col_edges(first)).diff().float()
-            means = sums[layers][:, heads] / (rows[:, None] * cols[None, :])  # (l, h, nR, nC)
-            response["overview"][kind] = {**response["overview"][kind], "maps": tensor_field(means, req.encoding)}
-            response["received"][kind] = tensor_field(received[layers][:, heads], req.encoding)
-        return
-
-    def weighted(run, kind: str) -> torch.Tensor:
-        return value_weighted(run.by_kind[kind][layers][:, heads], norms_of(run, kind)[layers][:, heads])  # (l, h, ·, ·)
-
-    response["attention"] = {**response["attention"], **{kind: tensor_field(weighted(result, kind), req.encoding)
-                                                         for kind in kinds if response["attention"].get(kind) is not None}}
-    if response.get("base_attention") is not None and base_run is not None:
-        base = base_run()
-        response["base_attention"] = {kind: tensor_field(weighted(base, kind), req.encoding) for kind in kinds}
-
-
-def run_norms(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, result, interventions) -> torch.Tensor:
-    """(L, H, T) ‖v_j W_O^h‖ of a run: those it kept on its records, else (a run made before the norms were kept,
-    or a batch) from a forward of its own that records V, once per cached result."""
-    kept = kept_value_norms(result.atlas)
-    if kept is not None:
-        return kept
-
-    def compute() -> torch.Tensor:
-        if result.is_long:  # a long run without its norms cannot be re-run whole here (its P would not fit)
-            raise HTTPException(409, detail="this long run kept no value norms: run the input again")
-        check_cancelled()
-        with runtime.admitted():
-            return run_value_norms(adapter, encoded, interventions)
-    return result.summary("value_norms", compute)  # (L, H, T)
-
-
-def _value_weighting(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req, response: dict) -> None:
-    if value_grams(adapter) is None:
-        raise field_error(("weighting",), f"value_norm: no output projection W_O found in model {adapter.info.id}")
-    response["weighting"] = "value_norm"
-    layers, heads = response["layers"], response["heads"]
-    interventions = engine_interventions(req, adapter, len(encoded.tokens))
-    result = runtime.run(adapter, encoded, interventions, req.include_scores and not response.get("overview"))
-    if result.is_long:
-        _long_value_weighting(runtime, req, response, result, layers, heads)
-        return
-    norms = run_norms(runtime, adapter, encoded, result, interventions)  # (L, H, T)
-    weighted = lambda res, n: value_weighted(res.attention[layers][:, heads], n[layers][:, heads])  # noqa: E731
-    rows = response.get("queries")
-    if rows is None:
-        maps = weighted(result, norms)  # (l, h, T, T)
-        response["attention"] = tensor_field(maps, req.encoding)
-        response["received"] = tensor_field(maps.mean(dim=2), req.encoding)  # (l, h, T)
-    else:  # query rows (the image page): only those rows (each is renormalised on its own), received once per run
-        # the rows first: indexing all of P by layers/heads would copy every layer's T × T maps
-        picked = value_weighted(result.attention[:, :, rows][layers][:, heads], norms[layers][:, heads])  # (l, h, q, T)
-        response["attention"] = tensor_field(picked, req.encoding)
-        received = result.summary("value_received", lambda: torch.stack([  # (L, H, T), a layer at a time
-            value_weighted(result.attention[l], norms[l].to(result.attention.device)).mean(dim=1)
-            for l in range(result.attention.shape[0])]).cpu())
-        response["received"] = tensor_field(received[layers][:, heads], req.encoding)
-    if response.get("thumbnails") is not None:
-        response["thumbnails"] = result.summary(f"value_thumbnails{req.thumbnail_size}",
-                                                lambda: _value_thumbnails(result.attention, norms, req.thumbnail_size))
-    if response.get("base_attention") is not None:
-        base = runtime.run(adapter, encoded, (), False)
-        response["base_attention"] = tensor_field(weighted(base, run_norms(runtime, adapter, encoded, base, ())), req.encoding)
-
-
-def _value_thumbnails(attention: torch.Tensor, norms: torch.Tensor, size: int) -> dict:
-    """The thumbnails of the value-weighted maps, a layer at a time: attention (L, H, T, T), norms (L, H, T); never
-    a second L·H·T² tensor beside the run's P."""
-    n_tokens = attention.shape[-1]
-    pool = pooling_matrix(n_tokens, size).to(attention.device) if n_tokens > size else None  # (t, T)
-    pooled = []
-    for layer in range(attention.shape[0]):
-        weighted = value_weighted(attention[layer], norms[layer].to(attention.device))  # (H, T, T)
-        pooled.append(weighted if pool is None else pool @ weighted @ pool.T)  # (H, t, t)
-    return thumbnails(torch.stack(pooled), size)  # already ≤ size: thumbnails only encodes
-
-
-def _long_value_weighting(runtime: Runtime, req, response: dict, result, layers: list[int], heads: list[int]) -> None:
-    """A long run's first view, value-weighted: the overview and received rebuilt from q̂/k̂ and the kept norms
-    (models/attribution.value_weighted_overview, once per cached run), the thumbnails from that overview, and the
-    requested query rows over every key."""
-    atlas = result.atlas
-    if kept_value_norms(atlas) is None:
-        raise HTTPException(409, detail="this long run kept no value norms: run the input again")
-
-    def overview() -> tuple[torch.Tensor, torch.Tensor]:
-        check_extra_cost(runtime.adapter(result.model_id), runtime.settings)  # every run was cached: the overview alone
-        check_cancelled()
-        with runtime.admitted():  # the attention's arithmetic once more: it takes its turn like a run
-            layers = sorted(atlas.records)
-            parts = []
-            for i, layer in enumerate(layers):  # a layer at a time: progress and Cancel as in a model run
-                parts.append(value_weighted_overview(atlas, atlas.config.block_rows, [layer]))
-                after_layer(i, len(layers))
-            return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])  # (L, H, nR, nC), (L, H, T)
-    sums, received = result.summary("value_overview", overview)  # (L, H, nR, nC), (L, H, T)
-    row_sizes = torch.tensor(atlas.row_edges()).diff().float()
-    col_sizes = torch.tensor(atlas.col_edges()).diff().float()
-    means = sums[layers][:, heads] / (row_sizes[:, None] * col_sizes[None, :])  # (l, h, nR, nC)
-    response["overview"] = {**response["overview"], "maps": tensor_field(means, req.encoding)}
-    response["base_overview"] = None  # P's: the base run's value-weighted overview is not formed (windows take minus)
-    response["received"] = tensor_field(received[layers][:, heads], req.encoding)
-    if response.get("thumbnails") is not None:
-        response["thumbnails"] = result.summary(f"value_thumbnails{req.thumbnail_size}",
-                                                lambda: atlas.thumbnails(req.thumbnail_size, sums))
-    queries = response.get("queries")
-    if response.get("attention") is not None and queries is not None:
-        rows = [torch.stack([value_weighted_rows(atlas.record(l), heads, q, q + 1)[:, 0] for q in queries], dim=1)
-                for l in layers]  # each (h, q, T)
-        response["attention"] = tensor_field(torch.stack(rows).cpu(), req.encoding)
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------------

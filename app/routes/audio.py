@@ -19,34 +19,29 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-import torch
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import Field
 
-from app.attention import check_request_limits, check_response_numbers, fast_json, field_error
+from app import pipeline
+from app.attention import check_request_limits, fast_json, field_error
 from app.audiostore import AudioStore, audio_limits, get_audio_store
 from app.deps import RuntimeDep, adapter_for
 from app.errors import error_response, too_large_response
-from app.encoding import tensor_field
 from app.ids import is_valid_id, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
-from app.interventions import check_indices, whisper_interventions
-from app.costs import check_work_cost, forward_macs, model_shape
-from app.lifecycle import cache_scope, check_cancelled
+from app.interventions import whisper_interventions
+from app.lifecycle import cache_scope
 from app.routes.images import decode_gate, read_upload
 from app.runtime import Runtime
 from app.streams import respond
 from app.schemas import WEIGHTING_DESCRIPTION, IndexList, Interventions, Weighting, _Strict
 from app.templating import templates
 from models.adapters.base import Encoded
-from models.adapters.whisper import POSITION_S, WhisperAdapter, encoder_overview
-from models.attribution import layer_value_norms, value_grams, value_weighted, value_weighted_rows
-from models.head_ops import HeadRun, head_run
+from models.adapters.whisper import WhisperAdapter
 from models.lru import BoundedLRU
 from models.audio import AudioInputError, DecodedAudio, decode_bytes, to_wav
-from models.effects import attention_tv
 
 router = APIRouter(tags=["audio"])
 ROOT = Path(__file__).resolve().parents[2]
@@ -254,107 +249,11 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
     the alignment heads; the heads ranked by alignment (both from the run without interventions). With `compare`: the text before/after (greedy with the
     interventions active), per-token probability change and KL, attention TV per kind."""
     adapter, audio, encoded = _prepare(req, runtime, store)
-    info = adapter.info
-    n = len(encoded.tokens)
-    layers = check_indices(req.layers, info.decoder_layers, ("layers",), "layer")
-    heads = check_indices(req.heads, info.heads, ("heads",), "head")
-    encoder_layers = check_indices(req.encoder_layers, info.encoder_layers, ("encoder_layers",), "encoder layer")
-    interventions = whisper_interventions(req, adapter, n)
+    # the request checked once, before any work (app/pipeline): layers, heads, encoder layers, interventions, size
+    job = pipeline.whisper_job(runtime, adapter, encoded, req, audio,
+                               lambda interventions: _transcript(runtime, adapter, encoded, interventions))
     # with Accept: text/event-stream a job (app/streams.py): accepted with its ETA, layer progress, then this response
-    return respond(request, lambda: _attention_response(req, runtime, adapter, audio, encoded, interventions,
-                                                        (layers, heads, encoder_layers)),
-                   "POST /api/audio/attention")
-
-
-def _attention_response(req: AudioAttentionRequest, runtime: Runtime, adapter: WhisperAdapter, audio, encoded,
-                        interventions, picked: tuple[list[int], list[int], list[int]]) -> dict[str, Any]:
-    info = adapter.info
-    n = len(encoded.tokens)
-    layers, heads, encoder_layers = picked
-    n_positions = min(1500, math.ceil(audio.samples.size / (POSITION_S * 16000)))
-    numbers = len(layers) * len(heads) * n * ((1500 if "cross" in req.kinds else 0) + (n if "decoder" in req.kinds else 0))
-    check_response_numbers(runtime.settings, numbers, {"layers": len(layers), "heads": len(heads), "kinds": len(req.kinds)},
-                           "ask for fewer layers/heads/kinds")
-    missing = sum(not runtime.is_cached(adapter, encoded, ivs, False) for ivs in {(), interventions})
-    if missing:  # the runs' model time, as runtime.run counts it; a job is accepted here
-        check_work_cost(adapter, runtime.settings, missing * forward_macs(model_shape(adapter), n, n, len(interventions)),
-                        missing, "audio_id", f"{missing} Whisper run{'s' if missing > 1 else ''}")
-    check_cancelled()
-    grams = value_grams(adapter)
-    if req.weighting == "value_norm" and grams is None:
-        raise field_error(("weighting",), f"value_norm: no output projection W_O found in model {info.id}")
-    with head_run(HeadRun(value_grams=grams)):  # every run keeps its value norms: windows/rows can be value-weighted
-        base = runtime.run(adapter, encoded, (), False)
-        result = runtime.run(adapter, encoded, interventions, False) if interventions else base
-    value_norm = req.weighting == "value_norm"
-    attention: dict[str, Any] = {}
-    for kind in ("cross", "decoder"):
-        maps = result.by_kind[kind][layers][:, heads] if kind in req.kinds else None  # (l, h, N, ·)
-        if maps is not None and value_norm:
-            maps = value_weighted(maps, _kind_norms(adapter, result, kind)[layers][:, heads])
-        attention[kind] = None if maps is None else tensor_field(maps, req.encoding)
-    attention["encoder"] = None
-    if "encoder" in req.kinds:
-        overview = (_value_encoder_overview(runtime, adapter, result, encoder_layers) if value_norm
-                    else result.output["encoder_overview"][encoder_layers])[:, heads]  # (l, h, B, B)
-        attention["encoder"] = {"overview": tensor_field(overview, req.encoding), "layers": encoder_layers,
-                                "block_positions": result.derived["overview_block"], "positions": n_positions}
-    effect = None
-    warnings = list(result.warnings)
-    if req.compare:
-        check_cancelled()
-        after_ids, after_probs = _transcript(runtime, adapter, encoded, interventions) if interventions else (
-            encoded.extra["labels"], base.output["label_log_probs"].exp().tolist())
-        effect = {
-            "attention_tv": {kind: attention_tv(result.by_kind[kind], base.by_kind[kind]).tolist() for kind in ("cross", "decoder")},
-            "output": {"text_before": encoded.extra["text"], "text_after": adapter.decode(after_ids),
-                       "tokens_after": [{"token": adapter.token_text(t), "prob": p} for t, p in zip(after_ids, after_probs)],
-                       **adapter.output_effect(base, result, encoded)},
-        }
-        if after_ids and after_ids[-1] != adapter.eot:
-            warnings.append(f"the transcript with interventions stopped at max_transcript_tokens={adapter.max_new_tokens}")
-    if encoded.extra["labels"] and len(encoded.extra["labels"]) > adapter.max_new_tokens:
-        warnings.append(f"the transcript stopped at max_transcript_tokens={adapter.max_new_tokens}")
-    return {
-        "model": info.id, "audio_id": req.audio_id, "run_id": result.run_id, "tokens": encoded.tokens, "positions": 1500,
-        "clip_positions": n_positions, "frame_s": POSITION_S, "duration_s": round(audio.duration_s, 4),
-        "transcript": encoded.extra["text"], "task": encoded.extra["task"], "language": encoded.extra["language"],
-        "language_prob": encoded.extra["language_prob"], "languages": info.languages,
-        "shape": {"encoder_layers": info.encoder_layers, "decoder_layers": info.decoder_layers, "heads": info.heads},
-        "layers": layers, "heads": heads, "kinds": req.kinds, "weighting": req.weighting,
-        "native_beta": info.native_beta, "attention": attention, "entropy": result.derived["entropy"],
-        "output": adapter.output_summary(result, encoded), "effect": effect,
-        "words": adapter.word_times(base, encoded), "alignment": adapter.alignment_ranking(base, encoded),
-        "warnings": warnings,
-    }
-
-
-def _kind_norms(adapter: WhisperAdapter, result, kind: str) -> torch.Tensor:
-    """‖v_j W_O^h‖ of one kind's layers, (L_kind, H, T_k): cross keys are the 1,500 encoder positions."""
-    norms = layer_value_norms(result.atlas, adapter.kind_layers[kind])
-    if norms is None:  # a run made without them (none of this route's): the same input again keeps them
-        raise HTTPException(409, detail="this run kept no value norms: run the clip again")
-    return norms
-
-
-def _value_encoder_overview(runtime: Runtime, adapter: WhisperAdapter, result, layers: list[int]) -> torch.Tensor:
-    """The encoder overview of the value-weighted encoder maps of the given encoder layers, (l, H, B, B) on the blocks
-    of the P overview: each layer's 1,500 rows rebuilt from its kept q̂/k̂ (the run keeps no encoder P), weighted by
-    the frames' value norms and pooled (models/adapters/whisper.encoder_overview); once per cached run and layer (the
-    page shows one), taking its turn like a run."""
-    _kind_norms(adapter, result, "encoder")
-    n_positions = result.derived["n_positions"]
-
-    def pooled(layer: int) -> torch.Tensor:
-        record = result.atlas.record(adapter.kind_layers["encoder"][layer])
-        heads = []
-        check_cancelled()
-        with runtime.admitted():
-            for head in range(record.n_heads):  # a head at a time: one 1,500² map held, not H of them
-                rows = value_weighted_rows(record, [head], 0, record.queries.shape[1])  # (1, 1500, 1500)
-                heads.append(encoder_overview(rows[None], n_positions)[0][0, 0])  # (B, B)
-        return torch.stack(heads)  # (H, B, B)
-    return torch.stack([result.summary(f"value_encoder_overview{l}", lambda l=l: pooled(l)) for l in layers])
+    return respond(request, lambda: pipeline.answer(job), "POST /api/audio/attention")
 
 
 @router.post("/api/audio/transcribe")

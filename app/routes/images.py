@@ -24,6 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import Field
 from starlette.datastructures import UploadFile
 
+from app import pipeline
 from app.attention import check_request_limits, fast_json, field_error
 from app.deps import ImageStoreDep, RuntimeDep, adapter_for
 from app.errors import error_response, too_large_response
@@ -313,8 +314,10 @@ def image_attention(req: ImageAttentionRequest, runtime: RuntimeDep, store: Imag
     check_cancelled()
     encoded = runtime.encode(adapter, ("image", req.image_id, size), lambda: adapter.encode(item.image, req.image_id, size))
     # value norms kept with the run (its windows/rows can be value-weighted later); weighting "value_norm" weights the
-    # maps, thumbnails and received (app/routes/analysis.py, as for text)
-    return fast_json(analysis.attention_response(runtime, adapter, encoded, req, image_fields(adapter, encoded, req, item)))
+    # maps, thumbnails and received (app/pipeline, as for text)
+    sources = analysis.request_sources(runtime, adapter, req.interventions, value_norms=True)
+    job = pipeline.plain_job(runtime, adapter, encoded, req, sources, image_fields(adapter, encoded, req, item))
+    return fast_json(pipeline.answer(job))
 
 
 def image_tokens(adapter, size: int) -> int:

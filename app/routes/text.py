@@ -5,6 +5,7 @@ import time
 
 from fastapi import APIRouter, Request, Response
 
+from app import pipeline
 from app.attention import check_request_limits, engine_interventions, field_error
 from app.costs import check_stream_cost, observe_run
 from app.deps import RuntimeDep, adapter_for
@@ -50,14 +51,15 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep, request: Requ
     adapter = adapter_for(runtime, req.model, "text")
     _refuse_fields(req, adapter.info.output)
     encoded = _encode(runtime, adapter, req)
-    if adapter.info.output == "seq2seq":  # attention per kind: encoder, decoder, cross
-        def build() -> dict:  # value norms kept with its runs, value-weighted maps of every kind on request
-            return analysis.seq2seq_attention_response(runtime, adapter, encoded, req)
-    else:  # with patch_heads sources in reach, and value-weighted maps on request (app/routes/analysis.py)
-        def build() -> dict:
-            return analysis.attention_response(runtime, adapter, encoded, req, text_fields)
+    # the request checked once, before any work (app/pipeline): attention per kind for an encoder–decoder; else with
+    # the patch_heads sources in reach and value norms kept by every run
+    if adapter.info.output == "seq2seq":
+        job = pipeline.seq2seq_job(runtime, adapter, encoded, req)
+    else:
+        sources = analysis.request_sources(runtime, adapter, req.interventions, value_norms=True)
+        job = pipeline.plain_job(runtime, adapter, encoded, req, sources, text_fields)
     # with Accept: text/event-stream a job: accepted with its ETA, layer progress, then this response (app/streams.py)
-    return respond(request, lambda: _with_input_tokens(build(), adapter, encoded, req), _WHAT)
+    return respond(request, lambda: _with_input_tokens(pipeline.answer(job), adapter, encoded, req), _WHAT)
 
 
 def _with_input_tokens(response: dict, adapter: AttentionAdapter, encoded, req: TextAttentionRequest) -> dict:
@@ -79,7 +81,7 @@ def _encode(runtime: Runtime, adapter: AttentionAdapter, req: TextAttentionReque
 def text_fields(result: AttentionResult) -> dict:
     """Text-only summaries: mean attention distance in tokens for every head (docs/science.md §6); a long input's
     was taken block by block during the run (docs/science.md §10). A short run's is left on the run's device, (L, H):
-    the response builder reads it with the rest of the first view in one copy (app/attention.py short_response)."""
+    the response builder reads it with the rest of the first view in one copy (app/pipeline/views.py short_response)."""
     if result.is_long:
         return {"mean_distance": result.atlas.mean_distance().tolist()}
     return {"mean_distance": result.summary("mean_distance", lambda: mean_token_distance(result.kept_attention))}

@@ -87,7 +87,7 @@ class AttentionResult:
     keys: torch.Tensor | None = None
     warnings: list[str] = field(default_factory=list)
     # summaries computed once per cached result. A short run's "entropy" (L, H) float64 is a tensor on the run's
-    # device until the first response reads it with the rest (app/attention.py short_response), then nested lists
+    # device until the first response reads it with the rest (app/pipeline/views.py short_response), then nested lists
     derived: dict[str, Any] = field(default_factory=dict)
     # Encoder–decoders: P per attention kind ("encoder", "decoder", "cross"), each (L, H, T_q, T_k);
     # `attention` is then the encoder's.

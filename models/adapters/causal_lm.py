@@ -10,7 +10,7 @@ forward computed them (logits_to_keep=1). The last position's panel is the softm
 position's logits are formed on demand with the model's own head (T × V would be 100 MB at 512 tokens for a 49k
 vocabulary; the probe at load checks that the head reproduces the model's logits). Softmax and top-k run on the
 device; the panel is then read to the host once: the top-k (probabilities and ids, 2 × k numbers), with the rest of
-a first view's response in its one copy (output_parts, app/attention.py short_response).
+a first view's response in its one copy (output_parts, app/pipeline/views.py short_response).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""build_attention_response and build_seq2seq_response share their checks and their sample loop (issue 20 §2,
-app/attention.py): with `compare` and several samples both answer the mean effect over the re-seeded samples with
+"""The plain and encoder–decoder views share their checks and their sample loop (issue 20 §2; app/pipeline/job.py
+AttentionJob.runs): with `compare` and several samples both answer the mean effect over the re-seeded samples with
 its spread, one sample's effect is that run's, and both refuse an oversized response the same way."""
 from __future__ import annotations
 

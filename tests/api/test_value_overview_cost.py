@@ -8,8 +8,8 @@ import contextvars
 
 import pytest
 from fastapi import HTTPException
-from app.costs import (THROUGHPUT, check_request_cost, forward_macs, model_shape, request_extra_work,
-                       value_overview_macs)
+from app.costs import THROUGHPUT, check_request_cost, forward_macs, model_shape, value_overview_macs
+from app.pipeline import ExtraWork
 from app.settings import Settings
 from tests.api.helpers import TINY_ATLAS, tiny_lm_client
 from tests.api.helpers import TINY_TEXT as TEXT
@@ -41,9 +41,8 @@ def test_the_overview_counts_with_the_runs_and_alone(client):
 
     def estimate(rate_macs: float, extra: bool) -> None:
         THROUGHPUT._rates[adapter.info.id] = rate_macs
-        request_extra_work.set(("weighting", "the value-weighted overview (weighting value_norm)", overview, 1)
-                               if extra else None)
-        check_request_cost(adapter, settings, n, 1, 0)
+        check_request_cost(adapter, settings, n, 1, 0, extra=ExtraWork(
+            "weighting", "the value-weighted overview (weighting value_norm)", overview, 1) if extra else None)
 
     # a throughput at which the run alone fits in 1 s and the run with the overview does not
     rate = forward + overview / 2

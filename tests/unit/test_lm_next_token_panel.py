@@ -9,10 +9,22 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from app.attention import short_response
+from app.pipeline.job import AttentionJob
+from app.pipeline.maps import ShortMaps
+from app.pipeline.views import short_response as pipeline_short_response
+from models.head_ops import HeadRun
 from app.schemas import TextAttentionRequest
 from models.adapters.causal_lm import TOP_K, CausalLMAdapter
 from tests.tiny_models import build_text_model
+
+
+def short_response(adapter, encoded, req, result, base, layers, heads, requested_queries, queries, family_fields=None):
+    """The first view of a short run through app/pipeline (its ShortMaps and view), for given layers, heads and rows:
+    a job built here without a runtime (P weighting needs none)."""
+    job = AttentionJob(None, adapter, encoded, req, "plain", layers, heads, (), False, HeadRun(), queries=queries,
+                       requested_queries=requested_queries, family_fields=family_fields)
+    return pipeline_short_response(job, result, ShortMaps(job, result, base))
+
 
 TEXT = "the cat sat on the mat because it was tired and the dog lay by the door"
 

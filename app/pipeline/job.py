@@ -1,0 +1,261 @@
+"""An attention request checked once: `AttentionJob`, built before any work from the request, its adapter and its
+encoded input (plain, encoder–decoder or Whisper), carries what every later step reads: the validated layers, heads
+and query rows, the engine interventions (app/interventions.py, one validator with its per-family table), the
+weighting, the run plan (which model runs the request makes) and the work besides them (a long value-weighted
+overview), with every 422 and the response-size 413 raised while it is built. `admit()` is the cost check (run
+bytes, memory, model time: 413s before work; a job is accepted there), `runs()` makes the runs."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.attention import RequestPeak, check_response_numbers, check_run_budget
+from app.costs import check_extra_cost, check_request_cost, check_work_cost, forward_macs, model_shape, value_overview_macs
+from app.errors import field_error
+from app.interventions import check_indices, engine_interventions, seq2seq_interventions, whisper_interventions
+from app.lifecycle import check_cancelled
+from app.runtime import Runtime
+from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
+from models.attribution import value_grams
+from models.effects import mean_and_std
+from models.head_ops import HeadRun, head_run
+
+# A long value-weighted first view rebuilds its overview from q̂/k̂ (models/attribution.value_weighted_overview)
+OVERVIEW_FIELD, OVERVIEW_WHAT = "weighting", "the value-weighted overview (weighting value_norm)"
+
+
+@dataclass(frozen=True)
+class ExtraWork:
+    """Work a request does besides its model runs, counted by the cost check with them: the field to name when it
+    is over the limit, what it is, its multiply-adds, and the passes over the layers it reports as progress."""
+
+    field: str
+    what: str
+    macs: float
+    passes: int
+
+
+@dataclass
+class AttentionJob:
+    """One attention request, checked (see the module doc). `family` picks the maps and the view: "plain" (encoders,
+    decoder LMs, ViTs), "seq2seq" (per kind), "whisper" (speech)."""
+
+    runtime: Runtime
+    adapter: AttentionAdapter
+    encoded: Encoded
+    req: Any
+    family: str
+    layers: list[int]
+    heads: list[int]
+    interventions: tuple
+    long: bool  # the runs keep an atlas, not P (docs/science.md §10)
+    sources: HeadRun  # patch sources and value grams in reach while the runs are made
+    queries: list[int] = field(default_factory=list)
+    requested_queries: list[int] | None = None  # a request's own `queries` (images): only those rows are answered
+    record_scores: bool = False
+    input_field: str = "text"  # the field a refusal of the input's size names
+    run_maps: list[tuple[int, int, int, int]] = field(default_factory=list)  # (layers, heads, queries, keys) per stack
+    cost_tokens: int = 0
+    extra: ExtraWork | None = None
+    family_fields: Callable[[AttentionResult], dict[str, Any]] | None = None
+    encoder_layers: list[int] = field(default_factory=list)  # Whisper: the encoder overview's layers
+    audio: Any = None  # Whisper: the decoded clip
+    transcribe: Callable[[tuple], tuple[list[int], list[float]]] | None = None  # Whisper: the greedy transcript
+    _extra_pending: bool = True
+
+    @property
+    def weighting(self) -> str:
+        return getattr(self.req, "weighting", "attention")
+
+    @property
+    def value_weighted(self) -> bool:
+        return self.weighting == "value_norm"
+
+    # ---- the run plan ------------------------------------------------------------------------------------------
+    def plan(self) -> list[tuple[tuple, bool]]:
+        """The model runs the request makes, as (interventions, record_scores). Plain and encoder–decoder: the run
+        with the interventions, and with `compare` the run without them and one more per extra sample (the
+        perturbations' noise re-seeded). Whisper: the run without interventions (its words and alignment) and the
+        one with them."""
+        if self.family == "whisper":
+            return [((), False)] + ([(self.interventions, False)] if self.interventions else [])
+        samples = getattr(self.req, "samples", 1)
+        sample_sets = [tuple(iv.with_seed_offset(s) for iv in self.interventions) for s in range(samples)]
+        runs = [(sample_sets[0], self.record_scores)]
+        if self.req.compare:
+            runs += [((), False)] + [(sample, False) for sample in sample_sets[1:]]
+        return runs
+
+    def missing_runs(self) -> int:
+        """The planned runs the result cache does not hold: only they cost model time."""
+        return sum(not self.runtime.is_cached(self.adapter, self.encoded, ivs, scores) for ivs, scores in self.plan())
+
+    # ---- the cost check ----------------------------------------------------------------------------------------
+    def admit(self) -> None:
+        """The 413s before any model run: what the runs would keep (check_run_budget), their in-flight memory, then
+        their model time and the extra work with them (the cost estimate, app/costs.py; a job is accepted here), then
+        the wait for memory beside the kept runs (app/memory.py). Runs already in the result cache cost nothing: a
+        request served from them (a head or mode change after a long first view) is never refused; its extra work
+        alone is checked when it is done (check_extra)."""
+        runtime, adapter = self.runtime, self.adapter
+        missing = self.missing_runs()
+        if not missing:
+            return
+        if self.family == "whisper":  # the runs' model time, as runtime.run counts it
+            n = len(self.encoded.tokens)
+            check_work_cost(adapter, runtime.settings, missing * forward_macs(model_shape(adapter), n, n,
+                                                                              len(self.interventions)),
+                            missing, "audio_id", f"{missing} Whisper run{'s' if missing > 1 else ''}")
+            return
+        check_run_budget(runtime, self.run_maps, self.input_field,
+                         adapter if self.family == "plain" or self.long else None)
+        memory = RequestPeak(runtime, adapter, self.cost_tokens, missing, self.record_scores, self.input_field)
+        check_request_cost(adapter, runtime.settings, self.cost_tokens, missing, len(self.interventions),
+                           input_field=self.input_field, extra=self.extra)
+        self._extra_pending = False  # counted with the runs
+        memory.reserve()
+
+    def check_extra(self) -> None:
+        """Just before the extra work, when admit() did not count it (every run was cached): 413 naming its field
+        when it alone would not finish in time (app/costs.check_extra_cost)."""
+        if self._extra_pending and self.extra is not None:
+            self._extra_pending = False
+            check_extra_cost(self.adapter, self.runtime.settings, self.extra)
+
+    # ---- the runs ----------------------------------------------------------------------------------------------
+    def run(self, interventions: tuple, record_scores: bool = False) -> AttentionResult:
+        return self.runtime.run(self.adapter, self.encoded, interventions, record_scores)
+
+    def runs(self, effect_of: Callable[[AttentionResult, AttentionResult], dict[str, Any]] | None
+             ) -> tuple[AttentionResult, AttentionResult | None, dict[str, Any] | None]:
+        """The planned runs: the run with the interventions, and with `compare` the run without them and the effect
+        of each sample (effect_of(base, run)), merged as mean ± std when there are several. Each run first checks that
+        the client is still there (a client that left, or a shutdown, stops the work here). Whisper: (the run with
+        the interventions, the run without them, None). Made inside head_run(self.sources) (views.answer)."""
+        if self.family == "whisper":
+            check_cancelled()
+            base = self.run(())
+            return (self.run(self.interventions) if self.interventions else base), base, None
+        (first, first_scores), *others = self.plan()
+        check_cancelled()
+        result = self.run(first, first_scores)
+        if not self.req.compare:
+            return result, None, None
+        check_cancelled()
+        base = self.run(*others[0])
+        effects = [effect_of(base, result)]
+        for sample, scores in others[1:]:
+            check_cancelled()
+            effects.append(effect_of(base, self.run(sample, scores)))
+        # both runs pinned from now, when they are answered: the first run's pin began when it was put, and a long
+        # second run could outlast it (a 4,096-token compare's run_id answered 404 right after the compare)
+        for kept in (result, base):
+            if kept.run_id is not None:
+                self.runtime.get_run(kept.run_id)
+        return result, base, effects[0] if len(effects) == 1 else _merge_samples(effects)
+
+
+def _merge_samples(effects: list[dict[str, Any]]) -> dict[str, Any]:
+    merged = mean_and_std([{k: v for k, v in e.items() if k != "output"} for e in effects])
+    merged["output"] = mean_and_std([e["output"] for e in effects])
+    merged["samples"] = len(effects)
+    return merged
+
+
+def _refuse_without_w_o(adapter: AttentionAdapter, req) -> None:
+    if getattr(req, "weighting", "attention") == "value_norm" and value_grams(adapter) is None:
+        raise field_error(("weighting",), f"value_norm: no output projection W_O found in model {adapter.info.id}")
+
+
+# ---- one builder per family ------------------------------------------------------------------------------------
+def plain_job(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req, sources: HeadRun,
+              family_fields: Callable[[AttentionResult], dict[str, Any]] | None = None) -> AttentionJob:
+    """An encoder's, decoder LM's or ViT's request (text and image routes). `sources`: the request's patch sources
+    with value norms kept by every run (app/routes/analysis.request_sources); `family_fields(result)` adds what one
+    family shows besides (a text's mean distance, an image's rollout and grid). A request with a `queries` field
+    (images) gets only those query rows."""
+    info, limits = adapter.info, runtime.settings
+    n_tokens = len(encoded.tokens)
+    layers = check_indices(req.layers, info.layers, ("layers",), "layer")
+    heads = check_indices(req.heads, info.heads, ("heads",), "head")
+    requested_queries = getattr(req, "queries", None)
+    queries = check_indices(requested_queries, n_tokens, ("queries",), "query token")
+    with head_run(sources):  # patch_heads items are checked against their sources' token counts
+        interventions = engine_interventions(req, adapter, n_tokens)
+    _refuse_without_w_o(adapter, req)
+    long = n_tokens > adapter.full_map_tokens
+    record_scores = req.include_scores and not long
+
+    maps = 1 + int(record_scores) + int(req.compare and req.include_base)  # P, Ŝ, P without interventions
+    numbers = len(layers) * len(heads) * len(queries) * n_tokens * maps
+    if long:  # the overview (with compare the base run's too) and received instead of P, and any requested query rows
+        blocks = min(limits.overview_blocks, n_tokens)
+        numbers = len(layers) * len(heads) * (blocks * blocks * (1 + int(req.compare)) + n_tokens
+                                              + (0 if requested_queries is None else len(queries) * n_tokens))
+    counts = {"layers": len(layers), "heads": len(heads), **({} if requested_queries is None else {"queries": len(queries)})}
+    check_response_numbers(limits, numbers, counts, "ask for fewer layers/heads/queries (fields 'layers', 'heads', "
+                           "'queries') or turn off include_scores")
+    extra = None
+    if req.weighting == "value_norm" and long:  # one pass over the layers, reported as progress
+        extra = ExtraWork(OVERVIEW_FIELD, OVERVIEW_WHAT, value_overview_macs(model_shape(adapter), n_tokens, n_tokens), 1)
+    return AttentionJob(
+        runtime, adapter, encoded, req, "plain", layers, heads, interventions, long, sources, queries=queries,
+        requested_queries=requested_queries, record_scores=record_scores,
+        input_field="text" if info.kind == "text" else "image_size",
+        run_maps=[(len(adapter.layer_of), info.heads, n_tokens, n_tokens)], cost_tokens=n_tokens, extra=extra,
+        family_fields=family_fields)
+
+
+def seq2seq_job(runtime: Runtime, adapter, encoded: Encoded, req) -> AttentionJob:
+    """An encoder–decoder's request: attention per kind (encoder M × M, decoder N × N, cross N × M)."""
+    _refuse_without_w_o(adapter, req)
+    info, limits = adapter.info, runtime.settings
+    if req.include_scores:
+        raise field_error(("include_scores",), "scores are not offered for encoder–decoder models yet")
+    n_source, n_target = len(encoded.tokens), len(encoded.extra["target_tokens"])
+    layers = check_indices(req.layers, min(info.layers, info.decoder_layers), ("layers",), "layer")
+    heads = check_indices(req.heads, min(info.heads, info.decoder_heads), ("heads",), "head")
+    interventions = seq2seq_interventions(req, adapter, n_source, n_target)
+    shapes = {"encoder": (n_source, n_source), "decoder": (n_target, n_target), "cross": (n_target, n_source)}
+    long = max(n_source, n_target) > adapter.full_map_tokens  # every kind runs blockwise, keeping an atlas (§10)
+    numbers = sum(len(layers) * len(heads) * q * k for q, k in shapes.values()) * (1 + int(req.compare and req.include_base))
+    if long:  # per kind its overview and received instead of P
+        blocks = limits.overview_blocks
+        numbers = sum(len(layers) * len(heads) * (min(blocks, q) * min(blocks, k) + k) for q, k in shapes.values())
+    check_response_numbers(limits, numbers, {"layers": len(layers), "heads": len(heads)}, "ask for fewer layers/heads")
+    extra = None
+    if req.weighting == "value_norm" and long:  # every kind's overview; the kinds' overviews report no progress
+        shape = model_shape(adapter)
+        macs = sum(value_overview_macs(shape, q, k, kind_layers) for q, k, kind_layers in (
+            (n_source, n_source, info.layers), (n_target, n_target, info.decoder_layers),
+            (n_target, n_source, info.decoder_layers)))
+        extra = ExtraWork(OVERVIEW_FIELD, OVERVIEW_WHAT, macs, 0)
+    return AttentionJob(
+        runtime, adapter, encoded, req, "seq2seq", layers, heads, interventions, long,
+        HeadRun(value_grams=value_grams(adapter)), input_field="text",
+        # a long run keeps q̂/k̂ and summaries (a short one's P goes to the host)
+        run_maps=[(info.layers, info.heads, *shapes["encoder"]), (info.decoder_layers, info.decoder_heads, *shapes["decoder"]),
+                  (info.decoder_layers, info.decoder_heads, *shapes["cross"])],
+        cost_tokens=n_source + n_target, extra=extra)
+
+
+def whisper_job(runtime: Runtime, adapter, encoded: Encoded, req, audio,
+                transcribe: Callable[[tuple], tuple[list[int], list[float]]]) -> AttentionJob:
+    """A speech request on Whisper: decoder/cross layers and heads, the encoder overview's layers, the kinds asked;
+    `audio` the decoded clip, `transcribe(interventions)` its greedy transcript (ids, probabilities), cached."""
+    info = adapter.info
+    n = len(encoded.tokens)
+    layers = check_indices(req.layers, info.decoder_layers, ("layers",), "layer")
+    heads = check_indices(req.heads, info.heads, ("heads",), "head")
+    encoder_layers = check_indices(req.encoder_layers, info.encoder_layers, ("encoder_layers",), "encoder layer")
+    interventions = whisper_interventions(req, adapter, n)
+    numbers = len(layers) * len(heads) * n * ((1500 if "cross" in req.kinds else 0) + (n if "decoder" in req.kinds else 0))
+    check_response_numbers(runtime.settings, numbers, {"layers": len(layers), "heads": len(heads), "kinds": len(req.kinds)},
+                           "ask for fewer layers/heads/kinds")
+    _refuse_without_w_o(adapter, req)
+    # every run keeps its value norms: windows/rows can be value-weighted
+    return AttentionJob(runtime, adapter, encoded, req, "whisper", layers, heads, interventions, False,
+                        HeadRun(value_grams=value_grams(adapter)), input_field="audio_id", cost_tokens=n,
+                        encoder_layers=encoder_layers, audio=audio, transcribe=transcribe)
+

@@ -21,6 +21,7 @@ import { ATLAS_SCALES, drawAtlas, hideAtlas, setAtlasBeta, setAtlasScale } from 
 import { chosenWeighting, weightingOf } from "./views/weighting.js";
 import { scaleMatrix } from "./views/scales.js";
 import { loadPlotly } from "./vendor.js";
+import { mountHtmlExport } from "./lab/export-html.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
 const limits = config.limits ?? {};
@@ -942,6 +943,8 @@ async function init() {
   $("weighting-select")?.addEventListener("change", () => load({ thumbnails: false }));
   await load();
   lab.installPngButtons(() => `attnlab-${state.model}`); // the model shown when the button is pressed
+  mountHtmlExport($("export-panel"), { body: () => state.view?.request ?? state.long?.request ?? null,
+    filename: () => `attnlab-${state.model}-L${state.layer}-H${state.head}.html`, shownLayer: () => state.layer });
 }
 
 init().catch((err) => setStatus(`failed to start: ${err.message}`, { error: true }));

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from attnlab.export import standalone_html
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import SCREENSHOTS, screenshot
 
 TEXT = "the cat sat on the mat because it was tired"
 HEATMAP = "[data-role=heatmap]"
@@ -125,3 +125,40 @@ def test_export_layer_head_scale_and_mask_work_offline(exported, offline, page_l
     screenshot(pg, "standalone-export-mask")
     assert asked == []
     assert page_log.errors == [], page_log.errors  # (page_log.external counts the file: URL itself)
+
+
+def test_the_text_pages_button_downloads_the_same_file_and_it_opens_offline(page, page_log, live_server, browser, tmp_path):
+    """Export panel → "Download standalone HTML": the server's file for the page's input (every layer and head), which
+    then opens from file:// with the network cut, showing the layer and head the page showed."""
+    page.goto(f"{live_server}/#m=minilm&l=2&h=3")
+    page.wait_for_function("() => document.querySelector('#heatmap.js-plotly-plot')?.data?.[0]?.z", timeout=60_000)  # (the page's CSP: a function, not a string)
+    shown_on_page = page.eval_on_selector("#heatmap", "el => el.data[0].customdata || el.data[0].z")
+    with page.expect_download(timeout=60_000) as download:
+        page.click("#export-html")
+    assert download.value.suggested_filename == "attnlab-minilm-L2-H3.html"
+    path = tmp_path / "page-export.html"
+    download.value.save_as(path)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#export-panel").screenshot(path=str(SCREENSHOTS / "text-page-export-html-button.png"))
+    page_log.check()
+
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    offline_page = context.new_page()
+    asked: list[str] = []
+    errors: list[str] = []
+    offline_page.on("pageerror", lambda e: errors.append(str(e)))
+    offline_page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "data:", "blob:"))
+                       else (asked.append(r.request.url), r.abort()))
+    try:
+        offline_page.goto(path.as_uri())
+        wait_drawn(offline_page, layer="0", head="0")
+        assert offline_page.locator("[data-role=layer] option").count() == 6  # minilm: every layer and head
+        assert offline_page.locator("[data-role=head] option").count() == 12
+        offline_page.select_option("[data-role=layer]", "2")
+        offline_page.select_option("[data-role=head]", "3")
+        wait_drawn(offline_page, layer="2", head="3")
+        got = shown(offline_page)
+        assert max(abs(a - b) for ra, rb in zip(got, shown_on_page) for a, b in zip(ra, rb)) < 1e-6
+        assert asked == [] and errors == []
+    finally:
+        context.close()

@@ -164,7 +164,7 @@ function downloadCanvas(canvas, filename) {
   });
 }
 
-function downloadBlob(blob, filename) {
+export function downloadBlob(blob, filename) {
   const url = URL.createObjectURL(blob);
   const a = document.createElement("a");
   a.href = url;

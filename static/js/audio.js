@@ -7,9 +7,11 @@ import { ApiError, getJSON, isAbort, postJSON, readJSON, serverEvents, setStatus
 import { byId as $, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
 import { MODEBAR_REMOVE } from "./vendor.js";
-import { createLab } from "./lab/interventions.js";
+import { mountBetaPanel } from "./lab/beta.js";
+import { betaIsNative, betaOf, renderActiveList } from "./lab/interventions.js";
 import { mountPerturbPanel } from "./lab/perturb.js";
 import { mountSoftmaxPanel } from "./lab/softmax.js";
+import { createLabStore } from "./lab/store.js";
 import { mapName, onWeightingChange, weightingFields, weightingOf } from "./views/weighting.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
@@ -32,7 +34,6 @@ const state = {
   token: null, // decoder row shown as a curve
   spans: [], // [{kind, first, last, start, end}] masked spans: encoder positions first…last = [start, end) s
   perturbKind: "cross", // the attention whose keys the perturbation's span is ("cross" | "encoder"); queries: cross
-  beta: 0, // log10(β / β₀) on cross-attention
   ablated: new Set(), // "layer.head" cross heads
   response: null,
   base: null, // the same view without interventions (for the curve's "before")
@@ -53,10 +54,14 @@ function snapSpan(t0, t1) {
 }
 const spanLabel = (s) => `${s.start.toFixed(2)}–${s.end.toFixed(2)} s = positions ${s.first}–${s.last}`;
 
-// The lab's store (static/js/lab/interventions.js): this page uses its perturbation, drawn by the lab's panel. Its
-// chosen set holds encoder positions (20 ms each) when the target is keys, decoder tokens when it is queries.
-const lab = createLab();
+// The lab's store (static/js/lab/store.js), with the lab's β, perturbation and softmax panels mounted on it. β acts on
+// cross-attention (scope: every cross layer, this layer or this head). The perturbation's chosen set holds encoder
+// positions (20 ms each) when the target is keys, decoder tokens when it is queries. Masked spans and ablated cross
+// heads are this page's own (spans of time, heads picked one by one).
+const store = createLabStore();
+const lab = store.state;
 lab.perturb.scope = "all";
+lab.beta.scope = "all";
 
 function perturbation() {
   const p = lab.perturb;
@@ -70,27 +75,33 @@ function perturbation() {
   return iv;
 }
 
-function interventions() {
+// The list sent (wire format: docs/api.md), in this page's order: masked spans, the perturbation, β, ablated heads.
+// Each item also carries what the lab's active list shows for it (_key, _text, _remove, _scope), dropped by
+// interventions() before sending.
+function labelledInterventions() {
   const ivs = [];
-  for (const s of state.spans) {
+  state.spans.forEach((s) => {
     const tokens = spanTokens(s);
-    if (tokens.length) ivs.push({ op: "mask_keys", kind: s.kind, tokens });
-  }
+    if (tokens.length) ivs.push({ op: "mask_keys", kind: s.kind, tokens,
+      _key: "span", _text: `mask ${spanLabel(s)} (${s.kind})`, _scope: false, _remove: () => state.spans.splice(state.spans.indexOf(s), 1) });
+  });
   const perturb = perturbation();
-  if (perturb) ivs.push(perturb);
-  if (state.beta !== 0) {
-    const scope = $("beta-scope").value;
-    const iv = { op: "temperature", kind: "cross", beta: nativeBeta() * 10 ** state.beta };
-    if (scope !== "all") iv.layers = [state.layer];
-    if (scope === "head") iv.heads = [state.head];
-    ivs.push(iv);
+  if (perturb) ivs.push({ ...perturb, _key: "perturb", _text: `perturb ${perturb.op === "perturb_queries" ? "queries" : "keys"} σ=${perturb.noise_std} (${perturb.kind})` });
+  if (!betaIsNative(lab)) {
+    const iv = { op: "temperature", kind: "cross", beta: betaOf(lab, nativeBeta()) };
+    if (lab.beta.scope !== "all") iv.layers = [state.layer];
+    if (lab.beta.scope === "head") iv.heads = [state.head];
+    ivs.push({ ...iv, _key: "beta", _text: `β = ${fmt(10 ** lab.beta.logRatio, 3)}·β₀ on cross-attention` });
   }
   for (const key of state.ablated) {
     const [layer, head] = key.split(".").map(Number);
-    ivs.push({ op: "ablate_heads", kind: "cross", layers: [layer], heads: [head] });
+    ivs.push({ op: "ablate_heads", kind: "cross", layers: [layer], heads: [head],
+      _key: "ablate", _text: `ablate cross L${layer} H${head}`, _scope: false, _remove: () => state.ablated.delete(key) });
   }
   return ivs;
 }
+
+const interventions = () => labelledInterventions().map((iv) => Object.fromEntries(Object.entries(iv).filter(([k]) => !k.startsWith("_"))));
 
 const nativeBeta = () => state.response?.native_beta ?? NATIVE_BETA;
 
@@ -127,7 +138,7 @@ async function openClip(clip) {
   state.response = state.base = null;
   lab.perturb.on = false; // token and position numbers belong to the clip before
   lab.perturb.tokens.clear();
-  perturbPanel.update();
+  store.changed("tokens", { run: false });
   $("clip-info").textContent = `${fmt(clip.duration_s, 3)} s, ${clip.format}, ${clip.sample_rate} Hz, ${clip.channels} channel${clip.channels > 1 ? "s" : ""} (the model hears it at 16 kHz mono)`;
   $("player").src = `/api/audio/${clip.audio_id}/wav`;
   $("span-end").max = $("span-start").max = String(clip.duration_s);
@@ -381,7 +392,7 @@ async function drawSoftmax() {
     layer: state.layer, head: state.head, kind: "cross", rows: [q, q + 1], cols: [0, r.positions], include_scores: true, encoding: "f32",
   }, { channel: "softmax-row" });
   if (state.response !== r) return;
-  const beta = nativeBeta() * 10 ** state.beta;
+  const beta = betaOf(lab, nativeBeta());
   const all = Array.from(decodeTensor(w.scores)[0], (v) => v / r.native_beta); // q·k over the 1,500 keys
   const masked = new Array(n).fill(false);
   for (const span of state.spans) if (span.kind === "cross") for (const j of spanTokens(span)) if (j < n) masked[j] = true;
@@ -456,7 +467,10 @@ function drawTranscript() {
     return [node, document.createTextNode(" ")];
   }));
   box.dataset.changed = parts.some(([kind]) => kind !== "same") ? "1" : "0";
-  const tokens = r.output.tokens.map((t, i) => `${i}:${visibleToken(t.token)}`);
+  // One numbering with the cross-attention map: a token's index in the decoder's sequence, the prompt's special
+  // tokens (<|startoftranscript|>, language, task, <|notimestamps|>) counted, so the transcript starts at 2 on tiny.en.
+  const first = promptLength(r.tokens);
+  const tokens = r.output.tokens.map((t, k) => `${first + k}:${visibleToken(t.token)}`);
   Plotly.react("dp-bars", [{
     type: "bar", x: tokens, y: out.prob_change, marker: { color: out.prob_change.map((d) => (d < 0 ? "#c0342b" : "#1f7a4d")) },
     hovertemplate: "%{x}: Δp = %{y:.3f}<extra></extra>",
@@ -464,6 +478,12 @@ function drawTranscript() {
     margin: { l: 50, r: 10, t: 26, b: 70 }, title: { text: `Δp per token (teacher-forced on the plain transcript) · mean KL ${fmt(out.kl_mean, 3)} nats`, font: { size: 12 } },
     xaxis: { type: "category", tickangle: -60, tickfont: { size: 10 } }, yaxis: { title: { text: "Δp" }, range: [-1, 1] },
   }, PLOT);
+}
+
+// The decoder's prompt: its leading special tokens (the transcript's first token follows them).
+function promptLength(tokens) {
+  const n = tokens.findIndex((t) => !/^<\|.*\|>$/.test(t));
+  return n < 0 ? tokens.length : n;
 }
 
 function drawAlignment() {
@@ -557,26 +577,12 @@ async function encoderWindow(t0, t1, s0, s1) {
   drawEncoder(z, times(cols[0], cols[1]), times(rows[0], rows[1]), "window");
 }
 
-function drawChips() {
-  const chips = [];
-  state.spans.forEach((s, i) => chips.push([`mask ${spanLabel(s)} (${s.kind})`,
-    () => { state.spans.splice(i, 1); update(); }]));
-  const perturb = perturbation();
-  if (perturb) {
-    chips.push([`perturb ${perturb.op === "perturb_queries" ? "queries" : "keys"} σ=${perturb.noise_std} (${perturb.kind})`,
-      () => { lab.perturb.on = false; perturbPanel.update(); update(); }]);
-  }
-  if (state.beta !== 0) chips.push([`β = ${fmt(10 ** state.beta, 3)}·β₀ (${$("beta-scope").value})`, () => { state.beta = 0; $("beta-slider").value = "0"; update(); }]);
-  for (const key of state.ablated) chips.push([`ablate cross L${key.replace(".", " H")}`, () => { state.ablated.delete(key); update(); }]);
-  $("iv-chips").replaceChildren(...chips.map(([text, remove]) => {
-    const b = document.createElement("button");
-    b.type = "button";
-    b.textContent = `${text} ✕`;
-    b.setAttribute("aria-label", `remove ${text}`);
-    b.addEventListener("click", remove);
-    return b;
-  }));
-  $("beta-readout").textContent = state.beta === 0 ? "β = β₀" : `β = ${fmt(10 ** state.beta, 3)}·β₀`;
+// The lab's list of active interventions (static/js/lab/interventions.js), with this page's items: a row each, its
+// scope where it has one (β, the perturbation), × to remove it.
+function drawActiveList() {
+  renderActiveList($("interventions-list"), lab, { layer: state.layer, head: state.head, kind: "cross" }, {
+    list: labelledInterventions(), betaRange: false, clearAll, onChange: (key) => store.changed(key),
+  });
   $("ablate-button").textContent = state.ablated.has(`${state.layer}.${state.head}`) ? "Restore this cross head" : "Ablate this cross head";
 }
 
@@ -592,7 +598,7 @@ function drawAll() {
   drawTranscript();
   drawAlignment();
   drawSelfMaps();
-  drawChips();
+  drawActiveList();
   perturbPanel.setTokens(r.tokens);
   document.body.dataset.views = String(Number(document.body.dataset.views || 0) + 1); // responses drawn (tests wait on it)
   drawSoftmax().catch(fail);
@@ -602,9 +608,20 @@ function drawAll() {
 // ---- controls ------------------------------------------------------------------------------------------------
 let timer = null;
 function update() {
-  drawChips();
+  drawActiveList();
   clearTimeout(timer);
   timer = setTimeout(refresh, 150);
+}
+
+// Every change of the store (a panel's edit, a row removed from the list) re-runs, unless it needs no run.
+store.subscribe(({ run }) => { if (run) update(); else drawActiveList(); });
+
+function clearAll() {
+  state.spans = [];
+  lab.perturb.on = false;
+  lab.perturb.tokens.clear();
+  lab.beta.logRatio = 0;
+  state.ablated.clear();
 }
 
 function addSpan(start, end) {
@@ -619,7 +636,7 @@ function addSpan(start, end) {
     p.on = true;
     perturbTarget = "keys";
     state.perturbKind = kind;
-    perturbPanel.update();
+    store.changed("perturb", { run: false }); // the panels show it; the run follows below
   } else {
     state.spans.push({ kind, ...span });
   }
@@ -666,7 +683,7 @@ function changeModel() {
   while (select.options.length > 1) select.remove(1); // the next response lists this model's languages
   lab.perturb.on = false; // decoder token numbers change with the prompt
   lab.perturb.tokens.clear();
-  perturbPanel.update();
+  store.changed("tokens", { run: false });
   state.token = null;
   syncModelControls();
   update();
@@ -684,18 +701,7 @@ function setupControls() {
   onWeightingChange(() => update());
   $("token-select").addEventListener("change", (e) => chooseToken(Number(e.target.value)));
   $("add-span").addEventListener("click", () => addSpan(Number($("span-start").value), Math.min(state.duration || 30, Number($("span-end").value))));
-  $("clear-all").addEventListener("click", () => {
-    state.spans = [];
-    lab.perturb.on = false;
-    lab.perturb.tokens.clear();
-    perturbPanel.update();
-    state.beta = 0;
-    $("beta-slider").value = "0";
-    state.ablated.clear();
-    update();
-  });
-  $("beta-slider").addEventListener("input", (e) => { state.beta = Number(e.target.value); update(); });
-  $("beta-scope").addEventListener("change", () => { if (state.beta !== 0) update(); });
+  $("clear-all").addEventListener("click", () => { clearAll(); store.changed("all"); });
   $("ablate-button").addEventListener("click", () => {
     const key = `${state.layer}.${state.head}`;
     if (state.ablated.has(key)) state.ablated.delete(key); else state.ablated.add(key);
@@ -727,8 +733,8 @@ async function streamTranscript() {
 }
 
 // The lab's perturbation and softmax panels (static/js/lab/): the same controls as the text and image pages.
-const perturbPanel = mountPerturbPanel($("perturb-panel"), lab, {
-  onChange: () => update(), unit: "token", maxSamples: 1,
+const perturbPanel = mountPerturbPanel($("perturb-panel"), store, {
+  unit: "token", maxSamples: 1,
   showStrip: () => lab.perturb.target === "queries",
   chosenText: (ids) => {
     $("perturb-chosen-label").textContent = lab.perturb.target === "keys" ? "chosen keys:" : "chosen decoder tokens (queries):";
@@ -743,12 +749,20 @@ $("perturb-target").addEventListener("change", () => {
   if (lab.perturb.target === perturbTarget) return;
   perturbTarget = lab.perturb.target;
   lab.perturb.tokens.clear();
-  perturbPanel.update();
-  if (lab.perturb.on) update();
+  store.changed("perturb", { run: lab.perturb.on });
 });
-const softmaxPanel = mountSoftmaxPanel($("softmax-panel"), { onError: (message) => setStatus(message, { error: true }) });
+// A row has a key per 20 ms: the Jacobian shows the 32 keys with the most probability, large enough to read.
+const softmaxPanel = mountSoftmaxPanel($("softmax-panel"), {
+  onError: (message) => setStatus(message, { error: true }), jacobianKeys: 32, jacobianHeight: 520,
+});
+
+// β on cross-attention: the lab's β panel; the shown head is the selected one (scopes "this layer", "this head").
+mountBetaPanel(store, {
+  nativeBeta, selection: () => ({ layer: state.layer, head: state.head }),
+  shape: () => ({ layers: $("layer-select").options.length }), where: "cross-attention",
+});
 
 setupInput();
 setupControls();
-drawChips();
+drawActiveList();
 if (new URLSearchParams(location.search).has("sample") && config.sample) getJSON("/api/audio/sample").then(openClip).catch(fail);

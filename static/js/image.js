@@ -36,7 +36,7 @@ const state = {
   layer: 0,
   head: 0,
   query: 0, // token index; 0 = CLS
-  masked: null, // masked key tokens (patch token indices): the lab's own Set (lab.masks.tokens)
+  masked: null, // masked key tokens (patch token indices): the lab store's own Set (state.masks.tokens)
   response: null,
   request: null,
 };
@@ -625,7 +625,7 @@ function softmaxRowContext() {
   const r = state.response;
   if (!r?.scores) return null;
   const row = decodeTensor(r.scores)[state.layer][state.head][0];
-  const masks = imageLab.lab.masks.tokens, causal = imageLab.lab.causal.on;
+  const masks = imageLab.state.masks.tokens, causal = imageLab.state.causal.on;
   return {
     tokens: r.tokens, scores: [row], query: 0, queryLabels: [`${state.query}: ${r.tokens[state.query]} (the query patch)`],
     keyLabels: r.tokens.map((t, j) => `${j}:${t}`), beta: imageLab.shownBeta(), // β₀ outside a β layer range
@@ -646,7 +646,7 @@ function shownRowTV() {
 
 // The patches chosen for the perturbation, as orange rings over the overlay.
 function picksTrace() {
-  const picked = [...imageLab.lab.perturb.tokens].map(tokenPatch).filter(Boolean);
+  const picked = [...imageLab.state.perturb.tokens].map(tokenPatch).filter(Boolean);
   return {
     type: "scatter", mode: "markers", name: "perturbed patches", x: picked.map((p) => p[1]), y: picked.map((p) => p[0]),
     hoverinfo: "skip", showlegend: false,
@@ -724,7 +724,7 @@ const imageLab = mountLab({
   pickHint: "choose \"mask / unmask it as a key\" under \"Click a patch to\" and click patches (or brush a region)",
   outputId: "lab-output", warningsId: "lab-warnings", diffId: "diff-map",
 });
-state.masked = imageLab.lab.masks.tokens; // the overlay's clicks and brush mask into the lab's own Set
+state.masked = imageLab.state.masks.tokens; // the overlay's clicks and brush mask into the lab's own Set
 imageLab.installPngButtons(() => `attnlab-${state.model}`); // the model shown when the button is pressed
 
 start();

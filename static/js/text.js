@@ -282,7 +282,7 @@ function showWindow(w) {
     return;
   }
   const keys = tokens.slice(w.cols[0], w.cols[1]), queries = queryTokens.slice(w.rows[0], w.rows[1]);
-  const masked = new Set([...lab.lab.masks.tokens].filter((j) => j >= w.cols[0] && j < w.cols[1]).map((j) => j - w.cols[0]));
+  const masked = new Set([...lab.state.masks.tokens].filter((j) => j >= w.cols[0] && j < w.cols[1]).map((j) => j - w.cols[0]));
   // Rows are normalised over all T keys, so a window's P is small (much of it goes to sinks outside the window):
   // the lines are drawn relative to the window's largest P, and the note says so.
   const top = Math.max(1e-12, maxAbs(w.P));
@@ -408,8 +408,8 @@ const defaultQuery = (n) => (causalMap() ? Math.max(0, n - 1) : 0);
 
 // Which keys the browser masks for query row i when it re-normalises in view mode.
 function maskedRow(i, n) {
-  const masks = lab.lab.masks.tokens;
-  const causal = lab.lab.causal.on || causalMap();
+  const masks = lab.state.masks.tokens;
+  const causal = lab.state.causal.on || causalMap();
   return Array.from({ length: n }, (_, j) => masks.has(j) || (causal && j > i));
 }
 
@@ -508,8 +508,8 @@ function maskedCells(nQueries, nKeys) {
 function maskLegend() {
   const parts = [];
   if (causalMap()) parts.push(`causal (built into this ${isLM() ? "decoder" : "decoder self-attention"}): key j > query i`);
-  else if (lab.lab.causal.on) parts.push("causal mask: key j > query i");
-  if (lab.lab.masks.tokens.size) parts.push(`masked key${lab.lab.masks.tokens.size > 1 ? "s" : ""} ${[...lab.lab.masks.tokens].sort((a, b) => a - b).join(", ")}`);
+  else if (lab.state.causal.on) parts.push("causal mask: key j > query i");
+  if (lab.state.masks.tokens.size) parts.push(`masked key${lab.state.masks.tokens.size > 1 ? "s" : ""} ${[...lab.state.masks.tokens].sort((a, b) => a - b).join(", ")}`);
   return `masked, P = 0: ${parts.join("; ")}`;
 }
 
@@ -618,7 +618,7 @@ function derived(r) {
 // The panels that depend on the shown head's P: head view, row entropy, P̂ − P, softmax panel.
 function renderHeadDetails(P) {
   const v = state.view;
-  drawHeadView($("headview"), P, v.tokens, { masked: lab.lab.masks.tokens, onToggleKey: lab.toggleMask, queryTokens: v.queryTokens });
+  drawHeadView($("headview"), P, v.tokens, { masked: lab.state.masks.tokens, onToggleKey: lab.toggleMask, queryTokens: v.queryTokens });
   const rowEntropy = P.map(entropy);
   const labels = tokenLabels(v.queryTokens);
   const uniform = Math.log(v.tokens.length);
@@ -634,7 +634,7 @@ function renderHeadDetails(P) {
 }
 
 function renderTokens() {
-  const masks = lab.lab.masks.tokens;
+  const masks = lab.state.masks.tokens;
   const square = state.view ? state.view.tokens === state.view.queryTokens : false;
   const tokens = state.view?.tokens ?? kindTokens(state.long.response).keys; // the shown kind's keys
   const strip = $("token-strip");
@@ -721,7 +721,7 @@ const continuation = mountContinuation({
 });
 
 // Patching between two prompts, the logit lens and the faithfulness check (static/js/views/analysis.js)
-mountAnalysis({ info: () => state.info, text: () => $("text-input").value, interventions: () => lab.interventions(),
+mountAnalysis({ info: () => state.info, text: () => $("text-input").value, interventions: () => lab.interventions(), store: lab.store,
   onError: (msg) => setStatus(msg, { error: true }) });
 
 // Arrow keys move the head and layer (lab.js, a listener on the document) only while the focus is inside the map,
@@ -780,7 +780,7 @@ function fillHeadSelects() {
   const { layers, heads } = shape();
   state.layer = Math.min(state.layer, layers - 1);
   state.head = Math.min(state.head, heads - 1);
-  const b = lab.lab.beta; // a β layer range of another model (or kind) must fit this one
+  const b = lab.state.beta; // a β layer range of another model (or kind) must fit this one
   [b.from, b.to] = [Math.min(b.from, layers - 1), Math.min(b.to, layers - 1)];
   const kv = state.info.kv_heads;
   const group = kv && kv < heads && !(isSeq2seq() && state.kind !== "encoder") ? heads / kv : null;
@@ -810,7 +810,7 @@ function showModelInfo() {
   $("kind-select").value = state.kind;
   // Encoder–decoders: no scores from the server, so no browser-side re-normalisation (view mode).
   $("mode-select").disabled = isSeq2seq();
-  if (isSeq2seq() && lab.lab.beta.mode === "view") { lab.lab.beta.mode = "run"; lab.syncControls(); }
+  if (isSeq2seq() && lab.state.beta.mode === "view") { lab.state.beta.mode = "run"; lab.syncControls(); }
 }
 
 // Restore a shared view from the URL hash (model, input, selection, β, masks, perturbations).
@@ -871,6 +871,7 @@ async function init() {
     fillHeadSelects();
     defaultScale();
     lab.syncControls();
+    lab.store.setModel(state.info); // views that follow the model (views/analysis.js) subscribe to the store
   };
   chooseModel();
   // A new input makes token indices meaningless.

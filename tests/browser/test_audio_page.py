@@ -63,7 +63,7 @@ def test_upload_map_drag_mask_and_diff(page, page_log, live_server, tmp_path):
     page.wait_for_function("() => document.getElementById('transcript-diff').dataset.changed === '1'", timeout=300_000)
     deleted = " ".join(page.locator("#transcript-diff del").all_inner_texts())
     assert "Attention" in deleted and "word." in deleted
-    chip = page.inner_text("#iv-chips")
+    chip = page.inner_text("#interventions-list")
     assert "mask 3." in chip and "(cross)" in chip
     bars = page.eval_on_selector("#dp-bars", "el => el.data[0].y")
     assert min(bars) < -0.5  # the second sentence's tokens lose their probability
@@ -128,7 +128,7 @@ def test_lab_softmax_panel_and_query_and_key_perturbation(page, page_log, live_s
     page.locator("#perturb-tokens .tok").nth(q).click()
     page.click("#perturb-apply")
     page.wait_for_function(f"() => document.body.dataset.views !== '{views}'", timeout=300_000)
-    assert "perturb queries σ=40 (cross)" in page.inner_text("#iv-chips")
+    assert "perturb queries σ=40 (cross)" in page.inner_text("#interventions-list")
     after = page.eval_on_selector("#cross-map", "el => el.data[0].z")
     changed = [i for i, (a, b) in enumerate(zip(before, after)) if max(abs(x - y) for x, y in zip(a, b)) > 1e-3]
     assert changed == [q]  # at that layer and head only row q of P changes (§4)
@@ -143,7 +143,7 @@ def test_lab_softmax_panel_and_query_and_key_perturbation(page, page_log, live_s
     page.wait_for_function(f"() => document.body.dataset.views !== '{views}'", timeout=300_000)
     assert page.input_value("#perturb-target") == "keys"
     assert "100 positions, 3.00–5.00 s of the cross-attention keys" in page.inner_text("#perturb-chosen")
-    assert "perturb keys σ=40 (cross)" in page.inner_text("#iv-chips")
+    assert "perturb keys σ=40 (cross)" in page.inner_text("#interventions-list")
     page_log.check()
 
 

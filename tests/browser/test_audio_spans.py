@@ -47,7 +47,7 @@ def test_dragged_span_is_what_is_labelled_and_sent(page, page_log, live_server):
     page.mouse.up()
     page.wait_for_function(f"() => document.body.dataset.views !== '{views}'", timeout=300_000)
 
-    chip = page.inner_text("#iv-chips")
+    chip = page.inner_text("#interventions-list")
     match = LABEL.search(chip)
     assert match, f"the span's label names no positions: {chip!r}"
     t0, t1, first, last = float(match[1]), float(match[2]), int(match[3]), int(match[4])

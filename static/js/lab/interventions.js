@@ -67,7 +67,7 @@ export function buildInterventions(lab, ctx) {
   return list;
 }
 
-export const forServer = (list) => list.map(({ _key, ...rest }) => rest);
+export const forServer = (list) => list.map((item) => Object.fromEntries(Object.entries(item).filter(([k]) => !k.startsWith("_"))));
 
 export function resetControl(lab, key) {
   const fresh = createLab()[key];
@@ -92,20 +92,24 @@ function describe(iv, tokens) {
   }
 }
 
-const where = (iv) => (iv.kind ? `${iv.kind} attention, ` : "") + (iv.layers === null ? "all layers & heads"
-  : `layer ${iv.layers.join(",")}${iv.heads === null ? ", all heads" : `, head ${iv.heads.join(",")}`}`);
+// layers/heads null or left out: every one (the speech page leaves them out)
+const where = (iv) => (iv.kind ? `${iv.kind} attention, ` : "") + (iv.layers == null ? "all layers & heads"
+  : `layer ${iv.layers.join(",")}${iv.heads == null ? ", all heads" : `, head ${iv.heads.join(",")}`}`);
 
 // The editable list: one row per active intervention with its scope (changeable) and a remove button.
-// `extra` rows (e.g. view-only β) are shown but not editable. onChange() is called after any edit.
-export function renderActiveList(el, lab, ctx, { tokens = null, extra = [], samples = 1, onChange }) {
-  const list = buildInterventions(lab, ctx);
+// `extra` rows (e.g. view-only β) are shown but not editable. onChange(key) is called after any edit.
+// list: the page's own list where it builds its interventions itself (the speech page); an item may carry _text
+// (its label), _remove() (what × does, instead of resetting the control _key) and _scope: false (no scope select).
+// betaRange: the β row's scope offers "layers from … to …". clearAll(): what "reset all" does, if more than the lab's.
+export function renderActiveList(el, lab, ctx, { tokens = null, extra = [], samples = 1, onChange, list = null, betaRange = true, clearAll = null }) {
+  list ??= buildInterventions(lab, ctx);
   el.replaceChildren();
   const head = document.createElement("div");
   head.className = "iv-head";
   head.textContent = list.length || extra.length ? `Active interventions (applied in this order${samples > 1 ? `, ${samples} samples` : ""}):` : "Active interventions: none";
   el.append(head);
   if (list.length) {
-    const all = button("reset all", () => { resetAll(lab); onChange("all"); });
+    const all = button("reset all", () => { if (clearAll) clearAll(); else resetAll(lab); onChange("all"); });
     all.id = "reset-all";
     head.append(" ", all);
   }
@@ -121,12 +125,15 @@ export function renderActiveList(el, lab, ctx, { tokens = null, extra = [], samp
     row.dataset.key = iv._key;
     const label = document.createElement("span");
     label.className = "mono";
-    label.textContent = `${iv.op}: ${describe(iv, tokens)} @ ${where(iv)}`;
+    label.textContent = iv._text ?? `${iv.op}: ${describe(iv, tokens)} @ ${where(iv)}`;
     label.title = HELP[iv.op] || "";
-    const scope = scopeSelect(lab[iv._key].scope, (value) => { lab[iv._key].scope = value; onChange(iv._key); }, { range: iv._key === "beta" });
-    const remove = button("×", () => { resetControl(lab, iv._key); onChange(iv._key); });
+    const remove = button("×", () => { if (iv._remove) iv._remove(); else resetControl(lab, iv._key); onChange(iv._key); });
     remove.title = "remove this intervention";
     remove.className = "iv-remove";
+    remove.setAttribute("aria-label", `remove ${label.textContent}`);
+    if (iv._scope === false) { row.append(label, " ", remove); el.append(row); return; }
+    const scope = scopeSelect(lab[iv._key].scope, (value) => { lab[iv._key].scope = value; onChange(iv._key); },
+      { range: iv._key === "beta" && betaRange });
     row.append(label, " scope ", scope, " ", remove);
     el.append(row);
   });

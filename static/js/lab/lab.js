@@ -1,8 +1,9 @@
-// The laboratory: one module mounted by every page (text encoders, language models, encoder–decoders,
-// images). It owns the interventions (β in view and run modes, key masks, causal mask, ablation,
-// perturbations with samples), the effect panel, head summaries, the softmax panel, export and the
-// shareable URL. The markup is server-rendered (templates/partials/lab.html, effect_panel.html); the
-// masks, perturbation and softmax sections are filled by their builders here.
+// The laboratory's controller: one module mounted by the text and image pages (the speech page mounts the same β,
+// perturbation and softmax panels on its own store). The state lives in the store (store.js: β, masks, causal mask,
+// ablation, perturbation, the shown model), with one change event; the panels are small modules mounted on it (β:
+// beta.js, masks: masks.js, perturbation: perturb.js, softmax: softmax.js); this controller subscribes and re-runs
+// or redraws, and draws the effect panel, head summaries, export and the shareable URL. The markup is
+// server-rendered (templates/partials/lab.html, effect_panel.html).
 //
 // The page says how to run and draw, through callbacks:
 //   run({settle})      run the model with lab.interventions() (returns a promise); settle > 0: a slider
@@ -24,22 +25,23 @@
 //   summaryExtra()     extra parts for the effect summary line (e.g. view-only TV), optional
 //   activeExtra()      extra rows for the active-interventions list, optional
 //   builtInCausal()    null, or why the shown attention is causal by itself (a decoder), optional
+// Pages read the state from the store: `lab.state.masks.tokens`, `lab.store.subscribe(…)`.
 import { setStatus } from "../api.js";
 import { byId, onArrowKeys } from "../dom.js";
 import { decodedFields, fmt } from "../mathx.js";
 import { drawDiff } from "../views/diff.js";
 import { drawEffect } from "../views/effects.js";
 import { downloadJSON, downloadPNG, installPngButtons } from "./export.js";
-import { betaIsNative, betaOf, buildInterventions, createLab, forServer, renderActiveList } from "./interventions.js";
+import { SETTLE_MS, mountBetaPanel } from "./beta.js";
+import { betaIsNative, betaOf, buildInterventions, forServer, renderActiveList } from "./interventions.js";
 import { mountMaskPanel } from "./masks.js";
 import { mountPerturbPanel } from "./perturb.js";
 import { mountSoftmaxPanel } from "./softmax.js";
 import { drawSummaries } from "./summaries.js";
+import { createLabStore } from "./store.js";
 import { labToParams, paramsToLab, readHash, writeHash } from "./urlstate.js";
 
-// While a slider moves, only the heatmap's cells follow it; every other panel catches up once no move
-// came for this long.
-export const SETTLE_MS = 150;
+export { SETTLE_MS };
 
 // options: {unit ("token" | "patch"), showTokenStrip, maskScope, pickHint, distanceUnit, maxSamples,
 //           outputId, warningsId, diffId}
@@ -48,10 +50,10 @@ export function mountLab(page, options = {}) {
     unit = "token", showTokenStrip = true, maskScope = "head", pickHint = "click a token to mask it as a key",
     distanceUnit = "tokens", maxSamples = 64, outputId = "output-effect", warningsId = "warnings", diffId = "diff-heatmap",
   } = options;
-  const lab = createLab();
+  const store = createLabStore();
+  const lab = store.state;
   lab.masks.scope = maskScope;
   const modeSelect = byId("mode-select"); // absent: the page has run mode only
-  if (!modeSelect) lab.beta.mode = "run";
   let response = null, request = null;
 
   const ctx = () => {
@@ -75,21 +77,15 @@ export function mountLab(page, options = {}) {
     return { text: `β applies to layers ${from === to ? from : `${from}–${to}`}; this head runs at its native β₀ = ${fmt(page.nativeBeta())}`, layer: from };
   }
 
-  const changed = () => { syncControls(); page.run({}); };
-  const masks = mountMaskPanel(byId("masks-panel"), lab, {
-    onChange: changed, tokenName: (j) => page.labels()[j] ?? "?", pickHint, builtInCausal: () => page.builtInCausal?.() ?? null,
+  const changed = (key) => store.changed(key);
+  const masks = mountMaskPanel(byId("masks-panel"), store, {
+    tokenName: (j) => page.labels()[j] ?? "?", pickHint, builtInCausal: () => page.builtInCausal?.() ?? null,
   });
-  const perturb = mountPerturbPanel(byId("perturb-panel"), lab, { onChange: changed, showTokenStrip, unit, maxSamples });
+  const perturb = mountPerturbPanel(byId("perturb-panel"), store, { showTokenStrip, unit, maxSamples });
   const softmax = mountSoftmaxPanel(byId("softmax-panel"), { onError: (msg) => setStatus(msg, { error: true }) });
+  const betaPanel = mountBetaPanel(store, { nativeBeta: () => page.nativeBeta(), selection: () => page.selection(), shape: () => page.shape() });
 
-  // ---- β --------------------------------------------------------------------------------------------
-  function renderBetaReadout() {
-    const b = beta();
-    const where = lab.beta.scope === "layers" ? (([f, t]) => ` on layers ${f === t ? f : `${f}–${t}`}`)(betaRange()) : "";
-    byId("beta-readout").textContent = `β = ${fmt(b)}  T = ${fmt(1 / b)}${where}  (β₀ = ${fmt(page.nativeBeta())})`;
-  }
-
-  // Run mode: one model run in flight; moves meanwhile collapse into one run of the latest β.
+  // Run mode: one model run in flight; β moves meanwhile collapse into one run of the latest β.
   let betaRun = null, betaRunWanted = false;
   function runBeta() {
     if (betaRun) { betaRunWanted = true; return; }
@@ -99,47 +95,23 @@ export function mountLab(page, options = {}) {
     });
   }
 
-  function onBetaInput() {
-    lab.beta.logRatio = Number(byId("beta-slider").value);
-    renderBetaReadout();
-    if (!response) return;
-    if (lab.beta.mode === "view") page.redraw({ settle: SETTLE_MS }); // re-normalised here: a few ms at 128 tokens
-    else runBeta();
-  }
-  byId("beta-slider").addEventListener("input", onBetaInput);
-  byId("beta-reset").addEventListener("click", () => { byId("beta-slider").value = "0"; onBetaInput(); });
-  byId("scope-select").addEventListener("change", () => {
-    lab.beta.scope = byId("scope-select").value;
-    if (lab.beta.scope === "layers" && lab.beta.from === 0 && lab.beta.to === 0) { // start from the selected layer
-      lab.beta.from = lab.beta.to = page.selection().layer;
+  // Every change of the store: a slider move redraws (view mode, re-normalised here: a few ms at 128 tokens) or
+  // runs once per settled move; any other change re-runs, unless it says it needs no run.
+  store.subscribe(({ what, settle, run }) => {
+    if (!run || what === "model") return;
+    if (what === "beta" && settle) {
+      if (!response) return;
+      if (lab.beta.mode === "view") page.redraw({ settle });
+      else runBeta();
+      return;
     }
-    syncControls();
     page.run({});
   });
-  // Scope "layers": every head of layers from … to … (clamped to the model's layers).
-  for (const id of ["beta-from", "beta-to"]) {
-    byId(id).addEventListener("change", () => {
-      const last = page.shape().layers - 1;
-      const read = (el) => Math.max(0, Math.min(last, Math.round(Number(el.value) || 0)));
-      lab.beta.from = read(byId("beta-from"));
-      lab.beta.to = read(byId("beta-to"));
-      syncControls();
-      if (!betaIsNative(lab)) page.run({});
-    });
-  }
-  modeSelect?.addEventListener("change", () => { lab.beta.mode = modeSelect.value; page.run({}); });
 
-  // Controls mirror the lab state (after a URL restore or an edit in the active list).
+  // Controls mirror the lab state (after a URL restore or an edit in the active list): every panel redraws.
   function syncControls() {
-    byId("beta-slider").value = String(lab.beta.logRatio);
-    byId("scope-select").value = lab.beta.scope;
-    byId("beta-range").hidden = lab.beta.scope !== "layers";
-    byId("beta-from").value = String(lab.beta.from);
-    byId("beta-to").value = String(lab.beta.to);
-    if (modeSelect) modeSelect.value = lab.beta.mode;
-    renderBetaReadout();
-    masks.update();
-    perturb.update();
+    betaPanel.update();
+    store.changed("all", { run: false });
   }
 
   // ---- after each response ---------------------------------------------------------------------------
@@ -148,12 +120,18 @@ export function mountLab(page, options = {}) {
     response = r;
     request = body;
     const { li = 0, hi = 0, layer, head } = page.selection();
-    renderBetaReadout(); // β₀ may be known only now
-    masks.update();
+    betaPanel.update(); // β₀ may be known only now
+    masks.update(); // a decoder's built-in causal mask follows the model shown
     perturb.setTokens(page.labels());
     renderActiveList(byId("interventions-list"), lab, ctx(), {
-      tokens: page.labels(), extra: page.activeExtra?.() ?? [], samples: samples(), onChange: () => changed(),
+      tokens: page.labels(), extra: page.activeExtra?.() ?? [], samples: samples(), onChange: changed,
     });
+    // Nothing to compare yet (no intervention ran, no view-only β): the panel keeps its heading, list and summary
+    // line, and its figures stay folded away (about 600 px of empty plots otherwise) until an intervention is used.
+    const panel = byId("effect-panel");
+    const wasUnused = panel?.classList.contains("unused") ?? false;
+    const used = Boolean(r.effect) || (page.activeExtra?.() ?? []).length > 0;
+    panel?.classList.toggle("unused", !used);
     const tv = derived.tv ?? r.effect?.attention_tv_all ?? r.effect?.attention_tv;
     drawEffect({ outputEl: byId(outputId), hiddenEl: byId("hidden-cosine-plot"), tvEl: byId("tv-plot"), warningsEl: byId(warningsId) },
       r, { tv });
@@ -165,6 +143,8 @@ export function mountLab(page, options = {}) {
     });
     renderSoftmax();
     writeUrl();
+    // figures drawn while folded took a default size: fit them to the panel now that it shows
+    if (used && wasUnused) for (const plot of panel.querySelectorAll(".js-plotly-plot")) Plotly.Plots.resize(plot);
   }
 
   // The effect summary line: attention TV at the shown head, the last hidden cosine, the output's change.
@@ -212,7 +192,7 @@ export function mountLab(page, options = {}) {
   // A request failed: the panels say what the lab holds now, and that the effects shown are older.
   function fail(message) {
     renderActiveList(byId("interventions-list"), lab, ctx(), {
-      tokens: page.labels(), extra: page.activeExtra?.() ?? [], samples: samples(), onChange: () => changed(),
+      tokens: page.labels(), extra: page.activeExtra?.() ?? [], samples: samples(), onChange: changed,
     });
     syncControls();
     const el = byId("effect-summary");
@@ -274,19 +254,19 @@ export function mountLab(page, options = {}) {
   function forgetTokens() {
     lab.masks.tokens.clear();
     if (lab.perturb.tokens.size) { lab.perturb.tokens.clear(); lab.perturb.on = false; }
-    masks.update();
-    perturb.update();
+    store.changed("tokens", { run: false });
   }
 
   function toggleMask(j) {
     if (lab.masks.tokens.has(j)) lab.masks.tokens.delete(j); else lab.masks.tokens.add(j);
-    masks.update();
-    page.run({});
+    store.changed("masks");
   }
 
   syncControls();
   return {
-    lab, beta, shownBeta, betaCovers, betaScope, samples, interventions, viewBeta, render, fail, restore, syncControls, writeUrl, forgetTokens, toggleMask,
+    store, state: lab,
+    lab, // the old name of `state`, kept while pages move to it
+    beta, shownBeta, betaCovers, betaScope, samples, interventions, viewBeta, render, fail, restore, syncControls, writeUrl, forgetTokens, toggleMask,
     togglePick: (j) => perturb.togglePick(j),
     betaIsNative: () => betaIsNative(lab),
     renderSoftmax,

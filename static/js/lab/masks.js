@@ -1,12 +1,14 @@
 // Masks and ablation controls (§3): key masks, causal mask, head ablation, each with a visible
-// scope and a one-click reset. The key-mask tokens are chosen by clicking tokens (or patches) elsewhere.
+// scope and a one-click reset. The key-mask tokens are chosen by clicking tokens (or patches) elsewhere. Mounted on
+// the lab's store (store.js): an edit changes the store's state and says changed(key); the panel redraws on every
+// change of the store.
 import { HELP, resetControl, scopeSelect } from "./interventions.js";
 import { guideLinks } from "../guide-links.js";
 import { el, visibleToken } from "../dom.js";
 
 // An on/off intervention with a scope and a reset: its checkbox, scope select and reset button,
 // with ids `${key}-toggle`, `${key}-scope`, `${key}-reset`.
-function toggleControl(lab, key, onChange) {
+function toggleControl(lab, key, onChange) { // onChange(key): the store's changed
   const box = el("input", { id: `${key}-toggle`, type: "checkbox" });
   box.addEventListener("change", () => { lab[key].on = box.checked; onChange(key); });
   const scope = scopeSelect(lab[key].scope, (v) => { lab[key].scope = v; if (lab[key].on) onChange(key); });
@@ -16,12 +18,14 @@ function toggleControl(lab, key, onChange) {
   return [box, scope, reset];
 }
 
-// mount(container, lab, {onChange(key), tokenName(j), builtInCausal()}) → {update()}: update() refreshes the shown state.
+// mount(container, store, {tokenName(j), pickHint, builtInCausal()}) → {update()}: update() refreshes the shown state.
 // builtInCausal(): null, or why the shown attention is causal anyway (a decoder): the causal control then shows
 // that as built in (ticked, not a control), rather than as a box the user has not ticked.
-export function mountMaskPanel(container, lab, {
-  onChange, tokenName = (j) => String(j), pickHint = "click a token to mask it as a key", builtInCausal = () => null,
-}) {
+export function mountMaskPanel(container, store, {
+  tokenName = (j) => String(j), pickHint = "click a token to mask it as a key", builtInCausal = () => null,
+} = {}) {
+  const lab = store.state;
+  const onChange = (key) => store.changed(key);
   const masked = el("span", { id: "mask-list", className: "mono" });
   const maskScope = scopeSelect(lab.masks.scope, (v) => { lab.masks.scope = v; if (lab.masks.tokens.size) onChange("masks"); });
   maskScope.id = "mask-scope";
@@ -60,6 +64,7 @@ export function mountMaskPanel(container, lab, {
     ablate.checked = lab.ablate.on;
     ablateScope.value = lab.ablate.scope;
   }
+  store.subscribe(update);
   update();
   return { update };
 }

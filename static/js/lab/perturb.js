@@ -12,25 +12,29 @@ function numberInput(id, value, { min = null, max = null, step = "any" } = {}) {
   return input;
 }
 
-// mount(container, lab, {onChange(key), showTokenStrip, unit, maxSamples}) → {update(), setTokens(labels)}.
+// mount(container, store, {showTokenStrip, unit, maxSamples}) → {update(), setTokens(labels), togglePick(j), maskedNote()}.
+// Mounted on the lab's store (store.js): an edit says changed("perturb"), with run: false while the perturbation is
+// off (nothing to re-run); the panel redraws on every change of the store.
 // With showTokenStrip the panel draws clickable chips for the tokens; a page that picks patches on an
 // image instead calls togglePick(j) from its own click handler.
 // maxSamples: the server's limit (settings.max_samples, from the page config).
 // Optional, for a page whose keys and queries are different things (speech: keys are 20 ms of audio chosen on the
 // spectrogram, queries are decoder tokens): chosenText(ids) → the "chosen" line, or null for the default;
 // showStrip() → whether the token strip applies to the current target.
-export function mountPerturbPanel(container, lab, {
-  onChange, showTokenStrip = true, unit = "token", maxSamples = 64, chosenText = null, showStrip = null,
-}) {
+export function mountPerturbPanel(container, store, {
+  showTokenStrip = true, unit = "token", maxSamples = 64, chosenText = null, showStrip = null,
+} = {}) {
+  const lab = store.state;
   const units = unit.endsWith("ch") ? `${unit}es` : `${unit}s`;
   const p = lab.perturb;
+  const changed = () => store.changed("perturb", { run: p.on }); // an edit while off changes no run
   const target = el("select", { id: "perturb-target" });
   target.append(new Option("keys  k̂_j = α k_j + ε", "keys"), new Option("queries  q̂_i = α q_i + ε", "queries"));
   const sigma = numberInput("perturb-sigma", p.sigma, { min: 0, max: 1e4, step: 0.1 });
   const alpha = numberInput("perturb-alpha", p.alpha, { min: -1e4, max: 1e4, step: 0.1 });
   const seed = numberInput("perturb-seed", p.seed, { min: 0, step: 1 });
   const samples = numberInput("perturb-samples", p.samples, { min: 1, max: maxSamples, step: 1 });
-  const scope = scopeSelect(p.scope, (v) => { p.scope = v; if (p.on) onChange("perturb"); });
+  const scope = scopeSelect(p.scope, (v) => { p.scope = v; changed(); });
   scope.id = "perturb-scope";
   // Apply and remove are two buttons (one toggle flipped its meaning after each click); the state is spelt out.
   const apply = el("button", { id: "perturb-apply", type: "button", className: "primary", textContent: "apply perturbation" });
@@ -49,11 +53,11 @@ export function mountPerturbPanel(container, lab, {
     p.samples = Math.min(maxSamples, Math.max(1, Math.round(num(samples, p.samples))));
   };
   for (const input of [target, sigma, alpha, seed, samples]) {
-    input.addEventListener("change", () => { read(); update(); if (p.on) onChange("perturb"); });
+    input.addEventListener("change", () => { read(); changed(); });
   }
-  apply.addEventListener("click", () => { read(); if (p.on) return; p.on = true; update(); onChange("perturb"); });
-  remove.addEventListener("click", () => { if (!p.on) return; p.on = false; update(); onChange("perturb"); });
-  reset.addEventListener("click", () => { resetControl(lab, "perturb"); update(); onChange("perturb"); });
+  apply.addEventListener("click", () => { read(); if (p.on) return; p.on = true; store.changed("perturb"); });
+  remove.addEventListener("click", () => { if (!p.on) return; p.on = false; store.changed("perturb"); });
+  reset.addEventListener("click", () => { resetControl(lab, "perturb"); store.changed("perturb"); });
 
   container.replaceChildren(
     el("h2", {}, "Perturbation ", el("small", {}, ...guideLinks("applied to K or Q before the scores are formed (§4)"))),
@@ -93,8 +97,7 @@ export function mountPerturbPanel(container, lab, {
 
   function togglePick(j) {
     if (p.tokens.has(j)) p.tokens.delete(j); else p.tokens.add(j);
-    update();
-    if (p.on) onChange("perturb");
+    changed();
   }
 
   function update() {
@@ -132,6 +135,7 @@ export function mountPerturbPanel(container, lab, {
       + "where the mask applies (the effects read ± 0 there).";
   }
 
+  store.subscribe(update);
   update();
   return { update, setTokens, togglePick, maskedNote };
 }

@@ -24,10 +24,12 @@ export function parseVector(text) {
   });
 }
 
-// mount(container, {onError}) → {update({tokens, scores (T×T Ŝ), masked, beta, query, queryLabels, onQuery})}
+// mount(container, {onError, jacobianKeys, jacobianHeight}) → {update({tokens, scores (T×T Ŝ), masked, beta, query, queryLabels, onQuery})}
+// jacobianKeys: at most this many keys in the Jacobian figure, those with the most probability (a speech row has 1,500
+// keys of 20 ms: drawn whole, the figure is a few pixels a key and mostly zeros); jacobianHeight: its height in px.
 // masked: bool[] (the same keys for every row) or a function of the query row → bool[] (a causal map masks
 // j > i, so each row has its own mask). onQuery(i): the page's own query selection follows the dropdown.
-export function mountSoftmaxPanel(container, { onError = () => {} } = {}) {
+export function mountSoftmaxPanel(container, { onError = () => {}, jacobianKeys = Infinity, jacobianHeight = 300 } = {}) {
   const source = el("select", { id: "softmax-source" });
   source.append(new Option("selected query row of this head", "row"), new Option("my score vector", "vector"));
   const query = el("select", { id: "softmax-query" });
@@ -38,7 +40,7 @@ export function mountSoftmaxPanel(container, { onError = () => {} } = {}) {
   const readout = el("div", { id: "softmax-readout", className: "help mono" });
   const bars = el("div", { id: "softmax-bars", className: "plot" });
   const jac = el("div", { id: "softmax-jacobian", className: "plot" });
-  bars.style.height = "240px"; jac.style.height = "300px";
+  bars.style.height = "240px"; jac.style.height = `${jacobianHeight}px`;
   const rowControls = el("label", {}, "query ", query);
   const vectorControls = el("span", { className: "controls" }, el("label", {}, "s = ", vector), el("label", {}, "β ", betaInput));
 
@@ -106,14 +108,27 @@ export function mountSoftmaxPanel(container, { onError = () => {} } = {}) {
       xaxis: { type: "category", tickangle: -50, showticklabels: labels.length <= 40 }, yaxis: { range: [0, 1.02] },
     }, CONFIG);
     const zmax = Math.max(maxJ, 1e-12);
+    // Too many keys to read: the keys with the most probability, in key order. Every entry in a row or column of a
+    // key left out is at most β·max p of those keys (|β p_i (δ_ij − p_j)| ≤ β p_i and |β p_i p_j| ≤ β min(p_i, p_j)).
+    const shown = p.length <= jacobianKeys ? p.map((_, j) => j)
+      : p.map((v, j) => [v, j]).sort((a, b) => b[0] - a[0]).slice(0, jacobianKeys).map(([, j]) => j).sort((a, b) => a - b);
+    const left = p.length - shown.length;
+    const inShown = new Set(shown);
+    const leftMax = left ? Math.max(...p.filter((_, j) => !inShown.has(j))) : 0;
+    const mass = shown.reduce((sum, j) => sum + p[j], 0);
+    const keyNames = shown.map((j) => labels[j]);
+    jac.dataset.keys = String(shown.length);
     Plotly.react(jac, [{
-      type: "heatmap", z: J, x: labels, y: labels, colorscale: "RdBu", zmid: 0, zmin: -zmax, zmax, reversescale: true,
+      type: "heatmap", z: shown.map((i) => shown.map((j) => J[i][j])), x: keyNames, y: keyNames,
+      colorscale: "RdBu", zmid: 0, zmin: -zmax, zmax, reversescale: true,
       hovertemplate: "∂p[%{y}] / ∂s[%{x}] = %{z:.3g}<extra></extra>", colorbar: { thickness: 10 },
     }], {
-      title: { text: `Jacobian β(diag(p) − ppᵀ), max |entry| = ${fmt(maxJ, 3)}`, font: { size: 13 } },
-      margin: { l: 70, r: 10, t: 30, b: 70 },
-      xaxis: { type: "category", tickangle: -50, showticklabels: labels.length <= 40 },
-      yaxis: { type: "category", autorange: "reversed", showticklabels: labels.length <= 40 },
+      title: { text: `Jacobian β(diag(p) − ppᵀ), max |entry| = ${fmt(maxJ, 3)}`
+        + (left ? `<br><sub>the ${shown.length} keys with the most p (Σp = ${fmt(mass, 3)}); entries of the other ${left}: |·| ≤ ${fmt(beta * leftMax, 2)}</sub>` : ""),
+        font: { size: 13 } },
+      margin: { l: 90, r: 10, t: left ? 48 : 30, b: 110 },
+      xaxis: { type: "category", tickangle: -50, showticklabels: shown.length <= 40, tickfont: { size: 10 }, title: { text: "score s_j of key j", font: { size: 11 }, standoff: 4 } },
+      yaxis: { type: "category", autorange: "reversed", showticklabels: shown.length <= 40, tickfont: { size: 10 }, title: { text: "p_i of key i", font: { size: 11 }, standoff: 4 } },
     }, CONFIG);
   }
   return { update, setSource: (v) => { source.value = v; redraw(); } };

@@ -4,8 +4,9 @@
 // the next token move; the logit lens (before/after the page's interventions); the faithfulness check of four
 // attributions.
 //
-// mountAnalysis({info, text, interventions, onError}): info() the selected ModelInfo, text() the prompt box,
-// interventions() the lab's list. The panels follow the model on their own (decoder LMs; faithfulness also encoders).
+// mountAnalysis({info, text, interventions, store, onError}): info() the selected ModelInfo, text() the prompt box,
+// interventions() the lab's list, store the lab's store (static/js/lab/store.js): the panels follow the model it
+// announces (changed "model"; decoder LMs; faithfulness also encoders).
 import { postJSON } from "../api.js";
 import { jobClock, postJob } from "./jobs.js";
 import { byId, el, fillList, showToken } from "../dom.js";
@@ -16,7 +17,7 @@ import { drawSet, followSource, setRequestFields } from "./patchset.js";
 const CONFIG = { responsive: true, displaylogo: false };
 const DIVERGING = [[0, "#b2182b"], [0.5, "#f7f7f7"], [1, "#2166ac"]];
 
-export function mountAnalysis({ info, text, interventions, onError = () => {} }) {
+export function mountAnalysis({ info, text, interventions, store, onError = () => {} }) {
   const panels = { patching: byId("patching-panel"), lens: byId("lens-panel"), faith: byId("faith-panel") };
   if (!panels.patching) return { follow() {} };
   const isLM = () => info()?.output === "next_token";
@@ -57,7 +58,9 @@ export function mountAnalysis({ info, text, interventions, onError = () => {} })
       byId(plot).classList.toggle("stale", shown !== undefined && shown !== text());
     }
   });
-  if (layers) new MutationObserver(refresh).observe(layers, { childList: true }); // the first model taken up
+  // the page took up a model (the first one too): the panels and the answer boxes follow it
+  store?.subscribe(({ what }) => { if (what === "model") refresh(); });
+  if (info()) refresh();
   return { follow };
 }
 

@@ -8,7 +8,7 @@
 - refuses a JSON endpoint's body that is not `application/json` (415) and parses it itself, off the
   event loop when it is larger than a few KiB, with messages that say what is wrong (not UTF-8, nested
   too deeply, a number with too many digits, where the syntax breaks); the parsed value is handed to
-  FastAPI (`use_parsed_json`), so the body is parsed once;
+  FastAPI by the API routers' route class (`ParsedJsonRoute`), so the body is parsed once;
 - watches for the client leaving while the request runs: the request's cancel event (`check_cancelled`,
   called between samples and model runs) is then set, and its work stops at the next check.
 
@@ -35,6 +35,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio.to_thread
+from fastapi.routing import APIRoute
+from starlette.requests import Request
 
 log = logging.getLogger("attnlab")
 
@@ -205,17 +207,36 @@ def parse_json_body(body: bytes) -> Any:
         raise BodyError(400, "the JSON could not be parsed") from None
 
 
-def use_parsed_json(handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
-    """Wrap a FastAPI route handler (APIRoute.get_route_handler()) so that it takes the body RequestGuard
-    already parsed instead of parsing it again on the event loop."""
+class ParsedJsonRequest(Request):
+    """A request whose JSON body RequestGuard has already read and parsed: `body()` and `json()` answer those instead
+    of reading and parsing again (FastAPI reads the body through them)."""
 
-    async def wrapped(request):
-        parsed = request.scope.pop(SCOPE_JSON_KEY, None)
-        if parsed is not None:
-            request._body, request._json = parsed  # Starlette's Request caches both under these names
-        return await handler(request)
+    def __init__(self, scope, receive, parsed: tuple[bytes, Any]):
+        super().__init__(scope, receive)
+        self._guard_body, self._guard_json = parsed
 
-    return wrapped
+    async def body(self) -> bytes:
+        return self._guard_body
+
+    async def json(self) -> Any:
+        return self._guard_json
+
+
+class ParsedJsonRoute(APIRoute):
+    """The API routers' route class (`APIRouter(route_class=ParsedJsonRoute)`, FastAPI's documented way to customise
+    the request a route sees): a JSON POST takes the body RequestGuard parsed (off the event loop when it is large),
+    as a ParsedJsonRequest, so the body is parsed once; other requests pass as they are."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Any]]:
+        handler = super().get_route_handler()
+
+        async def with_parsed_json(request: Request):
+            parsed = request.scope.pop(SCOPE_JSON_KEY, None)
+            if parsed is not None:
+                request = ParsedJsonRequest(request.scope, request.receive, parsed)
+            return await handler(request)
+
+        return with_parsed_json
 
 
 # ---- the guard ----------------------------------------------------------------------------------------

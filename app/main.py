@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse
-from fastapi.routing import APIRoute, request_response
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import ClientDisconnect
@@ -29,7 +29,7 @@ from app.routes import runs
 from app.routes import why
 from app.routes import heads
 from app.routes import export as export_routes
-from app.lifecycle import RequestCancelled, RequestGuard, use_parsed_json
+from app.lifecycle import RequestCancelled, RequestGuard
 from app.costs import request_model_runs, request_model_seconds
 from app.jobs import client_of, request_client
 from app.memory import RequestMemory, request_memory
@@ -285,24 +285,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(why.router)
     app.include_router(heads.router)
     app.include_router(export_routes.router)  # POST /api/text/export.html (attnlab/export.py)
-    for route in _api_routes(app.router.routes):  # JSON bodies: take the value RequestGuard parsed (off the loop)
-        if route.body_field is not None and "POST" in route.methods and not getattr(route, "_parsed_json", False):
-            handler_of = route.get_route_handler  # FastAPI builds each route's ASGI app from this method
-            route.get_route_handler = lambda handler_of=handler_of: use_parsed_json(handler_of())
-            route.app = request_response(route.get_route_handler())
-            route._parsed_json = True  # the routers are module objects: wrap once however many apps are made
+    # JSON bodies take the value RequestGuard parsed (off the loop): the routers' route class, app/lifecycle.ParsedJsonRoute
     app.openapi = lambda: _openapi_with_guard_responses(app)
     return app
 
 
-def _api_routes(routes) -> list[APIRoute]:
-    """Every APIRoute, also inside included routers (FastAPI ≥ 0.16x keeps those as their own router objects)."""
+def api_routes(routes) -> list[APIRoute]:
+    """Every APIRoute, also inside included routers (FastAPI ≥ 0.16x keeps those as their own router objects): a
+    test checks that each JSON POST is a ParsedJsonRoute (app/lifecycle.py)."""
     found = []
     for route in routes:
         if isinstance(route, APIRoute):
             found.append(route)
         elif getattr(route, "original_router", None) is not None:
-            found += _api_routes(route.original_router.routes)
+            found += api_routes(route.original_router.routes)
     return found
 
 

@@ -22,7 +22,7 @@ from app.attention import check_request_limits, engine_interventions, field_erro
 from app.costs import check_work_cost, forward_macs, model_shape
 from app.ids import new_id
 from app.streams import respond, respond_steps
-from app.lifecycle import check_cancelled
+from app.lifecycle import ParsedJsonRoute, check_cancelled
 from app.runtime import Runtime
 from app.schemas import FaithfulnessRequest, LensRequest, PatchingRequest
 from app.deps import RuntimeDep, adapter_for
@@ -38,7 +38,7 @@ from models.patching import (
     Pair, attribution_patching, attribution_scan, baseline, head_scan, rank_correlation, residual_scan, single_token,
 )
 
-router = APIRouter(prefix="/api/text", tags=["analysis"])
+router = APIRouter(prefix="/api/text", tags=["analysis"], route_class=ParsedJsonRoute)
 log = logging.getLogger("attnlab")
 
 

@@ -32,7 +32,7 @@ from app.errors import error_response, too_large_response
 from app.ids import is_valid_id, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.interventions import whisper_interventions
-from app.lifecycle import cache_scope
+from app.lifecycle import ParsedJsonRoute, cache_scope
 from app.routes.images import decode_gate, read_upload
 from app.runtime import Runtime
 from app.streams import respond
@@ -43,7 +43,7 @@ from models.adapters.whisper import WhisperAdapter
 from models.lru import BoundedLRU
 from models.audio import AudioInputError, DecodedAudio, decode_bytes, to_wav
 
-router = APIRouter(tags=["audio"])
+router = APIRouter(tags=["audio"], route_class=ParsedJsonRoute)
 ROOT = Path(__file__).resolve().parents[2]
 # The bundled sample (made at setup by espeak-ng, attnlab_prepare.py) has this fixed id on every replica.
 SAMPLE_ID = "5a3b1e00000000000000000000000001"

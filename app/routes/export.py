@@ -4,6 +4,7 @@ scores view-mode β needs; answered as one standalone HTML file (attnlab/export.
 and the page's own view modules bundled, opening offline from file://."""
 from __future__ import annotations
 
+from app.lifecycle import ParsedJsonRoute
 import re
 
 import orjson
@@ -15,7 +16,7 @@ from app.routes import text
 from app.schemas import TextAttentionRequest
 from app.streams import wants_events
 
-router = APIRouter(prefix="/api/text", tags=["text"])
+router = APIRouter(prefix="/api/text", tags=["text"], route_class=ParsedJsonRoute)
 
 
 @router.post("/export.html", response_class=Response, responses={

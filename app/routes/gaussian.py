@@ -16,11 +16,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
+from app.lifecycle import ParsedJsonRoute
 from app.templating import templates
 from models import conv_theorem
 from models import gaussian as engine
 
-router = APIRouter(tags=["gaussian"])
+router = APIRouter(tags=["gaussian"], route_class=ParsedJsonRoute)
 
 ModelId = Annotated[str, Query(min_length=1, max_length=64, description="a registered Gaussian model id")]
 MAX_DILATION = 8

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from app.attention import check_request_limits, field_error
 from app.costs import check_work_cost, forward_macs, model_shape
-from app.lifecycle import cache_scope, check_cancelled
+from app.lifecycle import ParsedJsonRoute, cache_scope, check_cancelled
 from app.routes.analysis import _lm
 from app.runtime import Runtime
 from app.deps import RuntimeDep
@@ -27,7 +27,7 @@ from models.adapters.causal_lm import CausalLMAdapter
 from models.head_kinds import ProbeSettings, head_taxonomy, locality, ordinary_token_ids
 from models.lru import BoundedLRU
 
-router = APIRouter(prefix="/api/text", tags=["text"])
+router = APIRouter(prefix="/api/text", tags=["text"], route_class=ParsedJsonRoute)
 _WHAT = "POST /api/text/head_scores"
 _ANSWERS_KEPT = 16  # answers are a few hundred numbers each: a count bound is enough
 

@@ -30,7 +30,7 @@ from app.deps import ImageStoreDep, RuntimeDep, adapter_for
 from app.errors import error_response, too_large_response
 from app.ids import ID_PATTERN, is_valid_id, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
-from app.lifecycle import check_cancelled
+from app.lifecycle import ParsedJsonRoute, check_cancelled
 from app.routes import analysis
 from app.runtime import Runtime
 from app.schemas import WEIGHTING_DESCRIPTION, AttentionRequestBase, AttentionResponse, IndexList, Weighting
@@ -45,7 +45,7 @@ from models.images import (
 )
 from models.summaries import cls_rollout_map, mean_attention_distance
 
-router = APIRouter(tags=["image"])
+router = APIRouter(tags=["image"], route_class=ParsedJsonRoute)
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES_DIR = ROOT / "static" / "samples"

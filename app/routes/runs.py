@@ -19,6 +19,7 @@ import torch
 from fastapi import APIRouter, HTTPException, Response
 from pydantic import Field, ValidationInfo, field_validator
 
+from app.lifecycle import ParsedJsonRoute
 from app.attention import check_response_numbers, fast_json, field_error
 from app.deps import RuntimeDep
 from app.encoding import tensor_field
@@ -30,7 +31,7 @@ from models.atlas import LayerRecord, full_row_entropy, full_rows, scores_window
 from models.attribution import value_weighted_rows
 from models.interventions import row_entropy
 
-router = APIRouter(prefix="/api/runs", tags=["runs"])
+router = APIRouter(prefix="/api/runs", tags=["runs"], route_class=ParsedJsonRoute)
 
 Index = Annotated[int, Field(ge=0)]
 Range = Annotated[list[Index], Field(min_length=2, max_length=2)]

@@ -9,6 +9,7 @@ from typing import Literal
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from app.lifecycle import ParsedJsonRoute
 from app.deps import RuntimeDep
 from app.jobs import JOBS
 from app.runtime import UnknownModel, Runtime
@@ -16,7 +17,7 @@ from app.schemas import ModelsOut
 
 ROOT = Path(__file__).resolve().parents[2]
 
-router = APIRouter(prefix="/api", tags=["service"])
+router = APIRouter(prefix="/api", tags=["service"], route_class=ParsedJsonRoute)
 
 
 # async: answered on the event loop. A plain `def` takes a worker thread, and under load every worker

@@ -10,7 +10,7 @@ from app.attention import check_request_limits, engine_interventions, field_erro
 from app.costs import check_stream_cost, observe_run
 from app.deps import RuntimeDep, adapter_for
 from app.routes import analysis
-from app.lifecycle import check_cancelled
+from app.lifecycle import ParsedJsonRoute, check_cancelled
 from app.streams import JobStream, respond, run_job
 from app.runtime import Runtime
 from app.schemas import AttentionResponse, GenerateRequest, TextAttentionRequest
@@ -18,7 +18,7 @@ from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, Req
 from models.adapters.causal_lm import CausalLMAdapter
 from models.summaries import mean_token_distance
 
-router = APIRouter(prefix="/api/text", tags=["text"])
+router = APIRouter(prefix="/api/text", tags=["text"], route_class=ParsedJsonRoute)
 _WHAT = "POST /api/text/attention"
 
 

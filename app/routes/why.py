@@ -16,7 +16,7 @@ from app.attention import check_request_limits, check_response_numbers, engine_i
 from app.costs import check_work_cost, forward_macs, model_shape
 from app.deps import RuntimeDep, adapter_for
 from app.errors import field_error
-from app.lifecycle import check_cancelled
+from app.lifecycle import ParsedJsonRoute, check_cancelled
 from app.routes.analysis import _prompt, request_sources
 from app.schemas import Interventions, NonNegInt, _Strict
 from app.streams import respond
@@ -25,7 +25,7 @@ from models.adapters.causal_lm import CausalLMAdapter
 from models.head_ops import head_run
 from models.qk_attribution import check_pre_norm, qk_attribution, refuse_residual_patches
 
-router = APIRouter(prefix="/api/text", tags=["analysis"])
+router = APIRouter(prefix="/api/text", tags=["analysis"], route_class=ParsedJsonRoute)
 
 
 class QKAttributionRequest(_Strict):

@@ -67,7 +67,12 @@ def _progress_bar(what: str):
         from tqdm.auto import tqdm
     except ImportError:
         return None
-    return tqdm(total=None, desc=what, unit="layer", delay=1.0, leave=False)
+    try:
+        return tqdm(total=None, desc=what, unit="layer", delay=1.0, leave=False)
+    except ImportError:  # tqdm.notebook in a kernel without ipywidgets: the text bar
+        from tqdm.std import tqdm as text_tqdm
+
+        return text_tqdm(total=None, desc=what, unit="layer", delay=1.0, leave=False)
 
 
 class Lab:

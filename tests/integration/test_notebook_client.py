@@ -9,6 +9,7 @@ About 60 s on an idle machine, most of it loading smollm2-135m and whisper-tiny-
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 import time
@@ -289,3 +290,24 @@ def test_whisper_upload_attention_transcribe_and_windows(lab):
     with pytest.raises(LabError) as refused:
         lab.audio(b"not audio at all")
     assert refused.value.status in (400, 415) and refused.value.detail
+
+
+def test_quickstart_notebook_runs_headless(lab, monkeypatch, tmp_path):
+    """examples/quickstart.ipynb, every cell executed by nbclient on a real kernel against this lab (ATTNLAB_URL)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(ROOT / "examples" / "quickstart.ipynb", as_version=4)
+    monkeypatch.setenv("ATTNLAB_URL", lab.url)
+    started = time.monotonic()
+    NotebookClient(notebook, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()  # a cell's exception fails here
+    took = time.monotonic() - started
+    printed = "\n".join(out.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
+                        for out in cell.get("outputs", []) if out.get("output_type") == "stream")
+    assert "(30, 9, 5, 5)" in printed and "next token: [(' Paris'" in printed
+    assert "layers before 10 unchanged: True" in printed and "equals the returned map: True" in printed
+    assert "422 ['body', 'interventions', 0, 'tokens']" in printed
+    steps = [line for line in printed.splitlines() if re.match(r"\d+ ['\"].*['\"]$", line)]  # step, token, base
+    assert len(steps) == 4
+    assert took < 60, f"the notebook took {took:.0f} s"

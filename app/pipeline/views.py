@@ -183,6 +183,7 @@ def seq2seq_view(job: AttentionJob) -> dict[str, Any]:
         "model": adapter.info.id, "tokens": encoded.tokens, "target_tokens": encoded.extra["target_tokens"],
         "truncated": encoded.truncated, "layers": layers, "heads": heads, "native_beta": adapter.info.native_beta,
         "kinds": list(KINDS), "scores": None, "entropy": result.derived["entropy"],
+        "sink_mass": kind_sink_mass(adapter, result),
         "output": adapter.output_summary(result, encoded), "effect": effect, "warnings": warnings,
         "run_id": result.run_id,
     }
@@ -202,6 +203,16 @@ def seq2seq_view(job: AttentionJob) -> dict[str, Any]:
     if job.value_weighted:
         response["weighting"] = "value_norm"
     return response
+
+
+def kind_sink_mass(adapter, result: AttentionResult) -> dict[str, list]:
+    """{kind: [L][H]} mean P[i, 0] over each kind's rows (its first key: the first source token or audio frame for
+    cross-attention): from the kept maps of a short run, from each layer's `received` of key 0 of a long one."""
+    if result.by_kind is not None:
+        return {kind: sink_mass(maps).double().tolist() for kind, maps in result.by_kind.items()}
+    summaries = result.atlas.summaries if result.atlas is not None else {}
+    return {kind: torch.stack([summaries[g].received[:, 0] for g in layers]).double().cpu().tolist()
+            for kind, layers in adapter.kind_layers.items() if layers and all(g in summaries for g in layers)}
 
 
 # ---- Whisper ------------------------------------------------------------------------------------------------------
@@ -242,6 +253,7 @@ def speech_view(job: AttentionJob) -> dict[str, Any]:
         "shape": {"encoder_layers": info.encoder_layers, "decoder_layers": info.decoder_layers, "heads": info.heads},
         "layers": job.layers, "heads": job.heads, "kinds": req.kinds, "weighting": req.weighting,
         "native_beta": info.native_beta, "attention": attention, "entropy": result.derived["entropy"],
+        "sink_mass": kind_sink_mass(adapter, result),
         "output": adapter.output_summary(result, encoded), "effect": effect,
         "words": adapter.word_times(base, encoded), "alignment": adapter.alignment_ranking(base, encoded),
         "warnings": warnings,

@@ -106,6 +106,11 @@ def test_attention_shapes_words_and_alignment(audio_client, sample_id):
     words = {w["word"].strip("."): w for w in body["words"]}
     assert 3.0 <= words["Attention"]["start_s"] <= 4.5
     assert len(body["alignment"]) == 24 and body["effect"] is None
+    # sink mass per kept kind, every layer and head: the mean over rows of P[i, 0] (the first audio frame for cross)
+    for kind in ("cross", "decoder"):
+        assert np.array(body["sink_mass"][kind]).shape == (4, 6)
+        first = np.array(body["attention"][kind])[0, :, :, 0].mean(-1)  # layer 2, heads 0 and 5
+        assert np.allclose(np.array(body["sink_mass"][kind])[2, [0, 5]], first, atol=1e-6)
 
 
 def test_compare_with_a_masked_span(audio_client, sample_id):

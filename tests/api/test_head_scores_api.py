@@ -143,3 +143,22 @@ def test_sink_mass_is_the_mean_of_column_zero(client, long_client):
     long = long_client.post("/api/text/attention", json={"model": "lm", "text": TEXT}).json()
     assert long["attention"] is None and long["overview"] is not None  # the long path: no P kept
     assert np.allclose(long["sink_mass"], P[..., 0].mean(-1), atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def bart(tmp_path_factory):
+    return str(build_text_model("bart", tmp_path_factory.mktemp("bart")))
+
+
+def test_encoder_decoder_sink_mass_per_kind(bart):
+    """Per kind (encoder, decoder, cross: its first key is the first source token), short and long runs alike."""
+    body = {"model": "lm", "text": "the cat sat on the mat because it was tired", "target": "the dog ran on the street"}
+    with tiny_lm_client(bart) as short_client, tiny_lm_client(bart, **TINY_ATLAS) as long_client:
+        short = short_client.post("/api/text/attention", json=body).json()
+        long = long_client.post("/api/text/attention", json=body).json()
+    assert long["attention"] is None and short["attention"] is not None
+    assert set(short["sink_mass"]) == {"encoder", "decoder", "cross"}
+    for kind, maps in short["attention"].items():
+        P = np.array(maps)  # (L, H, T_q, T_k)
+        assert np.allclose(short["sink_mass"][kind], P[..., 0].mean(-1), atol=1e-6), kind
+        assert np.allclose(long["sink_mass"][kind], P[..., 0].mean(-1), atol=1e-5), kind

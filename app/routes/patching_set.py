@@ -28,7 +28,10 @@ def expand_template(req: PatchingRequest) -> list[dict[str, Any]]:
     """The template's pairs: its {slots} filled with each filler's clean and corrupt values. 422 naming the filler
     when a slot is missing or unknown."""
     template = req.template
-    slots = {name for _, name, _, _ in string.Formatter().parse(template.text) if name is not None}
+    try:
+        slots = {name for _, name, _, _ in string.Formatter().parse(template.text) if name is not None}
+    except ValueError as exc:  # an unmatched brace
+        raise field_error(("template", "text"), f"the template does not parse: {exc} (a literal brace is {{{{ or }}}})")
     if not slots:
         raise field_error(("template", "text"), "the template has no {slot} to fill")
     if any(not name.isidentifier() for name in slots):
@@ -41,7 +44,10 @@ def expand_template(req: PatchingRequest) -> list[dict[str, Any]]:
             if set(values) != slots:
                 raise field_error(("template", "fillers", i, side), f"fill exactly the slots {sorted(slots)}; "
                                   f"got {sorted(values)}")
-            texts[side] = template.text.format(**values)
+            try:
+                texts[side] = template.text.format(**values)
+            except (ValueError, KeyError, IndexError) as exc:  # a format spec that does not apply to text
+                raise field_error(("template", "text"), f"the template cannot be filled: {exc}") from None
         pairs.append({**texts, "answer": filler.answer, "wrong": filler.wrong})
     return pairs
 

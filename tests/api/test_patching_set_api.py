@@ -106,6 +106,11 @@ def test_the_estimates_alone(client):
      ["body", "template", "fillers", 0, "corrupt"]),
     ({"pairs": None, "template": {"text": "the cat sat", "fillers": [{"clean": {}, "corrupt": {}}]}}, 422,
      ["body", "template", "text"]),
+    ({"pairs": None, "template": {"text": "the {cat sat", "fillers": [{"clean": {}, "corrupt": {}}]}}, 422,
+     ["body", "template", "text"]),
+    ({"pairs": None, "template": {"text": "the {cat:d} sat", "fillers": [{"clean": {"cat": "a"},
+                                                                         "corrupt": {"cat": "b"}}]}}, 422,
+     ["body", "template", "text"]),
 ])
 def test_a_bad_set_is_refused_naming_the_field(client, change, status, loc):
     r = client.post("/api/text/patching", json={**SET, **change})

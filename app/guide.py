@@ -35,6 +35,7 @@ PAGES: tuple[GuidePage, ...] = (
     GuidePage("api", "api.md", "HTTP API"),
     GuidePage("configuration", "configuration.md", "Configuration"),
     GuidePage("docker", "docker.md", "Docker"),
+    GuidePage("notebook", "notebook.md", "Notebook"),
 )
 BY_SLUG = {page.slug: page for page in PAGES}
 BY_FILE = {page.file: page for page in PAGES}

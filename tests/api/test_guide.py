@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-GUIDE_PAGES = ("/guide", "/guide/api", "/guide/configuration", "/guide/docker")
+GUIDE_PAGES = ("/guide", "/guide/api", "/guide/configuration", "/guide/docker", "/guide/notebook")
 SECTIONS = [f"s{n}" for n in range(1, 10)]
 
 

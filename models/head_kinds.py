@@ -181,4 +181,5 @@ def head_taxonomy(run: Callable[[list[int]], torch.Tensor], candidates: Sequence
             "needle": {"tokens": len(needle_ids), "recall_rows": [recall_rows.start, recall_rows.stop - 1]},
         }
     probe["thresholds"] = dict(THRESHOLDS)
+    scores = {name: None if value is None else value.cpu() for name, value in scores.items()}  # one read each
     return {"scores": scores, "labels": label_heads(scores), "probe": probe}

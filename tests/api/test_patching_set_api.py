@@ -126,3 +126,16 @@ def test_a_single_pair_still_needs_its_prompts(client):
     r = client.post("/api/text/patching", json={"model": "tiny-llama", "clean": "the cat", "answer": "tired",
                                                 "wrong": "house"})
     assert r.status_code == 422 and _loc(r) == ["body", "corrupt"]
+
+
+def test_a_set_over_the_time_limit_is_refused_before_it_runs_naming_its_field(client, monkeypatch):
+    """The cost check counts every pair: 413 naming `pairs` (or `template`) before any forward."""
+    import app.costs
+
+    per_mac = []
+    monkeypatch.setattr(app.costs, "estimated_seconds", lambda adapter, settings, macs: per_mac.append(macs) or 1e7)
+    r = client.post("/api/text/patching", json=SET)
+    assert r.status_code == 413 and r.json()["detail"].startswith("pairs: a head scan of 2 pairs"), r.text
+    one = client.post("/api/text/patching", json={**SET, "pairs": PAIRS[:1]})
+    assert one.status_code == 413
+    assert 1.5 * per_mac[1] < per_mac[0] < 2 * per_mac[1]  # the first pair and a shorter second against the first alone

@@ -254,6 +254,13 @@ class Lab:
                      **fields)
         return AttentionResult(self._job("/api/text/attention", body, "attention"), body, self)
 
+    def show(self, text: str, model: str | None = None, *, layer: int | None = None, head: int | None = None,
+             **fields: Any):
+        """The notebook widget (attnlab.widget) of `lab.attention(text, model, **fields)`, opening on `layer`,
+        `head` (model numbering) when given."""
+        options = {name: value for name, value in (("layer", layer), ("head", head)) if value is not None}
+        return self.attention(text, model, **fields).show(**options)
+
     def window(self, run_id: str, layer: int, head: int, rows: Sequence[int] | None = None,
                cols: Sequence[int] | None = None, **fields: Any) -> Window:
         """POST /api/runs/{run_id}/window: the exact P of one head over rows × cols (half-open ranges) of a kept run.

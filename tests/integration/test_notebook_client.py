@@ -199,18 +199,22 @@ def test_to_xarray_names_the_dimensions(lab):
 
 
 def test_show_and_to_html_hand_the_result_to_the_widget_and_the_export(lab, monkeypatch, tmp_path):
-    result = lab.attention(TEXT, model="tiny", layers=[0], heads=[0])
+    """The client's side of the contract with attnlab/widget.py and attnlab/export.py (tested on their own in the
+    browser tests): the result itself, with its .response, .request and .lab, and the options as given."""
     import attnlab.export
+    import attnlab.widget
 
     handed = []
-    monkeypatch.setattr(attnlab.export, "to_html", lambda r, path: handed.append((r, path)) or Path(path))
-    assert result.to_html(tmp_path / "view.html") == tmp_path / "view.html"
-    assert handed[0][0] is result and result.lab is lab and result.request["text"] == TEXT
-    try:
-        import attnlab.widget  # noqa: F401 - attnlab/widget.py, where it is installed
-    except ImportError:
-        with pytest.raises(NotImplementedError, match="widget"):
-            result.show()
+    monkeypatch.setattr(attnlab.export, "to_html", lambda r, path, **options: handed.append((r, path, options)) or path)
+    monkeypatch.setattr(attnlab.widget, "show", lambda r, **options: handed.append((r, options)) or "widget")
+    result = lab.attention(TEXT, model="tiny", layers=[0], heads=[0])
+    assert result.to_html(tmp_path / "view.html", head=0) == tmp_path / "view.html"
+    assert handed[0] == (result, tmp_path / "view.html", {"head": 0})
+    assert result.lab is lab and result.request["text"] == TEXT and result.response["tokens"] == result.tokens
+    assert result.show(layer=0) == "widget" and handed[1] == (result, {"layer": 0})
+    assert lab.show(TEXT, model="tiny", layers=[1], head=2) == "widget"  # attention, then its widget
+    shown, options = handed[2]
+    assert shown.layers == [1] and shown.request["model"] == "tiny" and options == {"head": 2}
 
 
 # ---- real models ---------------------------------------------------------------------------------------------------

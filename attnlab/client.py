@@ -365,7 +365,7 @@ def _body(**fields: Any) -> dict:
     for name, value in fields.items():
         if value is None:
             continue
-        if name in ("layers", "heads", "encoder_layers") or (name in ("rows", "cols", "span") and value is not None):
+        if name in ("layers", "heads", "encoder_layers", "rows", "cols", "span"):  # tuples, ranges, numpy ints
             value = [int(v) for v in value]
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{name}: {value} is not a finite number")

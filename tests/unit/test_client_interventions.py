@@ -74,3 +74,13 @@ def test_lab_error_names_the_field_of_a_validation_error():
                              "/api/text/attention")
     assert str(error) == "422 /api/text/attention: body.interventions.0.tokens: token [99] out of range"
     assert error.status == 422 and error.detail[0]["loc"][-1] == "tokens"
+
+
+def test_importing_the_client_loads_neither_torch_nor_the_server():
+    import subprocess
+    import sys
+
+    code = ("import sys, attnlab; from attnlab import Lab, Temperature; "
+            "print(sorted(m for m in ('torch', 'transformers', 'fastapi', 'app', 'models', 'httpx') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"

@@ -36,6 +36,11 @@ from models.interventions import Intervention, noise_for, plan_layer
 # Σ parts must give back what the run computed (its residual stream, its q̂ and k̂) within this, relative to the
 # vector's norm: a larger gap means this architecture does something the decomposition does not model
 RECONSTRUCTION_TOLERANCE = 1e-4
+# A float16/bfloat16 run rounds every intermediate to 11 or 8 bits, which the float64 parts do not: such runs are
+# held to what that precision allows
+HALF_PRECISION_TOLERANCE = 3e-2
+_tolerance: contextvars.ContextVar[float] = contextvars.ContextVar("attnlab_qk_tolerance",
+                                                                  default=RECONSTRUCTION_TOLERANCE)
 TOP_PAIRS = 10
 
 _capturing: contextvars.ContextVar[dict | None] = contextvars.ContextVar("attnlab_qk_capture", default=None)
@@ -173,7 +178,7 @@ def _device_of(module: nn.Module) -> torch.device:
 
 def _check_close(mine: torch.Tensor, actual: torch.Tensor, what: str) -> None:
     gap = float((mine - actual).norm())
-    if not gap <= RECONSTRUCTION_TOLERANCE * max(float(actual.norm()), 1e-12):
+    if not gap <= _tolerance.get() * max(float(actual.norm()), 1e-12):
         raise AttributionUnsupported(
             f"{what}: the sum of parts differs from what the run computed by {gap:.3g} (norm {float(actual.norm()):.3g}); "
             "this model's blocks do something the decomposition does not model")
@@ -380,6 +385,16 @@ def qk_attribution(adapter: Any, input_ids: torch.Tensor, layer: int, head: int,
     adapter: a decoder LM's adapter (CausalLMAdapter); input_ids: (1, T). The run is the lab's own with
     `interventions`. `expand`: how many key-side head parts (largest |total| first) to split by source position.
     """
+    half = getattr(adapter, "dtype", torch.float32) in (torch.float16, torch.bfloat16)
+    token = _tolerance.set(HALF_PRECISION_TOLERANCE if half else RECONSTRUCTION_TOLERANCE)
+    try:
+        return _attribution(adapter, input_ids, layer, head, query, key, interventions, expand)
+    finally:
+        _tolerance.reset(token)
+
+
+def _attribution(adapter: Any, input_ids: torch.Tensor, layer: int, head: int, query: int, key: int,
+                 interventions: tuple[Intervention, ...], expand: int) -> QKAttribution:
     model, info = adapter.model, adapter.info
     anatomies = check_pre_norm(model, adapter.layer_of)
     blocks = layer_blocks(model, adapter.layer_of)
@@ -421,6 +436,11 @@ def qk_attribution(adapter: Any, input_ids: torch.Tensor, layer: int, head: int,
             None if proj_bias is None else proj_bias[columns], getattr(attention_module, f"{which}_norm", None),
             captured.get("rope"), position, alpha, noise)
         _check_close(sides[side].vectors.sum(dim=0), actual, f"the {side} of layer {layer} head {head} at {position}")
+        if getattr(adapter, "dtype", torch.float32) in (torch.float16, torch.bfloat16):
+            # the run rounded every intermediate to half precision and the parts did not: what that rounding moved
+            # is a part of its own, so the matrix still adds up to the run's score
+            rounding = actual - sides[side].vectors.sum(dim=0)
+            sides[side] = Side(sides[side].names + ["rounding"], torch.cat([sides[side].vectors, rounding[None]]))
 
     matrix = beta * sides["query"].vectors @ sides["key"].vectors.T  # (Cq, Ck)
     score = beta * float(q_hat @ k_hat)
@@ -458,7 +478,7 @@ def _expand(result: QKAttribution, query_total: torch.Tensor, chain: KeyChain, s
         z = recording.record[source_layer][0, source_head, key].double().cpu()  # (d_v,)
         entry: dict[str, Any] = {"key_part": name, "total": float(totals[b])}
         rebuilt = probs @ values
-        if float((rebuilt - z).norm()) > RECONSTRUCTION_TOLERANCE * max(float(z.norm()), 1e-12):
+        if float((rebuilt - z).norm()) > _tolerance.get() * max(float(z.norm()), 1e-12):
             entry["sources"] = []
             entry["note"] = "an intervention replaced this head's output (not P·V): it has no split by source"
             out.append(entry)

@@ -92,7 +92,7 @@ def test_without_interventions_the_score_is_the_native_one(family_adapter):
     assert found.beta == pytest.approx(adapter.info.native_beta)
     assert found.score == pytest.approx(adapter.info.native_beta * float(scores[query, key]), rel=1e-5)
     assert abs(float(found.matrix.sum()) - found.score) <= 1e-4 * abs(found.score)
-    assert "perturbation" not in found.query_parts
+    assert "perturbation" not in found.query_parts and "rounding" not in found.query_parts
 
 
 def test_parts_name_only_earlier_layers(family_adapter):
@@ -179,3 +179,19 @@ def test_post_norm_bert_is_refused_naming_the_model(tiny_bert):
     with pytest.raises(NotPreNorm, match="post-norm") as raised:
         qk_attribution(adapter, ids, 1, 0, 3, 1)
     assert isinstance(raised.value, RequestFieldError) and raised.value.field == "model"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_run_keeps_its_rounding_as_a_part(tmp_path, dtype):
+    """A model served in bfloat16/float16 rounds every intermediate; the float64 parts do not. What that rounding moved
+    in q̂ and k̂ is a part of its own ("rounding"), so the matrix still adds up to the run's score; float32 has none."""
+    from models.adapters.causal_lm import CausalLMAdapter
+
+    folder = build_text_model("llama", tmp_path / "llama")
+    adapter = CausalLMAdapter("tiny", str(folder), device="cpu", dtype=dtype)
+    ids = _ids(adapter)
+    found = qk_attribution(adapter, ids, 1, 1, ids.shape[1] - 1, 3)
+    assert found.query_parts[-1] == found.key_parts[-1] == "rounding"
+    assert float(found.matrix.sum()) == pytest.approx(found.score, rel=1e-9)
+    scores = _run_scores(adapter, ids, (), 1, 1)
+    assert found.score == pytest.approx(found.beta * float(scores[ids.shape[1] - 1, 3]), rel=1e-5)

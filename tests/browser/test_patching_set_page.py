@@ -15,6 +15,19 @@ def test_a_set_of_two_pairs_shows_means_spread_and_agreement(live_server, page, 
     page.goto(f"{live_server}/#m=smollm2-135m&t={quote('The capital of France is')}&l=5&h=0")
     page.wait_for_function("() => !document.getElementById('patching-panel').hidden", timeout=120_000)
     assert page.is_hidden("#patch-lines-box")
+    # the template form: its slots filled from each filler line, answers with their leading space
+    page.select_option("#patch-source", "template")
+    assert page.is_visible("#patch-template-box") and page.is_hidden("#patch-pair-box")
+    page.fill("#patch-template", "The {what} of {country} is")
+    page.fill("#patch-fillers", "capital, France | capital, Italy | Paris | Rome\ncapital, Spain | capital, Italy")
+    fields = page.evaluate("async () => (await import('/static/js/views/patchset.js')).setRequestFields()")
+    assert fields == {"template": {"text": "The {what} of {country} is", "fillers": [
+        {"clean": {"what": "capital", "country": "France"}, "corrupt": {"what": "capital", "country": "Italy"},
+         "answer": " Paris", "wrong": " Rome"},
+        {"clean": {"what": "capital", "country": "Spain"}, "corrupt": {"what": "capital", "country": "Italy"}}]}}
+    page.fill("#patch-fillers", "France | Italy")
+    page.click("#patch-run")
+    assert "2 values (what, country)" in page.text_content("#patch-error")  # said on the page, nothing sent
     page.select_option("#patch-source", "lines")
     assert page.is_visible("#patch-lines-box") and page.is_hidden("#patch-pair-box")
     page.fill("#patch-set-lines", LINES)

@@ -93,7 +93,7 @@ export async function drawSet(Plotly, result) {
       colorbar: { thickness: 12, title: { text: "effect" } },
     }],
     layout: { title: { text: title, font: { size: 13 } }, margin: { l: 48, r: 10, t: 36, b: 36 },
-      yaxis: { autorange: "reversed", type: "category" }, xaxis: { type: "category" } },
+      yaxis: { autorange: "reversed", type: "category", dtick: 1, tickfont: { size: 10 } }, xaxis: { type: "category" } },
   });
   const n = result.pairs_used?.length ?? result.n_pairs;
   const mean = heat(result.effect, `${exact ? "exact patch" : "AtP* estimate"}: mean effect over ${n} pairs`, std);

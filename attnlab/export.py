@@ -130,12 +130,13 @@ def _script_json(value: Any) -> str:
 
 
 def standalone_html(response: dict, *, request: dict | None = None, title: str | None = None,
-                    lab_url: str | None = None) -> str:
+                    lab_url: str | None = None, layer: int | None = None, head: int | None = None) -> str:
     """One HTML document that shows `response` (POST /api/text/attention's answer) with the lab's views, offline.
 
     request: the body that produced it (its text and model title the page). For view-mode β and masks the response
     needs its scores (include_scores); layer and head menus list the slices it holds (response["layers"], ["heads"]).
-    lab_url: where to read the front end from when this install has no checkout (static/js)."""
+    lab_url: where to read the front end from when this install has no checkout (static/js).
+    layer, head: the head shown when the file opens (model numbering; default the response's first)."""
     sources = module_sources(ENTRY, static_reader(lab_url))
     plotly = plotly_js(lab_url).replace("</script", "<\\/script")
     model = response.get("model") or (request or {}).get("model") or "attnlab"
@@ -158,7 +159,7 @@ def standalone_html(response: dict, *, request: dict | None = None, title: str |
 Everything is in this file; it needs no server and no network. View-mode β re-normalises the saved scores
 (softmax(β·Ŝ) per row) in the browser.</footer>
 <script>{plotly}</script>
-<script type="application/json" id="attnlab-data">{_script_json({"response": response, "request": request})}</script>
+<script type="application/json" id="attnlab-data">{_script_json({"response": response, "request": request, "layer": layer, "head": head})}</script>
 <script type="application/json" id="attnlab-modules">{_script_json(sources)}</script>
 <script type="module">
 {LOADER_JS}
@@ -166,7 +167,7 @@ const read = (id) => JSON.parse(document.getElementById(id).textContent);
 const data = read("attnlab-data");
 const root = document.getElementById("attnlab-view");
 attnlabImport(read("attnlab-modules"), {json.dumps(ENTRY)})
-  .then(({{ mountEmbed }}) => mountEmbed(root, {{ response: data.response, request: data.request }}))
+  .then(({{ mountEmbed }}) => mountEmbed(root, {{ response: data.response, request: data.request, layer: data.layer, head: data.head }}))
   .catch((err) => {{ root.textContent = `the view could not start: ${{err.message}}`; root.dataset.state = "error"; }});
 </script>
 </body>
@@ -209,9 +210,12 @@ def _post_json(url: str, body: dict) -> dict:
         raise RuntimeError(f"{url} answered {err.code}: {detail}") from None
 
 
-def to_html(result: Any, path: str | Path) -> Path:
-    """Write `result` (a client result: .response, .request, .lab) as one standalone HTML file; returns the path."""
+def to_html(result: Any, path: str | Path, *, title: str | None = None, layer: int | None = None,
+            head: int | None = None) -> Path:
+    """Write `result` (a client result: .response, .request, .lab) as one standalone HTML file; returns the path.
+    title: the page's title (default: model and text); layer, head: the head shown when it opens."""
     response, request = complete_response(result)
     target = Path(path)
-    target.write_text(standalone_html(response, request=request, lab_url=_lab_url(result)), encoding="utf-8")
+    target.write_text(standalone_html(response, request=request, title=title, lab_url=_lab_url(result),
+                                       layer=layer, head=head), encoding="utf-8")
     return target

@@ -55,7 +55,8 @@ export default {
     let view = null;
     try {
       const [{ mountEmbed }] = await Promise.all([attnlabImport(SOURCES, ENTRY), loadPlotly(server)]);
-      view = mountEmbed(root, { response: model.get("response"), request: model.get("request"), server });
+      view = mountEmbed(root, { response: model.get("response"), request: model.get("request"), server,
+        layer: model.get("layer"), head: model.get("head") });
     } catch (err) {
       root.textContent = `the attnlab view could not start: ${err.message}`;
       root.dataset.state = "error";
@@ -81,6 +82,8 @@ if anywidget is not None:
         response = traitlets.Dict().tag(sync=True)
         request = traitlets.Dict(allow_none=True).tag(sync=True)
         server = traitlets.Unicode("").tag(sync=True)
+        layer = traitlets.Int(None, allow_none=True).tag(sync=True)  # the head shown first (model numbering)
+        head = traitlets.Int(None, allow_none=True).tag(sync=True)
 
         def __init__(self, response: dict, request: dict | None = None, server: str | None = None, **kwargs: Any):
             # anywidget takes the module from the `_esm` attribute it finds at __init__ (read here: from the checkout,
@@ -100,6 +103,7 @@ def _has_checkout() -> bool:
 def show(result: Any, **options: Any):
     """The notebook widget of `result` (a client result with .response, .request, .lab): heatmap, head view,
     layer/head menus, β (view mode here, run mode on the lab), key masks, colour scale, the effect panel.
+    options: layer=, head= (the head shown first, model numbering), server= (another URL for the lab).
     Returns the widget: the last expression of a cell displays it."""
     if AttentionWidget is None:
         raise ImportError("the attnlab notebook widget needs anywidget: pip install anywidget")

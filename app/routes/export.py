@@ -4,12 +4,12 @@ scores view-mode β needs; answered as one standalone HTML file (attnlab/export.
 and the page's own view modules bundled, opening offline from file://."""
 from __future__ import annotations
 
-from app.lifecycle import ParsedJsonRoute
 import re
 
 import orjson
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 
+from app.lifecycle import ParsedJsonRoute
 from app.deps import RuntimeDep
 from app.errors import field_error
 from app.routes import text
@@ -23,7 +23,9 @@ router = APIRouter(prefix="/api/text", tags=["text"], route_class=ParsedJsonRout
     200: {"content": {"text/html": {}}, "description": "one self-contained HTML file (an attachment)"},
     413: {"description": "the maps are over max_response_numbers: name fewer layers or heads"},
 })
-def export_html(req: TextAttentionRequest, runtime: RuntimeDep, request: Request) -> Response:
+def export_html(req: TextAttentionRequest, runtime: RuntimeDep, request: Request,
+                layer: int | None = Query(None, ge=0, description="the layer shown when the file opens"),
+                head: int | None = Query(None, ge=0, description="the head shown when the file opens")) -> Response:
     """The attention of `req` (every layer and head unless `layers`/`heads` name some) as one HTML file that opens
     offline and keeps the view-mode controls: layer, head, view-mode β (from the scores), key masks, colour scale.
     Interventions are applied to the saved maps; effects are not exported (`compare` is ignored)."""
@@ -40,7 +42,7 @@ def export_html(req: TextAttentionRequest, runtime: RuntimeDep, request: Request
                           f"({runtime.settings.full_map_tokens}): a long input has an overview, not full maps to export")
     from attnlab.export import standalone_html  # the client package's exporter (standard library only)
 
-    page = standalone_html(response, request=body.model_dump(mode="json", exclude_none=True))
+    page = standalone_html(response, request=body.model_dump(mode="json", exclude_none=True), layer=layer, head=head)
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"attnlab-{req.model}") + ".html"
     return Response(page, media_type="text/html; charset=utf-8",
                     headers={"Content-Disposition": f'attachment; filename="{name}"'})

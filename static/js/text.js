@@ -945,7 +945,8 @@ async function init() {
   await load();
   lab.installPngButtons(() => `attnlab-${state.model}`); // the model shown when the button is pressed
   mountHtmlExport($("export-panel"), { body: () => state.view?.request ?? state.long?.request ?? null,
-    filename: () => `attnlab-${state.model}-L${state.layer}-H${state.head}.html`, shownLayer: () => state.layer });
+    filename: () => `attnlab-${state.model}-L${state.layer}-H${state.head}.html`, shownLayer: () => state.layer,
+    shownHead: () => state.head });
 }
 
 init().catch((err) => setStatus(`failed to start: ${err.message}`, { error: true }));

@@ -39,6 +39,16 @@ def test_export_is_one_file_with_every_layer_head_and_the_scores(client):
     modules = inlined(page, "attnlab-modules")
     assert "views/embed.js" in modules and "views/heatmap.js" in modules
     assert " src=" not in page  # every script inline: it opens offline
+    assert data["layer"] is None and data["head"] is None  # opens on the first head unless told
+
+
+def test_the_file_opens_on_the_head_asked_for(client):
+    res = client.post("/api/text/export.html?layer=1&head=2", json={"model": "tiny", "text": TEXT})
+    assert res.status_code == 200, res.text
+    data = inlined(res.text, "attnlab-data")
+    assert (data["layer"], data["head"]) == (1, 2)
+    res = client.post("/api/text/export.html?layer=-1", json={"model": "tiny", "text": TEXT})
+    assert res.status_code == 422 and "layer" in res.text
 
 
 def test_bad_input_is_a_4xx_naming_the_field(client):

@@ -8,6 +8,7 @@ the model on the lab from the notebook's page (a cross-origin POST) and draws th
 Cost (measured on the shared 2-core machine): about 40-60 s, most of it JupyterLab's start and first page load."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -29,20 +30,19 @@ VIEW = ".attnlab-embed"
 HEATMAP = f"{VIEW} [data-role=heatmap]"
 
 
-@pytest.fixture(scope="module")
-def jupyter(tmp_path_factory):
-    """JupyterLab on a free loopback port with a token, its config, data and runtime in a temporary home; yields
-    (base URL, token, notebook folder)."""
-    home = tmp_path_factory.mktemp("jupyter")
+@contextlib.contextmanager
+def jupyterlab_server(home: Path):
+    """JupyterLab on a free loopback port with a token, its config, data and runtime under `home`; yields
+    (base URL, token, notebook folder). Also used by scripts/shoot_notebook_widget.py (the README's picture)."""
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "HOME": str(home), "JUPYTER_CONFIG_DIR": str(home / "config"),
            "JUPYTER_DATA_DIR": str(home / "data"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
            "IPYTHONDIR": str(home / "ipython"), "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     notebooks = home / "notebooks"
-    notebooks.mkdir()
+    notebooks.mkdir(parents=True, exist_ok=True)
     # no "get notified about Jupyter news?" toast over the output (a user setting, in this home)
     news = home / "config" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    news.parent.mkdir(parents=True)
+    news.parent.mkdir(parents=True, exist_ok=True)
     news.write_text(json.dumps({"fetchNews": "false"}))
     log_path = ROOT / "artifacts" / "jupyterlab.log"
     log_path.parent.mkdir(exist_ok=True)
@@ -79,6 +79,12 @@ def jupyter(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def jupyter(tmp_path_factory):
+    with jupyterlab_server(tmp_path_factory.mktemp("jupyter")) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
 def lab_for_notebook(jupyter, tiny_bert):
     """A lab server with the tiny BERT that answers the notebook's page (its origin in cors_origins)."""
     url, _, _ = jupyter
@@ -90,6 +96,16 @@ def notebook(cells: list[str]) -> dict:
     return {"nbformat": 4, "nbformat_minor": 5, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
             "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": c, "id": f"c{i}"}
                       for i, c in enumerate(cells)]}
+
+
+def run_notebook(pg, url: str, token: str, name: str) -> None:
+    """Open the notebook, wait for its kernel, run every cell by JupyterLab's own command, wait for the heatmap."""
+    pg.goto(f"{url}/lab/tree/{name}?token={token}", timeout=120_000)
+    pg.wait_for_function("""window.jupyterapp && (() => { const w = window.jupyterapp.shell.currentWidget;
+        return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel
+          && w.sessionContext.session.kernel.status === 'idle'; })()""", timeout=120_000)
+    pg.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    pg.wait_for_function(f"document.querySelector('{HEATMAP}')?.data?.[0]?.z?.length > 0", timeout=120_000)
 
 
 def drag_beta(pg, to_fraction: float):
@@ -117,13 +133,7 @@ def test_widget_in_jupyterlab_draws_and_follows_beta(jupyter, lab_for_notebook, 
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
     try:
-        pg.goto(f"{url}/lab/tree/widget.ipynb?token={token}", timeout=120_000)
-        # the kernel is up when the notebook's session says idle; then run every cell by JupyterLab's own command
-        pg.wait_for_function("""window.jupyterapp && (() => { const w = window.jupyterapp.shell.currentWidget;
-            return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel
-              && w.sessionContext.session.kernel.status === 'idle'; })()""", timeout=120_000)
-        pg.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-        pg.wait_for_function(f"document.querySelector('{HEATMAP}')?.data?.[0]?.z?.length > 0", timeout=120_000)
+        run_notebook(pg, url, token, "widget.ipynb")
         before = shown_p(pg, HEATMAP)
         P = expected["attention"][0][0]
         assert max(abs(a - b) for ra, rb in zip(before, P) for a, b in zip(ra, rb)) < 1e-6  # the server's P

@@ -129,7 +129,7 @@ def test_export_layer_head_scale_and_mask_work_offline(exported, offline, page_l
 
 def test_the_text_pages_button_downloads_the_same_file_and_it_opens_offline(page, page_log, live_server, browser, tmp_path):
     """Export panel → "Download standalone HTML": the server's file for the page's input (every layer and head), which
-    then opens from file:// with the network cut, showing the layer and head the page showed."""
+    then opens from file:// with the network cut on the layer and head the page showed, and moves to others."""
     page.goto(f"{live_server}/#m=minilm&l=2&h=3")
     page.wait_for_function("() => document.querySelector('#heatmap.js-plotly-plot')?.data?.[0]?.z", timeout=60_000)  # (the page's CSP: a function, not a string)
     shown_on_page = page.eval_on_selector("#heatmap", "el => el.data[0].customdata || el.data[0].z")
@@ -151,14 +151,14 @@ def test_the_text_pages_button_downloads_the_same_file_and_it_opens_offline(page
                        else (asked.append(r.request.url), r.abort()))
     try:
         offline_page.goto(path.as_uri())
-        wait_drawn(offline_page, layer="0", head="0")
-        assert offline_page.locator("[data-role=layer] option").count() == 6  # minilm: every layer and head
-        assert offline_page.locator("[data-role=head] option").count() == 12
-        offline_page.select_option("[data-role=layer]", "2")
-        offline_page.select_option("[data-role=head]", "3")
-        wait_drawn(offline_page, layer="2", head="3")
+        wait_drawn(offline_page, layer="2", head="3")  # it opens on the page's head
         got = shown(offline_page)
         assert max(abs(a - b) for ra, rb in zip(got, shown_on_page) for a, b in zip(ra, rb)) < 1e-6
+        assert offline_page.locator("[data-role=layer] option").count() == 6  # minilm: every layer and head
+        assert offline_page.locator("[data-role=head] option").count() == 12
+        offline_page.select_option("[data-role=layer]", "0")
+        wait_drawn(offline_page, layer="0", head="3")
+        assert shown(offline_page) != got
         assert asked == [] and errors == []
     finally:
         context.close()

@@ -7,7 +7,8 @@ import { downloadBlob } from "./export.js";
 
 // panel: the export panel (#export-panel); body(): the page's last attention request, or null before the first;
 // filename(): the file's name; shownLayer(): the layer kept when every layer is over the cap.
-export function mountHtmlExport(panel, { body, filename, shownLayer }) {
+// shownHead(): the head the file opens on.
+export function mountHtmlExport(panel, { body, filename, shownLayer, shownHead }) {
   const controls = panel?.querySelector(".controls");
   if (!controls) return null;
   const b = document.createElement("button");
@@ -21,8 +22,9 @@ export function mountHtmlExport(panel, { body, filename, shownLayer }) {
     b.disabled = true;
     setStatus("exporting HTML…");
     try {
-      let res = await post({ ...request, layers: null, heads: null });
-      if (res.status === 413) res = await post({ ...request, layers: [shownLayer()], heads: null });
+      const opens = `?layer=${shownLayer()}&head=${shownHead()}`;
+      let res = await post({ ...request, layers: null, heads: null }, opens);
+      if (res.status === 413) res = await post({ ...request, layers: [shownLayer()], heads: null }, opens);
       if (!res.ok) await readJSON(res); // throws the server's detail
       downloadBlob(await res.blob(), filename());
       setStatus(`exported ${filename()}: it opens offline in any browser`);
@@ -36,6 +38,6 @@ export function mountHtmlExport(panel, { body, filename, shownLayer }) {
   return b;
 }
 
-const post = (request) => fetch("/api/text/export.html", {
+const post = (request, query) => fetch(`/api/text/export.html${query}`, {
   method: "POST", headers: { "Content-Type": "application/json", Accept: "text/html" }, body: JSON.stringify(request),
 });

@@ -44,7 +44,8 @@ const ofEncoder = (field) => (field && !Array.isArray(field) && !field.dtype ? f
 // (response.layers × response.heads); request: the body that asked for it (model, text, … for run mode and the
 // title); server: the lab's base URL, or null (run mode is offered only with one).
 // Returns {state, redraw, destroy}; the root carries data-state ("ready", "running", "error") for its hosts.
-export function mountEmbed(root, { response, request = null, server = null } = {}) {
+// layer, head: the head shown first, in the model's numbering (default: the response's first).
+export function mountEmbed(root, { response, request = null, server = null, layer = null, head = null } = {}) {
   const r = response;
   const tokens = r.tokens ?? [];
   const attention = decodeTensor(ofEncoder(r.attention)); // (L, H, T, T) over the returned slices
@@ -61,10 +62,11 @@ export function mountEmbed(root, { response, request = null, server = null } = {
     return { state: null, redraw() {}, destroy() {} };
   }
   const causal = r.output?.kind === "next_token" || upperTriangleZero(attention[0][0]);
-  const state = { li: 0, hi: 0, logRatio: 0, mode: "view", scale: causal ? "log" : "max", masks: new Set(), run: null };
+  const state = { li: Math.max(0, layers.indexOf(layer)), hi: Math.max(0, heads.indexOf(head)), logRatio: 0, mode: "view",
+    scale: causal ? "log" : "max", masks: new Set(), run: null };
 
-  setOptions(ui.layer, layers.map((l, i) => [i, `layer ${l}`]), 0);
-  setOptions(ui.head, heads.map((h, i) => [i, `head ${h}`]), 0);
+  setOptions(ui.layer, layers.map((l, i) => [i, `layer ${l}`]), state.li);
+  setOptions(ui.head, heads.map((h, i) => [i, `head ${h}`]), state.hi);
   setOptions(ui.scale, SCALES.filter(([v]) => v !== "rowsk"), state.scale);
 
   const beta = () => nativeBeta * 10 ** state.logRatio;

@@ -231,7 +231,7 @@ def test_smollm2_temperature_with_compare(lab):
 
 
 def test_smollm2_long_input_overview_and_windows(lab):
-    text = " ".join(f"Item {i} is a {['red', 'blue', 'green'][i % 3]} box." for i in range(90))
+    text = " ".join(f"Item {i} is a {['red', 'blue', 'green'][i % 3]} box." for i in range(70))
     result = lab.attention(text, model="smollm2-135m", layers=[7], heads=[5])
     n = len(result.tokens)
     assert n > 512 and result.is_long and result.response["attention"] is None

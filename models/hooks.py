@@ -22,6 +22,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from models import head_ops
 from models.atlas import AtlasRecorder, PendingRecord, atlas_attention
 from models.interventions import Intervention, LogitExtras, intervened_attention
+from models.recording import NOTHING, AttentionRecorder
 from models.run_context import current_run
 
 ATTN_IMPLEMENTATION = "attnlab"
@@ -76,6 +77,21 @@ class RunScope:
         elif self.probs_buffer.shape != shape:  # layers of different shapes: each keeps its own tensor
             return None
         return self.probs_buffer[layer]
+
+    def layer_recorder(self, layer: int, maps_shape: tuple[int, ...], like: torch.Tensor) -> AttentionRecorder:
+        """What a recorded layer records (models/recording.py): P into the run's buffer, each head's mean row entropy
+        (unless deferred to the end), and q̂/k̂. maps_shape: (B, H, T_q, T_k), like: a tensor of the dtype and device."""
+        return AttentionRecorder(pattern=self.buffer_for(layer, maps_shape, like),
+                                 entropy=None if self.deferred_entropy else like.new_empty(maps_shape[:2]), qk=[])
+
+    def keep_layer(self, layer: int, recorder: AttentionRecorder, probs: torch.Tensor, dead_rows: torch.Tensor) -> None:
+        """A recorded layer's maps, entropy, q̂/k̂ (with record_scores) and dead rows, kept for the run's result."""
+        self.attention[layer] = probs.detach()
+        if recorder.entropy is not None:
+            self.entropy[layer] = recorder.entropy
+        if self.record_scores:
+            self.queries_keys[layer] = (recorder.qk[0].detach(), recorder.qk[1].detach())
+        self.dead_rows[layer] = dead_rows
 
     def layer_entropy(self, layers: list[int]) -> torch.Tensor:
         """Mean row entropy of each head, batch item 0, for `layers`: (len(layers), H), float64."""
@@ -222,26 +238,23 @@ def attnlab_attention(
         scope = None
     if scope is None:  # outside a run (e.g. training, or the load-time probe): plain attention, nothing recorded
         output, probs, _, _ = intervened_attention(
-            query, key, value, allowed, layer=-1, native_beta=native_beta, extras=extras, need_scores=False
+            query, key, value, allowed, layer=-1, native_beta=native_beta, extras=extras, recorder=NOTHING
         )
         return output.to(out_dtype).transpose(1, 2).contiguous(), probs
     layer = scope.layer_of[id(module)]
     n_batch, _, n_queries = query.shape[:3]
     common = dict(
         layer=layer, native_beta=native_beta, interventions=scope.interventions, extras=extras,
-        query_offset=scope.query_offset, need_scores=False,
+        query_offset=scope.query_offset,
     )
     if not scope.record:
-        output, probs, _, _ = intervened_attention(query, key, value, allowed, **common)
+        output, probs, _, _ = intervened_attention(query, key, value, allowed, **common, recorder=NOTHING)
         _layer_done(scope, module)
         output = head_ops.at_layer(output, value, layer, scope.interventions, scope.query_offset)  # patches, mean ablation
         return output.to(out_dtype).transpose(1, 2).contiguous(), probs
-    probs_out = scope.buffer_for(layer, (n_batch, n_heads, n_queries, key.shape[2]), query)
-    entropy = None if scope.deferred_entropy else query.new_empty(n_batch, n_heads)  # (B, H)
-    queries_keys: list = []
-    output, probs, _, dead_rows = intervened_attention(
-        query, key, value, allowed, **common, probs_out=probs_out, entropy_out=entropy, qk_out=queries_keys,
-    )
+    recorder = scope.layer_recorder(layer, (n_batch, n_heads, n_queries, key.shape[2]), query)
+    output, probs, _, dead_rows = intervened_attention(query, key, value, allowed, **common, recorder=recorder)
+    queries_keys = recorder.qk  # (q̂, k̂), each (B, H, T, d)
     if n_batch == 1:  # what rebuilds a window of this layer at another β: references only (models/atlas.py)
         perturbed = {iv.op for iv in scope.interventions if iv.applies_to_layer(layer)}
         scope.records[layer] = PendingRecord(
@@ -255,12 +268,7 @@ def attnlab_attention(
             interventions=scope.interventions, layer=layer, query_offset=scope.query_offset,
         )
     output = head_ops.at_layer(output, value, layer, scope.interventions, scope.query_offset)  # patches, mean ablation
-    scope.attention[layer] = probs.detach()
-    if entropy is not None:
-        scope.entropy[layer] = entropy
-    if scope.record_scores:
-        scope.queries_keys[layer] = (queries_keys[0].detach(), queries_keys[1].detach())
-    scope.dead_rows[layer] = dead_rows
+    scope.keep_layer(layer, recorder, probs, dead_rows)
     _layer_done(scope, module)
     return output.to(out_dtype).transpose(1, 2).contiguous(), probs  # (B, T_q, H, d_v), (B, H, T_q, T_k)
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from models.recording import WITH_SCORES, AttentionRecorder
+
 OPS = ("temperature", "mask_keys", "causal", "ablate_heads", "perturb_keys", "perturb_queries", "patch_heads",
        "patch_residual")
 ABLATION_MODES = ("zero", "mean")
@@ -237,11 +239,7 @@ def intervened_attention(
     interventions: tuple[Intervention, ...] = (),
     extras: LogitExtras = NO_EXTRAS,
     query_offset: int = 0,
-    need_scores: bool = True,
-    probs_out: torch.Tensor | None = None,
-    scores_out: torch.Tensor | None = None,
-    entropy_out: torch.Tensor | None = None,
-    qk_out: list | None = None,
+    recorder: AttentionRecorder = WITH_SCORES,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """One attention layer with the interventions applied.
 
@@ -252,32 +250,25 @@ def intervened_attention(
     row 0 (a decoding step with a KV cache sees only its new queries; keys always start at position 0).
     Returns (head outputs H = P V (B, H, T_q, d_v), P (B, H, T_q, T_k), Ŝ (B, H, T_q, T_k), dead rows (B, H, T_q)).
 
-    With `need_scores=False`, Ŝ is not formed (None is returned for it). For recording a run, P is written into
-    `probs_out` and Ŝ into `scores_out` when given (slices of one (L, …) buffer, so a run's maps need
-    no copy at the end), and `entropy_out` (B, H) receives the mean row entropy while the logits are
-    at hand. `qk_out` (a list) receives (q̂, k̂), the queries and keys after perturbation: Ŝ = q̂ k̂ᵀ of
-    any head can be formed later from those T × d matrices instead of keeping every T × T one.
+    `recorder` (models/recording.py) says what is recorded besides: P into a given buffer, Ŝ (None is returned for it
+    when the recorder keeps no scores), each head's mean row entropy, q̂ and k̂ after perturbation.
     """
     _, n_heads, n_queries, _ = query.shape
     n_keys = key.shape[2]
     if not any(iv.applies_to_layer(layer) for iv in interventions):
-        if qk_out is not None:
-            qk_out.extend((query, key))
-        return _plain_attention(
-            query, key, value, allowed, native_beta, extras, need_scores, probs_out, scores_out, entropy_out
-        )
+        recorder.record_qk(query, key)
+        return _plain_attention(query, key, value, allowed, native_beta, extras, recorder)
     plan = plan_layer(interventions, layer, n_heads, n_keys, native_beta)
     for iv in plan.key_perturbations:
         key = perturb_vectors(key, iv, layer)
     for iv in plan.query_perturbations:
         query = perturb_vectors(query, iv, layer, offset=query_offset)
-    if qk_out is not None:
-        qk_out.extend((query, key))
+    recorder.record_qk(query, key)
 
     device = query.device
     beta = plan.beta.to(device, query.dtype)[None, :, None, None]  # (1, H, 1, 1)
     logits = attention_logits(query, key, beta, native_beta, extras)  # (B, H, T_q, T_k)
-    scores = torch.matmul(query, key.transpose(-1, -2), out=scores_out) if need_scores else None  # Ŝ, unscaled
+    scores = recorder.record_scores(query, key)  # Ŝ, unscaled
     blocked = None  # bool, broadcastable to (B, H, T_q, T_k); None = nothing masked (the fast path)
     if bool(plan.key_mask.any()):
         blocked = plan.key_mask.to(device)[None, :, None, :]  # (1, H, 1, T_k)
@@ -288,7 +279,7 @@ def intervened_attention(
         blocked = causal if blocked is None else blocked | causal
     if allowed is not None and not _all_true_on_cpu(allowed):
         blocked = ~allowed if blocked is None else blocked | ~allowed
-    probs, dead_rows, blocked = _softmax_recorded(logits, blocked, probs_out, entropy_out)
+    probs, dead_rows, blocked = _softmax_recorded(logits, blocked, recorder)
     output = torch.matmul(probs.to(value.dtype), value)  # (B, H, T_q, d_v)
     if bool(plan.ablate.any()):
         output = output.masked_fill(plan.ablate.to(device)[None, :, None, None], 0.0)
@@ -302,33 +293,33 @@ def _all_true_on_cpu(allowed: torch.Tensor) -> bool:
 
 
 def _softmax_recorded(
-    logits: torch.Tensor, blocked: torch.Tensor | None, probs_out: torch.Tensor | None, entropy_out: torch.Tensor | None
+    logits: torch.Tensor, blocked: torch.Tensor | None, recorder: AttentionRecorder
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """P = softmax(logits) with `blocked` keys at −∞, written into probs_out; the mean row entropy into
-    entropy_out. Returns (P, dead rows (B, H, T_q), blocked expanded to the logits' shape or None)."""
+    """P = softmax(logits) with `blocked` keys at −∞, written into the recorder's pattern buffer; the mean row
+    entropy into its entropy buffer. Returns (P, dead rows (B, H, T_q), blocked expanded to the logits' shape or
+    None)."""
     if blocked is None:
-        probs = torch.softmax(logits, dim=-1, out=probs_out)
+        probs = torch.softmax(logits, dim=-1, out=recorder.pattern)
         dead_rows = torch.zeros(probs.shape[:-1], dtype=torch.bool, device=probs.device)  # (B, H, T_q)
     else:
-        probs, dead_rows = masked_softmax(logits, blocked, out=probs_out)  # (B, H, T_q, T_k)
+        probs, dead_rows = masked_softmax(logits, blocked, out=recorder.pattern)  # (B, H, T_q, T_k)
         blocked = blocked.expand_as(logits)
-    if entropy_out is not None:
-        entropy_out.copy_(mean_row_entropy(logits, probs, blocked))
+    if recorder.entropy is not None:
+        recorder.entropy.copy_(mean_row_entropy(logits, probs, blocked))
     return probs, dead_rows, blocked
 
 
 def _plain_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None, native_beta: float,
-    extras: LogitExtras, need_scores: bool, probs_out: torch.Tensor | None, scores_out: torch.Tensor | None,
-    entropy_out: torch.Tensor | None,
+    extras: LogitExtras, recorder: AttentionRecorder,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """intervened_attention for a layer no intervention touches: the same arithmetic (so P is bit-identical
     to the general path at β₀), with none of the per-head plan tensors; at 32 tokens those small
     operations cost about as much as the attention itself."""
     logits = attention_logits(query, key, native_beta, native_beta, extras)  # (B, H, T_q, T_k)
-    scores = torch.matmul(query, key.transpose(-1, -2), out=scores_out) if need_scores else None
+    scores = recorder.record_scores(query, key)
     blocked = None if allowed is None or _all_true_on_cpu(allowed) else ~allowed
-    probs, dead_rows, _ = _softmax_recorded(logits, blocked, probs_out, entropy_out)
+    probs, dead_rows, _ = _softmax_recorded(logits, blocked, recorder)
     return torch.matmul(probs.to(value.dtype), value), probs, scores, dead_rows
 
 

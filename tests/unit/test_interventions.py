@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from models.interventions import Intervention, intervened_attention, noise_for, row_entropy
+from models.recording import NOTHING, AttentionRecorder
 
 B, H, T, D = 1, 3, 7, 8
 BETA0 = D**-0.5
@@ -205,12 +206,15 @@ def test_recording_into_buffers_and_skipping_scores_change_nothing(qkv, ivs):
     q, k, v = qkv
     out, probs, scores, dead = intervened_attention(q, k, v, None, layer=0, native_beta=BETA0, interventions=ivs)
     probs_buf, scores_buf, entropy = torch.empty(2, *probs.shape), torch.empty(2, *probs.shape), torch.empty(B, H)
+    recorder = AttentionRecorder(pattern=probs_buf[1], scores=scores_buf[1], entropy=entropy, qk=[], keep_scores=True)
     out2, probs2, scores2, dead2 = intervened_attention(
-        q, k, v, None, layer=0, native_beta=BETA0, interventions=ivs,
-        probs_out=probs_buf[1], scores_out=scores_buf[1], entropy_out=entropy)
+        q, k, v, None, layer=0, native_beta=BETA0, interventions=ivs, recorder=recorder)
     assert probs2.data_ptr() == probs_buf[1].data_ptr() and scores2.data_ptr() == scores_buf[1].data_ptr()
     assert torch.equal(probs2, probs) and torch.equal(scores2, scores) and torch.equal(out2, out) and torch.equal(dead2, dead)
     assert torch.allclose(entropy.double(), row_entropy(probs.double()).mean(dim=-1), atol=1e-5)
-    out3, probs3, scores3, _ = intervened_attention(q, k, v, None, layer=0, native_beta=BETA0, interventions=ivs, need_scores=False)
+    q_hat, k_hat = recorder.qk  # the queries and keys after perturbation: Ŝ = q̂ k̂ᵀ
+    assert torch.equal(torch.matmul(q_hat, k_hat.transpose(-1, -2)), scores)
+    out3, probs3, scores3, _ = intervened_attention(q, k, v, None, layer=0, native_beta=BETA0, interventions=ivs,
+                                                    recorder=NOTHING)
     assert scores3 is None
     assert torch.allclose(probs3, probs, atol=1e-6) and torch.allclose(out3, out, atol=1e-5)

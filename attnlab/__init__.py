@@ -13,12 +13,12 @@ from attnlab.client import Lab, LabError
 from attnlab.interventions import (AblateHeads, Causal, Intervention, MaskKeys, PatchHeads, PatchResidual,
                                    PerturbKeys, PerturbQueries, Temperature)
 from attnlab.results import (AttentionResult, AudioAttentionResult, Clip, Continuation, FaithfulnessResult,
-                             LensResult, PatchingResult, Result, Window)
+                             LensResult, PatchingResult, Picture, Result, Window)
 
 __all__ = [
     "Lab", "LabError",
     "Intervention", "Temperature", "MaskKeys", "Causal", "AblateHeads", "PerturbKeys", "PerturbQueries",
     "PatchHeads", "PatchResidual",
     "Result", "AttentionResult", "Window", "Continuation", "PatchingResult", "LensResult", "FaithfulnessResult",
-    "AudioAttentionResult", "Clip",
+    "AudioAttentionResult", "Clip", "Picture",
 ]

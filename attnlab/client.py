@@ -29,7 +29,7 @@ from typing import Any, Iterator, Sequence
 
 from attnlab.interventions import Intervention, to_items
 from attnlab.results import (AttentionResult, AudioAttentionResult, Clip, Continuation, FaithfulnessResult,
-                             LensResult, PatchingResult, Window, decode)
+                             LensResult, PatchingResult, Picture, Window, decode)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 STREAM = {"Accept": "text/event-stream"}
@@ -316,18 +316,41 @@ class Lab:
     def audio(self, source: str | Path | bytes, model: str | None = None) -> Clip:
         """Upload a clip (a path or the file's bytes) with POST /api/audio; returns a Clip with `.attention(…)` and
         `.transcribe()`. `model` is the speech model its calls use (None: the server's default)."""
+        return Clip(self._upload("/api/audio", source, "clip"), self, model)
+
+    def _upload(self, path: str, source: str | Path | bytes, default_name: str) -> dict:
+        """POST a file as the multipart field `file` (what the upload routes take); returns the JSON answer."""
         if isinstance(source, (bytes, bytearray)):
-            content, name = bytes(source), "clip"
+            content, name = bytes(source), default_name
         else:
-            path = Path(source)
-            content, name = path.read_bytes(), path.name
+            file = Path(source)
+            content, name = file.read_bytes(), file.name
         boundary = uuid.uuid4().hex
         kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
-        data = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n"
+        quoted = name.replace('"', "_").replace("\r", "_").replace("\n", "_")
+        data = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{quoted}\"\r\n"
                 f"Content-Type: {kind}\r\n\r\n").encode() + content + f"\r\n--{boundary}--\r\n".encode()
-        with self._open("POST", "/api/audio", data=data,
+        with self._open("POST", path, data=data,
                         headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}) as answer:
-            return Clip(json.loads(answer.read()), self, model)
+            return json.loads(answer.read())
+
+    # ---- images --------------------------------------------------------------------------------------------------
+
+    def image(self, source: str | Path | bytes, model: str | None = None) -> Picture:
+        """Upload an image (a path or the file's bytes: PNG, JPEG or WebP) with POST /api/images; returns a Picture
+        with `.attention(…)`. `model` is the image model its calls use (None: the server's default)."""
+        return Picture(self._upload("/api/images", source, "image"), self, model)
+
+    def image_attention(self, image_id: str, model: str | None = None, *, layers: Sequence[int] | None = None,
+                        heads: Sequence[int] | None = None, queries: Sequence[int] | None = None,
+                        interventions: Sequence[Intervention | dict] = (), compare: bool = False,
+                        encoding: str = "f32", **fields: Any) -> AttentionResult:
+        """POST /api/image/attention on an uploaded image: `.attention` (layers, heads, T, T), or with `queries`
+        those rows (layers, heads, q, T); `tokens` are the labels ("CLS", "p(3,7)"), `response["grid"]` the patches.
+        `fields`: image_size, include_scores, weighting, thumbnail_size, …"""
+        body = _body(model=model, image_id=image_id, layers=layers, heads=heads, queries=queries,
+                     interventions=to_items(interventions), compare=compare, encoding=encoding, **fields)
+        return AttentionResult(self._json("POST", "/api/image/attention", body), body, self)
 
     def audio_attention(self, audio_id: str, model: str | None = None, *, layers: Sequence[int] | None = None,
                         heads: Sequence[int] | None = None, interventions: Sequence[Intervention | dict] = (),
@@ -365,7 +388,7 @@ def _body(**fields: Any) -> dict:
     for name, value in fields.items():
         if value is None:
             continue
-        if name in ("layers", "heads", "encoder_layers", "rows", "cols", "span"):  # tuples, ranges, numpy ints
+        if name in ("layers", "heads", "encoder_layers", "queries", "rows", "cols", "span"):  # tuples, ranges, numpy ints
             value = [int(v) for v in value]
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{name}: {value} is not a finite number")

@@ -470,3 +470,29 @@ class Clip(Result):
 
     def __repr__(self) -> str:
         return f"<Clip {self.audio_id}: {self.duration_s:.2f} s>"
+
+
+class Picture(Result):
+    """An uploaded image (POST /api/images's answer: image_id, width, height, …): `.attention(…)`, `.view()`."""
+
+    def __init__(self, response: dict, lab: "Lab", model: str | None = None):
+        super().__init__(response, None, lab)
+        self.model = model
+
+    @property
+    def image_id(self) -> str:
+        return self.response["image_id"]
+
+    def attention(self, **fields: Any) -> AttentionResult:
+        """POST /api/image/attention on this image; fields as Lab.image_attention (layers, heads, queries,
+        interventions, compare, image_size, …)."""
+        fields.setdefault("model", self.model)
+        return self.lab.image_attention(self.image_id, **fields)
+
+    def view(self, size: int = 448) -> bytes:
+        """The square the models see (centre crop of the shorter side), as PNG bytes."""
+        with self.lab._open("GET", f"/api/images/{self.image_id}/view?size={int(size)}") as answer:
+            return answer.read()
+
+    def __repr__(self) -> str:
+        return f"<Picture {self.image_id}: {self.response.get('width')}×{self.response.get('height')}>"

@@ -8,6 +8,7 @@ About 60 s on an idle machine, most of it loading smollm2-135m and whisper-tiny-
 """
 from __future__ import annotations
 
+import io
 import json
 import re
 import signal
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.tiny_models import build_text_model
+from tests.tiny_models import build_image_model, build_text_model
 
 import attnlab
 from attnlab import (AblateHeads, Causal, Lab, LabError, MaskKeys, PatchHeads, PatchResidual, PerturbKeys,
@@ -33,7 +34,8 @@ TEXT = "the cat sat on the mat because it was tired"
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     folder = tmp_path_factory.mktemp("client-models")
-    models = {"tiny": str(build_text_model("bert", folder / "bert")), "lm": str(build_text_model("llama", folder / "llama"))}
+    models = {"tiny": str(build_text_model("bert", folder / "bert")), "lm": str(build_text_model("llama", folder / "llama")),
+              "tiny-vit": str(build_image_model("vit", folder / "vit"))}
     LOG.parent.mkdir(exist_ok=True)
     # smollm2-135m and whisper-tiny-en are known to every server and load on first use
     with Lab.start(settings={"default_models": ["tiny", "lm"], "extra_models": models}, log=LOG) as started:
@@ -186,6 +188,27 @@ def test_jobs_report_progress_to_the_bar(lab, monkeypatch):
     progress = [s for s in seen if s[0] == "progress"]
     assert progress[-1][1:] == (4, 4)  # two runs (compare) × two layers, one bar
     assert seen[-1] == ("closed",)
+
+
+def test_image_upload_attention_and_windows(lab):
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(buffer, "PNG")
+    picture = lab.image(buffer.getvalue(), model="tiny-vit")
+    assert picture.response["width"] == 48 and picture.view(size=64)[:8] == b"\x89PNG\r\n\x1a\n"
+    result = picture.attention(layers=[1], heads=[0, 3], interventions=[MaskKeys([2])], compare=True)
+    served = raw(lab, "/api/image/attention", {**result.request, "encoding": "json"})
+    assert result.tokens == served["tokens"] and result.tokens[0] == "CLS" and result.response["grid"] == [4, 4]
+    np.testing.assert_array_equal(result.attention, np.array(served["attention"], dtype=np.float32))
+    assert result.attention.shape == (1, 2, 17, 17) and result.attention[..., 2].max() == 0
+    np.testing.assert_array_equal(result.window(1, 3, rows=(0, 2)).attention, result.attention[0, 1, :2])
+    rows = picture.attention(layers=[0], heads=[1], queries=[0, 5])
+    np.testing.assert_allclose(rows.attention[0, 0], picture.attention(layers=[0], heads=[1]).attention[0, 0, [0, 5]],
+                               atol=1e-6)
+    with pytest.raises(LabError) as refused:
+        lab.image(b"not an image")
+    assert refused.value.status in (400, 415)
 
 
 def test_to_xarray_names_the_dimensions(lab):

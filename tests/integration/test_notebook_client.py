@@ -8,6 +8,7 @@ About 60 s on an idle machine, most of it loading smollm2-135m and whisper-tiny-
 """
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import re
@@ -35,7 +36,7 @@ TEXT = "the cat sat on the mat because it was tired"
 def lab(tmp_path_factory):
     folder = tmp_path_factory.mktemp("client-models")
     models = {"tiny": str(build_text_model("bert", folder / "bert")), "lm": str(build_text_model("llama", folder / "llama")),
-              "tiny-vit": str(build_image_model("vit", folder / "vit"))}
+              "tiny-vit": str(build_image_model("vit", folder / "vit")), "s2s": str(build_text_model("bart", folder / "bart"))}
     LOG.parent.mkdir(exist_ok=True)
     # smollm2-135m and whisper-tiny-en are known to every server and load on first use
     with Lab.start(settings={"default_models": ["tiny", "lm"], "extra_models": models}, log=LOG) as started:
@@ -188,6 +189,23 @@ def test_jobs_report_progress_to_the_bar(lab, monkeypatch):
     progress = [s for s in seen if s[0] == "progress"]
     assert progress[-1][1:] == (4, 4)  # two runs (compare) × two layers, one bar
     assert seen[-1] == ("closed",)
+
+
+def test_encoder_decoder_attention_by_kind(lab):
+    result = lab.attention("the cat sat on the mat", model="s2s", target="the dog ran",
+                           interventions=[MaskKeys([1], kind="cross")], compare=True)
+    served = raw(lab, "/api/text/attention", {**result.request, "encoding": "json"})
+    source, target = len(result.tokens), len(result.response["target_tokens"])
+    assert {kind: array.shape for kind, array in result.attention.items()} == {
+        "encoder": (2, 4, source, source), "decoder": (2, 4, target, target), "cross": (2, 4, target, source)}
+    for kind in ("encoder", "decoder", "cross"):
+        np.testing.assert_array_equal(result.attention[kind], np.array(served["attention"][kind], dtype=np.float32))
+    assert result.attention["cross"][..., 1].max() == 0  # source token 1 masked for every cross head
+    window = result.window(1, 2, kind="cross")  # rows and cols default to the kind's target × source
+    np.testing.assert_array_equal(window.attention, result.attention["cross"][1, 2])
+    if importlib.util.find_spec("xarray"):
+        cross = result.to_xarray(kind="cross")
+        assert cross.shape == (2, 4, target, source) and list(cross["key_token"].values) == result.tokens
 
 
 def test_image_upload_attention_and_windows(lab):

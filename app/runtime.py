@@ -277,20 +277,33 @@ class Runtime:
             raise UnknownModel(f"unknown {kind or ''} model {model_id!r}; available: {names}".replace("  ", " "))
         adapter = self._adapters.get(model_id)
         if adapter is None:
-            with self._load_lock:
-                adapter = self._adapters.get(model_id)
-                if adapter is None:
-                    if model_id in self.unavailable:  # refused once: say why again, without retrying the load
-                        raise UnknownModel(f"model {model_id!r} is unavailable: {self.unavailable[model_id]}")
-                    try:
-                        adapter = spec.load(self.settings.device, self.settings.dtype)
-                    except (ImportError, OSError, ValueError, UnsupportedAttention) as exc:
-                        self.unavailable[model_id] = str(exc)
-                        raise UnknownModel(f"model {model_id!r} is unavailable: {exc}") from exc
-                    configure_atlas(adapter, self.settings)
-                    if model_id not in self.settings.default_models:  # memory_reserved_bytes covers the defaults only
-                        self.memory.add_model(model_id, host_weight_bytes(adapter))
-                    self._adapters[model_id] = adapter
+            waited_from = time.monotonic()
+            try:
+                return self._load(model_id, spec)
+            finally:
+                # a first use's load (gemma3-270m: its weights and two probes, over a minute on a busy machine) is the
+                # server's one-time cost: it does not count against the request's time limit
+                deadline = request_deadline.get()
+                if deadline is not None:
+                    request_deadline.set(deadline + time.monotonic() - waited_from)
+        return adapter
+
+    def _load(self, model_id: str, spec: ModelSpec) -> AttentionAdapter:
+        """Load a model once (under the load lock); refused loads are remembered in `unavailable`."""
+        with self._load_lock:
+            adapter = self._adapters.get(model_id)
+            if adapter is None:
+                if model_id in self.unavailable:  # refused once: say why again, without retrying the load
+                    raise UnknownModel(f"model {model_id!r} is unavailable: {self.unavailable[model_id]}")
+                try:
+                    adapter = spec.load(self.settings.device, self.settings.dtype)
+                except (ImportError, OSError, ValueError, UnsupportedAttention) as exc:
+                    self.unavailable[model_id] = str(exc)
+                    raise UnknownModel(f"model {model_id!r} is unavailable: {exc}") from exc
+                configure_atlas(adapter, self.settings)
+                if model_id not in self.settings.default_models:  # memory_reserved_bytes covers the defaults only
+                    self.memory.add_model(model_id, host_weight_bytes(adapter))
+                self._adapters[model_id] = adapter
         return adapter
 
     def describe(self, model_id: str, load: bool = True) -> dict | None:

@@ -13,6 +13,8 @@ import io
 import json
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -356,3 +358,18 @@ def test_quickstart_notebook_runs_headless(lab, monkeypatch, tmp_path):
     steps = [line for line in printed.splitlines() if re.match(r"\d+ ['\"].*['\"]$", line)]  # step, token, base
     assert len(steps) == 4
     assert took < 60, f"the notebook took {took:.0f} s"
+
+
+def test_a_started_lab_stops_when_the_interpreter_exits(tmp_path):
+    """Lab.start() in a child interpreter that exits without close(): its server goes with it (atexit)."""
+    code = ("from attnlab import Lab; lab = Lab.start(settings={'default_models': []}); "
+            "print(lab._process.pid, lab.url, lab.health()['status'], flush=True)")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    pid, url, status = child.stdout.split()
+    assert child.returncode == 0 and status == "ok"
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # reaped by the child before it exited
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists()
+    with pytest.raises(LabError, match="cannot reach"):
+        Lab(url, timeout=5).health()

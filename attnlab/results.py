@@ -116,7 +116,8 @@ class AttentionResult(Result):
     @property
     def attention(self) -> Any:
         if self.is_long:
-            return self.overview["maps"]
+            overview = self.overview
+            return overview["maps"] if "maps" in overview else {kind: part["maps"] for kind, part in overview.items()}
         return self._decoded("attention")
 
     @property
@@ -210,7 +211,7 @@ class AttentionResult(Result):
             edges, col_edges = overview["edges"], overview.get("col_edges") or overview["edges"]
             return xr.DataArray(overview["maps"], dims=("layer", "head", "query_block", "key_block"),
                                 coords={"layer": self.layers or list(range(overview["maps"].shape[0])),
-                                        "head": list(range(overview["maps"].shape[1])),
+                                        "head": self.heads or list(range(overview["maps"].shape[1])),
                                         "query_block": list(edges[:-1]), "key_block": list(col_edges[:-1])},
                                 name="attention_overview", attrs={"model": self.model, "run_id": self.run_id})
         attention = self.attention if kind is None else self.attention[kind]
@@ -248,9 +249,10 @@ class AttentionResult(Result):
         return export.to_html(self, path, **options)
 
     def __repr__(self) -> str:
-        shape = "overview " + "×".join(map(str, self.attention.shape)) if self.is_long else (
-            "×".join(map(str, np.shape(self.attention))) if not isinstance(self.attention, dict) else
-            ", ".join(f"{k} {'×'.join(map(str, np.shape(v)))}" for k, v in self.attention.items()))
+        attention = self.attention
+        shape = ("overview " if self.is_long else "") + (
+            ", ".join(f"{k} {'×'.join(map(str, np.shape(v)))}" for k, v in attention.items())
+            if isinstance(attention, dict) else "×".join(map(str, np.shape(attention))))
         return (f"<AttentionResult {self.model}: {len(self.tokens)} tokens, attention {shape}, "
                 f"run_id={self.run_id}>")
 

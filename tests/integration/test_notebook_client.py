@@ -284,6 +284,11 @@ def test_smollm2_long_input_overview_and_windows(lab):
     assert window.attention.shape == (3, n)
     np.testing.assert_allclose(window.attention.sum(-1), 1.0, atol=1e-4)
     assert window.attention[0, n - 2:].max() == 0  # row n−3 sees no later key
+    if importlib.util.find_spec("xarray"):
+        overview = result.to_xarray()
+        assert overview.dims == ("layer", "head", "query_block", "key_block") and overview.shape == (1, 1, blocks, blocks)
+        assert list(overview["layer"].values) == [7] and list(overview["head"].values) == [5]
+        assert list(overview["query_block"].values) == result.overview["edges"][:-1]
 
 
 def test_keyboard_interrupt_cancels_the_job_on_the_server(lab):

@@ -1,5 +1,5 @@
 """What every route checks and reads the same way: the settings' limits on a request (check_request_limits), the
-run-bytes and response-size 413s, a request's memory peak, and the maps' thumbnails and one device → host read.
+response-size 413 (check_response_numbers), and the maps' thumbnails and one device → host read.
 An attention response is built by app/pipeline (job → maps → view)."""
 from __future__ import annotations
 
@@ -12,14 +12,10 @@ import torch
 from fastapi import HTTPException
 from pydantic import BaseModel
 
-from app.costs import request_peak_bytes
 from app.encoding import fast_json  # noqa: F401  (routes import it from here)
 from app.errors import field_error
 from app.interventions import engine_interventions  # noqa: F401  (routes import it from here)
-from app.runtime import Runtime, request_deadline
 from app.settings import Settings
-from models.adapters.base import AttentionAdapter
-from models.atlas import run_bytes
 
 # Request fields that hold text, each at most max_text_chars characters.
 TEXT_FIELDS = ("text", "text_pair", "target", "clean", "corrupt")
@@ -52,31 +48,6 @@ def check_request_limits(limits: Settings, req: BaseModel) -> None:
                           "(max_thumbnail_size)")
 
 
-def check_run_budget(runtime: Runtime, maps: list[tuple[int, int, int, int]], field: str = "text",
-                     adapter: AttentionAdapter | None = None) -> None:
-    """413 before a run whose kept tensors would exceed the settings' max_run_bytes. Per stack of maps (layers,
-    heads, queries, keys): all of P for a short run (every map is recorded and cached, not only the returned
-    slices); for a long run (`adapter` given and over full_map_tokens) what its atlas keeps: q̂, k̂, the overview,
-    received and one block's temporaries (models/atlas.py, docs/science.md §10)."""
-    settings = runtime.settings
-    needed = 0
-    for l, h, q, k in maps:
-        if adapter is not None and max(q, k) > adapter.full_map_tokens:
-            info = adapter.info
-            needed += run_bytes(l, h, info.kv_heads or h, info.head_dim, q, k, settings.overview_blocks,
-                                adapter.atlas_config.block_rows)
-        else:
-            needed += 4 * l * h * q * k  # float32
-    on_gpu = adapter is not None and getattr(adapter, "device", None) is not None and adapter.device.type == "cuda"
-    name, cap = ("max_run_bytes_gpu", settings.max_run_bytes_gpu) if on_gpu else ("max_run_bytes", settings.max_run_bytes)
-    if needed > cap:
-        raise HTTPException(
-            413, detail=f"{field}: this input's run keeps {needed / 2**20:,.0f} MiB (attention maps, or for inputs "
-            f"over full_map_tokens={settings.full_map_tokens:,} q̂/k̂ and summaries), over the cap "
-            f"{name}={cap / 2**20:,.0f} MiB; use a shorter input",
-        )
-
-
 def check_response_numbers(limits: Settings, numbers: int, counts: dict[str, int], ask: str) -> None:
     """413 before any work when the response would hold more than max_response_numbers numbers, naming first the
     request field among `counts` ({field: entries asked}, e.g. layers and heads) with the most entries (the first
@@ -86,22 +57,6 @@ def check_response_numbers(limits: Settings, numbers: int, counts: dict[str, int
         field = max(counts, key=counts.__getitem__)
         raise HTTPException(413, detail=f"{field}: the response would hold {numbers:,} numbers, over the cap "
                             f"max_response_numbers={cap:,}; {ask}")
-
-
-class RequestPeak:
-    """A request's estimated in-flight memory (app/costs.py request_peak_bytes): refused at once (413) when it could
-    never fit the budget; `reserve()` waits for room."""
-
-    def __init__(self, runtime: Runtime, adapter: AttentionAdapter, n_tokens: int, runs: int, record_scores: bool,
-                 field: str = "text", keys: int | None = None):
-        self.runtime = runtime
-        self.nbytes = request_peak_bytes(adapter, n_tokens, runs, keys, record_scores)
-        self.what = f"{runs} model run{'s' if runs > 1 else ''} over {n_tokens:,} tokens"
-        self.field = "compare" if runs > 1 and field == "text" else field
-        runtime.memory.check_fits(self.nbytes, self.field, self.what)
-
-    def reserve(self) -> None:
-        self.runtime.memory.reserve(self.nbytes, self.field, self.what, request_deadline.get())
 
 
 def thumbnails(attention: torch.Tensor, size: int) -> dict[str, Any]:

@@ -10,19 +10,64 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.attention import RequestPeak, check_response_numbers, check_run_budget
-from app.costs import check_extra_cost, check_request_cost, check_work_cost, forward_macs, model_shape, value_overview_macs
+from fastapi import HTTPException
+
+from app.attention import check_response_numbers
+from app.costs import (check_extra_cost, check_request_cost, check_work_cost, forward_macs, model_shape,
+                       request_peak_bytes, value_overview_macs)
 from app.errors import field_error
 from app.interventions import check_indices, engine_interventions, seq2seq_interventions, whisper_interventions
 from app.lifecycle import check_cancelled
-from app.runtime import Runtime
+from app.runtime import Runtime, request_deadline
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
+from models.atlas import run_bytes
 from models.attribution import value_grams
 from models.effects import mean_and_std
 from models.head_ops import HeadRun, head_run
 
 # A long value-weighted first view rebuilds its overview from q̂/k̂ (models/attribution.value_weighted_overview)
 OVERVIEW_FIELD, OVERVIEW_WHAT = "weighting", "the value-weighted overview (weighting value_norm)"
+
+
+def check_run_budget(runtime: Runtime, maps: list[tuple[int, int, int, int]], field: str = "text",
+                     adapter: AttentionAdapter | None = None) -> None:
+    """413 before a run whose kept tensors would exceed the settings' max_run_bytes. Per stack of maps (layers,
+    heads, queries, keys): all of P for a short run (every map is recorded and cached, not only the returned
+    slices); for a long run (`adapter` given and over full_map_tokens) what its atlas keeps: q̂, k̂, the overview,
+    received and one block's temporaries (models/atlas.py, docs/science.md §10)."""
+    settings = runtime.settings
+    needed = 0
+    for l, h, q, k in maps:
+        if adapter is not None and max(q, k) > adapter.full_map_tokens:
+            info = adapter.info
+            needed += run_bytes(l, h, info.kv_heads or h, info.head_dim, q, k, settings.overview_blocks,
+                                adapter.atlas_config.block_rows)
+        else:
+            needed += 4 * l * h * q * k  # float32
+    on_gpu = adapter is not None and getattr(adapter, "device", None) is not None and adapter.device.type == "cuda"
+    name, cap = ("max_run_bytes_gpu", settings.max_run_bytes_gpu) if on_gpu else ("max_run_bytes", settings.max_run_bytes)
+    if needed > cap:
+        raise HTTPException(
+            413, detail=f"{field}: this input's run keeps {needed / 2**20:,.0f} MiB (attention maps, or for inputs "
+            f"over full_map_tokens={settings.full_map_tokens:,} q̂/k̂ and summaries), over the cap "
+            f"{name}={cap / 2**20:,.0f} MiB; use a shorter input",
+        )
+
+
+class RequestPeak:
+    """A request's estimated in-flight memory (app/costs.py request_peak_bytes): refused at once (413) when it could
+    never fit the budget; `reserve()` waits for room."""
+
+    def __init__(self, runtime: Runtime, adapter: AttentionAdapter, n_tokens: int, runs: int, record_scores: bool,
+                 field: str = "text", keys: int | None = None):
+        self.runtime = runtime
+        self.nbytes = request_peak_bytes(adapter, n_tokens, runs, keys, record_scores)
+        self.what = f"{runs} model run{'s' if runs > 1 else ''} over {n_tokens:,} tokens"
+        self.field = "compare" if runs > 1 and field == "text" else field
+        runtime.memory.check_fits(self.nbytes, self.field, self.what)
+
+    def reserve(self) -> None:
+        self.runtime.memory.reserve(self.nbytes, self.field, self.what, request_deadline.get())
 
 
 @dataclass(frozen=True)

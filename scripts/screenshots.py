@@ -32,7 +32,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-b
                  "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1200, "height": 800}
 # Taller views where the first figures sit below the controls.
-HEIGHTS = {"text": 1150, "lm": 1150, "image": 900, "long-input": 1300}
+HEIGHTS = {"text": 1150, "lm": 1150, "image": 900, "long-input": 1300, "gemma3-long": 1300}
 MAX_BYTES = 150_000
 LM_PROMPT = "The capital of France is"
 
@@ -56,7 +56,7 @@ def start_server(port: int, log_path: Path) -> subprocess.Popen:
         [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
         cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
     )
-    deadline = time.time() + 300
+    deadline = time.time() + 900  # a loaded shared machine: the default models load and are timed first
     while True:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/ready", timeout=2) as r:
@@ -186,8 +186,47 @@ def shoot_long(page, url):
     return True
 
 
+def shoot_gemma3_long(page, url):
+    """gemma3-270m on the long sample (~3,000 tokens): a local layer (4, window 512) beside the global layer 5, each as
+    its overview (the local one with the band's edge) over the last token's row for every head of the layer. Two
+    shots of the page composed side by side (one heatmap at a time on the page); returns the PNG bytes."""
+    with urllib.request.urlopen(f"{url}/api/models?kind=text", timeout=120) as r:
+        if "gemma3-270m" not in {m["id"] for m in json.load(r)["models"]}:
+            log("gemma3-270m is not prepared here (make gemma3-270m): skipped")
+            return False
+    sample = (ROOT / "static" / "samples" / "long-sample.txt").read_text()
+    page.goto(f"{url}/#m=gemma3-270m&t={quote(sample)}&l=4&h=0")
+    page.wait_for_function("() => document.getElementById('heatmap').dataset.atlas === 'overview'", timeout=900_000)
+    page.select_option("#atlas-row-scope", "layer")
+    halves = []
+    for layer, name in ((4, "local 512"), (5, "global")):
+        if layer != 4:
+            page.select_option("#layer-select", str(layer))
+        page.wait_for_function(f"() => document.getElementById('heatmap').layout?.title?.text?.includes('layer {layer} · {name}')"
+                               " && document.getElementById('heatmap').dataset.atlas === 'overview'", timeout=300_000)
+        n = page.locator("#token-strip .tok").count()
+        page.evaluate("() => document.getElementById('atlas-row').data = null")
+        page.evaluate(f"() => document.getElementById('heatmap').emit('plotly_click', {{points: [{{y: {n - 1}.2, x: 3}}]}})")
+        page.wait_for_function("() => (document.getElementById('atlas-row').data || []).length === 4", timeout=120_000)
+        page.wait_for_timeout(800)
+        box = page.eval_on_selector("#heatmap", """el => { const a = el.getBoundingClientRect(),
+            b = document.getElementById('atlas-row').getBoundingClientRect();
+            return {x: a.left + window.scrollX, y: a.top + window.scrollY, width: Math.max(a.right, b.right) - a.left,
+                    height: b.bottom - a.top}; }""")  # page coordinates: the map, its notes and the row plot
+        halves.append(Image.open(io.BytesIO(page.screenshot(clip=box, full_page=True))).convert("RGB"))
+        log(f"gemma3-long: layer {layer} ({name}), {n} tokens")
+    width = sum(h.width for h in halves) + 20
+    sheet = Image.new("RGB", (width, max(h.height for h in halves)), "white")
+    sheet.paste(halves[0], (0, 0))
+    sheet.paste(halves[1], (halves[0].width + 20, 0))
+    sheet = sheet.resize((1200, round(sheet.height * 1200 / sheet.width)), Image.LANCZOS)
+    buffer = io.BytesIO()
+    sheet.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
 SHOTS = {"text": shoot_text, "image": shoot_image, "gaussian": shoot_gaussian, "guide": shoot_guide, "lm": shoot_lm,
-         "long-input": shoot_long}
+         "long-input": shoot_long, "gemma3-long": shoot_gemma3_long}
 
 
 def main() -> int:
@@ -219,10 +258,12 @@ def main() -> int:
                 errors: list[str] = []
                 page.on("pageerror", lambda e: errors.append(str(e)))
                 started = time.time()
-                if SHOTS[name](page, url) is False:
+                shot = SHOTS[name](page, url)
+                if shot is False:
                     context.close()
                     continue
-                size = save_small(page.screenshot(), OUT / f"{name}.png")
+                # a shot that composes its own picture returns its PNG; the others are the page's view
+                size = save_small(shot if isinstance(shot, bytes) else page.screenshot(), OUT / f"{name}.png")
                 log(f"{name}: docs/img/{name}.png, {size / 1000:.0f} KB, {time.time() - started:.1f} s"
                     + (f"; page errors: {errors}" if errors else ""))
                 context.close()

@@ -107,7 +107,7 @@ class AttentionJob:
     encoder_layers: list[int] = field(default_factory=list)  # Whisper: the encoder overview's layers
     audio: Any = None  # Whisper: the decoded clip
     transcribe: Callable[[tuple], tuple[list[int], list[float]]] | None = None  # Whisper: the greedy transcript
-    _extra_pending: bool = True
+    _extra_pending: bool = field(default=True, init=False, repr=False)  # the extra work not yet counted
 
     @property
     def weighting(self) -> str:

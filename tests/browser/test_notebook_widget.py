@@ -120,8 +120,7 @@ def drag_beta(pg, to_fraction: float):
 def test_widget_in_jupyterlab_draws_and_follows_beta(jupyter, lab_for_notebook, browser):
     url, token, folder = jupyter
     lab_url = lab_for_notebook
-    source = (f"from attnlab import Lab\nlab = Lab({lab_url!r})\n"
-              f"r = lab.attention({TEXT!r}, model='tiny')\nr.show()")
+    source = f"from attnlab import Lab\nlab = Lab({lab_url!r})\nlab.show({TEXT!r}, model='tiny')"
     (folder / "widget.ipynb").write_text(json.dumps(notebook([source])))
     ask = urllib.request.Request(f"{lab_url}/api/text/attention", headers={"Content-Type": "application/json"},
                                  data=json.dumps({"model": "tiny", "text": TEXT, "encoding": "json"}).encode())
@@ -146,6 +145,7 @@ def test_widget_in_jupyterlab_draws_and_follows_beta(jupyter, lab_for_notebook, 
         pg.wait_for_timeout(400)
         after = shown_p(pg, HEATMAP)
         assert max(abs(a - b) for ra, rb in zip(after, before) for a, b in zip(ra, rb)) > 0.05
+        assert not pg.locator(f"{VIEW} [data-role=effect]").is_visible()  # no effect panel without a run
 
         # run mode: the same β re-run on the lab from the notebook's page (CORS), with the effect panel
         pg.select_option(f"{VIEW} [data-role=mode]", "run")
@@ -156,6 +156,7 @@ def test_widget_in_jupyterlab_draws_and_follows_beta(jupyter, lab_for_notebook, 
         assert "run on the server" in pg.eval_on_selector(HEATMAP, "el => el.layout.title.text")
         assert max(abs(a - b) for ra, rb in zip(ran, before) for a, b in zip(ra, rb)) > 0.05
         assert pg.locator(f"{VIEW} [data-role=effect] dl dt").count() > 0  # the output change, from the lab
+        assert pg.locator(f"{VIEW} [data-role=effect]").is_visible()
         screenshot(pg, "notebook-widget-jupyterlab-run")
         assert errors == [], errors
     finally:

@@ -24,13 +24,14 @@ const STYLE = `
 .attnlab-embed .ae-note { color: #667085; margin: 4px 0; min-height: 1.2em; }
 .attnlab-embed .ae-note.error { color: #b42318; }
 .attnlab-embed .ae-row { display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start; }
-.attnlab-embed .ae-plot { flex: 1 1 480px; min-width: 320px; height: 460px; position: relative; }
-.attnlab-embed .ae-headview { flex: 0 1 420px; max-height: 460px; overflow: auto; }
+.attnlab-embed .ae-plot { flex: 1 1 480px; min-width: 320px; height: 460px; position: relative; overflow: hidden; }
+.attnlab-embed .ae-headview { flex: 0 0 360px; max-height: 460px; overflow: auto; }
 .attnlab-embed .ae-headview svg { width: 100%; }
 .attnlab-embed .ae-headview text { font-family: ui-monospace, monospace; font-size: 12px; cursor: pointer; }
 .attnlab-embed .ae-headview text.masked { fill: #b42318; text-decoration: line-through; }
 .attnlab-embed canvas.fast-cells { position: absolute; pointer-events: none; image-rendering: pixelated; z-index: 1; }
 .attnlab-embed .ae-effect { display: flex; flex-wrap: wrap; gap: 12px; }
+.attnlab-embed .ae-effect[hidden] { display: none; }
 .attnlab-embed .ae-effect dl { flex: 1 1 260px; margin: 0; }
 .attnlab-embed .ae-effect dt { color: #667085; font-weight: normal; }
 .attnlab-embed .ae-effect dd { margin: 0 0 6px 0; font-family: ui-monospace, monospace; }
@@ -201,9 +202,14 @@ export function mountEmbed(root, { response, request = null, server = null, laye
     changed();
   });
 
+  // A notebook's output area settles its width after the first draw: the figure follows its box (Plotly's own
+  // `responsive` follows the window only), so the colour bar is never cut off or drawn over the head view.
+  const resize = new ResizeObserver(() => { if (ui.heatmap.data) Plotly.Plots.resize(ui.heatmap); });
+  resize.observe(ui.heatmap);
+
   root.dataset.state = "ready";
   redraw();
-  return { state, redraw, destroy: () => { runController?.abort(); clearTimeout(settleTimer); clearTimeout(runTimer); } };
+  return { state, redraw, destroy: () => { runController?.abort(); clearTimeout(settleTimer); clearTimeout(runTimer); resize.disconnect(); } };
 }
 
 // The request fields that say what ran (model and input), for run mode's requests.

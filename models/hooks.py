@@ -211,19 +211,7 @@ def attnlab_attention(
     # changes head h only, never the other heads that share its K/V head (docs/science.md §9).
     scope = current_run.get()
     if isinstance(scope, RunScope) and scope.record and scope.atlas is not None and query.shape[0] == 1:
-        # a long input: blockwise, keeping q̂/k̂ and summaries, never P (models/atlas.py)
-        allowed, mask_bias = split_mask(attention_mask)
-        extras = LogitExtras(bias=None if position_bias is None else position_bias.float(), softcap=softcap,
-                             mask_bias=mask_bias)
-        output = atlas_attention(
-            scope.atlas, bool(getattr(module, "is_causal", False)), query, key, value, allowed,
-            layer=scope.layer_of[id(module)], native_beta=native_beta, interventions=scope.interventions,
-            extras=extras, query_offset=scope.query_offset,
-        )  # (1, H, T_q, d_v) float32
-        _layer_done(scope, module)
-        output = head_ops.at_layer(output.to(value.dtype), _repeat_kv(value, n_heads // n_kv_heads),
-                                   scope.layer_of[id(module)], scope.interventions, scope.query_offset)
-        return output.to(value.dtype).transpose(1, 2).contiguous(), None  # (B, T_q, H, d_v)
+        return _long_layer(scope, module, query, key, value, attention_mask, native_beta, softcap, position_bias)
     original_query, original_key = query, key
     key, value = _repeat_kv(key, n_heads // n_kv_heads), _repeat_kv(value, n_heads // n_kv_heads)  # (B, H, T_k, ·)
     out_dtype = value.dtype
@@ -254,23 +242,51 @@ def attnlab_attention(
         return output.to(out_dtype).transpose(1, 2).contiguous(), probs
     recorder = scope.layer_recorder(layer, (n_batch, n_heads, n_queries, key.shape[2]), query)
     output, probs, _, dead_rows = intervened_attention(query, key, value, allowed, **common, recorder=recorder)
-    queries_keys = recorder.qk  # (q̂, k̂), each (B, H, T, d)
     if n_batch == 1:  # what rebuilds a window of this layer at another β: references only (models/atlas.py)
-        perturbed = {iv.op for iv in scope.interventions if iv.applies_to_layer(layer)}
-        scope.records[layer] = PendingRecord(
-            queries=(queries_keys[0] if "perturb_queries" in perturbed else original_query)[0].detach(),
-            keys=(queries_keys[1] if "perturb_keys" in perturbed else original_key)[0].detach(),
-            allowed=None if allowed is None else allowed[0], native_beta=native_beta,
-            extras=LogitExtras(
-                bias=None if extras.bias is None else extras.bias[:1], softcap=softcap,
-                mask_bias=None if mask_bias is None else mask_bias[:1],
-            ),
-            interventions=scope.interventions, layer=layer, query_offset=scope.query_offset,
-        )
+        scope.records[layer] = _pending_record(scope, layer, recorder.qk, original_query, original_key, allowed,
+                                               native_beta, extras)
     output = head_ops.at_layer(output, value, layer, scope.interventions, scope.query_offset)  # patches, mean ablation
     scope.keep_layer(layer, recorder, probs, dead_rows)
     _layer_done(scope, module)
     return output.to(out_dtype).transpose(1, 2).contiguous(), probs  # (B, T_q, H, d_v), (B, H, T_q, T_k)
+
+
+def _long_layer(scope: RunScope, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, native_beta: float, softcap: float | None,
+                position_bias: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+    """A long input's layer: blockwise, keeping q̂/k̂ and summaries in the run's atlas, never P (models/atlas.py).
+    query (1, H, T_q, d), key/value (1, H_kv, T_k, ·) → head outputs (1, T_q, H, d_v), no maps."""
+    n_heads, n_kv_heads = query.shape[1], key.shape[1]
+    allowed, mask_bias = split_mask(attention_mask)
+    extras = LogitExtras(bias=None if position_bias is None else position_bias.float(), softcap=softcap,
+                         mask_bias=mask_bias)
+    output = atlas_attention(
+        scope.atlas, bool(getattr(module, "is_causal", False)), query, key, value, allowed,
+        layer=scope.layer_of[id(module)], native_beta=native_beta, interventions=scope.interventions,
+        extras=extras, query_offset=scope.query_offset,
+    )  # (1, H, T_q, d_v) float32
+    _layer_done(scope, module)
+    output = head_ops.at_layer(output.to(value.dtype), _repeat_kv(value, n_heads // n_kv_heads),
+                               scope.layer_of[id(module)], scope.interventions, scope.query_offset)
+    return output.to(value.dtype).transpose(1, 2).contiguous(), None  # (B, T_q, H, d_v)
+
+
+def _pending_record(scope: RunScope, layer: int, queries_keys: list, original_query: torch.Tensor,
+                    original_key: torch.Tensor, allowed: torch.Tensor | None, native_beta: float,
+                    extras: LogitExtras) -> PendingRecord:
+    """What rebuilds any window of a short run's layer (batch item 0): references to q̂/k̂ (the perturbed ones where
+    the layer perturbs them, as recorded: queries_keys), the masks and the logits' extras."""
+    perturbed = {iv.op for iv in scope.interventions if iv.applies_to_layer(layer)}
+    return PendingRecord(
+        queries=(queries_keys[0] if "perturb_queries" in perturbed else original_query)[0].detach(),
+        keys=(queries_keys[1] if "perturb_keys" in perturbed else original_key)[0].detach(),
+        allowed=None if allowed is None else allowed[0], native_beta=native_beta,
+        extras=LogitExtras(
+            bias=None if extras.bias is None else extras.bias[:1], softcap=extras.softcap,
+            mask_bias=None if extras.mask_bias is None else extras.mask_bias[:1],
+        ),
+        interventions=scope.interventions, layer=layer, query_offset=scope.query_offset,
+    )
 
 
 def _materialized_mask(*args, **kwargs):

@@ -18,6 +18,7 @@ from app.costs import (check_extra_cost, check_request_cost, check_work_cost, fo
 from app.errors import field_error
 from app.interventions import check_indices, engine_interventions, seq2seq_interventions, whisper_interventions
 from app.lifecycle import check_cancelled
+from app.patch_sources import request_sources
 from app.runtime import Runtime, request_deadline
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
 from models.atlas import run_bytes
@@ -214,12 +215,13 @@ def _refuse_without_w_o(adapter: AttentionAdapter, req) -> None:
 
 
 # ---- one builder per family ------------------------------------------------------------------------------------
-def plain_job(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req, sources: HeadRun,
+def plain_job(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req,
               family_fields: Callable[[AttentionResult], dict[str, Any]] | None = None) -> AttentionJob:
-    """An encoder's, decoder LM's or ViT's request (text and image routes). `sources`: the request's patch sources
-    with value norms kept by every run (app/routes/analysis.request_sources); `family_fields(result)` adds what one
-    family shows besides (a text's mean distance, an image's rollout and grid). A request with a `queries` field
-    (images) gets only those query rows."""
+    """An encoder's, decoder LM's or ViT's request (text and image routes), with the patch sources its interventions
+    name (app/patch_sources.py: 404/410 for a run not kept) and value norms kept by every run; `family_fields(result)`
+    adds what one family shows besides (a text's mean distance, an image's rollout and grid). A request with a
+    `queries` field (images) gets only those query rows."""
+    sources = request_sources(runtime, adapter, req.interventions, value_norms=True)
     info, limits = adapter.info, runtime.settings
     n_tokens = len(encoded.tokens)
     layers = check_indices(req.layers, info.layers, ("layers",), "layer")

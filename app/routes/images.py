@@ -31,7 +31,6 @@ from app.errors import error_response, too_large_response
 from app.ids import ID_PATTERN, is_valid_id, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.lifecycle import ParsedJsonRoute, check_cancelled
-from app.routes import analysis
 from app.runtime import Runtime
 from app.schemas import WEIGHTING_DESCRIPTION, AttentionRequestBase, AttentionResponse, IndexList, Weighting
 from app.templating import templates
@@ -315,8 +314,7 @@ def image_attention(req: ImageAttentionRequest, runtime: RuntimeDep, store: Imag
     encoded = runtime.encode(adapter, ("image", req.image_id, size), lambda: adapter.encode(item.image, req.image_id, size))
     # value norms kept with the run (its windows/rows can be value-weighted later); weighting "value_norm" weights the
     # maps, thumbnails and received (app/pipeline, as for text)
-    sources = analysis.request_sources(runtime, adapter, req.interventions, value_norms=True)
-    job = pipeline.plain_job(runtime, adapter, encoded, req, sources, image_fields(adapter, encoded, req, item))
+    job = pipeline.plain_job(runtime, adapter, encoded, req, image_fields(adapter, encoded, req, item))
     return fast_json(pipeline.answer(job))
 
 

@@ -9,8 +9,8 @@ from app import pipeline
 from app.attention import check_request_limits, engine_interventions, field_error
 from app.costs import check_stream_cost, observe_run
 from app.deps import RuntimeDep, adapter_for
-from app.routes import analysis
 from app.lifecycle import ParsedJsonRoute, check_cancelled
+from app.patch_sources import refuse_for_generate, refuse_for_seq2seq
 from app.streams import JobStream, respond, run_job
 from app.runtime import Runtime
 from app.schemas import AttentionResponse, GenerateRequest, TextAttentionRequest
@@ -31,7 +31,7 @@ def _refuse_fields(req: TextAttentionRequest, output: str) -> None:
     if req.chat and output != "next_token":
         raise field_error(("chat",), f"chat is for decoder language models, not a model whose output is {output!r}")
     if output == "seq2seq":
-        analysis.refuse_for_seq2seq(req)  # before encoding, which may generate the model's own target
+        refuse_for_seq2seq(req)  # before encoding, which may generate the model's own target
 
 
 @router.post("/attention", responses={200: {"model": AttentionResponse}, 413: {"description": "response over the size cap"}, 503: {"description": "queue full"}})
@@ -56,8 +56,7 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep, request: Requ
     if adapter.info.output == "seq2seq":
         job = pipeline.seq2seq_job(runtime, adapter, encoded, req)
     else:
-        sources = analysis.request_sources(runtime, adapter, req.interventions, value_norms=True)
-        job = pipeline.plain_job(runtime, adapter, encoded, req, sources, text_fields)
+        job = pipeline.plain_job(runtime, adapter, encoded, req, text_fields)
     # with Accept: text/event-stream a job: accepted with its ETA, layer progress, then this response (app/streams.py)
     return respond(request, lambda: _with_input_tokens(pipeline.answer(job), adapter, encoded, req), _WHAT)
 
@@ -108,7 +107,7 @@ def generate(req: GenerateRequest, runtime: RuntimeDep, request: Request) -> Res
         raise field_error(("model",), f"model {req.model} is not a decoder language model (output {adapter.info.output!r})")
     encoded = _encode(runtime, adapter, req)
     interventions = engine_interventions(req, adapter, len(encoded.tokens))
-    analysis.refuse_for_generate(req)  # mean ablation needs every position at once
+    refuse_for_generate(req)  # mean ablation needs every position at once
     prompt = encoded.inputs["input_ids"][0].tolist()
 
     def work(stream: JobStream) -> dict:

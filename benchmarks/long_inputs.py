@@ -1,8 +1,10 @@
-"""Long inputs on smollm2-135m (docs/science.md §10): the first view of a long input through the API against the
-model's own forwards on the same tokens, with the server's peak RSS growth, the first view's bytes, and the latency
-of a 512 × 512 window and of one full row. One fresh process per length (ru_maxrss is a process's lifetime peak).
+"""Long inputs on smollm2-135m, or another prepared decoder LM (--model gemma3-270m) (docs/science.md §10): the first
+view of a long input through the API against the model's own forwards on the same tokens, with the server's peak RSS
+growth, the first view's bytes, and the latency of a 512 × 512 window and of one full row. One fresh process per
+length (ru_maxrss is a process's lifetime peak).
 
     python -m benchmarks.long_inputs [--tokens 128 512 2048 4096] [--repeats 1] [--short-repeats 5] [--out FILE.json]
+    python -m benchmarks.long_inputs --model gemma3-270m --tokens 4096 --out benchmarks/results/long_inputs_gemma3.json
 
 Baselines, same tokens, same process, interleaved with the first view:
 - sdpa: the model loaded with attn_implementation="sdpa", one forward (no attention weights), logits of one position;
@@ -25,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WEIGHTS = ROOT / "weights" / "smollm2-135m"
+MODEL = "smollm2-135m"
 TEXT_SOURCES = [Path("/usr/share/common-licenses/GPL-3"), ROOT / "static" / "samples" / "long-sample.txt"]
 
 
@@ -36,8 +38,8 @@ def _text() -> str:
     raise SystemExit("no long text found")
 
 
-def one_length(tokens: int, repeats: int, eager_max: int, short_repeats: int = 5) -> dict:
-    """Everything for one length, in this (fresh) process."""
+def one_length(tokens: int, repeats: int, eager_max: int, short_repeats: int = 5, model: str = MODEL) -> dict:
+    """Everything for one length, in this (fresh) process; `model` a prepared decoder LM in weights/."""
     import statistics
 
     import torch
@@ -47,20 +49,24 @@ def one_length(tokens: int, repeats: int, eager_max: int, short_repeats: int = 5
     from app.main import create_app
     from app.settings import Settings
 
-    tokenizer = AutoTokenizer.from_pretrained(WEIGHTS)
+    weights = ROOT / "weights" / model
+    tokenizer = AutoTokenizer.from_pretrained(weights)
     ids = tokenizer(_text())["input_ids"][:tokens]
     text = tokenizer.decode(ids)
-    settings = Settings(default_models=["smollm2-135m"], max_tokens=tokens + 64, max_run_bytes=8 << 30,
-                        request_timeout_s=3600, result_cache_bytes=8 << 30, max_text_chars=10**6)
+    # the baselines' own copies of the model live in this process: the memory accountant's RSS watch would count
+    # them as the server's and wait for room forever (gemma3-270m: 2.2 GB of baselines), so it is off here
+    settings = Settings(default_models=[model], max_tokens=tokens + 64, max_run_bytes=8 << 30,
+                        request_timeout_s=3600, result_cache_bytes=8 << 30, max_text_chars=10**6,
+                        memory_budget_bytes=16 << 30, memory_watch_rss=False)
     # float32 like the server (the checkpoint's config says bfloat16, which transformers would otherwise load)
-    sdpa = AutoModelForCausalLM.from_pretrained(WEIGHTS, attn_implementation="sdpa", dtype=torch.float32).eval()
-    eager = (AutoModelForCausalLM.from_pretrained(WEIGHTS, attn_implementation="eager", dtype=torch.float32).eval()
+    sdpa = AutoModelForCausalLM.from_pretrained(weights, attn_implementation="sdpa", dtype=torch.float32).eval()
+    eager = (AutoModelForCausalLM.from_pretrained(weights, attn_implementation="eager", dtype=torch.float32).eval()
              if tokens <= eager_max else None)
-    out: dict = {"tokens": tokens}
+    out: dict = {"tokens": tokens, "model": model}
     with TestClient(create_app(settings)) as client:
         client.app.state.runtime.warm_up()
         runtime = client.app.state.runtime
-        adapter = runtime.adapter("smollm2-135m")
+        adapter = runtime.adapter(model)
         n_real = len(adapter.encode(text).tokens)
         input_ids = torch.tensor([tokenizer(text)["input_ids"][:n_real]])
         out["tokens"] = n_real
@@ -69,22 +75,24 @@ def one_length(tokens: int, repeats: int, eager_max: int, short_repeats: int = 5
             repeats = max(repeats, short_repeats)
         times: dict[str, list[float]] = {"sdpa": [], "eager": [], "first_view": []}
         with torch.inference_mode():  # first calls pay one-time set-up: not timed
-            for model in (sdpa, eager):
-                if model is not None:
-                    model(input_ids=input_ids[:, :16], logits_to_keep=1, output_attentions=model is eager)
+            for baseline in (sdpa, eager):
+                if baseline is not None:
+                    baseline(input_ids=input_ids[:, :16], logits_to_keep=1, output_attentions=baseline is eager)
         for repeat in range(repeats):
             # the first view first: ru_maxrss is the process's lifetime peak, and the eager baseline holds all of P
             runtime.cache.clear()
             before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             start = time.perf_counter()
             response = client.post("/api/text/attention", json={
-                "model": "smollm2-135m", "text": text, "layers": [0], "heads": [0], "encoding": "f16",
+                "model": model, "text": text, "layers": [0], "heads": [0], "encoding": "f16",
                 "thumbnail_size": 24})
             times["first_view"].append(time.perf_counter() - start)
             assert response.status_code == 200, response.text[:500]
             body = response.json()  # the last repeat's run stays in the cache for the windows below
             if repeat == 0:
                 out["peak_rss_growth_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+                # the process's peak: both models' weights (attnlab's and the sdpa baseline's) plus the first view
+                out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
                 out["first_view_bytes"] = len(response.content)
                 out["long"] = body["attention"] is None
             with torch.inference_mode():
@@ -156,16 +164,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--eager-max", type=int, default=2048, help="longest input for the eager baseline (all of P)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--model", default=MODEL, help="a prepared decoder LM in weights/ (e.g. gemma3-270m)")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # child process: one length
     args = parser.parse_args()
     if args.one is not None:
-        print(json.dumps(one_length(args.one, args.repeats, args.eager_max, args.short_repeats)))
+        print(json.dumps(one_length(args.one, args.repeats, args.eager_max, args.short_repeats, args.model)))
         return
     rows = []
     for tokens in args.tokens:
         child = subprocess.run([sys.executable, "-m", "benchmarks.long_inputs", "--one", str(tokens), "--repeats",
                                 str(args.repeats), "--eager-max", str(args.eager_max), "--short-repeats",
-                                str(args.short_repeats)], cwd=ROOT,
+                                str(args.short_repeats), "--model", args.model], cwd=ROOT,
                                capture_output=True, text=True)
         if child.returncode != 0:
             raise SystemExit(child.stderr[-3000:])

@@ -18,7 +18,7 @@ from models.adapters.whisper import POSITION_S
 from models.effects import attention_tv, hidden_cosine
 from models.head_ops import head_run
 from models.interventions import row_entropy
-from models.summaries import sink_mass
+from models.summaries import mean_token_distance, sink_mass
 
 
 def answer(job: AttentionJob) -> dict[str, Any]:
@@ -156,6 +156,15 @@ def long_response(job: AttentionJob, result: AttentionResult, maps: LongMaps, ef
     if job.requested_queries is not None:
         response["queries"] = job.queries
     return response
+
+
+def text_fields(result: AttentionResult) -> dict:
+    """Text-only summaries: mean attention distance in tokens for every head (docs/science.md §6); a long input's
+    was taken block by block during the run (docs/science.md §10). A short run's is left on the run's device, (L, H):
+    short_response below reads it with the rest of the first view in one copy."""
+    if result.is_long:
+        return {"mean_distance": result.atlas.mean_distance().tolist()}
+    return {"mean_distance": result.summary("mean_distance", lambda: mean_token_distance(result.kept_attention))}
 
 
 # ---- encoder–decoders: per kind -----------------------------------------------------------------------------------

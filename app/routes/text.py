@@ -6,6 +6,7 @@ import time
 from fastapi import APIRouter, Request, Response
 
 from app import pipeline
+from app.pipeline.views import text_fields
 from app.attention import check_request_limits, engine_interventions, field_error
 from app.costs import check_stream_cost, observe_run
 from app.deps import RuntimeDep, adapter_for
@@ -14,9 +15,8 @@ from app.patch_sources import refuse_for_generate, refuse_for_seq2seq
 from app.streams import JobStream, respond, run_job
 from app.runtime import Runtime
 from app.schemas import AttentionResponse, GenerateRequest, TextAttentionRequest
-from models.adapters.base import AttentionAdapter, AttentionResult, Encoded, RequestFieldError
+from models.adapters.base import AttentionAdapter, Encoded, RequestFieldError
 from models.adapters.causal_lm import CausalLMAdapter
-from models.summaries import mean_token_distance
 
 router = APIRouter(prefix="/api/text", tags=["text"], route_class=ParsedJsonRoute)
 _WHAT = "POST /api/text/attention"
@@ -75,15 +75,6 @@ def _encode(runtime: Runtime, adapter: AttentionAdapter, req: TextAttentionReque
         return adapter.encode_request(req, lambda key, encode: runtime.encode(adapter, key, encode))
     except RequestFieldError as exc:
         raise field_error((exc.field,), str(exc)) from None
-
-
-def text_fields(result: AttentionResult) -> dict:
-    """Text-only summaries: mean attention distance in tokens for every head (docs/science.md §6); a long input's
-    was taken block by block during the run (docs/science.md §10). A short run's is left on the run's device, (L, H):
-    the response builder reads it with the rest of the first view in one copy (app/pipeline/views.py short_response)."""
-    if result.is_long:
-        return {"mean_distance": result.atlas.mean_distance().tolist()}
-    return {"mean_distance": result.summary("mean_distance", lambda: mean_token_distance(result.kept_attention))}
 
 
 @router.post(

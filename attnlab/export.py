@@ -143,6 +143,8 @@ def standalone_html(response: dict, *, request: dict | None = None, title: str |
     text = (request or {}).get("text") or " ".join(response.get("tokens") or [])
     title = title or f"attnlab · {model} · {text[:60]}{'…' if len(text) > 60 else ''}"
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    beta_note = (" View-mode β re-normalises the saved scores (softmax(β·Ŝ) per row) in the browser."
+                 if response.get("scores") is not None else " It holds no scores: the maps are the run's, at its β.")
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -156,8 +158,7 @@ def standalone_html(response: dict, *, request: dict | None = None, title: str |
 <div id="attnlab-view">loading the view…</div>
 <noscript>This file draws its figures with JavaScript: open it in a browser with JavaScript on.</noscript>
 <footer>Exported from attnlab on {stamp}: {html.escape(model)}, {len(response.get("tokens") or [])} tokens.
-Everything is in this file; it needs no server and no network. View-mode β re-normalises the saved scores
-(softmax(β·Ŝ) per row) in the browser.</footer>
+Everything is in this file; it needs no server and no network.{beta_note}</footer>
 <script>{plotly}</script>
 <script type="application/json" id="attnlab-data">{_script_json({"response": response, "request": request, "layer": layer, "head": head})}</script>
 <script type="application/json" id="attnlab-modules">{_script_json(sources)}</script>

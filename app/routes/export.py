@@ -10,7 +10,7 @@ import orjson
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from app.lifecycle import ParsedJsonRoute
-from app.deps import RuntimeDep
+from app.deps import RuntimeDep, adapter_for
 from app.errors import field_error
 from app.routes import text
 from app.schemas import TextAttentionRequest
@@ -31,8 +31,11 @@ def export_html(req: TextAttentionRequest, runtime: RuntimeDep, request: Request
     Interventions are applied to the saved maps; effects are not exported (`compare` is ignored)."""
     if wants_events(request):
         raise HTTPException(406, "Accept: the export is one HTML file, not an event stream (send Accept: text/html)")
+    # scores for view-mode β: not for value-weighted maps (§12.4), nor (yet) for encoder–decoders, whose file shows
+    # the encoder's self-attention at the run's β
+    seq2seq = adapter_for(runtime, req.model, "text").info.output == "seq2seq"
     body = req.model_copy(update={
-        "include_scores": req.weighting != "value_norm",  # value-weighted maps have no scores (§12.4)
+        "include_scores": req.weighting != "value_norm" and not seq2seq,
         "encoding": "f32", "compare": False, "include_base": False, "samples": 1, "thumbnail_size": None,
     })
     answer = text.text_attention(body, runtime, request)  # a JSON answer, or the error it raises

@@ -60,3 +60,26 @@ def test_bad_input_is_a_4xx_naming_the_field(client):
         assert field in json.dumps(res.json()["detail"]), (body, res.text)
     res = client.post("/api/text/export.html", json={"model": "tiny", "text": TEXT}, headers={"Accept": "text/event-stream"})
     assert res.status_code == 406 and "Accept" in res.json()["detail"]
+
+
+def test_decoder_and_encoder_decoder_models_export(tmp_path_factory):
+    """A causal LM exports with its scores; an encoder–decoder (scores not offered for it) exports its maps without."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import Settings
+    from tests.tiny_models import build_text_model
+
+    models = {name: str(build_text_model(family, tmp_path_factory.mktemp(family)))
+              for name, family in (("tiny-llama", "llama"), ("tiny-bart", "bart"))}
+    with TestClient(create_app(Settings(default_models=[], extra_models=models))) as client:
+        llama = client.post("/api/text/export.html", json={"model": "tiny-llama", "text": TEXT})
+        bart = client.post("/api/text/export.html", json={"model": "tiny-bart", "text": TEXT})
+    assert llama.status_code == 200, llama.text
+    response = inlined(llama.text, "attnlab-data")["response"]
+    assert response["scores"] is not None and response["output"]["kind"] == "next_token"
+    assert bart.status_code == 200, bart.text
+    data = inlined(bart.text, "attnlab-data")
+    assert data["request"]["include_scores"] is False
+    encoder = tensor(data["response"]["attention"]["encoder"])  # the file shows the encoder's self-attention
+    assert encoder.shape[-1] == len(data["response"]["tokens"])

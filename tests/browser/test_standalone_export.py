@@ -26,8 +26,11 @@ def exported(tiny_bert, tmp_path_factory):
         response = client.post("/api/text/attention", json=body)
         assert response.status_code == 200, response.text
         answer = client.post("/api/text/attention", json={**body, "encoding": "json"}).json()  # the same numbers, as lists
-    path = tmp_path_factory.mktemp("export") / "view.html"
+        no_scores = client.post("/api/text/attention", json={**body, "include_scores": False}).json()
+    folder = tmp_path_factory.mktemp("export")
+    path = folder / "view.html"
     path.write_text(standalone_html(response.json(), request=body), encoding="utf-8")
+    (folder / "no-scores.html").write_text(standalone_html(no_scores, request={**body, "include_scores": False}), encoding="utf-8")
     return path, answer
 
 
@@ -125,6 +128,20 @@ def test_export_layer_head_scale_and_mask_work_offline(exported, offline, page_l
     screenshot(pg, "standalone-export-mask")
     assert asked == []
     assert page_log.errors == [], page_log.errors  # (page_log.external counts the file: URL itself)
+
+
+def test_without_scores_beta_and_masks_are_off_and_say_why(exported, offline, page_log):
+    path, answer = exported
+    pg, asked = offline
+    pg.goto((path.parent / "no-scores.html").as_uri())
+    wait_drawn(pg, layer="0", head="0")
+    before = shown(pg)
+    assert pg.is_disabled("[data-role=beta]")
+    assert "holds no scores" in pg.inner_text("[data-role=note]")
+    pg.click("[data-role=headview] text[data-side=k][data-index='3']")  # nothing to re-normalise: no mask
+    pg.wait_for_timeout(300)
+    assert pg.eval_on_selector(HEATMAP, "el => el.dataset.masked") == "0" and shown(pg) == before
+    assert asked == [] and page_log.errors == []
 
 
 def test_the_text_pages_button_downloads_the_same_file_and_it_opens_offline(page, page_log, live_server, browser, tmp_path):

@@ -111,7 +111,7 @@ export function mountEmbed(root, { response, request = null, server = null, laye
     }
     const { z, ...range } = scale;
     const where = `layer ${layers[state.li]}, head ${heads[state.hi]} · β = ${fmt(beta())}`;
-    const how = state.mode === "run" ? (state.run ? " (run on the server)" : " (running…)") : betaMoved() || state.masks.size ? " (view: re-normalised here)" : "";
+    const how = state.mode === "run" ? (state.run ? " (run on the server)" : " (running…)") : scores && (betaMoved() || state.masks.size) ? " (view: re-normalised here)" : "";
     drawHeatmap(ui.heatmap, z, tokens, { ...range, masked: forbidden, maskLegend: maskLegend(), title: where + how });
     ui.heatmap.dataset.beta = String(beta());
     ui.heatmap.dataset.layer = String(layers[state.li]);
@@ -127,8 +127,13 @@ export function mountEmbed(root, { response, request = null, server = null, laye
     ui.note.classList.toggle("error", error);
   }
   function showMaskNote() {
-    if (state.mode === "view" && !scores && (betaMoved() || state.masks.size)) {
-      note("this response holds no scores (include_scores): view-mode β and masks cannot re-normalise it", { error: true });
+    // β and masks in view mode re-normalise the scores: without them (encoder–decoders, value-weighted maps, a
+    // response asked without include_scores) they are off, and the note says why
+    const viewOnly = state.mode === "view" && !scores;
+    ui.beta.disabled = viewOnly;
+    ui.betaReset.disabled = viewOnly;
+    if (viewOnly) {
+      note(`this ${server ? "result" : "file"} holds no scores (include_scores): the maps are the run's; view-mode β and key masks need the scores${server ? " (run mode re-runs on the lab)" : ""}`);
       return;
     }
     if (ui.note.classList.contains("error") && root.dataset.state === "error") return;
@@ -137,6 +142,7 @@ export function mountEmbed(root, { response, request = null, server = null, laye
   }
 
   function toggleMask(j) {
+    if (state.mode === "view" && !scores) return; // nothing to re-normalise (showMaskNote says so)
     if (state.masks.has(j)) state.masks.delete(j); else state.masks.add(j);
     changed();
   }

@@ -177,7 +177,12 @@ export function mountEmbed(root, { response, request = null, server = null, laye
     } catch (err) {
       if (err.name === "AbortError" || runController !== mine) return;
       root.dataset.state = "error";
-      note(`the lab at ${server} answered: ${err.message}`, { error: true });
+      // fetch() rejects with a TypeError when the lab is down or its CORS answer leaves this page's origin out
+      const origin = window.location.origin;
+      note(err instanceof TypeError
+        ? `the lab at ${server} could not be reached from this page (${origin}): is it running, and does it allow this origin? `
+          + `Start it with ATTNLAB_CORS_ORIGINS='["${origin}"]' (or Lab.start(settings={"cors_origins": ["${origin}"]}))`
+        : `the lab at ${server} answered: ${err.message}`, { error: true });
     }
   }
 

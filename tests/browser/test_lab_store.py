@@ -1,7 +1,7 @@
 """The lab's store (static/js/lab/store.js, issue 32 item 7) and the text page's effect panel (issue 28 item 9), in
 Chromium: the store's change event; the analysis panels follow the model the store announces (no watching of `hidden`
 attributes); the effect panel folds its figures away until an intervention is used; its labels ("top before") keep
-one line at 1280 and 1024 px."""
+one line at 1280 and 1024 px, also beside a value with a long unbreakable token."""
 from __future__ import annotations
 
 from urllib.parse import quote
@@ -76,6 +76,14 @@ def test_effect_panel_folded_until_used_and_labels_on_one_line(page, page_log, l
         page.wait_for_timeout(300)
         counted = dict(page.evaluate(lines))
         assert counted["top before"] == 1 and counted["top after"] == 1, (width, counted)
+        # a value holding a long token without spaces (as a long word or URL-like token is shown) must not squeeze the
+        # labels: before 39170f3 "next token after position 4: KL(before ‖ after)" took 7 lines, one word a line
+        page.evaluate("""() => { const dd = [...document.querySelectorAll('#output-effect dt')]
+            .find(d => d.textContent === 'top before').nextElementSibling;
+            dd.dataset.real ??= dd.textContent; dd.textContent = '"' + 'x'.repeat(60) + '" 0.5, ' + dd.dataset.real; }""")
+        counted = dict(page.evaluate(lines))
+        assert counted["top before"] == 1 and max(counted.values()) <= 2, (width, counted)
+        page.evaluate("""() => { for (const dd of document.querySelectorAll('#output-effect dd[data-real]')) dd.textContent = dd.dataset.real; }""")
         header = page.eval_on_selector("#effect-panel h2", "e => e.getBoundingClientRect().height")
         assert header < 40, (width, header)  # the heading keeps one line too
     screenshot(page, "text-effect-panel-1024")

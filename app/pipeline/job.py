@@ -107,7 +107,6 @@ class AttentionJob:
     family_fields: Callable[[AttentionResult], dict[str, Any]] | None = None
     encoder_layers: list[int] = field(default_factory=list)  # Whisper: the encoder overview's layers
     audio: Any = None  # Whisper: the decoded clip
-    transcribe: Callable[[tuple], tuple[list[int], list[float]]] | None = None  # Whisper: the greedy transcript
     _extra_pending: bool = field(default=True, init=False, repr=False)  # the extra work not yet counted
 
     @property
@@ -287,10 +286,9 @@ def seq2seq_job(runtime: Runtime, adapter, encoded: Encoded, req) -> AttentionJo
         cost_tokens=n_source + n_target, extra=extra)
 
 
-def whisper_job(runtime: Runtime, adapter, encoded: Encoded, req, audio,
-                transcribe: Callable[[tuple], tuple[list[int], list[float]]]) -> AttentionJob:
+def whisper_job(runtime: Runtime, adapter, encoded: Encoded, req, audio) -> AttentionJob:
     """A speech request on Whisper: decoder/cross layers and heads, the encoder overview's layers, the kinds asked;
-    `audio` the decoded clip, `transcribe(interventions)` its greedy transcript (ids, probabilities), cached."""
+    `audio` the decoded clip."""
     info = adapter.info
     n = len(encoded.tokens)
     layers = check_indices(req.layers, info.decoder_layers, ("layers",), "layer")
@@ -304,5 +302,5 @@ def whisper_job(runtime: Runtime, adapter, encoded: Encoded, req, audio,
     # every run keeps its value norms: windows/rows can be value-weighted
     return AttentionJob(runtime, adapter, encoded, req, "whisper", layers, heads, interventions, False,
                         HeadRun(value_grams=value_grams(adapter)), input_field="audio_id", cost_tokens=n,
-                        encoder_layers=encoder_layers, audio=audio, transcribe=transcribe)
+                        encoder_layers=encoder_layers, audio=audio)
 

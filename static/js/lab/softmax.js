@@ -126,7 +126,7 @@ export function mountSoftmaxPanel(container, { onError = () => {}, jacobianKeys 
       title: { text: `Jacobian β(diag(p) − ppᵀ), max |entry| = ${fmt(maxJ, 3)}`
         + (left ? `<br><sub>the ${shown.length} keys with the most p (Σp = ${fmt(mass, 3)}); entries of the other ${left}: |·| ≤ ${fmt(beta * leftMax, 2)}</sub>` : ""),
         font: { size: 13 } },
-      margin: { l: 90, r: 10, t: left ? 48 : 30, b: 110 },
+      margin: { l: 90, r: 10, t: left ? 48 : 30, b: 130 },
       xaxis: { type: "category", tickangle: -50, showticklabels: shown.length <= 40, tickfont: { size: 10 }, title: { text: "score s_j of key j", font: { size: 11 }, standoff: 4 } },
       yaxis: { type: "category", autorange: "reversed", showticklabels: shown.length <= 40, tickfont: { size: 10 }, title: { text: "p_i of key i", font: { size: 11 }, standoff: 4 } },
     }, CONFIG);

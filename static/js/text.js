@@ -159,6 +159,7 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
     const body = request({ thumbnails, partial });
     const r = await fetchAttention(body, { progress: !partial && mayBeLong(body.text) });
     if (seq !== loadSeq) return; // a newer load started meanwhile
+    refreshProbed();
     if (r.attention === null && r.overview) { // a long input (/guide#s10): its overview first, exact windows on zoom
       await showLong(r, body);
       setStatus(`${r.tokens.length} tokens · overview (zoom for exact windows) · ${Math.round(performance.now() - started)} ms`);
@@ -786,6 +787,18 @@ function fillHeadSelects() {
   const group = kv && kv < heads && !(isSeq2seq() && state.kind !== "encoder") ? heads / kv : null;
   setOptions($("layer-select"), numbered(layers, "layer").map(([l, label]) => [l, isSeq2seq() ? label : layerLabel(state.info, l)]), state.layer);
   setOptions($("head-select"), numbered(heads, "head").map(([h, label]) => [h, group ? `${label} · K/V ${Math.floor(h / group)}` : label]), state.head);
+}
+
+// A prepared decoder LM is listed from its files before its first use loads it (docs/api.md): no parity yet. After
+// its first run the list is asked once more and the badge shows the load-time probe's parity.
+async function refreshProbed() {
+  const info = state.info;
+  if (!isLM() || typeof info?.parity === "number" || info.parityAsked) return;
+  info.parityAsked = true;
+  const fresh = (await getJSON("/api/models?kind=text").catch(() => ({ models: [] }))).models.find((m) => m.id === info.id);
+  if (typeof fresh?.parity !== "number") return;
+  Object.assign(info, fresh);
+  if (state.info === info) showModelInfo();
 }
 
 function showModelInfo() {

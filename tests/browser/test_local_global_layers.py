@@ -6,6 +6,7 @@ edge (key i − 8) and the window is exactly 0 left of it; the global layer draw
 from __future__ import annotations
 
 import json
+import shutil
 from urllib.parse import quote
 
 import pytest
@@ -21,9 +22,15 @@ OVERVIEW = "() => document.getElementById('heatmap').dataset.atlas === 'overview
 @pytest.fixture(scope="module")
 def gemma3_server(tmp_path_factory):
     folder = build_text_model("gemma3", tmp_path_factory.mktemp("models") / "tiny-gemma3")
+    # a weights folder where a tiny Gemma 3 stands in for a prepared gemma3-270m: listed from its files, loaded on
+    # first use (the real default models are not there: this server serves the tiny ones only)
+    weights = tmp_path_factory.mktemp("weights")
+    shutil.copytree(folder, weights / "gemma3-270m")
+    (weights / "gemma3-270m" / "prepared.json").write_text(json.dumps({"source": "test", "licence": "test"}))
     yield from serve_app({"ATTNLAB_EXTRA_MODELS": json.dumps({"tiny-gemma3": str(folder)}),
                           "ATTNLAB_DEFAULT_MODELS": '["tiny-gemma3"]', "ATTNLAB_FULL_MAP_TOKENS": "8",
-                          "ATTNLAB_OVERVIEW_BLOCKS": "12"}, "browser-server-gemma3.log")
+                          "ATTNLAB_OVERVIEW_BLOCKS": "12", "ATTNLAB_WEIGHTS_DIR": str(weights)},
+                         "browser-server-gemma3.log")
 
 
 def _band(page, selector="#heatmap"):
@@ -81,4 +88,17 @@ def test_layer_kinds_and_the_window_band(page, page_log, gemma3_server):
     page.wait_for_timeout(300)
     assert _band(page, "#atlas-row") == [] and "window" not in page.text_content("#atlas-row-title")
     screenshot(page, "local-global-02-global")
+    page_log.check()
+
+
+def test_a_listed_model_shows_its_parity_after_its_first_run(page, page_log, gemma3_server):
+    """gemma3-270m here is listed from its files (no parity: it was not loaded); its first run loads and probes it,
+    and the page then shows the probe's parity badge."""
+    page.goto(f"{gemma3_server}/#m=gemma3-270m&t={quote('the cat sat on the mat')}")
+    page.wait_for_function("() => document.getElementById('model-select').value === 'gemma3-270m'", timeout=60_000)
+    page.wait_for_function("() => /tokens/.test(document.getElementById('status').textContent)", timeout=120_000)
+    page.wait_for_selector("#parity-badge:not([hidden])", timeout=60_000)
+    assert page.text_content("#parity-badge").startswith("parity ")
+    assert page.eval_on_selector_all("#layer-select option", "els => els.map(e => e.textContent)") == [
+        "layer 0 · local 8", "layer 1 · global"]
     page_log.check()

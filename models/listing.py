@@ -55,11 +55,15 @@ def describe_causal_lm(model_id: str, source: str, max_tokens: int, max_new_toke
         return None
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(folder)
-    # the class AutoModelForCausalLM will build, by name (no import of its modelling code: seconds for some families)
-    architecture = AutoModelForCausalLM._model_mapping._model_mapping.get(config.model_type)
-    if not isinstance(architecture, str):
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError):  # a config transformers cannot read: the load will say why
         return None
+    # the class AutoModelForCausalLM will build, by name (no import of its modelling code: seconds for some families)
+    names = getattr(getattr(AutoModelForCausalLM, "_model_mapping", None), "_model_mapping", None)
+    architecture = names.get(config.model_type) if isinstance(names, dict) else None
+    if not isinstance(architecture, str):
+        return None  # only a load can say
     prepared = read_prepared(folder)
     n_heads = getattr(config, "num_attention_heads", None) or config.n_head
     context = getattr(config, "max_position_embeddings", max_tokens) or max_tokens

@@ -322,6 +322,9 @@ class Runtime:
                 except (OSError, ValueError) as exc:  # not prepared (the load would say the same)
                     self.unavailable[model_id] = str(exc)
                     raise UnknownModel(f"model {model_id!r} is unavailable: {exc}") from exc
+                except Exception:  # noqa: BLE001 - files of a shape the description does not know: the load decides
+                    log.exception("describing %s from its files failed; it is loaded to be listed", model_id)
+                    info = None
                 if info is not None:
                     described = self._described[model_id] = info.to_dict()
             if described is not None:

@@ -264,8 +264,7 @@ export function mountLab(page, options = {}) {
 
   syncControls();
   return {
-    store, state: lab,
-    lab, // the old name of `state`, kept while pages move to it
+    store, state: lab, // pages read the lab's state here (it was `lab.lab`: the store and the controller had one name)
     beta, shownBeta, betaCovers, betaScope, samples, interventions, viewBeta, render, fail, restore, syncControls, writeUrl, forgetTokens, toggleMask,
     togglePick: (j) => perturb.togglePick(j),
     betaIsNative: () => betaIsNative(lab),

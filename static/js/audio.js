@@ -8,7 +8,7 @@ import { byId as $, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
 import { MODEBAR_REMOVE } from "./vendor.js";
 import { mountBetaPanel } from "./lab/beta.js";
-import { betaIsNative, betaOf, renderActiveList } from "./lab/interventions.js";
+import { betaOf, buildSpeechInterventions, forServer, renderActiveList } from "./lab/interventions.js";
 import { mountPerturbPanel } from "./lab/perturb.js";
 import { mountSoftmaxPanel } from "./lab/softmax.js";
 import { createLabStore } from "./lab/store.js";
@@ -63,45 +63,21 @@ const lab = store.state;
 lab.perturb.scope = "all";
 lab.beta.scope = "all";
 
-function perturbation() {
-  const p = lab.perturb;
-  if (!p.on) return null;
-  const iv = {
-    op: p.target === "queries" ? "perturb_queries" : "perturb_keys", kind: p.target === "queries" ? "cross" : state.perturbKind,
-    tokens: p.tokens.size ? [...p.tokens].sort((a, b) => a - b) : null, noise_std: p.sigma, scale: p.alpha, seed: p.seed,
-  };
-  if (p.scope !== "all") iv.layers = [state.layer];
-  if (p.scope === "head") iv.heads = [state.head];
-  return iv;
-}
-
-// The list sent (wire format: docs/api.md), in this page's order: masked spans, the perturbation, β, ablated heads.
-// Each item also carries what the lab's active list shows for it (_key, _text, _remove, _scope), dropped by
-// interventions() before sending.
+// The list sent and shown: the lab's builder for the speech family (lab/interventions.js) over this page's spans and
+// ablated heads.
 function labelledInterventions() {
-  const ivs = [];
-  state.spans.forEach((s) => {
-    const tokens = spanTokens(s);
-    if (tokens.length) ivs.push({ op: "mask_keys", kind: s.kind, tokens,
-      _key: "span", _text: `mask ${spanLabel(s)} (${s.kind})`, _scope: false, _remove: () => state.spans.splice(state.spans.indexOf(s), 1) });
+  return buildSpeechInterventions(lab, {
+    spans: state.spans.map((s) => ({ kind: s.kind, tokens: spanTokens(s), text: `mask ${spanLabel(s)} (${s.kind})`,
+      remove: () => state.spans.splice(state.spans.indexOf(s), 1) })),
+    ablated: [...state.ablated].map((key) => {
+      const [layer, head] = key.split(".").map(Number);
+      return { layer, head, remove: () => state.ablated.delete(key) };
+    }),
+    layer: state.layer, head: state.head, perturbKind: state.perturbKind, nativeBeta: nativeBeta(),
   });
-  const perturb = perturbation();
-  if (perturb) ivs.push({ ...perturb, _key: "perturb", _text: `perturb ${perturb.op === "perturb_queries" ? "queries" : "keys"} σ=${perturb.noise_std} (${perturb.kind})` });
-  if (!betaIsNative(lab)) {
-    const iv = { op: "temperature", kind: "cross", beta: betaOf(lab, nativeBeta()) };
-    if (lab.beta.scope !== "all") iv.layers = [state.layer];
-    if (lab.beta.scope === "head") iv.heads = [state.head];
-    ivs.push({ ...iv, _key: "beta", _text: `β = ${fmt(10 ** lab.beta.logRatio, 3)}·β₀ on cross-attention` });
-  }
-  for (const key of state.ablated) {
-    const [layer, head] = key.split(".").map(Number);
-    ivs.push({ op: "ablate_heads", kind: "cross", layers: [layer], heads: [head],
-      _key: "ablate", _text: `ablate cross L${layer} H${head}`, _scope: false, _remove: () => state.ablated.delete(key) });
-  }
-  return ivs;
 }
 
-const interventions = () => labelledInterventions().map((iv) => Object.fromEntries(Object.entries(iv).filter(([k]) => !k.startsWith("_"))));
+const interventions = () => forServer(labelledInterventions());
 
 const nativeBeta = () => state.response?.native_beta ?? NATIVE_BETA;
 

@@ -67,6 +67,41 @@ export function buildInterventions(lab, ctx) {
   return list;
 }
 
+// The speech page's list (Whisper, docs/api.md): its masks are spans of encoder positions (20 ms each) and its
+// ablations single cross heads, both the page's own lists; β scales cross-attention; the perturbation's keys are in
+// the attention `perturbKind` ("cross" | "encoder"), its queries are decoder tokens (cross). A scope of every layer
+// leaves layers/heads out, and the order is spans, perturbation, β, ablations: what the page has always sent.
+// spans: [{kind, tokens, text, remove()}]; ablated: [{layer, head, remove()}]. Each item carries _key, _text, _remove and
+// _scope for the active list (renderActiveList); forServer() drops them.
+export function buildSpeechInterventions(lab, { spans, ablated, layer, head, perturbKind, nativeBeta }) {
+  const scoped = (iv, scope) => {
+    if (scope !== "all") iv.layers = [layer];
+    if (scope === "head") iv.heads = [head];
+    return iv;
+  };
+  const list = spans.filter((s) => s.tokens.length).map((s) => ({
+    op: "mask_keys", kind: s.kind, tokens: s.tokens, _key: "span", _text: s.text, _scope: false, _remove: s.remove,
+  }));
+  const p = lab.perturb;
+  if (p.on) {
+    const queries = p.target === "queries";
+    const iv = scoped({
+      op: queries ? "perturb_queries" : "perturb_keys", kind: queries ? "cross" : perturbKind,
+      tokens: p.tokens.size ? sorted(p.tokens) : null, noise_std: p.sigma, scale: p.alpha, seed: p.seed,
+    }, p.scope);
+    list.push({ ...iv, _key: "perturb", _text: `perturb ${queries ? "queries" : "keys"} σ=${iv.noise_std} (${iv.kind})` });
+  }
+  if (!betaIsNative(lab)) {
+    const iv = scoped({ op: "temperature", kind: "cross", beta: betaOf(lab, nativeBeta) }, lab.beta.scope);
+    list.push({ ...iv, _key: "beta", _text: `β = ${(10 ** lab.beta.logRatio).toPrecision(3)}·β₀ on cross-attention` });
+  }
+  for (const a of ablated) {
+    list.push({ op: "ablate_heads", kind: "cross", layers: [a.layer], heads: [a.head],
+      _key: "ablate", _text: `ablate cross L${a.layer} H${a.head}`, _scope: false, _remove: a.remove });
+  }
+  return list;
+}
+
 export const forServer = (list) => list.map((item) => Object.fromEntries(Object.entries(item).filter(([k]) => !k.startsWith("_"))));
 
 export function resetControl(lab, key) {

@@ -29,6 +29,7 @@ from app.routes import runs
 from app.routes import why
 from app.routes import heads
 from app.routes import export as export_routes
+from app.routes import export_media
 from app.lifecycle import RequestCancelled, RequestGuard
 from app.costs import request_model_runs, request_model_seconds
 from app.jobs import client_of, request_client
@@ -285,6 +286,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(why.router)
     app.include_router(heads.router)
     app.include_router(export_routes.router)  # POST /api/text/export.html (attnlab/export.py)
+    app.include_router(export_media.router)  # POST /api/image/export.html, /api/audio/export.html
     # JSON bodies take the value RequestGuard parsed (off the loop): the routers' route class, app/lifecycle.ParsedJsonRoute
     app.openapi = lambda: _openapi_with_guard_responses(app)
     return app

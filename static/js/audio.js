@@ -8,6 +8,7 @@ import { byId as $, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
 import { MODEBAR_REMOVE } from "./vendor.js";
 import { mountBetaPanel } from "./lab/beta.js";
+import { mountHtmlExport } from "./lab/export-html.js";
 import { betaOf, buildSpeechInterventions, forServer, renderActiveList } from "./lab/interventions.js";
 import { mountPerturbPanel } from "./lab/perturb.js";
 import { mountSoftmaxPanel } from "./lab/softmax.js";
@@ -738,6 +739,14 @@ mountBetaPanel(store, {
   shape: () => ({ layers: $("layer-select").options.length }), where: "cross-attention",
 });
 
+// "Download standalone HTML" under the decoder map: the file holds the decoder self-attention (the embedded view
+// draws square token × token maps; the cross-attention, tokens × 1,500 positions, is not in it)
+mountHtmlExport($("decoder-map").closest("section"), {
+  body: () => (state.audioId ? { ...modelFields(), audio_id: state.audioId, interventions: interventions(), ...weightingFields() } : null),
+  url: "/api/audio/export.html", what: "the decoder self-attention (every layer and head; not the cross-attention)",
+  filename: () => `attnlab-${state.model}-decoder-L${state.layer}-H${state.head}.html`,
+  shownLayer: () => state.layer, shownHead: () => state.head,
+});
 setupInput();
 setupControls();
 drawActiveList();

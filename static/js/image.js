@@ -8,6 +8,7 @@
 import { ApiError, isAbort, postJSON, setStatus } from "./api.js";
 import { byId as $, setOptions } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
+import { mountHtmlExport } from "./lab/export-html.js";
 import { mountLab } from "./lab/lab.js";
 import { intParam } from "./lab/urlstate.js";
 import { MODEBAR_REMOVE } from "./vendor.js";
@@ -726,5 +727,10 @@ const imageLab = mountLab({
 });
 state.masked = imageLab.state.masks.tokens; // the overlay's clicks and brush mask into the lab's own Set
 imageLab.installPngButtons(() => `attnlab-${state.model}`); // the model shown when the button is pressed
+// "Download standalone HTML" beside the PNG export: the maps over the patches (labels as here), opening offline
+mountHtmlExport($("export-panel"), { body: () => state.request ?? null, url: "/api/image/export.html",
+  what: "this image's maps over its patches (every layer and head)",
+  filename: () => `attnlab-${state.model}-L${selection().layer}-H${selection().head}.html`,
+  shownLayer: () => selection().layer, shownHead: () => selection().head });
 
 start();

@@ -8,14 +8,17 @@ import { downloadBlob } from "./export.js";
 // panel: the export panel (#export-panel); body(): the page's last attention request, or null before the first;
 // filename(): the file's name; shownLayer(): the layer kept when every layer is over the cap.
 // shownHead(): the head the file opens on.
-export function mountHtmlExport(panel, { body, filename, shownLayer, shownHead }) {
-  const controls = panel?.querySelector(".controls");
+// url: the export route (the image and speech pages: /api/image/export.html, /api/audio/export.html); what: the
+// button's title (what the file holds). A panel without .controls gets the button at its end.
+export function mountHtmlExport(panel, { body, filename, shownLayer, shownHead, url = "/api/text/export.html",
+  what = "this input's maps (every layer and head)" }) {
+  const controls = panel?.querySelector(".controls") ?? panel;
   if (!controls) return null;
   const b = document.createElement("button");
   b.type = "button";
   b.id = "export-html";
   b.textContent = "Download standalone HTML";
-  b.title = "one HTML file with this input's maps (every layer and head), Plotly and the views: it opens offline";
+  b.title = `one HTML file with ${what}, Plotly and the views: it opens offline`;
   b.addEventListener("click", async () => {
     const request = body();
     if (!request) { setStatus("nothing to export yet", { error: true }); return; }
@@ -23,8 +26,8 @@ export function mountHtmlExport(panel, { body, filename, shownLayer, shownHead }
     setStatus("exporting HTML…");
     try {
       const opens = `?layer=${shownLayer()}&head=${shownHead()}`;
-      let res = await post({ ...request, layers: null, heads: null }, opens);
-      if (res.status === 413) res = await post({ ...request, layers: [shownLayer()], heads: null }, opens);
+      let res = await post(url, { ...request, layers: null, heads: null }, opens);
+      if (res.status === 413) res = await post(url, { ...request, layers: [shownLayer()], heads: null }, opens);
       if (!res.ok) await readJSON(res); // throws the server's detail
       downloadBlob(await res.blob(), filename());
       setStatus(`exported ${filename()}: it opens offline in any browser`);
@@ -38,6 +41,6 @@ export function mountHtmlExport(panel, { body, filename, shownLayer, shownHead }
   return b;
 }
 
-const post = (request, query) => fetch(`/api/text/export.html${query}`, {
+const post = (url, request, query) => fetch(`${url}${query}`, {
   method: "POST", headers: { "Content-Type": "application/json", Accept: "text/html" }, body: JSON.stringify(request),
 });

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import FileResponse, HTMLResponse
 
 from app import guide
 from app.deps import RuntimeDep, SettingsDep
@@ -56,6 +56,15 @@ def guide_subpage(request: Request, name: str):
     if not name or name not in guide.BY_SLUG:
         raise HTTPException(404, detail=f"no guide page {name!r}; pages: {[p.url for p in guide.PAGES]}")
     return _guide(request, name)
+
+
+@router.get("/guide/img/{name}")
+def guide_image(name: str):
+    """The figures the guide's pages show (docs/img/*.png, written `img/x.png` in the markdown, as on GitHub)."""
+    path = guide.DOCS / "img" / name
+    if not name.endswith(".png") or "/" in name or name.startswith(".") or not path.is_file():
+        raise HTTPException(404, detail=f"no guide image {name!r}")
+    return FileResponse(path, media_type="image/png")
 
 
 def _guide(request: Request, slug: str):

@@ -19,6 +19,7 @@ class Links(HTMLParser):
         self.ids: set[str] = set()
         self.hrefs: list[str] = []
         self.scripts: list[dict] = []
+        self.images: list[str] = []
         self.section_links: list[tuple[str, str]] = []  # (href, text) of <a> whose text has a §
         self._open_a: str | None = None
         self._a_text = ""
@@ -32,6 +33,8 @@ class Links(HTMLParser):
             self._open_a, self._a_text = attrs["href"], ""
         if tag == "script":
             self.scripts.append(attrs)
+        if tag == "img" and "src" in attrs:
+            self.images.append(attrs["src"])
 
     def handle_data(self, data):
         if self._open_a is not None:
@@ -124,3 +127,17 @@ def test_openapi_descriptions_point_at_the_guide(client, guide):
     # a "§n" left in a description must come with its link
     for match in re.finditer(r"§(\d+)", text):
         assert f"/guide#s{match[1]}" in text[match.start(): match.start() + 80], text[match.start() - 40: match.end() + 80]
+
+
+def test_every_figure_a_guide_page_shows_is_served(client, guide):
+    """docs/notebook.md shows img/notebook-widget.png: from /guide/notebook that is /guide/img/…, a 404 before the
+    guide served docs/img (the browser logged it as a page error)."""
+    from urllib.parse import urljoin
+
+    shown = [(path, urljoin(f"http://testserver{path}", src)) for path, links in guide.items() for src in links.images]
+    assert any(src.endswith("notebook-widget.png") for _, src in shown), shown
+    for path, src in shown:
+        r = client.get(src.removeprefix("http://testserver"))
+        assert r.status_code == 200 and r.headers["content-type"] == "image/png", (path, src, r.status_code)
+    assert client.get("/guide/img/..%2Fscience.md").status_code == 404
+    assert client.get("/guide/img/nothing.png").status_code == 404

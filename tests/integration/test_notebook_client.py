@@ -302,7 +302,12 @@ def test_keyboard_interrupt_cancels_the_job_on_the_server(lab):
     def interrupt_once_running():
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            jobs = watcher.jobs()["jobs"]
+            try:
+                jobs = watcher.jobs()["jobs"]
+            except Exception as error:  # noqa: BLE001 - kept for the failure message, then asked again
+                seen.setdefault("errors", []).append(repr(error))
+                time.sleep(0.1)
+                continue
             if jobs:
                 seen["job"] = jobs[0]
                 time.sleep(0.5)
@@ -310,11 +315,21 @@ def test_keyboard_interrupt_cancels_the_job_on_the_server(lab):
                 return
             time.sleep(0.05)
 
+    # Ctrl-C as Python answers it by default: a test run earlier in the same process (a library's server or
+    # kernel manager) may have left its own SIGINT handler, and then the signal raises nothing here.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_once_running, daemon=True).start()
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
+    try:
         lab.attention(text, model="smollm2-135m", layers=[0], heads=[0], compare=True,
                       interventions=[Temperature(0.2)])
+    except KeyboardInterrupt:
+        pass
+    else:
+        pytest.fail(f"the job ended before the interrupt after {time.monotonic() - started:.1f} s; "
+                    f"the watcher saw {seen}; SIGINT's handler before the test: {previous!r}")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     interrupted = time.monotonic()
     assert seen["job"]["what"] == "POST /api/text/attention" and seen["job"]["runs"] == 2
     while watcher.jobs()["jobs"] and time.monotonic() - interrupted < 30:

@@ -27,15 +27,6 @@ export function mountAnalysis({ info, text, interventions, store, onError = () =
     panels.lens.hidden = !isLM();
     panels.faith.hidden = !output || output === "seq2seq";
   };
-  // text.js shows and hides its own LM/encoder–decoder panels when the model changes: follow it
-  const observer = new MutationObserver(follow);
-  for (const id of ["lm-panels", "seq2seq-panel"]) {
-    const node = byId(id);
-    if (node) observer.observe(node, { attributes: true, attributeFilter: ["hidden"] });
-  }
-  const layers = byId("layer-select"); // refilled whenever the page takes up a model (an encoder too)
-  if (layers) observer.observe(layers, { childList: true });
-  byId("model-select")?.addEventListener("change", () => setTimeout(follow));
   mountPatching(info, onError);
   mountLens(info, text, interventions);
   mountFaithfulness(info, text);
@@ -50,7 +41,6 @@ export function mountAnalysis({ info, text, interventions, store, onError = () =
     byId("faith-answer-box").hidden = !isLM(); // encoders' faithfulness has no answer token
     if (isLM()) hints.forEach((h) => h.check());
   };
-  byId("model-select")?.addEventListener("change", () => setTimeout(refresh));
   // the lens and the faithfulness chart of another prompt: dimmed once the prompt box no longer holds it
   byId("text-input")?.addEventListener("input", () => {
     for (const [panel, plot] of [["lens-panel", "lens-plot"], ["faith-panel", "faith-plot"]]) {

@@ -296,7 +296,6 @@ def atlas_attention(
     row_edges, col_edges = edges(n_queries, cfg.overview_blocks), edges(n_keys, cfg.overview_blocks)
     row_width, col_width = row_edges[1] - row_edges[0], col_edges[1] - col_edges[0]
     block = max(row_width, cfg.block_rows // row_width * row_width)  # block rows align with overview rows
-    n_rep = n_heads // k.shape[0]
     out = torch.empty(n_heads, n_queries, v.shape[-1], device=device, dtype=torch.float32)  # (H, T_q, d_v)
     entropy_sum = torch.zeros(n_heads, device=device, dtype=torch.float64)
     distance_sum = torch.zeros(n_heads, device=device, dtype=torch.float64)

@@ -334,6 +334,11 @@ def request_examples(models: dict[str, str], image_samples: dict[str, str],
     }
     if images:
         examples["/api/image/attention"] = images
+        # the page's export: the shown layer (a whole dinov2-small is over the response cap), no query rows
+        examples["/api/image/export.html"] = {
+            f"{model}_standalone": {"summary": f"{model}: layer 0 of the example photo as one HTML file that opens offline",
+                                    "value": {"model": model, "image_id": image_id, "layers": [0]}}
+            for model, image_id in image_samples.items()}
     if lm:
         prompt = "The capital of France is"
         examples["/api/text/patching"] = {"attribution": {
@@ -370,6 +375,9 @@ def request_examples(models: dict[str, str], image_samples: dict[str, str],
         clip = {"model": speech, "audio_id": audio_sample, "layers": [0], "heads": [0], "kinds": ["cross"]}
         examples["/api/audio/attention"] = {"sample": {
             "summary": f"{speech}: cross-attention of the bundled clip, decoder layer 0, head 0", "value": clip}}
+        examples["/api/audio/export.html"] = {"sample": {
+            "summary": f"{speech}: the bundled clip's decoder self-attention as one HTML file that opens offline",
+            "value": {"model": speech, "audio_id": audio_sample, "layers": [0]}}}
         examples["/api/audio/transcribe"] = {"sample": {"summary": f"{speech}: the bundled clip's transcript",
                                                         "value": {"model": speech, "audio_id": audio_sample}}}
     examples["/api/gaussian/attention"] = {"head": {"summary": "layer 0, head 0 of the trained run, query (7, 7)",

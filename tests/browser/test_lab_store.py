@@ -62,9 +62,15 @@ def test_effect_panel_folded_until_used_and_labels_on_one_line(page, page_log, l
                            timeout=300_000)
     used = page.eval_on_selector("#effect-panel", "e => e.getBoundingClientRect().height")
     assert used > 500, used
-    # the figures drawn while folded fit the panel once it opens (not Plotly's default 700 px)
-    widths = page.evaluate("""() => ['hidden-cosine-plot', 'tv-plot'].map(id => {
-        const el = document.getElementById(id); return [el.getBoundingClientRect().width, el.querySelector('.main-svg').getBoundingClientRect().width]; })""")
+    # the figures drawn while folded fit the panel once it opens (not Plotly's default 700 px); Plotly.Plots.resize
+    # redraws after its own short timer, so wait a moment for it rather than reading the first frame
+    widths_js = """() => ['hidden-cosine-plot', 'tv-plot'].map(id => {
+        const el = document.getElementById(id); return [el.getBoundingClientRect().width, el.querySelector('.main-svg').getBoundingClientRect().width]; })"""
+    try:
+        page.wait_for_function(f"() => ({widths_js})().every(([box, svg]) => Math.abs(box - svg) < 2)", timeout=5_000)
+    except Exception:
+        pass  # the assertion below says what was drawn
+    widths = page.evaluate(widths_js)
     assert all(abs(box - svg) < 2 for box, svg in widths), widths
 
     # each label's line boxes (a Range over its text), not the grid row's height, which a wrapped value sets

@@ -37,12 +37,12 @@ export function mountBetaPanel(store, { nativeBeta, selection, shape, where = ""
     store.changed("beta");
   });
   // Scope "layers": every head of layers from … to … (clamped to the model's layers).
-  for (const id of ["beta-from", "beta-to"]) {
-    byId(id)?.addEventListener("change", () => {
+  // Each box sets its own end only: reading both let a box that the store had not yet redrawn put a stale end back.
+  for (const [id, end] of [["beta-from", "from"], ["beta-to", "to"]]) {
+    const input = byId(id);
+    input?.addEventListener("change", () => {
       const last = shape().layers - 1;
-      const read = (input) => Math.max(0, Math.min(last, Math.round(Number(input.value) || 0)));
-      b.from = read(byId("beta-from"));
-      b.to = read(byId("beta-to"));
+      b[end] = Math.max(0, Math.min(last, Math.round(Number(input.value) || 0)));
       store.changed("beta", { run: !betaIsNative(store.state) });
     });
   }

@@ -4,7 +4,6 @@ request that names them (request_sources). Also the interventions some routes re
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -13,7 +12,7 @@ from fastapi import HTTPException
 
 from app.errors import field_error
 from app.ids import new_id
-from app.runtime import Runtime
+from app.runtime import PerRuntime, Runtime
 from models.adapters.base import AttentionAdapter
 from models.anatomy import layer_blocks
 from models.attribution import value_grams
@@ -84,17 +83,8 @@ class HeadSourceStore:
         return len(self._items)
 
 
-_stores: "weakref.WeakKeyDictionary[Runtime, HeadSourceStore]" = weakref.WeakKeyDictionary()
-_stores_lock = threading.Lock()
-
-
-def source_store(runtime: Runtime) -> HeadSourceStore:
-    with _stores_lock:
-        store = _stores.get(runtime)
-        if store is None:
-            settings = runtime.settings
-            store = _stores[runtime] = HeadSourceStore(settings.patch_sources_bytes, settings.patch_sources_runs)
-        return store
+source_store = PerRuntime(lambda runtime: HeadSourceStore(runtime.settings.patch_sources_bytes,
+                                                         runtime.settings.patch_sources_runs))
 
 
 PATCH_OPS = ("patch_heads", "patch_residual")

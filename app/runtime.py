@@ -14,6 +14,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
@@ -572,3 +573,20 @@ class Runtime:
                 observe_run(adapter, n, n, len(interventions), result.elapsed_s)  # app/costs.py's throughput
                 self.cache.put(key, result, request_client.get())
         return result
+
+
+class PerRuntime:
+    """One object per Runtime (per app), made by factory(runtime) on first use and dropped with the runtime: the
+    caches and stores that routes keep beside the result cache (transcripts, patch sources, head-kind answers)."""
+
+    def __init__(self, factory: Callable[[Runtime], object]):
+        self._factory = factory
+        self._items: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def __call__(self, runtime: Runtime):
+        with self._lock:
+            item = self._items.get(runtime)
+            if item is None:
+                item = self._items[runtime] = self._factory(runtime)
+            return item

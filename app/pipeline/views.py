@@ -4,8 +4,6 @@ admit (the cost check), run, maps, view."""
 from __future__ import annotations
 
 import math
-import threading
-import weakref
 from typing import Any
 
 import torch
@@ -14,7 +12,7 @@ from app.attention import read_to_host
 from app.lifecycle import cache_scope, check_cancelled
 from app.pipeline.job import AttentionJob
 from app.pipeline.maps import KindMaps, LongMaps, ShortMaps, SpeechMaps
-from app.runtime import Runtime
+from app.runtime import PerRuntime, Runtime
 from models.adapters.base import AttentionResult, Encoded, pending_dead_rows, settle_dead_rows
 from models.adapters.seq2seq import KINDS
 from models.adapters.whisper import POSITION_S
@@ -232,16 +230,7 @@ def kind_sink_mass(adapter, result: AttentionResult) -> dict[str, list]:
 # greedy transcripts with interventions, per runtime (each app's own, bounded by its result_cache_items) and
 # (client scope, model, audio, interventions): a re-view needs no new decoding; with result_cache_scope="client" a
 # client never reads another's, as with the result cache (app/runtime.py)
-_transcripts: weakref.WeakKeyDictionary[Runtime, BoundedLRU[tuple, tuple[list[int], list[float]]]] = weakref.WeakKeyDictionary()
-_transcripts_lock = threading.Lock()
-
-
-def transcript_cache(runtime: Runtime) -> BoundedLRU[tuple, tuple[list[int], list[float]]]:
-    with _transcripts_lock:
-        cache = _transcripts.get(runtime)
-        if cache is None:
-            cache = _transcripts[runtime] = BoundedLRU(runtime.settings.result_cache_items)
-        return cache
+transcript_cache = PerRuntime(lambda runtime: BoundedLRU(runtime.settings.result_cache_items))
 
 
 def transcript(runtime: Runtime, adapter, encoded: Encoded, interventions: tuple) -> tuple[list[int], list[float]]:

@@ -6,8 +6,6 @@ model, text) in a small bounded cache. With `Accept: text/event-stream` it is a 
 """
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any
 
 import torch
@@ -18,7 +16,7 @@ from app.attention import check_request_limits, field_error
 from app.costs import check_work_cost, forward_macs, model_shape
 from app.lifecycle import ParsedJsonRoute, cache_scope, check_cancelled
 from app.routes.analysis import _lm
-from app.runtime import Runtime
+from app.runtime import PerRuntime
 from app.deps import RuntimeDep
 from app.schemas import _Strict
 from app.streams import respond_steps
@@ -39,16 +37,7 @@ class HeadScoresRequest(_Strict):
     text: str | None = Field(None, description="null: the seeded built-in probes; a text: every score on that input")
 
 
-_caches: "weakref.WeakKeyDictionary[Runtime, BoundedLRU]" = weakref.WeakKeyDictionary()
-_caches_lock = threading.Lock()
-
-
-def _answers(runtime: Runtime) -> BoundedLRU:
-    with _caches_lock:
-        cache = _caches.get(runtime)
-        if cache is None:
-            cache = _caches[runtime] = BoundedLRU(_ANSWERS_KEPT)
-        return cache
+_answers = PerRuntime(lambda _runtime: BoundedLRU(_ANSWERS_KEPT))  # per app, like the result cache
 
 
 @router.post("/head_scores", responses={

@@ -1,5 +1,6 @@
-"""The error answers routes share: a 422 in FastAPI's usual shape naming the field, and the answers of the upload
-routes (images, audio), which return a response rather than raise (they run before the body is read)."""
+"""The error answers routes share: a 422 in FastAPI's usual shape naming the field, the answers of the upload
+routes (images, audio), which return a response rather than raise (they run before the body is read), and
+`Overloaded`, the 503 + Retry-After that the scheduler, the job board and the memory accountant raise."""
 from __future__ import annotations
 
 from fastapi.exceptions import RequestValidationError
@@ -23,3 +24,12 @@ def too_large_response(limit: int, detail: str | None = None, setting: str = "ma
         {"detail": detail or f"file: the upload is larger than the limit of {limit:,} bytes ({setting})"},
         status_code=413, headers={"Connection": "close"},
     )
+
+
+class Overloaded(RuntimeError):
+    """The queue is full, a wait would exceed the time limit, or a client has too many jobs: answer 503 with
+    Retry-After (app/main.py), or the error event of a stream that has started (app/streams.py)."""
+
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.errors import Overloaded
 from app.lifecycle import RequestCancelled, request_cancel
 
 # The job the current request's work belongs to (set by app/streams.py in the job's worker thread); None: the request
@@ -86,8 +87,6 @@ class JobBoard:
                 if cancel is not None and cancel.is_set():
                     raise RequestCancelled(cancel.reason)
                 if time.monotonic() > job.deadline:
-                    from app.runtime import Overloaded  # the runtime imports this module
-
                     raise Overloaded("the job waited past job_timeout_s for this client's earlier job", retry_after=5)
                 self._cond.wait(POLL_S)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from fastapi import HTTPException
 
+from app.errors import Overloaded
 from app.lifecycle import RequestCancelled, request_cancel
 
 POLL_S = 0.1
@@ -136,8 +137,6 @@ class MemoryBudget:
                 if cancel is not None and cancel.is_set():
                     raise RequestCancelled(cancel.reason)
                 if deadline is not None and time.monotonic() > deadline:
-                    from app.runtime import Overloaded  # the runtime imports this module
-
                     raise Overloaded(
                         f"server busy: {what} needs about {nbytes / 2**20:,.0f} MiB and the memory budget stayed full "
                         "(runs other clients were still using) until this request's time limit", retry_after=10)

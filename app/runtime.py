@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from app.costs import observe_run, request_model_seconds
-from app.ids import new_id
+from app.errors import Overloaded  # noqa: F401  (re-exported: app/errors.py holds it)
+from app.ids import new_run_id
 from app.jobs import current_job, request_client
 from app.memory import MemoryBudget
 from app.lifecycle import RequestCancelled, after_layer, cache_scope, request_cancel  # noqa: F401  (cache_scope: re-exported)
@@ -59,14 +60,6 @@ def _add_timing(name: str, seconds: float) -> None:
     timings = request_timings.get()
     if timings is not None:
         timings[name] = timings.get(name, 0.0) + seconds
-
-
-class Overloaded(RuntimeError):
-    """The queue is full or the wait exceeded the time limit; answer 503 with Retry-After."""
-
-    def __init__(self, message: str, retry_after: int = 1):
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 def text_max_tokens(settings: Settings) -> int:
@@ -441,7 +434,7 @@ class Runtime:
                 with self._threads_for(len(encoded.tokens)):
                     result = adapter.run(encoded, interventions, record_scores)
                 result.elapsed_s = time.perf_counter() - started  # type: ignore[attr-defined]
-                result.run_id, result.model_id = new_id(), adapter.info.id
+                result.run_id, result.model_id = new_run_id(), adapter.info.id
                 _add_timing("model", result.elapsed_s)
                 n = len(encoded.tokens)
                 observe_run(adapter, n, n, len(interventions), result.elapsed_s)  # app/costs.py's throughput

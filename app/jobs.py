@@ -45,6 +45,7 @@ class Job:
     runs: int = 0
     accepted_at: float | None = None
     finished: bool = False
+    started: bool = False  # it has had the model once (app/scheduler.py: it keeps its turn until it ends)
 
     def remaining_s(self, now: float) -> float:
         if self.accepted_at is None:
@@ -97,11 +98,12 @@ class JobBoard:
                 self._jobs.remove(job)
             self._cond.notify_all()
 
-    def snapshot(self) -> list[dict[str, Any]]:
-        """The board for /api/health: what runs and waits, without inputs."""
+    def snapshot(self, client: str | None = None) -> list[dict[str, Any]]:
+        """The board for /api/jobs: what runs and waits, without inputs; with `client`, that client's jobs only."""
         now = time.monotonic()
         with self._cond:
-            return [{"what": j.what, "eta_s": round(j.remaining_s(now), 1), "runs": j.runs} for j in self._jobs]
+            return [{"what": j.what, "eta_s": round(j.remaining_s(now), 1), "runs": j.runs} for j in self._jobs
+                    if client is None or j.client == client]
 
 
 JOBS = JobBoard()

@@ -8,29 +8,29 @@ repeated views of the same input skip the model entirely.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
-import itertools
 import logging
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 import torch
 
-from app.costs import observe_run, request_model_seconds
+from app.costs import observe_run
+from app.context import add_timing, request_deadline, request_timings  # noqa: F401  (re-exported)
 from app.errors import Overloaded  # noqa: F401  (re-exported: app/errors.py holds it)
 from app.ids import new_run_id
-from app.jobs import current_job, request_client
+from app.jobs import request_client
 from app.memory import MemoryBudget
-from app.lifecycle import RequestCancelled, after_layer, cache_scope, request_cancel  # noqa: F401  (cache_scope: re-exported)
+from app.lifecycle import cache_scope
+from app.scheduler import ModelScheduler
 from app.runstore import ResultCache  # noqa: F401  (re-exported: the run store moved there)
 from app.settings import Settings
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
-from models.hooks import UnsupportedAttention, on_each_layer
+from models.hooks import UnsupportedAttention
 from models.interventions import Intervention
+from models.lru import BoundedLRU
 from models.registry import ModelSpec, build_registry
 
 
@@ -41,25 +41,13 @@ class UnknownModel(KeyError):
     pass
 
 
-# Per-request time limit: the HTTP layer sets a monotonic deadline when a request arrives (see
-# app.main.request_deadline); every wait for the model inside that request counts against it, so a
-# request that queues twice (encode, then run) still waits at most `request_timeout_s` in all.
-request_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("request_deadline", default=None)
-# Seconds this request spent waiting for the model ("queue") and running it ("model"), for the
-# Server-Timing header (app.main.ServerTiming); a dict shared with the worker thread of the request.
-request_timings: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("request_timings", default=None)
 # cache_scope (app/lifecycle.py): the client a request's cached results belong to when result_cache_scope is
 # "client" (set by RequestGuard from the cookie or header); None: the cache is shared by everyone.
-CANCEL_POLL_S = 0.1
 # The start-up timing forwards (Runtime.time_model), in characters/4 (about tokens): a short view and a long input over
 # full_map_tokens, about 0.3 s and 1.5 s for smollm2-135m on an idle 2-core CPU.
-TIMING_TOKENS = (128, 640)  # a queued request whose client left stops waiting within this
+TIMING_TOKENS = (128, 640)
 
 
-def _add_timing(name: str, seconds: float) -> None:
-    timings = request_timings.get()
-    if timings is not None:
-        timings[name] = timings.get(name, 0.0) + seconds
 
 
 def text_max_tokens(settings: Settings) -> int:
@@ -118,16 +106,8 @@ class Runtime:
         self.unavailable: dict[str, str] = {}  # model id → why it could not load
         self._described: dict[str, dict] = {}  # model id → its ModelInfo read from its files (not loaded yet)
         self._load_lock = threading.Lock()
-        self._run_lock = threading.Lock()  # one forward at a time
-        self._turns = threading.Condition()  # the lock is handed over by priority (see _acquire_in_order)
-        # waiting turns as (priority, ticket): interactive work (0, arrival) before jobs (1, the job's arrival)
-        self._fifo: list[tuple[tuple[int, int], int]] = []
-        self._tickets = itertools.count(1)
-        self.yields = 0  # times a running job handed the model to waiting interactive work (for the benchmarks)
-        self._waiting = 0
-        self._waiting_lock = threading.Lock()
-        self._encoded: OrderedDict[tuple, Encoded] = OrderedDict()
-        self._encoded_lock = threading.Lock()
+        self.scheduler = ModelScheduler(settings)  # the model's turns: one forward at a time
+        self._encoded: BoundedLRU[tuple, Encoded] = BoundedLRU(settings.result_cache_items)
         self.cache = ResultCache(settings.result_cache_items, settings.result_cache_bytes,
                                  result_cache_device_bytes(settings, _gpu_total_bytes(settings)), settings.result_pin_s)
         # kept runs + in-flight peaks within memory_budget_bytes (app/memory.py); app/costs.py reserves before runs
@@ -141,7 +121,7 @@ class Runtime:
     def adapter(self, model_id: str, kind: str | None = None) -> AttentionAdapter:
         spec = self.specs.get(model_id)
         if spec is None or (kind is not None and spec.kind != kind):
-            names = sorted(i for i, s in self.specs.items() if kind is None or s.kind == kind)
+            names = self.available_ids(kind)
             raise UnknownModel(f"unknown {kind or ''} model {model_id!r}; available: {names}".replace("  ", " "))
         adapter = self._adapters.get(model_id)
         if adapter is None:
@@ -155,6 +135,22 @@ class Runtime:
                 if deadline is not None:
                     request_deadline.set(deadline + time.monotonic() - waited_from)
         return adapter
+
+    def available_ids(self, kind: str | None = None) -> list[str]:
+        """The models of `kind` a request may name here (for the 422 on an unknown one): loaded, or described from
+        their prepared files, or not refused so far; never one whose weights are not prepared (qwen2.5-0.5b before
+        `make qwen2.5-0.5b`), which GET /api/models leaves out too. Nothing is loaded to answer."""
+        names = []
+        for model_id, spec in self.specs.items():
+            if (kind is not None and spec.kind != kind) or model_id in self.unavailable:
+                continue
+            if model_id not in self._adapters and spec.describe is not None:
+                try:
+                    self.describe(model_id, load=False)
+                except UnknownModel:  # not prepared here (now in `unavailable`)
+                    continue
+            names.append(model_id)
+        return sorted(names)
 
     def _load(self, model_id: str, spec: ModelSpec) -> AttentionAdapter:
         """Load a model once (under the load lock); refused loads are remembered in `unavailable`."""
@@ -238,126 +234,18 @@ class Runtime:
     def loaded_adapters(self) -> list[AttentionAdapter]:
         return list(self._adapters.values())
 
-    # ---- admission ---------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def admitted(self, interactive: bool | None = None) -> Iterator[None]:
-        """Hold the model lock; refuse at once when `queue_depth` requests already wait.
-
-        Interactive work (a plain request, a decoding step; `interactive` None: whatever is not a job) takes the lock
-        before any waiting job, and a running job hands the lock to it at the next layer boundary (`_layer_done`):
-        short work waits for at most one layer of a long job (docs/api.md "Jobs"). Jobs take turns in arrival order."""
-        job = current_job.get()
-        if interactive is None:
-            interactive = job is None
-        priority = (0, next(self._tickets)) if interactive or job is None else (1, job.seq)
-        with self._waiting_lock:
-            if self._waiting >= self.settings.queue_depth:
-                raise Overloaded(f"server busy: {self._waiting} requests already waiting (queue_depth)")
-            self._waiting += 1
-        deadline = request_deadline.get()
-        timeout = self.settings.request_timeout_s if deadline is None else deadline - time.monotonic()
-        waited_from = time.perf_counter()
-        try:
-            acquired = timeout > 0 and self._acquire_in_order(timeout, priority)
-        finally:
-            _add_timing("queue", time.perf_counter() - waited_from)
-            with self._waiting_lock:
-                self._waiting -= 1
-        if acquired == "cancelled":
-            raise RequestCancelled(request_cancel.get().reason)
-        if not acquired:
-            raise self._timed_out(job)
-        holding = [True]
-
-        def layer_done(layer: int, n_layers: int) -> None:
-            after_layer(layer, n_layers)  # cancel and progress first: a job that should stop does not queue again
-            if priority[0] == 1:
-                self._hand_over_if_waited(priority, holding, job)
-
-        try:
-            cancel = request_cancel.get()
-            if cancel is not None and cancel.is_set():  # the client left while we waited: the lock goes on at once
-                raise RequestCancelled(cancel.reason)
-            self._refuse_if_out_of_time(deadline)
-            with on_each_layer(layer_done):  # a client that leaves stops the forward at its next layer
-                yield
-        finally:
-            if holding[0]:
-                self._run_lock.release()
-            with self._turns:
-                self._turns.notify_all()
-
-    def _timed_out(self, job) -> Overloaded:
-        if job is not None:
-            return Overloaded(f"timed out waiting for the model: the job ran past job_timeout_s="
-                              f"{self.settings.job_timeout_s:g} s", retry_after=max(1, round(self.settings.request_timeout_s / 4)))
-        return Overloaded(
-            f"timed out after {self.settings.request_timeout_s:g} s waiting for the model (request_timeout_s)",
-            retry_after=max(1, round(self.settings.request_timeout_s / 4)),
-        )
-
-    def _hand_over_if_waited(self, priority: tuple[int, int], holding: list[bool], job) -> None:
-        """Between two layers of a job's forward: when interactive work waits, let it run, then take the lock back in
-        the job's own place (its arrival order among jobs). The forward's state lives in this thread and the engine's
-        recording in context variables, so another forward in between changes nothing of this one."""
-        with self._turns:
-            if not any(p[0] == 0 for p, _ in self._fifo):
-                return
-            holding[0] = False
-            self._run_lock.release()
-            self.yields += 1
-            self._turns.notify_all()
-        deadline = request_deadline.get()
-        timeout = self.settings.job_timeout_s if deadline is None else deadline - time.monotonic()
-        acquired = timeout > 0 and self._acquire_in_order(timeout, priority)
-        if acquired == "cancelled":
-            raise RequestCancelled(request_cancel.get().reason)
-        if not acquired:
-            raise self._timed_out(job)
-        holding[0] = True
-
-    def _refuse_if_out_of_time(self, deadline: float | None) -> None:
-        """At a request's first turn with the model: 503 when its estimated model time no longer fits before its
-        deadline (it waited in a long queue), instead of starting work that the deadline would throw away."""
-        estimate = request_model_seconds.get()
-        if estimate is None:
-            return
-        request_model_seconds.set(None)  # the request's later runs belong to the same estimate
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and estimate > left:
-            raise Overloaded(
-                f"server busy: this request needs about {estimate:.0f} s of model time and {max(left, 0):.0f} s "
-                f"of request_timeout_s={self.settings.request_timeout_s:g} s are left after its wait in the queue",
-                retry_after=max(1, round(self.settings.request_timeout_s / 4)),
-            )
-
-    def _acquire_in_order(self, timeout: float, priority: tuple[int, int] | None = None) -> bool | str:
-        """Take the model lock in priority order (interactive work first, each kind in arrival order): with a bare Lock a
-        newcomer may overtake the queue, so an unlucky request could wait until its time limit however short the queue
-        is. "cancelled": the request's client left (or the server stops) while it waited; it leaves the queue then."""
-        end = time.monotonic() + timeout
-        entry = (priority or (0, next(self._tickets)), next(self._tickets))
-        cancel = request_cancel.get()
-        with self._turns:
-            self._fifo.append(entry)
-            try:
-                while True:
-                    if cancel is not None and cancel.is_set():
-                        return "cancelled"
-                    if min(self._fifo) == entry and self._run_lock.acquire(blocking=False):
-                        return True
-                    remaining = end - time.monotonic()
-                    if remaining <= 0:
-                        return False
-                    # woken at each release; the poll notices a cancelled request (a client that left)
-                    self._turns.wait(min(remaining, CANCEL_POLL_S if cancel is not None else 0.5))
-            finally:
-                self._fifo.remove(entry)
-                self._turns.notify_all()
+    # ---- admission: the model's turns (app/scheduler.py) ---------------------------------------------------
+    def admitted(self, interactive: bool | None = None):
+        """Hold the model lock in the scheduler's fair order (app/scheduler.py ModelScheduler.admitted)."""
+        return self.scheduler.admitted(interactive)
 
     @property
     def waiting(self) -> int:
-        return self._waiting
+        return self.scheduler.waiting
+
+    @property
+    def yields(self) -> int:
+        return self.scheduler.yields
 
     # ---- runs --------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -392,18 +280,12 @@ class Runtime:
     def encode(self, adapter: AttentionAdapter, input_key: tuple, encode: Callable[[], Encoded]) -> Encoded:
         """Encoded inputs are cached too; encoding may run the model (a pair's embedding), so it is admitted."""
         key = (cache_scope.get(), adapter.info.id, input_key)
-        with self._encoded_lock:
-            encoded = self._encoded.get(key)
-            if encoded is not None:
-                self._encoded.move_to_end(key)
-                return encoded
+        encoded = self._encoded.get(key)
+        if encoded is not None:
+            return encoded
         with self.admitted():
             encoded = encode()
-        with self._encoded_lock:
-            self._encoded[key] = encoded
-            while len(self._encoded) > self.settings.result_cache_items:
-                self._encoded.popitem(last=False)
-        return encoded
+        return self._encoded.put(key, encoded)
 
     @staticmethod
     def _cache_keys(adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...],
@@ -435,7 +317,7 @@ class Runtime:
                     result = adapter.run(encoded, interventions, record_scores)
                 result.elapsed_s = time.perf_counter() - started  # type: ignore[attr-defined]
                 result.run_id, result.model_id = new_run_id(), adapter.info.id
-                _add_timing("model", result.elapsed_s)
+                add_timing("model", result.elapsed_s)
                 n = len(encoded.tokens)
                 observe_run(adapter, n, n, len(interventions), result.elapsed_s)  # app/costs.py's throughput
                 self.cache.put(key, result, request_client.get())

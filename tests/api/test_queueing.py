@@ -22,7 +22,7 @@ def test_default_queue_depth_is_at_least_32():
 @pytest.mark.parametrize("limited_client", [{"queue_depth": 1, "request_timeout_s": 120}], indirect=True)
 def test_queue_full_answers_503_with_retry_after(limited_client):
     runtime = limited_client.app.state.runtime
-    runtime._run_lock.acquire()  # a long forward is running
+    runtime.scheduler._run_lock.acquire()  # a long forward is running
     try:
         with ThreadPoolExecutor(1) as pool:
             queued = pool.submit(post_text, limited_client, "the cat sat on the mat")
@@ -32,12 +32,12 @@ def test_queue_full_answers_503_with_retry_after(limited_client):
             assert int(refused.headers["Retry-After"]) >= 1
             assert "queue_depth" in refused.json()["detail"]
             assert not queued.done()  # the queued one still waits; nothing was dropped
-            runtime._run_lock.release()
+            runtime.scheduler._run_lock.release()
             admitted = queued.result(timeout=60)
     finally:
-        if runtime._run_lock.locked() and runtime.waiting == 0:
+        if runtime.scheduler._run_lock.locked() and runtime.waiting == 0:
             try:
-                runtime._run_lock.release()
+                runtime.scheduler._run_lock.release()
             except RuntimeError:
                 pass
     assert admitted.status_code == 200
@@ -47,11 +47,11 @@ def test_queue_full_answers_503_with_retry_after(limited_client):
 @pytest.mark.parametrize("limited_client", [{"queue_depth": 8, "request_timeout_s": 0.3}], indirect=True)
 def test_request_time_limit_answers_503(limited_client):
     runtime = limited_client.app.state.runtime
-    runtime._run_lock.acquire()
+    runtime.scheduler._run_lock.acquire()
     try:
         r = post_text(limited_client, "it was tired because the street")
     finally:
-        runtime._run_lock.release()
+        runtime.scheduler._run_lock.release()
     assert r.status_code == 503
     assert int(r.headers["Retry-After"]) >= 1
     assert "request_timeout_s" in r.json()["detail"]
@@ -70,9 +70,9 @@ def test_deadline_spans_every_wait_of_a_request(tiny_bert):
                 pass
     finally:
         request_deadline.reset(token)
-    assert not runtime._run_lock.locked() and runtime.waiting == 0
+    assert not runtime.scheduler._run_lock.locked() and runtime.waiting == 0
     with runtime.admitted():  # without a deadline (or a live one) it is admitted
-        assert runtime._run_lock.locked()
+        assert runtime.scheduler._run_lock.locked()
 
 
 def test_model_lock_is_handed_over_in_arrival_order(tiny_bert):
@@ -83,7 +83,7 @@ def test_model_lock_is_handed_over_in_arrival_order(tiny_bert):
         with runtime.admitted():
             order.append(i)
 
-    runtime._run_lock.acquire()
+    runtime.scheduler._run_lock.acquire()
     threads = []
     try:
         for i in range(4):
@@ -92,13 +92,13 @@ def test_model_lock_is_handed_over_in_arrival_order(tiny_bert):
             threads.append(t)
             wait_until(lambda: runtime.waiting == i + 1, f"worker {i} queued")
     finally:
-        runtime._run_lock.release()
-        with runtime._turns:
-            runtime._turns.notify_all()
+        runtime.scheduler._run_lock.release()
+        with runtime.scheduler._turns:
+            runtime.scheduler._turns.notify_all()
     for t in threads:
         t.join(60)
     assert order == [0, 1, 2, 3]
-    assert runtime.waiting == 0 and not runtime._run_lock.locked()
+    assert runtime.waiting == 0 and not runtime.scheduler._run_lock.locked()
 
 
 def test_admission_gate_refuses_on_the_event_loop():
@@ -144,7 +144,7 @@ def test_a_queued_request_whose_client_left_leaves_the_queue_and_never_runs(tiny
     from app.lifecycle import CancelEvent, RequestCancelled, request_cancel
 
     runtime = Runtime(make_settings(tiny_bert))
-    runtime._run_lock.acquire()  # the model is busy
+    runtime.scheduler._run_lock.acquire()  # the model is busy
     cancel = CancelEvent()
     outcome: dict = {}
 
@@ -164,7 +164,7 @@ def test_a_queued_request_whose_client_left_leaves_the_queue_and_never_runs(tiny
     started = time.monotonic()
     thread.join(5)
     assert outcome == {"cancelled": "client"} and time.monotonic() - started < 1.0 and runtime.waiting == 0
-    runtime._run_lock.release()
+    runtime.scheduler._run_lock.release()
     # cancelled after it got the lock: it never runs, and the lock is free again
     token = request_cancel.set(cancel)
     try:
@@ -173,8 +173,8 @@ def test_a_queued_request_whose_client_left_leaves_the_queue_and_never_runs(tiny
                 raise AssertionError("ran although its client had left")
     finally:
         request_cancel.reset(token)  # this thread runs later tests: a cancelled request must not outlive this one
-    assert runtime._run_lock.acquire(blocking=False)
-    runtime._run_lock.release()
+    assert runtime.scheduler._run_lock.acquire(blocking=False)
+    runtime.scheduler._run_lock.release()
 
 
 def test_a_request_whose_work_no_longer_fits_after_queueing_is_refused_at_its_turn(tiny_bert):
@@ -190,13 +190,13 @@ def test_a_request_whose_work_no_longer_fits_after_queueing_is_refused_at_its_tu
                 with pytest.raises(Overloaded, match="needs about 20 s of model time"):
                     with runtime.admitted():
                         raise AssertionError("the work started")
-                assert not runtime._run_lock.locked()
+                assert not runtime.scheduler._run_lock.locked()
             else:
                 with runtime.admitted():
-                    assert runtime._run_lock.locked()
+                    assert runtime.scheduler._run_lock.locked()
                 request_deadline.set(time.monotonic() + 1.0)
                 with runtime.admitted():  # the same request's next run: the estimate was checked at its first turn
-                    assert runtime._run_lock.locked()
+                    assert runtime.scheduler._run_lock.locked()
         finally:
             request_deadline.reset(deadline)
             request_model_seconds.reset(estimate)

@@ -64,7 +64,7 @@ def test_a_running_job_hands_the_model_to_interactive_work_between_layers():
 def test_waiting_interactive_work_goes_before_waiting_jobs():
     runtime = _runtime()
     order: list[str] = []
-    runtime._run_lock.acquire()  # something holds the model
+    runtime.scheduler._run_lock.acquire()  # something holds the model
 
     def wait(name: str, job: Job | None) -> None:
         if job is not None:
@@ -74,15 +74,15 @@ def test_waiting_interactive_work_goes_before_waiting_jobs():
 
     job_thread = threading.Thread(target=wait, args=("job", _job()))
     job_thread.start()
-    while not runtime._fifo:
+    while not runtime.scheduler._fifo:
         time.sleep(0.01)
     short_thread = threading.Thread(target=wait, args=("short", None))
     short_thread.start()
-    while len(runtime._fifo) < 2:
+    while len(runtime.scheduler._fifo) < 2:
         time.sleep(0.01)
-    runtime._run_lock.release()
-    with runtime._turns:
-        runtime._turns.notify_all()
+    runtime.scheduler._run_lock.release()
+    with runtime.scheduler._turns:
+        runtime.scheduler._turns.notify_all()
     job_thread.join(5)
     short_thread.join(5)
     assert order == ["short", "job"]

@@ -1,0 +1,184 @@
+"""The model's turns: one forward at a time, handed over in a fair order (docs/api.md "Jobs").
+
+- Interactive work (a plain request, a decoding step, a window) goes before any waiting job, and a running job hands
+  the model to it at the next layer boundary: short work waits for at most one layer of a long job.
+- Among waiting work of one kind, turns go round the clients: the client served least recently goes first, each
+  client's own work in its arrival order. One client's 30 queued jobs do not hold back another client's first one.
+- A job that has started keeps its turn until it ends (its later runs, and after handing over to interactive work),
+  so its runs are not interleaved with other jobs' and its ETA holds.
+- At most `queue_depth` requests wait; one more is refused at once (503 + Retry-After), as is a wait past the
+  request's deadline, or a request whose estimated model time no longer fits before its deadline at its first turn.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+
+from app.context import add_timing, request_deadline
+from app.costs import request_model_seconds
+from app.errors import Overloaded
+from app.jobs import current_job, request_client
+from app.lifecycle import RequestCancelled, after_layer, request_cancel
+from models.hooks import on_each_layer
+
+CANCEL_POLL_S = 0.1  # a queued request whose client left stops waiting within this
+INTERACTIVE, JOB = 0, 1
+RUNNING = -1  # a started job's place among waiting jobs: before every job that has not started
+
+
+class ModelScheduler:
+    """The model lock and its turns (see the module doc). `settings` needs queue_depth, request_timeout_s and
+    job_timeout_s."""
+
+    def __init__(self, settings) -> None:
+        self.settings = settings
+        self._run_lock = threading.Lock()  # one forward at a time
+        self._turns = threading.Condition()  # the lock is handed over by priority (see _acquire_in_order)
+        # waiting turns as (kind, client, arrival, started job?), ordered by _order when the lock is free
+        self._fifo: list[tuple[int, str, int, bool]] = []
+        self._tickets = itertools.count(1)
+        self._served: dict[tuple[int, str], int] = {}  # (kind, client) → the turn at which it last got the model
+        self._turn = itertools.count(1)
+        self.yields = 0  # times a running job handed the model to waiting interactive work (for the benchmarks)
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def _entry(self, interactive: bool, job) -> tuple[int, str, int, bool]:
+        """A waiting turn: (kind, client, arrival, a started job?)."""
+        if interactive or job is None:
+            return INTERACTIVE, request_client.get(), next(self._tickets), False
+        return JOB, job.client, job.seq, job.started
+
+    def _order(self, entry: tuple[int, str, int, bool]) -> tuple[int, int, int]:
+        """Lower goes first: the kind, then a started job, then the client served least recently (read now, so a
+        client's second request goes behind every client that has waited since its first), then arrival."""
+        kind, client, arrival, started = entry
+        return kind, RUNNING if started else self._served.get((kind, client), 0), arrival
+
+    def _mark_served(self, entry: tuple[int, str, int, bool], job) -> None:
+        kind, client, _, started = entry
+        if started:
+            return
+        self._served[(kind, client)] = next(self._turn)
+        if kind == JOB:
+            job.started = True
+
+    @contextlib.contextmanager
+    def admitted(self, interactive: bool | None = None) -> Iterator[None]:
+        """Hold the model lock; refuse at once when `queue_depth` requests already wait (`interactive` None: whatever
+        is not a job)."""
+        job = current_job.get()
+        if interactive is None:
+            interactive = job is None
+        entry = self._entry(interactive, job)
+        with self._waiting_lock:
+            if self._waiting >= self.settings.queue_depth:
+                raise Overloaded(f"server busy: {self._waiting} requests already waiting (queue_depth)")
+            self._waiting += 1
+        deadline = request_deadline.get()
+        timeout = self.settings.request_timeout_s if deadline is None else deadline - time.monotonic()
+        waited_from = time.perf_counter()
+        try:
+            acquired = timeout > 0 and self._acquire_in_order(timeout, entry)
+        finally:
+            add_timing("queue", time.perf_counter() - waited_from)
+            with self._waiting_lock:
+                self._waiting -= 1
+        if acquired == "cancelled":
+            raise RequestCancelled(request_cancel.get().reason)
+        if not acquired:
+            raise self._timed_out(job)
+        self._mark_served(entry, job)
+        holding = [True]
+
+        def layer_done(layer: int, n_layers: int) -> None:
+            after_layer(layer, n_layers)  # cancel and progress first: a job that should stop does not queue again
+            if entry[0] == JOB:
+                self._hand_over_if_waited(holding, job)
+
+        try:
+            cancel = request_cancel.get()
+            if cancel is not None and cancel.is_set():  # the client left while we waited: the lock goes on at once
+                raise RequestCancelled(cancel.reason)
+            self._refuse_if_out_of_time(deadline)
+            with on_each_layer(layer_done):  # a client that leaves stops the forward at its next layer
+                yield
+        finally:
+            if holding[0]:
+                self._run_lock.release()
+            with self._turns:
+                self._turns.notify_all()
+
+    def _timed_out(self, job) -> Overloaded:
+        retry_after = max(1, round(self.settings.request_timeout_s / 4))
+        if job is not None:
+            return Overloaded(f"timed out waiting for the model: the job ran past job_timeout_s="
+                              f"{self.settings.job_timeout_s:g} s", retry_after=retry_after)
+        return Overloaded(f"timed out after {self.settings.request_timeout_s:g} s waiting for the model "
+                          "(request_timeout_s)", retry_after=retry_after)
+
+    def _hand_over_if_waited(self, holding: list[bool], job) -> None:
+        """Between two layers of a job's forward: when interactive work waits, let it run, then take the lock back
+        before any other job. The forward's state lives in this thread and the engine's recording in context
+        variables, so another forward in between changes nothing of this one."""
+        with self._turns:
+            if not any(kind == INTERACTIVE for kind, *_ in self._fifo):
+                return
+            holding[0] = False
+            self._run_lock.release()
+            self.yields += 1
+            self._turns.notify_all()
+        deadline = request_deadline.get()
+        timeout = self.settings.job_timeout_s if deadline is None else deadline - time.monotonic()
+        acquired = timeout > 0 and self._acquire_in_order(timeout, (JOB, job.client, job.seq, True))
+        if acquired == "cancelled":
+            raise RequestCancelled(request_cancel.get().reason)
+        if not acquired:
+            raise self._timed_out(job)
+        holding[0] = True
+
+    def _refuse_if_out_of_time(self, deadline: float | None) -> None:
+        """At a request's first turn with the model: 503 when its estimated model time no longer fits before its
+        deadline (it waited in a long queue), instead of starting work that the deadline would throw away."""
+        estimate = request_model_seconds.get()
+        if estimate is None:
+            return
+        request_model_seconds.set(None)  # the request's later runs belong to the same estimate
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and estimate > left:
+            raise Overloaded(
+                f"server busy: this request needs about {estimate:.0f} s of model time and {max(left, 0):.0f} s "
+                f"of request_timeout_s={self.settings.request_timeout_s:g} s are left after its wait in the queue",
+                retry_after=max(1, round(self.settings.request_timeout_s / 4)),
+            )
+
+    def _acquire_in_order(self, timeout: float, entry: tuple[int, str, int, bool] | None = None) -> bool | str:
+        """Take the model lock in priority order: with a bare Lock a newcomer may overtake the queue, so an unlucky
+        request could wait until its time limit however short the queue is. "cancelled": the request's client left
+        (or the server stops) while it waited; it leaves the queue then."""
+        end = time.monotonic() + timeout
+        entry = entry or (INTERACTIVE, "", next(self._tickets), False)
+        cancel = request_cancel.get()
+        with self._turns:
+            self._fifo.append(entry)
+            try:
+                while True:
+                    if cancel is not None and cancel.is_set():
+                        return "cancelled"
+                    if min(self._fifo, key=self._order) is entry and self._run_lock.acquire(blocking=False):
+                        return True
+                    remaining = end - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    # woken at each release; the poll notices a cancelled request (a client that left)
+                    self._turns.wait(min(remaining, CANCEL_POLL_S if cancel is not None else 0.5))
+            finally:
+                self._fifo.remove(entry)
+                self._turns.notify_all()

@@ -1,107 +1,364 @@
 """The run store: kept runs (AttentionResults) by cache key and by run id, with their pins (app/runtime.py runs them,
-app/routes/runs.py answers windows and rows of them, app/memory.py counts their bytes)."""
+app/routes/runs.py answers windows and rows of them, app/memory.py counts their bytes).
+
+A run is a resource with an owner and a lifetime, not a cache entry. Two tiers:
+
+- RAM (on a GPU: device memory for what stays there) for hot runs, bounded by `max_items`, `max_bytes` (host) and
+  `max_device_bytes`;
+- local disk for the rest (`disk_bytes`, a directory of its own removed when the store is closed or the process
+  exits): a run leaving RAM is written there whole (torch.save, the dtypes it kept) and read back memory-mapped
+  (torch.load(mmap=True)), so a window or a row reads only the slices it needs (benchmarks/results/run_store.md).
+
+A run is pinned for `pin_s` after it was put or last read by its run id, and held while a job that plans it runs
+(`holding`). Making room takes the least recently used runs first: with a disk tier, every run leaving RAM goes to
+disk (pinned ones too: their bytes on disk no longer count against the memory budget), and only unpinned runs are
+ever dropped, when the disk tier is full. Without one (disk_bytes 0) unpinned runs are dropped and pinned ones stay in
+RAM. A dropped run's id is remembered (ids only, a bounded set) so that its 404 says "expired" rather than "unknown".
+"""
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
-from collections import OrderedDict
+import weakref
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 from models.adapters.base import AttentionResult
 
+log = logging.getLogger("attnlab")
+
+FORGET_AFTER = 65_536  # expired run ids remembered (ids only, ~5 MB at most)
+
+
+@dataclass
+class _OnDisk:
+    """A run's file in the disk tier."""
+
+    path: Path
+    nbytes: int  # the file's size
+    device: str  # where the run ran ("cpu", "cuda:0"): the compute path loads it back there
+    run_id: str | None
+    loaded: AttentionResult | None = None  # the memory-mapped result, once read (its pages read on demand)
+
+
+def _device_of(result) -> str:
+    hidden = getattr(result, "hidden_states", None)
+    return str(hidden.device) if isinstance(hidden, torch.Tensor) else "cpu"
+
 
 class ResultCache:
-    """LRU of AttentionResults, bounded by item count, host bytes and device bytes (on a GPU a run's tensors stay in
-    GPU memory: a short run's P, q̂/k̂ and hidden states, a long run's atlas; max_device_bytes bounds those,
-    max_bytes the host memory); each kept result is also found by its run id (`by_run_id`) until it is evicted.
+    """Kept runs in two tiers (see the module doc): RAM/device for hot runs, memory-mapped local disk for the rest.
+    `get`/`put` by cache key (app/runtime.py), `by_run_id` by run id (windows, rows, minus), `evict_for` for the
+    memory accountant (app/memory.py counts `host_bytes`: RAM-tier bytes only)."""
 
-    A result is pinned for `pin_s` after it was put or last read by its run id (its client's next window, row or
-    difference): eviction takes unpinned results first, least recently used first, and never a pinned one to make
-    room for another put. The memory accountant (app/memory.py) counts pinned bytes and may ask a client's own
-    older results to go (`evict_for`)."""
-
-    def __init__(self, max_items: int, max_bytes: int, max_device_bytes: int = 0, pin_s: float = 0.0):
+    def __init__(self, max_items: int, max_bytes: int, max_device_bytes: int = 0, pin_s: float = 0.0,
+                 disk_bytes: int = 0, disk_dir: str | None = None):
         self.max_items, self.max_bytes, self.max_device_bytes = max_items, max_bytes, max_device_bytes
         self.pin_s = pin_s
-        self._items: OrderedDict[tuple, AttentionResult] = OrderedDict()
-        self._run_keys: dict[str, tuple] = {}  # run id → cache key
-        self._sizes: dict[tuple, tuple[int, int]] = {}  # key → (host bytes, device bytes), measured once
+        self.max_disk_bytes = disk_bytes  # 0: no disk tier
+        self._disk_parent = disk_dir  # None: the system's temp dir
+        self._items: OrderedDict[tuple, AttentionResult] = OrderedDict()  # the RAM tier, least recently used first
+        self._disk: OrderedDict[tuple, _OnDisk] = OrderedDict()  # the disk tier (a run in RAM may have a file too)
+        self._run_keys: dict[str, tuple] = {}  # run id → cache key, while held in either tier
+        self._sizes: dict[tuple, tuple[int, int]] = {}  # key → (host bytes, device bytes) of the RAM tier
         self._pins: dict[tuple, tuple[float, str]] = {}  # key → (pinned until, monotonic; the client it was put for)
-        self._bytes = 0
-        self._device_bytes = 0
-        self._lock = threading.Lock()
+        self._held: Counter[tuple] = Counter()  # keys a running job plans (holding): never dropped meanwhile
+        self._expired: OrderedDict[str, None] = OrderedDict()  # run ids this store held and dropped
+        self._moving: set[tuple] = set()  # keys being written to disk
+        self._dropped_while_moving: set[tuple] = set()
+        self._bytes = self._device_bytes = self._disk_used = 0
+        self._lock = threading.Lock()  # the books; file writes happen outside it, one at a time (_write_lock)
+        self._write_lock = threading.Lock()
+        self._dir: Path | None = None
         self.hits = self.misses = 0
+        self.spills = self.disk_reads = 0  # runs written to disk; runs read back from disk (for the benchmarks)
 
+    # ---- sizes ----------------------------------------------------------------------------------------------
     @property
     def host_bytes(self) -> int:
+        """Host bytes of the RAM tier: what the memory accountant counts (disk-tier runs are not counted)."""
         return self._bytes
 
+    @property
+    def device_bytes(self) -> int:
+        return self._device_bytes
+
+    @property
+    def disk_bytes(self) -> int:
+        return self._disk_used
+
+    @property
+    def disk_tier(self) -> bool:
+        return self.max_disk_bytes > 0
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"ram_runs": len(self._items), "disk_runs": sum(k not in self._items for k in self._disk),
+                    "ram_bytes": self._bytes, "device_bytes": self._device_bytes, "disk_bytes": self._disk_used}
+
+    # ---- by key (the runtime) ---------------------------------------------------------------------------------
     def get(self, key: tuple) -> AttentionResult | None:
+        """The run kept under `key`, from RAM, or from disk (memory-mapped; on a GPU loaded back onto its device and
+        put in RAM again, so the compute path never mixes devices); None when it is not kept."""
         with self._lock:
             result = self._items.get(key)
-            if result is None:
+            if result is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return result
+            entry = self._disk.get(key)
+            if entry is None:
                 self.misses += 1
                 return None
-            self._items.move_to_end(key)
             self.hits += 1
-            return result
+        if entry.device == "cpu":
+            return self._read(key, entry)
+        result = self._load(entry.path, entry.device)
+        if result is None:
+            return None
+        self._admit(key, result, self._pins.get(key, (0.0, ""))[1])
+        return result
 
     def __contains__(self, key: tuple) -> bool:  # no LRU move, no hit/miss count
         with self._lock:
-            return key in self._items
+            return key in self._items or key in self._disk
 
     def put(self, key: tuple, result: AttentionResult, client: str = "") -> None:
         device = result.device_nbytes
         host = result.nbytes - device
+        with self._lock:
+            if key in self._items or key in self._disk:
+                return
+            self._pins[key] = (time.monotonic() + self.pin_s, client)
+            if result.run_id is not None:
+                self._run_keys[result.run_id] = key
         if host > self.max_bytes or device > self.max_device_bytes or self.max_items <= 0:
+            # too large for the RAM tier: straight to disk (kept nowhere without a disk tier or room there)
+            if not (self.disk_tier and self._spill(key, result)):
+                with self._lock:
+                    self._forget(key, result.run_id)
             return
+        self._admit(key, result, client)
+
+    def _admit(self, key: tuple, result: AttentionResult, client: str) -> None:
+        """Into the RAM tier, then make room there (others leave for disk, or are dropped when unpinned)."""
+        device = result.device_nbytes
+        host = result.nbytes - device
         with self._lock:
             if key in self._items:
                 return
             self._items[key] = result
             self._sizes[key] = (host, device)
-            self._pins[key] = (time.monotonic() + self.pin_s, client)
+            self._pins.setdefault(key, (time.monotonic() + self.pin_s, client))
             self._bytes += host
             self._device_bytes += device
             if result.run_id is not None:
                 self._run_keys[result.run_id] = key
             self._remeasure()
-            while (len(self._items) > self.max_items or self._bytes > self.max_bytes
-                   or self._device_bytes > self.max_device_bytes):
-                victim = self._oldest_unpinned(exclude=key)
-                if victim is None:  # only pinned results are left: they stay (the accountant counts them)
-                    break
-                self._evict(victim)
+        stuck = {key}  # runs that could not leave (no room on disk for a pinned one) are not tried again
+        while True:
+            with self._lock:
+                if not (len(self._items) > self.max_items or self._bytes > self.max_bytes
+                        or self._device_bytes > self.max_device_bytes):
+                    return
+                victim = self._victim(exclude=stuck)
+            if victim is None:  # only pinned runs are left and no room on disk: they stay (the accountant counts them)
+                return
+            if self._leave_ram(victim[0], may_drop=not victim[1]) is None:
+                stuck.add(victim[0])
+
+    def _victim(self, exclude: set[tuple]) -> tuple[tuple, bool] | None:
+        """(key, pinned) of the run to leave RAM next: the least recently used unpinned one; with a disk tier, then
+        the least recently used pinned one (it goes to disk, not away). Under the lock."""
+        now = time.monotonic()
+        candidates = [k for k in self._items if k not in exclude and k not in self._moving]
+        unpinned = next((k for k in candidates if not self._pinned(k, now)), None)
+        if unpinned is not None:
+            return unpinned, False
+        if self.disk_tier and candidates:
+            return candidates[0], True
+        return None
 
     def _pinned(self, key: tuple, now: float) -> bool:
-        return self._pins.get(key, (0.0, ""))[0] > now
+        return self._held[key] > 0 or self._pins.get(key, (0.0, ""))[0] > now
 
-    def _oldest_unpinned(self, exclude: tuple | None = None) -> tuple | None:
+    # ---- leaving RAM: to disk, or away -----------------------------------------------------------------------
+    def _leave_ram(self, key: tuple, may_drop: bool) -> int | None:
+        """Take `key` out of the RAM tier: to disk when it has a file there or one can be written, else dropped
+        when `may_drop`. Returns the host bytes freed, None when it stays."""
+        with self._lock:
+            result = self._items.get(key)
+            if result is None or key in self._moving:
+                return None
+            on_disk = key in self._disk
+        if not on_disk and not (self.disk_tier and self._spill(key, result)):
+            with self._lock:
+                if not may_drop or key not in self._items or self._pinned(key, time.monotonic()):
+                    return None
+                freed = self._sizes[key][0]
+                self._drop(key)
+                return freed
+        with self._lock:
+            if key not in self._items:
+                return None
+            freed = self._sizes[key][0]
+            self._pop_ram(key)
+            return freed
+
+    def _spill(self, key: tuple, result: AttentionResult) -> bool:
+        """Write `result` to the disk tier under `key`; False when it cannot fit beside the pinned runs there (or the
+        write failed: logged). One write at a time; lookups go on meanwhile."""
+        estimate = result.nbytes
+        with self._write_lock:
+            with self._lock:
+                if key in self._disk:
+                    return True
+                if not self._disk_room(estimate):
+                    return False
+                self._moving.add(key)
+                self._dropped_while_moving.discard(key)
+            try:
+                path = self._directory() / f"{os.urandom(12).hex()}.pt"
+                torch.save(result, path)
+                size = path.stat().st_size
+            except Exception:  # noqa: BLE001  (a run that cannot be written stays or goes as without a disk tier)
+                log.exception("run store: writing a run to %s failed", self._dir)
+                with self._lock:
+                    self._moving.discard(key)
+                return False
+            with self._lock:
+                self._moving.discard(key)
+                if key in self._dropped_while_moving or not self._disk_room(size):
+                    self._dropped_while_moving.discard(key)
+                    path.unlink(missing_ok=True)  # dropped meanwhile, or larger than thought and no room left
+                    return False
+                self._disk[key] = _OnDisk(path, size, _device_of(result), result.run_id)
+                self._disk_used += size
+                self.spills += 1
+            return True
+
+    def _disk_room(self, nbytes: int) -> bool:
+        """Make room for `nbytes` in the disk tier by dropping unpinned runs there (least recently used first; a run
+        still in RAM only loses its file). False, dropping nothing, when the pinned ones leave too little. Under the
+        lock."""
+        if nbytes > self.max_disk_bytes:
+            return False
         now = time.monotonic()
-        return next((k for k in self._items if k != exclude and not self._pinned(k, now)), None)
+        free = self.max_disk_bytes - self._disk_used
+        if free >= nbytes:
+            return True
+        loose = [k for k in self._disk if k in self._items or not self._pinned(k, now)]
+        if free + sum(self._disk[k].nbytes for k in loose) < nbytes:
+            return False
+        for k in loose:
+            if self.max_disk_bytes - self._disk_used >= nbytes:
+                break
+            if k in self._items:
+                self._pop_disk(k)
+            else:
+                self._drop(k)
+        return True
 
-    def _evict(self, key: tuple) -> None:
-        evicted = self._items.pop(key)
+    def _directory(self) -> Path:
+        """This store's own directory (made on the first write, removed with the store or at exit)."""
+        with self._lock:
+            if self._dir is None:
+                parent = self._disk_parent
+                if parent is not None:
+                    Path(parent).mkdir(parents=True, exist_ok=True)
+                self._dir = Path(tempfile.mkdtemp(prefix="attnlab-runs-", dir=parent))  # mode 0700
+                self._finalizer = weakref.finalize(self, shutil.rmtree, str(self._dir), True)
+            return self._dir
+
+    # ---- reading from disk ------------------------------------------------------------------------------------
+    @staticmethod
+    def _load(path: Path, device: str = "cpu") -> AttentionResult | None:
+        """The run in `path`, its tensors memory-mapped (on a GPU copied back to `device`); None when the file went."""
+        try:
+            # our own files, written by _spill into a private directory: whole objects, not only tensors
+            return torch.load(path, mmap=True, weights_only=False, map_location=device)
+        except FileNotFoundError:
+            return None
+
+    def _read(self, key: tuple, entry: _OnDisk) -> AttentionResult | None:
+        if entry.loaded is not None:
+            return entry.loaded
+        loaded = self._load(entry.path)
+        with self._lock:
+            self.disk_reads += 1
+            if loaded is not None and self._disk.get(key) is entry:
+                if entry.loaded is None:
+                    entry.loaded = loaded
+                return entry.loaded
+        return loaded
+
+    # ---- the books (under the lock) -----------------------------------------------------------------------------
+    def _pop_ram(self, key: tuple) -> None:
+        self._items.pop(key)
         old_host, old_device = self._sizes.pop(key)
-        self._pins.pop(key, None)
         self._bytes -= old_host
         self._device_bytes -= old_device
-        self._run_keys.pop(evicted.run_id, None)
 
+    def _pop_disk(self, key: tuple) -> None:
+        entry = self._disk.pop(key)
+        self._disk_used -= entry.nbytes
+        entry.path.unlink(missing_ok=True)  # a reader that has it mapped keeps its pages until it lets go
+
+    def _drop(self, key: tuple) -> None:
+        """The run leaves the store: its id is remembered as expired."""
+        run_id = None
+        if key in self._items:
+            run_id = self._items[key].run_id
+            self._pop_ram(key)
+        if key in self._disk:
+            run_id = run_id or self._disk[key].run_id
+            self._pop_disk(key)
+        if key in self._moving:
+            self._dropped_while_moving.add(key)
+        self._forget(key, run_id)
+
+    def _forget(self, key: tuple, run_id: str | None) -> None:
+        self._pins.pop(key, None)
+        if run_id is not None and self._run_keys.get(run_id) == key:
+            del self._run_keys[run_id]
+            self._expired[run_id] = None
+            while len(self._expired) > FORGET_AFTER:
+                self._expired.popitem(last=False)
+
+    def _evict(self, key: tuple) -> None:  # the name earlier callers used: drop it from the store
+        self._drop(key)
+
+    # ---- the memory accountant ------------------------------------------------------------------------------------
     def evict_for(self, nbytes: int, client: str) -> int:
-        """Free at least `nbytes` of host memory if that can be done without taking a run another client may still
-        use: unpinned results first (least recently used first), then `client`'s own pinned results, oldest first (the
-        client has moved on to a new request). Returns the bytes freed."""
+        """Free at least `nbytes` of RAM-tier host memory if that can be done without taking a run another client may
+        still use: unpinned runs first (least recently used first: to disk, or dropped when there is no room there);
+        with a disk tier then pinned runs, to disk (any client's: nothing is lost); without one, `client`'s own
+        pinned runs, dropped (the client has moved on), never a held one. Returns the bytes freed."""
         freed = 0
-        with self._lock:
-            now = time.monotonic()
-            for own_pins in (False, True):
-                for key in list(self._items):
-                    if freed >= nbytes:
-                        return freed
-                    if self._pinned(key, now) and not (own_pins and client and self._pins[key][1] == client):
-                        continue
-                    freed += self._sizes[key][0]
-                    self._evict(key)
+        for pass_ in ("unpinned", "pinned"):
+            with self._lock:
+                now = time.monotonic()
+                keys = [k for k in self._items if self._pinned(k, now) == (pass_ == "pinned")]
+            for key in keys:
+                if freed >= nbytes:
+                    return freed
+                if pass_ == "unpinned" or self.disk_tier:
+                    freed += self._leave_ram(key, may_drop=pass_ == "unpinned") or 0
+                else:
+                    with self._lock:
+                        own = client and self._pins.get(key, (0.0, ""))[1] == client and not self._held[key]
+                        if own and key in self._items:
+                            freed += self._sizes[key][0]
+                            self._drop(key)
         return freed
 
     def _remeasure(self) -> None:
@@ -116,21 +373,58 @@ class ResultCache:
                 self._bytes += host - old_host
                 self._device_bytes += device - old_device
 
+    # ---- by run id (windows, rows, minus) ----------------------------------------------------------------------
     def by_run_id(self, run_id: str) -> AttentionResult | None:
-        """The kept result of that run (marked recently used, its pin renewed), or None once evicted or never kept."""
+        """The kept run (marked recently used, its pin renewed): from RAM, or memory-mapped from disk; None when this
+        store does not hold it (see `why_missing`)."""
         with self._lock:
             key = self._run_keys.get(run_id)
-            if key is None or key not in self._items:
+            if key is None:
                 return None
-            self._items.move_to_end(key)
             until, client = self._pins.get(key, (0.0, ""))
             self._pins[key] = (max(until, time.monotonic() + self.pin_s), client)
-            return self._items[key]
+            result = self._items.get(key)
+            if result is not None:
+                self._items.move_to_end(key)
+                return result
+            entry = self._disk.get(key)
+            if entry is None:
+                return None
+            self._disk.move_to_end(key)
+        return self._read(key, entry)
+
+    def why_missing(self, run_id: str) -> str:
+        """'expired' when this store held the run and dropped it, else 'unknown' (never held here)."""
+        with self._lock:
+            return "expired" if run_id in self._expired else "unknown"
+
+    @contextlib.contextmanager
+    def holding(self, keys: Iterable[tuple]) -> Iterator[None]:
+        """While a job runs: the runs it plans (kept already, or put while it runs) are never dropped; they may move
+        to disk. A compare whose base was kept is never made to compute the base again."""
+        keys = list(dict.fromkeys(keys))
+        with self._lock:
+            self._held.update(keys)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held.subtract(keys)
+                for key in keys:
+                    if self._held[key] <= 0:
+                        del self._held[key]
 
     def clear(self) -> None:
         with self._lock:
-            self._items.clear()
-            self._run_keys.clear()
-            self._sizes.clear()
-            self._pins.clear()
-            self._bytes = self._device_bytes = 0
+            for key in list(self._items) + [k for k in self._disk if k not in self._items]:
+                self._drop(key)
+
+    def close(self) -> None:
+        """Every run dropped and the disk tier's directory removed (also done at exit)."""
+        self.clear()
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+
+
+RunStore = ResultCache  # the name it goes by in the docs

@@ -109,7 +109,8 @@ class Runtime:
         self.scheduler = ModelScheduler(settings)  # the model's turns: one forward at a time
         self._encoded: BoundedLRU[tuple, Encoded] = BoundedLRU(settings.result_cache_items)
         self.cache = ResultCache(settings.result_cache_items, settings.result_cache_bytes,
-                                 result_cache_device_bytes(settings, _gpu_total_bytes(settings)), settings.result_pin_s)
+                                 result_cache_device_bytes(settings, _gpu_total_bytes(settings)), settings.result_pin_s,
+                                 settings.run_store_disk_bytes, settings.run_store_dir)
         # kept runs + in-flight peaks within memory_budget_bytes (app/memory.py); app/costs.py reserves before runs
         self.memory = MemoryBudget(settings.memory_budget_bytes, settings.memory_reserved_bytes, self.cache,
                                    settings.memory_watch_rss)
@@ -299,6 +300,14 @@ class Runtime:
                   record_scores: bool) -> bool:
         """Whether `run` with these arguments would be answered from the cache (for the checks before the work)."""
         return any(key in self.cache for key in self._cache_keys(adapter, encoded, interventions, record_scores))
+
+    def holding_runs(self, adapter: AttentionAdapter, encoded: Encoded,
+                     runs: list[tuple[tuple[Intervention, ...], bool]]) -> contextlib.AbstractContextManager:
+        """While a job runs: its planned runs, each (interventions, record_scores), are held in the run store, kept
+        already or put meanwhile; they may move to disk but are never dropped (a compare never computes its kept
+        base twice)."""
+        keys = [key for interventions, scores in runs for key in self._cache_keys(adapter, encoded, interventions, scores)]
+        return self.cache.holding(keys)
 
     def run(
         self, adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...], record_scores: bool

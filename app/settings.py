@@ -115,6 +115,18 @@ class Settings(BaseSettings):
     redis_max_item_bytes: int = Field(10 * 1024 * 1024, ge=1024)  # per upload; the total is Redis's maxmemory
     redis_timeout_s: float = Field(1.0, gt=0)  # connect/read timeout: a down Redis answers 503 fast
     redis_key_prefix: str = "attnlab:image:"
+    # A fleet of replicas (app/fleet.py, docs/deploy.md "Fleet"): a run id names the replica that computed it
+    # (`<replica_name>.<hex>`); each replica registers `replica_url` (the URL the others reach it at) in Redis with a
+    # TTL of replica_ttl_s, refreshed every third of it, and forwards a run's requests to its owner. None: a random
+    # name per process / not registered (a single process, or replicas that only share uploads).
+    replica_name: str | None = Field(None, pattern=r"^[a-z0-9]{4,16}$")
+    replica_url: str | None = None  # e.g. "http://10.0.0.7:8000" (Kubernetes: from the pod IP)
+    replica_ttl_s: float = Field(15.0, ge=1)
+    forward_timeout_s: float = Field(960.0, gt=0)  # a forwarded request's read timeout (> job_timeout_s: jobs stream)
+    # SIGTERM drains for this long at most (0: no drain, the plain shutdown_grace_s stop): /api/ready and new work
+    # answer 503 at once (nginx and Kubernetes move on), running jobs may finish, pinned runs are still served (also
+    # forwarded from other replicas); then the process stops as with shutdown_grace_s.
+    drain_s: float = Field(0.0, ge=0)
 
     # Runtime.
     queue_depth: int = 32  # requests waiting for a model at once before 503
@@ -122,6 +134,16 @@ class Settings(BaseSettings):
     # A job (a request sent with Accept: text/event-stream: it streams progress and is told its ETA first, docs/api.md
     # "Jobs") is bounded by this instead of request_timeout_s, and refused with 413 only when its estimate exceeds it.
     job_timeout_s: float = Field(900.0, gt=0)
+    # Jobs one client may have queued or running at once (app/jobs.py); one more is answered 503 + Retry-After at once,
+    # so one client cannot fill the queue and lock the others out (turns go round the clients: app/scheduler.py).
+    max_queued_jobs_per_client: int = Field(4, ge=1)
+    # A job's stream sends something at least this often: an SSE comment (": keep-alive") while it waits or between
+    # events, so proxies (nginx's proxy_read_timeout) and clients never see a silent stream. A job not accepted within
+    # this starts its stream with them too (a refusal after that is the stream's error event, with its status).
+    job_heartbeat_s: float = Field(10.0, gt=0, le=60)
+    # The longest a request waits for room in memory_budget_bytes (app/memory.py) before it is refused (503) with the
+    # reason; a request whose room could not free up before its deadline is refused at once.
+    memory_wait_s: float = Field(120.0, ge=0)
     # A run stays pinned in the result cache this long after it was answered or last read by its run id (a window, a
     # row): its client's next step finds it, and a compare keeps both runs. Pinned bytes count against
     # memory_budget_bytes; a request that does not fit beside them waits (app/memory.py).
@@ -136,6 +158,16 @@ class Settings(BaseSettings):
     # None = a quarter of the device's total (an 8,192-token smollm2-135m run keeps about 0.9 GB; with the host budget
     # of ~0.7 GB it was evicted as soon as it was stored, and its run_id answered 404 at once).
     result_cache_bytes_gpu: int | None = Field(None, ge=1)
+    # The run store's disk tier (app/runstore.py): runs that leave RAM (the result cache's bytes above) are written
+    # to local disk and read back memory-mapped, so a pinned run is never dropped for lack of memory and its windows
+    # cost milliseconds. Unpinned runs are dropped when this budget is full, pinned ones never (with the disk full of
+    # pinned runs, they stay in RAM); one run larger than it is refused before it runs (413 naming
+    # run_store_disk_bytes). 0 = no disk tier (runs leaving RAM are dropped, as before). 8 GiB holds about twenty
+    # 4,096-token smollm2-135m runs (~0.4 GB each).
+    run_store_disk_bytes: int = Field(8 * 2**30, ge=0)
+    # Where the disk tier's files go: a directory of this process's own is made inside it (None: the system's temp
+    # directory) and removed when the process exits; a killed process leaves it behind (attnlab-runs-* directories).
+    run_store_dir: str | None = None
 
     # HTTP.
     cors_origins: list[str] = Field(default_factory=list)  # none: same origin only

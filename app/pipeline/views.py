@@ -26,8 +26,10 @@ from models.summaries import mean_token_distance, sink_mass
 def answer(job: AttentionJob) -> dict[str, Any]:
     """The job's response: its cost checked (a job is accepted there), its runs made, its family's view; with the
     request's patch sources and value grams in reach throughout (runs keep their value norms; norms a run did not
-    keep are recorded under the same patches)."""
-    with head_run(job.sources):
+    keep are recorded under the same patches). The planned runs are held in the run store meanwhile: a kept base that
+    admit() counted as done is never dropped before the compare reads it (nor the intervened run before the base is
+    made)."""
+    with head_run(job.sources), job.runtime.holding_runs(job.adapter, job.encoded, job.plan()):
         job.admit()
         return VIEWS[job.family](job)
 

@@ -23,7 +23,7 @@ from app.lifecycle import ParsedJsonRoute
 from app.attention import check_response_numbers, fast_json, field_error
 from app.deps import RuntimeDep
 from app.encoding import tensor_field
-from app.ids import is_valid_id
+from app.ids import is_valid_run_id
 from app.runtime import Runtime
 from app.schemas import AttentionKind, _Strict
 from models.adapters.base import AttentionResult
@@ -81,11 +81,23 @@ class RowRequest(_Strict):
 
 
 def _kept(runtime: Runtime, run_id: str) -> AttentionResult:
-    result = runtime.get_run(run_id) if is_valid_id(run_id) else None
+    result = runtime.get_run(run_id) if is_valid_run_id(run_id) else None
     if result is None or result.atlas is None:
-        raise HTTPException(404, detail=f"run {run_id!r} is unknown or no longer kept (evicted from the result "
-                            "cache): run the input again for a new run_id")
+        raise HTTPException(404, detail=missing_run(runtime, run_id, result))
     return result
+
+
+def missing_run(runtime: Runtime, run_id: str, result: AttentionResult | None = None) -> str:
+    """The 404's detail for a run this process cannot answer, saying which case it is: expired (the run store held
+    it and dropped it), unknown (never held here), or kept without what windows need."""
+    if result is not None:
+        return f"run {run_id!r} kept no per-layer records to rebuild windows from: run the input again"
+    if runtime.cache.why_missing(run_id) == "expired":
+        return (f"run {run_id!r} expired: this server held it and dropped it after its pin (result_pin_s="
+                f"{runtime.settings.result_pin_s:g} s after its last use) ended, to make room (RAM and the disk tier, "
+                "run_store_disk_bytes, were full): run the input again for a new run_id")
+    return (f"run {run_id!r} is unknown: this server never held it (an id from another server, or from before a "
+            "restart): run the input again for a new run_id")
 
 
 def _layer(runtime: Runtime, result: AttentionResult, layer: int, kind: str | None, loc: tuple) -> tuple[int, int, int]:
@@ -114,7 +126,8 @@ def _range(values: list[int], size: int, name: str) -> tuple[int, int]:
 
 
 @router.post("/{run_id}/window", responses={
-    404: {"description": "unknown or evicted run (this one, or the run named by `minus`)"},
+    404: {"description": "a run this server does not hold (this one, or the run named by `minus`): unknown or "
+          "expired, the detail says which"},
     413: {"description": "over max_window_cells (rows × cols returned), or over max_computed_numbers (rows × all "
           "keys, per pass, computed): names `rows`"},
     422: {"description": "indices out of range; `minus` a run of another model or token count"}})
@@ -230,7 +243,7 @@ def _kept_maps(result: AttentionResult, kind: str | None, layer: int) -> torch.T
 
 
 @router.post("/{run_id}/row", responses={
-    404: {"description": "unknown or evicted run"},
+    404: {"description": "a run this server does not hold: unknown or expired, the detail says which"},
     413: {"description": "over max_response_numbers (returned), or over max_computed_numbers (layers × heads × all "
           "keys, computed): names `layers` or `heads`"},
     422: {"description": "indices out of range; a layer or head named more than once"}})

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from app.ids import is_valid_run_id
 from app.main import create_app
 from app.settings import Settings
 from tests.api.helpers import TINY_ATLAS, tiny_lm_client
@@ -45,7 +46,7 @@ def test_long_first_view_has_overview_not_maps(long_client, short_client):
     n = len(long["tokens"])
     assert n > 8 and long["tokens"] == short["tokens"]
     assert long["attention"] is None and short["attention"] is not None
-    assert len(long["run_id"]) == 32 and long["run_id"] != short["run_id"]
+    assert is_valid_run_id(long["run_id"]) and long["run_id"] != short["run_id"]
     full = np.array(short["attention"])  # (L, H, T, T)
     edges = long["overview"]["edges"]
     assert edges[0] == 0 and edges[-1] == n and len(edges) - 1 <= 6
@@ -114,15 +115,16 @@ def test_limits(long_client, llama):
     assert long_client.post(f"/api/runs/{run}/row", json={"row": n}).status_code == 422
     for unknown in ("0" * 32, "not-an-id"):
         response = long_client.post(f"/api/runs/{unknown}/window", json={"layer": 0, "head": 0, "rows": [0, 2], "cols": [0, 2]})
-        assert response.status_code == 404
-    # evicted: a cache of one result keeps only the latest run once the first one's pin is over (result_pin_s=0;
-    # pinned runs: tests/api/test_jobs_api.py)
-    with tiny_lm_client(llama, full_map_tokens=8, result_cache_items=1, result_pin_s=0) as client:
+        assert response.status_code == 404 and "is unknown: this server never held it" in response.json()["detail"]
+    # expired: without a disk tier a store of one run keeps only the latest once the first one's pin is over
+    # (result_pin_s=0; pinned runs: tests/api/test_jobs_api.py; the disk tier: tests/api/test_run_store.py)
+    with tiny_lm_client(llama, full_map_tokens=8, result_cache_items=1, result_pin_s=0, run_store_disk_bytes=0) as client:
         first = _attention(client)["run_id"]
         body = {"layer": 0, "head": 0, "rows": [0, 2], "cols": [0, 2]}
         assert client.post(f"/api/runs/{first}/window", json=body).status_code == 200
         _attention(client, text=TEXT + " it was")
-        assert client.post(f"/api/runs/{first}/window", json=body).status_code == 404
+        response = client.post(f"/api/runs/{first}/window", json=body)
+        assert response.status_code == 404 and f"run {first!r} expired" in response.json()["detail"]
 
 
 def test_long_scores_come_by_window(long_client):

@@ -16,6 +16,7 @@ import { isAbort, postJSON, setStatus } from "../api.js";
 import { visibleToken } from "../dom.js";
 import { decodeTensor, fmt, maxAbs } from "../mathx.js";
 import { loadPlotly } from "../vendor.js";
+import { MASKED_GREY } from "./heatmap.js";
 import { bandShapes, rowBandNote, rowBandShapes } from "./layerkinds.js";
 
 const LABEL_MAX = 80; // token labels on an axis once a window is at most this many tokens wide
@@ -63,8 +64,9 @@ function panel(el) {
 // one) keeps the zoomed window; the same run with another kind is a new view.
 // band: a local layer's window w (static/js/views/layerkinds.js: its edge is drawn on the maps and rows), else null;
 // layerName: the layer as the titles name it ("layer 2 · local 512").
+// causal: whether a key after its query is masked (default: a decoder LM's map, an encoder–decoder's decoder kind).
 export async function drawAtlas(el, r, { layer, head, kind = null, queryTokens = r.tokens, keyTokens = r.tokens, beta = null,
-  onWindow = null, onSelectHead = null, band = null, layerName = null }) {
+  onWindow = null, onSelectHead = null, band = null, layerName = null, causal = null }) {
   const Plotly = await loadPlotly();
   // The same input (tokens) and kind keeps the place: another head, the full load after a partial one, and a new
   // run of the same tokens (a compare after an intervention) re-ask the same window, row and retrieval of it.
@@ -74,7 +76,8 @@ export async function drawAtlas(el, r, { layer, head, kind = null, queryTokens =
   const row = same ? current.row : undefined;
   const retrievalShown = same && current.r.run_id !== r.run_id && !document.getElementById("atlas-retrieval")?.hidden;
   current = { el, r, kind, layer, head, queryTokens, keyTokens, beta, row: undefined, onWindow, onSelectHead, band,
-    layerName: layerName ?? `layer ${layer}` };
+    layerName: layerName ?? `layer ${layer}`,
+    causal: causal ?? (kind === "decoder" || (!kind && r.output?.kind === "next_token")) };
   const box = panel(el);
   box.hidden = false;
   const n = (x) => x.toLocaleString("en");
@@ -95,8 +98,9 @@ export async function drawAtlas(el, r, { layer, head, kind = null, queryTokens =
   el.removeAllListeners?.("plotly_relayout");
   el.removeAllListeners?.("plotly_click");
   drawOverview(Plotly);
-  el.on("plotly_relayout", (ev) => onZoom(ev));
-  el.on("plotly_click", (ev) => { const p = ev.points?.[0]; if (p) drawRow(Math.floor(p.y)); });
+  watchBoxDrags(el);
+  el.on("plotly_relayout", (ev) => { if (!justBoxed()) onZoom(ev); });
+  el.on("plotly_click", (ev) => { const p = ev.points?.[0]; if (p && !justBoxed()) drawRow(Math.floor(p.y)); });
   if (kept) await drawWindow(kept.rows, kept.cols);
   if (row !== undefined && current) await drawRow(row);
   if (retrievalShown && current) await retrieval(); // the same span of the new run
@@ -140,6 +144,27 @@ function coloured(P) {
   return { z: P, zmin: 0, zmax: top, text };
 }
 
+// Cells a mask forbids (P = 0 by construction, not by attention) are grey, as on short maps (heatmap.js): the causal
+// triangle (key j > query i) and, on a local layer of width w, the keys beyond the window's edge (j ≤ i − w).
+// An overview block is grey when every cell in it is forbidden (a block across the diagonal or the edge is a mean).
+// rows, cols: the cells' [start, end) token ranges along each axis. Returns the grey trace, or null when none is.
+function forbiddenTrace(x, y, rows, cols) {
+  const { causal, band } = current;
+  if (!causal && !band) return null;
+  const grey = rows.map(([r0, r1]) => cols.map(([c0, c1]) => ((causal && c0 >= r1) || (band && c1 <= r0 - band + 1) ? 1 : null)));
+  if (!grey.some((row) => row.includes(1))) return null;
+  const why = [causal ? "causal: key j > query i" : "", band ? `beyond the local window: key j ≤ i − ${band}` : ""].filter(Boolean).join("; ");
+  return {
+    type: "heatmap", x, y, z: grey, colorscale: [[0, MASKED_GREY], [1, MASKED_GREY]], zmin: 0, zmax: 1, showscale: false,
+    hoverongaps: false, name: "forbidden", hovertemplate: `forbidden (${why}): P = 0<extra></extra>`,
+  };
+}
+const spans = (edges) => edges.slice(0, -1).map((e, i) => [e, edges[i + 1]]);
+const cellsOf = (indices) => indices.map((i) => [i, i + 1]);
+// The heading's legend of the grey cells (as drawHeatmap's).
+const greyLegend = (trace) => (trace ? [{ text: `<span style="color:${MASKED_GREY}">■</span> forbidden, P = 0`, xref: "paper", yref: "paper",
+  x: 0, y: 1, yanchor: "bottom", xanchor: "left", showarrow: false, font: { size: 11, color: "#555" } }] : []);
+
 // The page's map mode, as the response carried it: value-weighted windows, rows and retrieval follow the overview.
 const weighting = (r) => r.weighting ?? "attention";
 const weightingNote = (r) => (weighting(r) === "value_norm" ? " · value-weighted ‖P·v W_O‖" : "");
@@ -153,10 +178,11 @@ export function hideAtlas() {
   current = null;
 }
 
-// A window or row request that failed: an aborted one was replaced by a newer one; an evicted run says so.
+// A window or row request that failed: an aborted one was replaced by a newer one. A run the server does not hold
+// (404) is said as the server says it (unknown, expired, or its replica gone): the page does not guess which.
 function failed(err, what) {
   if (isAbort(err)) return;
-  const gone = err.status === 404 ? ": the run was evicted from the server's cache, press Run again" : "";
+  const gone = err.status === 404 ? " (press Run again for a new run)" : "";
   // beside the map's controls (the header's status line only points here)
   const box = document.getElementById("atlas-error");
   if (box) { box.textContent = `${what}: ${err.message}${gone}`; box.hidden = false; box.dataset.what = what; }
@@ -183,11 +209,14 @@ function drawOverview(Plotly = window.Plotly) {
     hovertemplate: `queries ≈ %{y:.0f} · keys ≈ %{x:.0f}<br>mean ${diff ? "P̂ − P %{z:.3g}" : "P %{text}"}<extra></extra>`,
   };
   const what = diff ? " · P̂ − P" : showsDiff(r) ? " · of P̂ (zoom for P̂ − P)" : "";
-  Plotly.react(el, [trace], {
+  const grey = forbiddenTrace(trace.x, trace.y, spans(rows), spans(cols));
+  el.dataset.forbidden = String(grey ? grey.z.flat().filter(Boolean).length : 0);
+  Plotly.react(el, grey ? [trace, grey] : [trace], {
     title: { text: `overview · ${kind ? `${kind} · ` : ""}${current.layerName}, head ${head}${current.beta ? " · at the run's β (zoom for view β)" : ""}${what}${weightingNote(r)}`, font: { size: 13 } },
     margin: { l: 60, r: 10, t: 30, b: 40 },
     xaxis: { title: { text: axisTitle("key") }, range: [0, cols.at(-1)] }, yaxis: { title: { text: axisTitle("query") }, autorange: "reversed" },
     dragmode: "zoom", shapes: bandShapes(current.band, { x0: 0, x1: cols.at(-1), y0: 0, y1: rows.at(-1) }),
+    annotations: greyLegend(grey),
   }, { scrollZoom: true, responsive: true });
   el.dataset.atlas = "overview";
   el.dataset.band = current.band ?? "";
@@ -207,12 +236,54 @@ function axisTitle(side) {
   return `${side} (${seq} token)`;
 }
 
+// A box drag under 8 px is a click to Plotly (its MINDRAG), and one under 20 px (MINZOOM) in a direction zooms the
+// other axis alone: on an overview of thousands of tokens a 40 × 40 window is a few pixels, and took two zooms.
+// A drag of at least BOX_PX both ways that Plotly would not zoom as a box is taken here as the box drawn: its window
+// loads, its click is no row click and Plotly's own one-axis zoom of it is not a window request.
+const BOX_PX = 3, PLOTLY_BOX_PX = 20;
+const watched = new WeakSet();
+let boxedAt = -Infinity;
+const justBoxed = () => performance.now() - boxedAt < 400;
+function watchBoxDrags(el) {
+  if (watched.has(el)) return;
+  watched.add(el);
+  let start = null;
+  el.addEventListener("mousedown", (e) => {
+    start = e.button === 0 && e.target.closest?.(".nsewdrag[data-subplot='xy']") ? { x: e.clientX, y: e.clientY } : null;
+  }, true);
+  window.addEventListener("mouseup", (e) => { // capture: before Plotly's own mouseup on the document
+    const from = start;
+    start = null;
+    if (!from || current?.el !== el || el.layout?.dragmode !== "zoom") return;
+    const dx = Math.abs(e.clientX - from.x), dy = Math.abs(e.clientY - from.y);
+    if (dx < BOX_PX || dy < BOX_PX || (dx >= PLOTLY_BOX_PX && dy >= PLOTLY_BOX_PX)) return; // a click; Plotly's box
+    const box = dataBox(el, from, { x: e.clientX, y: e.clientY });
+    if (!box) return;
+    boxedAt = performance.now();
+    setTimeout(() => { if (current?.el === el) zoomTo(box); }, 0);
+  }, true);
+}
+
+// Two points on the page (client pixels) as the map's data ranges {x0, x1, y0, y1}, or null before a figure is drawn.
+function dataBox(el, a, b) {
+  const xa = el._fullLayout?.xaxis, ya = el._fullLayout?.yaxis;
+  if (!xa?.p2d || !ya?.p2d) return null;
+  const rect = el.getBoundingClientRect();
+  const x = (p) => xa.p2d(p.x - rect.left - xa._offset), y = (p) => ya.p2d(p.y - rect.top - ya._offset);
+  return { x0: x(a), x1: x(b), y0: y(a), y1: y(b) };
+}
+
 let zoomSeq = 0;
 async function onZoom(ev) {
   if (!current) return;
   if (ev["xaxis.autorange"] || ev["yaxis.autorange"]) { drawOverview(); return; }
   const x0 = ev["xaxis.range[0]"], x1 = ev["xaxis.range[1]"], y0 = ev["yaxis.range[0]"], y1 = ev["yaxis.range[1]"];
   if (x0 === undefined || y0 === undefined) return;
+  await zoomTo({ x0, x1, y0, y1 });
+}
+
+// The exact window of the data ranges asked (a box drag, a scroll zoom), when it is small enough to load.
+async function zoomTo({ x0, x1, y0, y1 }) {
   const clamp = (v, n) => Math.max(0, Math.min(n, Math.round(v)));
   const nk = current.keyTokens.length, nq = current.queryTokens.length;
   const cols = [clamp(Math.min(x0, x1), nk), clamp(Math.max(x0, x1), nk)];
@@ -264,13 +335,16 @@ export async function drawWindow(rows, cols) {
     ? { title: { text }, tickmode: "array", tickvals: idx, ticktext: idx.map(name), tickfont: { size: 9 } }
     : { title: { text } };
   const maxDiff = diff ? ` (max |Δ| = ${fmt(span, 3)})` : "";
-  await window.Plotly.react(el, [trace, ...entropy], {
+  const grey = forbiddenTrace(xs, ys, cellsOf(ys), cellsOf(xs)); // after the entropy strip: data[1] stays the strip
+  el.dataset.forbidden = String(grey ? grey.z.flat().filter(Boolean).length : 0);
+  await window.Plotly.react(el, [trace, ...entropy, ...(grey ? [grey] : [])], {
     title: { text: `${diff ? "P̂ − P · " : ""}window · ${kind ? `${kind} · ` : ""}${current.layerName}, head ${head}${beta ? ` · view β = ${fmt(beta)}` : ""}${weightingNote(r)}${maxDiff}`, font: { size: 13 } },
     margin: { l: narrow ? 110 : 60, r: 10, t: 30, b: narrow ? 110 : 40 },
     xaxis: { ...axis(xs, axisTitle("key"), keyLabel), domain: [0, 0.76] }, yaxis: { ...axis(ys, axisTitle("query"), queryLabel), autorange: "reversed" },
     xaxis2: { domain: [0.88, 1], title: { text: "row entropy (nats)", font: { size: 10 } }, rangemode: "tozero", tickfont: { size: 9 } },
     showlegend: false, dragmode: "zoom",
     shapes: bandShapes(current.band, { x0: cols[0], x1: cols[1], y0: rows[0], y1: rows[1], cells: true }),
+    annotations: greyLegend(grey),
   }, { scrollZoom: true, responsive: true });
   el.dataset.atlas = narrow ? "window-labels" : "window";
   el.dataset.scale = diff ? "diff" : scaleName;

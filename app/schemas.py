@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.ids import ID_PATTERN
+from app.ids import RUN_ID_PATTERN
 from models.interventions import Intervention
 
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -66,7 +66,7 @@ class PatchHeads(_Scoped):
     `source` is the `clean_run_id` of POST /api/text/patching."""
 
     op: Literal["patch_heads"]
-    source: str = Field(pattern=ID_PATTERN.pattern, description="run id of the source run (clean_run_id)")
+    source: str = Field(pattern=RUN_ID_PATTERN.pattern, description="run id of the source run (clean_run_id)")
 
 
 class PatchResidual(_Scoped):
@@ -74,7 +74,7 @@ class PatchResidual(_Scoped):
     (same token count): `source` is the `clean_run_id` of POST /api/text/patching; `heads` must be null."""
 
     op: Literal["patch_residual"]
-    source: str = Field(pattern=ID_PATTERN.pattern, description="run id of the source run (clean_run_id)")
+    source: str = Field(pattern=RUN_ID_PATTERN.pattern, description="run id of the source run (clean_run_id)")
     tokens: IndexList | None = Field(None, description="token positions to patch (null = all)")
 
 
@@ -159,6 +159,18 @@ class TextAttentionRequest(AttentionRequestBase):
     )
 
 
+class GenerateAttention(_Strict):
+    """Which attention rows each step of a continuation carries (see /guide#s9): the row of the query that produced
+    the step's token, for each of these layers and heads."""
+
+    layers: IndexList | None = Field(None, description="layers (null = all)")
+    heads: IndexList | None = Field(None, description="query heads (null = all)")
+    top_k: int | None = Field(None, description="null: whole rows; k ≥ 1: each row as its k largest probabilities "
+                              "(`indices`, `values`) and the row's log-sum-exp `lse`")
+    encoding: Literal["json", "f16", "f32"] = Field(
+        "json", description="whole rows as JSON numbers, or base64 float16/float32 {dtype, shape, data}")
+
+
 class GenerateRequest(_Strict):
     """Greedy continuations with and without the interventions (see /guide#s9)."""
 
@@ -167,6 +179,9 @@ class GenerateRequest(_Strict):
     chat: bool = False
     max_new_tokens: int = Field(16, ge=1, description="1 … the server's max_new_tokens (default 64)")
     interventions: Interventions = Field(default_factory=list)
+    attention: GenerateAttention | None = Field(
+        None, description="per-step attention rows (null: none); each step event then carries `attention` and "
+        "`base_attention`")
 
 
 class PatchingPair(_Strict):
@@ -325,7 +340,11 @@ def request_examples(models: dict[str, str], image_samples: dict[str, str],
         examples["/api/text/generate"] = {"language_model": {
             "summary": f"{lm}: 8 tokens with and without layer 0 ablated", "value": {
                 "model": lm, "text": "The capital of France is", "chat": False, "max_new_tokens": 8,
-                "interventions": [{"op": "ablate_heads", "layers": [0]}]}}}
+                "interventions": [{"op": "ablate_heads", "layers": [0]}]}},
+            "attention_rows": {"summary": f"{lm}: 8 tokens, each with the top 5 keys of layer 3's heads 0 and 1", "value": {
+                "model": lm, "text": "The capital of France is", "max_new_tokens": 8,
+                "interventions": [{"op": "mask_keys", "tokens": [1]}],
+                "attention": {"layers": [3], "heads": [0, 1], "top_k": 5}}}}
     images = {
         model: {"summary": f"{model}: the page's example photo, mask patch token 5", "value": {
             "model": model, "image_id": image_id, "layers": [0], "heads": [0], "queries": [0],

@@ -153,6 +153,13 @@ def _row_logits(record: LayerRecord, heads: list[int], r0: int, r1: int,
     return z, blocked, cols
 
 
+def row_logits(record: LayerRecord, heads: list[int], r0: int, r1: int,
+               beta: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """z of rows [r0, r1) over their keys, masked cells −∞ (see _row_logits): for callers outside this module (the
+    log-sum-exp a continuation's top-k rows carry, models/step_rows.py)."""
+    return _row_logits(record, heads, r0, r1, beta)
+
+
 @torch.inference_mode()
 def full_row_entropy(record: LayerRecord, heads: list[int], r0: int, r1: int, beta: float | None = None,
                      block: int = 128) -> torch.Tensor:

@@ -24,6 +24,7 @@ from models.atlas import AtlasRecorder, PendingRecord, atlas_attention
 from models.interventions import Intervention, LogitExtras, intervened_attention
 from models.recording import NOTHING, AttentionRecorder
 from models.run_context import current_run
+from models.step_rows import StepRows
 
 ATTN_IMPLEMENTATION = "attnlab"
 
@@ -64,6 +65,9 @@ class RunScope:
     # layer → what rebuilds any window of P (short runs: references to q̂/k̂ and the masks, built into a LayerRecord
     # only when asked for)
     records: dict[int, object] = field(default_factory=dict)
+    # A decoding forward (record=False) of a continuation: the last query's row of the asked layers and heads
+    # (models/step_rows.py); a long prompt's blockwise layer records are dropped once its row is taken
+    rows: StepRows | None = None
 
     @property
     def layers_recorded(self) -> int:
@@ -236,7 +240,13 @@ def attnlab_attention(
         query_offset=scope.query_offset,
     )
     if not scope.record:
-        output, probs, _, _ = intervened_attention(query, key, value, allowed, **common, recorder=NOTHING)
+        wants_row = scope.rows is not None and scope.rows.wants(layer)
+        # with top_k the row's log-sum-exp is formed from q̂ k̂ᵀ of its last query: the forward hands those over
+        recorder = AttentionRecorder(qk=[]) if wants_row and scope.rows.needs_lse else NOTHING
+        output, probs, _, _ = intervened_attention(query, key, value, allowed, **common, recorder=recorder)
+        if wants_row:
+            scope.rows.take_probs(layer, probs, recorder.qk, allowed, extras, native_beta, scope.interventions,
+                                  scope.query_offset)
         _layer_done(scope, module)
         output = head_ops.at_layer(output, value, layer, scope.interventions, scope.query_offset)  # patches, mean ablation
         return output.to(out_dtype).transpose(1, 2).contiguous(), probs
@@ -265,6 +275,11 @@ def _long_layer(scope: RunScope, module: nn.Module, query: torch.Tensor, key: to
         layer=scope.layer_of[id(module)], native_beta=native_beta, interventions=scope.interventions,
         extras=extras, query_offset=scope.query_offset,
     )  # (1, H, T_q, d_v) float32
+    if scope.rows is not None:  # a continuation's long prompt: its last row, then no record is kept
+        layer = scope.layer_of[id(module)]
+        if scope.rows.wants(layer):
+            scope.rows.take_record(layer, scope.atlas.records[layer])
+        del scope.atlas.records[layer]
     _layer_done(scope, module)
     output = head_ops.at_layer(output.to(value.dtype), _repeat_kv(value, n_heads // n_kv_heads),
                                scope.layer_of[id(module)], scope.interventions, scope.query_offset)

@@ -17,6 +17,8 @@ from app.runtime import Runtime
 from app.schemas import AttentionResponse, GenerateRequest, TextAttentionRequest
 from models.adapters.base import AttentionAdapter, Encoded, RequestFieldError
 from models.adapters.causal_lm import CausalLMAdapter
+from models.step_rows import RowRequest
+from app.encoding import tensor_field
 
 router = APIRouter(prefix="/api/text", tags=["text"], route_class=ParsedJsonRoute)
 _WHAT = "POST /api/text/attention"
@@ -100,21 +102,61 @@ def generate(req: GenerateRequest, runtime: RuntimeDep, request: Request) -> Res
     interventions = engine_interventions(req, adapter, len(encoded.tokens))
     refuse_for_generate(req)  # mean ablation needs every position at once
     prompt = encoded.inputs["input_ids"][0].tolist()
+    rows = _row_request(req, adapter)
 
     def work(stream: JobStream) -> dict:
         # 413 before the stream starts when its model time would exceed generate_timeout_s (app/costs.py); accepted
         check_stream_cost(adapter, runtime.settings, len(prompt), req.max_new_tokens, len(interventions))
-        return _continue(runtime, adapter, prompt, interventions, req.max_new_tokens, stream)
+        return _continue(runtime, adapter, prompt, interventions, req.max_new_tokens, stream, rows,
+                         req.attention.encoding if req.attention is not None else "json")
 
     return run_job(request, work, "POST /api/text/generate", layer_progress=False)
 
 
+def _row_request(req: GenerateRequest, adapter: CausalLMAdapter) -> RowRequest | None:
+    """The request's `attention` checked against the model: 422 naming attention.layers, .heads or .top_k."""
+    if req.attention is None:
+        return None
+    asked = req.attention
+    rows = RowRequest(layers=None if asked.layers is None else tuple(asked.layers),
+                      heads=None if asked.heads is None else tuple(asked.heads), top_k=asked.top_k)
+    try:
+        rows.check(adapter.info.layers, adapter.info.heads)
+    except ValueError as exc:
+        field = str(exc).split(":")[0].split(".")[-1]
+        raise field_error(("attention", field), str(exc)) from None
+    return rows
+
+
+def _row_fields(attention: dict | None, encoding: str) -> object:
+    """A step's rows as sent: (l, h, T_k) as JSON numbers or base64, or with top_k [l][h] {"indices", "values", "lse"}."""
+    if attention is None:
+        return None
+    if "rows" in attention:
+        return tensor_field(attention["rows"], encoding)
+    indices, values, lse = (attention[k].cpu().numpy() for k in ("indices", "values", "lse"))
+    return [[{"indices": indices[l, h], "values": values[l, h], "lse": float(lse[l, h])}
+             for h in range(indices.shape[1])] for l in range(indices.shape[0])]
+
+
+def _keep_runs(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], ids: dict[str, list[int]],
+               interventions) -> dict:
+    """Each side's finished sequence (prompt + its continuation) as a kept run, through the runtime's own run path
+    (the result cache's rules, like any attention request): `run_id` with the interventions, `base_run_id` without."""
+    names = {}
+    for prefix, side_interventions in (("", interventions), ("base_", ())):
+        check_cancelled()
+        result = runtime.run(adapter, adapter.encode_ids(prompt + ids[prefix]), side_interventions, False)
+        names[f"{prefix}run_id"] = result.run_id
+    return names
+
+
 def _continue(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], interventions, max_new_tokens: int,
-              stream: JobStream) -> dict:
+              stream: JobStream, rows: RowRequest | None = None, encoding: str = "json") -> dict:
     """Both continuations step by step; each step takes the model lock on its own (interactive: before waiting jobs),
-    so other requests interleave."""
-    sides = {"": adapter.continuation(prompt, interventions, max_new_tokens),
-             "base_": adapter.continuation(prompt, (), max_new_tokens)}
+    so other requests interleave. With `rows`, each step event carries the asked attention rows of both sides."""
+    sides = {"": adapter.continuation(prompt, interventions, max_new_tokens, rows=rows),
+             "base_": adapter.continuation(prompt, (), max_new_tokens, rows=rows)}
     ids: dict[str, list[int]] = {"": [], "base_": []}
     budget_s = runtime.settings.generate_timeout_s
     deadline = time.monotonic() + budget_s  # the whole stream's budget
@@ -140,10 +182,13 @@ def _continue(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], int
             ended = new is None
             event.update({f"{prefix}token": None if ended else new.token, f"{prefix}id": None if ended else new.id,
                           f"{prefix}prob": None if ended else new.prob, f"{prefix}ended": ended})
+            if rows is not None:
+                event[f"{prefix}attention"] = None if ended else _row_fields(new.attention, encoding)
         if not sides:
             break
         stream.emit(event)
-    return {"text": adapter.decode(ids[""]), "base_text": adapter.decode(ids["base_"])}
+    return {"text": adapter.decode(ids[""]), "base_text": adapter.decode(ids["base_"]), "prompt_tokens": len(prompt),
+            **_keep_runs(runtime, adapter, prompt, ids, interventions)}
 
 
 def _over_budget(step: int, budget_s: float) -> dict:

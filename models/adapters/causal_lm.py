@@ -29,6 +29,8 @@ from models.hooks import RunScope, UnsupportedAttention, load_with_attnlab, run_
 from models.gguf import read_prepared
 from models.probe import layer_facts, window_probe_length
 from models.interventions import Intervention
+from models.atlas import AtlasRecorder
+from models.step_rows import RowRequest, StepRows
 
 TOP_K = 10
 PROBE_TEXT = "The capital of France is Paris, and the capital of Italy is"
@@ -41,6 +43,9 @@ class Step:
     token: str
     id: int
     prob: float
+    # the row of the query that produced this token, for the asked layers and heads (models/step_rows.py): {"rows":
+    # (l, h, T_k)} or with top_k {"indices", "values": (l, h, k), "lse": (l, h)}; None when none was asked
+    attention: dict | None = None
 
 
 class CausalLMAdapter(AttentionAdapter):
@@ -139,6 +144,13 @@ class CausalLMAdapter(AttentionAdapter):
             extra={"position": len(ids) - 1},
         )
 
+    def encode_ids(self, ids: list[int]) -> Encoded:
+        """Token ids as this model's input (a finished continuation: prompt + generated ids), named by its ids."""
+        input_ids = torch.tensor([ids])  # (1, T)
+        return Encoded(key=("lm_ids", tuple(ids)), tokens=[self.token_text(i) for i in ids],
+                       inputs={"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)},
+                       extra={"position": len(ids) - 1})
+
     def encode_request(self, request: Any, cached=encode_now) -> Encoded:
         """The prompt `text` (a user turn with `chat`), kept per prompt; then the query `position` whose next token is
         shown (a request without one, such as a continuation's: the last)."""
@@ -230,10 +242,14 @@ class CausalLMAdapter(AttentionAdapter):
     # ---- continuation --------------------------------------------------------------------------------
     @torch.inference_mode()
     def _next_logits(self, ids: torch.Tensor, cache: DynamicCache | None, n_done: int,
-                     interventions: tuple[Intervention, ...]) -> torch.Tensor:
-        """Logits after `ids` (1, T); with a cache only the tokens from position n_done on are fed. (V,)"""
-        scope = RunScope(layer_of=self.layer_of, interventions=interventions, record=False, query_offset=n_done)
+                     interventions: tuple[Intervention, ...], rows: StepRows | None = None) -> torch.Tensor:
+        """Logits after `ids` (1, T); with a cache only the tokens from position n_done on are fed. (V,)
+        A forward over more than full_map_tokens new tokens (a long prompt) runs blockwise (models/atlas.py), so no
+        T × T map is formed; `rows` receives the last query's row of the asked layers."""
         new = ids[:, n_done:] if cache is not None else ids
+        long = new.shape[1] > self.full_map_tokens
+        scope = RunScope(layer_of=self.layer_of, interventions=interventions, record=long, query_offset=n_done,
+                         rows=rows, atlas=AtlasRecorder(self.atlas_config) if long else None)
         if cache is None:
             scope.query_offset = 0
         with run_scope(scope):
@@ -244,20 +260,23 @@ class CausalLMAdapter(AttentionAdapter):
         return outputs.logits[0, -1]
 
     def continuation(
-        self, prompt: list[int], interventions: tuple[Intervention, ...], max_new_tokens: int, use_cache: bool = True
+        self, prompt: list[int], interventions: tuple[Intervention, ...], max_new_tokens: int, use_cache: bool = True,
+        rows: RowRequest | None = None,
     ) -> Iterator[Step]:
         """Greedy decoding with the interventions active at every step: token positions keep their masks and
         their ε as the sequence grows (docs/science.md §9). Yields one Step per new token; stops at end of sequence.
-        Each step is a separate forward, so a caller may stop between steps (a closed connection)."""
+        Each step is a separate forward, so a caller may stop between steps (a closed connection). With `rows`, each
+        Step carries the attention row of the query that produced its token (models/step_rows.py)."""
         ids = torch.tensor([prompt])  # (1, T)
         cache = DynamicCache() if use_cache else None
         n_done = 0
         for _ in range(max_new_tokens):
-            logits = self._next_logits(ids, cache, n_done, interventions)  # (V,)
+            step_rows = StepRows(rows, self.info.layers, self.info.heads)
+            logits = self._next_logits(ids, cache, n_done, interventions, step_rows)  # (V,)
             n_done = ids.shape[1]
             probs = torch.softmax(logits.double(), dim=-1)
             token = int(probs.argmax())
-            yield Step(self.token_text(token), token, float(probs[token]))
+            yield Step(self.token_text(token), token, float(probs[token]), step_rows.result())
             if token in self.eos_ids:
                 return
             ids = torch.cat([ids, torch.tensor([[token]])], dim=1)

@@ -8,10 +8,14 @@ call is one or a few HTTP requests; the numbers are the server's, decoded into n
   text/event-stream`, docs/api.md "Jobs"): its accepted event carries the ETA, progress events move a tqdm bar, the
   done event is the usual JSON. Leaving the stream early (KeyboardInterrupt, an exception, breaking out of
   `generate`) closes the connection, and the server stops the job at its next layer or step.
+- A fleet (docs/deploy.md "Fleet"): every request carries this Lab's own `X-Attnlab-Client` id, so its work lands on
+  one replica. A job whose stream is cut without an answer (its replica died), or refused for a moment (502/503/504,
+  a replica shutting down), is sent again, up to `retries` times: the result then comes from another replica.
 """
 from __future__ import annotations
 
 import atexit
+import http.client
 import json
 import math
 import mimetypes
@@ -81,10 +85,12 @@ class Lab:
     `timeout`: seconds a plain request or a stream may stay silent. `progress`: show tqdm bars for jobs.
     """
 
-    def __init__(self, url: str | None = None, *, timeout: float = 900.0, progress: bool = True):
+    def __init__(self, url: str | None = None, *, timeout: float = 900.0, progress: bool = True, retries: int = 3):
         self.url = (url or os.environ.get("ATTNLAB_URL") or DEFAULT_URL).rstrip("/")
         self.timeout = timeout
         self.progress = progress
+        self.retries = retries  # a job sent again after its stream was cut or a replica refused it for a moment
+        self.client_id = uuid.uuid4().hex  # X-Attnlab-Client: this Lab's work lands together on a fleet
         self._process: subprocess.Popen | None = None
         self._log = None
 
@@ -167,13 +173,14 @@ class Lab:
         if body is not None:
             data = json.dumps(body, allow_nan=False).encode()
             headers = {"Content-Type": "application/json", **(headers or {})}
-        call = urllib.request.Request(self.url + path, data=data, method=method, headers=headers or {})
+        headers = {"X-Attnlab-Client": self.client_id, **(headers or {})}
+        call = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             return urllib.request.urlopen(call, timeout=timeout or self.timeout)
         except urllib.error.HTTPError as exc:
             raise _lab_error(exc, path) from None
         except urllib.error.URLError as exc:
-            raise LabError(None, f"cannot reach {self.url}: {exc.reason}", path) from None
+            raise _cut(f"cannot reach {self.url}: {exc.reason}", path) from None
 
     def _json(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
         with self._open(method, path, body, **kwargs) as answer:
@@ -185,7 +192,7 @@ class Lab:
         answer = self._open("POST", path, body, headers=STREAM)
         try:
             name, data = None, []
-            for raw in answer:
+            for raw in _lines(answer, path):
                 line = raw.decode("utf-8").rstrip("\r\n")
                 if line.startswith("event:"):
                     name = line[6:].strip()
@@ -200,7 +207,18 @@ class Lab:
 
     def _job(self, path: str, body: dict, what: str | None = None) -> dict:
         """Run a POST as a job (docs/api.md "Jobs") and return its done event's JSON, showing progress with its ETA.
-        A KeyboardInterrupt closes the stream, which cancels the job on the server."""
+        A KeyboardInterrupt closes the stream, which cancels the job on the server. A stream cut without an answer
+        or a passing refusal (_passing) sends the job again, up to `retries` times."""
+        for attempt in range(self.retries + 1):
+            try:
+                return self._job_once(path, body, what)
+            except LabError as exc:
+                if attempt == self.retries or not _passing(exc):
+                    raise
+                time.sleep(min(5.0, exc.retry_after or 0.5))
+        raise AssertionError("unreachable")
+
+    def _job_once(self, path: str, body: dict, what: str | None) -> dict:
         bar = _progress_bar(what or path) if self.progress else None
         events = self._events(path, body)
         try:
@@ -218,7 +236,7 @@ class Lab:
                     return event
                 elif "error" in event:
                     raise LabError(event.get("status"), event["error"], path, event.get("retry_after"))
-            raise LabError(None, "the stream ended without an answer", path)
+            raise _cut("the stream ended without an answer", path)
         finally:  # also on KeyboardInterrupt: closing the stream cancels the job on the server
             events.close()
             if bar is not None:
@@ -283,11 +301,17 @@ class Lab:
         return self._json("POST", "/api/text/tokenize", _body(model=model, text=text))
 
     def generate(self, text: str, model: str | None = None, *, max_new_tokens: int = 16,
-                 interventions: Sequence[Intervention | dict] = (), chat: bool = False) -> Continuation:
+                 interventions: Sequence[Intervention | dict] = (), chat: bool = False,
+                 attention: dict | None = None) -> Continuation:
         """POST /api/text/generate: iterate the continuation, one dict per step (the intervened token and the base
-        token side by side); afterwards `.text` and `.base_text`. Breaking out of the loop stops it on the server."""
+        token side by side); afterwards `.text` and `.base_text`. Breaking out of the loop stops it on the server.
+        `attention={"layers": […]|None, "heads": […]|None, "top_k": None|k}`: each step also carries `attention` and
+        `base_attention`, numpy (layers, heads, P + step) rows (with top_k, [l][h] dicts of numpy `indices`, `values`
+        and the row's `lse`); afterwards `.run_id`/`.base_run_id` name the kept runs and `.window()` reads them."""
+        if attention is not None and attention.get("top_k") is None:
+            attention = {"encoding": "f32", **attention}  # whole rows as exact float32, without parsing text
         body = _body(model=model, text=text, max_new_tokens=max_new_tokens, interventions=to_items(interventions),
-                     chat=chat)
+                     chat=chat, attention=attention)
         return Continuation(self, body)
 
     def patching(self, clean: str | None = None, corrupt: str | None = None, answer: str | None = None,
@@ -394,6 +418,29 @@ def _body(**fields: Any) -> dict:
             raise ValueError(f"{name}: {value} is not a finite number")
         body[name] = value
     return body
+
+
+def _lines(answer, path: str) -> Iterator[bytes]:
+    """The response's lines; a connection cut mid-stream (the replica died) is a LabError with no status."""
+    try:
+        yield from answer
+    except (OSError, http.client.HTTPException) as exc:
+        raise _cut(f"the stream was cut: {exc!r}", path) from None
+
+
+def _cut(detail: str, path: str) -> LabError:
+    """A LabError for no answer at all: the server was not reached, or its stream ended without a last event."""
+    error = LabError(None, detail, path)
+    error.cut = True
+    return error
+
+
+def _passing(exc: LabError) -> bool:
+    """A failure that sending the job again may get past: no answer (a connection refused or cut, a stream that
+    ended without one), a proxy's or a stopping replica's refusal (502/503/504), an error event with retry_after."""
+    if getattr(exc, "cut", False):
+        return True
+    return exc.status in (502, 503, 504) or (exc.retry_after is not None and "shutting down" in str(exc.detail))
 
 
 def _lab_error(exc: urllib.error.HTTPError, path: str) -> LabError:

@@ -320,10 +320,38 @@ class Continuation:
                 if "error" in event:
                     raise LabError(event.get("status"), event["error"], "/api/text/generate",
                                    event.get("retry_after"))
+                for key in ("attention", "base_attention"):
+                    if event.get(key) is not None:
+                        event[key] = _step_rows(event[key])
                 self.steps.append(event)
                 yield event
         finally:  # a loop left early (break, an exception) closes the stream: the server stops generating
             events.close()
+
+    @property
+    def run_id(self) -> str | None:
+        """The kept run of the prompt + the intervened continuation (once it has run)."""
+        return (self.response or {}).get("run_id")
+
+    @property
+    def base_run_id(self) -> str | None:
+        """The kept run of the prompt + the continuation without interventions."""
+        return (self.response or {}).get("base_run_id")
+
+    def _tokens(self, base: bool) -> int:
+        key = "base_id" if base else "id"
+        return int((self.response or {}).get("prompt_tokens", 0)) + sum(s.get(key) is not None for s in self.steps)
+
+    def window(self, layer: int, head: int, rows: Sequence[int] | None = None, cols: Sequence[int] | None = None,
+               base: bool = False, **fields: Any) -> "Window":
+        """The exact P of `layer`, `head` over rows × cols (None = all) of the kept run (generated positions
+        included): the intervened side's, or with `base=True` the plain one's. `fields` as AttentionResult.window."""
+        run_id = self.base_run_id if base else self.run_id
+        if not run_id:
+            raise ValueError("the continuation has not run to its end: no run is kept yet (iterate it or .run())")
+        n = self._tokens(base)
+        return self.lab.window(run_id, layer, head, rows if rows is not None else (0, n),
+                               cols if cols is not None else (0, n), **fields)
 
     def run(self) -> "Continuation":
         for _ in self:
@@ -341,6 +369,15 @@ class Continuation:
     def __repr__(self) -> str:
         state = f"{self.text!r} (base {self.base_text!r})" if self.response else f"{len(self.steps)} steps so far"
         return f"<Continuation {state}>"
+
+
+def _step_rows(field: Any) -> Any:
+    """A step's attention rows → numpy: (layers, heads, keys), or with top_k [l][h] {"indices", "values", "lse"}."""
+    if isinstance(field, list) and field and isinstance(field[0], list) and field[0] and isinstance(field[0][0], dict):
+        return [[{"indices": np.asarray(row["indices"], dtype=np.int64),
+                  "values": np.asarray(row["values"], dtype=np.float32), "lse": float(row["lse"])} for row in layer]
+                for layer in field]
+    return decode(field)
 
 
 class PatchingResult(Result):

@@ -139,6 +139,36 @@ def test_generate_streams_the_continuation_and_a_break_stops_it(lab):
     assert list(continuation) == steps  # a finished continuation iterates its steps again
 
 
+def test_generate_with_attention_yields_numpy_rows_and_a_run_with_windows(lab):
+    """Each step's rows in numpy (layers, heads, P + step), equal to the server's JSON; the finished continuation
+    names its kept runs, and .window() reads a generated row of either side from them."""
+    continuation = lab.generate(TEXT, model="lm", max_new_tokens=4, interventions=[MaskKeys([1])],
+                                attention={"layers": [1], "heads": [0, 2]})
+    steps = [step for step in continuation]
+    body = {"model": "lm", "text": TEXT, "max_new_tokens": 4, "interventions": [{"op": "mask_keys", "tokens": [1]}],
+            "attention": {"layers": [1], "heads": [0, 2]}}
+    call = urllib.request.Request(lab.url + "/api/text/generate", data=json.dumps(body).encode(),
+                                  headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(call, timeout=60) as answer:
+        served = [json.loads(line[6:]) for line in answer if line.startswith(b"data: ")]
+    served_steps = [e for e in served if "step" in e]
+    prompt = served[-1]["prompt_tokens"]
+    live = [(s, e) for s, e in zip(steps, served_steps) if not s["ended"]]
+    assert live and continuation.run_id and continuation.base_run_id
+    for number, (step, event) in enumerate(live):
+        assert isinstance(step["attention"], np.ndarray) and step["attention"].shape == (1, 2, prompt + number)
+        np.testing.assert_allclose(step["attention"], np.array(event["attention"]), atol=1e-7)
+        assert np.all(step["attention"][..., 1] == 0.0)  # the masked key, at every step
+    last = len(live) - 1
+    window = continuation.window(1, 2, rows=(prompt + last - 1, prompt + last))
+    np.testing.assert_allclose(window.attention[0, : prompt + last], live[-1][0]["attention"][0, 1], atol=1e-5)
+    base = continuation.window(1, 0, base=True)
+    assert base.attention.shape[0] == base.attention.shape[1] == prompt + sum(s["base_id"] is not None for s in steps)
+    top = next(iter(lab.generate(TEXT, model="lm", max_new_tokens=2, attention={"heads": [1], "top_k": 2})))
+    row = top["base_attention"][0][0]
+    assert row["indices"].dtype == np.int64 and row["values"].shape == (2,) and np.isfinite(row["lse"])
+
+
 def test_patching_lens_faithfulness_and_a_patch_from_the_clean_run(lab):
     body = dict(clean="the cat sat on the", corrupt="the dog sat on the", answer=" mat", wrong=" rug", model="lm")
     patching = lab.patching(**body)

@@ -1,0 +1,245 @@
+"""The run store (app/runstore.py, issue 36 §1): the page's order on one process, and the disk tier's cost per window.
+
+Two parts:
+
+- `page_order`: a fresh `python -m app.serve` with default settings (from `--root`, default this checkout: point it at
+  an export of an older commit to measure "before"), then the text page's own order on the long sample
+  (static/samples/long-sample.txt, smollm2-135m): its first view streamed as a job, then a compare with mask_keys on
+  three early tokens, streamed. Reported: the compare's accepted `runs` and the largest progress `total` it sent (a
+  total over runs × 30 layers means a run was computed twice), `/api/jobs` kept bytes, and how many of 10 windows of
+  each run (the intervened `run_id`, the `base_run_id`, and `minus` windows) answer right after `done` and 60 s later.
+- `disk_window`: in one process, a long run of smollm2-135m (the same sample) kept in a run store whose RAM tier is
+  too small for it, so it lives on disk: the time to write it, its file size against its kept bytes, and the time of
+  a window (40 × 40 and 128 × 512, exact, from q̂/k̂) from RAM and from disk (first read: cold file pages dropped
+  from the page cache where /proc/sys/vm/drop_caches is writable; then warm), interleaved so that the machine's load
+  weighs on both alike.
+
+Writes benchmarks/results/run_store.md (figures) and run_store.json (raw).
+
+    .venv/bin/python benchmarks/run_store.py [--parts page_order,disk_window] [--root DIR] [--label before]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = (ROOT / "static" / "samples" / "long-sample.txt").read_text().rstrip()
+STREAM = {"Accept": "text/event-stream"}
+MASKED = [1, 2, 3]  # "a few early tokens"
+WINDOWS = [(layer, head, r0) for layer, head, r0 in
+           [(0, 0, 100), (3, 1, 400), (6, 2, 700), (9, 3, 1000), (12, 4, 1300), (15, 5, 1600), (18, 6, 1900),
+            (21, 7, 2200), (24, 8, 2500), (29, 0, 2800)]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server(root: Path, env: dict[str, str] | None = None, ready_s: float = 600):
+    """`python -m app.serve` from `root` with default settings (+ env) on a free loopback port."""
+    port = free_port()
+    log = open(ROOT / "benchmarks" / "results" / "run_store-server.log", "a")
+    proc = subprocess.Popen([sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port)], cwd=root,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, stdout=log, stderr=log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        end = time.time() + ready_s
+        while time.time() < end:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/api/ready", timeout=2).status_code == 200:
+                    break
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}")
+            time.sleep(1)
+        else:
+            raise RuntimeError("the server was not ready in time")
+        yield base, proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(20)
+        if proc.poll() is None:
+            proc.kill()
+
+
+def page_body(interventions: list[dict]) -> dict:
+    """What static/js/text.js request() sends for the long sample on smollm2-135m (layer 0, head 0, thumbnails)."""
+    compare = bool(interventions)
+    return {"model": "smollm2-135m", "text": SAMPLE, "layers": [0], "heads": [0], "include_scores": True,
+            "interventions": interventions, "compare": compare, "include_base": compare, "samples": 1,
+            "thumbnail_size": 24, "encoding": "f32", "position": None, "chat": False}
+
+
+def job(base: str, body: dict, client: str) -> dict:
+    """One streamed request: its accepted event, the largest progress total, the final event and the real time."""
+    started, out = time.time(), {"totals": set()}
+    with httpx.stream("POST", f"{base}/api/text/attention", json=body,
+                      headers={**STREAM, "X-Attnlab-Client": client}, timeout=1200) as response:
+        out["status"] = response.status_code
+        if response.status_code != 200:
+            response.read()
+            out["detail"] = response.text[:300]
+            return out
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[6:])
+            if event.get("accepted"):
+                out["accepted"] = {k: event.get(k) for k in ("runs", "eta_s", "queue_position")}
+            if "total" in event:
+                out["totals"].add(event["total"])
+            if "done" in event or "error" in event:
+                out["final"] = event
+                break
+    out["real_s"] = round(time.time() - started, 2)
+    out["totals"] = sorted(out["totals"])
+    return out
+
+
+def windows(base: str, run_id: str, client: str, minus: str | None = None) -> dict:
+    """10 windows (40 × 40 near the diagonal) of a run: how many answer, their statuses' details, the times."""
+    answered, details, times = 0, [], []
+    for layer, head, r0 in WINDOWS:
+        body = {"layer": layer, "head": head, "rows": [r0, r0 + 40], "cols": [r0 - 20, r0 + 20], "minus": minus}
+        started = time.perf_counter()
+        response = httpx.post(f"{base}/api/runs/{run_id}/window", json=body, headers={"X-Attnlab-Client": client},
+                              timeout=120)
+        times.append(time.perf_counter() - started)
+        if response.status_code == 200:
+            answered += 1
+        else:
+            details.append(f"{response.status_code}: {response.text[:160]}")
+    return {"answered": answered, "of": len(WINDOWS), "median_s": round(statistics.median(times), 4),
+            "details": sorted(set(details))}
+
+
+def part_page_order(root: Path) -> dict:
+    client = "page-order"
+    with server(root) as (base, _proc):
+        first = job(base, page_body([]), client)
+        compare = job(base, page_body([{"op": "mask_keys", "tokens": MASKED}]), client)
+        out = {"first_view": {k: v for k, v in first.items() if k != "final"},
+               "compare": {k: v for k, v in compare.items() if k != "final"}}
+        final = compare.get("final") or {}
+        run, base_run = final.get("run_id"), final.get("base_run_id")
+        out["tokens"] = len(final.get("tokens") or [])
+        out["kept"] = httpx.get(f"{base}/api/jobs", timeout=30).json().get("memory")
+        if run and base_run:
+            for when in ("at_done", "after_60s"):
+                if when == "after_60s":
+                    time.sleep(60 - min(60.0, sum(w["median_s"] * 10 for w in out["at_done"].values())))
+                out[when] = {"run_id": windows(base, run, client), "base_run_id": windows(base, base_run, client),
+                             "minus": windows(base, run, client, minus=base_run)}
+        else:
+            out["error"] = {k: final.get(k) for k in ("error", "status")} or compare.get("detail")
+    return out
+
+
+def _time(fn, repeat: int) -> float:
+    best = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        best.append(time.perf_counter() - started)
+    return statistics.median(best)
+
+
+def _drop_page_cache() -> bool:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("1")
+        return True
+    except OSError:
+        return False
+
+
+def part_disk_window() -> dict:
+    import torch
+
+    from app.runstore import ResultCache
+    from models.adapters.causal_lm import CausalLMAdapter
+    from models.atlas import full_row_entropy, window
+
+    torch.set_num_threads(2)
+    adapter = CausalLMAdapter("smollm2-135m", str(ROOT / "weights" / "smollm2-135m"), device="cpu")
+    adapter.full_map_tokens = 512
+    encoded = adapter.encode(SAMPLE)
+    result = adapter.run(encoded)
+    result.run_id, result.model_id = "bench.run", "smollm2-135m"
+    store = ResultCache(max_items=8, max_bytes=1, pin_s=600, disk_bytes=4 * 2**30)
+    started = time.perf_counter()
+    store.put(("k",), result, "bench")  # larger than the RAM tier: written to disk
+    write_s = time.perf_counter() - started
+    size = store.disk_bytes
+    n = len(encoded.tokens)
+    cases = {"40x40": ((n // 2, n // 2 + 40), (n // 2 - 20, n // 2 + 20)), "128x512": ((n - 128, n), (n - 512, n))}
+
+    def one(run, rows, cols):  # what POST /api/runs/{id}/window computes: the window and its rows' entropy
+        record = run.atlas.record(15)
+        window(record, 3, rows, cols, None)
+        full_row_entropy(record, [3], rows[0], rows[1], None, 128)
+
+    out = {"tokens": n, "kept_bytes": result.nbytes, "file_bytes": size, "write_s": round(write_s, 3), "windows": {}}
+    for name, (rows, cols) in cases.items():
+        cold = []
+        for _ in range(3):  # a first read each time: the mapping reopened, its pages dropped where allowed
+            store2 = ResultCache(max_items=8, max_bytes=1, pin_s=600, disk_bytes=4 * 2**30)
+            entry = next(iter(store._disk.values()))
+            dropped = _drop_page_cache()
+            started = time.perf_counter()
+            loaded = store2._load(entry.path)
+            one(loaded, rows, cols)
+            cold.append(time.perf_counter() - started)
+        on_disk = store.by_run_id("bench.run")
+        ram, disk = [], []
+        for _ in range(5):  # interleaved: RAM, disk, RAM, disk, ...
+            ram.append(_time(lambda: one(result, rows, cols), 1))
+            disk.append(_time(lambda: one(on_disk, rows, cols), 1))
+        out["windows"][name] = {"ram_ms": round(1000 * statistics.median(ram), 2),
+                                "disk_warm_ms": round(1000 * statistics.median(disk), 2),
+                                "disk_first_read_ms": round(1000 * statistics.median(cold), 2),
+                                "page_cache_dropped": dropped}
+    store.close()
+    return out
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    return f"{platform.node()}: {os.cpu_count()} cores ({cpu}), load {os.getloadavg()[0]:.1f}, Python {platform.python_version()}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="page_order,disk_window")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the source tree the server runs from")
+    parser.add_argument("--label", default="after")
+    args = parser.parse_args()
+    results_path = ROOT / "benchmarks" / "results" / "run_store.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    for part in args.parts.split(","):
+        started = time.time()
+        figures = part_page_order(args.root) if part == "page_order" else part_disk_window()
+        figures["machine"], figures["wall_s"] = machine(), round(time.time() - started, 1)
+        results[f"{part}:{args.label}"] = figures
+        print(json.dumps({part: figures}, indent=1, default=str), flush=True)
+        results_path.write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

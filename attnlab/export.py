@@ -143,8 +143,9 @@ def standalone_html(response: dict, *, request: dict | None = None, title: str |
     text = (request or {}).get("text") or " ".join(response.get("tokens") or [])
     title = title or f"attnlab · {model} · {text[:60]}{'…' if len(text) > 60 else ''}"
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    beta_note = (" View-mode β re-normalises the saved scores (softmax(β·Ŝ) per row) in the browser."
-                 if response.get("scores") is not None else " It holds no scores: the maps are the run's, at its β.")
+    beta_note = (" View-mode β re-normalises the saved scores (softmax(β·Ŝ) per row) in the browser, starting from"
+                 " each head's β in the run." if response.get("scores") is not None
+                 else " It holds no scores: the maps are the run's, at its β.") + run_note((request or {}).get("interventions"))
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -174,6 +175,25 @@ attnlabImport(read("attnlab-modules"), {json.dumps(ENTRY)})
 </body>
 </html>
 """
+
+
+def run_note(interventions: list | None) -> str:
+    """The footer's line on what the run did: ' The run's interventions: temperature β = 0.5 on layers 10; …'."""
+    if not interventions:
+        return ""
+
+    def scope(item: dict) -> str:
+        where = [f"{name if len(item[name]) > 1 else name[:-1]} {', '.join(map(str, item[name]))}"
+                 for name in ("layers", "heads") if item.get(name) is not None]
+        kind = f"{item['kind']} attention" if item.get("kind") else ""
+        return " on " + ", ".join(filter(None, [kind, *where])) if where or kind else " on every head"
+
+    parts = []
+    for item in interventions:
+        item = dict(item)
+        what = {"temperature": f"temperature β = {item.get('beta')}", "mask_keys": f"keys {item.get('tokens')} masked"}
+        parts.append(what.get(item.get("op"), str(item.get("op"))) + scope(item))
+    return f" The run's interventions (the maps are drawn as it made them): {'; '.join(parts)}."
 
 
 def complete_response(result: Any) -> tuple[dict, dict | None]:

@@ -72,18 +72,40 @@ def export_image_html(req: images.ImageAttentionRequest, runtime: RuntimeDep, st
     return _attachment(page, req.model, "image")
 
 
-def decoder_view(response: dict) -> dict:
+def run_betas(interventions, layers: list[int], heads: list[int], native_beta: float, kind: str = "decoder") -> np.ndarray:
+    """The β each returned (layer, head) of attention `kind` ran at: β₀, or the last temperature that covers it (an
+    item with kind null covers every kind; layers/heads null every layer/head), as models/interventions.py plans it.
+    interventions: the request's items (pydantic models or dicts). → (len(layers), len(heads))"""
+    betas = np.full((len(layers), len(heads)), float(native_beta))
+    for iv in interventions or ():
+        item = iv if isinstance(iv, dict) else iv.model_dump()
+        if item.get("op") != "temperature" or item.get("kind") not in (None, kind):
+            continue
+        for li, layer in enumerate(layers):
+            for hi, head in enumerate(heads):
+                if item.get("layers") is None or layer in item["layers"]:
+                    if item.get("heads") is None or head in item["heads"]:
+                        betas[li, hi] = float(item["beta"])
+    return betas
+
+
+def decoder_view(response: dict, interventions=()) -> dict:
     """The speech response as the embedded view's square-map response: the decoder self-attention (L, H, N, N) over
-    the decoder tokens, with Ŝ = ln P / β₀ as its scores (see the module's note; P = 0 → MASKED_SCORE)."""
+    the decoder tokens, with Ŝ = ln P / β as its scores, β the run's for each head (β₀ unless a temperature on the
+    decoder changed it: softmax(β·Ŝ) is then P again, and the slider starts from the map drawn; see the module's
+    note; P = 0 → MASKED_SCORE)."""
     decoder = response["attention"]["decoder"]
     P = np.frombuffer(base64.b64decode(decoder["data"]), dtype="<f4").reshape(decoder["shape"])
     beta0 = float(response.get("native_beta") or 1.0)
+    layers = response.get("layers") or list(range(P.shape[0]))
+    heads = response.get("heads") or list(range(P.shape[1]))
+    betas = run_betas(interventions, layers, heads, beta0)[:, :, None, None]  # (L, H, 1, 1)
     with np.errstate(divide="ignore"):
-        S = np.where(P > 0, np.log(np.where(P > 0, P, 1.0)) / beta0, MASKED_SCORE).astype("<f4")  # (L, H, N, N)
+        S = np.where(P > 0, np.log(np.where(P > 0, P, 1.0)) / betas, MASKED_SCORE).astype("<f4")  # (L, H, N, N)
     scores = {**decoder, "data": base64.b64encode(S.tobytes()).decode("ascii")}
     keep = ("model", "tokens", "layers", "heads", "native_beta", "transcript", "weighting", "run_id")
     view = {name: response[name] for name in keep if name in response}
-    return {**view, "attention": decoder,
+    return {**view, "attention": decoder, "view_kind": "decoder",
             "scores": scores if response.get("weighting", "attention") != "value_norm" else None}
 
 
@@ -97,7 +119,7 @@ def export_audio_html(req: audio.AudioAttentionRequest, runtime: RuntimeDep, sto
     _refuse_events(request)
     body = req.model_copy(update={"kinds": ["decoder"], "encoding": "f32", "compare": False, "encoder_layers": None})
     response = orjson.loads(audio.audio_attention(body, runtime, store, request).body)
-    view = decoder_view(response)
+    view = decoder_view(response, body.interventions)
     from attnlab.export import standalone_html
 
     transcript = (response.get("transcript") or "").strip()

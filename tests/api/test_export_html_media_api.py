@@ -94,3 +94,26 @@ def test_audio_export_bad_input_names_the_field(audio_client, sample_id):  # noq
         assert field in json.dumps(res.json()["detail"]), (body, res.text)
     res = audio_client.post("/api/audio/export.html", json={"audio_id": "0" * 32})
     assert res.status_code == 404 and "audio_id" in res.text
+
+
+def test_audio_export_scores_start_from_the_runs_beta(audio_client, sample_id):  # noqa: F811
+    """Issue 38 §1: a temperature on the decoder's layer 2 ran that layer at β = 2·β₀; the file's scores give the map it
+    draws back at the run's β of each head (Ŝ = ln P / β), so its slider starts from the map drawn, and the file says
+    which attention it shows (view_kind) so that the view reads the request's interventions for it."""
+    beta0 = 0.125  # whisper-tiny-en: 1/√64
+    run = [{"op": "temperature", "beta": 2 * beta0, "kind": "decoder", "layers": [2]},
+           {"op": "temperature", "beta": 0.01, "kind": "cross"}]  # cross-attention: not the map in the file
+    body = {"audio_id": sample_id, "layers": [1, 2], "heads": [0, 3], "interventions": run}
+    res = audio_client.post("/api/audio/export.html", json=body)
+    assert res.status_code == 200, res.text
+    data = inlined(res.text, "attnlab-data")
+    response = data["response"]
+    assert response["view_kind"] == "decoder" and data["request"]["interventions"][0]["beta"] == 2 * beta0
+    P, S = tensor(response["attention"]).astype(np.float64), tensor(response["scores"]).astype(np.float64)
+    N = P.shape[-1]
+    causal = np.tril(np.ones((N, N), dtype=bool))
+    for li, beta in ((0, beta0), (1, 2 * beta0)):  # layer 1 at β₀, layer 2 at the run's 2·β₀
+        logits = np.where(causal, beta * S[li], -np.inf)
+        soft = np.exp(logits - logits.max(-1, keepdims=True))
+        np.testing.assert_allclose(soft / soft.sum(-1, keepdims=True), P[li], atol=1e-5)
+    assert "temperature β = 0.25 on decoder attention, layer 2" in res.text  # the footer names the run's interventions

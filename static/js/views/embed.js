@@ -13,7 +13,7 @@ import { drawHeatmap, paintHeatmap } from "./heatmap.js";
 import { SCALES, scaleMatrix } from "./scales.js";
 
 const SETTLE_MS = 150; // as the page (lab.js): cells follow a slider, Plotly redraws once it rests this long
-const BETA_RANGE = 3; // the slider is log₁₀(β / β₀) in [-3, 3], as on the page
+const BETA_RANGE = 3; // the slider is log₁₀(β / the run's β) in [-3, 3], as on the page (log₁₀(β / β₀) there)
 
 const STYLE = `
 .attnlab-embed { font: 13px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d2230; }
@@ -40,6 +40,24 @@ const STYLE = `
 
 // An encoder–decoder's tensor fields hold one tensor per attention kind: the embedded view shows the encoder's.
 const ofEncoder = (field) => (field && !Array.isArray(field) && !field.dtype ? field.encoder : field);
+const perKind = (field) => Boolean(field && !Array.isArray(field) && !field.dtype);
+
+// What the run did to one head, from the request's interventions (models/interventions.py plan_layer: an item with
+// layers/heads null covers every one, a later temperature overrides an earlier one): its β, the keys it masked and
+// whether it applied a causal mask. viewKind: the attention kind the view shows ("encoder", "decoder"; an item with
+// another kind does not touch it), null for a model with one kind of attention.
+export function runSettings(interventions, layer, head, nativeBeta, viewKind = null) {
+  const run = { beta: nativeBeta, masked: new Set(), causal: false };
+  for (const iv of interventions ?? []) {
+    if ((iv.kind ?? null) !== null && iv.kind !== viewKind) continue;
+    if ((iv.layers ?? null) !== null && !iv.layers.includes(layer)) continue;
+    if ((iv.heads ?? null) !== null && !iv.heads.includes(head)) continue;
+    if (iv.op === "temperature") run.beta = Number(iv.beta);
+    else if (iv.op === "mask_keys") for (const j of iv.tokens ?? []) run.masked.add(j);
+    else if (iv.op === "causal") run.causal = true;
+  }
+  return run;
+}
 
 // response: POST /api/text/attention's answer (nested lists or encoded tensors) for the slices it names
 // (response.layers × response.heads); request: the body that asked for it (model, text, … for run mode and the
@@ -70,10 +88,15 @@ export function mountEmbed(root, { response, request = null, server = null, laye
   setOptions(ui.head, heads.map((h, i) => [i, `head ${h}`]), state.hi);
   setOptions(ui.scale, SCALES.filter(([v]) => v !== "rowsk"), state.scale);
 
-  const beta = () => nativeBeta * 10 ** state.logRatio;
+  // The shown head as the run made it (its β, masks): the map drawn unmoved, and where the slider starts from.
+  const viewKind = r.view_kind ?? (perKind(r.attention) ? "encoder" : null);
+  const run = () => runSettings(request?.interventions, layers[state.li], heads[state.hi], nativeBeta, viewKind);
+  const beta = () => run().beta * 10 ** state.logRatio;
   const betaMoved = () => Math.abs(state.logRatio) > 1e-9;
-  // Query row i's keys the browser leaves out when it re-normalises: masked keys, and j > i on a causal map.
-  const maskedRow = (i, n) => Array.from({ length: n }, (_, j) => state.masks.has(j) || (causal && j > i));
+  // Query row i's keys the browser leaves out when it re-normalises: the run's masked keys and the page's, and j > i
+  // on a causal map (the model's or the run's causal mask).
+  const maskedRow = (i, n, shown = run()) => Array.from({ length: n },
+    (_, j) => state.masks.has(j) || shown.masked.has(j) || ((causal || shown.causal) && j > i));
 
   // The shown head's P: the response's; in view mode with β moved or keys masked, softmax(β·Ŝ) over the kept keys
   // (§2); in run mode, the server's run with the interventions once it has answered.
@@ -82,19 +105,29 @@ export function mountEmbed(root, { response, request = null, server = null, laye
     if (state.mode === "run") return state.run?.P ?? P;
     if (!(betaMoved() || state.masks.size) || !scores) return P;
     const S = scores[state.li][state.hi];
-    return S.map((row, i) => softmaxRow(row, beta(), maskedRow(i, row.length)));
+    const shown = run(), b = beta();
+    return S.map((row, i) => softmaxRow(row, b, maskedRow(i, row.length, shown)));
   }
 
   // Grey cells: forbidden by a mask (the causal mask, masked keys), not near-zero attention.
   function maskedCells(n, m) {
-    const cells = Array.from({ length: n }, (_, i) => maskedRow(i, m));
+    const shown = run();
+    const cells = Array.from({ length: n }, (_, i) => maskedRow(i, m, shown));
     return cells.some((row) => row.some(Boolean)) ? cells : null;
   }
   function maskLegend() {
-    const parts = [];
-    if (causal) parts.push("causal: key j > query i");
-    if (state.masks.size) parts.push(`masked key${state.masks.size > 1 ? "s" : ""} ${[...state.masks].sort((a, b) => a - b).join(", ")}`);
+    const parts = [], shown = run();
+    const keys = (set) => [...set].sort((a, b) => a - b).join(", ");
+    if (causal || shown.causal) parts.push(`causal${causal ? "" : " (the run's mask)"}: key j > query i`);
+    if (shown.masked.size) parts.push(`masked in the run: key${shown.masked.size > 1 ? "s" : ""} ${keys(shown.masked)}`);
+    if (state.masks.size) parts.push(`masked key${state.masks.size > 1 ? "s" : ""} ${keys(state.masks)}`);
     return `masked, P = 0: ${parts.join("; ")}`;
+  }
+  // The readout beside the slider: the β drawn, and what it is relative to (the run's β for this head, β₀).
+  function betaReadout() {
+    const runBeta = run().beta, ofRun = Math.abs(runBeta - nativeBeta) > 1e-12 * nativeBeta;
+    if (betaMoved()) return `β = ${fmt(beta())} (the run's β = ${fmt(runBeta)}${ofRun ? `, β₀ = ${fmt(nativeBeta)}` : ", native β₀"})`;
+    return `β = ${fmt(runBeta)}${ofRun ? ` (the run's temperature; β₀ = ${fmt(nativeBeta)})` : " (native β₀)"}`;
   }
 
   let settleTimer = null;
@@ -103,7 +136,7 @@ export function mountEmbed(root, { response, request = null, server = null, laye
     const P = shownAttention();
     const forbidden = maskedCells(P.length, tokens.length);
     const scale = scaleMatrix(P, state.scale);
-    ui.readout.textContent = `β = ${fmt(beta())}${betaMoved() ? ` (β₀ = ${fmt(nativeBeta)})` : " (native β₀)"}`;
+    ui.readout.textContent = betaReadout();
     clearTimeout(settleTimer);
     if (settle > 0 && paintHeatmap(ui.heatmap, scale.z, tokens, tokens, forbidden)) {
       settleTimer = setTimeout(() => redraw(), settle);
@@ -254,9 +287,10 @@ function buildDom(root, { server }) {
   const [scaleBox, scale] = select("colour", "scale");
   const beta = el("input", { type: "range", min: String(-BETA_RANGE), max: String(BETA_RANGE), step: "0.01", value: "0" });
   beta.dataset.role = "beta";
-  beta.setAttribute("aria-label", "log10 of β / β₀");
+  beta.setAttribute("aria-label", "log10 of β / the run's β");
   const readout = el("span", { className: "ae-mono" });
-  const betaReset = el("button", { type: "button", textContent: "β₀", title: "back to the model's native β₀" });
+  const betaReset = el("button", { type: "button", textContent: "reset β", title: "back to the run's β (the model's β₀ where the run set no temperature)" });
+  betaReset.dataset.role = "beta-reset";
   let mode = null, modeBox = null;
   if (server) {
     [modeBox, mode] = select("mode", "mode");

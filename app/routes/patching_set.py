@@ -24,18 +24,42 @@ from models.patching import Pair
 from models.patching_set import ESTIMATES, agreement, mean_and_spread, set_scan
 
 
-def expand_template(req: PatchingRequest) -> list[dict[str, Any]]:
-    """The template's pairs: its {slots} filled with each filler's clean and corrupt values. 422 naming the filler
-    when a slot is missing or unknown."""
-    template = req.template
+TEMPLATE_RULE = "slots are plain names in braces, e.g. {country}; a literal brace is {{ or }}"
+
+
+def template_parts(text: str) -> list[tuple[str, str | None]]:
+    """The template as (literal text, slot name or None) parts, literal braces unescaped. Only plain {name} slots:
+    a format spec ({c:>1000000000} would build a gigabyte), a conversion ({c!r}), attribute or index access
+    ({c.x}, {c[0]}) or a positional {} is a 422 on template.text naming the slot. Nothing is formatted here: the
+    parser only splits the text (linear in its length)."""
     try:
-        slots = {name for _, name, _, _ in string.Formatter().parse(template.text) if name is not None}
+        parsed = list(string.Formatter().parse(text))
     except ValueError as exc:  # an unmatched brace
-        raise field_error(("template", "text"), f"the template does not parse: {exc} (a literal brace is {{{{ or }}}})")
+        raise field_error(("template", "text"), f"the template does not parse: {exc} ({TEMPLATE_RULE})") from None
+    parts = []
+    for literal, name, spec, conversion in parsed:
+        if name is not None and (spec or conversion is not None or not name.isidentifier()):
+            shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            what = ("a format spec" if spec else "a conversion" if conversion is not None
+                    else "no name" if not name else "attribute or index access")
+            raise field_error(("template", "text"), f"the slot {shown[:60]} has {what}; {TEMPLATE_RULE}")
+        parts.append((literal, name))
+    return parts
+
+
+def expand_template(req: PatchingRequest, max_chars: int) -> list[dict[str, Any]]:
+    """The template's pairs: its {slots} filled with each filler's clean and corrupt values. 422 naming the filler
+    when a slot is missing or unknown, or when a filled prompt would be over `max_chars` (max_text_chars): its
+    length is counted before it is built."""
+    template = req.template
+    if len(template.text) > max_chars:
+        raise field_error(("template", "text"), f"the template has {len(template.text):,} characters; the limit is "
+                          f"{max_chars:,} (max_text_chars)")
+    parts = template_parts(template.text)
+    slots = {name for _, name in parts if name is not None}
     if not slots:
         raise field_error(("template", "text"), "the template has no {slot} to fill")
-    if any(not name.isidentifier() for name in slots):
-        raise field_error(("template", "text"), "slots are names in braces, e.g. {country}")
+    literal_chars = sum(len(literal) for literal, _ in parts)
     pairs = []
     for i, filler in enumerate(template.fillers):
         texts = {}
@@ -43,11 +67,12 @@ def expand_template(req: PatchingRequest) -> list[dict[str, Any]]:
             values = getattr(filler, side)
             if set(values) != slots:
                 raise field_error(("template", "fillers", i, side), f"fill exactly the slots {sorted(slots)}; "
-                                  f"got {sorted(values)}")
-            try:
-                texts[side] = template.text.format(**values)
-            except (ValueError, KeyError, IndexError) as exc:  # a format spec that does not apply to text
-                raise field_error(("template", "text"), f"the template cannot be filled: {exc}") from None
+                                  f"got {sorted(values)[:20]}")
+            chars = literal_chars + sum(len(values[name]) for _, name in parts if name is not None)
+            if chars > max_chars:
+                raise field_error(("template", "fillers", i, side), f"the filled {side} prompt would have {chars:,} "
+                                  f"characters; the limit is {max_chars:,} (max_text_chars)")
+            texts[side] = "".join(literal + (values[name] if name is not None else "") for literal, name in parts)
         pairs.append({**texts, "answer": filler.answer, "wrong": filler.wrong})
     return pairs
 
@@ -63,13 +88,16 @@ def patching_set(req: PatchingRequest, request: Request, runtime: Runtime) -> Re
     if req.scan != "heads":
         raise field_error(("scan",), "a set is scanned by heads (scan: heads)")
     where = "pairs" if req.pairs is not None else "template"
-    raw = ([p.model_dump() for p in req.pairs] if req.pairs is not None else expand_template(req))
+    # the limits first, before any prompt is built (a set's count, then each prompt's length)
+    count = len(req.pairs) if req.pairs is not None else len(req.template.fillers) if req.template else 0
     limit = settings.patching_max_pairs
-    if len(raw) > limit:
+    if count > limit:
         field = ("pairs",) if where == "pairs" else ("template", "fillers")
-        raise HTTPException(413, detail=f"{'.'.join(field)}: {len(raw)} pairs; the limit is {limit} "
+        raise HTTPException(413, detail=f"{'.'.join(field)}: {count} pairs; the limit is {limit} "
                             "(patching_max_pairs)")
     check_request_limits(settings, req)
+    raw = ([p.model_dump() for p in req.pairs] if req.pairs is not None
+           else expand_template(req, settings.max_text_chars))
     adapter = _lm(runtime, req.model)
 
     def loc(i: int, name: str) -> tuple:

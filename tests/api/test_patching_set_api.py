@@ -139,3 +139,84 @@ def test_a_set_over_the_time_limit_is_refused_before_it_runs_naming_its_field(cl
     one = client.post("/api/text/patching", json={**SET, "pairs": PAIRS[:1]})
     assert one.status_code == 413
     assert 1.5 * per_mac[1] < per_mac[0] < 2 * per_mac[1]  # the first pair and a shorter second against the first alone
+
+
+def _peak_rss_during(call) -> tuple[object, float, int]:
+    """(call's result, its seconds, the growth of this process's RSS over its start while it ran: sampled every 5 ms
+    from /proc/self/status)."""
+    import threading
+    import time
+
+    from app.memory import process_rss
+
+    start_rss, peak, done = process_rss(), [0], threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], process_rss())
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    started = time.perf_counter()
+    try:
+        result = call()
+    finally:
+        elapsed = time.perf_counter() - started
+        done.set()
+        watcher.join()
+    return result, elapsed, max(0, max(peak[0], process_rss()) - start_rss)
+
+
+def test_a_hostile_template_is_refused_at_once_without_being_built(client):
+    """Issue 37 §1: the 175-byte template "The capital of {c:>1000000000} is" went through str.format before any
+    limit was checked: a 422 after 3.1 s and +1.3 GB of RSS (four at once: the server was OOM-killed). Only plain
+    {name} slots are filled now, by concatenation: a format spec is a 422 naming template.text, at once."""
+    hostile = {**SET, "pairs": None, "template": {
+        "text": "The capital of {c:>1000000000} is",
+        "fillers": [{"clean": {"c": "France"}, "corrupt": {"c": "Italy"}}]}}
+    plain_refusal = {**hostile, "template": {**hostile["template"], "text": "The capital of {c!r} is"}}
+    assert client.post("/api/text/patching", json=plain_refusal).status_code == 422  # the route's first use, warm
+    r, seconds, growth = _peak_rss_during(lambda: client.post("/api/text/patching", json=hostile))
+    assert seconds < 0.5 and growth < 100 * 2**20, \
+        f"the answer ({r.status_code}) took {seconds:.2f} s and RSS grew by {growth / 2**20:,.0f} MiB"
+    assert r.status_code == 422 and _loc(r) == ["body", "template", "text"], r.text
+    assert "format spec" in r.json()["detail"][0]["msg"]
+
+
+@pytest.mark.parametrize("text, what", [
+    ("the {c!r} sat", "conversion"), ("the {c.__class__} sat", "attribute or index"),
+    ("the {c[0]} sat", "attribute or index"), ("the {} sat", "no name"), ("the {c:{c}} sat", "format spec"),
+])
+def test_only_plain_named_slots_are_filled(client, text, what):
+    body = {**SET, "pairs": None, "template": {"text": text, "fillers": [{"clean": {"c": "cat"},
+                                                                          "corrupt": {"c": "dog"}}]}}
+    r = client.post("/api/text/patching", json=body)
+    assert r.status_code == 422 and _loc(r) == ["body", "template", "text"], r.text
+    assert what in r.json()["detail"][0]["msg"]
+
+
+def test_a_template_keeps_literal_braces_and_is_filled_as_written(client):
+    """{{ and }} stay literal braces; a value is inserted as it is (braces inside it are not read as slots)."""
+    from app.routes.patching_set import expand_template
+    from app.schemas import PatchingRequest
+
+    req = PatchingRequest(model="tiny-llama", template={"text": "{{x}} {a} and {a}{b}", "fillers": [
+        {"clean": {"a": "{b}", "b": "!"}, "corrupt": {"a": "%s", "b": "{0}"}}]})
+    pairs = expand_template(req, 100)
+    assert pairs[0]["clean"] == "{x} {b} and {b}!" and pairs[0]["corrupt"] == "{x} %s and %s{0}"
+
+
+def test_the_limits_come_before_the_template_is_filled(client):
+    """patching_max_pairs is checked on the fillers' count before any prompt is built, and a filled prompt's length
+    is counted before it is built: 413 on the count, 422 naming the filler over max_text_chars."""
+    many = {**SET, "pairs": None, "template": {"text": "the {c:>999999999} sat",
+                                               "fillers": [{"clean": {"c": "cat"}, "corrupt": {"c": "dog"}}] * 5}}
+    r = client.post("/api/text/patching", json=many)
+    assert r.status_code == 413 and "template.fillers: 5 pairs" in r.json()["detail"], r.text
+    limit = client.app.state.runtime.settings.max_text_chars
+    long = {**SET, "pairs": None, "template": {"text": "the {c} sat {c}", "fillers": [
+        {"clean": {"c": "cat"}, "corrupt": {"c": "d" * (limit // 2)}}]}}
+    r = client.post("/api/text/patching", json=long)
+    assert r.status_code == 422 and _loc(r) == ["body", "template", "fillers", 0, "corrupt"], r.text
+    assert "max_text_chars" in r.json()["detail"][0]["msg"]

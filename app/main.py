@@ -30,7 +30,10 @@ from app.routes import why
 from app.routes import heads
 from app.routes import export as export_routes
 from app.routes import export_media
+from app import metrics
+from app.fleet import FLEET, FleetRouter
 from app.lifecycle import RequestCancelled, RequestGuard
+from app.metrics import RequestCounter
 from app.costs import request_model_runs, request_model_seconds
 from app.jobs import client_of, request_client
 from app.memory import RequestMemory, request_memory
@@ -210,7 +213,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Sync endpoints run in anyio's worker threads (40 by default): enough for every admitted request.
         limiter = anyio.to_thread.current_default_thread_limiter()
         limiter.total_tokens = max(limiter.total_tokens, settings.queue_depth + 8)
-        yield
+        FLEET.start(settings, runtime)  # a fleet's replica registers its URL in Redis (app/fleet.py)
+        try:
+            yield
+        finally:
+            FLEET.stop()
 
     app = FastAPI(
         title="attnlab",
@@ -229,10 +236,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestDeadline, seconds=settings.request_timeout_s)
     # queue_depth waiting + the one running + a few cache hits / uploads that never wait for the model.
     app.add_middleware(AdmissionGate, limit=settings.queue_depth + 4)
+    # Runs of other replicas are forwarded to their owner (app/fleet.py): after the body is read, before admission.
+    app.add_middleware(FleetRouter, settings=settings)
     app.add_middleware(RequestGuard, settings=settings, upload_paths=("/api/images", "/api/audio"), post_paths=lambda: {
         path for path, operations in app.openapi().get("paths", {}).items() if "post" in operations})
 
     app.add_middleware(SecurityHeaders)
+    app.add_middleware(RequestCounter)  # /metrics: requests by status, counted as sent (app/metrics.py)
     if settings.expose_timings:  # off by default: the model time says whether someone sent this input before
         app.add_middleware(ServerTiming)  # outermost: `app` is the whole request, body and JSON parsing included
 
@@ -276,6 +286,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount("/static/vendor/swagger-ui", StaticFiles(directory=swagger_ui_dist()), name="swagger-ui")
     app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
     app.include_router(service.router)
+    app.include_router(metrics.router)  # GET /metrics (Prometheus text)
     app.include_router(text.router)
     app.include_router(pages.router)
     app.include_router(images.router)

@@ -11,7 +11,7 @@ import torch
 from fastapi import HTTPException
 
 from app.errors import field_error
-from app.ids import new_id
+from app.ids import new_run_id
 from app.runtime import PerRuntime, Runtime
 from models.adapters.base import AttentionAdapter
 from models.anatomy import layer_blocks
@@ -54,7 +54,7 @@ class HeadSourceStore:
         size = source.nbytes
         if size > self.max_bytes:
             return None
-        run_id = new_id()
+        run_id = new_run_id()
         with self._lock:
             self._items[(model, run_id)] = source
             self._bytes += size

@@ -52,6 +52,7 @@ except ImportError:  # httptools not installed: the h11 protocol below serves al
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 from app.cli import OWN_ALLOCATORS, allocator_report, bound_allocator
+from app.fleet import FLEET
 from app.lifecycle import LIFECYCLE
 from app.settings import get_settings
 
@@ -287,6 +288,14 @@ class AttnlabServer(uvicorn.Server):
         super().__init__(config)
 
     def handle_exit(self, sig, frame) -> None:
+        settings = get_settings()
+        if sig == signal.SIGTERM and settings.drain_s > 0 and not FLEET.draining:
+            # A drain first (app/fleet.py): not ready, new work 503, jobs and pinned runs served; then the plain stop.
+            FLEET.drain_then(lambda: self._stop(sig, frame), settings.drain_s)
+            return
+        self._stop(sig, frame)
+
+    def _stop(self, sig, frame) -> None:
         LIFECYCLE.begin_shutdown(get_settings().shutdown_grace_s)
         super().handle_exit(sig, frame)
 

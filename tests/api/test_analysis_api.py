@@ -74,7 +74,7 @@ def test_patching_refuses_what_it_cannot_do_naming_the_field(client):
 
 def test_patch_heads_source_must_be_kept_and_of_the_same_length(client):
     run_id = client.post("/api/text/patching", json={**PATCH, "method": "attribution"}).json()["clean_run_id"]
-    unknown = {"op": "patch_heads", "source": "0" * 32}
+    unknown = {"op": "patch_heads", "source": run_id.split(".")[0] + "." + "0" * 32}  # shaped as a run id, never made
     r = client.post("/api/text/attention", json={"model": "tiny-llama", "text": CORRUPT, "interventions": [unknown]})
     assert r.status_code == 404 and "interventions[0].source" in r.json()["detail"]
     shorter = {"op": "patch_heads", "source": run_id}

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from app.ids import is_valid_run_id
 from app.main import create_app
 from app.settings import Settings
 from tests.unit.test_audio_decode import encode, tone
@@ -156,7 +157,7 @@ def test_windows_of_the_kept_run_match_the_response(audio_client, sample_id):
     body = audio_client.post("/api/audio/attention", json={"audio_id": sample_id, "layers": [1], "heads": [2],
                                                            "encoder_layers": [1], "kinds": ["cross", "encoder"]}).json()
     run_id = body["run_id"]
-    assert run_id and len(run_id) == 32
+    assert run_id and is_valid_run_id(run_id)
     encoder = audio_client.post(f"/api/runs/{run_id}/window", json={
         "layer": 1, "head": 2, "kind": "encoder", "rows": [40, 60], "cols": [0, 1500]})
     assert encoder.status_code == 200, encoder.text

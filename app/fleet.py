@@ -1,0 +1,297 @@
+"""Replicas of one fleet: who owns a run, where its owner is, and the drain at SIGTERM (docs/deploy.md "Fleet").
+
+A run lives in the memory of the process that computed it, and its id names that process: `<replica>.<hex>`
+(app/ids.py). With `redis_url` and `replica_url` set, each replica registers the URL the others reach it at under
+`attnlab:replica:<name>` with a TTL of `replica_ttl_s`, refreshed every third of it by a thread.
+
+`FleetRouter` (pure ASGI, inside RequestGuard: the body is read and limited once, there) does, per request:
+- a run's request (POST /api/runs/<id>/…, or any JSON body naming a run id of another replica: `minus`, a patch
+  `source`) goes to the run's owner when that is another replica: forwarded with httpx, streamed back as it comes
+  (a job's server-sent events too); a forwarded request carries `X-Attnlab-Forwarded` and is never forwarded again;
+- an owner that is not registered (its process ended: its TTL ran out, or it deregistered) or cannot be reached is
+  a 404 that says so: "its replica is gone", not "unknown";
+- in a fleet, new work sent to a replica that is loading its models or draining is answered 503 at once (nginx's
+  `proxy_next_upstream http_503` moves it to the next replica), as is GET /api/ready while draining.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import threading
+import time
+from typing import Any
+
+import anyio.to_thread
+
+from app.ids import replica_name, run_owner, set_replica_name
+from app.lifecycle import SCOPE_JSON_KEY
+
+log = logging.getLogger("attnlab")
+
+KEY_PREFIX = "attnlab:replica:"
+FORWARDED_HEADER = b"x-attnlab-forwarded"
+RUN_PATH = re.compile(r"^/api/runs/([^/]+)/")
+BODY_RUN_ID = re.compile(rb'"([a-z0-9]{4,16})\.[0-9a-f]{32}"')
+HOP_BY_HOP = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"content-length",
+              b"proxy-connection", b"trailer"}
+URL_CACHE_S = 2.0  # an owner's URL is asked of Redis at most this often per owner
+
+
+class Registry:
+    """This replica's entry in Redis (`attnlab:replica:<name>` → its URL, with a TTL) and the look-up of others'."""
+
+    def __init__(self, settings, url: str, client: Any = None):
+        import redis
+
+        self.name, self.url, self.ttl_s = replica_name(), url, settings.replica_ttl_s
+        self.client = client or redis.Redis.from_url(settings.redis_url, socket_timeout=settings.redis_timeout_s,
+                                                     socket_connect_timeout=settings.redis_timeout_s)
+        self._errors = redis.exceptions.RedisError
+        self._known: dict[str, tuple[float, str | None]] = {}  # name → (when asked, URL or None)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def register(self) -> bool:
+        try:
+            self.client.set(KEY_PREFIX + self.name, self.url, ex=max(1, round(self.ttl_s)))
+            return True
+        except self._errors as exc:
+            log.warning("fleet: registering replica %s in Redis failed: %s", self.name, exc)
+            return False
+
+    def start(self) -> None:
+        """Register now and keep the entry alive every third of its TTL, until stop()."""
+        self.register()
+        log.info("fleet: replica %s registered at %s (TTL %g s)", self.name, self.url, self.ttl_s)
+
+        def beat() -> None:
+            while not self._stop.wait(self.ttl_s / 3):
+                self.register()
+
+        self._thread = threading.Thread(target=beat, name="attnlab-fleet-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the heartbeat and remove the entry: this replica's runs answer 'its replica is gone' at once."""
+        self._stop.set()
+        try:
+            self.client.delete(KEY_PREFIX + self.name)
+        except self._errors as exc:
+            log.warning("fleet: deregistering replica %s failed: %s", self.name, exc)
+
+    def url_of(self, name: str) -> str | None:
+        """The registered URL of replica `name`, or None when it is not registered (or Redis cannot say)."""
+        now = time.monotonic()
+        known = self._known.get(name)
+        if known is not None and now - known[0] < URL_CACHE_S:
+            return known[1]
+        try:
+            raw = self.client.get(KEY_PREFIX + name)
+        except self._errors as exc:
+            log.warning("fleet: asking Redis for replica %s failed: %s", name, exc)
+            raw = None
+        url = raw.decode() if isinstance(raw, bytes) else raw
+        self._known[name] = (now, url)
+        return url
+
+    def replicas(self) -> dict[str, str]:
+        """Every registered replica: {name: URL} (for /metrics and the tests)."""
+        try:
+            keys = list(self.client.scan_iter(KEY_PREFIX + "*", count=100))
+            values = self.client.mget(keys) if keys else []
+        except self._errors:
+            return {}
+        return {k.decode()[len(KEY_PREFIX):]: v.decode() for k, v in zip(keys, values) if v is not None}
+
+
+def expand_url(url: str) -> str:
+    """replica_url with `{ip}` replaced by this host's address (compose and Kubernetes give each container its own:
+    `http://{ip}:8000` is one setting for every replica) and `{hostname}` by its name."""
+    if "{ip}" in url or "{hostname}" in url:
+        import socket
+
+        host = socket.gethostname()
+        url = url.replace("{hostname}", host)
+        if "{ip}" in url:
+            url = url.replace("{ip}", socket.gethostbyname(host))
+    return url
+
+
+class Fleet:
+    """The fleet state of this process: its registry (None outside a fleet) and the drain."""
+
+    def __init__(self) -> None:
+        self.registry: Registry | None = None
+        self.runtime: Any = None  # the app's Runtime (its kept runs' pins: how long the drain serves them)
+        self.draining = False
+        self.drain_started: float | None = None
+
+    def start(self, settings, runtime: Any = None) -> None:
+        self.runtime = runtime
+        if settings.replica_name:
+            set_replica_name(settings.replica_name)
+        if settings.redis_url and settings.replica_url:
+            self.registry = Registry(settings, url=expand_url(settings.replica_url))
+            self.registry.start()
+
+    def stop(self) -> None:
+        if self.registry is not None:
+            self.registry.stop()
+            self.registry = None
+
+    def begin_drain(self) -> None:
+        if not self.draining:
+            self.draining, self.drain_started = True, time.monotonic()
+            log.info("fleet: draining replica %s: not ready, new work refused (503), runs still served",
+                     replica_name())
+
+    def drained(self) -> str | None:
+        """Why the drain may end now ("jobs done, no run pinned"), or None while a job runs or waits or a run is pinned."""
+        from app.jobs import JOBS
+
+        if len(JOBS):
+            return None
+        cache = getattr(self.runtime, "cache", None)
+        pins = getattr(cache, "_pins", {}) or {}
+        now = time.monotonic()
+        if any(until > now for until, *_ in list(pins.values())):
+            return None
+        return "no job running or waiting, no run pinned"
+
+    def drain_then(self, stop, drain_s: float) -> None:
+        """SIGTERM with drain_s > 0: drain (not ready, new work 503, jobs and pinned runs served) until drained() or
+        drain_s, then call stop() (the plain shutdown: shutdown_grace_s, then exit)."""
+        self.begin_drain()
+
+        def wait() -> None:
+            end = time.monotonic() + drain_s
+            why = None
+            while time.monotonic() < end and (why := self.drained()) is None:
+                time.sleep(0.2)
+            log.info("fleet: drain of replica %s over after %.1f s: %s", replica_name(),
+                     time.monotonic() - (self.drain_started or 0), why or f"drain_s={drain_s:g} s passed")
+            stop()
+
+        threading.Thread(target=wait, name="attnlab-drain", daemon=True).start()
+
+    def reset(self) -> None:  # tests
+        self.stop()
+        self.__init__()
+
+
+FLEET = Fleet()
+
+
+def _gone(run_id: str, owner: str, why: str) -> tuple[int, bytes]:
+    detail = (f"run {run_id!r}: its replica ({owner}) is gone ({why}); the run went with it: run the input again "
+              "for a new run_id")
+    return 404, json.dumps({"detail": detail}).encode()
+
+
+async def _send_plain(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class FleetRouter:
+    """See the module docstring. Added inside RequestGuard and outside the admission gate: forwarding takes no slot."""
+
+    def __init__(self, app, settings, fleet: Fleet = FLEET):
+        self.app, self.settings, self.fleet = app, settings, fleet
+        self._client = None
+
+    def _http(self):
+        if self._client is None:
+            import httpx
+
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.settings.forward_timeout_s, connect=3.0))
+        return self._client
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith("/api/"):
+            return await self.app(scope, receive, send)
+        forwarded = any(k == FORWARDED_HEADER for k, _ in scope.get("headers", []))
+        run_id, owner = self._owner_of(scope)
+        if owner is not None and owner != replica_name() and not forwarded:
+            return await self._forward(run_id, owner, scope, receive, send)
+        if self.fleet.draining and scope["path"] == "/api/ready":
+            return await _send_plain(send, 503, b'{"status": "draining"}', [(b"retry-after", b"5")])
+        if not forwarded and owner is None and self._refuses_work(scope):
+            why = "draining (shutting down)" if self.fleet.draining else "still loading its models"
+            body = json.dumps({"detail": f"this replica is {why}: retry, another replica will answer"}).encode()
+            return await _send_plain(send, 503, body, [(b"retry-after", b"1")])
+        return await self.app(scope, receive, send)
+
+    def _owner_of(self, scope) -> tuple[str | None, str | None]:
+        """(a run id, its owner) named by the path, else by the JSON body (the first of another replica's)."""
+        match = RUN_PATH.match(scope["path"])
+        if match:
+            return match.group(1), run_owner(match.group(1))
+        parsed = scope.get(SCOPE_JSON_KEY)
+        if parsed is None:
+            return None, None
+        here = replica_name().encode()
+        for found in BODY_RUN_ID.finditer(parsed[0]):
+            if found.group(1) != here:
+                run_id = found.group(0)[1:-1].decode()
+                return run_id, found.group(1).decode()
+        return None, None
+
+    def _refuses_work(self, scope) -> bool:
+        """New work (an API POST) on a replica of a fleet that is draining or not ready yet."""
+        if self.fleet.registry is None or scope["method"] != "POST":
+            return False
+        if self.fleet.draining:
+            return True
+        runtime = getattr(scope["app"].state, "runtime", None)
+        return runtime is not None and not runtime.ready
+
+    async def _forward(self, run_id: str, owner: str, scope, receive, send) -> None:
+        registry = self.fleet.registry
+        url = await anyio.to_thread.run_sync(registry.url_of, owner) if registry is not None else None
+        if url is None:
+            return await _send_plain(send, *_gone(run_id, owner, "not registered: its process ended"))
+        import httpx
+
+        parsed = scope.get(SCOPE_JSON_KEY)
+        body = parsed[0] if parsed is not None else b""
+        if parsed is None and scope["method"] == "POST":
+            message = await receive()
+            body = message.get("body", b"")
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in HOP_BY_HOP]
+        headers.append((FORWARDED_HEADER, replica_name().encode()))
+        target = url.rstrip("/") + scope["path"] + (("?" + scope["query_string"].decode()) if scope["query_string"] else "")
+        client = self._http()
+        try:
+            answer = await client.send(client.build_request(scope["method"], target, headers=headers, content=body),
+                                       stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            log.info("fleet: replica %s at %s unreachable for %s: %s", owner, url, scope["path"], exc)
+            return await _send_plain(send, *_gone(run_id, owner, "unreachable"))
+        await self._relay(answer, receive, send)
+
+    async def _relay(self, answer, receive, send) -> None:
+        """The owner's answer as it comes (a job's events one by one); a client that leaves closes the upstream."""
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            await answer.aclose()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            headers = [(k, v) for k, v in answer.headers.raw if k.lower() not in HOP_BY_HOP - {b"content-length"}]
+            headers.append((b"x-attnlab-forwarded-by", replica_name().encode()))  # which replica passed it on
+            await send({"type": "http.response.start", "status": answer.status_code, "headers": headers})
+            try:
+                async for chunk in answer.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except Exception as exc:  # noqa: BLE001 - the owner died mid-answer or the client left: end the body
+                log.info("fleet: forwarded answer cut: %s", exc)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
+            await answer.aclose()

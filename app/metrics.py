@@ -1,0 +1,93 @@
+"""GET /metrics: this replica's state in Prometheus' text format (0.0.4), for scraping and autoscaling.
+
+What a fleet scales on is the queue, not the CPU (on a GPU host the CPU says nothing): `attnlab_jobs_waiting`,
+`attnlab_jobs_running` and `attnlab_queue_eta_seconds` (what is left of every accepted job by its estimate: how long a
+new job would wait). Also the bytes of kept runs (RAM, GPU, disk), readiness and the drain, and every answered
+request by status (`attnlab_requests_total{status="404"}`), counted by `RequestCounter` as the status is sent.
+deploy/k8s/keda.yaml scales on `sum(attnlab_queue_eta_seconds)` (docs/deploy.md "Autoscaling").
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+
+from app.fleet import FLEET
+from app.ids import replica_name
+from app.jobs import JOBS
+
+router = APIRouter(tags=["service"])
+
+_STATUS = Counter()  # status code → requests answered with it, since start
+_STATUS_LOCK = threading.Lock()
+
+
+class RequestCounter:
+    """Counts each HTTP response by status as it starts (pure ASGI, outermost but one: static files too)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                with _STATUS_LOCK:
+                    _STATUS[int(message["status"])] += 1
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+def _jobs() -> tuple[int, int, float]:
+    """(running, waiting, the queue's ETA in seconds) from the job board: one model forward runs at a time."""
+    board = JOBS.snapshot()
+    running = sum(1 for job in board if job.get("state") == "running") if any("state" in j for j in board) \
+        else min(1, len(board))
+    return running, len(board) - running, sum(float(job.get("eta_s") or 0.0) for job in board)
+
+
+def render(runtime) -> str:
+    running, waiting, eta_s = _jobs()
+    cache = runtime.cache
+    kept = {"ram": cache.host_bytes, "device": getattr(cache, "_device_bytes", 0),
+            "disk": getattr(cache, "disk_bytes", 0) or 0}
+    replica = replica_name()
+    lines = [
+        "# HELP attnlab_jobs_running Jobs (event-stream requests) running on this replica.",
+        "# TYPE attnlab_jobs_running gauge",
+        f"attnlab_jobs_running {running}",
+        "# HELP attnlab_jobs_waiting Jobs accepted and waiting for the model on this replica.",
+        "# TYPE attnlab_jobs_waiting gauge",
+        f"attnlab_jobs_waiting {waiting}",
+        "# HELP attnlab_queue_eta_seconds What is left of every accepted job, by its estimate: a new job's wait.",
+        "# TYPE attnlab_queue_eta_seconds gauge",
+        f"attnlab_queue_eta_seconds {eta_s:.3f}",
+        "# HELP attnlab_kept_run_bytes Bytes of kept runs (their windows and rows), by where they are kept.",
+        "# TYPE attnlab_kept_run_bytes gauge",
+        *(f'attnlab_kept_run_bytes{{tier="{tier}"}} {int(n)}' for tier, n in kept.items()),
+        "# HELP attnlab_ready 1 when the default models are loaded and the replica is not draining.",
+        "# TYPE attnlab_ready gauge",
+        f"attnlab_ready {int(bool(runtime.ready) and not FLEET.draining)}",
+        "# HELP attnlab_draining 1 from SIGTERM (drain_s > 0) until the process stops.",
+        "# TYPE attnlab_draining gauge",
+        f"attnlab_draining {int(FLEET.draining)}",
+        "# HELP attnlab_replica_info This replica's name (the prefix of its run ids).",
+        "# TYPE attnlab_replica_info gauge",
+        f'attnlab_replica_info{{replica="{replica}"}} 1',
+        "# HELP attnlab_requests_total HTTP responses by status since the process started.",
+        "# TYPE attnlab_requests_total counter",
+    ]
+    with _STATUS_LOCK:
+        counts = sorted(_STATUS.items())
+    lines += [f'attnlab_requests_total{{status="{status}"}} {n}' for status, n in counts]
+    return "\n".join(lines) + "\n"
+
+
+@router.get("/metrics", response_class=PlainTextResponse, include_in_schema=False)
+async def metrics(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(render(request.app.state.runtime), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -70,7 +70,13 @@ def test_compose_services_health_and_wiring(paths):
     assert attnlab["depends_on"]["redis"]["condition"] == "service_healthy"
     assert services["nginx"]["depends_on"]["attnlab"]["condition"] == "service_healthy"
     nginx = (DEPLOY / "nginx.conf").read_text()
-    assert "server attnlab:8000" in nginx and "client_max_body_size" in nginx
+    assert "include nginx-upstream.conf;" in nginx and "client_max_body_size" in nginx
+    assert "server attnlab:8000 resolve" in (DEPLOY / "nginx-upstream.conf").read_text()
+    # The upstream file is mounted beside nginx.conf, where its relative include finds it.
+    assert "./nginx-upstream.conf:/etc/nginx/nginx-upstream.conf:ro" in services["nginx"]["volumes"]
+    # The drain (drain_s) fits in the stop grace period, with shutdown_grace_s after it.
+    grace = int(services["attnlab"]["stop_grace_period"].rstrip("s"))
+    assert float(services["attnlab"]["environment"]["ATTNLAB_DRAIN_S"]) + 5 < grace
     # Uploads up to max_upload_bytes must get through nginx.
     size = re.search(r"client_max_body_size (\d+)m;", nginx).group(1)
     assert int(size) * 1024 * 1024 > Settings().max_upload_bytes
@@ -92,6 +98,14 @@ def test_kubernetes_example(paths):
     assert str(redis_service["spec"]["ports"][0]["port"]) in env["ATTNLAB_REDIS_URL"]
     hpa = docs[("HorizontalPodAutoscaler", "attnlab")]
     assert hpa["spec"]["scaleTargetRef"]["name"] == "attnlab" and hpa["spec"]["minReplicas"] >= 2
+    # Scaled on the queue (metrics /metrics exposes), not on CPU alone.
+    queue = {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"}
+    assert {"attnlab_queue_eta_seconds", "attnlab_jobs_waiting"} <= queue
+    # A disruption takes one pod at a time, and the grace period lets its drain finish.
+    pdb = docs[("PodDisruptionBudget", "attnlab")]
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > float(env["ATTNLAB_DRAIN_S"]) + 5
+    assert env["ATTNLAB_REPLICA_URL"] == "http://{ip}:8000"
     gpu = yaml.safe_load((DEPLOY / "k8s" / "gpu-patch.yaml").read_text())
     gpu_container = gpu["spec"]["template"]["spec"]["containers"][0]
     assert gpu_container["resources"]["limits"]["nvidia.com/gpu"] == 1
@@ -105,12 +119,12 @@ def test_kustomize_renders_with_and_without_the_gpu_patch(tmp_path):
     result = subprocess.run([kubectl, "kustomize", str(DEPLOY / "k8s")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     kinds = sorted(doc["kind"] for doc in yaml.safe_load_all(result.stdout))
-    assert kinds == ["Deployment", "Deployment", "HorizontalPodAutoscaler", "Service", "Service"]
+    assert kinds == ["Deployment", "Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Service", "Service"]
     assert "image: registry.example.org/attnlab:0.1.0" in result.stdout
     # The GPU variant as docs/deploy.md describes it: the patch on top, the CUDA tag.
     overlay = tmp_path / "gpu"
     overlay.mkdir()
-    for name in ("redis.yaml", "attnlab.yaml", "hpa.yaml", "gpu-patch.yaml"):
+    for name in ("redis.yaml", "attnlab.yaml", "hpa.yaml", "pdb.yaml", "gpu-patch.yaml"):
         (overlay / name).write_text((DEPLOY / "k8s" / name).read_text())
     kustomization = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
     kustomization["patches"] = [{"path": "gpu-patch.yaml"}]
@@ -123,7 +137,8 @@ def test_kustomize_renders_with_and_without_the_gpu_patch(tmp_path):
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["image"].endswith(":0.1.0-cuda")
     assert {e["name"] for e in container["env"]} == {"ATTNLAB_REDIS_URL", "ATTNLAB_REDIS_TTL_S", "ATTNLAB_DEVICE",
-                                                     "ATTNLAB_MEMORY_BUDGET_BYTES"}
+                                                     "ATTNLAB_MEMORY_BUDGET_BYTES", "ATTNLAB_REPLICA_URL",
+                                                     "ATTNLAB_DRAIN_S"}
     assert container["readinessProbe"]["httpGet"]["path"] == "/api/ready"  # kept from the base
 
 

@@ -69,9 +69,11 @@ speech:
 	@test -x /usr/bin/espeak-ng || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng) \
 		|| echo "espeak-ng could not be installed: the /audio page will have no sample clip"
 
-# Debian's redis-server for the replica test (tests/ops/test_replicas.py: two app processes sharing uploads).
+# Debian's redis-server and nginx (1.22, nginx-light) for the replica and fleet tests (tests/ops/test_replicas.py,
+# tests/ops/test_fleet.py: three replicas behind deploy/nginx.conf).
 redis:
 	@test -x /usr/bin/redis-server || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server)
+	@test -x /usr/sbin/nginx || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light)
 
 run: setup
 	$(VENV)/bin/attnlab serve --host $(HOST) --port $(PORT)

@@ -14,8 +14,9 @@ from fastapi import HTTPException
 
 from app.attention import check_response_numbers
 from app.costs import (check_extra_cost, check_request_cost, check_work_cost, forward_macs, model_shape,
-                       request_peak_bytes, value_overview_macs)
+                       request_model_seconds, request_peak_bytes, value_overview_macs)
 from app.errors import field_error
+from app.jobs import JOBS, current_job
 from app.interventions import check_indices, engine_interventions, seq2seq_interventions, whisper_interventions
 from app.lifecycle import check_cancelled
 from app.patch_sources import request_sources
@@ -53,6 +54,13 @@ def check_run_budget(runtime: Runtime, maps: list[tuple[int, int, int, int]], fi
             f"over full_map_tokens={settings.full_map_tokens:,} q̂/k̂ and summaries), over the cap "
             f"{name}={cap / 2**20:,.0f} MiB; use a shorter input",
         )
+    disk = settings.run_store_disk_bytes  # where a run goes when it leaves RAM (app/runstore.py); 0: no disk tier
+    if disk and needed > disk:
+        raise HTTPException(
+            413, detail=f"{field}: this input's run keeps {needed / 2**20:,.2f} MiB, over the run store's disk tier "
+            f"run_store_disk_bytes={disk / 2**20:,.2f} MiB, where runs are kept once they leave memory; use a shorter "
+            "input",
+        )
 
 
 class RequestPeak:
@@ -68,7 +76,9 @@ class RequestPeak:
         runtime.memory.check_fits(self.nbytes, self.field, self.what)
 
     def reserve(self) -> None:
-        self.runtime.memory.reserve(self.nbytes, self.field, self.what, request_deadline.get())
+        job = current_job.get()  # how long it will hold the bytes: a job until it ends, else its model time
+        expected_s = JOBS.ends_in_s(job) if job is not None else request_model_seconds.get()
+        self.runtime.memory.reserve(self.nbytes, self.field, self.what, request_deadline.get(), expected_s)
 
 
 @dataclass(frozen=True)

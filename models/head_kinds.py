@@ -9,12 +9,14 @@ Scores per head, each the mean over the query rows it applies to (so every one i
   Olsson et al. 2022, "In-context learning and induction heads");
 - duplicate_token: on a row whose token occurred before, the mass on the earlier positions holding the same token;
 - sink: P[i, 0], the first token (Xiao et al. 2023, "attention sinks"); `sink_mass` of every run is the same number;
-- retrieval: the induction score at long range, on a needle of distinct tokens hidden in a long random filler and
-  repeated at the end (after Wu et al. 2024, "Retrieval head"): reported, not a label;
+- retrieval: on a needle of distinct tokens hidden in a long random filler, with its first token again at the end, the
+  model copies the needle back by greedy generation; a head's score is the share of generation steps whose
+  top-attended key is the source of the token being copied, the same token in the needle (Wu et al. 2024,
+  "Retrieval Head Mechanistically Explains Long-Context Factuality"; their threshold 0.1 labels it);
 - mean_distance: Σ_j P[i, j]·|i − j| over rows, in tokens (docs/science.md §6, models/summaries.py).
 
-A head's label is the kind (previous_token, induction, duplicate_token, sink) it scores highest at among those over
-their thresholds (THRESHOLDS), else None. Scores come from the caller's `run(ids)`, which must answer the lab's own
+A head's label is the kind (previous_token, induction, duplicate_token, sink, retrieval) it scores highest at among
+those over their thresholds (THRESHOLDS), else None. Scores come from the caller's `run(ids)`, which must answer the lab's own
 P for those token ids (the server passes its cached runs), so a score is the number the lab shows for that head.
 """
 from __future__ import annotations
@@ -27,7 +29,8 @@ import torch
 from models.summaries import mean_token_distance, sink_mass
 
 # Over this score a head is of that kind. Scores are shares of a row's attention, so one scale serves every kind.
-THRESHOLDS: dict[str, float] = {"previous_token": 0.5, "induction": 0.4, "duplicate_token": 0.4, "sink": 0.8}
+THRESHOLDS: dict[str, float] = {"previous_token": 0.5, "induction": 0.4, "duplicate_token": 0.4, "sink": 0.8,
+                                 "retrieval": 0.1}
 LABELLED_KINDS = tuple(THRESHOLDS)
 
 
@@ -39,6 +42,7 @@ class ProbeSettings:
     period: int = 40  # n: random tokens in each repeat of the induction probe
     filler: int = 256  # random tokens the needle hides in
     needle: int = 8  # distinct random tokens of the needle, repeated at the end of the filler
+    needles: int = 4  # retrieval: needle probes (seeds seed … seed + needles − 1), each copied back by generation
 
     def describe(self) -> dict:
         return asdict(self)
@@ -48,7 +52,7 @@ class ProbeSettings:
         period = max(1, min(self.period, n_candidates, (max_tokens - 1) // 2))
         needle = max(1, min(self.needle, period))
         filler = max(1, min(self.filler, n_candidates - needle, max_tokens - 1 - 2 * needle))
-        return ProbeSettings(seed=self.seed, period=period, filler=filler, needle=needle)
+        return ProbeSettings(seed=self.seed, period=period, filler=filler, needle=needle, needles=self.needles)
 
 
 def ordinary_token_ids(vocab_size: int, special_ids: Sequence[int]) -> list[int]:
@@ -73,6 +77,51 @@ def needle_probe(candidates: Sequence[int], first_id: int, filler: int, needle: 
     at = int(torch.randint(filler // 8, max(filler // 8 + 1, filler - filler // 8), (1,), generator=generator))
     body = filler_ids[:at] + needle_ids + filler_ids[at:]
     return [first_id, *body, *needle_ids], 1 + len(body)
+
+
+def retrieval_probe(candidates: Sequence[int], first_id: int, filler: int, needle: int, seed: int
+                    ) -> tuple[list[int], dict[int, int], int]:
+    """The needle probe cut after the repeat's first token, so the model copies the rest by generation. Returns the
+    prompt ids, {needle token id: its source position in the filler}, and the steps to generate (needle − 1)."""
+    ids, recall_from = needle_probe(candidates, first_id, filler, needle, seed)
+    prompt = ids[:recall_from + 1]
+    sources = {token: ids.index(token) for token in ids[recall_from:]}  # distinct tokens: the first is the source
+    return prompt, sources, needle - 1
+
+
+def copy_hits(generated: Sequence[int], top_keys: torch.Tensor, sources: dict[int, int]) -> torch.Tensor:
+    """Per head, how many generation steps copied a needle token from its source: the token generated at step s is a
+    needle token and the head's top-attended key at step s (its query is the one that produced it) is that token's
+    position in the needle. top_keys: (S, L, H) key indices → (L, H) counts."""
+    hits = torch.zeros(top_keys.shape[1:], dtype=torch.float64)
+    for step, token in enumerate(generated[: top_keys.shape[0]]):
+        source = sources.get(int(token))
+        if source is not None:
+            hits += (top_keys[step] == source).double()
+    return hits
+
+
+def retrieval_scores(generate: Callable[[list[int], int], tuple[list[int], torch.Tensor]], candidates: Sequence[int],
+                     first_id: int, settings: ProbeSettings,
+                     progress: Callable[[], None] = lambda: None) -> tuple[torch.Tensor, dict]:
+    """The retrieval score (after Wu et al. 2024) over settings.needles probes: copy hits / generation steps asked
+    (a step not generated, after an early end of sequence, counts as no copy). `generate(prompt, steps)` → (generated
+    ids, top-attended key per step, layer and head (S, L, H)). Returns ((L, H), what the probe was)."""
+    hits, steps, copied, tokens = None, 0, 0, []
+    for number in range(settings.needles):
+        prompt, sources, n_steps = retrieval_probe(candidates, first_id, settings.filler, settings.needle,
+                                                   settings.seed + number)
+        generated, top_keys = generate(prompt, n_steps)
+        found = copy_hits(generated, top_keys, sources)
+        hits = found if hits is None else hits + found
+        steps += n_steps
+        expected = [t for t, _ in sorted(sources.items(), key=lambda item: item[1])][1:]
+        copied += sum(int(g == e) for g, e in zip(generated, expected))
+        tokens.append(len(prompt))
+        progress()
+    described = {"length": settings.needle, "needles": settings.needles, "prompt_tokens": tokens, "steps": steps,
+                 "copied": copied / max(1, steps)}  # the share of steps whose token was the needle's next one
+    return (hits / max(1, steps)).float(), described
 
 
 def _draw(candidates: Sequence[int], count: int, seed: int) -> list[int]:
@@ -150,12 +199,15 @@ def locality(layer_types: Sequence[str] | None, n_heads: int) -> list[list[str]]
 
 def head_taxonomy(run: Callable[[list[int]], torch.Tensor], candidates: Sequence[int], first_id: int,
                   settings: ProbeSettings = ProbeSettings(), text_ids: Sequence[int] | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> dict:
-    """Scores, labels and how they were made. `run(ids)` → the lab's P (L, H, T, T) for those token ids.
+                  progress: Callable[[int, int], None] | None = None,
+                  generate: Callable[[list[int], int], tuple[list[int], torch.Tensor]] | None = None) -> dict:
+    """Scores, labels and how they were made. `run(ids)` → the lab's P (L, H, T, T) for those token ids; `generate`
+    (see retrieval_scores) the lab's greedy continuation with each step's top-attended keys.
 
     Without `text_ids`: the built-in probes (induction, previous-token, duplicate-token, sink and mean distance on the
-    repeated random tokens; retrieval on the needle). With `text_ids`: every score on that input alone (induction and
-    duplicate-token over the rows whose token occurred before; None where no row does)."""
+    repeated random tokens; retrieval on the needles copied back by `generate`, when given). With `text_ids`: every
+    score on that input alone (induction and duplicate-token over the rows whose token occurred before; None where no
+    row does)."""
     def step(done: int, total: int) -> None:
         if progress is not None:
             progress(done, total)
@@ -166,20 +218,25 @@ def head_taxonomy(run: Callable[[list[int]], torch.Tensor], candidates: Sequence
         step(1, 1)
         probe = {"kind": "text", "tokens": len(text_ids)}
     else:
-        step(0, 2)
+        total = 1 + (settings.needles if generate is not None else 0)
+        step(0, total)
         repeated = repeated_tokens_probe(candidates, first_id, settings.period, settings.seed)
         n = settings.period
         scores = scores_of(run(repeated), repeated, induction_rows=range(n + 1, 2 * n + 1))
-        step(1, 2)
-        needle_ids, recall_from = needle_probe(candidates, first_id, settings.filler, settings.needle, settings.seed)
-        recall_rows = range(recall_from + 1, len(needle_ids))  # each repeated needle token after the first
-        scores["retrieval"] = target_mass(run(needle_ids), induction_targets(needle_ids), recall_rows)
-        step(2, 2)
+        step(1, total)
         probe = {
             "kind": "builtin", **settings.describe(), "first_token_id": first_id,
             "repeated_tokens": {"tokens": len(repeated), "ids": repeated, "induction_rows": [n + 1, 2 * n]},
-            "needle": {"tokens": len(needle_ids), "recall_rows": [recall_rows.start, recall_rows.stop - 1]},
         }
+        if generate is not None:
+            done = [1]
+
+            def needle_done() -> None:
+                done[0] += 1
+                step(done[0], total)
+
+            scores["retrieval"], probe["needle"] = retrieval_scores(generate, candidates, first_id, settings,
+                                                                    needle_done)
     probe["thresholds"] = dict(THRESHOLDS)
     scores = {name: None if value is None else value.cpu() for name, value in scores.items()}  # one read each
     return {"scores": scores, "labels": label_heads(scores), "probe": probe}

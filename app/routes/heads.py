@@ -24,6 +24,7 @@ from models.adapters.base import Encoded
 from models.adapters.causal_lm import CausalLMAdapter
 from models.head_kinds import ProbeSettings, head_taxonomy, locality, ordinary_token_ids
 from models.lru import BoundedLRU
+from models.step_rows import RowRequest
 
 router = APIRouter(prefix="/api/text", tags=["text"], route_class=ParsedJsonRoute)
 _WHAT = "POST /api/text/head_scores"
@@ -48,9 +49,10 @@ def head_scores(req: HeadScoresRequest, runtime: RuntimeDep, request: Request) -
     """Which heads are of which kind (see /guide and docs/science.md "Head kinds"), for a decoder language model.
 
     `scores` {name: [L][H]}: previous_token, induction, duplicate_token, sink (each the mean share of a row's attention
-    on its targets), retrieval (built-in probes only) and mean_distance (tokens); a score no row of the input applies
-    to is null. `labels` [L][H]: the kind among previous_token, induction, duplicate_token and sink that the head
-    scores highest at over its threshold (`probe.thresholds`), else null. `locality` [L][H]: "local" or "global" for
+    on its targets), retrieval (built-in probes only: the share of greedy generation steps copying a needle back whose
+    top-attended key is the copied token's source) and mean_distance (tokens); a score no row of the input applies
+    to is null. `labels` [L][H]: the kind among previous_token, induction, duplicate_token, sink and retrieval that the
+    head scores highest at over its threshold (`probe.thresholds`), else null. `locality` [L][H]: "local" or "global" for
     a model with sliding-window layers, else null. `probe`: how the input was made (seed, lengths, ids, thresholds).
     """
     check_request_limits(runtime.settings, req)  # max_text_chars on `text`, before any model work
@@ -70,8 +72,10 @@ def head_scores(req: HeadScoresRequest, runtime: RuntimeDep, request: Request) -
     vocab = adapter.model.get_input_embeddings().num_embeddings
     candidates = ordinary_token_ids(vocab, adapter.tokenizer.all_special_ids)
     settings = ProbeSettings().fitted(len(candidates), limit)
+    # the forwards made: the text, or the repeated tokens and each needle's prompt (its generated steps are one-token
+    # forwards over a KV cache, counted as one more prompt's worth)
     lengths = ([len(text_ids)] if text_ids is not None else
-               [1 + 2 * settings.period, 1 + settings.filler + 2 * settings.needle])
+               [1 + 2 * settings.period] + [2 + settings.filler + settings.needle] * (2 * settings.needles))
     first_id = _first_token(adapter)
     key = (cache_scope.get(), info.id, req.text)
 
@@ -87,7 +91,17 @@ def head_scores(req: HeadScoresRequest, runtime: RuntimeDep, request: Request) -
             check_cancelled()
             return runtime.run(adapter, _encoded(adapter, ids), (), False).kept_attention  # (L, H, T, T)
 
-        found = head_taxonomy(run, candidates, first_id, settings, text_ids, progress)
+        def generate(ids: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
+            """The plain greedy continuation and each step's top-attended key of every head: (S, L, H)."""
+            check_cancelled()
+            generated, top_keys = [], []
+            with runtime.admitted():
+                for new in adapter.continuation(ids, (), steps, rows=RowRequest(top_k=1)):
+                    generated.append(new.id)
+                    top_keys.append(new.attention["indices"][..., 0].cpu())  # (L, H)
+            return generated, torch.stack(top_keys)
+
+        found = head_taxonomy(run, candidates, first_id, settings, text_ids, progress, generate)
         answer = {
             "model": info.id, "layers": info.layers, "heads": info.heads,
             "scores": {name: None if value is None else _rounded(value) for name, value in found["scores"].items()},

@@ -69,9 +69,40 @@ def test_builtin_scores_equal_eager_on_the_reported_probe(builtin, llama):
     assert np.array(builtin["scores"]["retrieval"]).shape == (2, 4)
 
 
+def test_retrieval_equals_greedy_copying_with_eager_attention(client, builtin, llama):
+    """Each needle probe continued greedily by plain transformers (eager attention, no cache): per head, the share of
+    steps whose top-attended key (argmax of the row that produced the token) is the copied token's source."""
+    import transformers as tf
+
+    from models.head_kinds import ordinary_token_ids, retrieval_probe
+
+    probe = builtin["probe"]
+    adapter = client.app.state.runtime.adapter("lm")
+    candidates = ordinary_token_ids(adapter.model.get_input_embeddings().num_embeddings,
+                                    adapter.tokenizer.all_special_ids)
+    model = tf.AutoModelForCausalLM.from_pretrained(llama, attn_implementation="eager").eval()
+    hits, steps = np.zeros((2, 4)), 0
+    for number in range(probe["needles"]):
+        ids, sources, n_steps = retrieval_probe(candidates, probe["first_token_id"], probe["filler"], probe["needle"]["length"],
+                                                probe["seed"] + number)
+        steps += n_steps
+        for _ in range(n_steps):
+            with torch.inference_mode():
+                out = model(input_ids=torch.tensor([ids]), output_attentions=True)
+            token = int(out.logits[0, -1].argmax())
+            top = torch.stack(out.attentions)[:, 0, :, -1].argmax(-1).numpy()  # (L, H)
+            if token in sources:
+                hits += top == sources[token]
+            ids = ids + [token]
+            if token in adapter.eos_ids:
+                break
+    assert probe["needle"]["steps"] == steps
+    np.testing.assert_allclose(builtin["scores"]["retrieval"], hits / steps, atol=1e-6)
+
+
 def test_labels_follow_the_stated_thresholds(builtin):
     thresholds, scores = builtin["probe"]["thresholds"], builtin["scores"]
-    assert set(thresholds) == {"previous_token", "induction", "duplicate_token", "sink"}
+    assert set(thresholds) == {"previous_token", "induction", "duplicate_token", "sink", "retrieval"}
     for layer in range(builtin["layers"]):
         for head in range(builtin["heads"]):
             over = {k: scores[k][layer][head] for k in thresholds if scores[k][layer][head] > thresholds[k]}

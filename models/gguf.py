@@ -215,7 +215,8 @@ class _Cursor:
     def string(self, what: str) -> str:
         at = self.offset
         length = self.unpack("<Q", f"the length of {what}")
-        self.need(length, f"{what} ({length:,} bytes by its length)")
+        if length > len(self.view) - self.offset:
+            raise self.fail(f"{what} declares a length of {length:,} bytes, past the file's end", at)
         raw = bytes(self.view[self.offset:self.offset + length])
         self.offset += length
         try:

@@ -116,7 +116,7 @@ async function fetchAttention(body, { progress }) {
   try {
     return await postJob("/api/text/attention", body, { signal: mine.signal, onEvent: (event) => {
       clock.event(event);
-      if (event.progress !== undefined) showProgress(event);
+      if (event.progress !== undefined) showProgress({ ...event, total: clock.total(event) }); // the accepted event's total
     } });
   } finally {
     clock.stop();
@@ -699,6 +699,9 @@ const lab = mountLab({
       masked: (i) => maskedRow(i, v.tokens.length), onQuery: selectQuery,
     };
   },
+  softmaxEmpty: () => (state.long ? `${state.long.response.tokens.length.toLocaleString("en")} tokens is a long input (over full_map_tokens): `
+    + "its response holds no full scores; click a row of the map to draw it over every key"
+    : isSeq2seq() ? "an encoder–decoder's response holds no scores" : "this input's response holds no scores"),
   summaryExtra: () => {
     if (!lab.viewBeta() || !state.view) return [];
     const P = shownAttention(), base = state.view.base;

@@ -22,6 +22,7 @@
 //   titleExtra()       more for that title (e.g. the query), optional
 //   diff()             {after, before, x, y, title, square} matrices for the P̂ − P figure, or null
 //   softmax()          the softmax panel's context ({tokens, scores, query, beta, masked, …}) or null
+//   softmaxEmpty()     optional: why the panel has no row when softmax() is null ("a long input …")
 //   summaryExtra()     extra parts for the effect summary line (e.g. view-only TV), optional
 //   activeExtra()      extra rows for the active-interventions list, optional
 //   builtInCausal()    null, or why the shown attention is causal by itself (a decoder), optional
@@ -184,7 +185,7 @@ export function mountLab(page, options = {}) {
   // row: show the selected query row (a click on a map picks a row) rather than the user's score vector.
   function renderSoftmax({ row = false } = {}) {
     const c = page.softmax();
-    if (!c) return;
+    if (!c) { softmax.update({ empty: page.softmaxEmpty?.() ?? "this input's response holds no scores" }); return; }
     if (row) softmax.setSource("row");
     softmax.update(c);
   }

@@ -25,6 +25,7 @@ export function parseVector(text) {
 }
 
 // mount(container, {onError, jacobianKeys, jacobianHeight}) → {update({tokens, scores (T×T Ŝ), masked, beta, query, queryLabels, onQuery})}
+// update({empty: why}) (no scores): the row source says it has no row, and why.
 // jacobianKeys: at most this many keys in the Jacobian figure, those with the most probability (a speech row has 1,500
 // keys of 20 ms: drawn whole, the figure is a few pixels a key and mostly zeros); jacobianHeight: its height in px.
 // masked: bool[] (the same keys for every row) or a function of the query row → bool[] (a causal map masks
@@ -44,14 +45,15 @@ export function mountSoftmaxPanel(container, { onError = () => {}, jacobianKeys 
   const rowControls = el("label", {}, "query ", query);
   const vectorControls = el("span", { className: "controls" }, el("label", {}, "s = ", vector), el("label", {}, "β ", betaInput));
 
+  const figures = el("div", { className: "row" },
+    el("div", { className: "grow" }, el("div", { className: "fig-tools" }, pngButton(bars, "attnlab-softmax-probabilities")), bars),
+    el("div", { className: "grow" }, el("div", { className: "fig-tools" }, pngButton(jac, "attnlab-softmax-jacobian")), jac));
   container.replaceChildren(
     el("h2", {}, "Softmax and its Jacobian ", el("small", {}, ...guideLinks("p = softmax(β s),  ∂p/∂s = β (diag(p) − p pᵀ)  (§2)"))),
     el("div", { className: "controls" }, el("label", {}, "row ", source), rowControls, vectorControls),
     el("p", { className: "help" }, "The row uses the selected head's scores Ŝ and the current β and masks (click a heatmap cell to pick its query). "
       + "With a score far above the others (e.g. 100) the row is one-hot and every Jacobian entry is ≈ 0: the softmax is saturated and passes no gradient."),
-    readout, el("div", { className: "row" },
-      el("div", { className: "grow" }, el("div", { className: "fig-tools" }, pngButton(bars, "attnlab-softmax-probabilities")), bars),
-      el("div", { className: "grow" }, el("div", { className: "fig-tools" }, pngButton(jac, "attnlab-softmax-jacobian")), jac)),
+    readout, figures,
   );
 
   let last = null;
@@ -65,8 +67,26 @@ export function mountSoftmaxPanel(container, { onError = () => {}, jacobianKeys 
   vector.addEventListener("change", redraw);
   betaInput.addEventListener("change", redraw);
 
+  // No row to show (a long input holds no full scores, a run without scores): the row's figures are cleared and the
+  // panel says why, rather than keep the previous input's row. The score vector needs no input and still works.
+  function showEmpty(ctx) {
+    rowControls.style.display = "none";
+    vectorControls.style.display = "none";
+    query.replaceChildren();
+    delete query.dataset.sig;
+    delete query.dataset.row;
+    readout.textContent = `no query row: ${ctx?.empty ?? "nothing has run yet"}. Choose “my score vector” to try a vector of your own.`;
+    readout.dataset.empty = "1";
+    delete readout.dataset.maxJacobian;
+    for (const plot of [bars, jac]) if (window.Plotly) Plotly.purge(plot);
+    figures.style.display = "none";
+  }
+
   function update(ctx) {
     last = ctx;
+    if (source.value === "row" && !ctx?.scores) { showEmpty(ctx); return; }
+    delete readout.dataset.empty;
+    figures.style.display = "";
     const useRow = source.value === "row" && ctx && ctx.scores;
     rowControls.style.display = useRow ? "" : "none";
     vectorControls.style.display = useRow ? "none" : "";

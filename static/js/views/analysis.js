@@ -143,9 +143,10 @@ function mountPatching(info, onError) {
       const done = await postJob("/api/text/patching", request, { signal: mine.signal, onEvent: (event) => {
         clock.event(event);
         if (event.progress !== undefined) {
-          bar.max = event.total;
+          const total = clock.total(event); // fixed when the job was accepted
+          bar.max = total;
           bar.value = event.progress;
-          status.textContent = `${event.progress} / ${event.total} ${request.scan === "heads" ? "heads" : "cells"}`;
+          status.textContent = `${event.progress} / ${total} ${request.scan === "heads" ? "heads" : "cells"}`;
           panel.dataset.progress = String(event.progress);
         }
       } });

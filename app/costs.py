@@ -249,13 +249,15 @@ def _as_job_hint(settings, seconds: float) -> str:
     return ""
 
 
-def accept_job(seconds: float, runs: int) -> None:
-    """The current job (if any) passed its cost check: its accepted event, then its turn among this client's jobs."""
+def accept_job(seconds: float, runs: int, adapter=None) -> None:
+    """The current job (if any) passed its cost check: its accepted event (with its progress total: runs × the
+    adapter's attention layers), then its turn among this client's jobs."""
     from app.jobs import JOBS, current_job
 
     job = current_job.get()
     if job is not None:
-        JOBS.accept(job, seconds, runs)
+        layers = len(getattr(adapter, "layer_of", None) or ()) or None
+        JOBS.accept(job, seconds, runs, layers)
 
 
 def cost_field(shape: ModelShape, tokens: int, keys: int, runs: int, interventions: int, input_field: str,
@@ -304,7 +306,7 @@ def check_request_cost(adapter, settings, tokens: int, runs: int, interventions:
     # made from it (a test calling this directly, then a client: 503 "needs about 400 s")
     request_model_seconds.set(seconds)
     request_model_runs.set(passes)
-    accept_job(seconds, passes)
+    accept_job(seconds, passes, adapter)
     return seconds
 
 
@@ -320,7 +322,7 @@ def check_extra_cost(adapter, settings, extra) -> None:
         raise HTTPException(413, detail=(
             f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
             f"{setting}={limit:g} s{_as_job_hint(settings, seconds)}; use a shorter input"))
-    accept_job(seconds, max(1, passes))
+    accept_job(seconds, max(1, passes), adapter)
 
 
 def check_work_cost(adapter, settings, macs: float, passes: int, field: str, what: str) -> float:
@@ -333,7 +335,7 @@ def check_work_cost(adapter, settings, macs: float, passes: int, field: str, wha
             f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
             f"{setting}={limit:g} s{_as_job_hint(settings, seconds)}; ask for less"))
     request_model_seconds.set(seconds)
-    accept_job(seconds, passes)
+    accept_job(seconds, passes, adapter)
     return seconds
 
 

@@ -1,14 +1,16 @@
 """Jobs: long work a client starts, admitted with an ETA and carried to its end (docs/api.md "Jobs").
 
-A request sent with `Accept: text/event-stream` is a job (app/streams.py runs it). Its cost check (app/costs.py)
-accepts it: the job then says `{"accepted": true, "eta_s", "queue_position", "runs"}` before any layer runs, and
-waits until this client's earlier jobs have finished (one running job per client). Its time limit is
-`job_timeout_s`, not `request_timeout_s`.
+A request sent with `Accept: text/event-stream` is a job (app/streams.py runs it). It is on the board from its arrival
+(`register`; at most `max_queued_jobs_per_client` per client, else 503 + Retry-After). Its cost check (app/costs.py)
+accepts it: the job then says `{"accepted": true, "eta_s", "queue_position", "runs", "total"}` before any layer runs,
+and waits until this client's earlier jobs have finished (one running job per client). Its time limit is
+`job_timeout_s`, not `request_timeout_s`; a job whose ETA is over what is left of it is refused (503) instead.
 
-The ETA is the job's own estimated model time plus what is left of every job accepted before it: the model runs one
-forward at a time and hands its lock to jobs in arrival order (app/runtime.py), so those run first. Short interactive
-work (first views, windows, rows, decoding steps) goes before any job at the next layer boundary and is not counted:
-it is short by construction.
+The ETA is the job's own estimated model time plus what is left of every job that runs before it: the model runs one
+forward at a time and hands its lock round the clients (app/scheduler.py), so those are this client's earlier jobs
+and as many of each other client's as turns go round before this one. What is left of a job that has made progress
+comes from its own measured rate, not from the estimate. Short interactive work (first views, windows, rows,
+decoding steps) goes before any job at the next layer boundary and is not counted: it is short by construction.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ request_client: contextvars.ContextVar[str] = contextvars.ContextVar("attnlab_cl
 
 _SEQ = itertools.count(1)
 POLL_S = 0.1  # a job waiting for its client's earlier job notices a cancel within this
+TRUST_AFTER = 0.1  # a job's own rate is trusted fully from 10 % of its progress on (blended with the estimate before)
 
 
 @dataclass(eq=False)
@@ -43,18 +46,41 @@ class Job:
     seq: int = field(default_factory=lambda: next(_SEQ))  # arrival order: the model lock's order among jobs
     estimate_s: float = 0.0
     runs: int = 0
+    total: int | None = None  # the progress bar's length, fixed when the job is accepted (runs × layers)
+    layer_progress: bool = False  # its progress counts attention layers (total fixed at acceptance)
     accepted_at: float | None = None
     finished: bool = False
     started: bool = False  # it has had the model once (app/scheduler.py: it keeps its turn until it ends)
+    started_at: float | None = None  # its first progress: its own rate is measured from here
+    done: int = 0  # progress so far, of `total` (or of the work's own step count)
+    of: int = 0
 
     def remaining_s(self, now: float) -> float:
+        """Seconds left: from the job's own measured rate once it has made progress (docs/api.md "Jobs": the ETA
+        learns), else its estimate less the time it has run."""
         if self.accepted_at is None:
             return 0.0
-        return max(0.0, self.estimate_s - (now - self.accepted_at))
+        if self.started_at is None:
+            return self.estimate_s
+        by_estimate = max(0.0, self.estimate_s - (now - self.started_at))
+        if not 0 < self.done < self.of:
+            return by_estimate
+        measured = (now - self.started_at) * (self.of - self.done) / self.done
+        trust = min(1.0, self.done / (self.of * TRUST_AFTER))  # the first few layers' rate is mostly set-up
+        return trust * measured + (1 - trust) * by_estimate
+
+    def progressed(self, done: int, of: int, now: float) -> float:
+        """Progress heard (done of `of`): the seconds left by the job's own rate. The first progress of a run starts
+        the clock when the scheduler did not (app/scheduler.py sets `started_at` at the job's first turn)."""
+        if self.started_at is None:  # progress before the scheduler saw it start (work outside the model lock)
+            self.started_at = now - (self.estimate_s * done / of if of and self.estimate_s else 0.0)
+        self.done, self.of = done, of
+        return round(self.remaining_s(now), 2)
 
 
 class JobBoard:
-    """The unfinished jobs of this process, in arrival order."""
+    """The unfinished jobs of this process, from their arrival (`register`) to their end (`finish`), in arrival
+    order. At most `max_queued_jobs_per_client` per client (app/streams.py passes the setting)."""
 
     def __init__(self) -> None:
         self._jobs: list[Job] = []
@@ -64,22 +90,74 @@ class JobBoard:
         with self._cond:
             return len(self._jobs)
 
-    def accept(self, job: Job, estimate_s: float, runs: int) -> None:
-        """The job's cost check passed: say so (its first event) with its ETA and place, then wait for this client's
-        earlier jobs. A job accepted twice (a second cost check: a later pass of the same request) adds its estimate."""
+    def register(self, job: Job, max_per_client: int | None = None) -> None:
+        """A job arrives: on the board at once (its place in the queue counts from now), or 503 + Retry-After when
+        its client already has `max_per_client` jobs queued or running."""
+        now = time.monotonic()
+        with self._cond:
+            own = [other for other in self._jobs if other.client == job.client and not other.finished]
+            if max_per_client is not None and len(own) >= max_per_client:
+                soonest = min((other.remaining_s(now) for other in own), default=1.0)
+                raise Overloaded(
+                    f"server busy: this client already has {len(own)} jobs queued or running "
+                    f"(max_queued_jobs_per_client={max_per_client}); send this one when one of them has ended",
+                    retry_after=max(1, min(60, round(soonest))))
+            self._jobs.append(job)
+
+    def ahead_of(self, job: Job) -> list[Job]:
+        """The jobs that run before `job` (under the board's lock): its client's earlier jobs, and of every other
+        client as many as turns go round before this one (app/scheduler.py: the client served least recently first;
+        here by arrival), a started one always."""
+        mine = [o for o in self._jobs if o.client == job.client and o.seq < job.seq and not o.finished]
+        rounds = len(mine)
+        ahead = list(mine)
+        clients: dict[str, list[Job]] = {}
+        for other in self._jobs:
+            if other.client != job.client and not other.finished:
+                clients.setdefault(other.client, []).append(other)
+        for jobs in clients.values():
+            jobs.sort(key=lambda o: (not o.started, o.seq))
+            for rank, other in enumerate(jobs):
+                if other.started or rank < rounds or (rank == rounds and other.seq < job.seq):
+                    ahead.append(other)
+        return ahead
+
+    def accept(self, job: Job, estimate_s: float, runs: int, layers: int | None = None) -> None:
+        """The job's cost check passed: say so (its first event) with its ETA, place and progress total, then wait
+        for this client's earlier jobs. 503 + Retry-After instead when the queue ahead and the job's own estimate
+        would not end before its deadline (job_timeout_s from its arrival). A job accepted twice (a second cost
+        check: a later pass of the same request) adds its estimate."""
         now = time.monotonic()
         with self._cond:
             if job.accepted_at is not None:
                 job.estimate_s += estimate_s
                 job.runs += runs
                 return
-            job.estimate_s, job.runs, job.accepted_at = estimate_s, runs, now
-            self._jobs.append(job)
-            ahead = [other for other in self._jobs if other.seq < job.seq and not other.finished]
+            if job not in self._jobs:  # not registered at its arrival (tests of the board alone)
+                self._jobs.append(job)
+            ahead = self.ahead_of(job)
             wait_s = sum(other.remaining_s(now) for other in ahead)
-        job.emit({"accepted": True, "eta_s": round(wait_s + estimate_s, 2), "queue_position": len(ahead),
-                  "runs": runs})
+            if wait_s + estimate_s > job.deadline - now:
+                self._jobs.remove(job)
+                self._cond.notify_all()
+                raise Overloaded(
+                    f"server busy: this job needs about {estimate_s:,.0f} s of model time after about {wait_s:,.0f} s "
+                    f"of jobs ahead of it ({len(ahead)}), over the {max(0.0, job.deadline - now):,.0f} s left of "
+                    "job_timeout_s; send it again later", retry_after=max(1, min(300, round(wait_s))))
+            job.estimate_s, job.runs, job.accepted_at = estimate_s, runs, now
+            if job.layer_progress and layers:
+                job.total = runs * layers
+        event = {"accepted": True, "eta_s": round(wait_s + estimate_s, 2), "queue_position": len(ahead), "runs": runs}
+        if job.total is not None:
+            event["total"] = job.total
+        job.emit(event)
         self._wait_for_client(job)
+
+    def ends_in_s(self, job: Job) -> float:
+        """Seconds until `job` ends by the board: the jobs ahead of it and its own remaining time."""
+        now = time.monotonic()
+        with self._cond:
+            return job.remaining_s(now) + sum(other.remaining_s(now) for other in self.ahead_of(job))
 
     def _wait_for_client(self, job: Job) -> None:
         cancel = request_cancel.get()
@@ -99,11 +177,22 @@ class JobBoard:
             self._cond.notify_all()
 
     def snapshot(self, client: str | None = None) -> list[dict[str, Any]]:
-        """The board for /api/jobs: what runs and waits, without inputs; with `client`, that client's jobs only."""
+        """The board for /api/jobs (of one client when given): what runs and waits, without inputs. `state`:
+        "arriving" (not yet accepted), "queued" or "running"; `eta_s`: its own seconds left; `ends_in_s`: with the
+        jobs ahead of it (`queue_position` of them), as its stream's ETA counts them."""
         now = time.monotonic()
         with self._cond:
-            return [{"what": j.what, "eta_s": round(j.remaining_s(now), 1), "runs": j.runs} for j in self._jobs
-                    if client is None or j.client == client]
+            board = []
+            for j in self._jobs:
+                if client is not None and j.client != client:
+                    continue
+                ahead = self.ahead_of(j)
+                state = "arriving" if j.accepted_at is None else "running" if j.started else "queued"
+                board.append({"what": j.what, "state": state, "queue_position": len(ahead),
+                              "eta_s": round(j.remaining_s(now), 1),
+                              "ends_in_s": round(j.remaining_s(now) + sum(o.remaining_s(now) for o in ahead), 1),
+                              "runs": j.runs, **({"total": j.total} if j.total is not None else {})})
+            return board
 
 
 JOBS = JobBoard()

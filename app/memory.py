@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextvars
 import ctypes
+import itertools
 import threading
 import time
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class RequestMemory:
     nbytes: int = 0
     client: str = ""
     budget: "MemoryBudget | None" = None  # the budget it holds bytes of (released through it)
+    ends_by: float = float("inf")  # monotonic: when it expects to release (its work's estimated end, with slack)
 
 
 # Set per HTTP request by app/main.py (RequestDeadline); the job's worker thread shares the same object.
@@ -65,7 +67,8 @@ def _malloc_trim() -> None:
 
 
 class MemoryBudget:
-    def __init__(self, budget_bytes: int, reserved_bytes: int, cache, measure_rss: bool = True) -> None:
+    def __init__(self, budget_bytes: int, reserved_bytes: int, cache, measure_rss: bool = True,
+                 wait_s: float = 120.0) -> None:
         self.budget, self.reserved = budget_bytes, reserved_bytes
         self.limit = max(0, budget_bytes - reserved_bytes)  # for kept runs and in-flight work
         self.models: dict[str, int] = {}  # models loaded on first use → their weights' bytes (in `reserved`)
@@ -76,6 +79,9 @@ class MemoryBudget:
         self._in_flight: list[RequestMemory] = []
         self._cond = threading.Condition()
         self.waited = 0  # requests that had to wait for room (for /api/jobs and the benchmarks)
+        self.wait_s = wait_s  # the longest wait for room (memory_wait_s)
+        self._tickets = itertools.count(1)
+        self._queue: list[int] = []  # the waiting reservations' tickets, in arrival order
 
     def _unbooked(self, others: int) -> int:
         """Bytes in use that the books do not show: RSS over reserved + kept + the in-flight peaks (those reserve their
@@ -101,48 +107,86 @@ class MemoryBudget:
     def used_bytes(self) -> int:
         return self.in_flight_bytes + self.cache.host_bytes
 
-    def reserve(self, nbytes: int, field: str, what: str, deadline: float | None) -> None:
-        """Raise the current request's reservation to `nbytes`, waiting for room; 413 naming `field` when it could
-        never fit. Outside a request (no RequestMemory in the context: scripts, tests of the engine) nothing is held."""
+    def reserve(self, nbytes: int, field: str, what: str, deadline: float | None, expected_s: float | None = None) -> None:
+        """Raise the current request's reservation to `nbytes`, waiting for room in turn (first come, first served:
+        only the longest waiting reservation is granted, so later work cannot overtake it); 413 naming `field` when
+        it could never fit; 503 with the reason at once when not enough could free up before its deadline (nor within
+        wait_s), else when the wait passes either. `expected_s`: how long the request will hold it (its queue wait and
+        model time), which later waiters count on. Outside a request (no RequestMemory in the context: scripts, tests
+        of the engine) nothing is held."""
         holder = request_memory.get()
         if holder is None or nbytes <= holder.nbytes:
             return
         self.check_fits(nbytes, field, what)
+        now = time.monotonic()
+        # unknown: counted as soon (a refusal at once must be sure; the wait's limit covers the rest)
+        holder.ends_by = now + 2 * expected_s + 5 if expected_s is not None else now
         if nbytes <= SMALL_BYTES:  # short interactive work does not wait for room: the stated margin covers it
             with self._cond:
-                holder.nbytes, holder.budget = nbytes, self
-                if holder not in self._in_flight:
-                    self._in_flight.append(holder)
+                self._book(holder, nbytes)
             return
+        give_up = min(deadline if deadline is not None else now + self.wait_s, now + self.wait_s)
         cancel = request_cancel.get()
+        ticket = next(self._tickets)
         waited = trimmed = False
         with self._cond:
-            while True:
-                others = sum(r.nbytes for r in self._in_flight if r is not holder)
-                need = others + nbytes + self.cache.host_bytes + self._unbooked(others) - self.limit
-                if need > 0:
-                    self.cache.evict_for(need, holder.client)
-                    if not trimmed:  # freed runs and earlier work's garbage back to the kernel, once per wait
-                        _malloc_trim()
-                        trimmed = True
-                    need = others + nbytes + self.cache.host_bytes + self._unbooked(others) - self.limit
-                if need <= 0:
-                    holder.nbytes, holder.budget = nbytes, self
-                    if holder not in self._in_flight:
-                        self._in_flight.append(holder)
-                    if waited:
-                        self.waited += 1
-                    return
-                waited = True
-                if cancel is not None and cancel.is_set():
-                    raise RequestCancelled(cancel.reason)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise Overloaded(
-                        f"server busy: {what} needs about {nbytes / 2**20:,.0f} MiB and the memory budget stayed full "
-                        "(runs other clients were still using) until this request's time limit", retry_after=10)
-                self._cond.wait(POLL_S)  # woken by a release; pins expire on their own, so poll too
-                if int(time.monotonic() / TRIM_EVERY_S) != int((time.monotonic() - POLL_S) / TRIM_EVERY_S):
-                    trimmed = False  # while waiting, trim again now and then: other work frees memory too
+            self._queue.append(ticket)
+            try:
+                while True:
+                    if self._queue[0] == ticket:  # its turn: the reservations before it were granted or gave up
+                        need = self._need(holder, nbytes)
+                        if need > 0:
+                            self.cache.evict_for(need, holder.client)
+                            if not trimmed:  # freed runs and earlier work's garbage back to the kernel, once per wait
+                                _malloc_trim()
+                                trimmed = True
+                            need = self._need(holder, nbytes)
+                        if need <= 0:
+                            self._book(holder, nbytes)
+                            self.waited += int(waited)
+                            return
+                        if not waited:  # told at once when it cannot fit in time, not at its deadline
+                            self._refuse_if_never(holder, need, give_up, what, nbytes)
+                    waited = True
+                    if cancel is not None and cancel.is_set():
+                        raise RequestCancelled(cancel.reason)
+                    if time.monotonic() > give_up:
+                        raise Overloaded(self._busy(what, nbytes, "until this request's time limit (its deadline, "
+                                                    f"or memory_wait_s={self.wait_s:g} s)"), retry_after=10)
+                    self._cond.wait(POLL_S)  # woken by a release; pins expire on their own, so poll too
+                    if int(time.monotonic() / TRIM_EVERY_S) != int((time.monotonic() - POLL_S) / TRIM_EVERY_S):
+                        trimmed = False  # while waiting, trim again now and then: other work frees memory too
+            finally:
+                self._queue.remove(ticket)
+                self._cond.notify_all()
+
+    def _need(self, holder: RequestMemory, nbytes: int) -> int:
+        """Bytes over the limit if `holder` held `nbytes` (under the lock)."""
+        others = sum(r.nbytes for r in self._in_flight if r is not holder)
+        return others + nbytes + self.cache.host_bytes + self._unbooked(others) - self.limit
+
+    def _book(self, holder: RequestMemory, nbytes: int) -> None:
+        holder.nbytes, holder.budget = nbytes, self
+        if holder not in self._in_flight:
+            self._in_flight.append(holder)
+
+    def _busy(self, what: str, nbytes: int, until: str) -> str:
+        others = [r for r in self._in_flight if r.nbytes]
+        return (f"server busy: {what} needs about {nbytes / 2**20:,.0f} MiB and the memory budget stayed full "
+                f"({sum(r.nbytes for r in others) / 2**20:,.0f} MiB held by {len(others)} requests in flight, "
+                f"{self.cache.host_bytes / 2**20:,.0f} MiB by runs clients keep for result_pin_s) {until}")
+
+    def _refuse_if_never(self, holder: RequestMemory, need: int, give_up: float, what: str, nbytes: int) -> None:
+        """503 at once when what could free up before `give_up` is less than `need`: the requests in flight by when
+        they expect to end (`ends_by`), kept runs by when their pins end (result_pin_s at the latest)."""
+        freeing = sum(r.nbytes for r in self._in_flight if r is not holder and r.ends_by <= give_up)
+        pin_s = getattr(self.cache, "pin_s", 0.0)
+        if time.monotonic() + pin_s <= give_up:
+            freeing += self.cache.host_bytes
+        if freeing < need:
+            raise Overloaded(self._busy(what, nbytes, "and not enough of it frees up before this request's time "
+                                        f"limit (its deadline, or memory_wait_s={self.wait_s:g} s)"),
+                             retry_after=max(1, round(min(pin_s, self.wait_s)) or 10))
 
     def check_fits(self, nbytes: int, field: str, what: str) -> None:
         """413 naming `field` when `nbytes` could never fit beside the models, even with nothing else kept."""

@@ -68,7 +68,7 @@ class ModelScheduler:
             return
         self._served[(kind, client)] = next(self._turn)
         if kind == JOB:
-            job.started = True
+            job.started, job.started_at = True, time.monotonic()
 
     @contextlib.contextmanager
     def admitted(self, interactive: bool | None = None) -> Iterator[None]:

@@ -33,7 +33,13 @@ def _events(client, **body) -> tuple[int, str, list[dict]]:
     events = [json.loads(b[len("data: "):]) for b in blocks]
     # a job's first event, before any layer (docs/api.md "Jobs"); the rest as before it
     accepted, *events = events
-    assert accepted["accepted"] is True and set(accepted) == {"accepted", "eta_s", "queue_position", "runs"}, accepted
+    assert accepted["accepted"] is True and {"accepted", "eta_s", "queue_position", "runs"} <= set(accepted), accepted
+    assert set(accepted) <= {"accepted", "eta_s", "queue_position", "runs", "total"}, accepted
+    for event in events:  # each progress event's ETA: what is left by the job's own rate (timing: not compared)
+        if "progress" in event:
+            assert event.pop("eta_s") >= 0, event
+            if "total" in accepted:  # the bar's length is the accepted event's, from the first event to the last
+                assert event["total"] == accepted["total"], (accepted, event)
     return status, kind, events
 
 

@@ -201,7 +201,9 @@ def set_response(adapter, req: PatchingRequest, described: list[dict], scans, ex
         means = {name: mean_and_spread([scans[k].estimates[name] for k in used])[0] for name in ESTIMATES}
         response["agreement"] = {name: agreement(mean, means[name], req.top_k) for name in ESTIMATES}
         response["rank_correlation"] = response["agreement"]["head_output"]["spearman"]
-    else:  # the estimates alone: AtP*'s mean stands for the effect
-        response["effect"] = estimates["atp_star"]["mean"]
-        response["effect_std"] = estimates["atp_star"]["std"]
+    else:  # the estimates alone: `effect` means what a single pair's attribution scan calls `effect`, the
+        # attribution estimate on the head output, here its mean over the pairs (AtP and AtP* stay in `estimates`)
+        response["effect"] = estimates["head_output"]["mean"]
+        response["effect_std"] = estimates["head_output"]["std"]
+        response["effect_per_pair"] = estimates["head_output"]["per_pair"]
     return response

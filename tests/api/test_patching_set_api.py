@@ -85,8 +85,18 @@ def test_the_estimates_alone(client):
     r = client.post("/api/text/patching", json={**SET, "method": "attribution"})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert "agreement" not in body and "effect_per_pair" not in body
-    assert body["effect"] == body["estimates"]["atp_star"]["mean"]
+    assert "agreement" not in body
+    # issue 38 §6: `effect` has one meaning under method "attribution", a pair's or a set's: the attribution estimate
+    # on the head output (a set: its mean over the pairs, each pair's value the single-pair scan's `effect`)
+    head_output = body["estimates"]["head_output"]
+    assert body["effect"] == head_output["mean"] == body["attribution"]
+    assert body["effect_std"] == head_output["std"] and body["effect_per_pair"] == head_output["per_pair"]
+    assert body["effect"] != body["estimates"]["atp_star"]["mean"]
+    for k, pair in enumerate(PAIRS):
+        single = client.post("/api/text/patching", json={
+            "model": "tiny-llama", "answer": pair.get("answer", "tired"), "wrong": pair.get("wrong", "house"),
+            "clean": pair["clean"], "corrupt": pair["corrupt"], "method": "attribution"}).json()
+        assert np.array_equal(_array(single["effect"]), _array(body["effect_per_pair"][k]))
 
 
 @pytest.mark.parametrize("change, status, loc", [

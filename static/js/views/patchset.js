@@ -96,7 +96,8 @@ export async function drawSet(Plotly, result) {
       yaxis: { autorange: "reversed", type: "category", dtick: 1, tickfont: { size: 10 } }, xaxis: { type: "category" } },
   });
   const n = result.pairs_used?.length ?? result.n_pairs;
-  const mean = heat(result.effect, `${exact ? "exact patch" : "AtP* estimate"}: mean effect over ${n} pairs`, std);
+  // `effect` of method "attribution" is the attribution estimate on the head output, as a single pair's (docs/api.md)
+  const mean = heat(result.effect, `${exact ? "exact patch" : "attribution (head output) estimate"}: mean effect over ${n} pairs`, std);
   await Plotly.react(byId("patch-set-heatmap"), mean.data, mean.layout, CONFIG);
   const side = heat(estimate.mean, `${NAMES[estimateName]}: mean estimate`, estimate.std);
   await Plotly.react(byId("patch-set-estimate"), side.data, side.layout, CONFIG);
@@ -107,7 +108,7 @@ export async function drawSet(Plotly, result) {
   cells.sort((a, b) => Math.abs(b.v) - Math.abs(a.v));
   const top = cells.slice(0, STRIP_HEADS);
   const labels = top.map((c) => `L${c.l} h${c.h}`);
-  const perPair = exact ? result.effect_per_pair : estimate.per_pair;
+  const perPair = result.effect_per_pair ?? estimate.per_pair;
   const used = result.pairs_used ?? perPair.map((_, k) => k);
   const traces = [{
     type: "scatter", mode: "markers", name: "mean ± std", x: labels, y: top.map((c) => c.v),

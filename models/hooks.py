@@ -21,7 +21,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from models import head_ops
 from models.atlas import AtlasRecorder, PendingRecord, atlas_attention
-from models.interventions import Intervention, LogitExtras, intervened_attention
+from models.interventions import Intervention, LayerCall, LogitExtras, intervened_attention
 from models.recording import NOTHING, AttentionRecorder
 from models.run_context import current_run
 from models.step_rows import StepRows
@@ -230,20 +230,18 @@ def attnlab_attention(
         scope = None
     if scope is None:  # outside a run (e.g. training, or the load-time probe): plain attention, nothing recorded
         output, probs, _, _ = intervened_attention(
-            query, key, value, allowed, layer=-1, native_beta=native_beta, extras=extras, recorder=NOTHING
+            query, key, value, allowed, LayerCall(layer=-1, native_beta=native_beta, extras=extras), recorder=NOTHING
         )
         return output.to(out_dtype).transpose(1, 2).contiguous(), probs
     layer = scope.layer_of[id(module)]
     n_batch, _, n_queries = query.shape[:3]
-    common = dict(
-        layer=layer, native_beta=native_beta, interventions=scope.interventions, extras=extras,
-        query_offset=scope.query_offset,
-    )
+    call = LayerCall(layer=layer, native_beta=native_beta, interventions=scope.interventions, extras=extras,
+                     query_offset=scope.query_offset)
     if not scope.record:
         wants_row = scope.rows is not None and scope.rows.wants(layer)
         # with top_k the row's log-sum-exp is formed from q̂ k̂ᵀ of its last query: the forward hands those over
         recorder = AttentionRecorder(qk=[]) if wants_row and scope.rows.needs_lse else NOTHING
-        output, probs, _, _ = intervened_attention(query, key, value, allowed, **common, recorder=recorder)
+        output, probs, _, _ = intervened_attention(query, key, value, allowed, call, recorder=recorder)
         if wants_row:
             scope.rows.take_probs(layer, probs, recorder.qk, allowed, extras, native_beta, scope.interventions,
                                   scope.query_offset)
@@ -251,7 +249,7 @@ def attnlab_attention(
         output = head_ops.at_layer(output, value, layer, scope.interventions, scope.query_offset)  # patches, mean ablation
         return output.to(out_dtype).transpose(1, 2).contiguous(), probs
     recorder = scope.layer_recorder(layer, (n_batch, n_heads, n_queries, key.shape[2]), query)
-    output, probs, _, dead_rows = intervened_attention(query, key, value, allowed, **common, recorder=recorder)
+    output, probs, _, dead_rows = intervened_attention(query, key, value, allowed, call, recorder=recorder)
     if n_batch == 1:  # what rebuilds a window of this layer at another β: references only (models/atlas.py)
         scope.records[layer] = _pending_record(scope, layer, recorder.qk, original_query, original_key, allowed,
                                                native_beta, extras)

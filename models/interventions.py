@@ -228,17 +228,26 @@ def attention_logits(
     return logits
 
 
+@dataclass(frozen=True)
+class LayerCall:
+    """What one call of a layer's attention is asked, beside its tensors: which layer it is, its native β₀, the
+    request's interventions, what the model's eager attention adds to the logits (`extras`), and `query_offset`, the
+    token position of query row 0 (a decoding step with a KV cache sees only its new queries; keys always start at
+    position 0)."""
+
+    layer: int
+    native_beta: float
+    interventions: tuple[Intervention, ...] = ()
+    extras: LogitExtras = NO_EXTRAS
+    query_offset: int = 0
+
+
 def intervened_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     allowed: torch.Tensor | None,
-    *,
-    layer: int,
-    native_beta: float,
-    interventions: tuple[Intervention, ...] = (),
-    extras: LogitExtras = NO_EXTRAS,
-    query_offset: int = 0,
+    call: LayerCall,
     recorder: AttentionRecorder = WITH_SCORES,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """One attention layer with the interventions applied.
@@ -246,8 +255,7 @@ def intervened_attention(
     query: (B, H, T_q, d), key: (B, H, T_k, d), value: (B, H, T_k, d_v) — K and V already repeated to the H
     query heads for grouped-query models, so every scope names query heads;
     allowed: the model's own mask, bool broadcastable to (B, H, T_q, T_k), True = may attend (None = all);
-    extras: what the model's eager attention adds to the logits; query_offset: the token position of query
-    row 0 (a decoding step with a KV cache sees only its new queries; keys always start at position 0).
+    call: the layer, β₀, interventions, logit extras and query offset (LayerCall).
     Returns (head outputs H = P V (B, H, T_q, d_v), P (B, H, T_q, T_k), Ŝ (B, H, T_q, T_k), dead rows (B, H, T_q)).
 
     `recorder` (models/recording.py) says what is recorded besides: P into a given buffer, Ŝ (None is returned for it
@@ -255,10 +263,11 @@ def intervened_attention(
     """
     _, n_heads, n_queries, _ = query.shape
     n_keys = key.shape[2]
-    if not any(iv.applies_to_layer(layer) for iv in interventions):
+    layer, native_beta, extras, query_offset = call.layer, call.native_beta, call.extras, call.query_offset
+    if not any(iv.applies_to_layer(layer) for iv in call.interventions):
         recorder.record_qk(query, key)
         return _plain_attention(query, key, value, allowed, native_beta, extras, recorder)
-    plan = plan_layer(interventions, layer, n_heads, n_keys, native_beta)
+    plan = plan_layer(call.interventions, layer, n_heads, n_keys, native_beta)
     for iv in plan.key_perturbations:
         key = perturb_vectors(key, iv, layer)
     for iv in plan.query_perturbations:

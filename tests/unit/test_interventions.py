@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from models.interventions import Intervention, intervened_attention, noise_for, row_entropy
+from models.interventions import Intervention, LayerCall, intervened_attention, noise_for, row_entropy
 from models.recording import NOTHING, AttentionRecorder
 
 B, H, T, D = 1, 3, 7, 8
@@ -24,7 +24,7 @@ def qkv():
 
 def run(qkv, *ivs, layer=0, allowed=None):
     q, k, v = qkv
-    return intervened_attention(q, k, v, allowed, layer=layer, native_beta=BETA0, interventions=tuple(ivs))
+    return intervened_attention(q, k, v, allowed, LayerCall(layer=layer, native_beta=BETA0, interventions=tuple(ivs)))
 
 
 def test_no_intervention_is_scaled_dot_product_attention(qkv):
@@ -204,17 +204,16 @@ def test_recording_into_buffers_and_skipping_scores_change_nothing(qkv, ivs):
     """The recording path (P and Ŝ written into preallocated buffers; β folded into the queries when Ŝ is
     not needed) gives the same outputs, P and Ŝ as the plain path."""
     q, k, v = qkv
-    out, probs, scores, dead = intervened_attention(q, k, v, None, layer=0, native_beta=BETA0, interventions=ivs)
+    call = LayerCall(layer=0, native_beta=BETA0, interventions=ivs)
+    out, probs, scores, dead = intervened_attention(q, k, v, None, call)
     probs_buf, scores_buf, entropy = torch.empty(2, *probs.shape), torch.empty(2, *probs.shape), torch.empty(B, H)
     recorder = AttentionRecorder(pattern=probs_buf[1], scores=scores_buf[1], entropy=entropy, qk=[], keep_scores=True)
-    out2, probs2, scores2, dead2 = intervened_attention(
-        q, k, v, None, layer=0, native_beta=BETA0, interventions=ivs, recorder=recorder)
+    out2, probs2, scores2, dead2 = intervened_attention(q, k, v, None, call, recorder=recorder)
     assert probs2.data_ptr() == probs_buf[1].data_ptr() and scores2.data_ptr() == scores_buf[1].data_ptr()
     assert torch.equal(probs2, probs) and torch.equal(scores2, scores) and torch.equal(out2, out) and torch.equal(dead2, dead)
     assert torch.allclose(entropy.double(), row_entropy(probs.double()).mean(dim=-1), atol=1e-5)
     q_hat, k_hat = recorder.qk  # the queries and keys after perturbation: Ŝ = q̂ k̂ᵀ
     assert torch.equal(torch.matmul(q_hat, k_hat.transpose(-1, -2)), scores)
-    out3, probs3, scores3, _ = intervened_attention(q, k, v, None, layer=0, native_beta=BETA0, interventions=ivs,
-                                                    recorder=NOTHING)
+    out3, probs3, scores3, _ = intervened_attention(q, k, v, None, call, recorder=NOTHING)
     assert scores3 is None
     assert torch.allclose(probs3, probs, atol=1e-6) and torch.allclose(out3, out, atol=1e-5)

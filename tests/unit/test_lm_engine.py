@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from models.adapters.causal_lm import CausalLMAdapter
-from models.interventions import Intervention, intervened_attention
+from models.interventions import Intervention, LayerCall, intervened_attention
 from tests.tiny_models import build_text_model
 
 TEXT = "the cat sat on the mat because it was tired"
@@ -52,8 +52,8 @@ def test_causal_intervention_with_a_query_offset_blocks_only_the_future():
     """A decoding step sees queries from position `offset` on; the causal op must mask j > offset + i."""
     torch.manual_seed(0)
     q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 4)
-    _, probs, _, _ = intervened_attention(q, k, v, None, layer=0, native_beta=0.5, interventions=(Intervention("causal"),),
-                                          query_offset=4)
+    call = LayerCall(layer=0, native_beta=0.5, interventions=(Intervention("causal"),), query_offset=4)
+    _, probs, _, _ = intervened_attention(q, k, v, None, call)
     for i in range(3):
         assert torch.all(probs[0, :, i, 4 + i + 1:] == 0) and torch.all(probs[0, :, i, : 4 + i + 1] > 0)
 

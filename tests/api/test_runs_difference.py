@@ -99,7 +99,7 @@ def test_difference_window_refusals(long_client):
     refused = long_client.post(f"/api/runs/{run}/window", json={**box, "minus": other_tokens})
     assert refused.status_code == 422 and "minus" in str(refused.json()["detail"]), refused.text
     gone = long_client.post(f"/api/runs/{run}/window", json={**box, "minus": "0" * 32})
-    assert gone.status_code == 404 and "no longer kept" in gone.json()["detail"]
+    assert gone.status_code == 404 and "is unknown" in gone.json()["detail"]
     too_big = long_client.post(f"/api/runs/{run}/window", json={**box, "rows": [0, 38], "cols": [0, 38],
                                                                   "minus": other_tokens})
     assert too_big.status_code == 413 and "max_window_cells" in too_big.json()["detail"]

@@ -41,7 +41,8 @@ async def jobs(runtime: RuntimeDep) -> dict:
         return {"jobs": own, "counts": {"jobs": len(JOBS), "yours": len(own)}}
     return {"jobs": JOBS.snapshot(),
             "memory": {"in_flight_bytes": memory.in_flight_bytes, "kept_bytes": runtime.cache.host_bytes,
-                       "limit_bytes": memory.limit, "waited": memory.waited},
+                       "kept_disk_bytes": runtime.cache.disk_bytes, "limit_bytes": memory.limit,
+                       "waited": memory.waited},
             "yields": runtime.yields}
 
 

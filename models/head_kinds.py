@@ -12,11 +12,12 @@ Scores per head, each the mean over the query rows it applies to (so every one i
 - retrieval: on a needle of distinct tokens hidden in a long random filler, with its first token again at the end, the
   model copies the needle back by greedy generation; a head's score is the share of generation steps whose
   top-attended key is the source of the token being copied, the same token in the needle (Wu et al. 2024,
-  "Retrieval Head Mechanistically Explains Long-Context Factuality"; their threshold 0.1 labels it);
+  "Retrieval Head Mechanistically Explains Long-Context Factuality"); over their threshold 0.1 a head is listed among
+  the retrieval heads, beside its label;
 - mean_distance: Σ_j P[i, j]·|i − j| over rows, in tokens (docs/science.md §6, models/summaries.py).
 
-A head's label is the kind (previous_token, induction, duplicate_token, sink, retrieval) it scores highest at among
-those over their thresholds (THRESHOLDS), else None. Scores come from the caller's `run(ids)`, which must answer the lab's own
+A head's label is the kind (previous_token, induction, duplicate_token, sink) it scores highest at among those over
+their thresholds (THRESHOLDS), else None. Scores come from the caller's `run(ids)`, which must answer the lab's own
 P for those token ids (the server passes its cached runs), so a score is the number the lab shows for that head.
 """
 from __future__ import annotations
@@ -29,8 +30,10 @@ import torch
 from models.summaries import mean_token_distance, sink_mass
 
 # Over this score a head is of that kind. Scores are shares of a row's attention, so one scale serves every kind.
-THRESHOLDS: dict[str, float] = {"previous_token": 0.5, "induction": 0.4, "duplicate_token": 0.4, "sink": 0.8,
-                                 "retrieval": 0.1}
+THRESHOLDS: dict[str, float] = {"previous_token": 0.5, "induction": 0.4, "duplicate_token": 0.4, "sink": 0.8}
+# Over this retrieval score a head is listed as a retrieval head (Wu et al. 2024's threshold), beside its label: a head
+# that copies at long range is usually an induction head too, and keeps that label
+RETRIEVAL_THRESHOLD = 0.1
 LABELLED_KINDS = tuple(THRESHOLDS)
 
 
@@ -119,7 +122,7 @@ def retrieval_scores(generate: Callable[[list[int], int], tuple[list[int], torch
         copied += sum(int(g == e) for g, e in zip(generated, expected))
         tokens.append(len(prompt))
         progress()
-    described = {"length": settings.needle, "needles": settings.needles, "prompt_tokens": tokens, "steps": steps,
+    described = {"threshold": RETRIEVAL_THRESHOLD, "length": settings.needle, "needles": settings.needles, "prompt_tokens": tokens, "steps": steps,
                  "copied": copied / max(1, steps)}  # the share of steps whose token was the needle's next one
     return (hits / max(1, steps)).float(), described
 
@@ -239,4 +242,14 @@ def head_taxonomy(run: Callable[[list[int]], torch.Tensor], candidates: Sequence
                                                                     needle_done)
     probe["thresholds"] = dict(THRESHOLDS)
     scores = {name: None if value is None else value.cpu() for name, value in scores.items()}  # one read each
-    return {"scores": scores, "labels": label_heads(scores), "probe": probe}
+    found = {"scores": scores, "labels": label_heads(scores), "probe": probe}
+    if scores.get("retrieval") is not None:
+        found["retrieval_heads"] = retrieval_heads(scores["retrieval"])
+    return found
+
+
+def retrieval_heads(scores: torch.Tensor, threshold: float = RETRIEVAL_THRESHOLD) -> list[dict]:
+    """The heads whose retrieval score is over the threshold, highest first: [{"layer", "head", "score"}]."""
+    over = [(float(v), layer, head) for layer, row in enumerate(scores.tolist()) for head, v in enumerate(row)
+            if v > threshold]
+    return [{"layer": layer, "head": head, "score": round(v, 6)} for v, layer, head in sorted(over, reverse=True)]

@@ -51,8 +51,9 @@ def head_scores(req: HeadScoresRequest, runtime: RuntimeDep, request: Request) -
     `scores` {name: [L][H]}: previous_token, induction, duplicate_token, sink (each the mean share of a row's attention
     on its targets), retrieval (built-in probes only: the share of greedy generation steps copying a needle back whose
     top-attended key is the copied token's source) and mean_distance (tokens); a score no row of the input applies
-    to is null. `labels` [L][H]: the kind among previous_token, induction, duplicate_token, sink and retrieval that the
-    head scores highest at over its threshold (`probe.thresholds`), else null. `locality` [L][H]: "local" or "global" for
+    to is null. `labels` [L][H]: the kind among previous_token, induction, duplicate_token and sink that the
+    head scores highest at over its threshold (`probe.thresholds`), else null. `retrieval_heads` (built-in probes):
+    the heads over the retrieval threshold (`probe.needle.threshold`, 0.1), highest first, beside their labels. `locality` [L][H]: "local" or "global" for
     a model with sliding-window layers, else null. `probe`: how the input was made (seed, lengths, ids, thresholds).
     """
     check_request_limits(runtime.settings, req)  # max_text_chars on `text`, before any model work
@@ -107,6 +108,7 @@ def head_scores(req: HeadScoresRequest, runtime: RuntimeDep, request: Request) -
             "scores": {name: None if value is None else _rounded(value) for name, value in found["scores"].items()},
             "labels": found["labels"], "locality": locality(info.layer_types, info.heads),
             "sliding_window": info.sliding_window, "probe": found["probe"],
+            **({"retrieval_heads": found["retrieval_heads"]} if "retrieval_heads" in found else {}),
         }
         return _answers(runtime).put(key, answer)
 

@@ -188,6 +188,7 @@ def _continue(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], int
             break
         stream.emit(event)
     return {"text": adapter.decode(ids[""]), "base_text": adapter.decode(ids["base_"]), "prompt_tokens": len(prompt),
+            "prompt_ids": prompt,
             **_keep_runs(runtime, adapter, prompt, ids, interventions)}
 
 

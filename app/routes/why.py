@@ -39,12 +39,21 @@ class QKAttributionRequest(_Strict):
     query: NonNegInt = Field(description="the query position i")
     key: NonNegInt = Field(description="the key position j (≤ i: decoders are causal)")
     interventions: Interventions = Field(default_factory=list)
+    ids: list[NonNegInt] | None = Field(None, description="the input as token ids instead of `text` (a continuation's "
+                                        "prompt + generated ids, which text may not tokenize back to); null: `text`")
     expand: int = Field(3, ge=0, le=16, description="how many key-side head parts (largest |total| first) to split "
                         "by the source positions their head attended to from j")
 
 
 def _prompt_ids(runtime, adapter: CausalLMAdapter, req: QKAttributionRequest):
-    """The prompt's ids (1, T), as the attention view tokenizes it (with `chat`, the model's template)."""
+    """The prompt's ids (1, T), as the attention view tokenizes it (with `chat`, the model's template), or `ids`."""
+    if req.ids is not None:
+        vocab = adapter.model.get_input_embeddings().num_embeddings
+        limit = runtime.settings.analysis_max_tokens
+        if not req.ids or len(req.ids) > limit or max(req.ids) >= vocab:
+            raise field_error(("ids",), f"ids: 1 to {limit} token ids (analysis_max_tokens), each below the "
+                              f"vocabulary's {vocab}")
+        return torch.tensor([req.ids])
     if not req.chat:
         return _prompt(runtime, adapter, "text", req.text)
     try:

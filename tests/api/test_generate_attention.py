@@ -219,3 +219,27 @@ def test_a_long_prompt_streams_blockwise_rows_equal_to_eager(tmp_path_factory):
                                   json={"layer": 0, "head": 1, "rows": [n, len(ids)], "cols": [0, len(ids)]})
         assert window.status_code == 200, window.text
         np.testing.assert_allclose(_decode(window.json()["attention"]), eager[0, 1, n:, :], atol=1e-5)
+
+
+def test_why_on_a_generated_token_uses_the_kept_sequence_ids(client):
+    """POST /api/text/qk_attribution with the continuation's ids (prompt_ids + generated ids): its score is β × the
+    kept run's own score at (query, key) of a generated row."""
+    steps, done = _generate(client, "tiny-llama", {"layers": [1], "heads": [2]},
+                            [{"op": "temperature", "beta": 0.5, "layers": [1]}])
+    generated = [e["id"] for e in steps if e["id"] is not None]
+    assert done["prompt_ids"] == client.app.state.runtime.adapter("tiny-llama").prompt_ids(TEXT)
+    s = len(generated) - 1
+    ids = done["prompt_ids"] + generated[:s]
+    query = len(ids) - 1
+    key = int(np.argmax(_decode(steps[s]["attention"])[0, 0]))
+    answer = client.post("/api/text/qk_attribution", json={
+        "model": "tiny-llama", "text": TEXT, "ids": ids, "layer": 1, "head": 2, "query": query, "key": key,
+        "interventions": [{"op": "temperature", "beta": 0.5, "layers": [1]}]})
+    assert answer.status_code == 200, answer.text
+    window = client.post(f"/api/runs/{done['run_id']}/window", json={
+        "layer": 1, "head": 2, "rows": [query, query + 1], "cols": [key, key + 1], "include_scores": True})
+    found = answer.json()
+    assert found["score"] == pytest.approx(found["beta"] * window.json()["scores"][0][0], rel=1e-5)
+    bad = client.post("/api/text/qk_attribution", json={"model": "tiny-llama", "text": TEXT, "ids": [10**6],
+                                                        "layer": 0, "head": 0, "query": 0, "key": 0})
+    assert bad.status_code == 422 and "ids" in bad.text

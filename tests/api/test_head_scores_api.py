@@ -98,11 +98,13 @@ def test_retrieval_equals_greedy_copying_with_eager_attention(client, builtin, l
                 break
     assert probe["needle"]["steps"] == steps
     np.testing.assert_allclose(builtin["scores"]["retrieval"], hits / steps, atol=1e-6)
+    listed = {(h["layer"], h["head"]) for h in builtin["retrieval_heads"]}
+    assert listed == {tuple(int(i) for i in x) for x in np.argwhere(hits / steps > probe["needle"]["threshold"])}
 
 
 def test_labels_follow_the_stated_thresholds(builtin):
     thresholds, scores = builtin["probe"]["thresholds"], builtin["scores"]
-    assert set(thresholds) == {"previous_token", "induction", "duplicate_token", "sink", "retrieval"}
+    assert set(thresholds) == {"previous_token", "induction", "duplicate_token", "sink"}
     for layer in range(builtin["layers"]):
         for head in range(builtin["heads"]):
             over = {k: scores[k][layer][head] for k in thresholds if scores[k][layer][head] > thresholds[k]}

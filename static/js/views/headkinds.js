@@ -14,7 +14,7 @@ export const HEAD_SCORES = [
   ["mean_distance", "mean distance"],
 ];
 // the short text drawn on a labelled head's cell
-export const LABEL_MARKS = { previous_token: "prev", induction: "ind", duplicate_token: "dup", sink: "sink", retrieval: "ret" };
+export const LABEL_MARKS = { previous_token: "prev", induction: "ind", duplicate_token: "dup", sink: "sink" };
 // scores every attention response carries, of the input shown; the others come from the built-in probes
 const OF_THE_RUN = ["none", "sink_mass", "mean_distance"];
 

@@ -97,6 +97,10 @@ def decode_bytes(data: bytes, limits: AudioLimits = AudioLimits()) -> DecodedAud
     fmt = sniff_format(data)
     if fmt is None:
         raise AudioInputError("the file is not audio in a supported format (WAV, FLAC, MP3, OGG/Opus, WebM/Opus)", 415)
+    if fmt == "wav" and (declared_channels := _wav_channels(data)) is not None and declared_channels > limits.max_channels:
+        # FFmpeg reads a count it cannot lay out (65,535) as 0 channels: the header's own number is the one to name
+        raise AudioInputError(f"the WAV header declares {declared_channels:,} channels; at most {limits.max_channels} "
+                              "are accepted (max_audio_channels)", 400)
     demuxer = "matroska" if fmt == "webm" else fmt  # FFmpeg's demuxer for both Matroska and WebM
     try:
         container = av.open(io.BytesIO(data), mode="r", format=demuxer)
@@ -144,9 +148,14 @@ def _decode_container(container, data: bytes, fmt: str, limits: AudioLimits):
     rate, channels = int(stream.codec_context.sample_rate or 0), int(stream.codec_context.channels or 0)
     _check_shape(rate, channels, limits)
     declared = _wav_declared_seconds(data) if fmt == "wav" else _declared_seconds(container, stream)
-    if declared is not None and declared > limits.max_seconds + 0.5:
+    # An MP3's declared duration is FFmpeg's estimate from its first frame's bit rate (or its first file's Xing
+    # header): joined MP3s of other rates or bit rates are nothing like it (8 kHz then 44.1 kHz, 6.7 s, was
+    # "52.6 s"). An MP3 is measured by decoding it, which stops once past max_audio_s.
+    if declared is not None and declared > limits.max_seconds + 0.5 and fmt != "mp3":
         raise AudioInputError(_too_long(declared, limits), 413)
-    samples, first = _decode_stream(container, stream, fmt, limits)
+    samples, first, segments = _decode_stream(container, stream, fmt, limits)
+    if fmt == "mp3" and segments > 1:
+        declared = None  # the estimate described the first segment only: no truncation check against it
     # a stream that changes part-way is described by its first segment (FFmpeg's header may already name a later one)
     return (first[3], first[2]) if first else (rate, channels), declared, samples
 
@@ -197,6 +206,17 @@ def _wav_fmt(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+def _wav_channels(data: bytes) -> int | None:
+    """The channel count a WAV's fmt chunk declares (None without one)."""
+    offset = 12
+    while offset + 8 <= len(data):
+        chunk, size = data[offset:offset + 4], struct.unpack("<I", data[offset + 4:offset + 8])[0]
+        if chunk == b"fmt ":
+            return struct.unpack("<H", data[offset + 10:offset + 12])[0] if offset + 12 <= len(data) else None
+        offset += 8 + size + (size & 1)
+    return None
+
+
 def _too_long(seconds: float, limits: AudioLimits) -> str:
     return (f"the clip is longer than max_audio_s = {limits.max_seconds:g} s (Whisper's window){f' ({seconds:.1f} s)' if seconds else ''}; "
             "cut it to at most that")
@@ -228,16 +248,17 @@ def _declared_seconds(container, stream) -> float | None:
     return None
 
 
-def _decode_stream(container, stream, fmt: str, limits: AudioLimits) -> tuple[np.ndarray, tuple | None]:
+def _decode_stream(container, stream, fmt: str, limits: AudioLimits) -> tuple[np.ndarray, tuple | None, int]:
     """Decode, resampling as it goes, and stop once past the duration limit (the bomb guard). A resampler takes one
     input format/layout/rate: where the stream changes them, the segment so far is flushed and a new one set up.
-    Answers the samples and the first segment's (format, layout, channels, rate), None when nothing decoded."""
+    Answers the samples, the first segment's (format, layout, channels, rate) (None when nothing decoded) and the
+    number of segments."""
     import av
 
     budget = int((limits.max_seconds + 0.5) * RATE)  # samples at 16 kHz; a little slack for codec padding
     parts: list[np.ndarray] = []
     total = 0
-    resampler, shape, first = None, None, None
+    resampler, shape, first, segments = None, None, None, 0
 
     def take(frames) -> None:
         nonlocal total
@@ -255,11 +276,12 @@ def _decode_stream(container, stream, fmt: str, limits: AudioLimits) -> tuple[np
                 take(resampler.resample(None))  # the previous segment's tail
             _check_shape(frame_shape[3], frame_shape[2], limits, f" (from {total / RATE:.2f} s on)" if shape else "")
             resampler, shape = av.AudioResampler(format="flt", layout="mono", rate=RATE), frame_shape
-            first = first or frame_shape
+            first, segments = first or frame_shape, segments + 1
         take(resampler.resample(frame))
     if resampler is not None:
         take(resampler.resample(None))  # flush
-    return (np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)), first
+    samples = np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)
+    return samples, first, segments
 
 
 # MPEG audio header: version bits → the sample rates of its 2-bit index (MPEG-1, MPEG-2, MPEG-2.5)
@@ -280,7 +302,10 @@ def _mp3_frames(container, stream):
     changes part-way (two MP3s joined) one frame would be resampled at the wrong rate; MP3 has no decoder delay, so
     a packet's frames are its own."""
     for packet in container.demux(stream):
-        rate = _mpeg_rate(bytes(packet)) if packet.size else None
+        raw = bytes(packet) if packet.size else b""
+        rate = _mpeg_rate(raw) if raw else None
+        if rate is None and raw[:3] in (b"ID3", b"TAG"):
+            continue  # a tag between joined MP3s (the next file's ID3v2, the last one's ID3v1): not audio (FFmpeg: 400)
         for frame in packet.decode():
             if rate is not None and frame.sample_rate != rate:
                 frame.sample_rate = rate

@@ -134,3 +134,49 @@ def test_wav_for_playback_round_trips():
     again = decode_bytes(to_wav(samples))
     assert again.sample_rate == RATE and abs(again.samples.size - samples.size) <= 1
     np.testing.assert_allclose(again.samples[: samples.size], samples, atol=2e-4)
+
+
+# ---- issue 37 §5: messages that misstated -----------------------------------------------------------------------
+def _mp3(seconds: float, rate: int, bit_rate: int, hz: float = 440.0, tagged: bool = True) -> bytes:
+    """An MP3 at `rate` and `bit_rate`; tagged: as FFmpeg writes one by default (an ID3v2 tag and a Xing header),
+    else bare MPEG frames."""
+    from scripts.make_audio_fixtures import encode as encode_with, tone as tone_at
+
+    options = {} if tagged else {"id3v2_version": "0", "write_id3v1": "0", "write_xing": "0"}
+    return encode_with(tone_at(seconds, rate, hz=hz), rate, "mp3", "libmp3lame", bit_rate=bit_rate, options=options)
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["bare", "tagged"])
+def test_joined_mp3s_of_other_rates_are_measured_by_their_real_duration(tagged):
+    """8 kHz at 8 kbit/s then 44.1 kHz at 128 kbit/s, 6.7 s: FFmpeg's duration estimate (the first frames' bit rate
+    over the file) says 58 s, which was refused as too long (413); joined as FFmpeg writes MP3s (the second file's
+    ID3v2 tag mid-stream) it was a 400 from avcodec_send_packet. Both decode now, each segment at its own rate."""
+    first, second = _mp3(3.35, 8000, 8000, tagged=tagged), _mp3(3.35, 44100, 128000, hz=1000.0, tagged=tagged)
+    audio = decode_bytes(first + second)
+    alone = decode_bytes(first).duration_s + decode_bytes(second).duration_s
+    assert audio.sample_rate == 8000 and abs(audio.duration_s - alone) < 0.1, (audio.duration_s, alone)
+    assert 6.6 < audio.duration_s < 7.1
+
+
+def test_joined_tagged_mp3s_of_three_segments_decode():
+    data = _mp3(2.0, 8000, 24000) + _mp3(2.7, 44100, 64000, hz=1000.0) + _mp3(2.0, 8000, 24000)
+    audio = decode_bytes(data)
+    assert 6.6 < audio.duration_s < 7.1 and audio.sample_rate == 8000
+
+
+def test_an_mp3_over_the_limit_is_still_stopped_while_decoding():
+    with pytest.raises(AudioInputError, match="max_audio_s") as caught:
+        decode_bytes(_mp3(3.0, 44100, 64000) + _mp3(3.0, 8000, 8000), AudioLimits(max_seconds=4.0))
+    assert caught.value.status == 413
+
+
+@pytest.mark.parametrize("channels", [65535, 9])
+def test_a_wav_declaring_too_many_channels_names_its_count(channels):
+    """A WAV whose fmt chunk declares 65,535 channels was refused as "declares 0 channels" (FFmpeg's reading)."""
+    data = bytearray(encode(tone(0.25, 8000), 8000, "wav", "pcm_s16le"))
+    fmt = data.index(b"fmt ") + 8
+    struct.pack_into("<H", data, fmt + 2, channels)  # nChannels
+    with pytest.raises(AudioInputError) as caught:
+        decode_bytes(bytes(data))
+    assert caught.value.status == 400 and f"declares {channels:,} channels" in str(caught.value)
+    assert "max_audio_channels" in str(caught.value)

@@ -36,6 +36,7 @@ RUN_PATH = re.compile(r"^/api/runs/([^/]+)/")
 BODY_RUN_ID = re.compile(rb'"([a-z0-9]{4,16})\.[0-9a-f]{32}"')
 HOP_BY_HOP = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"content-length",
               b"proxy-connection", b"trailer"}
+FLEET_BODY_KEY = "attnlab.fleet_body"
 URL_CACHE_S = 2.0  # an owner's URL is asked of Redis at most this often per owner
 
 
@@ -184,6 +185,12 @@ class Fleet:
 FLEET = Fleet()
 
 
+def _body_of(scope) -> bytes | None:
+    """The request's body when RequestGuard (parsed JSON) or FleetRouter (a run route's) read it whole, else None."""
+    parsed = scope.get(SCOPE_JSON_KEY)
+    return parsed[0] if parsed is not None else scope.get(FLEET_BODY_KEY)
+
+
 def _gone(run_id: str, owner: str, why: str) -> tuple[int, bytes]:
     detail = (f"run {run_id!r}: its replica ({owner}) is gone ({why}); the run went with it: run the input again "
               "for a new run_id")
@@ -215,9 +222,15 @@ class FleetRouter:
         if scope["type"] != "http" or not scope["path"].startswith("/api/"):
             return await self.app(scope, receive, send)
         forwarded = any(k == FORWARDED_HEADER for k, _ in scope.get("headers", []))
+        if scope["method"] == "POST" and RUN_PATH.match(scope["path"]) and SCOPE_JSON_KEY not in scope:
+            receive = await self._buffer_body(scope, receive)  # a run route's body: read here, replayed below
         run_id, owner = self._owner_of(scope)
         if owner is not None and owner != replica_name() and not forwarded:
             return await self._forward(run_id, owner, scope, receive, send)
+        other_id, other = self._body_owner(scope) if owner is not None else (None, None)
+        if other is not None and not forwarded and await self._url(other) is None:
+            # this replica's run with another's (`minus`): both live in one process only; a gone one says so
+            return await _send_plain(send, *_gone(other_id, other, "not registered: its process ended"))
         if self.fleet.draining and scope["path"] == "/api/ready":
             return await _send_plain(send, 503, b'{"status": "draining"}', [(b"retry-after", b"5")])
         if not forwarded and owner is None and self._refuses_work(scope):
@@ -226,16 +239,47 @@ class FleetRouter:
             return await _send_plain(send, 503, body, [(b"retry-after", b"1")])
         return await self.app(scope, receive, send)
 
+    async def _buffer_body(self, scope, receive):
+        """Read a run route's JSON body (RequestGuard reads only fixed paths' bodies), at most max_json_bytes: kept in
+        the scope as (bytes, None) for the owner look-up and the forward; the app gets it again from the returned
+        receive."""
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return receive
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.settings.max_json_bytes:
+                break
+        body, replayed = b"".join(chunks), False
+        if not more:
+            scope[FLEET_BODY_KEY] = body
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": more}
+            return await receive()
+
+        return replay
+
     def _owner_of(self, scope) -> tuple[str | None, str | None]:
         """(a run id, its owner) named by the path, else by the JSON body (the first of another replica's)."""
         match = RUN_PATH.match(scope["path"])
         if match:
             return match.group(1), run_owner(match.group(1))
-        parsed = scope.get(SCOPE_JSON_KEY)
-        if parsed is None:
+        return self._body_owner(scope)
+
+    def _body_owner(self, scope) -> tuple[str | None, str | None]:
+        """(the first run id of another replica in the JSON body, its owner), or (None, None)."""
+        body = _body_of(scope)
+        if body is None:
             return None, None
         here = replica_name().encode()
-        for found in BODY_RUN_ID.finditer(parsed[0]):
+        for found in BODY_RUN_ID.finditer(body):
             if found.group(1) != here:
                 run_id = found.group(0)[1:-1].decode()
                 return run_id, found.group(1).decode()
@@ -250,18 +294,20 @@ class FleetRouter:
         runtime = getattr(scope["app"].state, "runtime", None)
         return runtime is not None and not runtime.ready
 
-    async def _forward(self, run_id: str, owner: str, scope, receive, send) -> None:
+    async def _url(self, owner: str) -> str | None:
         registry = self.fleet.registry
-        url = await anyio.to_thread.run_sync(registry.url_of, owner) if registry is not None else None
+        return await anyio.to_thread.run_sync(registry.url_of, owner) if registry is not None else None
+
+    async def _forward(self, run_id: str, owner: str, scope, receive, send) -> None:
+        url = await self._url(owner)
         if url is None:
             return await _send_plain(send, *_gone(run_id, owner, "not registered: its process ended"))
         import httpx
 
-        parsed = scope.get(SCOPE_JSON_KEY)
-        body = parsed[0] if parsed is not None else b""
-        if parsed is None and scope["method"] == "POST":
-            message = await receive()
-            body = message.get("body", b"")
+        body = _body_of(scope)
+        if body is None and scope["method"] == "POST":
+            body = b"".join([(await receive()).get("body", b"")])
+        body = body or b""
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in HOP_BY_HOP]
         headers.append((FORWARDED_HEADER, replica_name().encode()))
         target = url.rstrip("/") + scope["path"] + (("?" + scope["query_string"].decode()) if scope["query_string"] else "")

@@ -254,7 +254,8 @@ def test_patch_sources_have_their_own_bounded_store_404_and_410(short_and_long):
     assert r.status_code == 410
     r = long.post("/api/text/attention", json={**body, "interventions": [{**patch, "source": second}]})
     assert r.status_code == 200
-    r = long.post("/api/text/attention", json={**body, "interventions": [{**patch, "source": "f" * 32}]})
+    never_made = second.split(".")[0] + "." + "f" * 32  # a run id of this replica, never made
+    r = long.post("/api/text/attention", json={**body, "interventions": [{**patch, "source": never_made}]})
     assert r.status_code == 404
 
 

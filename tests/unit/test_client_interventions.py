@@ -23,8 +23,8 @@ EXAMPLES = [
     attnlab.AblateHeads(mode="mean"),
     attnlab.PerturbKeys(tokens=[2], noise_std=0.5, scale=0.9, seed=3),
     attnlab.PerturbQueries(noise_std=1.0),
-    attnlab.PatchHeads("0123456789abcdef0123456789abcdef", layers=[2], heads=[4]),
-    attnlab.PatchResidual("0123456789abcdef0123456789abcdef", layers=[5], tokens=[3]),
+    attnlab.PatchHeads("rep0.0123456789abcdef0123456789abcdef", layers=[2], heads=[4]),  # a run id: <replica>.<hex>
+    attnlab.PatchResidual("rep0.0123456789abcdef0123456789abcdef", layers=[5], tokens=[3]),
 ]
 
 

@@ -8,7 +8,7 @@ import { readJSON, serverEvents } from "../api.js";
 // answer of a server that did not stream), rejects with the refusal or the error event (an AbortError on abort).
 // On a fleet (docs/deploy.md "Fleet") a job whose replica died mid-stream, or that a stopping replica refused, is
 // sent again (up to JOB_RETRIES times; the new stream's accepted event restarts the count-down): nothing for the
-// user to do.
+// user to do. Not once the stream has delivered events of its own (a continuation's tokens): those would repeat.
 export const JOB_RETRIES = 3;
 export async function postJob(url, body, { signal, onEvent = () => {} } = {}) {
   for (let attempt = 0; ; attempt++) {
@@ -39,21 +39,24 @@ async function postJobOnce(url, body, { signal, onEvent }) {
     try { return await readJSON(res); } catch (err) { throw passing(err, retry > 0 ? retry : null); }
   }
   if (!res.ok || !res.headers.get("content-type")?.startsWith("text/event-stream")) return readJSON(res);
+  let own = false; // an event of the work's own (not accepted/progress) reached the caller: no second try
+  const again = (err, retryAfter = null) => (own ? err : passing(err, retryAfter));
   try {
     for await (const event of serverEvents(res.body)) {
       if (event.done) return event;
       if (event.error) {
         const err = jobError(event);
-        throw /shutting down/.test(event.error) ? passing(err, err.retryAfter) : err;
+        throw /shutting down/.test(event.error) ? again(err, err.retryAfter) : err;
       }
+      if (!event.accepted && event.progress === undefined) own = true;
       onEvent(event);
     }
   } catch (err) {
     if (err.name === "AbortError" || err.passing !== undefined || signal?.aborted) throw err;
-    if (err instanceof TypeError) throw passing(err); // the stream was cut (network error while reading)
+    if (err instanceof TypeError) throw again(err); // the stream was cut (network error while reading)
     throw err;
   }
-  throw passing(new Error("the server ended the stream without a response"));
+  throw again(new Error("the server ended the stream without a response"));
 }
 
 // The time left to show (ms) when the count-down shows `shown` and the rate so far says `fresh`, `fraction` of the

@@ -21,7 +21,7 @@ class ModelSpec:
     description: str = ""
     family: str = "encoder"  # "encoder" | "causal_lm" | "seq2seq" | "vision": which adapter loads it
     # (dtype name) → the ModelInfo the model will have, read from its files without loading it (models/listing.py;
-    # no parity yet), or None when only a load can say; ValueError: not prepared here (as `load` would raise)
+    # no parity yet: every family), or None when only a load can say; ValueError: not prepared here (as `load` would)
     describe: Callable[..., "ModelInfo | None"] | None = None
     # whether its weights are here, checked without loading (a folder `attnlab prepare` makes); None: only a load can say
     prepared: Callable[[], bool] | None = None
@@ -58,12 +58,16 @@ def _lm_spec(model_id: str, source: Callable[[], str] | str, family: str, max_to
                              max_new_tokens=max_new_tokens, dtype=dtype)
 
     def describe(dtype: str = "float32") -> ModelInfo | None:
-        from models.listing import describe_causal_lm
+        from models.listing import describe_causal_lm, describe_seq2seq
 
         folder = describe_source() if describe_source else source() if callable(source) else source
-        return None if folder is None else describe_causal_lm(model_id, folder, max_tokens, max_new_tokens, dtype)
+        if folder is None:
+            return None
+        if family == "seq2seq":
+            return describe_seq2seq(model_id, folder, max_tokens, max_new_tokens, dtype)
+        return describe_causal_lm(model_id, folder, max_tokens, max_new_tokens, dtype)
 
-    return ModelSpec(model_id, "text", load, description, family, describe if family == "causal_lm" else None)
+    return ModelSpec(model_id, "text", load, description, family, describe)
 
 
 def _prepared_source(folder: Path, command: str) -> Callable[[], str]:
@@ -124,7 +128,12 @@ def _text_spec(model_id: str, source: Callable[[], str] | str, max_tokens: int, 
         return BertAdapter(model_id, source() if callable(source) else source, max_tokens=max_tokens, device=device,
                            dtype=dtype)
 
-    return ModelSpec(model_id, "text", load, description)
+    def describe(dtype: str = "float32") -> ModelInfo | None:
+        from models.listing import describe_encoder
+
+        return describe_encoder(model_id, source() if callable(source) else source, max_tokens, dtype)
+
+    return ModelSpec(model_id, "text", load, description, describe=describe)
 
 
 def _image_spec(model_id: str, source: Callable[[], str] | str, description: str) -> ModelSpec:
@@ -133,7 +142,12 @@ def _image_spec(model_id: str, source: Callable[[], str] | str, description: str
 
         return VitAdapter(model_id, source() if callable(source) else source, device=device, dtype=dtype)
 
-    return ModelSpec(model_id, "image", load, description, "vision")
+    def describe(dtype: str = "float32") -> ModelInfo | None:
+        from models.listing import describe_vision
+
+        return describe_vision(model_id, source() if callable(source) else source, dtype)
+
+    return ModelSpec(model_id, "image", load, description, "vision", describe)
 
 
 def _audio_spec(model_id: str, source: str, description: str, max_new_tokens: int, max_audio_s: float) -> ModelSpec:
@@ -143,7 +157,12 @@ def _audio_spec(model_id: str, source: str, description: str, max_new_tokens: in
         return WhisperAdapter(model_id, source, device=device, dtype=dtype, max_new_tokens=max_new_tokens,
                               max_audio_s=max_audio_s)
 
-    return ModelSpec(model_id, "audio", load, description, "speech")
+    def describe(dtype: str = "float32") -> ModelInfo | None:
+        from models.listing import describe_whisper
+
+        return describe_whisper(model_id, source, max_new_tokens, max_audio_s, dtype)
+
+    return ModelSpec(model_id, "audio", load, description, "speech", describe)
 
 
 def _has_config(folder: Path) -> Callable[[], bool]:

@@ -58,8 +58,9 @@ async def ready(runtime: RuntimeDep):
 
 @router.get("/models", response_model=ModelsOut)
 def list_models(runtime: RuntimeDep, kind: Literal["text", "image", "audio"] | None = None) -> dict:
-    """Every model a request may name (of one `kind` if given). A prepared decoder LM not loaded yet is described from
-    its files (no `parity` until its first use loads and probes it); other models not loaded yet are loaded here."""
+    """Every model a request may name (of one `kind` if given). A model not loaded yet is described from its files
+    (models/listing.py; no `parity` until its first use loads and probes it): listing loads none, except an operator's
+    decoder LM named by a hub id, which has no local files to read."""
     infos = []
     for model_id, spec in runtime.specs.items():
         if kind is not None and spec.kind != kind:

@@ -792,11 +792,11 @@ function fillHeadSelects() {
   setOptions($("head-select"), numbered(heads, "head").map(([h, label]) => [h, group ? `${label} · K/V ${Math.floor(h / group)}` : label]), state.head);
 }
 
-// A prepared decoder LM is listed from its files before its first use loads it (docs/api.md): no parity yet. After
-// its first run the list is asked once more and the badge shows the load-time probe's parity.
+// A model not used yet is listed from its files, not loaded (docs/api.md): no parity yet. After its first run the
+// list is asked once more and the badge shows the load-time probe's parity.
 async function refreshProbed() {
   const info = state.info;
-  if (!isLM() || typeof info?.parity === "number" || info.parityAsked) return;
+  if (!info || typeof info.parity === "number" || info.parityAsked) return;
   info.parityAsked = true;
   const fresh = (await getJSON("/api/models?kind=text").catch(() => ({ models: [] }))).models.find((m) => m.id === info.id);
   if (typeof fresh?.parity !== "number") return;

@@ -119,20 +119,26 @@ class ResultCache:
             if entry is None:
                 self.misses += 1
                 return None
+            self._disk.move_to_end(key)
             self.hits += 1
         if entry.device == "cpu":
             return self._read(key, entry)
         result = self._load(entry.path, entry.device)
         if result is None:
             return None
-        self._admit(key, result, self._pins.get(key, (0.0, ""))[1])
+        self._admit(key, result, self._pins.get(key, (0.0, ""))[1])  # its file stays: leaving RAM again is free
+        self.make_room(keep=key)
         return result
 
     def __contains__(self, key: tuple) -> bool:  # no LRU move, no hit/miss count
         with self._lock:
             return key in self._items or key in self._disk
 
-    def put(self, key: tuple, result: AttentionResult, client: str = "") -> None:
+    def put(self, key: tuple, result: AttentionResult, client: str = "", make_room: bool = True) -> None:
+        """Keep `result` under `key` (pinned for pin_s, for `client`) in the RAM tier, then make room there (older runs
+        move to disk, or go when unpinned; a run too large for RAM goes to disk itself). `make_room=False` leaves that
+        to a later make_room(keep=key) call, so that a caller holding the model's lock can write to disk after
+        letting it go. Without a disk tier a run too large for RAM is not kept (its id then says expired)."""
         device = result.device_nbytes
         host = result.nbytes - device
         with self._lock:
@@ -141,16 +147,15 @@ class ResultCache:
             self._pins[key] = (time.monotonic() + self.pin_s, client)
             if result.run_id is not None:
                 self._run_keys[result.run_id] = key
-        if host > self.max_bytes or device > self.max_device_bytes or self.max_items <= 0:
-            # too large for the RAM tier: straight to disk (kept nowhere without a disk tier or room there)
-            if not (self.disk_tier and self._spill(key, result)):
-                with self._lock:
-                    self._forget(key, result.run_id)
-            return
+            if not self.disk_tier and (host > self.max_bytes or device > self.max_device_bytes or self.max_items <= 0):
+                self._forget(key, result.run_id)
+                return
         self._admit(key, result, client)
+        if make_room:
+            self.make_room(keep=key)
 
     def _admit(self, key: tuple, result: AttentionResult, client: str) -> None:
-        """Into the RAM tier, then make room there (others leave for disk, or are dropped when unpinned)."""
+        """Into the RAM tier (over its bounds until make_room)."""
         device = result.device_nbytes
         host = result.nbytes - device
         with self._lock:
@@ -164,11 +169,22 @@ class ResultCache:
             if result.run_id is not None:
                 self._run_keys[result.run_id] = key
             self._remeasure()
-        stuck = {key}  # runs that could not leave (no room on disk for a pinned one) are not tried again
+
+    def _over(self) -> bool:
+        return (len(self._items) > self.max_items or self._bytes > self.max_bytes
+                or self._device_bytes > self.max_device_bytes)
+
+    def make_room(self, keep: tuple | None = None) -> None:
+        """Bring the RAM tier within its bounds: the least recently used unpinned runs leave first (to disk, or
+        dropped when there is no room there), then with a disk tier pinned ones (to disk). `keep` (the run just put)
+        stays in RAM unless it alone is over the bounds."""
+        with self._lock:
+            host, device = self._sizes.get(keep, (0, 0))
+            fits = host <= self.max_bytes and device <= self.max_device_bytes and self.max_items > 0
+        stuck = {keep} if keep is not None and fits else set()  # runs that could not leave are not tried again
         while True:
             with self._lock:
-                if not (len(self._items) > self.max_items or self._bytes > self.max_bytes
-                        or self._device_bytes > self.max_device_bytes):
+                if not self._over():
                     return
                 victim = self._victim(exclude=stuck)
             if victim is None:  # only pinned runs are left and no room on disk: they stay (the accountant counts them)

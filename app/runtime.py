@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from app.costs import observe_run
+from app.costs import CPU_SHARE, observe_run
 from app.context import add_timing, request_deadline, request_timings  # noqa: F401  (re-exported)
 from app.errors import Overloaded  # noqa: F401  (re-exported: app/errors.py holds it)
 from app.ids import new_run_id
@@ -162,16 +162,30 @@ class Runtime:
             if adapter is None:
                 if model_id in self.unavailable:  # refused once: say why again, without retrying the load
                     raise UnknownModel(f"model {model_id!r} is unavailable: {self.unavailable[model_id]}")
+                first_use = model_id not in self.settings.default_models  # memory_reserved_bytes: the defaults
+                booked = spec.weight_files() if first_use and spec.weight_files and self._on_host() else 0
+                if booked:  # room before it loads: kept runs leave RAM, or the load waits (503)
+                    # its weights and, while it loads, the probe's outputs (about as much again: gemma3-270m's
+                    # logits over the long probe input, ours and eager's, 1.0 GiB beside 1.0 GiB of weights)
+                    self.memory.reserve_model(model_id, 2 * booked, request_deadline.get())
                 try:
                     adapter = spec.load(self.settings.device, self.settings.dtype)
-                except (ImportError, OSError, ValueError, UnsupportedAttention) as exc:
+                except BaseException as exc:
+                    if booked:
+                        self.memory.unreserve_model(model_id)
+                    if not isinstance(exc, (ImportError, OSError, ValueError, UnsupportedAttention)):
+                        raise
                     self.unavailable[model_id] = str(exc)
                     raise UnknownModel(f"model {model_id!r} is unavailable: {exc}") from exc
                 configure_atlas(adapter, self.settings)
-                if model_id not in self.settings.default_models:  # memory_reserved_bytes covers the defaults only
+                if first_use:
                     self.memory.add_model(model_id, host_weight_bytes(adapter))
                 self._adapters[model_id] = adapter
         return adapter
+
+    def _on_host(self) -> bool:
+        """Whether loaded weights live in host memory (the budget's concern): not when a GPU takes them."""
+        return _gpu_total_bytes(self.settings) is None
 
     def describe(self, model_id: str, load: bool = True) -> dict | None:
         """The ModelInfo dict of a model without loading it when its spec can read its facts from its files (a
@@ -226,10 +240,10 @@ class Runtime:
                 encoded = adapter.encode(" ".join(words * (size // len(words) + 1))[: size * 6])
                 n = len(encoded.tokens)
                 with self._threads_for(n):
-                    started = time.perf_counter()
+                    since, started = CPU_SHARE.mark(), time.perf_counter()
                     adapter.run(encoded, (), False)
                     seconds = time.perf_counter() - started
-                observe_run(adapter, n, n, 0, seconds)
+                observe_run(adapter, n, n, 0, seconds, since)  # the load measured over the run itself
                 timed.append(seconds)
                 log.info("timed %s at start-up: %d tokens in %.2f s", adapter.info.id, n, seconds)
         return timed
@@ -323,15 +337,16 @@ class Runtime:
         with self.admitted():
             result = self.cache.get(key)  # another request may have computed it while we waited
             if result is None:
-                started = time.perf_counter()
+                since, started = CPU_SHARE.mark(), time.perf_counter()
                 with self._threads_for(len(encoded.tokens)):
                     result = adapter.run(encoded, interventions, record_scores)
                 result.elapsed_s = time.perf_counter() - started  # type: ignore[attr-defined]
                 result.run_id, result.model_id = new_run_id(), adapter.info.id
                 add_timing("model", result.elapsed_s)
                 n = len(encoded.tokens)
-                observe_run(adapter, n, n, len(interventions), result.elapsed_s)  # app/costs.py's throughput
-                self.cache.put(key, result, request_client.get())
+                observe_run(adapter, n, n, len(interventions), result.elapsed_s, since)  # app/costs.py's throughput
+                self.cache.put(key, result, request_client.get(), make_room=False)
+        self.cache.make_room(keep=key)  # runs moving to disk are written after the model is free for others
         return result
 
 

@@ -54,7 +54,7 @@ def _jobs() -> tuple[int, int, float]:
 def render(runtime) -> str:
     running, waiting, eta_s = _jobs()
     cache = runtime.cache
-    kept = {"ram": cache.host_bytes, "device": getattr(cache, "_device_bytes", 0),
+    kept = {"ram": cache.host_bytes, "device": getattr(cache, "device_bytes", 0) or 0,
             "disk": getattr(cache, "disk_bytes", 0) or 0}
     replica = replica_name()
     lines = [

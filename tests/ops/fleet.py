@@ -65,7 +65,7 @@ class Replica:
         self.proc = subprocess.Popen([sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(self.port)],
                                      cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
-    def wait_ready(self, limit_s: float = 240) -> None:
+    def wait_ready(self, limit_s: float = 600) -> None:  # three start-up probes at once on a loaded 2-core machine
         end = time.monotonic() + limit_s
         while time.monotonic() < end:
             assert self.proc.poll() is None, f"replica {self.name} exited during start-up:\n{self.log()}"

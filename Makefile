@@ -87,8 +87,11 @@ redis:
 run: setup
 	$(VENV)/bin/attnlab serve --host $(HOST) --port $(PORT)
 
+# The suite on TEST_WORKERS pytest-xdist workers: a test module (or an xdist_group of modules) runs on one worker
+# (tests/conftest.py); the ten slowest tests are listed at the end.
+TEST_WORKERS ?= 2
 test: setup browser redis $(VENV)/.installed-dev
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=10 tests
 
 test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest -q tests/unit tests/api

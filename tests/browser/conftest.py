@@ -37,14 +37,15 @@ def serve_app(env_extra: dict[str, str] | None = None, log_name: str = "browser-
     port = _free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
     (ROOT / "artifacts").mkdir(exist_ok=True)
-    log_path = ROOT / "artifacts" / log_name
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # each pytest-xdist worker starts its own session server
+    log_path = ROOT / "artifacts" / (log_name.replace(".log", f"-{worker}.log") if worker else log_name)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 180
+        deadline = time.time() + 600  # two pytest-xdist workers may load their servers' models at once on 2 cores
         while True:
             try:
                 with urllib.request.urlopen(f"{url}/api/ready", timeout=2) as r:

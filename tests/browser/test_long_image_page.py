@@ -13,6 +13,8 @@ import pytest
 
 from tests.browser.conftest import screenshot, serve_app
 
+pytestmark = pytest.mark.slow  # a dinov2-small server of its own and an 896 px image
+
 ROOT = Path(__file__).resolve().parents[2]
 SLOW_MS = 900_000
 

@@ -12,6 +12,8 @@ import pytest
 
 from tests.browser.conftest import screenshot, serve_app
 
+pytestmark = pytest.mark.slow  # a smollm2-135m server of its own and ~300-token views
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

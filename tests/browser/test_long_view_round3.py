@@ -14,6 +14,8 @@ import pytest
 
 from tests.browser.conftest import screenshot, serve_app
 
+pytestmark = pytest.mark.slow  # a smollm2-135m server of its own and long views
+
 ROOT = Path(__file__).resolve().parents[2]
 
 WATCH_ETA = """document.addEventListener('DOMContentLoaded', () => {

@@ -22,6 +22,8 @@ import pytest
 
 from tests.browser.conftest import ROOT, _free_port, screenshot, serve_app, shown_p
 
+pytestmark = pytest.mark.slow  # a real JupyterLab and a server
+
 pytest.importorskip("jupyterlab")
 pytest.importorskip("anywidget")
 

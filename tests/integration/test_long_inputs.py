@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 WEIGHTS = ROOT / "weights" / "smollm2-135m"
 TOKENS = 4096
 
+pytestmark = pytest.mark.slow  # 4,096 tokens through smollm2-135m in a process of its own
+
 PROBE = r"""
 import json, resource, sys, torch
 from models.adapters.causal_lm import CausalLMAdapter

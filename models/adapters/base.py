@@ -143,14 +143,39 @@ class AttentionResult:
             tensors += [self.queries, self.keys]
         return tensors + (self.atlas.tensors() if self.atlas is not None else [])
 
+    def _kept_key(self) -> tuple:
+        """What the kept tensors are, by identity: P, its host copy, the hidden states, outputs, kinds, q̂/k̂, and each
+        record's norms (formed from V when first asked for) and summary. Cheap beside measuring them: the result cache
+        sizes every kept run again on each put (app/runstore.py), and measuring (Atlas.tensors) cost ~0.5 ms a run."""
+        parts = [id(self.kept_attention), id(self.__dict__.get("_host_attention")), id(self.hidden_states),
+                 id(self.queries), id(self.keys), *map(id, self.output.values())]
+        if self.by_kind is not None:
+            parts += map(id, self.by_kind.values())
+        if self.atlas is not None:
+            parts += (id(self.atlas), *map(id, self.atlas.summaries.values()))
+            for record in self.atlas.records.values():
+                state = vars(record)  # not record.value_norms: on a PendingRecord that forms the norms
+                parts += (id(record), id(state.get("_norms")), id(state.get("norms_from")), id(state.get("value_norms")))
+        return tuple(parts)
+
+    def _sizes(self) -> tuple[int, int]:
+        """(bytes, bytes in accelerator memory) of the kept tensors, measured again only when _kept_key changed."""
+        key = self._kept_key()
+        memo = self.__dict__.get("_sizes_memo")
+        if memo is None or memo[0] != key:
+            tensors = self._kept_tensors()
+            sizes = [(t.numel() * t.element_size(), t.device.type != "cpu") for t in tensors]
+            memo = self.__dict__["_sizes_memo"] = (key, sum(n for n, _ in sizes), sum(n for n, gpu in sizes if gpu))
+        return memo[1], memo[2]
+
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._kept_tensors())
+        return self._sizes()[0]
 
     @property
     def device_nbytes(self) -> int:
         """The part of nbytes held in accelerator memory (a long run's atlas on a GPU); the rest is host memory."""
-        return sum(t.numel() * t.element_size() for t in self._kept_tensors() if t.device.type != "cpu")
+        return self._sizes()[1]
 
 
 def _host_attention(result: AttentionResult) -> torch.Tensor | None:

@@ -143,3 +143,26 @@ def test_scores_come_from_the_recorded_queries_and_keys(adapter):
     assert torch.equal(perturbed.queries[0], plain.queries[0])
     with pytest.raises(ValueError, match="did not record scores"):
         adapter.run(encoded, (), record_scores=False).scores_slice([0], [0])
+
+
+def test_a_runs_size_follows_what_it_keeps(adapter):
+    """nbytes is measured once and again only when what the run keeps changes: value norms formed from V on a record
+    (V dropped), a record built for a window, the maps replaced. Each figure equals the sum over the kept tensors."""
+    result = adapter.run(adapter.encode("the cat sat on the mat"), record_scores=True)
+
+    def measured() -> int:
+        return sum(t.numel() * t.element_size() for t in result._kept_tensors())
+
+    first = result.nbytes
+    assert first == measured() and result.device_nbytes == 0
+    record = result.atlas.records[0]
+    n_heads, n_keys = record.queries.shape[0], record.keys.shape[1]
+    values, grams = torch.randn(n_heads, n_keys, 4), torch.eye(4, dtype=torch.float64).repeat(n_heads, 1, 1)
+    record.norms_from = (values, grams)  # as models/head_ops.keep_value_norms leaves them
+    assert result.nbytes == measured() == first + values.nbytes + grams.nbytes
+    record.value_norms  # noqa: B018  formed now: V and G are dropped, the (H, T) norms kept
+    assert result.nbytes == measured() == first + n_heads * n_keys * 4
+    result.atlas.record(1)  # a window's LayerRecord replaces the pending one (β and the plan's tensors)
+    assert result.nbytes == measured() > first + n_heads * n_keys * 4
+    result.attention = result.kept_attention[:, :1].clone()  # the maps replaced (fewer heads)
+    assert result.nbytes == measured() < first

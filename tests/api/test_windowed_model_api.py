@@ -9,6 +9,7 @@ import torch
 
 from tests.api.helpers import TINY_ATLAS, tiny_lm_client
 from tests.api.helpers import TINY_TEXT as TEXT
+from tests.float32 import assert_close_f32, attention_terms
 from tests.tiny_models import build_text_model
 
 
@@ -54,7 +55,7 @@ def test_long_run_windows_equal_eager(client, gemma3):
                                  json={"layer": layer, "head": head, "rows": [0, n], "cols": [0, n]})
             assert window.status_code == 200, window.text
             got = np.array(window.json()["attention"])
-            assert np.abs(got - weights[layer, head]).max() <= 2e-6, (layer, head)
+            assert_close_f32(got, weights[layer, head], attention_terms(eager.config, n), scale=1.0)  # tests/float32.py
             if layer == 0:  # local: nothing outside the band
                 assert got[outside].max() == 0.0
             else:  # global: reaches past it

@@ -24,7 +24,6 @@ result cache (3/4) and the decoded-image cache (1/4).
 """
 from __future__ import annotations
 
-import contextvars
 import os
 import threading
 import time
@@ -33,17 +32,15 @@ from dataclasses import dataclass
 
 from fastapi import HTTPException
 
-# The model seconds this request's cost check estimated (set by check_request_cost). The runtime compares it with the
-# time left before the request's deadline when the request first gets the model: a request that waited in the queue
-# so long that its work could no longer finish is refused then (503), rather than started and thrown away at the
-# deadline.
-request_model_seconds: contextvars.ContextVar[float | None] = contextvars.ContextVar("request_model_seconds",
-                                                                                    default=None)
+from app.context import ContextField
 
-# The passes over the model's layers this request's cost check counted: the model runs the result cache does not hold,
-# and one more for a value-weighted overview (it goes layer by layer too). A job's stream (app/streams.py) shows
-# one bar over all of them: passes × layers.
-request_model_runs: contextvars.ContextVar[int | None] = contextvars.ContextVar("request_model_runs", default=None)
+# Fields of the request's context (app/context.py): the model seconds its cost check estimated (the scheduler
+# compares them with the time left before the deadline at the request's first turn: a request that waited so long
+# that its work could no longer finish is refused then, 503, rather than started and thrown away), and the passes
+# over the model's layers it counted (the model runs the result cache does not hold, and one more for a value-weighted
+# overview): a job's stream shows one bar over all of them.
+request_model_seconds = ContextField("estimate_s")
+request_model_runs = ContextField("passes")
 
 # The value-weighted overview per score, in units of the head size d. Measured: at 2,048 tokens on smollm2-135m it
 # took 0.83× the long first run itself (benchmarks/results/value_norms_cpu.json), 0.83·forward_macs / (L·H·T²·d) ≈ 4.8:
@@ -140,9 +137,28 @@ class CpuShare:
                 self._last = (t, *ticks)
             return self.cores / (self.cores + self._others)
 
+    def mark(self) -> tuple[float, int, int] | None:
+        """A point to measure the share from (`share_since`): a timed run's own interval."""
+        ticks = self._ticks()
+        return None if ticks is None else (time.monotonic(), *ticks)
+
+    def share_since(self, mark: tuple[float, int, int] | None) -> float:
+        """The share this process had since `mark`, measured over that whole interval (the start-up timing under
+        load: the smoothed `now()` said 1.0 at its first call, and the probe's slow runs were then taken as an idle
+        machine's, which made a 7-token request "about 107 s" on a busy machine)."""
+        ticks = self._ticks() if mark is not None else None
+        if ticks is None:
+            return 1.0
+        dt = time.monotonic() - mark[0]
+        if dt < 0.05:
+            return self.now()
+        others = ((ticks[0] - mark[1]) - (ticks[1] - mark[2])) / (self._hz * dt)
+        return self.cores / (self.cores + max(0.0, min(others, 4.0 * self.cores)))
+
 
 CPU_SHARE = CpuShare()
 RECENCY = 0.8  # each newer timed run weighs 1/0.8 = 1.25 times the one before it
+LOAD_RECENT_S = 60.0  # a slowdown measured on runs this recent is the estimate's load correction (else /proc)
 
 
 class Throughput:
@@ -157,6 +173,8 @@ class Throughput:
         self._rates: dict[str, float] = {}  # multiply-adds per second on an idle machine
         self._overheads: dict[str, float] = {}  # seconds per run besides the multiply-adds
         self._sums: dict[str, list[float]] = {}  # recency-weighted Σw, Σm, Σs, Σm², Σm·s
+        # per model: (real seconds / the idle fit's seconds of recent runs, smoothed; when last measured)
+        self._slowdown: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()
 
     def observe(self, model_id: str, macs: float, seconds: float, share: float = 1.0) -> None:
@@ -164,6 +182,16 @@ class Throughput:
             return
         idle_s = seconds * share
         with self._lock:
+            if model_id in self._rates:  # how much slower than the idle fit this run was: the load it met
+                predicted = self._overheads.get(model_id, 0.0) + macs / self._rates[model_id]
+                observed = seconds / predicted if predicted > 0 else 1.0 / share
+            else:
+                observed = 1.0 / share
+            observed = min(max(observed, 0.2), 20.0)
+            old = self._slowdown.get(model_id)
+            now = time.monotonic()
+            recent = old is not None and now - old[1] < LOAD_RECENT_S
+            self._slowdown[model_id] = (0.5 * old[0] + 0.5 * observed if recent else observed, now)
             sums = [v * RECENCY for v in self._sums.get(model_id, [0.0] * 5)]
             for i, v in enumerate((1.0, macs, idle_s, macs * macs, macs * idle_s)):
                 sums[i] += v
@@ -183,6 +211,14 @@ class Throughput:
             seconds = self._overheads.get(model_id, 0.0) + macs / self._rates.get(model_id, default_rate)
             return seconds, model_id in self._sums
 
+    def slowdown(self, model_id: str) -> float | None:
+        """Real seconds over the idle fit's, from this model's runs of the last LOAD_RECENT_S; None: none recent."""
+        with self._lock:
+            measured = self._slowdown.get(model_id)
+        if measured is None or time.monotonic() - measured[1] > LOAD_RECENT_S:
+            return None
+        return measured[0]
+
     def rate(self, model_id: str, default: float) -> float:
         with self._lock:
             return self._rates.get(model_id, default)
@@ -192,12 +228,14 @@ class Throughput:
         with self._lock:
             self._rates[model_id], self._overheads[model_id] = macs_per_s, 0.0
             self._sums.pop(model_id, None)
+            self._slowdown.pop(model_id, None)
 
     def clear(self) -> None:
         with self._lock:
             self._rates.clear()
             self._overheads.clear()
             self._sums.clear()
+            self._slowdown.clear()
 
 
 THROUGHPUT = Throughput()
@@ -225,9 +263,13 @@ def _share(adapter) -> float:
 
 
 def estimated_seconds(adapter, settings, macs: float) -> float:
-    """Seconds of `macs` multiply-adds on this adapter's model under the machine's load now."""
+    """Seconds of `macs` multiply-adds on this adapter's model under the machine's load now: the idle fit times the
+    slowdown its recent runs met (the best evidence of the load), else divided by the CPU share now (/proc)."""
     idle, measured = THROUGHPUT.seconds(adapter.info.id, macs, settings.compute_gmacs_per_s * 1e9)
-    return idle / _share(adapter) if measured else idle
+    if not measured:
+        return idle
+    slowdown = THROUGHPUT.slowdown(adapter.info.id)
+    return idle * slowdown if slowdown is not None else idle / _share(adapter)
 
 
 def time_limit(settings) -> tuple[float, str]:
@@ -351,10 +393,14 @@ def check_stream_cost(adapter, settings, prompt: int, new_tokens: int, intervent
     accept_job(seconds, 2)
 
 
-def observe_run(adapter, tokens: int, keys: int, interventions: int, seconds: float) -> None:
-    """Record a finished forward's time (runtime.run calls this), normalised by the CPU share the process had."""
-    THROUGHPUT.observe(adapter.info.id, forward_macs(model_shape(adapter), tokens, keys, interventions), seconds,
-                       _share(adapter))
+def observe_run(adapter, tokens: int, keys: int, interventions: int, seconds: float,
+                since: tuple[float, int, int] | None = None) -> None:
+    """Record a finished forward's time (runtime.run calls this), normalised by the CPU share the process had: over
+    the run itself when `since` (CPU_SHARE.mark() taken before it) is given, else the smoothed share now."""
+    device = getattr(adapter, "device", None)
+    on_cpu = device is None or getattr(device, "type", "cpu") == "cpu"
+    share = (CPU_SHARE.share_since(since) if since is not None else CPU_SHARE.now()) if on_cpu else 1.0
+    THROUGHPUT.observe(adapter.info.id, forward_macs(model_shape(adapter), tokens, keys, interventions), seconds, share)
 
 
 # ---- memory: a request's in-flight peak (app/memory.py) ------------------------------------------------------------

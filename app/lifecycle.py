@@ -25,7 +25,6 @@ and its body is ended cleanly (the final chunk), so the client sees why it stopp
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import logging
 import re
@@ -37,6 +36,8 @@ from typing import Any
 import anyio.to_thread
 from fastapi.routing import APIRoute
 from starlette.requests import Request
+
+from app.context import ContextField, current, enter, leave
 
 log = logging.getLogger("attnlab")
 
@@ -63,14 +64,12 @@ class CancelEvent(threading.Event):
     reason = "cancelled"
 
 
-request_cancel: contextvars.ContextVar[CancelEvent | None] = contextvars.ContextVar("request_cancel", default=None)
-# The client whose cache entries a request reads and writes (result_cache_scope="client"); None: shared.
-cache_scope: contextvars.ContextVar[str | None] = contextvars.ContextVar("cache_scope", default=None)
-# Set by a route that streams progress: called as progress(layers_done, n_layers) after each attention layer of the
-# request's model runs (from the worker thread).
-request_progress: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar(
-    "request_progress", default=None
-)
+# Fields of the request's context (app/context.py RequestContext): its cancel event; the client whose cache entries it
+# reads and writes (result_cache_scope="client"; None: shared); and, set by a route that streams progress, a callable
+# progress(layers_done, n_layers) called after each attention layer of the request's model runs (worker thread).
+request_cancel = ContextField("cancel")
+cache_scope = ContextField("cache_scope")
+request_progress = ContextField("progress")
 SCOPE_COOKIE = "attnlab_client"
 SCOPE_HEADER = "x-attnlab-client"
 SCOPE_PATTERN = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
@@ -331,20 +330,17 @@ class RequestGuard:
                 state["complete"] = True
             await send(message)
 
-        token = request_cancel.set(cancel)
-        scope_token = None
+        scoped = None
         if getattr(self.settings, "result_cache_scope", "shared") == "client":
-            client, new = client_scope(scope.get("headers", []))
-            scope_token = cache_scope.set(client)
+            scoped, new = client_scope(scope.get("headers", []))
             if new:
-                state["set_cookie"] = (f"{SCOPE_COOKIE}={client[2:]}; Path=/; Max-Age={SCOPE_COOKIE_MAX_AGE_S}; "
+                state["set_cookie"] = (f"{SCOPE_COOKIE}={scoped[2:]}; Path=/; Max-Age={SCOPE_COOKIE_MAX_AGE_S}; "
                                        "HttpOnly; SameSite=Lax").encode()
+        token = enter(current().with_(cancel=cancel, cache_scope=scoped))  # the app's task copies the context
         try:
             task = asyncio.ensure_future(self.app(scope, app_receive, guarded_send))
         finally:
-            request_cancel.reset(token)
-            if scope_token is not None:
-                cache_scope.reset(scope_token)
+            leave(token)
         cutoff = lifecycle.cutoff_waiter()
         try:
             await asyncio.wait({task, cutoff}, return_when=asyncio.FIRST_COMPLETED)

@@ -34,13 +34,13 @@ from app import metrics
 from app.fleet import FLEET, FleetRouter
 from app.lifecycle import RequestCancelled, RequestGuard
 from app.metrics import RequestCounter
-from app.costs import request_model_runs, request_model_seconds
-from app.jobs import client_of, request_client
-from app.memory import RequestMemory, request_memory
-from app.runtime import Overloaded, Runtime, request_deadline, request_timings
+from app.context import current, enter, leave
+from app.jobs import client_of
+from app.memory import RequestMemory
+from app.runtime import Overloaded, Runtime, request_timings
 from app.settings import Settings, get_settings
 from app.templating import templates
-from app.vendor import plotly_bundle
+from attnlab.vendor import plotly_bundle
 from models.adapters.base import cuda_absence, describe_device, pick_device
 
 log = logging.getLogger("attnlab")
@@ -138,23 +138,19 @@ class RequestDeadline:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        token = request_deadline.set(time.monotonic() + self.seconds)
-        # who sent it (jobs queue per client; a client may evict its own kept runs) and what it holds of the memory
-        # budget (app/memory.py: reserved before its runs, released here when its response has been sent)
-        client = request_client.set(client_of(scope.get("headers", []), scope.get("client")))
-        memory = RequestMemory(client=request_client.get())
-        memory_token = request_memory.set(memory)
-        # the cost check's per-request values start empty: a value left in the context this request was started from
-        # (a test calling check_request_cost directly) was read as this request's estimate (503 "needs about 400 s")
-        cost_tokens = [var.set(None) for var in (request_model_seconds, request_model_runs)]
+        # the request's context, made once (app/context.py): its deadline, who sent it (jobs queue per client; a
+        # client may evict its own kept runs) and what it holds of the memory budget (app/memory.py: reserved before
+        # its runs, released here when its response has been sent), beside the cancel event and cache scope that
+        # RequestGuard set; the cost check's values start empty (a value left in the context this request was started
+        # from, a test calling check_request_cost directly, was read as this request's estimate)
+        client = client_of(scope.get("headers", []), scope.get("client"))
+        memory = RequestMemory(client=client)
+        token = enter(current().with_(deadline=time.monotonic() + self.seconds, client=client, memory=memory,
+                                      estimate_s=None, passes=None))
         try:
             await self.app(scope, receive, send)
         finally:
-            for var, cost_token in zip((request_model_seconds, request_model_runs), cost_tokens):
-                var.reset(cost_token)
-            request_deadline.reset(token)
-            request_client.reset(client)
-            request_memory.reset(memory_token)
+            leave(token)
             if memory.budget is not None:
                 memory.budget.release(memory)
 

@@ -13,7 +13,6 @@ finds it (a compare keeps both runs); a pin's bytes count against the budget lik
 """
 from __future__ import annotations
 
-import contextvars
 import ctypes
 import itertools
 import threading
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 
 from fastapi import HTTPException
 
+from app.context import ContextField
 from app.errors import Overloaded
 from app.lifecycle import RequestCancelled, request_cancel
 
@@ -29,6 +29,7 @@ POLL_S = 0.1
 # A request whose peak is at most this is booked without waiting for room (a short first view, a window): waiting
 # behind a long compare's memory made a 20-token view take 27 s; memory_budget_bytes + 0.5 GiB is the stated bound.
 SMALL_BYTES = 64 * 2**20
+MIN_KEPT_BYTES = 64 * 2**20  # the result cache keeps at least this much in RAM, whatever the models take
 TRIM_EVERY_S = 2.0
 
 
@@ -43,7 +44,7 @@ class RequestMemory:
 
 
 # Set per HTTP request by app/main.py (RequestDeadline); the job's worker thread shares the same object.
-request_memory: contextvars.ContextVar[RequestMemory | None] = contextvars.ContextVar("attnlab_memory", default=None)
+request_memory = ContextField("memory")
 
 
 def process_rss() -> int:
@@ -72,6 +73,7 @@ class MemoryBudget:
         self.budget, self.reserved = budget_bytes, reserved_bytes
         self.limit = max(0, budget_bytes - reserved_bytes)  # for kept runs and in-flight work
         self.models: dict[str, int] = {}  # models loaded on first use → their weights' bytes (in `reserved`)
+        self._capped: set[str] = set()  # models whose weights the result cache's cap was lowered by
         self.cache = cache  # app.runtime.ResultCache: kept bytes, pins, eviction
         # The books (kept + reserved peaks) miss what the allocator holds after a run is freed and any estimate that
         # fell short: where the process's RSS says more is in use than the books, that is what counts.
@@ -93,11 +95,57 @@ class MemoryBudget:
     def add_model(self, model_id: str, nbytes: int) -> None:
         """A model loaded beyond the default ones (memory_reserved_bytes counts those): its weights are set aside
         too, so a first-use model (gemma3-270m: 1.1 GB in float32) shrinks the room for runs rather than overrunning
-        the budget."""
+        the budget. Replaces what `reserve_model` booked for it before its load (its measured weights now); the
+        kept runs are brought within the smaller room at once (short views, which book without waiting, would not
+        make room), and the result cache's own cap shrinks by as much."""
         with self._cond:
+            self.reserved += nbytes - self.models.get(model_id, 0)
+            self.limit = max(0, self.budget - self.reserved)
+            self.models[model_id] = nbytes
+            others = sum(r.nbytes for r in self._in_flight)
+            over = self.reserved + self.cache.host_bytes + others - self.budget
+        if getattr(self.cache, "max_bytes", None) is not None and model_id not in self._capped:
+            self._capped.add(model_id)
+            self.cache.max_bytes = max(MIN_KEPT_BYTES, self.cache.max_bytes - nbytes)
+        if over > 0:
+            self.cache.evict_for(over, "")
+
+    def reserve_model(self, model_id: str, nbytes: int, deadline: float | None) -> None:
+        """Before a model loads on first use: book `nbytes` (its weight files' size) beside the models loaded, making
+        room by moving kept runs out of RAM and waiting for in-flight work (until `deadline`: 503 + Retry-After), so
+        the load never overruns the budget. A model that could never fit (more than memory_budget_bytes leaves beside
+        the models loaded, with nothing kept or running) is refused with a 503 naming memory_budget_bytes."""
+        with self._cond:
+            room = self.budget - self.reserved
+            if nbytes > room:
+                raise HTTPException(503, detail=(
+                    f"model {model_id!r} needs about {nbytes / 2**20:,.0f} MiB for its weights, more than the "
+                    f"{max(0, room) / 2**20:,.0f} MiB that memory_budget_bytes ({self.budget / 2**20:,.0f} MiB) leaves "
+                    f"beside the models loaded (memory_reserved_bytes and {len(self.models)} loaded on first use); "
+                    "raise memory_budget_bytes to serve it"))
+            while True:
+                others = sum(r.nbytes for r in self._in_flight)
+                need = self.reserved + nbytes + others + self.cache.host_bytes + self._unbooked(others) - self.budget
+                if need > 0:
+                    self.cache.evict_for(need, "")
+                    _malloc_trim()
+                    need = self.reserved + nbytes + others + self.cache.host_bytes + self._unbooked(others) - self.budget
+                if need <= 0:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    raise Overloaded(f"server busy: loading model {model_id!r} needs about {nbytes / 2**20:,.0f} MiB "
+                                     "and the memory budget stayed full of work in flight", retry_after=10)
+                self._cond.wait(POLL_S)
             self.reserved += nbytes
             self.limit = max(0, self.budget - self.reserved)
             self.models[model_id] = nbytes
+
+    def unreserve_model(self, model_id: str) -> None:
+        """A load that failed gives back what reserve_model booked for it."""
+        with self._cond:
+            self.reserved -= self.models.pop(model_id, 0)
+            self.limit = max(0, self.budget - self.reserved)
+            self._cond.notify_all()
 
     @property
     def in_flight_bytes(self) -> int:

@@ -69,16 +69,21 @@ def busy_processes(n: int, seconds: float):
 
 
 @contextlib.contextmanager
-def server(env: dict[str, str] | None = None, cgroup_bytes: int | None = None, ready_s: float = 600):
+def server(env: dict[str, str] | None = None, cgroup_bytes: int | None = None, ready_s: float = 600,
+           tree: Path = ROOT):
+    """`attnlab serve`; with another `tree` (an older checkout, for a before/after) its app/ served by this venv."""
     port = free_port()
     cmd = [str(ROOT / ".venv" / "bin" / "attnlab"), "serve", "--host", "127.0.0.1", "--port", str(port)]
+    if tree != ROOT:
+        cmd = [sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port)]
+        env = {"ATTNLAB_WEIGHTS_DIR": str(ROOT / "weights"), **(env or {})}
     if cgroup_bytes is not None:
         CGROUP.mkdir(exist_ok=True)
         (CGROUP / "memory.limit_in_bytes").write_text(str(cgroup_bytes))
         with contextlib.suppress(OSError):
             (CGROUP / "memory.max_usage_in_bytes").write_text("0")
         cmd = ["sh", "-c", f'echo $$ > {CGROUP}/cgroup.procs && exec "$@"', "attnlab-in-cgroup", *cmd]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd, cwd=tree, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
                             stderr=open(ROOT / "benchmarks" / "results" / "jobs-server.log", "w"))
     base = f"http://127.0.0.1:{port}"
     try:
@@ -177,6 +182,76 @@ def part_eta(busy: int) -> dict:
                          "real_s": round(result["real_s"], 1), "real_over_eta": ratio, "load": os.getloadavg()[0]})
             print(rows[-1], flush=True)
     return {"busy_processes": busy, "rows": rows}
+
+
+def traced_job(base: str, path: str, body: dict, client: str, timeout: float = 600) -> dict:
+    """One job with every line's arrival: the accepted ETA, each progress event's eta_s against the time that was
+    really left, the longest silence between lines, the real time."""
+    started = time.time()
+    out: dict = {"status": None, "etas": []}
+    arrivals = [started]
+    with httpx.stream("POST", f"{base}{path}", json=body, headers={**STREAM, "X-Attnlab-Client": client},
+                      timeout=timeout) as response:
+        out["status"] = response.status_code
+        if response.status_code != 200:
+            response.read()
+            out["detail"] = response.text[:300]
+            return out
+        for line in response.iter_lines():
+            if not line:
+                continue
+            arrivals.append(time.time())
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[6:])
+            if event.get("accepted"):
+                out["accepted"] = event
+            elif "progress" in event and "eta_s" in event:
+                out["etas"].append((time.time() - started, event["progress"], event["total"], event["eta_s"]))
+            if "done" in event or "error" in event:
+                out["end"] = "done" if "done" in event else event["error"]
+                break
+    out["real_s"] = round(time.time() - started, 2)
+    out["longest_silence_s"] = round(max(b - a for a, b in zip(arrivals, arrivals[1:])), 2)
+    return out
+
+
+HEAD_SCAN = {"model": "smollm2-135m", "clean": "The capital city of France is the city of",
+             "corrupt": "The capital city of Italy is the city of", "answer": " Paris", "wrong": " Rome",
+             "scan": "heads", "method": "exact"}  # 9 tokens each
+
+
+def part_headscan(busy: int, tree: Path = ROOT) -> dict:
+    """Issue 36 §5 on a fresh server started beside `busy` busy processes (its start-up timing under that load):
+    a 7-token plain first view and the 9-token exact head scan sent plain (answered, or 413 by the estimate?), then
+    the scan streamed (another pair, so nothing is cached): its accepted ETA and each later eta_s against the time
+    really left."""
+    out: dict = {"busy_processes": busy, "tree": str(tree)}
+    with busy_processes(busy, 1800):
+        time.sleep(3)
+        with server(tree=tree) as (base, _proc):
+            started = time.time()
+            r = httpx.post(f"{base}/api/text/attention", timeout=120, json={
+                "model": "smollm2-135m", "text": "the keeper lit the lamp", "layers": [0], "heads": [0]})
+            out["short_view"] = {"status": r.status_code, "s": round(time.time() - started, 2),
+                                 "detail": r.text[:200] if r.status_code != 200 else None}
+            started = time.time()
+            r = httpx.post(f"{base}/api/text/patching", json=HEAD_SCAN, timeout=300)
+            out["plain_scan"] = {"status": r.status_code, "s": round(time.time() - started, 2),
+                                 "detail": r.text[:300] if r.status_code != 200 else None}
+            print(out, flush=True)
+            streamed = traced_job(base, "/api/text/patching", {
+                **HEAD_SCAN, "clean": "The capital city of Spain is the city of", "answer": " Madrid"}, "scan")
+            real = streamed.get("real_s")
+            accepted = (streamed.get("accepted") or {}).get("eta_s")
+            out["streamed_scan"] = {k: v for k, v in streamed.items() if k != "etas"}
+            out["streamed_scan"]["accepted_eta_over_real"] = round(accepted / real, 2) if accepted and real else None
+            # each later ETA against the time that was really left then
+            out["streamed_scan"]["later_eta_over_left"] = [
+                (round(t, 1), f"{p}/{n}", round(eta / (real - t), 2) if real - t > 0.5 else None)
+                for t, p, n, eta in streamed["etas"]][:: max(1, len(streamed["etas"]) // 8)]
+            print(out, flush=True)
+    return out
 
 
 def _short_views(base: str, stop: threading.Event, out: list, every_s: float, tag: str) -> None:
@@ -323,11 +398,12 @@ def part_memory(pin_s: float, tokens: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", default="eta,fairness,memory")
+    ap.add_argument("--parts", default="eta,fairness,memory", help="also: headscan (issue 36 §5)")
     ap.add_argument("--busy", type=int, default=2)
     ap.add_argument("--pin-s", type=float, default=30.0, help="result_pin_s of the memory part's server")
     ap.add_argument("--tokens", type=int, default=4000, help="tokens of each of the memory part's 4 compares")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "jobs.md")
+    ap.add_argument("--tree", type=Path, default=ROOT, help="headscan: serve this checkout's app/ (a before/after)")
     args = ap.parse_args()
     results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                  "python": sys.version.split()[0], "load_at_start": os.getloadavg()},
@@ -335,7 +411,8 @@ def main() -> None:
     parts = args.parts.split(",")
     json_path = args.out.with_suffix(".json")
     runners = {"eta": lambda: part_eta(args.busy), "fairness": part_fairness,
-               "memory": lambda: part_memory(args.pin_s, args.tokens)}
+               "memory": lambda: part_memory(args.pin_s, args.tokens),
+               "headscan": lambda: part_headscan(args.busy, args.tree)}
     for part in parts:
         results[part] = runners[part]()
         old = json.loads(json_path.read_text()) if json_path.exists() else {}

@@ -9,9 +9,9 @@ Scores per head, each the mean over the query rows it applies to (so every one i
   Olsson et al. 2022, "In-context learning and induction heads");
 - duplicate_token: on a row whose token occurred before, the mass on the earlier positions holding the same token;
 - sink: P[i, 0], the first token (Xiao et al. 2023, "attention sinks"); `sink_mass` of every run is the same number;
-- retrieval: on a needle of distinct tokens hidden in a long random filler, with its first token again at the end, the
-  model copies the needle back by greedy generation; a head's score is the share of generation steps whose
-  top-attended key is the source of the token being copied, the same token in the needle (Wu et al. 2024,
+- retrieval: a fact hidden in a long filler of plain sentences, its key phrase asked again at the end: the model
+  copies the answer back by greedy generation; a head's score is the share of generation steps whose top-attended key
+  is the source of the token being copied, the same token in the fact (Wu et al. 2024,
   "Retrieval Head Mechanistically Explains Long-Context Factuality"); over their threshold 0.1 a head is listed among
   the retrieval heads, beside its label;
 - mean_distance: Σ_j P[i, j]·|i − j| over rows, in tokens (docs/science.md §6, models/summaries.py).
@@ -45,7 +45,7 @@ class ProbeSettings:
     period: int = 40  # n: random tokens in each repeat of the induction probe
     filler: int = 256  # random tokens the needle hides in
     needle: int = 8  # distinct random tokens of the needle, repeated at the end of the filler
-    needles: int = 4  # retrieval: needle probes (seeds seed … seed + needles − 1), each copied back by generation
+    needles: int = 4  # retrieval: facts (RETRIEVAL_FACTS) hidden in `filler` tokens of sentences, copied back
 
     def describe(self) -> dict:
         return asdict(self)
@@ -82,14 +82,49 @@ def needle_probe(candidates: Sequence[int], first_id: int, filler: int, needle: 
     return [first_id, *body, *needle_ids], 1 + len(body)
 
 
-def retrieval_probe(candidates: Sequence[int], first_id: int, filler: int, needle: int, seed: int
+# The retrieval probe's facts (a key phrase and the answer the model copies back) and the filler they hide in: plain
+# sentences, so that a small model reads a fact and recalls it (a needle of random tokens is not copied back by
+# smollm2-135m or gemma3-270m at all: measured 0 of 21 steps)
+RETRIEVAL_FACTS = (
+    ("The password for the archive is", " amber falcon lantern"),
+    ("The name of the ship was", " Meridian Quill"),
+    ("The code on the red box is", " 7391"),
+    ("The guide who met us at the station was called", " Orla Brennick"),
+)
+RETRIEVAL_FILLER = (
+    "The weather was mild for most of the week, with a light wind from the west.",
+    "Markets opened slowly and traders waited for the morning reports.",
+    "In the old town the bakery sold bread before sunrise.",
+    "A narrow road follows the river past the mills and the church.",
+    "The library keeps its maps in long drawers on the second floor.",
+    "Trains to the coast leave every hour in the summer.",
+    "Children planted beans in the school garden in spring.",
+    "The museum closed early on Sundays during the winter months.",
+)
+
+
+def retrieval_probe(encode: Callable[[str], list[int]], first_id: int, filler: int, number: int, seed: int
                     ) -> tuple[list[int], dict[int, int], int]:
-    """The needle probe cut after the repeat's first token, so the model copies the rest by generation. Returns the
-    prompt ids, {needle token id: its source position in the filler}, and the steps to generate (needle − 1)."""
-    ids, recall_from = needle_probe(candidates, first_id, filler, needle, seed)
-    prompt = ids[:recall_from + 1]
-    sources = {token: ids.index(token) for token in ids[recall_from:]}  # distinct tokens: the first is the source
-    return prompt, sources, needle - 1
+    """A fact hidden in about `filler` tokens of plain sentences (seeded order and depth), then its key phrase again,
+    so that the model copies the answer back by generation (Wu et al. 2024's needle, in miniature). `encode(text)` →
+    the model's token ids without special tokens. Returns the prompt ids, {answer token id: its source position in
+    the fact (the first, if it occurs twice)}, and the steps to generate (the answer's tokens)."""
+    key, answer = RETRIEVAL_FACTS[number % len(RETRIEVAL_FACTS)]
+    generator = torch.Generator().manual_seed(seed * 1000 + number)
+    sentences: list[int] = []
+    while len(sentences) < filler:
+        for i in torch.randperm(len(RETRIEVAL_FILLER), generator=generator).tolist():
+            sentences += encode(" " + RETRIEVAL_FILLER[i])
+    sentences = sentences[:filler]
+    depth = int(torch.randint(len(sentences) // 8, max(len(sentences) // 8 + 1, len(sentences) * 7 // 8), (1,),
+                              generator=generator))
+    answer_ids = encode(answer)
+    before = [first_id, *sentences[:depth], *encode(" " + key)]
+    prompt = [*before, *answer_ids, *encode("."), *sentences[depth:], *encode(" " + key)]
+    sources: dict[int, int] = {}
+    for offset, token in enumerate(answer_ids):
+        sources.setdefault(token, len(before) + offset)
+    return prompt, sources, len(answer_ids)
 
 
 def copy_hits(generated: Sequence[int], top_keys: torch.Tensor, sources: dict[int, int]) -> torch.Tensor:
@@ -104,25 +139,24 @@ def copy_hits(generated: Sequence[int], top_keys: torch.Tensor, sources: dict[in
     return hits
 
 
-def retrieval_scores(generate: Callable[[list[int], int], tuple[list[int], torch.Tensor]], candidates: Sequence[int],
-                     first_id: int, settings: ProbeSettings,
+def retrieval_scores(generate: Callable[[list[int], int], tuple[list[int], torch.Tensor]],
+                     encode: Callable[[str], list[int]], first_id: int, settings: ProbeSettings,
                      progress: Callable[[], None] = lambda: None) -> tuple[torch.Tensor, dict]:
-    """The retrieval score (after Wu et al. 2024) over settings.needles probes: copy hits / generation steps asked
+    """The retrieval score (after Wu et al. 2024) over settings.needles facts: copy hits / generation steps asked
     (a step not generated, after an early end of sequence, counts as no copy). `generate(prompt, steps)` → (generated
     ids, top-attended key per step, layer and head (S, L, H)). Returns ((L, H), what the probe was)."""
     hits, steps, copied, tokens = None, 0, 0, []
     for number in range(settings.needles):
-        prompt, sources, n_steps = retrieval_probe(candidates, first_id, settings.filler, settings.needle,
-                                                   settings.seed + number)
+        prompt, sources, n_steps = retrieval_probe(encode, first_id, settings.filler, number, settings.seed)
         generated, top_keys = generate(prompt, n_steps)
         found = copy_hits(generated, top_keys, sources)
         hits = found if hits is None else hits + found
         steps += n_steps
-        expected = [t for t, _ in sorted(sources.items(), key=lambda item: item[1])][1:]
+        expected = encode(RETRIEVAL_FACTS[number % len(RETRIEVAL_FACTS)][1])
         copied += sum(int(g == e) for g, e in zip(generated, expected))
         tokens.append(len(prompt))
         progress()
-    described = {"threshold": RETRIEVAL_THRESHOLD, "length": settings.needle, "needles": settings.needles, "prompt_tokens": tokens, "steps": steps,
+    described = {"threshold": RETRIEVAL_THRESHOLD, "needles": settings.needles, "filler": settings.filler, "prompt_tokens": tokens, "steps": steps,
                  "copied": copied / max(1, steps)}  # the share of steps whose token was the needle's next one
     return (hits / max(1, steps)).float(), described
 
@@ -203,7 +237,8 @@ def locality(layer_types: Sequence[str] | None, n_heads: int) -> list[list[str]]
 def head_taxonomy(run: Callable[[list[int]], torch.Tensor], candidates: Sequence[int], first_id: int,
                   settings: ProbeSettings = ProbeSettings(), text_ids: Sequence[int] | None = None,
                   progress: Callable[[int, int], None] | None = None,
-                  generate: Callable[[list[int], int], tuple[list[int], torch.Tensor]] | None = None) -> dict:
+                  generate: Callable[[list[int], int], tuple[list[int], torch.Tensor]] | None = None,
+                  encode: Callable[[str], list[int]] | None = None) -> dict:
     """Scores, labels and how they were made. `run(ids)` → the lab's P (L, H, T, T) for those token ids; `generate`
     (see retrieval_scores) the lab's greedy continuation with each step's top-attended keys.
 
@@ -221,7 +256,7 @@ def head_taxonomy(run: Callable[[list[int]], torch.Tensor], candidates: Sequence
         step(1, 1)
         probe = {"kind": "text", "tokens": len(text_ids)}
     else:
-        total = 1 + (settings.needles if generate is not None else 0)
+        total = 1 + (settings.needles if generate is not None and encode is not None else 0)
         step(0, total)
         repeated = repeated_tokens_probe(candidates, first_id, settings.period, settings.seed)
         n = settings.period
@@ -231,15 +266,14 @@ def head_taxonomy(run: Callable[[list[int]], torch.Tensor], candidates: Sequence
             "kind": "builtin", **settings.describe(), "first_token_id": first_id,
             "repeated_tokens": {"tokens": len(repeated), "ids": repeated, "induction_rows": [n + 1, 2 * n]},
         }
-        if generate is not None:
+        if generate is not None and encode is not None:
             done = [1]
 
             def needle_done() -> None:
                 done[0] += 1
                 step(done[0], total)
 
-            scores["retrieval"], probe["needle"] = retrieval_scores(generate, candidates, first_id, settings,
-                                                                    needle_done)
+            scores["retrieval"], probe["needle"] = retrieval_scores(generate, encode, first_id, settings, needle_done)
     probe["thresholds"] = dict(THRESHOLDS)
     scores = {name: None if value is None else value.cpu() for name, value in scores.items()}  # one read each
     found = {"scores": scores, "labels": label_heads(scores), "probe": probe}

@@ -12,10 +12,12 @@ import torch
 from fastapi import APIRouter, Request, Response
 from pydantic import Field
 
-from app.attention import check_request_limits, field_error
-from app.costs import check_work_cost, forward_macs, model_shape
+from app.attention import check_request_limits
+from app.errors import field_error
+from app.admission import check_work_cost
+from app.costs import forward_macs, model_shape
 from app.lifecycle import ParsedJsonRoute, cache_scope, check_cancelled
-from app.routes.analysis import _lm
+from app.lm_inputs import language_model
 from app.runtime import PerRuntime
 from app.deps import RuntimeDep
 from app.schemas import _Strict
@@ -59,7 +61,7 @@ def head_scores(req: HeadScoresRequest, runtime: RuntimeDep, request: Request) -
     check_request_limits(runtime.settings, req)  # max_text_chars on `text`, before any model work
     if req.text is not None and not req.text.strip():
         raise field_error(("text",), "text is empty or only white space (send null for the built-in probes)")
-    adapter = _lm(runtime, req.model)
+    adapter = language_model(runtime, req.model)
     info = adapter.info
     limit = min(adapter.full_map_tokens, adapter.max_tokens)  # scores need every P, kept whole only up to here
     text_ids = None
@@ -76,7 +78,7 @@ def head_scores(req: HeadScoresRequest, runtime: RuntimeDep, request: Request) -
     # the forwards made: the text, or the repeated tokens and each needle's prompt (its generated steps are one-token
     # forwards over a KV cache, counted as one more prompt's worth)
     lengths = ([len(text_ids)] if text_ids is not None else
-               [1 + 2 * settings.period] + [2 + settings.filler + settings.needle] * (2 * settings.needles))
+               [1 + 2 * settings.period] + [32 + settings.filler] * (2 * settings.needles))
     first_id = _first_token(adapter)
     key = (cache_scope.get(), info.id, req.text)
 
@@ -102,7 +104,10 @@ def head_scores(req: HeadScoresRequest, runtime: RuntimeDep, request: Request) -
                     top_keys.append(new.attention["indices"][..., 0].cpu())  # (L, H)
             return generated, torch.stack(top_keys)
 
-        found = head_taxonomy(run, candidates, first_id, settings, text_ids, progress, generate)
+        def encode(text: str) -> list[int]:
+            return adapter.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+        found = head_taxonomy(run, candidates, first_id, settings, text_ids, progress, generate, encode)
         answer = {
             "model": info.id, "layers": info.layers, "heads": info.heads,
             "scores": {name: None if value is None else _rounded(value) for name, value in found["scores"].items()},

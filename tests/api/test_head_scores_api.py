@@ -74,17 +74,16 @@ def test_retrieval_equals_greedy_copying_with_eager_attention(client, builtin, l
     steps whose top-attended key (argmax of the row that produced the token) is the copied token's source."""
     import transformers as tf
 
-    from models.head_kinds import ordinary_token_ids, retrieval_probe
+    from models.head_kinds import retrieval_probe
 
     probe = builtin["probe"]
     adapter = client.app.state.runtime.adapter("lm")
-    candidates = ordinary_token_ids(adapter.model.get_input_embeddings().num_embeddings,
-                                    adapter.tokenizer.all_special_ids)
     model = tf.AutoModelForCausalLM.from_pretrained(llama, attn_implementation="eager").eval()
     hits, steps = np.zeros((2, 4)), 0
     for number in range(probe["needles"]):
-        ids, sources, n_steps = retrieval_probe(candidates, probe["first_token_id"], probe["filler"], probe["needle"]["length"],
-                                                probe["seed"] + number)
+        ids, sources, n_steps = retrieval_probe(
+            lambda text: adapter.tokenizer(text, add_special_tokens=False)["input_ids"], probe["first_token_id"],
+            probe["needle"]["filler"], number, probe["seed"])
         steps += n_steps
         for _ in range(n_steps):
             with torch.inference_mode():

@@ -77,19 +77,24 @@ def test_taxonomy_runs_the_callers_model_on_both_probes():
 
 
 def test_retrieval_counts_steps_whose_top_key_is_the_copied_tokens_source():
-    """A stand-in model that copies the needle: head (0, 0) attends to each copied token's source, head (0, 1) to the
+    """A stand-in model that copies the fact: head (0, 0) attends to each copied token's source, head (0, 1) to the
     key before it, head (1, 0) to the source only while the copy is right; the scores are the shares of steps."""
-    from models.head_kinds import retrieval_probe, retrieval_scores
+    from models.head_kinds import RETRIEVAL_FACTS, retrieval_probe, retrieval_scores
 
-    candidates = list(range(3, 200))
-    settings = ProbeSettings(filler=64, needle=6, needles=2)
+    words: dict[str, int] = {}
+
+    def encode(text):  # a stand-in tokenizer: one id per word
+        return [words.setdefault(w, 10 + len(words)) for w in text.replace(".", " .").split()]
+
+    settings = ProbeSettings(filler=64, needles=2)
 
     def generate(prompt, steps):
-        prompt_ids, sources, n_steps = retrieval_probe(candidates, 1, 64, 6, settings.seed + generate.calls)
-        assert prompt == prompt_ids and steps == n_steps == 5
+        prompt_ids, sources, n_steps = retrieval_probe(encode, 1, 64, generate.calls, settings.seed)
+        assert prompt == prompt_ids and len(prompt) > 64 and steps == n_steps
+        answer = encode(RETRIEVAL_FACTS[generate.calls][1])
+        assert [prompt[sources[t]] for t in answer] == answer  # each answer token's source holds it
         generate.calls += 1
-        needle = [t for t, _ in sorted(sources.items(), key=lambda item: item[1])]
-        generated = needle[1:4] + [0, 0]  # copies 3 of the 5 tokens, then goes astray
+        generated = answer[:1] + [0] * (steps - 1)  # copies the first token, then goes astray
         keys = torch.zeros(steps, 2, 2, dtype=torch.long)
         for s, token in enumerate(generated):
             source = sources.get(token, 0)
@@ -98,6 +103,7 @@ def test_retrieval_counts_steps_whose_top_key_is_the_copied_tokens_source():
         return generated, keys
 
     generate.calls = 0
-    scores, described = retrieval_scores(generate, candidates, 1, settings)
-    assert torch.allclose(scores, torch.tensor([[0.6, 0.0], [0.6, 0.0]]))
-    assert described["steps"] == 10 and described["copied"] == 0.6 and described["needles"] == 2
+    scores, described = retrieval_scores(generate, encode, 1, settings)
+    steps = sum(len(encode(answer)) for _, answer in RETRIEVAL_FACTS[:2])  # 3 + 2 answer words
+    assert torch.allclose(scores, torch.tensor([[2 / steps, 0.0], [2 / steps, 0.0]]))
+    assert described["steps"] == steps and described["copied"] == 2 / steps and described["needles"] == 2

@@ -225,8 +225,28 @@ def shoot_gemma3_long(page, url):
     return buffer.getvalue()
 
 
+def shoot_generate_map(page, url):
+    """The continuation panel while the model writes (issue 39): layer 18 head 6 of smollm2-135m, with "Italy" masked,
+    the growing maps side by side, and a generated token's row clicked (its bars and "why?")."""
+    prompt = "The capital of France is Paris. The capital of Italy is"
+    page.goto(f"{url}/#m=smollm2-135m&t={quote(prompt)}&l=18&h=6&mk=10&ms=all")
+    page.wait_for_selector("#lm-panels:not([hidden])", timeout=300_000)
+    wait_drawn(page, 4, timeout_s=300)
+    page.wait_for_selector("#generate-button:not([disabled])", timeout=120_000)
+    page.fill("#max-new-tokens", "12")
+    page.click("#generate-button")
+    page.wait_for_selector("#continuation[data-state]:not([data-state='running'])", state="attached", timeout=300_000)
+    if page.get_attribute("#continuation", "data-state") != "done":
+        raise SystemExit(f"continuation: {page.text_content('#continuation-status')!r}")
+    page.wait_for_function("() => Number(document.getElementById('gen-map-intervened').dataset.rows) > 3")
+    page.evaluate("() => document.getElementById('gen-map-intervened').emit('plotly_click', {points: [{pointIndex: [3, null]}]})")
+    page.wait_for_selector("#gen-why-button", timeout=60_000)
+    page.wait_for_timeout(500)
+    return page.locator("#continuation").screenshot()
+
+
 SHOTS = {"text": shoot_text, "image": shoot_image, "gaussian": shoot_gaussian, "guide": shoot_guide, "lm": shoot_lm,
-         "long-input": shoot_long, "gemma3-long": shoot_gemma3_long}
+         "long-input": shoot_long, "gemma3-long": shoot_gemma3_long, "generate-map": shoot_generate_map}
 
 
 def main() -> int:

@@ -4,6 +4,7 @@
 import { jobClock, postJob } from "./views/jobs.js";
 import { byId, count, el, fillList, showToken } from "./dom.js";
 import { fmt } from "./mathx.js";
+import { mountGenMap } from "./views/genmap.js";
 
 const CONFIG = { responsive: true, displaylogo: false };
 const BEFORE = "#98a2b3", AFTER = "#3b5bdb";
@@ -86,9 +87,12 @@ function drawRankTable(table, before, after) {
 // body(): the generate request ({model, text, chat, max_new_tokens, interventions}).
 // Automatic re-runs: once a continuation was asked for, followChanges() generates again when the request
 // differs from the one shown and "follow changes" is on.
-export function mountContinuation({ body, onError }) {
+// attention(): {layer, head, promptTokens} of the shown head (its map grows a row per new token, views/genmap.js), or
+// null; why: the page's "why?" view.
+export function mountContinuation({ body, onError, attention = () => null, why = null }) {
   const run = byId("generate-button"), stop = byId("stop-button"), status = byId("continuation-status");
   const eta = byId("continuation-eta");
+  const genMap = byId("gen-attention") && why ? mountGenMap(byId("gen-attention"), { why }) : null;
   const cols = { base: byId("continuation-base"), intervened: byId("continuation-intervened") };
   let controller = null, shownKey = null, asked = false;
 
@@ -99,6 +103,9 @@ export function mountContinuation({ body, onError }) {
     asked = true;
     const request = body();
     shownKey = JSON.stringify(request);
+    const head = genMap ? attention() : null;
+    if (head) request.attention = { layers: [head.layer], heads: [head.head], encoding: "f32" };
+    if (head) genMap.start(request, head.promptTokens); else genMap?.reset();
     cols.base.replaceChildren();
     cols.intervened.replaceChildren();
     const panel = byId("continuation");
@@ -124,12 +131,14 @@ export function mountContinuation({ body, onError }) {
           col.append(tokenSpan(event[`${prefix}token`], event[`${prefix}prob`], differs, event.step));
         }
       }
+      genMap?.step(event);
       steps += 1;
       clock.step(steps, request.max_new_tokens);
       status.textContent = `${steps} tokens…`;
     };
     try {
-      await postJob("/api/text/generate", request, { signal: mine.signal, onEvent: onStep });
+      const answer = await postJob("/api/text/generate", request, { signal: mine.signal, onEvent: onStep });
+      genMap?.done(answer);
       // Sides that stopped short of the tokens asked for ended (both at once end the stream with no
       // step event saying so).
       for (const [col, prefix] of [[cols.base, "base_"], [cols.intervened, ""]]) {
@@ -162,7 +171,7 @@ export function mountContinuation({ body, onError }) {
     followChanges() {
       if (asked && byId("auto-generate").checked && JSON.stringify(body()) !== shownKey) generate();
     },
-    reset() { controller?.abort(); asked = false; shownKey = null; cols.base.replaceChildren(); cols.intervened.replaceChildren(); status.textContent = ""; },
+    reset() { controller?.abort(); asked = false; shownKey = null; cols.base.replaceChildren(); cols.intervened.replaceChildren(); status.textContent = ""; genMap?.reset(); },
   };
 }
 

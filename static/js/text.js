@@ -722,6 +722,10 @@ const continuation = mountContinuation({
     interventions: lab.interventions(),
   }),
   onError: (msg) => setStatus(msg, { error: true }),
+  // the shown head's map grows a row per new token; the prompt's tokens label it when the shown view is of this text
+  attention: () => (!isLM() ? null : { layer: state.layer, head: state.head,
+    promptTokens: state.view?.request?.text === $("text-input").value && !state.view?.request?.chat ? state.view.tokens : null }),
+  why,
 });
 
 // Patching between two prompts, the logit lens and the faithfulness check (static/js/views/analysis.js)

@@ -104,7 +104,7 @@ export function mountWhy(anchor, { request }) {
     }], { title: { text, font: { size: 13 } }, margin: { l: 80, r: 10, t: 36, b: 30 } }, CONFIG);
   }
 
-  return { offer: offerCell, hide };
+  return { offer: offerCell, hide, open }; // open(body): a continuation's generated token (body.ids: its token ids)
 }
 
 // The parts of one side worth showing: the SHOWN_PARTS with the largest |total| in the model's order, then "other"

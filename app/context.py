@@ -86,6 +86,8 @@ class ContextField:
 
 request_deadline = ContextField("deadline")
 request_timings = ContextField("timings")
+request_model_seconds = ContextField("estimate_s")  # the cost check's model seconds (app/admission.py)
+request_model_runs = ContextField("passes")  # the cost check's passes over the layers (a job's progress bar)
 
 
 def add_timing(name: str, seconds: float) -> None:

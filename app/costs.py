@@ -1,5 +1,6 @@
 """Costs known before the work starts: a request's model time (refused with 413 when it could not finish within
-its time limit) and the memory budget's split into cache sizes. Pure arithmetic, no web imports but the 413.
+its time limit) and the memory budget's split into cache sizes. Pure arithmetic and measurement, no web imports:
+the checks that refuse a request or accept a job with these numbers are app/admission.py.
 
 **Model time.** One forward over T query tokens and T_k keys on a model with P parameters, L layers and H heads
 of size d costs about
@@ -14,8 +15,8 @@ from q̂/k̂ and passed through softmax, weighting, renormalising and pooling, c
 (`value_overview_macs`). A request runs `runs` such forwards (1, or 1 + samples with
 `compare`: the base and every sample). Its seconds are that total over the model's throughput: measured from
 the model's own runs (`THROUGHPUT`, runs of at least MIN_TIMED_S only: tiny runs are all overhead), else the
-`compute_gmacs_per_s` setting. A request estimated over `request_timeout_s` would only be admitted to time
-out after minutes of work (and gigabytes of recorded maps): it is answered 413 before it starts.
+`compute_gmacs_per_s` setting; under load, times the slowdown the model's recent runs met. (A request estimated
+over its time limit is answered 413 before it starts: app/admission.py.)
 
 **Memory.** `cache_budgets(settings)` splits `memory_budget_bytes`: the models and torch
 (`memory_reserved_bytes`), one run's recorded maps in flight (`max_run_bytes`: runs take turns),
@@ -30,17 +31,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fastapi import HTTPException
-
-from app.context import ContextField
-
-# Fields of the request's context (app/context.py): the model seconds its cost check estimated (the scheduler
-# compares them with the time left before the deadline at the request's first turn: a request that waited so long
-# that its work could no longer finish is refused then, 503, rather than started and thrown away), and the passes
-# over the model's layers it counted (the model runs the result cache does not hold, and one more for a value-weighted
-# overview): a job's stream shows one bar over all of them.
-request_model_seconds = ContextField("estimate_s")
-request_model_runs = ContextField("passes")
 
 # The value-weighted overview per score, in units of the head size d. Measured: at 2,048 tokens on smollm2-135m it
 # took 0.83× the long first run itself (benchmarks/results/value_norms_cpu.json), 0.83·forward_macs / (L·H·T²·d) ≈ 4.8:
@@ -272,36 +262,6 @@ def estimated_seconds(adapter, settings, macs: float) -> float:
     return idle * slowdown if slowdown is not None else idle / _share(adapter)
 
 
-def time_limit(settings) -> tuple[float, str]:
-    """The current request's limit: a job's job_timeout_s, else request_timeout_s."""
-    from app.jobs import current_job
-
-    if current_job.get() is not None:
-        return settings.job_timeout_s, "job_timeout_s"
-    return settings.request_timeout_s, "request_timeout_s"
-
-
-def _as_job_hint(settings, seconds: float) -> str:
-    """A plain request's 413: whether the streamed form (a job) would be admitted."""
-    from app.jobs import current_job
-
-    if current_job.get() is None and seconds <= settings.job_timeout_s:
-        return (f"; sent with Accept: text/event-stream it runs as a job (limit job_timeout_s="
-                f"{settings.job_timeout_s:g} s, progress and an ETA) and would be admitted")
-    return ""
-
-
-def accept_job(seconds: float, runs: int, adapter=None) -> None:
-    """The current job (if any) passed its cost check: its accepted event (with its progress total: runs × the
-    adapter's attention layers), then its turn among this client's jobs."""
-    from app.jobs import JOBS, current_job
-
-    job = current_job.get()
-    if job is not None:
-        layers = len(getattr(adapter, "layer_of", None) or ()) or None
-        JOBS.accept(job, seconds, runs, layers)
-
-
 def cost_field(shape: ModelShape, tokens: int, keys: int, runs: int, interventions: int, input_field: str,
                fits: Callable[[float], bool]) -> str:
     """The request field to change so that a refused request fits: its input when one plain run alone does not fit
@@ -315,82 +275,6 @@ def cost_field(shape: ModelShape, tokens: int, keys: int, runs: int, interventio
     if extra_runs >= interventions_part:
         return "samples" if runs > 2 else "compare"
     return "interventions"
-
-
-def check_request_cost(adapter, settings, tokens: int, runs: int, interventions: int, keys: int | None = None,
-                       field: str | None = None, input_field: str = "text", extra=None) -> float:
-    """413 before any work when `runs` forwards over `tokens`, and the request's `extra` work besides them (an
-    app/pipeline ExtraWork: field, what, multiply-adds, passes; the value-weighted overview of a long first view),
-    would not finish within the request's limit (a job's job_timeout_s, else request_timeout_s); the message names
-    the field that drives the cost (`field` when given). A job is then accepted (its ETA event). Returns the
-    estimated seconds."""
-    shape = model_shape(adapter)
-    macs = runs * forward_macs(shape, tokens, keys or tokens, interventions)
-    # work a family does besides its forwards, once per request (a long image's rollout: models/adapters/vit.py)
-    macs += getattr(adapter, "summary_macs", lambda n: 0.0)(tokens)
-    if extra is not None:  # counted here, with the runs, once
-        macs += extra.macs
-    seconds = estimated_seconds(adapter, settings, macs)
-    limit, setting = time_limit(settings)
-    passes = runs + (extra.passes if extra is not None else 0)
-    if seconds > limit:
-        field = field or (extra.field if extra is not None and extra.macs > macs / 2 else cost_field(
-            shape, tokens, keys or tokens, runs, interventions, input_field,
-            lambda part: estimated_seconds(adapter, settings, part) <= limit))
-        raise HTTPException(413, detail=(
-            f"{field}: this request needs {runs} model run{'s' if runs > 1 else ''} over {tokens:,} tokens"
-            f"{f' with {interventions} interventions' if interventions else ''}"
-            f"{f' and {extra.what}' if extra is not None else ''}, about {seconds:,.0f} s of model "
-            f"time on {adapter.info.id} at this machine's measured speed and load, over {setting}={limit:g} s"
-            f"{_as_job_hint(settings, seconds)}; or ask for a shorter input, fewer samples or fewer interventions"
-            f"{f' (or {extra.field} as before)' if extra is not None else ''}"))
-    # set only for work that will run: a refused estimate left in the caller's context was read by a later request
-    # made from it (a test calling this directly, then a client: 503 "needs about 400 s")
-    request_model_seconds.set(seconds)
-    request_model_runs.set(passes)
-    accept_job(seconds, passes, adapter)
-    return seconds
-
-
-def check_extra_cost(adapter, settings, extra) -> None:
-    """A request's `extra` work (field, what, multiply-adds, passes) when check_request_cost did not count it (every
-    run was in the result cache: a weighting switch after a long first view): 413 naming its field when it alone
-    would not finish within the request's limit."""
-    field, what, macs, passes = extra.field, extra.what, extra.macs, extra.passes
-    request_model_runs.set(max(1, passes))  # the request's passes over the layers: this work's only
-    seconds = estimated_seconds(adapter, settings, macs)
-    limit, setting = time_limit(settings)
-    if seconds > limit:
-        raise HTTPException(413, detail=(
-            f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
-            f"{setting}={limit:g} s{_as_job_hint(settings, seconds)}; use a shorter input"))
-    accept_job(seconds, max(1, passes), adapter)
-
-
-def check_work_cost(adapter, settings, macs: float, passes: int, field: str, what: str) -> float:
-    """Any other work measured in multiply-adds (a patching scan's copies, the lens, a faithfulness check): 413 naming
-    `field` when it would not finish within the request's limit; a job is then accepted. Returns the seconds."""
-    seconds = estimated_seconds(adapter, settings, macs)
-    limit, setting = time_limit(settings)
-    if seconds > limit:
-        raise HTTPException(413, detail=(
-            f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
-            f"{setting}={limit:g} s{_as_job_hint(settings, seconds)}; ask for less"))
-    request_model_seconds.set(seconds)
-    accept_job(seconds, passes, adapter)
-    return seconds
-
-
-def check_stream_cost(adapter, settings, prompt: int, new_tokens: int, interventions: int) -> None:
-    """413 before a generate stream that would not finish within generate_timeout_s; the stream's job is accepted."""
-    seconds = estimated_seconds(adapter, settings, stream_macs(model_shape(adapter), prompt, new_tokens, interventions))
-    limit = settings.generate_timeout_s
-    if seconds > limit:
-        raise HTTPException(413, detail=(
-            f"max_new_tokens: {new_tokens} steps on a {prompt:,}-token prompt with {interventions} interventions "
-            f"need about {seconds:,.0f} s of model time on {adapter.info.id}, over generate_timeout_s={limit:g} s; "
-            "ask for fewer tokens, a shorter prompt or fewer interventions"))
-    accept_job(seconds, 2)
 
 
 def observe_run(adapter, tokens: int, keys: int, interventions: int, seconds: float,

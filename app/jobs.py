@@ -23,7 +23,7 @@ from typing import Any
 
 from app.context import ContextField
 from app.errors import Overloaded
-from app.lifecycle import RequestCancelled, request_cancel
+from app.lifecycle import RequestCancelled, client_scope, request_cancel
 
 # Fields of the request's context (app/context.py): the job its work belongs to (set by app/streams.py in the job's
 # worker thread; None: a plain request, bounded by request_timeout_s), and who sent it (app/main.py RequestDeadline:
@@ -201,7 +201,5 @@ JOBS = JobBoard()
 def client_of(headers: list[tuple[bytes, bytes]], peer: tuple[str, int] | None) -> str:
     """The client a request comes from, for queueing and kept runs: the cache scope's header or cookie
     (app.lifecycle.client_scope), else the peer's address. Not a security boundary (result_cache_scope is)."""
-    from app.lifecycle import client_scope
-
     scope, new = client_scope(headers)
     return "a:" + (peer[0] if peer else "?") if new else scope

@@ -17,8 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from app.context import add_timing, request_deadline
-from app.costs import request_model_seconds
+from app.context import add_timing, request_deadline, request_model_seconds
 from app.errors import Overloaded
 from app.jobs import current_job, request_client
 from app.lifecycle import RequestCancelled, after_layer, request_cancel

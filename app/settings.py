@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.costs import cache_budgets  # arithmetic only: costs imports nothing of app/
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNLAB_", env_file=None)
@@ -208,7 +210,6 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _size_caches(self) -> "Settings":
-        from app.costs import cache_budgets  # pure arithmetic; no import cycle
 
         results, images = cache_budgets(self)
         if self.result_cache_bytes is None:

@@ -31,7 +31,7 @@ import orjson
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
-from app.costs import request_model_runs
+from app.context import request_model_runs
 from app.encoding import fast_json
 from app.jobs import JOBS, Job, current_job, request_client
 from app.lifecycle import RequestCancelled, check_cancelled, request_progress

@@ -13,8 +13,9 @@ from typing import Any
 from fastapi import HTTPException
 
 from app.attention import check_response_numbers
-from app.costs import (check_extra_cost, check_request_cost, check_work_cost, forward_macs, model_shape,
-                       request_model_seconds, request_peak_bytes, value_overview_macs)
+from app.admission import check_extra_cost, check_request_cost, check_work_cost
+from app.context import request_model_seconds
+from app.costs import forward_macs, model_shape, request_peak_bytes, value_overview_macs
 from app.errors import field_error
 from app.jobs import JOBS, current_job
 from app.interventions import check_indices, engine_interventions, seq2seq_interventions, whisper_interventions

@@ -11,58 +11,31 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
 from fastapi import APIRouter, Request, Response
 
-from app.attention import check_request_limits, engine_interventions, field_error
-from app.costs import check_work_cost, forward_macs, model_shape
-from app.patch_sources import PatchSource, request_sources, source_store  # noqa: F401  (routes import request_sources from here)
+from app.attention import check_request_limits
+from app.interventions import engine_interventions
+from app.errors import field_error
+from app.admission import check_work_cost
+from app.costs import forward_macs, model_shape
+from app.patch_sources import PatchSource, request_sources, source_store
 from app.streams import respond, respond_steps
 from app.lifecycle import ParsedJsonRoute, check_cancelled
-from app.runtime import Runtime
 from app.schemas import FaithfulnessRequest, LensRequest, PatchingRequest
 from app.deps import RuntimeDep, adapter_for
-from models.adapters.base import AttentionAdapter
+from app.lm_inputs import finite_lists, language_model, one_token, prompt_ids
+from app.routes.patching_set import patching_set
 from models.adapters.causal_lm import CausalLMAdapter
 from models.adapters.seq2seq import Seq2SeqAdapter
 from models.faithfulness import faithfulness
 from models.head_ops import head_run
 from models.lens import logit_lens
 from models.patching import (
-    Pair, attribution_patching, attribution_scan, baseline, head_scan, rank_correlation, residual_scan, single_token,
+    Pair, attribution_patching, attribution_scan, baseline, head_scan, rank_correlation, residual_scan,
 )
 
 router = APIRouter(prefix="/api/text", tags=["analysis"], route_class=ParsedJsonRoute)
 log = logging.getLogger("attnlab")
-
-
-# ---- helpers ----------------------------------------------------------------------------------------------------
-def _lm(runtime: Runtime, model: str) -> CausalLMAdapter:
-    adapter = adapter_for(runtime, model, "text")
-    if not isinstance(adapter, CausalLMAdapter):
-        raise field_error(("model",), f"model {model} is not a decoder language model (output {adapter.info.output!r})")
-    return adapter
-
-
-def _prompt(runtime: Runtime, adapter: AttentionAdapter, name: str, text: str) -> torch.Tensor:
-    """A prompt's ids (1, T), within the token limit (its characters were checked by check_request_limits): 422
-    naming the field otherwise."""
-    if not text.strip():
-        raise field_error((name,), f"{name} is empty or only white space")
-    ids = adapter.prompt_ids(text)
-    limit = runtime.settings.analysis_max_tokens
-    if len(ids) > limit:
-        raise field_error((name,), f"{name} has {len(ids)} tokens; the limit is {limit} (analysis_max_tokens)")
-    return torch.tensor([ids])
-
-
-def _one_token(adapter: CausalLMAdapter, name: str, text: str) -> int:
-    token = single_token(adapter.tokenizer, text)
-    if token is None:
-        count = len(adapter.tokenizer(text, add_special_tokens=False)["input_ids"])
-        raise field_error((name,), f"{name} {text!r} is {count} tokens; it must be exactly one (e.g. with its "
-                          "leading space: ' Paris')")
-    return token
 
 
 # ---- POST /api/text/patching --------------------------------------------------------------------------------------
@@ -81,18 +54,17 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
     `clean_run_id` names the clean run's head outputs, kept for `{"op": "patch_heads", "source": clean_run_id}`.
     """
     if req.pairs is not None or req.template is not None:  # a set of pairs: app/routes/patching_set.py
-        from app.routes.patching_set import patching_set
         return patching_set(req, request, runtime)
     check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any work
     for name in ("clean", "corrupt", "answer", "wrong"):
         if getattr(req, name) is None:
             raise field_error((name,), f"{name} is required (or give `pairs` or `template` for a set of pairs)")
-    adapter = _lm(runtime, req.model)
-    clean, corrupt = _prompt(runtime, adapter, "clean", req.clean), _prompt(runtime, adapter, "corrupt", req.corrupt)
+    adapter = language_model(runtime, req.model)
+    clean, corrupt = prompt_ids(runtime, adapter, "clean", req.clean), prompt_ids(runtime, adapter, "corrupt", req.corrupt)
     if clean.shape[1] != corrupt.shape[1]:
         raise field_error(("corrupt",), f"clean has {clean.shape[1]} tokens and corrupt {corrupt.shape[1]}: the two "
                           "prompts must have the same token count")
-    answer, wrong = _one_token(adapter, "answer", req.answer), _one_token(adapter, "wrong", req.wrong)
+    answer, wrong = one_token(adapter, "answer", req.answer), one_token(adapter, "wrong", req.wrong)
     if answer == wrong:
         raise field_error(("wrong",), "wrong is the same token as answer")
     if req.method == "attribution" and req.scan != "heads":
@@ -141,9 +113,9 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
                 check_cancelled()
                 with runtime.step(n_tokens):
                     attribution = attribution_scan(adapter, pair, base, interventions)
-                response["attribution"] = _finite(attribution)
+                response["attribution"] = finite_lists(attribution)
                 response["rank_correlation"] = rank_correlation(effect, attribution)
-            response["effect"] = _finite(effect)
+            response["effect"] = finite_lists(effect)
             response["clean_run_id"] = source_store(runtime).put(
                 adapter.info.id, PatchSource(base.clean_outputs, base.clean_residual))
         return response
@@ -163,11 +135,6 @@ def _scan_copies(adapter, req, n_tokens: int) -> tuple[int, str]:
     return 2 + info.layers * n_tokens, f"a residual scan of {info.layers} layers × {n_tokens} positions"
 
 
-def _finite(tensor: torch.Tensor) -> list:
-    """Nested lists with NaN as null (JSON has no NaN)."""
-    return [[None if v != v else v for v in row] for row in tensor.tolist()]
-
-
 # ---- POST /api/text/lens ------------------------------------------------------------------------------------------
 @router.post("/lens", responses={422: {"description": "a field is wrong"}, 503: {"description": "queue full"}})
 def lens(req: LensRequest, runtime: RuntimeDep, request: Request) -> Response:
@@ -175,8 +142,8 @@ def lens(req: LensRequest, runtime: RuntimeDep, request: Request) -> Response:
     unembedding, `top` [L][T][k] of {"token", "id", "prob"}; the last row is the model's own next-token
     distribution. With interventions and `compare`, `top_before` is the lens without them."""
     check_request_limits(runtime.settings, req)
-    adapter = _lm(runtime, req.model)
-    ids = _prompt(runtime, adapter, "text", req.text)
+    adapter = language_model(runtime, req.model)
+    ids = prompt_ids(runtime, adapter, "text", req.text)
     sources = request_sources(runtime, adapter, req.interventions)
     with head_run(sources):
         interventions = engine_interventions(req, adapter, ids.shape[1])
@@ -244,7 +211,7 @@ def faithfulness_check(req: FaithfulnessRequest, runtime: RuntimeDep, request: R
     if req.answer is not None:
         if not isinstance(adapter, CausalLMAdapter):
             raise field_error(("answer",), "answer is for decoder language models")
-        answer = _one_token(adapter, "answer", req.answer)
+        answer = one_token(adapter, "answer", req.answer)
     ks, methods = list(dict.fromkeys(req.k)), list(dict.fromkeys(req.methods))
 
     def work() -> dict:

@@ -23,11 +23,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import Field
 
-from app import pipeline
-from app.attention import check_request_limits, fast_json, field_error
+from app.pipeline import answer, whisper_job
+from app.attention import check_request_limits
+from app.encoding import fast_json
 from app.audiostore import AudioStore, audio_limits, get_audio_store
 from app.deps import RuntimeDep, adapter_for
-from app.errors import error_response, too_large_response
+from app.errors import error_response, field_error, too_large_response
 from app.ids import is_valid_id, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.interventions import whisper_interventions
@@ -221,9 +222,9 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
     interventions active), per-token probability change and KL, attention TV per kind."""
     adapter, audio, encoded = _prepare(req, runtime, store)
     # the request checked once, before any work (app/pipeline): layers, heads, encoder layers, interventions, size
-    job = pipeline.whisper_job(runtime, adapter, encoded, req, audio)
+    job = whisper_job(runtime, adapter, encoded, req, audio)
     # with Accept: text/event-stream a job (app/streams.py): accepted with its ETA, layer progress, then this response
-    return respond(request, lambda: pipeline.answer(job), "POST /api/audio/attention")
+    return respond(request, lambda: answer(job), "POST /api/audio/attention")
 
 
 @router.post("/api/audio/transcribe")

@@ -24,10 +24,11 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import Field
 from starlette.datastructures import UploadFile
 
-from app import pipeline
-from app.attention import check_request_limits, fast_json, field_error
+from app.pipeline import answer, plain_job
+from app.attention import check_request_limits
+from app.encoding import fast_json
 from app.deps import ImageStoreDep, RuntimeDep, adapter_for
-from app.errors import error_response, too_large_response
+from app.errors import error_response, field_error, too_large_response
 from app.ids import ID_PATTERN, is_valid_id, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.lifecycle import ParsedJsonRoute, check_cancelled
@@ -314,8 +315,8 @@ def image_attention(req: ImageAttentionRequest, runtime: RuntimeDep, store: Imag
     encoded = runtime.encode(adapter, ("image", req.image_id, size), lambda: adapter.encode(item.image, req.image_id, size))
     # value norms kept with the run (its windows/rows can be value-weighted later); weighting "value_norm" weights the
     # maps, thumbnails and received (app/pipeline, as for text)
-    job = pipeline.plain_job(runtime, adapter, encoded, req, image_fields(adapter, encoded, req, item))
-    return fast_json(pipeline.answer(job))
+    job = plain_job(runtime, adapter, encoded, req, image_fields(adapter, encoded, req, item))
+    return fast_json(answer(job))
 
 
 def image_tokens(adapter, size: int) -> int:

@@ -13,9 +13,13 @@ from typing import Any
 
 from fastapi import HTTPException, Request, Response
 
-from app.attention import check_request_limits, engine_interventions, field_error
-from app.costs import check_work_cost, forward_macs, model_shape
-from app.routes.analysis import _finite, _lm, _one_token, _prompt, request_sources
+from app.attention import check_request_limits
+from app.interventions import engine_interventions
+from app.errors import field_error
+from app.admission import check_work_cost
+from app.costs import forward_macs, model_shape
+from app.lm_inputs import finite_lists, language_model, one_token, prompt_ids
+from app.patch_sources import request_sources
 from app.runtime import Runtime
 from app.schemas import PatchingRequest
 from app.streams import respond_steps
@@ -98,7 +102,7 @@ def patching_set(req: PatchingRequest, request: Request, runtime: Runtime) -> Re
     check_request_limits(settings, req)
     raw = ([p.model_dump() for p in req.pairs] if req.pairs is not None
            else expand_template(req, settings.max_text_chars))
-    adapter = _lm(runtime, req.model)
+    adapter = language_model(runtime, req.model)
 
     def loc(i: int, name: str) -> tuple:
         if where == "pairs":
@@ -124,7 +128,7 @@ def patching_set(req: PatchingRequest, request: Request, runtime: Runtime) -> Re
                 raise field_error(loc(i, name), f"pair {i} has no {name}: give one for the pair or for the whole set")
             texts[name] = text
         try:
-            answer, wrong = _one_token(adapter, "answer", texts["answer"]), _one_token(adapter, "wrong", texts["wrong"])
+            answer, wrong = one_token(adapter, "answer", texts["answer"]), one_token(adapter, "wrong", texts["wrong"])
         except Exception as exc:  # the same message, naming this pair's field
             errors = getattr(exc, "errors", lambda: None)()
             if not errors:
@@ -161,9 +165,9 @@ def patching_set(req: PatchingRequest, request: Request, runtime: Runtime) -> Re
 
 
 def _checked_prompt(runtime: Runtime, adapter, where: tuple, text: str):
-    """_prompt's checks (white space, analysis_max_tokens), its 422 naming this pair's field."""
+    """prompt_ids's checks (white space, analysis_max_tokens), its 422 naming this pair's field."""
     try:
-        return _prompt(runtime, adapter, where[-1], text)
+        return prompt_ids(runtime, adapter, where[-1], text)
     except Exception as exc:
         errors = getattr(exc, "errors", lambda: None)()
         if not errors:
@@ -189,15 +193,15 @@ def set_response(adapter, req: PatchingRequest, described: list[dict], scans, ex
     estimates = {}
     for name in ESTIMATES:
         mean, spread = mean_and_spread([scans[k].estimates[name] for k in used])
-        estimates[name] = {"mean": _finite(mean), "std": _finite(spread),
-                           "per_pair": [_finite(scan.estimates[name]) for scan in scans]}
+        estimates[name] = {"mean": finite_lists(mean), "std": finite_lists(spread),
+                           "per_pair": [finite_lists(scan.estimates[name]) for scan in scans]}
         if name == "head_output":
             response["attribution"] = estimates[name]["mean"]
     response["estimates"] = estimates
     if exact:
         mean, spread = mean_and_spread([scans[k].effect for k in used])
-        response["effect"], response["effect_std"] = _finite(mean), _finite(spread)
-        response["effect_per_pair"] = [_finite(scan.effect) for scan in scans]
+        response["effect"], response["effect_std"] = finite_lists(mean), finite_lists(spread)
+        response["effect_per_pair"] = [finite_lists(scan.effect) for scan in scans]
         means = {name: mean_and_spread([scans[k].estimates[name] for k in used])[0] for name in ESTIMATES}
         response["agreement"] = {name: agreement(mean, means[name], req.top_k) for name in ESTIMATES}
         response["rank_correlation"] = response["agreement"]["head_output"]["spearman"]

@@ -5,35 +5,24 @@ import time
 
 from fastapi import APIRouter, Request, Response
 
-from app import pipeline
-from app.pipeline.views import text_fields
-from app.attention import check_request_limits, engine_interventions, field_error
-from app.costs import check_stream_cost, observe_run
+from app.pipeline.text import encode_text, text_work
+from app.attention import check_request_limits
+from app.interventions import engine_interventions
+from app.errors import field_error
+from app.admission import check_stream_cost
+from app.costs import observe_run
 from app.deps import RuntimeDep, adapter_for
 from app.lifecycle import ParsedJsonRoute, check_cancelled
-from app.patch_sources import refuse_for_generate, refuse_for_seq2seq
+from app.patch_sources import refuse_for_generate
 from app.streams import JobStream, respond, run_job
 from app.runtime import Runtime
 from app.schemas import AttentionResponse, GenerateRequest, TextAttentionRequest
-from models.adapters.base import AttentionAdapter, Encoded, RequestFieldError
 from models.adapters.causal_lm import CausalLMAdapter
 from models.step_rows import RowRequest
 from app.encoding import tensor_field
 
 router = APIRouter(prefix="/api/text", tags=["text"], route_class=ParsedJsonRoute)
 _WHAT = "POST /api/text/attention"
-
-
-def _refuse_fields(req: TextAttentionRequest, output: str) -> None:
-    """Fields that only some kinds of model take: 422 naming the field for the others."""
-    allowed = {"text_pair": ("similarity", "mlm", "embedding"), "position": ("next_token",), "target": ("seq2seq",)}
-    for name, outputs in allowed.items():
-        if getattr(req, name) is not None and output not in outputs:
-            raise field_error((name,), f"{name} is not used by a model whose output is {output!r}")
-    if req.chat and output != "next_token":
-        raise field_error(("chat",), f"chat is for decoder language models, not a model whose output is {output!r}")
-    if output == "seq2seq":
-        refuse_for_seq2seq(req)  # before encoding, which may generate the model's own target
 
 
 @router.post("/attention", responses={200: {"model": AttentionResponse}, 413: {"description": "response over the size cap"}, 503: {"description": "queue full"}})
@@ -47,36 +36,9 @@ def text_attention(req: TextAttentionRequest, runtime: RuntimeDep, request: Requ
     With `Accept: text/event-stream` it streams `{"progress", "total", "run"}` after each attention layer, then
     `{"done": true, …this response…}`; closing the connection stops the work at the next layer.
     """
-    check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any model work
-    if not req.text.strip():
-        raise field_error(("text",), "text is empty or only white space")
-    adapter = adapter_for(runtime, req.model, "text")
-    _refuse_fields(req, adapter.info.output)
-    encoded = _encode(runtime, adapter, req)
-    # the request checked once, before any work (app/pipeline): attention per kind for an encoder–decoder; else with
-    # the patch_heads sources in reach and value norms kept by every run
-    if adapter.info.output == "seq2seq":
-        job = pipeline.seq2seq_job(runtime, adapter, encoded, req)
-    else:
-        job = pipeline.plain_job(runtime, adapter, encoded, req, text_fields)
-    # with Accept: text/event-stream a job: accepted with its ETA, layer progress, then this response (app/streams.py)
-    return respond(request, lambda: _with_input_tokens(pipeline.answer(job), adapter, encoded, req), _WHAT)
-
-
-def _with_input_tokens(response: dict, adapter: AttentionAdapter, encoded, req: TextAttentionRequest) -> dict:
-    """A truncated input says how many tokens it had (`input_tokens`), so the page can say how many were dropped."""
-    if encoded.truncated:
-        response["input_tokens"] = adapter.untruncated_tokens(req)
-    return response
-
-
-def _encode(runtime: Runtime, adapter: AttentionAdapter, req: TextAttentionRequest | GenerateRequest) -> Encoded:
-    """The request's input as its model encodes it (adapter.encode_request), kept in the runtime's cache of encoded
-    inputs; a field the model cannot take (a position past the input, chat without a template) is a 422 naming it."""
-    try:
-        return adapter.encode_request(req, lambda key, encode: runtime.encode(adapter, key, encode))
-    except RequestFieldError as exc:
-        raise field_error((exc.field,), str(exc)) from None
+    # every check before any work (app/pipeline/text.py); with Accept: text/event-stream a job: accepted with its
+    # ETA, layer progress, then this response (app/streams.py)
+    return respond(request, text_work(runtime, req), _WHAT)
 
 
 @router.post(
@@ -98,7 +60,7 @@ def generate(req: GenerateRequest, runtime: RuntimeDep, request: Request) -> Res
     adapter = adapter_for(runtime, req.model, "text")
     if not isinstance(adapter, CausalLMAdapter):
         raise field_error(("model",), f"model {req.model} is not a decoder language model (output {adapter.info.output!r})")
-    encoded = _encode(runtime, adapter, req)
+    encoded = encode_text(runtime, adapter, req)
     interventions = engine_interventions(req, adapter, len(encoded.tokens))
     refuse_for_generate(req)  # mean ablation needs every position at once
     prompt = encoded.inputs["input_ids"][0].tolist()

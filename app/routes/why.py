@@ -12,12 +12,15 @@ import torch
 from fastapi import APIRouter, Request, Response
 from pydantic import Field
 
-from app.attention import check_request_limits, check_response_numbers, engine_interventions
-from app.costs import check_work_cost, forward_macs, model_shape
+from app.attention import check_request_limits, check_response_numbers
+from app.interventions import engine_interventions
+from app.admission import check_work_cost
+from app.costs import forward_macs, model_shape
 from app.deps import RuntimeDep, adapter_for
 from app.errors import field_error
 from app.lifecycle import ParsedJsonRoute, check_cancelled
-from app.routes.analysis import _prompt, request_sources
+from app.lm_inputs import prompt_ids
+from app.patch_sources import request_sources
 from app.schemas import Interventions, NonNegInt, _Strict
 from app.streams import respond
 from models.adapters.base import RequestFieldError
@@ -55,7 +58,7 @@ def _prompt_ids(runtime, adapter: CausalLMAdapter, req: QKAttributionRequest):
                               f"vocabulary's {vocab}")
         return torch.tensor([req.ids])
     if not req.chat:
-        return _prompt(runtime, adapter, "text", req.text)
+        return prompt_ids(runtime, adapter, "text", req.text)
     try:
         ids = adapter.prompt_ids(req.text, chat=True)
     except ValueError as exc:  # no chat template

@@ -180,7 +180,7 @@ def test_a_queued_request_whose_client_left_leaves_the_queue_and_never_runs(tiny
 def test_a_request_whose_work_no_longer_fits_after_queueing_is_refused_at_its_turn(tiny_bert):
     """The cost check estimated 20 s of model time; the request gets the model with 5 s left before its deadline:
     503 at once (no work started to be thrown away at the deadline), the lock given back; with 30 s left it runs."""
-    from app.costs import request_model_seconds
+    from app.context import request_model_seconds
 
     runtime = Runtime(make_settings(tiny_bert, request_timeout_s=60))
     for left_s, refused in ((5.0, True), (30.0, False)):

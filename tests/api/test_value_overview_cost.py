@@ -8,7 +8,8 @@ import contextvars
 
 import pytest
 from fastapi import HTTPException
-from app.costs import THROUGHPUT, check_request_cost, forward_macs, model_shape, value_overview_macs
+from app.admission import check_request_cost
+from app.costs import THROUGHPUT, forward_macs, model_shape, value_overview_macs
 from app.pipeline import ExtraWork
 from app.settings import Settings
 from tests.api.helpers import TINY_ATLAS, tiny_lm_client

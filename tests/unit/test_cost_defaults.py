@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 from fastapi import HTTPException
 
-from app.costs import check_request_cost, request_runs
+from app.admission import check_request_cost
+from app.costs import request_runs
 from app.settings import Settings
 
 CONFIG = Path(__file__).resolve().parents[2] / "weights" / "smollm2-135m" / "config.json"

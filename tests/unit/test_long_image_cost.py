@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from fastapi import HTTPException
 
-from app.costs import THROUGHPUT, check_request_cost, forward_macs, model_shape
+from app.admission import check_request_cost
+from app.costs import THROUGHPUT, forward_macs, model_shape
 from app.settings import Settings
 from models.adapters.vit import VitAdapter
 from tests.api.test_images_api import build_tiny_vit

@@ -1,0 +1,117 @@
+"""Admission: a request's cost checks and a job's acceptance, with the numbers of app/costs.py.
+
+A request estimated over its time limit (a job's job_timeout_s, else request_timeout_s; a generate stream's
+generate_timeout_s) would only be admitted to time out after minutes of work (and gigabytes of recorded maps): it is
+answered 413 before it starts, naming the field that drives the cost, and a plain request's 413 says when its
+streamed form would be admitted. A job that passes is accepted on the job board (app/jobs.py: its accepted event
+with its ETA, place and progress total, then its turn among its client's jobs). The estimate and the passes are
+kept in the request's context (app/context.py) for the scheduler and the job's progress bar.
+"""
+from __future__ import annotations
+
+from fastapi import HTTPException
+
+from app import costs
+from app.context import request_model_runs, request_model_seconds
+from app.costs import cost_field, forward_macs, model_shape, stream_macs
+from app.jobs import JOBS, current_job
+
+
+def time_limit(settings) -> tuple[float, str]:
+    """The current request's limit: a job's job_timeout_s, else request_timeout_s."""
+    if current_job.get() is not None:
+        return settings.job_timeout_s, "job_timeout_s"
+    return settings.request_timeout_s, "request_timeout_s"
+
+
+def _as_job_hint(settings, seconds: float) -> str:
+    """A plain request's 413: whether the streamed form (a job) would be admitted."""
+    if current_job.get() is None and seconds <= settings.job_timeout_s:
+        return (f"; sent with Accept: text/event-stream it runs as a job (limit job_timeout_s="
+                f"{settings.job_timeout_s:g} s, progress and an ETA) and would be admitted")
+    return ""
+
+
+def accept_job(seconds: float, runs: int, adapter=None) -> None:
+    """The current job (if any) passed its cost check: its accepted event (with its progress total: runs × the
+    adapter's attention layers), then its turn among this client's jobs."""
+    job = current_job.get()
+    if job is not None:
+        layers = len(getattr(adapter, "layer_of", None) or ()) or None
+        JOBS.accept(job, seconds, runs, layers)
+
+
+def check_request_cost(adapter, settings, tokens: int, runs: int, interventions: int, keys: int | None = None,
+                       field: str | None = None, input_field: str = "text", extra=None) -> float:
+    """413 before any work when `runs` forwards over `tokens`, and the request's `extra` work besides them (an
+    app/pipeline ExtraWork: field, what, multiply-adds, passes; the value-weighted overview of a long first view),
+    would not finish within the request's limit (a job's job_timeout_s, else request_timeout_s); the message names
+    the field that drives the cost (`field` when given). A job is then accepted (its ETA event). Returns the
+    estimated seconds."""
+    shape = model_shape(adapter)
+    macs = runs * forward_macs(shape, tokens, keys or tokens, interventions)
+    # work a family does besides its forwards, once per request (a long image's rollout: models/adapters/vit.py)
+    macs += getattr(adapter, "summary_macs", lambda n: 0.0)(tokens)
+    if extra is not None:  # counted here, with the runs, once
+        macs += extra.macs
+    seconds = costs.estimated_seconds(adapter, settings, macs)
+    limit, setting = time_limit(settings)
+    passes = runs + (extra.passes if extra is not None else 0)
+    if seconds > limit:
+        field = field or (extra.field if extra is not None and extra.macs > macs / 2 else cost_field(
+            shape, tokens, keys or tokens, runs, interventions, input_field,
+            lambda part: costs.estimated_seconds(adapter, settings, part) <= limit))
+        raise HTTPException(413, detail=(
+            f"{field}: this request needs {runs} model run{'s' if runs > 1 else ''} over {tokens:,} tokens"
+            f"{f' with {interventions} interventions' if interventions else ''}"
+            f"{f' and {extra.what}' if extra is not None else ''}, about {seconds:,.0f} s of model "
+            f"time on {adapter.info.id} at this machine's measured speed and load, over {setting}={limit:g} s"
+            f"{_as_job_hint(settings, seconds)}; or ask for a shorter input, fewer samples or fewer interventions"
+            f"{f' (or {extra.field} as before)' if extra is not None else ''}"))
+    # set only for work that will run: a refused estimate left in the caller's context was read by a later request
+    # made from it (a test calling this directly, then a client: 503 "needs about 400 s")
+    request_model_seconds.set(seconds)
+    request_model_runs.set(passes)
+    accept_job(seconds, passes, adapter)
+    return seconds
+
+
+def check_extra_cost(adapter, settings, extra) -> None:
+    """A request's `extra` work (field, what, multiply-adds, passes) when check_request_cost did not count it (every
+    run was in the result cache: a weighting switch after a long first view): 413 naming its field when it alone
+    would not finish within the request's limit."""
+    field, what, macs, passes = extra.field, extra.what, extra.macs, extra.passes
+    request_model_runs.set(max(1, passes))  # the request's passes over the layers: this work's only
+    seconds = costs.estimated_seconds(adapter, settings, macs)
+    limit, setting = time_limit(settings)
+    if seconds > limit:
+        raise HTTPException(413, detail=(
+            f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
+            f"{setting}={limit:g} s{_as_job_hint(settings, seconds)}; use a shorter input"))
+    accept_job(seconds, max(1, passes), adapter)
+
+
+def check_work_cost(adapter, settings, macs: float, passes: int, field: str, what: str) -> float:
+    """Any other work measured in multiply-adds (a patching scan's copies, the lens, a faithfulness check): 413 naming
+    `field` when it would not finish within the request's limit; a job is then accepted. Returns the seconds."""
+    seconds = costs.estimated_seconds(adapter, settings, macs)
+    limit, setting = time_limit(settings)
+    if seconds > limit:
+        raise HTTPException(413, detail=(
+            f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
+            f"{setting}={limit:g} s{_as_job_hint(settings, seconds)}; ask for less"))
+    request_model_seconds.set(seconds)
+    accept_job(seconds, passes, adapter)
+    return seconds
+
+
+def check_stream_cost(adapter, settings, prompt: int, new_tokens: int, interventions: int) -> None:
+    """413 before a generate stream that would not finish within generate_timeout_s; the stream's job is accepted."""
+    seconds = costs.estimated_seconds(adapter, settings, stream_macs(model_shape(adapter), prompt, new_tokens, interventions))
+    limit = settings.generate_timeout_s
+    if seconds > limit:
+        raise HTTPException(413, detail=(
+            f"max_new_tokens: {new_tokens} steps on a {prompt:,}-token prompt with {interventions} interventions "
+            f"need about {seconds:,.0f} s of model time on {adapter.info.id}, over generate_timeout_s={limit:g} s; "
+            "ask for fewer tokens, a shorter prompt or fewer interventions"))
+    accept_job(seconds, 2)

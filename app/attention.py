@@ -12,9 +12,7 @@ import torch
 from fastapi import HTTPException
 from pydantic import BaseModel
 
-from app.encoding import fast_json  # noqa: F401  (routes import it from here)
 from app.errors import field_error
-from app.interventions import engine_interventions  # noqa: F401  (routes import it from here)
 from app.settings import Settings
 
 # Request fields that hold text, each at most max_text_chars characters.

@@ -51,7 +51,7 @@ try:  # one of uvicorn's [standard] extras (requirements.txt): a C HTTP parser
 except ImportError:  # httptools not installed: the h11 protocol below serves alone
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
-from app.cli import OWN_ALLOCATORS, allocator_report, bound_allocator
+from app.allocator import OWN_ALLOCATORS, allocator_report, bound_allocator
 from app.fleet import FLEET
 from app.lifecycle import LIFECYCLE
 from app.settings import get_settings

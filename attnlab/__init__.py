@@ -9,7 +9,8 @@
 The client needs the standard library and numpy only (tqdm and xarray when installed); the server is the same
 package's `app` (`attnlab serve`).
 """
-from attnlab.client import Lab, LabError
+from attnlab.client import Lab
+from attnlab.errors import LabError
 from attnlab.interventions import (AblateHeads, Causal, Intervention, MaskKeys, PatchHeads, PatchResidual,
                                    PerturbKeys, PerturbQueries, Temperature)
 from attnlab.results import (AttentionResult, AudioAttentionResult, Clip, Continuation, FaithfulnessResult,

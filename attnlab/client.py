@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import http.client
+import importlib.util
 import json
 import math
 import mimetypes
@@ -31,31 +32,13 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from attnlab.errors import LabError
 from attnlab.interventions import Intervention, to_items
 from attnlab.results import (AttentionResult, AudioAttentionResult, Clip, Continuation, FaithfulnessResult,
                              LensResult, PatchingResult, Picture, Window, decode)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 STREAM = {"Accept": "text/event-stream"}
-
-
-class LabError(Exception):
-    """The server refused or failed a request: `status` (HTTP status; None when the server was not reached or a
-    streamed job failed without one), `detail` (the server's `detail`: a string, or for a 422 the list of
-    {"loc", "msg", "type"}), `path` (the route) and `retry_after` (seconds, when the server was busy)."""
-
-    def __init__(self, status: int | None, detail: Any, path: str = "", retry_after: float | None = None):
-        self.status, self.detail, self.path, self.retry_after = status, detail, path, retry_after
-        super().__init__(self._message())
-
-    def _message(self) -> str:
-        detail = self.detail
-        if isinstance(detail, list):  # a validation error: one line per field, its path first
-            detail = "; ".join(f"{'.'.join(str(p) for p in item.get('loc', ()))}: {item.get('msg', item)}"
-                               if isinstance(item, dict) else str(item) for item in detail)
-        where = f" {self.path}" if self.path else ""
-        status = f"{self.status}" if self.status is not None else "error"
-        return f"{status}{where}: {detail}"
 
 
 def _free_port() -> int:
@@ -106,11 +89,10 @@ class Lab:
         dicts as JSON, e.g. {"default_models": ["smollm2-135m"]}. args: more `attnlab serve` options. log: a file for
         the server's output (default: discarded). The server stops at `lab.close()`, at the end of a `with` block,
         or when this interpreter exits."""
-        try:
-            import app.cli  # noqa: F401 - the server is part of the package only where its dependencies are installed
-        except ImportError as exc:
+        # the server runs in its own process: looked for here, never imported (a Lab needs none of its code)
+        if importlib.util.find_spec("app") is None or importlib.util.find_spec("uvicorn") is None:
             raise RuntimeError("Lab.start needs the attnlab server installed here (pip install attnlab with "
-                               "requirements.txt); or connect to a running one with Lab(url)") from exc
+                               "requirements.txt); or connect to a running one with Lab(url)")
         port = port or _free_port()
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         for name, value in (settings or {}).items():

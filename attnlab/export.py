@@ -20,6 +20,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+from attnlab.vendor import plotly_bundle
+
 STATIC_JS = Path(__file__).resolve().parents[1] / "static" / "js"  # the checkout's front end (editable installs)
 ENTRY = "views/embed.js"
 
@@ -101,19 +103,11 @@ def module_sources(entry: str = ENTRY, read: Callable[[str], str] | None = None)
 
 
 def plotly_js(lab_url: str | None = None) -> str:
-    """plotly.js as the lab serves it (the cartesian bundle when fetched, app/vendor.py), else the plotly package's
+    """plotly.js as the lab serves it (the cartesian bundle when fetched, attnlab/vendor.py), else the plotly package's
     full bundle, else the lab server's /static/vendor/plotly.min.js."""
     try:
-        from app.vendor import plotly_bundle  # the server's own choice, in a checkout
-
-        return plotly_bundle().read_text(encoding="utf-8")
-    except ImportError:
-        pass
-    try:
-        import plotly
-
-        return (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
-    except ImportError:
+        return plotly_bundle().read_text(encoding="utf-8")  # the server's own choice (attnlab/vendor.py)
+    except ImportError:  # no plotly package here
         if not lab_url:
             raise
     return _fetch_text(f"{lab_url.rstrip('/')}/static/vendor/plotly.min.js")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
+from attnlab.errors import LabError
 from attnlab.interventions import PatchHeads, PatchResidual
 
 if TYPE_CHECKING:
@@ -307,7 +308,6 @@ class Continuation:
         if self.response is not None:  # already run: its steps again
             yield from self.steps
             return
-        from attnlab.client import LabError
 
         events = self.lab._events("/api/text/generate", self.request)
         try:

@@ -1,8 +1,10 @@
-"""Which plotly.js file the pages get: the cartesian partial bundle when scripts/fetch_plotly_bundle.py has
-fetched it (same plotly.js version as the plotly package), else the full bundle from the plotly package.
+"""Which plotly.js file the pages get (app/main.py serves it) and a standalone export inlines (attnlab/export.py):
+the cartesian partial bundle when scripts/fetch_plotly_bundle.py has fetched it (same plotly.js version as the plotly
+package), else the full bundle from the plotly package.
 
 The fetched bundle lives beside the installed packages (<venv>/share/attnlab/), not in static/: it is a
-third-party build like the plotly package itself, and the source tree holds only what the project writes."""
+third-party build like the plotly package itself, and the source tree holds only what the project writes. In the
+client package, standard library only, so the server and the client share it without the client importing app/."""
 from __future__ import annotations
 
 import functools

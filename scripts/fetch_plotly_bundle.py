@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from app.vendor import cartesian_bundle_path, full_bundle_path, plotly_js_version  # noqa: E402
+from attnlab.vendor import cartesian_bundle_path, full_bundle_path, plotly_js_version  # noqa: E402
 
 
 def main() -> int:

@@ -397,7 +397,7 @@ def response_building(adapter, text: str, encoded, device: torch.device, repeats
     from app.pipeline.maps import ShortMaps
     from app.pipeline.views import short_response
     from models.head_ops import HeadRun
-    from app.routes.text import text_fields
+    from app.pipeline.views import text_fields
     from app.schemas import TextAttentionRequest
 
     layers, heads = [0], [0]

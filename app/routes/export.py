@@ -12,7 +12,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from app.lifecycle import ParsedJsonRoute
 from app.deps import RuntimeDep, adapter_for
 from app.errors import field_error
-from app.routes import text
+from app.pipeline.text import text_work
 from app.schemas import TextAttentionRequest
 from app.streams import wants_events
 
@@ -38,8 +38,9 @@ def export_html(req: TextAttentionRequest, runtime: RuntimeDep, request: Request
         "include_scores": req.weighting != "value_norm" and not seq2seq,
         "encoding": "f32", "compare": False, "include_base": False, "samples": 1, "thumbnail_size": None,
     })
-    answer = text.text_attention(body, runtime, request)  # a JSON answer, or the error it raises
-    response = orjson.loads(answer.body)
+    # the pipeline's answer (app/pipeline/text.py, as POST /api/text/attention answers), its numpy arrays made
+    # plain JSON values for the exporter's json.dumps
+    response = orjson.loads(orjson.dumps(text_work(runtime, body)(), option=orjson.OPT_SERIALIZE_NUMPY))
     if response.get("attention") is None:
         raise field_error(("text",), f"{len(response.get('tokens', []))} tokens is over full_map_tokens "
                           f"({runtime.settings.full_map_tokens}): a long input has an overview, not full maps to export")

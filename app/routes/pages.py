@@ -99,7 +99,7 @@ def warm_example(runtime: Runtime, model_id: str | None = None) -> bool:
     then a cache hit, and the first forward's one-time costs (kernel set-up, allocations) are paid here.
     model_id: the page's first model by default. Returns whether it ran (the model must be one of the
     loaded text models)."""
-    from app.routes.text import text_attention
+    from app.pipeline.text import text_work
     from app.schemas import TextAttentionRequest
 
     model_id = model_id or page_model(runtime)
@@ -111,6 +111,5 @@ def warm_example(runtime: Runtime, model_id: str | None = None) -> bool:
         model=model_id, text=LM_EXAMPLE if lm else EXAMPLE_TEXT, text_pair=None if lm else EXAMPLE_PAIR,
         layers=[0], heads=[0], include_scores=True, thumbnail_size=24, encoding="f32",
     )
-    # a plain JSON request (no Accept: text/event-stream): the route answers without progress events
-    text_attention(request, runtime, Request({"type": "http", "method": "POST", "headers": []}))
+    text_work(runtime, request)()  # what POST /api/text/attention runs (app/pipeline/text.py), as a plain request
     return True

@@ -20,9 +20,10 @@ from fastapi import APIRouter, HTTPException, Response
 from pydantic import Field, ValidationInfo, field_validator
 
 from app.lifecycle import ParsedJsonRoute
-from app.attention import check_response_numbers, fast_json, field_error
+from app.attention import check_response_numbers
+from app.errors import field_error
 from app.deps import RuntimeDep
-from app.encoding import tensor_field
+from app.encoding import fast_json, tensor_field
 from app.ids import is_valid_run_id
 from app.runtime import Runtime
 from app.schemas import AttentionKind, _Strict

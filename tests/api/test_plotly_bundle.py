@@ -2,7 +2,7 @@
 bundle when scripts/fetch_plotly_bundle.py has fetched it (make setup), else the full bundle."""
 import re
 
-from app.vendor import cartesian_bundle_path, full_bundle_path, plotly_bundle, plotly_js_version
+from attnlab.vendor import cartesian_bundle_path, full_bundle_path, plotly_bundle, plotly_js_version
 
 
 def test_served_bundle_has_the_packages_plotly_js_version(client):

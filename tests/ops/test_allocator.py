@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.cli import allocator_environ
+from app.allocator import allocator_environ
 from app.settings import Settings
 from tests.faults.conftest import free_port
 

@@ -14,7 +14,7 @@ from app.pipeline.job import AttentionJob
 from app.pipeline.maps import ShortMaps
 from app.pipeline.views import short_response as pipeline_short_response
 from models.head_ops import HeadRun
-from app.routes.text import text_fields
+from app.pipeline.views import text_fields
 from app.schemas import TextAttentionRequest
 from models.adapters.causal_lm import CausalLMAdapter
 from models.interventions import row_entropy

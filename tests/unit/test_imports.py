@@ -1,0 +1,135 @@
+"""The layers' import rules, read from the source (issue 40 §2): no import circle between the modules of app/, models/
+and attnlab/ (imports inside functions count: they only hide a circle), models/ and attnlab/ import nothing of app/,
+and importing attnlab loads no app module (a Lab talking to a remote server needs none of the server's code).
+Imports under `if TYPE_CHECKING:` never run and are left out."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("app", "models", "attnlab")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _import_nodes(tree: ast.AST):
+    """Every Import/ImportFrom, at any depth, except those under `if TYPE_CHECKING:`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _known(name: str, modules: dict[str, Path]) -> str | None:
+    """The most specific project module `name` lies in (a.b.c → a.b when a.b.c is a name inside a.b)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
+        for target in targets:
+            module = _known(target, modules)
+            if module and module != name:
+                found.add(module)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, on_stack, stack, circles = {}, {}, set(), [], []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(circles)
+
+
+def test_the_checker_sees_a_circle_hidden_in_a_function(tmp_path):
+    modules = {"app.a": tmp_path / "a.py", "app.b": tmp_path / "b.py"}
+    modules["app.a"].write_text("from app.b import thing\n")
+    modules["app.b"].write_text("def late():\n    from app import a  # hidden\n    return a\n")
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    assert import_circles(graph) == [["app.a", "app.b"]]
+
+
+def test_no_import_circles():
+    assert import_circles(import_graph()) == []
+
+
+def test_models_and_attnlab_import_nothing_of_app():
+    offenders = [f"{name} imports {target}" for name, targets in sorted(import_graph().items())
+                 if name.split(".")[0] in ("models", "attnlab") for target in sorted(targets)
+                 if target.split(".")[0] == "app"]
+    assert offenders == []
+
+
+def test_importing_attnlab_loads_no_app_module():
+    code = ("import sys, attnlab, attnlab.client, attnlab.export, attnlab.results\n"
+            "print(sorted(m for m in sys.modules if m == 'app' or m.startswith('app.')))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

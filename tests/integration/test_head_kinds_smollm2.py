@@ -73,3 +73,17 @@ def test_sink_and_distance_match_eager(taxonomy, eager_probe_attention):
     assert np.allclose(taxonomy["scores"]["sink"], P[..., 0].mean(-1), atol=1e-3)
     distance = np.abs(np.subtract.outer(np.arange(P.shape[-1]), np.arange(P.shape[-1])))
     assert np.allclose(taxonomy["scores"]["mean_distance"], (P * distance).sum(-1).mean(-1), atol=2e-2)
+
+
+def test_retrieval_heads_copy_the_hidden_facts_back(taxonomy):
+    """Issue 39: smollm2-135m writes every answer token of the four hidden facts, and the heads whose top-attended key
+    is the copied token's source at most of those steps are the induction heads (L18 H6 at every step)."""
+    needle = taxonomy["probe"]["needle"]
+    assert needle["copied"] >= 0.9 and needle["steps"] >= 12
+    listed = taxonomy["retrieval_heads"]
+    assert (listed[0]["layer"], listed[0]["head"]) == INDUCTION_HEADS[0] and listed[0]["score"] >= 0.9
+    top = {(h["layer"], h["head"]) for h in listed[:3]}
+    assert INDUCTION_HEADS[1] in top
+    scores = np.array(taxonomy["scores"]["retrieval"])
+    assert {(h["layer"], h["head"]) for h in listed} == {tuple(int(i) for i in x) for x in np.argwhere(scores > 0.1)}
+    assert taxonomy["labels"][18][6] == "induction"  # listed beside its label, which stays

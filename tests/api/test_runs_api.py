@@ -13,6 +13,7 @@ from app.main import create_app
 from app.settings import Settings
 from tests.api.helpers import TINY_ATLAS, tiny_lm_client
 from tests.api.helpers import TINY_TEXT as TEXT
+from tests.float32 import assert_close_f32, attention_terms
 from tests.tiny_models import build_text_model
 
 
@@ -34,13 +35,20 @@ def short_client(llama):
         yield c
 
 
+def _terms(llama: str, n: int) -> int:
+    """The float32 sums one probability takes (tests/float32.py): the comparisons below allow their rounding."""
+    from transformers import AutoConfig
+
+    return attention_terms(AutoConfig.from_pretrained(llama), n)
+
+
 def _attention(client, **body):
     response = client.post("/api/text/attention", json={"model": "lm", "text": TEXT, **body})
     assert response.status_code == 200, response.text
     return response.json()
 
 
-def test_long_first_view_has_overview_not_maps(long_client, short_client):
+def test_long_first_view_has_overview_not_maps(long_client, short_client, llama):
     long = _attention(long_client, thumbnail_size=4)
     short = _attention(short_client)
     n = len(long["tokens"])
@@ -51,12 +59,13 @@ def test_long_first_view_has_overview_not_maps(long_client, short_client):
     edges = long["overview"]["edges"]
     assert edges[0] == 0 and edges[-1] == n and len(edges) - 1 <= 6
     overview = np.array(long["overview"]["maps"])  # (L, H, B, B)
+    terms = _terms(llama, n)
     for a in range(len(edges) - 1):
         for b in range(len(edges) - 1):
             block = full[:, :, edges[a]:edges[a + 1], edges[b]:edges[b + 1]].mean(axis=(-1, -2))
-            assert np.allclose(overview[:, :, a, b], block, atol=1e-6)
+            assert_close_f32(overview[:, :, a, b], block, terms, scale=1.0)
     received = np.array(long["received"])
-    assert np.allclose(received, full.mean(axis=2), atol=1e-6)
+    assert_close_f32(received, full.mean(axis=2), terms, scale=1.0)
     assert np.allclose(received.sum(axis=-1), 1.0, atol=1e-5)
     assert np.allclose(long["entropy"], short["entropy"], atol=2e-5)
     assert np.allclose(long["mean_distance"], short["mean_distance"], atol=2e-5)
@@ -65,19 +74,20 @@ def test_long_first_view_has_overview_not_maps(long_client, short_client):
     assert long["output"]["top"][0]["id"] == short["output"]["top"][0]["id"]
 
 
-def test_windows_and_rows_are_exact(long_client, short_client):
+def test_windows_and_rows_are_exact(long_client, short_client, llama):
     long = _attention(long_client)
     full = np.array(_attention(short_client)["attention"])
     run = long["run_id"]
     response = long_client.post(f"/api/runs/{run}/window", json={"layer": 1, "head": 3, "rows": [5, 20], "cols": [2, 19]})
     assert response.status_code == 200, response.text
-    assert np.abs(np.array(response.json()["attention"]) - full[1, 3, 5:20, 2:19]).max() <= 1e-6
+    terms = _terms(llama, full.shape[-1])
+    assert_close_f32(response.json()["attention"], full[1, 3, 5:20, 2:19], terms, scale=1.0)
     # one row over every key of every head, and the mass on a span (the retrieval view)
     last = len(long["tokens"]) - 1
     row = long_client.post(f"/api/runs/{run}/row", json={"row": last, "span": [3, 7]}).json()
     rows = np.array(row["attention"])  # (L, H, T)
-    assert np.abs(rows - full[:, :, last, :]).max() <= 1e-6
-    assert np.allclose(row["span_mass"], full[:, :, last, 3:7].sum(axis=-1), atol=1e-6)
+    assert_close_f32(rows, full[:, :, last, :], terms, scale=1.0)
+    assert_close_f32(row["span_mass"], full[:, :, last, 3:7].sum(axis=-1), terms, scale=1.0)
     # a short run's windows are slices of its kept P
     short_run = _attention(short_client)["run_id"]
     window = short_client.post(f"/api/runs/{short_run}/window", json={"layer": 0, "head": 1, "rows": [0, 4], "cols": [0, 9]})
@@ -85,7 +95,7 @@ def test_windows_and_rows_are_exact(long_client, short_client):
 
 
 @pytest.mark.parametrize("which", ["long", "short"])
-def test_view_beta_equals_the_run_at_that_beta_for_that_head(which, long_client, short_client):
+def test_view_beta_equals_the_run_at_that_beta_for_that_head(which, long_client, short_client, llama):
     client = long_client if which == "long" else short_client
     run = _attention(client)["run_id"]
     beta = 0.8
@@ -94,7 +104,7 @@ def test_view_beta_equals_the_run_at_that_beta_for_that_head(which, long_client,
     n = expected.shape[0]
     window = client.post(f"/api/runs/{run}/window", json={"layer": 1, "head": 2, "rows": [0, 7], "cols": [0, n], "beta": beta})
     assert window.status_code == 200, window.text
-    assert np.abs(np.array(window.json()["attention"]) - expected[:7]).max() <= 1e-6
+    assert_close_f32(window.json()["attention"], expected[:7], _terms(llama, n), scale=1.0)
     plain = client.post(f"/api/runs/{run}/window", json={"layer": 1, "head": 2, "rows": [0, 7], "cols": [0, n]})
     assert np.abs(np.array(plain.json()["attention"]) - expected[:7]).max() > 1e-3
 

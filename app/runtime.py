@@ -22,7 +22,7 @@ from app.context import add_timing, request_deadline, request_timings  # noqa: F
 from app.errors import Overloaded  # noqa: F401  (re-exported: app/errors.py holds it)
 from app.ids import new_run_id
 from app.jobs import request_client
-from app.memory import MemoryBudget
+from app.memory import MemoryBudget, process_rss
 from app.lifecycle import cache_scope
 from app.scheduler import ModelScheduler
 from app.runstore import ResultCache  # noqa: F401  (re-exported: the run store moved there)
@@ -168,6 +168,7 @@ class Runtime:
                     # its weights and, while it loads, the probe's outputs (about as much again: gemma3-270m's
                     # logits over the long probe input, ours and eager's, 1.0 GiB beside 1.0 GiB of weights)
                     self.memory.reserve_model(model_id, 2 * booked, request_deadline.get())
+                rss_before = process_rss()
                 try:
                     adapter = spec.load(self.settings.device, self.settings.dtype)
                 except BaseException as exc:
@@ -178,8 +179,10 @@ class Runtime:
                     self.unavailable[model_id] = str(exc)
                     raise UnknownModel(f"model {model_id!r} is unavailable: {exc}") from exc
                 configure_atlas(adapter, self.settings)
-                if first_use:
-                    self.memory.add_model(model_id, host_weight_bytes(adapter))
+                if first_use:  # its weights, or what the load left resident if more (gemma3-270m: its 262k-token
+                    # tokenizer too, 1.4 GiB for 1.0 GiB of weights), never more than was booked for the load
+                    grown = min(max(0, process_rss() - rss_before), 2 * booked) if booked else 0
+                    self.memory.add_model(model_id, max(host_weight_bytes(adapter), grown))
                 self._adapters[model_id] = adapter
         return adapter
 

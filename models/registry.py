@@ -25,6 +25,9 @@ class ModelSpec:
     describe: Callable[..., "ModelInfo | None"] | None = None
     # whether its weights are here, checked without loading (a folder `attnlab prepare` makes); None: only a load can say
     prepared: Callable[[], bool] | None = None
+    # bytes of its weight files (safetensors) once prepared, 0 before: what its weights will take when it loads, the
+    # memory budget's booking for a first-use load (app/memory.py reserve_model); None: unknown before it loads
+    weight_files: Callable[[], int] | None = None
 
 
 def detect_family(source: str) -> str:
@@ -169,6 +172,10 @@ def _has_config(folder: Path) -> Callable[[], bool]:
     return lambda: (folder / "config.json").is_file()
 
 
+def _weight_files(folder: Path) -> Callable[[], int]:
+    return lambda: sum(p.stat().st_size for p in folder.glob("*.safetensors")) if folder.is_dir() else 0
+
+
 def build_registry(
     *,
     max_tokens: int = 512,
@@ -217,4 +224,12 @@ def build_registry(
     specs += [_text_spec(i, s, max_tokens, f"text model from {s}") for i, s in (extra_text or {}).items()]
     specs += [_image_spec(i, s, f"image model from {s}") for i, s in (extra_image or {}).items()]
     specs += [_auto_spec(i, s, max_tokens, max_new_tokens, weights_dir) for i, s in (extra or {}).items()]
-    return {spec.id: spec for spec in specs}
+    # where each model's weight files are (prepared under weights/, or an operator's local folder)
+    folders = {spec.id: weights_dir / spec.id for spec in specs if spec.id in made_by_prepare or spec.id in SOURCES}
+    for model_id, source in {**(extra_text or {}), **(extra_image or {}), **(extra or {})}.items():
+        if source.lower().endswith(".gguf"):
+            folders[model_id] = weights_dir / model_id
+        elif Path(source).is_dir():
+            folders[model_id] = Path(source)
+    return {spec.id: dataclasses.replace(spec, weight_files=_weight_files(folders[spec.id])) if spec.id in folders
+            else spec for spec in specs}

@@ -172,12 +172,13 @@ class Fleet:
     def by_name(self, name: str) -> Replica:
         return next(r for r in self.replicas if r.name == name)
 
-    def restart(self, replica: Replica) -> Replica:
+    def restart(self, replica: Replica, wait: bool = True) -> Replica:
         """A fresh process (a new name: the old one's runs are gone) on the same port, so nginx's list holds."""
         self._restarts += 1
         fresh = Replica(self.tmp, f"{replica.name}x{self._restarts}", self.settings, port=replica.port)
         self.replicas[self.replicas.index(replica)] = fresh
-        fresh.wait_ready()
+        if wait:
+            fresh.wait_ready()
         return fresh
 
     def close(self) -> None:

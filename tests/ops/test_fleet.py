@@ -181,7 +181,23 @@ def test_sigkill_of_the_replica_running_a_lab_call_still_returns_the_result(flee
     window = lab.window(run_id, 0, 0, (0, 32), (0, 32))
     assert window.response["attention"] is not None
     print(f"\nSIGKILL of {victim.name}: the Lab call returned a run of {run_owner(run_id)}; its window answers")
-    fleet.restart(victim)
+
+    # Its replacement gets no work while it loads: new work is a quick 503 (nginx then moves it on).
+    fresh = fleet.restart(victim, wait=False)
+    end = time.monotonic() + 300
+    while time.monotonic() < end:
+        try:
+            if httpx.get(fresh.base + "/api/health", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
+    loading = httpx.get(fresh.base + "/api/ready", timeout=5).status_code == 503
+    started = time.monotonic()
+    refused = httpx.post(fresh.base + "/api/text/attention", timeout=60, json={"model": "lm", "text": "the cat sat"})
+    if loading and httpx.get(fresh.base + "/api/ready", timeout=5).status_code == 503:  # still loading throughout
+        assert refused.status_code == 503 and "still loading" in refused.json()["detail"], refused.text
+        print(f"a loading replica refused new work with 503 in {time.monotonic() - started:.1f} s")
+    fresh.wait_ready()
 
 
 def test_sigterm_drains(fleet):

@@ -75,10 +75,10 @@ def head_scores(req: HeadScoresRequest, runtime: RuntimeDep, request: Request) -
     vocab = adapter.model.get_input_embeddings().num_embeddings
     candidates = ordinary_token_ids(vocab, adapter.tokenizer.all_special_ids)
     settings = ProbeSettings().fitted(len(candidates), limit)
-    # the forwards made: the text, or the repeated tokens and each needle's prompt (its generated steps are one-token
-    # forwards over a KV cache, counted as one more prompt's worth)
+    # the forwards made: the text, or the repeated tokens and each fact's prompt (about filler + 32 tokens), and their
+    # few one-token generation steps over a KV cache, all of them counted as one more prompt's worth
     lengths = ([len(text_ids)] if text_ids is not None else
-               [1 + 2 * settings.period] + [32 + settings.filler] * (2 * settings.needles))
+               [1 + 2 * settings.period] + [32 + settings.filler] * (settings.needles + 1))
     first_id = _first_token(adapter)
     key = (cache_scope.get(), info.id, req.text)
 

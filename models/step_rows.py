@@ -78,6 +78,13 @@ class StepRows:
             return
         query, key = queries_keys
         last = query.shape[2] - 1
+        if extras.empty and not any(iv.applies_to_layer(layer) for iv in interventions):
+            # the common case, without a record: lse = z_j* − log p_j* at the row's most attended key j*, z = β₀ q̂·k̂
+            top_prob, top_key = self.rows[layer].max(dim=-1)  # (h,)
+            picked = key[0, heads, top_key].float()  # (h, d): head i's key at its own j*
+            z = (query[0, heads, last].float() * native_beta * picked).sum(dim=-1)  # (h,)
+            self.lse[layer] = z - torch.log(top_prob)
+            return
 
         def cut(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t[:1, ..., last:, :]  # batch item 0, the last query row

@@ -138,6 +138,15 @@ def test_top_k_rows_carry_the_exact_log_sum_exp(client):
         p = np.exp(z - head["lse"])
         p[2] = 0.0
         np.testing.assert_allclose(p, full[query, : query + 1], atol=1e-5)
+    # the plain side (no intervention on the layer: lse from the most attended key's logit) against its own run
+    base = runtime.get_run(done["base_run_id"]).atlas.record(0)
+    for s, event in enumerate(e for e in steps if not e["base_ended"]):
+        query = n + s - 1
+        for head, row in enumerate(event["base_attention"][0]):
+            q, k = base.queries[head, query].float(), base.keys[head // base.n_rep, : query + 1].float()
+            z = (q @ k.T * base.native_beta).numpy()
+            np.testing.assert_allclose(np.exp(z[row["indices"]] - row["lse"]), row["values"], atol=1e-5)
+            np.testing.assert_allclose(np.exp(z - row["lse"]).sum(), 1.0, atol=1e-5)
 
 
 def test_the_continuation_is_a_run_whose_windows_equal_eager(client):

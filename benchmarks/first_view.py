@@ -1,0 +1,139 @@
+"""The fixed cost of a fresh short view (issue 41 §1) over HTTP, as the bench's `fixed` and LM sections measure it:
+interleaved rounds of a raw eager forward with attentions in this process (tokenizer included) and a fresh 128-token
+first view (the text page's request: one head with scores, 24 × 24 thumbnails of every head, f32) posted to
+`python -m app.serve` on loopback, the response fully read; the median of each and their ratio.
+
+With `--trees A B`, one server per checkout (each run from its folder, on its own code), their fresh views interleaved
+with the same raw forwards in every round (in alternating order), so a before/after comparison shares the machine's
+load. minilm, then smollm2-135m, each against servers that serve that model alone. Writes
+benchmarks/results/first_view_<label>.json with the machine and the load average before and after each part.
+
+    python -m benchmarks.first_view --label after [--rounds 30] [--only minilm lm] [--trees /tmp/before .]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.run_all import (
+    LM, RESULTS, ROOT, RawForward, RawLM, first_view_body, lm_first_view_body, machine, server_timing, text_of,
+    wait_ready,
+)
+
+TOKENS = 128
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TreeServer:
+    """`python -m app.serve` run from the checkout `tree` on its own code, serving `model` alone, Server-Timing on."""
+
+    def __init__(self, tree: Path, model: str):
+        self.tree, port = tree, free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="attnlab-first-view-", suffix=".log", delete=False)
+        env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "ATTNLAB_DEVICE": "cpu",
+               "ATTNLAB_EXPOSE_TIMINGS": "1", "ATTNLAB_DEFAULT_MODELS": json.dumps([model]),
+               "ATTNLAB_REQUEST_TIMEOUT_S": "300"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port)],
+                                     cwd=tree, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        if not wait_ready(self.url, self.proc, seconds=600):
+            log = Path(self.log.name).read_text()[-2000:]
+            self.stop()
+            raise RuntimeError(f"app.serve in {tree} did not become ready: {log}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        Path(self.log.name).unlink(missing_ok=True)
+
+
+def compare(model: str, trees: list[Path], rounds: int) -> dict:
+    """Interleaved rounds: a raw forward, then each tree's fresh first view; medians, ratios, Server-Timing."""
+    if model == LM:
+        raw = RawLM()
+        raw_call, body_of = (lambda v: raw(raw.text(TOKENS, v))), (lambda v: lm_first_view_body(raw.text(TOKENS, v)))
+    else:
+        raw = RawForward()
+        raw_call, body_of = (lambda v: raw(text_of(TOKENS, v))), (lambda v: first_view_body(text_of(TOKENS, v)))
+    servers = [TreeServer(tree, model) for tree in trees]
+    client = httpx.Client(timeout=600)
+    samples: dict[str, dict[str, list[float]]] = {"raw": {"ms": []}}
+    samples.update({str(s.tree): {"ms": [], "model": [], "app": []} for s in servers})
+    load = os.getloadavg()
+    try:
+        for k in range(3):  # warm both sides
+            raw_call(4900 + k)
+            for i, server in enumerate(servers):
+                client.post(server.url + "/api/text/attention", json=body_of(4910 + 10 * i + k)).raise_for_status()
+        variant = 5000
+        for r in range(rounds):
+            time.sleep(0.03)
+            variant += 1
+            start = time.perf_counter()
+            raw_call(variant)
+            samples["raw"]["ms"].append((time.perf_counter() - start) * 1000)
+            for server in (servers if r % 2 == 0 else servers[::-1]):
+                variant += 1
+                body = body_of(variant)  # a text no run has seen: a model run in the server
+                time.sleep(0.03)
+                start = time.perf_counter()
+                response = client.post(server.url + "/api/text/attention", json=body)
+                response.read()
+                elapsed = (time.perf_counter() - start) * 1000
+                response.raise_for_status()
+                timing = server_timing(response)
+                own = samples[str(server.tree)]
+                own["ms"].append(elapsed), own["model"].append(timing.get("model", float("nan")))
+                own["app"].append(timing.get("app", float("nan")))
+    finally:
+        client.close()
+        for server in servers:
+            server.stop()
+    raw_ms = statistics.median(samples["raw"]["ms"])
+    out = {"model": model, "tokens": TOKENS, "rounds": rounds, "load_average_before": load,
+           "load_average_after": os.getloadavg(), "raw_ms": raw_ms, "trees": {}, "samples_ms": samples}
+    for server in servers:
+        own = samples[str(server.tree)]
+        med = {k: statistics.median(v) for k, v in own.items()}
+        out["trees"][str(server.tree)] = {
+            "fresh_ms": med["ms"], "fresh_ratio": med["ms"] / raw_ms, "server_model_ms": med["model"],
+            "server_model_ratio": med["model"] / raw_ms, "server_app_ms": med["app"]}
+        print(f"  {model} {TOKENS} tokens, {server.tree}: fresh {med['ms']:.1f} ms = {med['ms'] / raw_ms:.3f}× raw "
+              f"({raw_ms:.1f} ms); in the server: model {med['model']:.1f} ms ({med['model'] / raw_ms:.3f}×), "
+              f"app {med['app']:.1f} ms · load {load[0]:.1f} → {out['load_average_after'][0]:.1f}", flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--label", required=True, help="names the output file: first_view_<label>.json")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--only", nargs="*", default=["minilm", "lm"], choices=["minilm", "lm"])
+    parser.add_argument("--trees", nargs="*", type=Path, default=[ROOT], help="checkouts to serve from (default: this)")
+    args = parser.parse_args()
+    out: dict = {"machine": machine(), "rounds": args.rounds, "trees": [str(t.resolve()) for t in args.trees]}
+    path = RESULTS / f"first_view_{args.label}.json"
+    for name in args.only:
+        out[name] = compare(LM if name == "lm" else "minilm", [t.resolve() for t in args.trees], args.rounds)
+        path.write_text(json.dumps(out, indent=2))  # each part as soon as it is measured
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -374,15 +374,14 @@ class Lab:
         tokens = []
         events = self._events("/api/audio/transcribe", body)
         try:
-            for event in events:
-                name = event.pop("event", None)
-                if name == "token":
-                    tokens.append(event)
-                elif name == "done":
+            for event in events:  # a job's events (docs/api.md "Jobs"): accepted, a token event per token, done
+                if "error" in event:
+                    raise LabError(event.get("status"), event["error"], "/api/audio/transcribe",
+                                   event.get("retry_after"))
+                if event.get("done"):
                     return {"text": event.get("text"), "tokens": tokens}
-                elif name == "error" or "error" in event:
-                    raise LabError(event.get("status"), event.get("error") or event.get("detail") or event,
-                                   "/api/audio/transcribe", event.get("retry_after"))
+                if "token" in event:
+                    tokens.append(event)
         finally:  # leaving early stops the decoding on the server
             events.close()
         raise LabError(None, "the transcript stream ended without its done event", "/api/audio/transcribe")

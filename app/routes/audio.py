@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-import queue
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import Field
 
 from app.pipeline import answer, whisper_job
@@ -35,7 +33,7 @@ from app.interventions import whisper_interventions
 from app.lifecycle import ParsedJsonRoute
 from app.routes.images import decode_gate, read_upload
 from app.runtime import Runtime
-from app.streams import respond
+from app.streams import JobStream, respond, run_job
 from app.schemas import WEIGHTING_DESCRIPTION, IndexList, Interventions, Weighting, _Strict
 from app.templating import templates
 from models.adapters.whisper import WhisperAdapter
@@ -227,67 +225,29 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
     return respond(request, lambda: answer(job), "POST /api/audio/attention")
 
 
-@router.post("/api/audio/transcribe")
-def audio_transcribe(req: AudioAttentionRequest, runtime: RuntimeDep, store: AudioStoreDep) -> Response:
-    """The greedy transcript with the interventions active, streamed as server-sent events: one `token` event per
-    new token ({"token", "prob", "text"}), then `done` ({"text"}). Each step is admitted on its own."""
+@router.post("/api/audio/transcribe", responses={
+    200: {"content": {"text/event-stream": {}}, "description": "a job: accepted, a token event per new token, done"}})
+def audio_transcribe(req: AudioAttentionRequest, runtime: RuntimeDep, store: AudioStoreDep, request: Request) -> Response:
+    """The greedy transcript with the interventions active, streamed as a job (app/streams.py, the one event-stream
+    pump; docs/api.md "Jobs"): accepted, then `{"token", "prob", "text"}` per new token, then `{"done": true, "text"}`.
+    Each step is admitted on its own; a client that leaves stops the decoding at its next token."""
     adapter, audio, encoded = _prepare(req, runtime, store)
     interventions = whisper_interventions(req, adapter, len(encoded.tokens))
     features = encoded.inputs["input_features"]
 
-    def events() -> Iterator[bytes]:
-        channel: queue.Queue = queue.Queue()
-        stop = threading.Event()  # set when the client leaves: decoding stops at the next token
+    def work(stream: JobStream) -> dict[str, Any]:  # in the job's worker thread; decoding holds the model lock
+        produced: list[int] = []
 
         def hand_over(token: int, prob: float) -> None:
-            if stop.is_set():
-                raise _ClientLeft
-            channel.put((token, prob))
-
-        def work() -> None:  # decoding holds the model lock; each token is handed over as it comes
-            try:
-                with runtime.admitted():
-                    adapter.transcribe(features, interventions, on_token=hand_over, prompt=encoded.extra["prompt"])
-            except _ClientLeft:
-                pass
-            except Exception as exc:  # reported to the client as an error event
-                channel.put(exc)
-            channel.put(None)
-
-        threading.Thread(target=work, daemon=True).start()
-        try:
-            yield from _relay(channel)
-        finally:
-            stop.set()
-
-    def _relay(channel: queue.Queue) -> Iterator[bytes]:
-        produced: list[int] = []
-        while True:
-            try:
-                item = channel.get(timeout=runtime.settings.request_timeout_s)
-            except queue.Empty:  # no token within the request time limit: say so rather than hang
-                yield _event("error", {"detail": f"no token within request_timeout_s={runtime.settings.request_timeout_s:g} s"})
-                return
-            if item is None:
-                break
-            if isinstance(item, Exception):
-                yield _event("error", {"detail": str(item)})
-                return
-            token, prob = item
             if token != adapter.eot:
                 produced.append(token)
-            yield _event("token", {"token": adapter.token_text(token), "prob": prob, "text": adapter.decode(produced)})
-        yield _event("done", {"text": adapter.decode(produced)})
+            stream.emit({"token": adapter.token_text(token), "prob": prob, "text": adapter.decode(produced)})
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        with runtime.admitted():
+            adapter.transcribe(features, interventions, on_token=hand_over, prompt=encoded.extra["prompt"])
+        return {"text": adapter.decode(produced)}
 
-
-class _ClientLeft(Exception):
-    """Raised inside the decoding loop once the stream's client has gone."""
-
-
-def _event(name: str, data: dict[str, Any]) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+    return run_job(request, work, "POST /api/audio/transcribe", layer_progress=False)
 
 
 def _prepared_models(runtime: Runtime) -> list[dict[str, Any]]:

@@ -116,8 +116,7 @@ async def read_upload(request: Request, limit: int, setting: str, what: str, sto
         body += chunk
         if len(body) > limit + MULTIPART_SLACK:
             return too_large_response(limit, setting=setting)
-    request._body = bytes(body)  # Starlette's form parser reads the cached body instead of the (consumed) stream
-    form = await request.form(max_files=1, max_fields=8)
+    form = await _replayed(request, bytes(body)).form(max_files=1, max_fields=8)
     try:
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
@@ -131,6 +130,21 @@ async def read_upload(request: Request, limit: int, setting: str, what: str, sto
         return too_large_response(store.max_item_bytes, f"file: the upload is larger than the shared store's limit of "
                                                 f"{store.max_item_bytes:,} bytes per item (redis_max_item_bytes)")
     return data
+
+
+def _replayed(request: Request, body: bytes) -> Request:
+    """The same request with its (already read and counted) body to be read again, for Starlette's form parser:
+    a new Request over the same scope whose receive hands over `body` once (no write into a Request's fields)."""
+    sent = False
+
+    async def receive() -> dict:
+        nonlocal sent
+        if sent:  # read past the end: as a server says once the body is over and the client leaves
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(request.scope, receive)
 
 
 UPLOAD_OPENAPI = {

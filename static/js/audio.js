@@ -700,9 +700,10 @@ async function streamTranscript() {
       body: JSON.stringify({ ...modelFields(), audio_id: state.audioId, interventions: interventions() }),
     });
     if (!response.ok) await readJSON(response); // throws the refusal
-    for await (const { event, data } of serverEvents(response.body, { named: true })) {
-      if (data) out.textContent = data.text || "…";
-      if (event === "done") out.dataset.done = "1";
+    for await (const event of serverEvents(response.body)) { // a job: accepted, a token event per token, done
+      if (event.error) throw new Error(event.error);
+      if ("text" in event) out.textContent = event.text || "…";
+      if (event.done) out.dataset.done = "1";
     }
   } catch (err) {
     if (!isAbort(err)) fail(err);

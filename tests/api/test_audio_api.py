@@ -144,11 +144,18 @@ def test_attention_validation_names_the_field(audio_client, sample_id, extra, fi
 
 
 def test_streamed_transcript(audio_client, sample_id):
-    with audio_client.stream("POST", "/api/audio/transcribe", json={
-            "audio_id": sample_id, "interventions": [{"op": "mask_keys", "kind": "cross", "tokens": list(range(150, 350))}]}) as r:
-        assert r.headers["content-type"].startswith("text/event-stream")
-        events = [line for line in r.iter_lines() if line.startswith("event:")]
-    assert events.count("event: token") >= 5 and events[-1] == "event: done"
+    """The transcript streams through the one event-stream pump (app/streams.py) as a job: accepted first, a token
+    event per new token (the text so far), then done with the whole text."""
+    from tests.api.helpers import job_events
+
+    r = audio_client.post("/api/audio/transcribe", json={
+        "audio_id": sample_id, "interventions": [{"op": "mask_keys", "kind": "cross", "tokens": list(range(150, 350))}]})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    accepted, *events = job_events(r)
+    assert accepted["accepted"] is True and "eta_s" in accepted
+    tokens, done = events[:-1], events[-1]
+    assert len(tokens) >= 5 and all(set(e) == {"token", "prob", "text"} for e in tokens)
+    assert done["done"] is True and done["text"] == tokens[-1]["text"] and done["text"].strip()
 
 
 def test_windows_of_the_kept_run_match_the_response(audio_client, sample_id):

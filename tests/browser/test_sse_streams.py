@@ -1,5 +1,6 @@
 """The pages' one server-sent-events reader (static/js/api.js serverEvents): the speech page's streamed transcript
-reads named events through it (`token` … then `done`) and shows the text as it grows. The text page's continuation
+reads a job's events through it (accepted, a token event per token, then done: app/streams.py's pump, as every
+stream) and shows the text as it grows. The text page's continuation
 (test_lm_page.py) and the patching scan's progress (test_analysis_page.py) read unnamed events through it."""
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ server's RSS before, its peak (VmHWM, the kernel's high-water mark), its RSS rig
 `--idle` seconds more; then stop it (SIGTERM by pid). The server's own environment (/proc/<pid>/environ) is recorded
 too, so the table says what each one really ran with.
 
-    .venv/bin/python benchmarks/allocator.py [--clients 8 --duration 120 --configs bound unbound]
+    .venv/bin/python -m benchmarks.allocator [--clients 8 --duration 120 --configs bound unbound]
 
 Configurations: `bound` (the default: MALLOC_ARENA_MAX=2 set by attnlab serve, malloc_trim(0) every 10 s),
 `arenas-only` (MALLOC_ARENA_MAX=2, no periodic trim), `unbound` (--no-allocator-bound: glibc's default, 8 arenas per
@@ -32,8 +32,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.load import free_port, machine, rss_mb, run_phase_sync, summary  # noqa: E402
+from benchmarks.load import free_port, machine, rss_mb, run_phase_sync, summary  # run as `python -m benchmarks.allocator`
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTNLAB = Path(sys.executable).parent / "attnlab"
@@ -149,7 +148,7 @@ def report(results: list[dict], args, info: dict) -> str:
     lines = [
         "# The allocator bound: `attnlab serve` with and without MALLOC_ARENA_MAX=2",
         "",
-        f"`benchmarks/allocator.py --clients {args.clients} --duration {args.duration:g} --idle {args.idle:g} "
+        f"`python -m benchmarks.allocator --clients {args.clients} --duration {args.duration:g} --idle {args.idle:g} "
         f"--long-clients {args.long_clients}`: "
         "`attnlab serve` (default settings and models) on loopback, benchmarks/load.py's mixed clients (text "
         "attention, image uploads, views and dinov2-small attention, 4-token generate streams), one configuration "

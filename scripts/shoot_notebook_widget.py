@@ -1,6 +1,6 @@
 """The README's picture of the notebook widget in JupyterLab: docs/img/notebook-widget.png.
 
-    .venv/bin/python scripts/shoot_notebook_widget.py
+    .venv/bin/python -m scripts.shoot_notebook_widget   (from the checkout's root: it imports tests/browser's helpers)
 
 Starts a lab server with smollm2-135m (the notebook's origin allowed by cors_origins) and JupyterLab in a temporary
 home, both on free 127.0.0.1 ports (as tests/browser/test_notebook_widget.py does), runs a notebook whose cell asks
@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, serve_app
+from tests.browser.test_notebook_widget import jupyterlab_server, notebook, run_notebook
 
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, serve_app  # noqa: E402
-from tests.browser.test_notebook_widget import jupyterlab_server, notebook, run_notebook  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "docs" / "img" / "notebook-widget.png"
 CELL = """from attnlab import Lab

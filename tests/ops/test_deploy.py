@@ -237,11 +237,7 @@ def test_docs_gpu_run_command_fits_the_image():
     assert f"-p {port}:{port}" in command and "--read-only --tmpfs /tmp" in command
     device = re.search(r"-e ATTNLAB_DEVICE=(\w+)", command).group(1)
     assert device in get_args(Settings.model_fields["device"].annotation)
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import cuda_prune_check
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    from scripts import cuda_prune_check  # the checkout's root is the tests' working directory (no sys.path edit)
     pruned = cuda_prune_check.pruned_names(ROOT / "Dockerfile")
     assert pruned and all(p.startswith("cu13/lib/lib") for p in pruned), pruned
     # libraries torch's own .so files link (NEEDED) must never be on the list

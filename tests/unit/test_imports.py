@@ -133,3 +133,31 @@ def test_importing_attnlab_loads_no_app_module():
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def sys_path_edits(source: str) -> list[str]:
+    """Calls that change sys.path (insert, append, extend, remove, …) and assignments to it."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        target = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = node.func.value
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+        if isinstance(target, ast.Subscript):
+            target = target.value
+        if isinstance(target, ast.Attribute) and target.attr == "path" and isinstance(target.value, ast.Name) \
+                and target.value.id == "sys":
+            found.append(f"line {node.lineno}")
+    return sorted(found)
+
+
+def test_no_sys_path_edits():
+    """Scripts run with `python -m` from the checkout's root, tests through pyproject's pythonpath: nothing edits
+    sys.path (it made a script work from one folder and hid a broken install)."""
+    assert sys_path_edits("import sys\nsys.path.insert(0, 'x')\nsys.path[:0] = ['y']\n") == ["line 2", "line 3"]
+    skip = {".venv", "weights", "node_modules", ".git"}
+    offenders = [f"{path.relative_to(ROOT)} {where}" for path in sorted(ROOT.rglob("*.py"))
+                 if not skip & set(path.relative_to(ROOT).parts)
+                 for where in sys_path_edits(path.read_text(encoding="utf-8"))]
+    assert offenders == []

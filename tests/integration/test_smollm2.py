@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from models.interventions import Intervention
-from tests.integration.helpers import cpu_after_leaving, real_server, smollm2_adapter
+from tests.integration.helpers import cpu_after_leaving, smollm2_adapter
+
+# the real server of tests/integration/conftest.py (smollm2_server) is shared with test_smollm2_analysis.py: one worker starts it
+pytestmark = pytest.mark.xdist_group("smollm2-server")
 
 PROMPT = "The capital of France is"
 
@@ -60,20 +63,21 @@ def test_plain_continuation_equals_generate_and_chat_answers(lm):
     assert "Paris" in lm.decode(ours)
 
 
-def test_generation_stops_when_the_client_disconnects():
+@pytest.mark.slow  # a real smollm2-135m server (started once: tests/integration/conftest.py)
+def test_generation_stops_when_the_client_disconnects(smollm2_server):
     """A real server: read two events of a 64-token generation, close the connection, and the process goes
     idle (without the stop it would compute ~60 more steps of two continuations)."""
-    with real_server({"ATTNLAB_DEFAULT_MODELS": '["smollm2-135m"]'}, ready_s=120) as (base, server):
-        body = {"model": "smollm2-135m", "text": "Once upon a time", "max_new_tokens": 64}
-        with httpx.stream("POST", f"{base}/api/text/generate", json=body, timeout=60) as response:
-            assert response.status_code == 200
-            events = 0
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    assert "done" not in json.loads(line[6:])
-                    events += 1
-                    if events == 2:
-                        break
-        idle_cpu = cpu_after_leaving(server.pid, settle_s=1.5)  # the step in progress finishes first
-        assert idle_cpu < 0.5, f"the server kept working after the client left ({idle_cpu:.2f} CPU s in 3 s)"
-        assert httpx.get(f"{base}/api/health", timeout=5).status_code == 200
+    base, server = smollm2_server
+    body = {"model": "smollm2-135m", "text": "Once upon a time", "max_new_tokens": 64}
+    with httpx.stream("POST", f"{base}/api/text/generate", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        events = 0
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                assert "done" not in json.loads(line[6:])
+                events += 1
+                if events == 2:
+                    break
+    idle_cpu = cpu_after_leaving(server.pid, settle_s=1.5)  # the step in progress finishes first
+    assert idle_cpu < 0.5, f"the server kept working after the client left ({idle_cpu:.2f} CPU s in 3 s)"
+    assert httpx.get(f"{base}/api/health", timeout=5).status_code == 200

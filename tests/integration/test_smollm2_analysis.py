@@ -10,7 +10,10 @@ import torch
 
 from models.interventions import Intervention
 from models.patching import Pair, attribution_scan, baseline, head_scan, last_logits, rank_correlation, single_token
-from tests.integration.helpers import cpu_after_leaving, real_server, smollm2_adapter
+from tests.integration.helpers import cpu_after_leaving, smollm2_adapter
+
+# the real server of tests/integration/conftest.py (smollm2_server) is shared with test_smollm2.py: one worker starts it
+pytestmark = pytest.mark.xdist_group("smollm2-server")
 
 CLEAN, CORRUPT = "The capital of France is", "The capital of Italy is"
 
@@ -61,29 +64,28 @@ def test_lens_last_row_is_the_models_prediction(lm):
     assert lm.token_text(int(found.ids[0, -1, 0])) != " Paris"  # the first layer does not know yet
 
 
-def test_a_streamed_scan_stops_when_the_client_leaves():
+@pytest.mark.slow  # a real smollm2-135m server (started once: tests/integration/conftest.py)
+def test_a_streamed_scan_stops_when_the_client_leaves(smollm2_server):
     """A real server: a residual scan in batches of 4 (90 batches), two progress events read, the connection
     closed, and the process goes idle (without the stop it would run the other ~88 batches)."""
-    # batches of 4 copies of the 12-token prompt; loading takes about 2 min on a busy 2-core machine
-    env = {"ATTNLAB_DEFAULT_MODELS": '["smollm2-135m"]', "ATTNLAB_PATCHING_BATCH_TOKENS": "48"}
-    with real_server(env, ready_s=300) as (base, server):
-        body = {"model": "smollm2-135m", "clean": "The Eiffel Tower stands in France, in the city of",
-                "corrupt": "The Colosseum stands in Italy, in the city of", "answer": " Paris", "wrong": " Rome",
-                "scan": "residual"}
-        with httpx.stream("POST", f"{base}/api/text/patching", json=body, timeout=120,
-                          headers={"Accept": "text/event-stream"}) as response:
-            assert response.status_code == 200
-            progress = []
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    event = json.loads(line[6:])
-                    assert "done" not in event
-                    if event.get("accepted"):  # a job's first event (docs/api.md "Jobs")
-                        continue
-                    progress.append(event["progress"])
-                    if len(progress) == 2:
-                        break
-        assert progress == [4, 8]
-        idle_cpu = cpu_after_leaving(server.pid, settle_s=2.0)  # the batch in progress finishes first
-        assert idle_cpu < 0.5, f"the server kept scanning after the client left ({idle_cpu:.2f} CPU s in 3 s)"
-        assert httpx.get(f"{base}/api/health", timeout=5).status_code == 200
+    base, server = smollm2_server  # batches of 4 copies of the 12-token prompt
+    body = {"model": "smollm2-135m", "clean": "The Eiffel Tower stands in France, in the city of",
+            "corrupt": "The Colosseum stands in Italy, in the city of", "answer": " Paris", "wrong": " Rome",
+            "scan": "residual"}
+    with httpx.stream("POST", f"{base}/api/text/patching", json=body, timeout=120,
+                      headers={"Accept": "text/event-stream"}) as response:
+        assert response.status_code == 200
+        progress = []
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                assert "done" not in event
+                if event.get("accepted"):  # a job's first event (docs/api.md "Jobs")
+                    continue
+                progress.append(event["progress"])
+                if len(progress) == 2:
+                    break
+    assert progress == [4, 8]
+    idle_cpu = cpu_after_leaving(server.pid, settle_s=2.0)  # the batch in progress finishes first
+    assert idle_cpu < 0.5, f"the server kept scanning after the client left ({idle_cpu:.2f} CPU s in 3 s)"
+    assert httpx.get(f"{base}/api/health", timeout=5).status_code == 200

@@ -184,6 +184,24 @@ class AdmissionGate:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    app = FastAPI(
+        title="attnlab",
+        description="Attention maps, interventions (β, masks, perturbations) and their effects for Transformers.",
+        version="0.1.0",
+        lifespan=_lifespan(settings),
+        docs_url=None,  # FastAPI's /docs loads Swagger UI from a CDN: served from swagger-ui-py below
+        redoc_url=None,
+    )
+    _add_middleware(app, settings)
+    _add_error_handlers(app)
+    _add_routes(app)
+    # JSON bodies take the value RequestGuard parsed (off the loop): the routers' route class, app/lifecycle.ParsedJsonRoute
+    app.openapi = lambda: _openapi_with_guard_responses(app)
+    return app
+
+
+def _lifespan(settings: Settings):
+    """The app's start and stop: the runtime, the device said once, the default models loaded in the background."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -215,14 +233,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             FLEET.stop()
 
-    app = FastAPI(
-        title="attnlab",
-        description="Attention maps, interventions (β, masks, perturbations) and their effects for Transformers.",
-        version="0.1.0",
-        lifespan=lifespan,
-        docs_url=None,  # FastAPI's /docs loads Swagger UI from a CDN: served from swagger-ui-py below
-        redoc_url=None,
-    )
+    return lifespan
+
+
+def _add_middleware(app: FastAPI, settings: Settings) -> None:
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
     if settings.trusted_hosts != ["*"]:
@@ -242,6 +256,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.expose_timings:  # off by default: the model time says whether someone sent this input before
         app.add_middleware(ServerTiming)  # outermost: `app` is the whole request, body and JSON parsing included
 
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):
         # FastAPI's default echoes the input, which may be NaN/Infinity and then fails to serialise (a 500).
@@ -269,6 +285,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return JSONResponse({"detail": "internal error (logged on the server)"}, status_code=500)
 
+
+def _add_routes(app: FastAPI) -> None:
     @app.get("/static/vendor/plotly.min.js", include_in_schema=False)
     def plotly_js() -> FileResponse:
         return FileResponse(plotly_bundle(), media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
@@ -294,9 +312,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(heads.router)
     app.include_router(export_routes.router)  # POST /api/text/export.html (attnlab/export.py)
     app.include_router(export_media.router)  # POST /api/image/export.html, /api/audio/export.html
-    # JSON bodies take the value RequestGuard parsed (off the loop): the routers' route class, app/lifecycle.ParsedJsonRoute
-    app.openapi = lambda: _openapi_with_guard_responses(app)
-    return app
 
 
 def api_routes(routes) -> list[APIRoute]:

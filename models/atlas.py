@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from models.interventions import (
-    Intervention, LogitExtras, perturb_vectors, plan_layer,
+    Intervention, LayerCall, LogitExtras, perturb_vectors, plan_layer,
 )
 
 
@@ -241,29 +241,14 @@ class AtlasRecorder:
         return self._mask_kind[key]
 
 
-def atlas_attention(
-    recorder: AtlasRecorder,
-    module_causal: bool,
-    query: torch.Tensor,  # (1, H, T_q, d)
-    key: torch.Tensor,  # (1, H_kv, T_k, d)
-    value: torch.Tensor,  # (1, H_kv, T_k, d_v)
-    allowed: torch.Tensor | None,  # bool (1, 1|H, T_q, T_k)
-    *,
-    layer: int,
-    native_beta: float,
-    interventions: tuple[Intervention, ...],
-    extras: LogitExtras,
-    query_offset: int = 0,
-) -> torch.Tensor:
-    """One layer's attention computed in blocks of query rows, recording the layer's record and summaries.
-    Returns the head outputs P V: (1, H, T_q, d_v) in float32 (the caller casts)."""
-    cfg = recorder.config
-    _, n_heads, n_queries, _ = query.shape
-    n_kv, n_keys = key.shape[1], key.shape[2]
-    device = query.device
-    q, k, v = query[0], key[0], value[0]  # (H, T_q, d), (H_kv, T_k, d), (H_kv, T_k, d_v)
-    plan = plan_layer(interventions, layer, n_heads, n_keys, native_beta) if any(
-        iv.applies_to_layer(layer) for iv in interventions) else None
+def _planned(q: torch.Tensor, k: torch.Tensor, call: LayerCall) -> tuple:
+    """The layer's plan applied to its inputs: q (H, T_q, d) and k (H_kv, T_k, d) perturbed where asked (a key
+    perturbation gives every query head its own copy of K), and the (H,) β, key mask, causal heads and ablated heads
+    on the device (None where nothing is asked)."""
+    layer, native_beta, device = call.layer, call.native_beta, q.device
+    n_heads, n_kv, n_keys = q.shape[0], k.shape[0], k.shape[1]
+    plan = plan_layer(call.interventions, layer, n_heads, n_keys, native_beta) if any(
+        iv.applies_to_layer(layer) for iv in call.interventions) else None
     if plan is not None and plan.key_perturbations:
         # a key perturbation scoped to one query head: that head gets its own copy of K (docs/science.md §9)
         k = k.repeat_interleave(n_heads // n_kv, dim=0).float()[None]  # (1, H, T_k, d)
@@ -273,7 +258,7 @@ def atlas_attention(
     if plan is not None and plan.query_perturbations:
         q = q.float()[None]
         for iv in plan.query_perturbations:
-            q = perturb_vectors(q, iv, layer, offset=query_offset)
+            q = perturb_vectors(q, iv, layer, offset=call.query_offset)
         q = q[0]
     # (H,) β; without interventions made on the device: a copy from the host would make the CPU wait for the GPU
     beta = (plan.beta.to(device, torch.float32) if plan is not None
@@ -281,6 +266,56 @@ def atlas_attention(
     key_mask = plan.key_mask.to(device) if plan is not None and bool(plan.key_mask.any()) else None
     causal_heads = plan.causal.to(device) if plan is not None and bool(plan.causal.any()) else None
     ablate = plan.ablate.to(device) if plan is not None and bool(plan.ablate.any()) else None
+    return q, k, beta, key_mask, causal_heads, ablate
+
+
+def _block_softmax(z: torch.Tensor, record: "LayerRecord", span: tuple[int, int, int], pure_causal: bool,
+                   dead: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One block's logits z (H, r, c) for rows r0:r1 over keys 0:cols (span), masked in place: the row maxima and
+    their keys (H, r), P (H, r, c), and z with 0 where P is 0 (for Σ p·z over the allowed keys); rows with every key
+    masked are set in `dead` (H, T_q)."""
+    r0, r1, cols = span
+    query_offset = record.query_offset
+    if pure_causal:
+        # only the diagonal square has masked cells: keys before the block's first row are all allowed
+        diagonal = z[:, :, r0 + query_offset:cols]  # (H, r, r)
+        future = torch.ones(r1 - r0, cols - r0 - query_offset, dtype=torch.bool, device=z.device).triu(1)
+        diagonal.masked_fill_(future, float("-inf"))
+        top, top_index = z.max(dim=-1)  # (H, r)
+        probs = torch.softmax(z, dim=-1)  # (H, r, c)
+        diagonal.masked_fill_(future, 0.0)  # p = 0 there: Σ p·z over the allowed keys
+        return top, top_index, probs, z
+    blocked = _blocked(record, r0, r1, 0, cols)
+    if blocked is not None:
+        z.masked_fill_(blocked, float("-inf"))
+    top, top_index = z.max(dim=-1)  # (H, r): −∞ for a row with every key masked
+    probs = torch.softmax(z, dim=-1)  # (H, r, c)
+    if blocked is None:
+        return top, top_index, probs, z
+    row_dead = torch.isneginf(top)  # (H, r)
+    probs.masked_fill_(row_dead[..., None], 0.0)
+    dead[:, r0:r1] = row_dead
+    return top, top_index, probs, z.masked_fill_(blocked, 0.0)  # p = 0 there: Σ p·z over the allowed keys
+
+
+def atlas_attention(
+    recorder: AtlasRecorder,
+    module_causal: bool,
+    query: torch.Tensor,  # (1, H, T_q, d)
+    key: torch.Tensor,  # (1, H_kv, T_k, d)
+    value: torch.Tensor,  # (1, H_kv, T_k, d_v)
+    allowed: torch.Tensor | None,  # bool (1, 1|H, T_q, T_k)
+    call: LayerCall,
+) -> torch.Tensor:
+    """One layer's attention computed in blocks of query rows, recording the layer's record and summaries.
+    Returns the head outputs P V: (1, H, T_q, d_v) in float32 (the caller casts)."""
+    cfg = recorder.config
+    layer, native_beta, extras, query_offset = call.layer, call.native_beta, call.extras, call.query_offset
+    _, n_heads, n_queries, _ = query.shape
+    n_kv, n_keys = key.shape[1], key.shape[2]
+    device = query.device
+    q, k, beta, key_mask, causal_heads, ablate = _planned(query[0], key[0], call)
+    v = value[0]  # (H_kv, T_k, d_v)
 
     model_causal = module_causal and n_keys == n_queries + query_offset
     kind = recorder.mask_kind(allowed) if allowed is not None else "none"
@@ -317,28 +352,7 @@ def atlas_attention(
         r1 = min(n_queries, r0 + block)
         cols = min(n_keys, r1 + query_offset) if model_causal else n_keys  # keys after the block's last row: masked
         z = _logits(q[:, r0:r1], k[:, :cols], beta, native_beta, _slice_extras(record.extras, slice(r0, r1), slice(0, cols)))
-        if pure_causal:
-            # only the diagonal square has masked cells: keys before the block's first row are all allowed
-            diagonal = z[:, :, r0 + query_offset:cols]  # (H, r, r)
-            future = torch.ones(r1 - r0, cols - r0 - query_offset, dtype=torch.bool, device=device).triu(1)
-            diagonal.masked_fill_(future, float("-inf"))
-            top, top_index = z.max(dim=-1)  # (H, r)
-            probs = torch.softmax(z, dim=-1)  # (H, r, c)
-            diagonal.masked_fill_(future, 0.0)  # p = 0 there: Σ p·z over the allowed keys
-            finite_z = z
-        else:
-            blocked = _blocked(record, r0, r1, 0, cols)
-            if blocked is not None:
-                z.masked_fill_(blocked, float("-inf"))
-            top, top_index = z.max(dim=-1)  # (H, r): −∞ for a row with every key masked
-            probs = torch.softmax(z, dim=-1)  # (H, r, c)
-            if blocked is not None:
-                row_dead = torch.isneginf(top)  # (H, r)
-                probs.masked_fill_(row_dead[..., None], 0.0)
-                dead[:, r0:r1] = row_dead
-                finite_z = z.masked_fill_(blocked, 0.0)  # p = 0 there: Σ p·z over the allowed keys
-            else:
-                finite_z = z
+        top, top_index, probs, finite_z = _block_softmax(z, record, (r0, r1, cols), pure_causal, dead)
         # H_i = lse_i − Σ_j p_ij z_ij with lse_i = max_j z_ij − log p_i,argmax (one log per row, not per entry)
         top_prob = probs.gather(-1, top_index[..., None])[..., 0]  # (H, r)
         row_entropy = torch.where(top_prob > 0, top - torch.log(top_prob) - _row_dot(probs, finite_z),

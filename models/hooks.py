@@ -268,11 +268,10 @@ def _long_layer(scope: RunScope, module: nn.Module, query: torch.Tensor, key: to
     allowed, mask_bias = split_mask(attention_mask)
     extras = LogitExtras(bias=None if position_bias is None else position_bias.float(), softcap=softcap,
                          mask_bias=mask_bias)
-    output = atlas_attention(
-        scope.atlas, bool(getattr(module, "is_causal", False)), query, key, value, allowed,
-        layer=scope.layer_of[id(module)], native_beta=native_beta, interventions=scope.interventions,
-        extras=extras, query_offset=scope.query_offset,
-    )  # (1, H, T_q, d_v) float32
+    call = LayerCall(layer=scope.layer_of[id(module)], native_beta=native_beta, interventions=scope.interventions,
+                     extras=extras, query_offset=scope.query_offset)
+    output = atlas_attention(scope.atlas, bool(getattr(module, "is_causal", False)), query, key, value, allowed,
+                             call)  # (1, H, T_q, d_v) float32
     if scope.rows is not None:  # a continuation's long prompt: its last row, then no record is kept
         layer = scope.layer_of[id(module)]
         if scope.rows.wants(layer):

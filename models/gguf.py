@@ -386,29 +386,10 @@ def up_to_date(out: Path, stats: list[list[int]]) -> dict | None:
     return recorded
 
 
-def dequantize(gguf_path: Path, out: Path, model_id: str, facts: dict, licence_file: Path | None = None,
-               threads: int | None = None) -> dict:
-    """GGUF → `out` (float32 safetensors + tokenizer), checked against the GGUF-loaded model; returns prepared.json's
-    record (without the source facts the caller adds). Atomic: `out` is replaced only when every check passed."""
-    os.environ["HF_HUB_OFFLINE"] = "1"  # setup may not contact a hub
+def _float32_copy(gguf_model, model_id: str):
+    """The GGUF-loaded model as a plain float32 model of the same architecture (no quantization_config, so
+    save_pretrained accepts it), its tensors assigned rather than copied; returns (model, config)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    torch.set_num_threads(threads or max(1, min(2, os.cpu_count() or 1)))
-    started = time.time()
-    log(f"{model_id}: dequantizing {gguf_path.name} ({gguf_path.stat().st_size / 1e6:.0f} MB) to float32 "
-        "with transformers' GGUF loader")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
-                                                          dtype=torch.float32, attn_implementation="eager").eval()
-    except Exception as exc:  # noqa: BLE001 - an unsupported architecture, a damaged tensor: one line, no traceback
-        raise GgufError(f"{gguf_path.name}: transformers' GGUF loader refused it ({type(exc).__name__}: "
-                        f"{str(exc)[:300]})") from None
-    log(f"{model_id}: GGUF loaded in {time.time() - started:.1f} s ({type(gguf_model).__name__}, "
-        f"{sum(p.numel() for p in gguf_model.parameters()) / 1e6:.1f} M parameters)")
 
     # The same architecture without quantization_config, so save_pretrained accepts it
     config_dict = gguf_model.config.to_dict()
@@ -436,6 +417,34 @@ def dequantize(gguf_path: Path, out: Path, model_id: str, facts: dict, licence_f
         for name in buffers:
             owner, _, attr = name.rpartition(".")
             model.get_submodule(owner).register_buffer(attr, gguf_buffers[name].clone(), persistent=False)
+    return model, config
+
+
+def dequantize(gguf_path: Path, out: Path, model_id: str, facts: dict, licence_file: Path | None = None,
+               threads: int | None = None) -> dict:
+    """GGUF → `out` (float32 safetensors + tokenizer), checked against the GGUF-loaded model; returns prepared.json's
+    record (without the source facts the caller adds). Atomic: `out` is replaced only when every check passed."""
+    os.environ["HF_HUB_OFFLINE"] = "1"  # setup may not contact a hub
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(threads or max(1, min(2, os.cpu_count() or 1)))
+    started = time.time()
+    log(f"{model_id}: dequantizing {gguf_path.name} ({gguf_path.stat().st_size / 1e6:.0f} MB) to float32 "
+        "with transformers' GGUF loader")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                          dtype=torch.float32, attn_implementation="eager").eval()
+    except Exception as exc:  # noqa: BLE001 - an unsupported architecture, a damaged tensor: one line, no traceback
+        raise GgufError(f"{gguf_path.name}: transformers' GGUF loader refused it ({type(exc).__name__}: "
+                        f"{str(exc)[:300]})") from None
+    log(f"{model_id}: GGUF loaded in {time.time() - started:.1f} s ({type(gguf_model).__name__}, "
+        f"{sum(p.numel() for p in gguf_model.parameters()) / 1e6:.1f} M parameters)")
+
+    model, config = _float32_copy(gguf_model, model_id)
 
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():

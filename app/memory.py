@@ -74,6 +74,7 @@ class MemoryBudget:
         self.limit = max(0, budget_bytes - reserved_bytes)  # for kept runs and in-flight work
         self.models: dict[str, int] = {}  # models loaded on first use → their weights' bytes (in `reserved`)
         self._capped: set[str] = set()  # models whose weights the result cache's cap was lowered by
+        self._loads: dict[str, RequestMemory] = {}  # models loading now → what reserve_model booked for the load
         self.cache = cache  # app.runtime.ResultCache: kept bytes, pins, eviction
         # The books (kept + reserved peaks) miss what the allocator holds after a run is freed and any estimate that
         # fell short: where the process's RSS says more is in use than the books, that is what counts.
@@ -99,6 +100,7 @@ class MemoryBudget:
         kept runs are brought within the smaller room at once (short views, which book without waiting, would not
         make room), and the result cache's own cap shrinks by as much."""
         with self._cond:
+            self._end_load(model_id)
             self.reserved += nbytes - self.models.get(model_id, 0)
             self.limit = max(0, self.budget - self.reserved)
             self.models[model_id] = nbytes
@@ -136,16 +138,21 @@ class MemoryBudget:
                     raise Overloaded(f"server busy: loading model {model_id!r} needs about {nbytes / 2**20:,.0f} MiB "
                                      "and the memory budget stayed full of work in flight", retry_after=10)
                 self._cond.wait(POLL_S)
-            self.reserved += nbytes
-            self.limit = max(0, self.budget - self.reserved)
-            self.models[model_id] = nbytes
+            # booked as work in flight, not as a model: requests wait behind it (short ones go on, within the stated
+            # margin), and none is told it could never fit while a load is under way
+            self._loads[model_id] = RequestMemory(nbytes=nbytes, client=f"load:{model_id}", budget=self)
+            self._in_flight.append(self._loads[model_id])
 
     def unreserve_model(self, model_id: str) -> None:
         """A load that failed gives back what reserve_model booked for it."""
         with self._cond:
-            self.reserved -= self.models.pop(model_id, 0)
-            self.limit = max(0, self.budget - self.reserved)
-            self._cond.notify_all()
+            self._end_load(model_id)
+
+    def _end_load(self, model_id: str) -> None:  # under self._cond
+        holder = self._loads.pop(model_id, None)
+        if holder is not None and holder in self._in_flight:
+            self._in_flight.remove(holder)
+        self._cond.notify_all()
 
     @property
     def in_flight_bytes(self) -> int:

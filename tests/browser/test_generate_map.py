@@ -33,7 +33,8 @@ def test_the_map_grows_a_row_per_token_and_why_opens_on_a_generated_token(page, 
     tokens = page.evaluate("() => document.querySelectorAll('#continuation-intervened .gen-tok').length")
     assert intervened["rows"] == tokens == len(intervened["z"]) and base["rows"] >= 1
     assert "Italy" in intervened["x"][ITALY]
-    prompt = len(intervened["z"][0])
+    prompt = sum(v is not None for v in intervened["z"][0])  # row 0: the prompt's P keys (rows are padded with null)
+    assert prompt == 12
     for s, row in enumerate(intervened["z"]):  # row s: P + s keys, then empty cells
         values = [v for v in row if v is not None]
         assert len(values) == prompt + s and abs(sum(values) - 1) < 1e-4
@@ -47,7 +48,7 @@ def test_the_map_grows_a_row_per_token_and_why_opens_on_a_generated_token(page, 
     page.click("#gen-why-button")
     page.wait_for_function("() => /layer 18, head 6/.test(document.getElementById('why-title').textContent)")
     page.wait_for_function("() => document.getElementById('why-matrix').data", timeout=300_000)
-    assert f"{prompt + 1} →" in page.text_content("#why-title")  # the query that produced new token 2
+    assert f": {prompt + 1} (" in page.text_content("#why-title")  # "…: 13 (.) → 0 (The)": the query of new token 2
     screenshot(page, "generate-map")
     page_log.check()
 

@@ -67,8 +67,11 @@ def _eager_masked(tokens: list[str]) -> torch.Tensor:
     assert [tokenizer.decode([i]) for i in ids] == tokens  # the same tokens as the server's run
     model = tf.AutoModelForCausalLM.from_pretrained(SMOLLM2, attn_implementation="eager").eval()
     captured = {}
-    hook = model.model.layers[LAYER].self_attn.register_forward_hook(
-        lambda module, args, output: captured.setdefault("p", output[1][0]))  # (H, T, T)
+
+    def keep(module, args, output) -> None:  # returns None: the layer's output goes on unchanged
+        captured["p"] = output[1][0]  # (H, T, T)
+
+    hook = model.model.layers[LAYER].self_attn.register_forward_hook(keep)
     mask = torch.ones(1, len(ids), dtype=torch.long)
     mask[0, MASKED] = 0
     try:

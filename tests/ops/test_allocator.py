@@ -144,12 +144,14 @@ from app.serve import MallocTrimmer, _resident_pages
 held, pins = [], []
 for _ in range(3000):  # 300 MB in 100 KB chunks (under glibc's mmap threshold: from the heap), each followed by a
     held.append(bytearray(100_000))  # small live object, so the freed chunks are not at the heap's top
-    pins.append(bytearray(64))
+    pins.append(bytearray(600))  # over pymalloc's 512 bytes: from malloc's heap too, between the big chunks
 del held
 before = _resident_pages()
 trimmer = MallocTrimmer(0.05)
 trimmer.start()
-time.sleep(0.5)
+deadline = time.monotonic() + 30  # one trim of 3,000 scattered chunks can take a while on a loaded machine
+while trimmer.calls < 1 and time.monotonic() < deadline:
+    time.sleep(0.05)
 print(before, _resident_pages(), trimmer.calls, trimmer.returned_bytes)
 """
 

@@ -134,6 +134,8 @@ WORKDIR /app
 COPY app/ app/
 COPY models/ models/
 COPY static/ static/
+# attnlab/: the plotly bundle's locator (attnlab/vendor.py) and the standalone HTML exporter, standard library only
+COPY attnlab/ attnlab/
 COPY templates/ templates/
 COPY --from=weights /build/weights/ weights/
 USER 10001:10001

@@ -229,7 +229,7 @@ def part_headscan(busy: int, tree: Path = ROOT) -> dict:
     out: dict = {"busy_processes": busy, "tree": str(tree)}
     with busy_processes(busy, 1800):
         time.sleep(3)
-        with server(tree=tree) as (base, _proc):
+        with server({"ATTNLAB_DEFAULT_MODELS": '["smollm2-135m"]'}, tree=tree) as (base, _proc):
             started = time.time()
             r = httpx.post(f"{base}/api/text/attention", timeout=120, json={
                 "model": "smollm2-135m", "text": "the keeper lit the lamp", "layers": [0], "heads": [0]})

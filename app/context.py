@@ -81,7 +81,12 @@ class ContextField:
         return _current.set(current().with_(**{self.name: value}))
 
     def reset(self, token: contextvars.Token) -> None:
-        _current.reset(token)
+        """Put back this field's value from before `token`'s set, and only this field: fields are reset in any
+        order, as separate context variables were (resetting the whole context would undo later sets of others)."""
+        before = token.old_value
+        if before is contextvars.Token.MISSING or before is None:
+            before = EMPTY
+        _current.set(current().with_(**{self.name: getattr(before, self.name)}))
 
 
 request_deadline = ContextField("deadline")

@@ -111,7 +111,7 @@ def test_what_each_family_does_not_accept():
     assert seq2seq([{"op": "mask_keys", "tokens": [N_SOURCE - 1]}])
     # Whisper's token numbers mean encoder positions or decoder tokens: tokens need a kind; no patch_heads
     assert refusal(whisper, [{"op": "mask_keys", "tokens": [0]}])[0][-1] == "kind"
-    assert refusal(whisper, [{"op": "patch_heads", "source": "a" * 32}]) == (
+    assert refusal(whisper, [{"op": "patch_heads", "source": "abcd." + "a" * 32}]) == (
         ["body", "interventions", 0, "op"], "patch_heads is not offered for speech models")
     # a plain model's patch source must be a kept run
-    assert refusal(plain, [{"op": "patch_heads", "source": "a" * 32}])[0][-1] == "source"
+    assert refusal(plain, [{"op": "patch_heads", "source": "abcd." + "a" * 32}])[0][-1] == "source"

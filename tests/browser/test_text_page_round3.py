@@ -155,7 +155,9 @@ def test_job_clock_counts_down_and_names_the_queue(live_server, page, page_log):
     assert texts["later"] == "waiting: 2 jobs ahead · about 11 s left"
     assert "waiting" not in texts["running"]
     left = int(re.search(r"about (\d+) s left", texts["refined"]).group(1))
-    assert 2 <= left <= 5, texts["refined"]
+    # the measured rate (27 layers in about 2.7 s) pulls the estimate down from 11 s; the page smooths each step to
+    # at most a halving (a count-down never jumps), so it lands between the measured and the earlier estimate
+    assert 2 <= left < 11, texts["refined"]
     assert texts["oneEvent"] == "" and re.fullmatch(r"about \d+ s left", texts["twoEvents"])
     page_log.check()
 

@@ -121,7 +121,7 @@ def test_long_sample_overview_zoom_row_and_retrieval(page, page_log, long_server
     assert min(values) < -1e-4 and max(values) > 1e-4  # both signs
     assert all(row[15 - 10] < 0 for row in diff["z"])  # every query row (20..59) lost its attention to key 15
     assert diff["zmid"] == 0 and diff["zmin"] == -diff["zmax"] == -diff["maxAbs"] and diff["scale"] == "RdBu"
-    assert diff["lines"] == 3 and "P̂ − P" in diff["title"]  # the entropy of both runs' rows beside it
+    assert diff["lines"] == 4 and "P̂ − P" in diff["title"]  # the grey forbidden cells; the entropy of both runs' rows
     screenshot(page, "long-06-window-difference")
     page.locator("#heatmap").screenshot(path=str(ROOT / "artifacts" / "screenshots" / "long-window-difference.png"))
     assert not page_log.errors, page_log.errors

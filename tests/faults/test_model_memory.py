@@ -181,7 +181,11 @@ def test_gemma3_first_use_beside_four_clients_stays_within_the_budget(tmp_path):
     print(json.dumps(report, indent=1))
     assert alive, f"the server died (OOM kill?): {report}\n{log.read_text()[-3000:]}"
     assert "oom_kill 0" in oom or cgroup is None, report
-    assert first.status_code == 200, (first.text[:500], report)
+    # the model loads (200), or, while the short views keep the budget full, its load is refused at once with a 503
+    # that names the memory budget and says to retry (the whole suite's run on two busy workers saw the 503); never an
+    # OOM kill, never a load over the budget
+    assert first.status_code == 200 or (first.status_code == 503 and "memory budget" in first.text
+                                        and first.headers.get("retry-after")), (first.text[:500], report)
     assert all(s in (200, 503) for _, s in answers), report  # 503: busy, with Retry-After; never a dropped request
     assert max(hwm, peak["rss"]) <= budget + MARGIN, (
         f"peak RSS {max(hwm, peak['rss']) / 2**30:.2f} GiB over memory_budget_bytes + 0.5 GiB = "

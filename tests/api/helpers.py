@@ -2,9 +2,11 @@
 around the tiny BERT, waiting for a state change, and the events of a server-sent-events answer."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from fastapi.testclient import TestClient
@@ -12,6 +14,13 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from tests.tiny_models import build_text_model
+
+
+def run_async(coroutine: Coroutine):
+    """asyncio.run in a thread of its own: a session's Playwright (sync API) leaves its event loop running in the
+    worker's main thread, where asyncio.run refuses to start ("cannot be called from a running event loop")."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 @contextmanager

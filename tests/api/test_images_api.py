@@ -112,7 +112,7 @@ def test_upload_too_many_bytes_refused_from_content_length_before_reading(image_
 def test_upload_too_many_bytes_without_content_length_stops_streaming(image_client):
     """A chunked upload (no Content-Length): the app must stop pulling body chunks soon after the limit.
     Driven through raw ASGI, because TestClient buffers the whole body before the app sees it."""
-    import asyncio
+    from tests.api.helpers import run_async
 
     pulled = {"bytes": 0}
     sent_messages = []
@@ -132,7 +132,7 @@ def test_upload_too_many_bytes_without_content_length_stops_streaming(image_clie
                     (b"transfer-encoding", b"chunked")],
         "client": ("127.0.0.1", 1234), "server": ("testserver", 80), "app": image_client.app,
     }
-    asyncio.run(image_client.app(scope, receive, send))
+    run_async(image_client.app(scope, receive, send))
     start = next(m for m in sent_messages if m["type"] == "http.response.start")
     assert start["status"] == 413
     assert pulled["bytes"] <= UPLOAD_LIMIT + 2 * 65536 + 65536  # the limit + multipart slack + one chunk

@@ -12,7 +12,7 @@ import pytest
 
 from app.runtime import Overloaded, Runtime, request_deadline
 from app.settings import Settings
-from tests.api.helpers import make_settings, post_text, wait_until
+from tests.api.helpers import make_settings, post_text, run_async, wait_until
 
 
 def test_default_queue_depth_is_at_least_32():
@@ -130,7 +130,7 @@ def test_admission_gate_refuses_on_the_event_loop():
             done = [await t for t in first] + [await not_gated]
         return refused, done, entered, gate.in_flight
 
-    refused, done, entered, in_flight = asyncio.run(scenario())
+    refused, done, entered, in_flight = run_async(scenario())
     assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
     assert [r.status_code for r in done] == [200, 200, 200]
     assert entered.count("/api/text/attention") == 2  # the refused one never reached the app

@@ -246,12 +246,13 @@ class Lab:
     def attention(self, text: str, model: str | None = None, *, layers: Sequence[int] | None = None,
                   heads: Sequence[int] | None = None, interventions: Sequence[Intervention | dict] = (),
                   compare: bool = False, include_scores: bool = False, include_base: bool = False,
-                  encoding: str = "f32", **fields: Any) -> AttentionResult:
-        """POST /api/text/attention. Any other request field (text_pair, position, chat, samples, weighting,
-        thumbnail_size, target, …) goes through `fields`. Returns an AttentionResult (`.attention` in numpy)."""
+                  **fields: Any) -> AttentionResult:
+        """POST /api/text/attention. Any other request field (encoding, "f32" unless given; text_pair, position, chat,
+        samples, weighting, thumbnail_size, target, …) goes through `fields`. Returns an AttentionResult
+        (`.attention` in numpy)."""
+        fields.setdefault("encoding", "f32")  # exact and compact numpy arrays
         body = _body(model=model, text=text, layers=layers, heads=heads, interventions=to_items(interventions),
-                     compare=compare, include_scores=include_scores, include_base=include_base, encoding=encoding,
-                     **fields)
+                     compare=compare, include_scores=include_scores, include_base=include_base, **fields)
         return AttentionResult(self._job("/api/text/attention", body, "attention"), body, self)
 
     def show(self, text: str, model: str | None = None, *, layer: int | None = None, head: int | None = None,

@@ -200,10 +200,9 @@ def attnlab_attention(
     value: torch.Tensor,  # (B, H_kv, T_k, d_v)
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
-    dropout: float = 0.0,  # models run in eval mode: no dropout
     softcap: float | None = None,  # Gemma 2's logit soft-capping
     position_bias: torch.Tensor | None = None,  # T5's relative position bias, (1|B, H, T_q, T_k)
-    **kwargs,
+    **kwargs,  # transformers' other keywords: dropout (models run in eval mode: none applied), sliding_window, …
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
         raise UnsupportedAttention("attention sinks (s_aux) are not supported")

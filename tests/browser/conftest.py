@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -122,6 +123,24 @@ def screenshot(pg, name: str) -> Path:
     # failed tests over an artifact, not over the page
     pg.screenshot(path=str(path), full_page=True, timeout=120_000)
     return path
+
+
+@contextmanager
+def phone_page(browser):
+    """A page in a phone-sized context (390 × 844 CSS px at 2× pixels), closed at the end."""
+    context = browser.new_context(viewport={"width": PHONE_WIDTH, "height": 844}, device_scale_factor=2)
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+PHONE_WIDTH = 390
+
+
+def assert_fits_a_phone(pg) -> None:
+    width = pg.evaluate("() => document.documentElement.scrollWidth")
+    assert width <= PHONE_WIDTH + 1, f"the page scrolls sideways on a phone: {width} px"
 
 
 def plot_data(pg, selector: str):

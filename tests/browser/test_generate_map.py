@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from tests.browser.conftest import screenshot
+from tests.browser.conftest import assert_fits_a_phone, phone_page, screenshot
 from tests.browser.test_lm_page import generate_and_wait, wait_idle
 from tests.browser.test_text_page import wait_for_heatmap
 
@@ -54,13 +54,8 @@ def test_the_map_grows_a_row_per_token_and_why_opens_on_a_generated_token(page, 
 
 
 def test_the_growing_maps_fit_a_phone(browser, live_server):
-    context = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2)
-    page = context.new_page()
-    try:
+    with phone_page(browser) as page:
         open_masked(page, live_server)
         generate_and_wait(page)
         page.wait_for_selector("#gen-attention:not([hidden])")
-        width = page.evaluate("() => document.documentElement.scrollWidth")
-        assert width <= 390 + 1, f"the page scrolls sideways on a phone: {width} px"
-    finally:
-        context.close()
+        assert_fits_a_phone(page)

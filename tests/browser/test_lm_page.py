@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from tests.browser.conftest import masked_cells, screenshot, shown_p
+from tests.browser.conftest import assert_fits_a_phone, masked_cells, phone_page, screenshot, shown_p
 from tests.browser.test_text_page import HEATMAP, set_slider, wait_for_heatmap
 
 PROMPT = "The capital of France is"
@@ -167,14 +167,9 @@ def test_position_selector_and_stop(page, page_log, live_server):
 
 
 def test_lm_view_on_a_phone(browser, live_server):
-    context = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2)
-    page = context.new_page()
-    try:
+    with phone_page(browser) as page:
         open_prompt(page, live_server)
         page.fill("#max-new-tokens", "4")
         generate_and_wait(page)
-        width = page.evaluate("() => document.documentElement.scrollWidth")
-        assert width <= 390 + 1, f"the page scrolls sideways on a phone: {width} px"
+        assert_fits_a_phone(page)
         screenshot(page, "lm-04-phone")
-    finally:
-        context.close()

@@ -49,10 +49,13 @@ def big_bert(tmp_path_factory) -> Path:
 class Server:
     """`python -m app.serve` on 127.0.0.1 with ATTNLAB_* settings; its log goes to a file."""
 
-    def __init__(self, tmp: Path, settings: dict, extra_args: tuple[str, ...] = ()):
-        self.port = free_port()
+    label = "server"
+
+    def __init__(self, tmp: Path, settings: dict, extra_args: tuple[str, ...] = (), port: int | None = None,
+                 log_name: str | None = None):
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = tmp / f"server-{self.port}.log"
+        self.log_path = tmp / (log_name or f"server-{self.port}.log")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNLAB_")}
         env.update({f"ATTNLAB_{k.upper()}": v if isinstance(v, str) else json.dumps(v) for k, v in settings.items()})
         env["PYTHONPATH"] = str(ROOT)
@@ -66,14 +69,14 @@ class Server:
     def wait_ready(self, limit_s: float = 180) -> None:
         end = time.monotonic() + limit_s
         while time.monotonic() < end:
-            assert self.proc.poll() is None, f"server exited during start-up:\n{self.log()}"
+            assert self.proc.poll() is None, f"{self.label} exited during start-up:\n{self.log()}"
             try:
                 if httpx.get(self.base + "/api/ready", timeout=2).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        raise AssertionError(f"server not ready after {limit_s} s:\n{self.log()}")
+        raise AssertionError(f"{self.label} not ready after {limit_s} s:\n{self.log()}")
 
     def log(self) -> str:
         self._log.flush()

@@ -3,19 +3,16 @@ name and the URL it registers), and Debian's nginx run from deploy/nginx.conf wi
 `server` lines of the included nginx-upstream.conf and the `listen` port). Every process is stopped in `close()`."""
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from tests.faults.conftest import free_port
+from tests.faults.conftest import Server, free_port
 from tests.ops.test_replicas import REDIS_SERVER, Redis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,39 +47,20 @@ def build_long_llama(folder: Path) -> Path:
     return folder
 
 
-class Replica:
+class Replica(Server):
     """One app process on a free port, named `name`, registering http://127.0.0.1:<port> in Redis."""
 
     def __init__(self, tmp: Path, name: str, settings: dict, port: int | None = None):
-        self.name, self.port = name, port or free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = tmp / f"replica-{name}.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNLAB_")}
-        settings = {**settings, "replica_name": name, "replica_url": self.base}
-        env.update({f"ATTNLAB_{k.upper()}": v if isinstance(v, str) else json.dumps(v) for k, v in settings.items()})
-        env["PYTHONPATH"] = str(ROOT)
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(self.port)],
-                                     cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.name, port = name, port or free_port()
+        self.label = f"replica {name}"
+        super().__init__(tmp, {**settings, "replica_name": name, "replica_url": f"http://127.0.0.1:{port}"},
+                         port=port, log_name=f"replica-{name}.log")
 
     def wait_ready(self, limit_s: float = 600) -> None:  # three start-up probes at once on a loaded 2-core machine
-        end = time.monotonic() + limit_s
-        while time.monotonic() < end:
-            assert self.proc.poll() is None, f"replica {self.name} exited during start-up:\n{self.log()}"
-            try:
-                if httpx.get(self.base + "/api/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"replica {self.name} not ready after {limit_s} s:\n{self.log()}")
+        super().wait_ready(limit_s)
 
     def jobs(self) -> list[dict]:
         return httpx.get(self.base + "/api/jobs", timeout=5).json()["jobs"]
-
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

@@ -94,7 +94,7 @@ run: setup
 TEST_WORKERS ?= 2
 test: setup browser redis $(VENV)/.installed-dev
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=10 tests \
-		--ignore=tests/api/test_schemathesis.py
+		--ignore=tests/api/test_schemathesis.py --junitxml=artifacts/junit.xml
 # schemathesis' generated cases are not kept on one worker by the grouping (its last test, that every operation
 # was called, then saw none): its module runs on its own, in one process
 	$(PY) -m pytest -q -p no:cacheprovider tests/api/test_schemathesis.py

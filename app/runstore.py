@@ -6,8 +6,14 @@ A run is a resource with an owner and a lifetime, not a cache entry. Two tiers:
 - RAM (on a GPU: device memory for what stays there) for hot runs, bounded by `max_items`, `max_bytes` (host) and
   `max_device_bytes`;
 - local disk for the rest (`disk_bytes`, a directory of its own removed when the store is closed or the process
-  exits): a run leaving RAM is written there whole (torch.save, the dtypes it kept) and read back memory-mapped
-  (torch.load(mmap=True)), so a window or a row reads only the slices it needs (benchmarks/results/run_store.md).
+  exits): a run leaving RAM is written there whole, in the dtypes it kept, as a safetensors file of its tensors with
+  everything else as JSON (app/runfile.py: nothing is ever unpickled), and read back memory-mapped, so a window or a
+  row reads only the slices it needs (benchmarks/results/run_store.md).
+
+Files are written by one background thread, never in a request's: a run leaving RAM stays readable there, its bytes
+booked, until its file is complete (then it leaves at once); a request making room waits at most for a place in the
+bounded queue of writes (WRITE_QUEUE), never for a write. The memory accountant's `evict_for` waits for the writes it
+needs (it frees memory only once they are done). `flush` waits for every queued write; `close` stops the writer.
 
 A run is pinned for `pin_s` after it was put or last read by its run id, and held while a job that plans it runs
 (`holding`). Making room takes the least recently used runs first: with a disk tier, every run leaving RAM goes to
@@ -20,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import shutil
 import tempfile
 import threading
@@ -27,16 +34,20 @@ import time
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from app import runfile
 from models.adapters.base import AttentionResult
 
 log = logging.getLogger("attnlab")
 
 FORGET_AFTER = 65_536  # expired run ids remembered (ids only, ~5 MB at most)
+# writes queued for the disk tier beside the one being written: a request making room waits for a place when more
+# runs leave RAM than the disk takes (each queued run stays booked in RAM until written, so this bounds the overshoot)
+WRITE_QUEUE = 4
 
 
 @dataclass
@@ -48,6 +59,55 @@ class _OnDisk:
     device: str  # where the run ran ("cpu", "cuda:0"): the compute path loads it back there
     run_id: str | None
     loaded: AttentionResult | None = None  # the memory-mapped result, once read (its pages read on demand)
+
+
+@dataclass
+class _Write:
+    """A run on its way to the disk tier: it stays readable in RAM, its bytes booked there, until the file is done."""
+
+    key: tuple
+    run_file: runfile.RunFile | None  # the header and tensor references; let go once written
+    path: Path
+    device: str
+    run_id: str | None
+    leaving: tuple[int, int]  # (host, device) bytes of the RAM tier that leave with it
+    booked: int  # disk-tier bytes booked for the file (0 once cancelled)
+    cancelled: bool = False  # the run was dropped meanwhile: no file is kept
+    freed: int | None = None  # host bytes the RAM tier gave back once the file was done; None: it stayed
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class _Resources:
+    """What a store owns outside Python's memory: the writer thread, its queue and the directory. No reference to the
+    store itself, so that its weakref finalizer (close, or the store collected, or the process exiting) can run."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.Queue[_Write | None] = queue.Queue(maxsize=WRITE_QUEUE)
+        self.thread: threading.Thread | None = None
+        self.dir: Path | None = None
+
+    def release(self) -> None:
+        """Stop the writer (after the writes queued, which skip dropped runs) and remove the directory."""
+        thread, self.thread = self.thread, None
+        if thread is not None:
+            self.jobs.put(None)
+            if thread is not threading.current_thread():
+                thread.join(timeout=120)
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _write_runs(jobs: queue.Queue, store_ref: weakref.ref) -> None:
+    """The writer thread: one queued run at a time into its file (a weak reference: the store may go meanwhile)."""
+    while True:
+        write = jobs.get()
+        if write is None:
+            return
+        store = store_ref()
+        if store is None:
+            continue
+        store._write(write)
+        del store
 
 
 def _device_of(result) -> str:
@@ -73,12 +133,13 @@ class ResultCache:
         self._pins: dict[tuple, tuple[float, str]] = {}  # key → (pinned until, monotonic; the client it was put for)
         self._held: Counter[tuple] = Counter()  # keys a running job plans (holding): never dropped meanwhile
         self._expired: OrderedDict[str, None] = OrderedDict()  # run ids this store held and dropped
-        self._moving: set[tuple] = set()  # keys being written to disk
-        self._dropped_while_moving: set[tuple] = set()
-        self._bytes = self._device_bytes = self._disk_used = 0
-        self._lock = threading.Lock()  # the books; file writes happen outside it, one at a time (_write_lock)
-        self._write_lock = threading.Lock()
-        self._dir: Path | None = None
+        self._moving: OrderedDict[tuple, _Write] = OrderedDict()  # runs queued or being written to disk (in RAM still)
+        self._leaving = [0, 0]  # (host, device) bytes of the RAM tier booked by runs in _moving
+        self._bytes = self._device_bytes = self._disk_used = 0  # _disk_used: files, and files being written
+        self._lock = threading.Lock()  # the books; files are written outside it, by the writer thread
+        self._idle = threading.Condition(self._lock)  # notified when a write ends (flush, evict_for wait on it)
+        self._resources = _Resources()
+        self._finalizer = weakref.finalize(self, self._resources.release)
         self.hits = self.misses = 0
         self.spills = self.disk_reads = 0  # runs written to disk; runs read back from disk (for the benchmarks)
 
@@ -101,9 +162,12 @@ class ResultCache:
         return self.max_disk_bytes > 0
 
     def stats(self) -> dict[str, int]:
+        """Runs and bytes per tier; `writing_runs`: runs in RAM still, their files being written (disk_bytes counts
+        those files already)."""
         with self._lock:
             return {"ram_runs": len(self._items), "disk_runs": sum(k not in self._items for k in self._disk),
-                    "ram_bytes": self._bytes, "device_bytes": self._device_bytes, "disk_bytes": self._disk_used}
+                    "writing_runs": len(self._moving), "ram_bytes": self._bytes, "device_bytes": self._device_bytes,
+                    "disk_bytes": self._disk_used}
 
     # ---- by key (the runtime) ---------------------------------------------------------------------------------
     def get(self, key: tuple) -> AttentionResult | None:
@@ -171,8 +235,9 @@ class ResultCache:
             self._remeasure()
 
     def _over(self) -> bool:
-        return (len(self._items) > self.max_items or self._bytes > self.max_bytes
-                or self._device_bytes > self.max_device_bytes)
+        """The RAM tier over its bounds, runs on their way to disk not counted (they leave when written)."""
+        return (len(self._items) - len(self._moving) > self.max_items or self._bytes - self._leaving[0] > self.max_bytes
+                or self._device_bytes - self._leaving[1] > self.max_device_bytes)
 
     def make_room(self, keep: tuple | None = None) -> None:
         """Bring the RAM tier within its bounds: the least recently used unpinned runs leave first (to disk, or
@@ -208,63 +273,102 @@ class ResultCache:
         return self._held[key] > 0 or self._pins.get(key, (0.0, ""))[0] > now
 
     # ---- leaving RAM: to disk, or away -----------------------------------------------------------------------
-    def _leave_ram(self, key: tuple, may_drop: bool) -> int | None:
-        """Take `key` out of the RAM tier: to disk when it has a file there or one can be written, else dropped
-        when `may_drop`. Returns the host bytes freed, None when it stays."""
+    def _leave_ram(self, key: tuple, may_drop: bool) -> int | _Write | None:
+        """Take `key` out of the RAM tier: at once when it has a file; with a disk tier by a write queued for the
+        writer thread (it stays readable in RAM until its file is done); else dropped when `may_drop`. Returns the
+        host bytes freed, the write under way (its `done` is set when the file is), or None when it stays."""
         with self._lock:
             result = self._items.get(key)
-            if result is None or key in self._moving:
+            if result is None:
                 return None
-            on_disk = key in self._disk
-        if not on_disk and not (self.disk_tier and self._spill(key, result)):
+            if key in self._disk:  # its file is there already (a GPU run read back): leaving is free
+                freed = self._sizes[key][0]
+                self._pop_ram(key)
+                return freed
+            write = self._moving.get(key)
+        if write is None and self.disk_tier:
+            write = self._queue_write(key, result)
+        if write is None:
             with self._lock:
-                if not may_drop or key not in self._items or self._pinned(key, time.monotonic()):
+                if not may_drop or key not in self._items or key in self._moving or self._pinned(key, time.monotonic()):
                     return None
                 freed = self._sizes[key][0]
                 self._drop(key)
                 return freed
-        with self._lock:
-            if key not in self._items:
-                return None
-            freed = self._sizes[key][0]
-            self._pop_ram(key)
-            return freed
+        return write
 
-    def _spill(self, key: tuple, result: AttentionResult) -> bool:
-        """Write `result` to the disk tier under `key`; False when it cannot fit beside the pinned runs there (or the
-        write failed: logged). One write at a time; lookups go on meanwhile."""
-        estimate = result.nbytes
-        with self._write_lock:
-            with self._lock:
-                if key in self._disk:
-                    return True
-                if not self._disk_room(estimate):
-                    return False
-                self._moving.add(key)
-                self._dropped_while_moving.discard(key)
+    def _queue_write(self, key: tuple, result: AttentionResult) -> _Write | None:
+        """Book room on disk for `result`'s file and queue its write; None when it cannot fit beside the pinned runs
+        there (or holds something a run's file cannot: logged). Waits only for a place in the queue."""
+        try:
+            run_file = runfile.encode(result)  # shapes and dtypes only: no copy
+        except (TypeError, ValueError):
+            log.exception("run store: a run's file cannot hold this run")
+            return None
+        directory = self._directory()
+        with self._lock:
+            if key in self._moving or key not in self._items:
+                return self._moving.get(key)
+            if not self._disk_room(run_file.nbytes):
+                return None
+            write = _Write(key, run_file, directory / f"{os.urandom(12).hex()}.safetensors", _device_of(result),
+                           result.run_id, self._sizes[key], run_file.nbytes)
+            self._moving[key] = write
+            self._leaving[0] += write.leaving[0]
+            self._leaving[1] += write.leaving[1]
+            self._disk_used += write.booked
+            if self._resources.thread is None:
+                self._resources.thread = threading.Thread(target=_write_runs, name="attnlab-run-writer", daemon=True,
+                                                          args=(self._resources.jobs, weakref.ref(self)))
+                self._resources.thread.start()
+        self._resources.jobs.put(write)  # the only wait a request may see: for a place in the bounded queue
+        return write
+
+    def _write(self, write: _Write) -> None:
+        """In the writer thread: the file, then the books (the run leaves RAM; a dropped run's file goes; a failed
+        write gives its booking back and the run stays, or goes when unpinned, as without a disk tier)."""
+        ok = False
+        if not write.cancelled:
             try:
-                path = self._directory() / f"{os.urandom(12).hex()}.pt"
-                torch.save(result, path)
-                size = path.stat().st_size
-            except Exception:  # noqa: BLE001  (a run that cannot be written stays or goes as without a disk tier)
-                log.exception("run store: writing a run to %s failed", self._dir)
-                with self._lock:
-                    self._moving.discard(key)
-                return False
-            with self._lock:
-                self._moving.discard(key)
-                if key in self._dropped_while_moving or not self._disk_room(size):
-                    self._dropped_while_moving.discard(key)
-                    path.unlink(missing_ok=True)  # dropped meanwhile, or larger than thought and no room left
-                    return False
-                self._disk[key] = _OnDisk(path, size, _device_of(result), result.run_id)
-                self._disk_used += size
-                self.spills += 1
-            return True
+                runfile.write(write.run_file, write.path)
+                ok = True
+            except Exception:  # noqa: BLE001  (logged; the run stays or goes as without a disk tier)
+                log.exception("run store: writing a run to %s failed", write.path.parent)
+        write.run_file = None
+        with self._lock:
+            if self._moving.get(write.key) is write:
+                self._end_move(write)
+                if ok:
+                    self._disk[write.key] = _OnDisk(write.path, write.booked, write.device, write.run_id)
+                    self.spills += 1
+                    if write.key in self._items:
+                        write.freed = self._sizes[write.key][0]
+                        self._pop_ram(write.key)
+                else:
+                    self._disk_used -= write.booked
+                    if write.key in self._items and not self._pinned(write.key, time.monotonic()):
+                        self._drop(write.key)
+            if not ok or write.cancelled:
+                write.path.unlink(missing_ok=True)
+            write.done.set()
+            self._idle.notify_all()
+
+    def _end_move(self, write: _Write) -> None:
+        """`write` no longer in _moving (done, or cancelled by a drop). Under the lock."""
+        del self._moving[write.key]
+        self._leaving[0] -= write.leaving[0]
+        self._leaving[1] -= write.leaving[1]
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every write queued so far is done (tests and benchmarks reading the disk tier's books, close).
+        False when `timeout` passed first."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._moving, timeout)
 
     def _disk_room(self, nbytes: int) -> bool:
         """Make room for `nbytes` in the disk tier by dropping unpinned runs there (least recently used first; a run
-        still in RAM only loses its file). False, dropping nothing, when the pinned ones leave too little. Under the
+        still in RAM only loses its file), then unpinned runs whose writes are queued (dropped: they were leaving RAM
+        and there is no room for them). False, dropping nothing, when the pinned ones leave too little. Under the
         lock."""
         if nbytes > self.max_disk_bytes:
             return False
@@ -273,12 +377,14 @@ class ResultCache:
         if free >= nbytes:
             return True
         loose = [k for k in self._disk if k in self._items or not self._pinned(k, now)]
-        if free + sum(self._disk[k].nbytes for k in loose) < nbytes:
+        loose += [k for k in self._moving if not self._pinned(k, now)]
+        sizes = {**{k: w.booked for k, w in self._moving.items()}, **{k: e.nbytes for k, e in self._disk.items()}}
+        if free + sum(sizes[k] for k in loose) < nbytes:
             return False
         for k in loose:
             if self.max_disk_bytes - self._disk_used >= nbytes:
                 break
-            if k in self._items:
+            if k in self._items and k in self._disk:
                 self._pop_disk(k)
             else:
                 self._drop(k)
@@ -287,21 +393,23 @@ class ResultCache:
     def _directory(self) -> Path:
         """This store's own directory (made on the first write, removed with the store or at exit)."""
         with self._lock:
-            if self._dir is None:
+            if self._resources.dir is None:
                 parent = self._disk_parent
                 if parent is not None:
                     Path(parent).mkdir(parents=True, exist_ok=True)
-                self._dir = Path(tempfile.mkdtemp(prefix="attnlab-runs-", dir=parent))  # mode 0700
-                self._finalizer = weakref.finalize(self, shutil.rmtree, str(self._dir), True)
-            return self._dir
+                self._resources.dir = Path(tempfile.mkdtemp(prefix="attnlab-runs-", dir=parent))  # mode 0700
+            return self._resources.dir
+
+    @property
+    def _dir(self) -> Path | None:
+        return self._resources.dir
 
     # ---- reading from disk ------------------------------------------------------------------------------------
     @staticmethod
     def _load(path: Path, device: str = "cpu") -> AttentionResult | None:
         """The run in `path`, its tensors memory-mapped (on a GPU copied back to `device`); None when the file went."""
         try:
-            # our own files, written by _spill into a private directory: whole objects, not only tensors
-            return torch.load(path, mmap=True, weights_only=False, map_location=device)
+            return runfile.read(path, device)  # tensors and JSON only (app/runfile.py): nothing is unpickled
         except FileNotFoundError:
             return None
 
@@ -338,8 +446,13 @@ class ResultCache:
         if key in self._disk:
             run_id = run_id or self._disk[key].run_id
             self._pop_disk(key)
-        if key in self._moving:
-            self._dropped_while_moving.add(key)
+        write = self._moving.get(key)
+        if write is not None:  # its write is queued or under way: cancelled, its booking given back now
+            write.cancelled = True
+            self._end_move(write)
+            self._disk_used -= write.booked
+            write.booked = 0
+            self._idle.notify_all()
         self._forget(key, run_id)
 
     def _forget(self, key: tuple, run_id: str | None) -> None:
@@ -358,23 +471,31 @@ class ResultCache:
         """Free at least `nbytes` of RAM-tier host memory if that can be done without taking a run another client may
         still use: unpinned runs first (least recently used first: to disk, or dropped when there is no room there);
         with a disk tier then pinned runs, to disk (any client's: nothing is lost); without one, `client`'s own
-        pinned runs, dropped (the client has moved on), never a held one. Returns the bytes freed."""
-        freed = 0
+        pinned runs, dropped (the client has moved on), never a held one. Runs going to disk free their memory when
+        their files are done: this waits for those writes (queued together). Returns the bytes freed."""
+        freed, coming = 0, []
         for pass_ in ("unpinned", "pinned"):
             with self._lock:
                 now = time.monotonic()
                 keys = [k for k in self._items if self._pinned(k, now) == (pass_ == "pinned")]
             for key in keys:
-                if freed >= nbytes:
-                    return freed
+                if freed + sum(w.leaving[0] for w in coming) >= nbytes:
+                    break
                 if pass_ == "unpinned" or self.disk_tier:
-                    freed += self._leave_ram(key, may_drop=pass_ == "unpinned") or 0
+                    left = self._leave_ram(key, may_drop=pass_ == "unpinned")
+                    if isinstance(left, _Write):
+                        coming.append(left)
+                    else:
+                        freed += left or 0
                 else:
                     with self._lock:
                         own = client and self._pins.get(key, (0.0, ""))[1] == client and not self._held[key]
                         if own and key in self._items:
                             freed += self._sizes[key][0]
                             self._drop(key)
+        for write in coming:
+            write.done.wait()
+            freed += write.freed or 0
         return freed
 
     def _remeasure(self) -> None:
@@ -436,11 +557,10 @@ class ResultCache:
                 self._drop(key)
 
     def close(self) -> None:
-        """Every run dropped and the disk tier's directory removed (also done at exit)."""
+        """Every run dropped (queued writes cancelled), the writer thread stopped and the disk tier's directory
+        removed (also done when the store is collected, or at exit)."""
         self.clear()
-        finalizer = getattr(self, "_finalizer", None)
-        if finalizer is not None:
-            finalizer()
+        self._finalizer()
 
 
 RunStore = ResultCache  # the name it goes by in the docs

@@ -65,6 +65,7 @@ def test_the_pages_order_keeps_both_runs_and_computes_the_base_once(llama):
         assert np.abs(_window(client, compare["base_run_id"]) - plain[1, 2, 4:20, 0:20]).max() <= 1e-6
         diff = _window(client, compare["run_id"], minus=compare["base_run_id"])
         assert np.abs(diff - (full - plain)[1, 2, 4:20, 0:20]).max() <= 1e-6
+        assert client.app.state.runtime.cache.flush(timeout=60)  # files are written by the store's writer thread
         stats = client.app.state.runtime.cache.stats()
         assert stats["ram_runs"] == 1 and stats["disk_runs"] == 1  # one of them answered from disk
 
@@ -78,6 +79,7 @@ def test_runs_on_disk_answer_windows_and_rows_exactly(llama):
             body = {"model": "lm", "text": TEXT, "interventions": MASK, "compare": True, "include_base": True}
             runs[name] = client.post("/api/text/attention", json=body).json()
         store = disk.app.state.runtime.cache
+        assert store.flush(timeout=60)
         assert store.host_bytes == 0 and store.stats()["disk_runs"] == 2
         for extra in ({}, {"beta": 0.5}, {"include_scores": True}, {"weighting": "value_norm"}):
             windows = []

@@ -54,6 +54,7 @@ def test_a_run_spilled_to_disk_comes_back_exactly_and_memory_mapped(llama, tmp_p
     result = _run(llama, "r1", long, (Intervention("mask_keys", tokens=(1, 2)),))
     store = _store(tmp_path, ram=1)  # nothing fits in RAM: the run goes straight to disk
     store.put(("k",), result, "me")
+    assert store.flush(timeout=60)  # the file is written by the store's writer thread
     assert store.host_bytes == 0 and store.disk_bytes > 0 and store.stats()["disk_runs"] == 1
     back = store.by_run_id("r1")
     assert back is not None and back is not result and back.run_id == "r1" and back.model_id == "tiny-llama"
@@ -79,6 +80,7 @@ def test_pinned_runs_go_to_disk_instead_of_staying_over_the_ram_budget(llama, tm
     store = _store(tmp_path, ram=first.nbytes + second.nbytes // 2)
     store.put(("a",), first, "client-1")
     store.put(("b",), second, "client-2")  # both pinned; RAM holds one: the older goes to disk
+    assert store.flush(timeout=60)
     assert store.host_bytes == second.nbytes and store.disk_bytes > 0
     assert store.by_run_id("a") is not None and store.by_run_id("b") is second
     # without a disk tier the pinned run stayed in RAM, over the budget (the accountant counted it)
@@ -103,29 +105,31 @@ def test_the_disk_tier_has_its_own_budget(llama, tmp_path):
     runs = [_run(llama, f"r{i}", True) for i in range(3)]
     scratch = _store(tmp_path, ram=1)
     scratch.put(("scratch",), runs[0], "me")
+    assert scratch.flush(timeout=60)
     size = scratch.disk_bytes  # one run's file (a tiny run's file is mostly the archive's own headers)
     scratch.close()
     store = _store(tmp_path, ram=1, disk=int(2.5 * size), pin_s=0)  # unpinned at once; room on disk for two
     for i, run in enumerate(runs):
         store.put((i,), run, "me")
-    assert store.disk_bytes <= int(2.5 * size)
+    assert store.disk_bytes <= int(2.5 * size) and store.flush(timeout=60)
     assert store.by_run_id("r0") is None and store.why_missing("r0") == "expired"  # the least recently used went
     assert store.by_run_id("r1") is not None and store.by_run_id("r2") is not None
-    assert len(list(tmp_path.glob("attnlab-runs-*/*.pt"))) == 2  # its file went with it
+    assert len(list(tmp_path.glob("attnlab-runs-*/*.safetensors"))) == 2  # its file went with it
     # pinned runs fill the disk: a pinned run that must leave RAM stays there instead of being dropped
     pinned = _store(tmp_path, ram=runs[0].nbytes + runs[0].nbytes // 2, disk=int(1.5 * size), pin_s=60)
     for i, run in enumerate(runs):
         pinned.put((i,), run, "me")
+    assert pinned.flush(timeout=60)
     assert all(pinned.by_run_id(f"r{i}") is not None for i in range(3))
     assert pinned.disk_bytes <= int(1.5 * size)
     # a run larger than the whole disk tier and the RAM tier (the API refuses it first: 413) stays in RAM while it
     # is pinned, and goes once it is not: its id then says expired, never a 500
     tiny = _store(tmp_path, ram=1, disk=size // 2)
     tiny.put(("big",), _run(llama, "big", True), "me")
-    assert tiny.by_run_id("big") is not None and tiny.disk_bytes == 0
+    assert tiny.flush(timeout=60) and tiny.by_run_id("big") is not None and tiny.disk_bytes == 0
     loose = _store(tmp_path, ram=1, disk=size // 2, pin_s=0)
     loose.put(("big",), _run(llama, "big", True), "me")
-    assert loose.by_run_id("big") is None and loose.why_missing("big") == "expired"
+    assert loose.flush(timeout=60) and loose.by_run_id("big") is None and loose.why_missing("big") == "expired"
 
 
 def test_expired_and_unknown_ids_and_a_bounded_memory_of_them(llama, tmp_path, monkeypatch):
@@ -158,6 +162,7 @@ def test_a_run_a_job_holds_is_never_dropped(llama, tmp_path):
 def test_the_disk_tier_directory_is_removed_on_close(llama, tmp_path):
     store = _store(tmp_path, ram=1)
     store.put(("k",), _run(llama, "k", True), "me")
+    assert store.flush(timeout=60)
     folders = list(tmp_path.glob("attnlab-runs-*"))
     assert len(folders) == 1 and any(folders[0].iterdir())
     store.close()

@@ -5,18 +5,25 @@ is never dropped; a dropped run's id is remembered as expired (a bounded set), o
 from __future__ import annotations
 
 import dataclasses
+import gc
+import json
+import math
+import threading
 import time
 
+import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 
 import app.runstore as runstore
+from app import runfile
 from app.memory import MemoryBudget
 from app.runstore import ResultCache
 from models.adapters.causal_lm import CausalLMAdapter
 from models.atlas import full_row_entropy, window
 from models.interventions import Intervention
-from tests.tiny_models import build_text_model
+from tests.tiny_models import build_image_model, build_text_model
 
 TEXT = "the cat sat on the mat because it was tired , the dog ran on the street"
 
@@ -176,3 +183,192 @@ def test_a_pin_ends(llama, tmp_path):
     assert store._pinned(("p",), time.monotonic())
     time.sleep(0.3)
     assert not store._pinned(("p",), time.monotonic()) and store.by_run_id("p") is not None  # on disk still
+
+
+# ---- the file format: every kind of run, tensors and JSON only (app/runfile.py) ------------------------------------
+def _same(a, b, where: str = "run") -> None:
+    """`b` (read back) equals `a` (as kept): same types, tensors of the same dtype, shape and values (NaN where NaN),
+    objects attribute by attribute (those a run forms again when asked, runfile.SKIPPED, aside)."""
+    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        torch.testing.assert_close(b, a.cpu(), rtol=0, atol=0, equal_nan=True, msg=where)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            _same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    elif type(a).__name__ in runfile.CLASSES:
+        _same({k: v for k, v in vars(a).items() if k not in runfile.SKIPPED},
+              {k: v for k, v in vars(b).items() if k not in runfile.SKIPPED}, where)
+    elif isinstance(a, float) and math.isnan(a):
+        assert math.isnan(b), where
+    else:
+        assert a == b, where
+
+
+def _kind(name: str, tmp_path):
+    """(adapter, encoded, interventions, record_scores) of one kind of run the suite makes."""
+    from PIL import Image
+
+    from models.adapters.bert import BertAdapter
+    from models.adapters.seq2seq import Seq2SeqAdapter
+    from models.adapters.vit import VitAdapter
+
+    perturb = (Intervention("perturb_keys", noise_std=0.5, seed=3, layers=(1,)), Intervention("mask_keys", tokens=(1,)),
+               Intervention("temperature", beta=0.5, heads=(0, 2)))
+    family = name.split("-")[0]
+    if family in ("lm", "continuation"):
+        dtype = "bfloat16" if "bf16" in name else "float32"
+        adapter = CausalLMAdapter("tiny-llama", str(build_text_model("llama", tmp_path / "llama")), device="cpu",
+                                  dtype=dtype)
+        encoded = adapter.at_position(adapter.encode(TEXT), None)
+        if family == "continuation":  # prompt + continuation ids, as app/routes/text.py keeps each side
+            encoded = adapter.encode_ids(encoded.inputs["input_ids"][0].tolist() + [5, 9, 11])
+    elif family == "bert":
+        adapter = BertAdapter("tiny-bert", str(build_text_model("bert", tmp_path / "bert")), device="cpu")
+        encoded = adapter.encode(TEXT)
+    elif family == "seq2seq":
+        adapter = Seq2SeqAdapter("tiny-bart", str(build_text_model("bart", tmp_path / "bart")), device="cpu")
+        encoded = adapter.encode(TEXT, "the dog ran")
+        perturb = perturb[1:]
+    else:
+        adapter = VitAdapter("tiny-vit", str(build_image_model("vit", tmp_path / "vit")), device="cpu")
+        encoded = adapter.encode(Image.linear_gradient("L").convert("RGB").resize((48, 40)), "gradient", image_size=48)
+        perturb = (Intervention("mask_keys", tokens=(2, 3)), Intervention("causal", layers=(0,)))
+    adapter.full_map_tokens = 8 if "long" in name else 512
+    adapter.atlas_config = dataclasses.replace(adapter.atlas_config, block_rows=4, overview_blocks=6)
+    return adapter, encoded, perturb, "short" in name
+
+
+KINDS = ["lm-short", "lm-long", "lm-bf16-long", "continuation-long", "bert-short", "seq2seq-short", "seq2seq-long",
+         "image-short", "image-long"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_of_run_reads_back_equal_from_its_file(kind, tmp_path):
+    """Short text (P, q̂/k̂ with scores, pending records with their interventions, pending dead-row counts), long text
+    with an atlas (records, summaries), bfloat16 q̂/k̂, a continuation, an encoder, an encoder–decoder (P per kind),
+    an image (patch positions in the atlas config): the run read back from disk equals the run written, field by
+    field, in the dtypes it kept."""
+    adapter, encoded, interventions, scores = _kind(kind, tmp_path)
+    result = adapter.run(encoded, interventions, scores)
+    result.run_id, result.model_id, result.elapsed_s = "r", "tiny", 0.25
+    result.derived["thumbnails24"] = {"dtype": "uint8", "shape": [2, 4], "data": "AAE=", "max": [0.5, float("nan")]}
+    result.derived["n_positions"], result.derived["grid"] = np.int64(7), np.arange(6.0).reshape(2, 3)
+    assert result.is_long == ("long" in kind)
+    if "bf16" in kind:
+        assert result.atlas.records[0].queries.dtype == torch.bfloat16
+    store = _store(tmp_path, ram=1)
+    store.put(("k",), result, "me")
+    assert store.flush(timeout=60) and store.stats()["disk_runs"] == 1
+    back = store.by_run_id("r")
+    assert back is not result
+    _same(result, back)
+    path = next(iter(store._disk.values())).path
+    with safe_open(str(path), "pt") as opened:  # a plain safetensors file: its tensors and a JSON header
+        names = list(opened.keys())
+        meta = json.loads(opened.metadata()[runfile.META_KEY])
+    assert len(names) >= 3 and meta["format"] == runfile.FORMAT
+    assert str(path) in open("/proc/self/maps").read()  # read memory-mapped
+    store.close()
+
+
+def test_a_run_file_names_data_never_code(llama, tmp_path):
+    """The reader builds only a run's own classes: a file naming any other class (a pickle's way to run code) is
+    refused, and the file holds no pickle opcodes."""
+    result = _run(llama, "r", True)
+    made = runfile.encode(result)
+    path = tmp_path / "run.safetensors"
+    runfile.write(made, path)
+    assert runfile.read(path).tokens == result.tokens
+    data = path.read_bytes()
+    assert b"\x80\x04\x95" not in data and b"\x80\x02" not in data[:64]  # no pickle protocol header
+    forged = data.replace(b'\\"class\\":\\"Atlas\\"', b'\\"class\\":\\"Popen\\"')
+    assert forged != data
+    path.write_bytes(forged)
+    with pytest.raises(KeyError):
+        runfile.read(path)
+    with pytest.raises(TypeError, match="cannot hold"):
+        runfile.encode(dataclasses.replace(result, derived={"x": object()}))
+
+
+# ---- the writer thread: no disk write in the request's thread -------------------------------------------------------
+def test_put_leaves_the_file_to_the_writer_thread(llama, tmp_path, monkeypatch):
+    """A run leaving RAM is written by the store's writer thread, never by the thread that put the run that made it
+    leave (a request's); meanwhile it answers from RAM, its bytes still booked there."""
+    writers, release = [], threading.Event()
+    real_write = runfile.write
+
+    def slow_write(run_file, path):  # the real write, after `release`: the test sees the run while it is written
+        writers.append(threading.current_thread())
+        release.wait(30)
+        return real_write(run_file, path)
+
+    monkeypatch.setattr(runfile, "write", slow_write)
+    first, second = _run(llama, "a", True), _run(llama, "b", True)
+    store = _store(tmp_path, ram=first.nbytes + second.nbytes // 2)
+    store.put(("a",), first, "me")
+    store.put(("b",), second, "me")  # "a" leaves RAM: queued for the writer, put returns at once
+    assert store.by_run_id("a") is first  # from RAM while its file is written
+    assert store.host_bytes == first.nbytes + second.nbytes and store.stats()["writing_runs"] == 1
+    release.set()
+    assert store.flush(timeout=60)
+    assert writers and all(t is not threading.current_thread() for t in writers)
+    assert store.host_bytes == second.nbytes and store.stats()["disk_runs"] == 1
+    back = store.by_run_id("a")
+    assert back is not first and torch.equal(back.hidden_states, first.hidden_states)
+    store.close()
+
+
+def test_a_put_waits_only_for_a_place_in_the_bounded_queue(llama, tmp_path, monkeypatch):
+    """With the writer stuck, WRITE_QUEUE runs wait in its queue (and one in its hands); the next run that must leave
+    RAM makes its put wait for a place, and no longer once the writer moves on. A run dropped while queued leaves no
+    file."""
+    monkeypatch.setattr(runstore, "WRITE_QUEUE", 1)
+    release = threading.Event()
+    real_write = runfile.write
+    monkeypatch.setattr(runfile, "write", lambda run_file, path: (release.wait(30), real_write(run_file, path))[1])
+    runs = [_run(llama, f"r{i}", True) for i in range(4)]
+    store = _store(tmp_path, ram=1, items=64)  # every run leaves RAM at once
+    store.put((0,), runs[0], "me")  # in the writer's hands
+    store.put((1,), runs[1], "me")  # in the queue (1 place)
+    third = threading.Thread(target=store.put, args=((2,), runs[2], "me"))
+    third.start()
+    third.join(0.5)
+    assert third.is_alive()  # waiting for a place in the queue, not for a write of its own
+    assert all(store.by_run_id(f"r{i}") is runs[i] for i in range(3))  # all readable from RAM meanwhile
+    release.set()
+    third.join(30)
+    assert not third.is_alive() and store.flush(timeout=60)
+    assert store.stats()["disk_runs"] == 3 and store.host_bytes == 0
+    release.clear()
+    store.put((3,), runs[3], "me")
+    with store._lock:
+        store._drop((3,))  # dropped while its write waits: its booking goes at once, its file never stays
+    release.set()
+    assert store.flush(timeout=60) and store.why_missing("r3") == "expired"
+    assert len(list(tmp_path.glob("attnlab-runs-*/*.safetensors"))) == 3
+    store.close()
+
+
+def test_the_writer_thread_stops_with_the_store(llama, tmp_path):
+    store = _store(tmp_path, ram=1)
+    store.put(("k",), _run(llama, "k", True), "me")
+    thread = store._resources.thread
+    assert thread is not None and thread.is_alive()
+    store.close()
+    assert not thread.is_alive()
+    collected = _store(tmp_path, ram=1)  # a store that is only let go of (an app's runtime dropped in a test)
+    collected.put(("k",), _run(llama, "k2", True), "me")
+    assert collected.flush(timeout=60)
+    thread, folder = collected._resources.thread, collected._dir
+    del collected
+    gc.collect()
+    thread.join(30)
+    assert not thread.is_alive() and not folder.exists()

@@ -4,104 +4,107 @@ A request estimated over its time limit (a job's job_timeout_s, else request_tim
 generate_timeout_s) would only be admitted to time out after minutes of work (and gigabytes of recorded maps): it is
 answered 413 before it starts, naming the field that drives the cost, and a plain request's 413 says when its
 streamed form would be admitted. A job that passes is accepted on the job board (app/jobs.py: its accepted event
-with its ETA, place and progress total, then its turn among its client's jobs). The estimate and the passes are
-kept in the request's context (app/context.py) for the scheduler and the job's progress bar.
+with its ETA, place and progress total, then its turn among its client's jobs). Each check takes the request's
+context (app/context.py) and returns the estimated seconds: the caller passes them on to the scheduler with its first
+run (`ctx.with_(estimate_s=…)`).
 """
 from __future__ import annotations
 
 from fastapi import HTTPException
 
 from app import costs
-from app.context import request_model_runs, request_model_seconds
+from app.context import RequestContext, current, request_model_seconds
 from app.costs import cost_field, forward_macs, model_shape, stream_macs
-from app.jobs import JOBS, current_job
+from app.jobs import JOBS
 
 
-def time_limit(settings) -> tuple[float, str]:
-    """The current request's limit: a job's job_timeout_s, else request_timeout_s."""
-    if current_job.get() is not None:
+def time_limit(settings, ctx: RequestContext | None = None) -> tuple[float, str]:
+    """The request `ctx`'s limit (None: the current context's): a job's job_timeout_s, else request_timeout_s."""
+    if (ctx or current()).job is not None:
         return settings.job_timeout_s, "job_timeout_s"
     return settings.request_timeout_s, "request_timeout_s"
 
 
-def _as_job_hint(settings, seconds: float) -> str:
+def _as_job_hint(settings, seconds: float, ctx: RequestContext) -> str:
     """A plain request's 413: whether the streamed form (a job) would be admitted."""
-    if current_job.get() is None and seconds <= settings.job_timeout_s:
+    if ctx.job is None and seconds <= settings.job_timeout_s:
         return (f"; sent with Accept: text/event-stream it runs as a job (limit job_timeout_s="
                 f"{settings.job_timeout_s:g} s, progress and an ETA) and would be admitted")
     return ""
 
 
-def accept_job(seconds: float, runs: int, adapter=None) -> None:
-    """The current job (if any) passed its cost check: its accepted event (with its progress total: runs × the
-    adapter's attention layers), then its turn among this client's jobs."""
-    job = current_job.get()
+def accept_job(seconds: float, runs: int, adapter=None, ctx: RequestContext | None = None) -> None:
+    """The request `ctx`'s job (if any; None: the current context's) passed its cost check: its accepted event (with
+    its progress total: runs × the adapter's attention layers), then its turn among this client's jobs."""
+    job = (ctx or current()).job
     if job is not None:
         layers = len(getattr(adapter, "layer_of", None) or ()) or None
         JOBS.accept(job, seconds, runs, layers)
 
 
-def check_request_cost(adapter, settings, tokens: int, runs: int, interventions: int, keys: int | None = None,
-                       field: str | None = None, input_field: str = "text", extra=None) -> float:
-    """413 before any work when `runs` forwards over `tokens`, and the request's `extra` work besides them (an
-    app/pipeline ExtraWork: field, what, multiply-adds, passes; the value-weighted overview of a long first view),
-    would not finish within the request's limit (a job's job_timeout_s, else request_timeout_s); the message names
-    the field that drives the cost (`field` when given). A job is then accepted (its ETA event). Returns the
-    estimated seconds."""
+def check_request_cost(adapter, settings, tokens: int, runs: int, interventions: int, input_field: str = "text",
+                       extra=None, ctx: RequestContext | None = None) -> float:
+    """413 before any work of the request `ctx` (None: the current context) when `runs` forwards over `tokens`, and
+    its `extra` work besides them (an app/pipeline ExtraWork: field, what, multiply-adds, passes; the value-weighted
+    overview of a long first view), would not finish within its limit (a job's job_timeout_s, else request_timeout_s); the message names the field
+    that drives the cost. A job is then accepted (its ETA event). Returns the estimated seconds: the caller passes
+    them with its first run as the context's `estimate_s` (the scheduler refuses a run that no longer fits at its
+    turn)."""
+    ctx = ctx or current()
     shape = model_shape(adapter)
-    macs = runs * forward_macs(shape, tokens, keys or tokens, interventions)
+    macs = runs * forward_macs(shape, tokens, tokens, interventions)
     # work a family does besides its forwards, once per request (a long image's rollout: models/adapters/vit.py)
     macs += getattr(adapter, "summary_macs", lambda n: 0.0)(tokens)
     if extra is not None:  # counted here, with the runs, once
         macs += extra.macs
     seconds = costs.estimated_seconds(adapter, settings, macs)
-    limit, setting = time_limit(settings)
+    limit, setting = time_limit(settings, ctx)
     passes = runs + (extra.passes if extra is not None else 0)
     if seconds > limit:
-        field = field or (extra.field if extra is not None and extra.macs > macs / 2 else cost_field(
-            shape, tokens, keys or tokens, runs, interventions, input_field,
+        field = (extra.field if extra is not None and extra.macs > macs / 2 else cost_field(
+            shape, tokens, tokens, runs, interventions, input_field,
             lambda part: costs.estimated_seconds(adapter, settings, part) <= limit))
         raise HTTPException(413, detail=(
             f"{field}: this request needs {runs} model run{'s' if runs > 1 else ''} over {tokens:,} tokens"
             f"{f' with {interventions} interventions' if interventions else ''}"
             f"{f' and {extra.what}' if extra is not None else ''}, about {seconds:,.0f} s of model "
             f"time on {adapter.info.id} at this machine's measured speed and load, over {setting}={limit:g} s"
-            f"{_as_job_hint(settings, seconds)}; or ask for a shorter input, fewer samples or fewer interventions"
+            f"{_as_job_hint(settings, seconds, ctx)}; or ask for a shorter input, fewer samples or fewer interventions"
             f"{f' (or {extra.field} as before)' if extra is not None else ''}"))
-    # set only for work that will run: a refused estimate left in the caller's context was read by a later request
-    # made from it (a test calling this directly, then a client: 503 "needs about 400 s")
-    request_model_seconds.set(seconds)
-    request_model_runs.set(passes)
-    accept_job(seconds, passes, adapter)
+    accept_job(seconds, passes, adapter, ctx)
     return seconds
 
 
-def check_extra_cost(adapter, settings, extra) -> None:
-    """A request's `extra` work (field, what, multiply-adds, passes) when check_request_cost did not count it (every
-    run was in the result cache: a weighting switch after a long first view): 413 naming its field when it alone
-    would not finish within the request's limit."""
+def check_extra_cost(adapter, settings, extra, ctx: RequestContext) -> None:
+    """The request `ctx`'s `extra` work (field, what, multiply-adds, passes) when check_request_cost did not count it
+    (every run was in the result cache: a weighting switch after a long first view): 413 naming its field when it
+    alone would not finish within the request's limit."""
     field, what, macs, passes = extra.field, extra.what, extra.macs, extra.passes
-    request_model_runs.set(max(1, passes))  # the request's passes over the layers: this work's only
     seconds = costs.estimated_seconds(adapter, settings, macs)
-    limit, setting = time_limit(settings)
+    limit, setting = time_limit(settings, ctx)
     if seconds > limit:
         raise HTTPException(413, detail=(
             f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
-            f"{setting}={limit:g} s{_as_job_hint(settings, seconds)}; use a shorter input"))
-    accept_job(seconds, max(1, passes), adapter)
+            f"{setting}={limit:g} s{_as_job_hint(settings, seconds, ctx)}; use a shorter input"))
+    accept_job(seconds, max(1, passes), adapter, ctx)  # the request's passes over the layers: this work's only
 
 
-def check_work_cost(adapter, settings, macs: float, passes: int, field: str, what: str) -> float:
+def check_work_cost(adapter, settings, macs: float, passes: int, field: str, what: str,
+                    ctx: RequestContext | None = None) -> float:
     """Any other work measured in multiply-adds (a patching scan's copies, the lens, a faithfulness check): 413 naming
-    `field` when it would not finish within the request's limit; a job is then accepted. Returns the seconds."""
+    `field` when it would not finish within the request's limit; a job is then accepted. Returns the seconds; the
+    caller passes them on with its first run as `estimate_s`. Without `ctx` (routes not yet given one) the request is
+    the current context, and the estimate is left there for the scheduler."""
+    given, ctx = ctx is not None, ctx or current()
     seconds = costs.estimated_seconds(adapter, settings, macs)
-    limit, setting = time_limit(settings)
+    limit, setting = time_limit(settings, ctx)
     if seconds > limit:
         raise HTTPException(413, detail=(
             f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
-            f"{setting}={limit:g} s{_as_job_hint(settings, seconds)}; ask for less"))
-    request_model_seconds.set(seconds)
-    accept_job(seconds, passes, adapter)
+            f"{setting}={limit:g} s{_as_job_hint(settings, seconds, ctx)}; ask for less"))
+    if not given:
+        request_model_seconds.set(seconds)
+    accept_job(seconds, passes, adapter, ctx)
     return seconds
 
 

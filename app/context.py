@@ -43,7 +43,6 @@ class RequestContext:
     progress: Callable[[int, int], None] | None = None
     job: Any = None  # app.jobs.Job
     estimate_s: float | None = None
-    passes: int | None = None
     memory: Any = None  # app.memory.RequestMemory
     timings: dict[str, float] | None = None
 
@@ -92,10 +91,10 @@ class ContextField:
 request_deadline = ContextField("deadline")
 request_timings = ContextField("timings")
 request_model_seconds = ContextField("estimate_s")  # the cost check's model seconds (app/admission.py)
-request_model_runs = ContextField("passes")  # the cost check's passes over the layers (a job's progress bar)
 
 
-def add_timing(name: str, seconds: float) -> None:
-    timings = request_timings.get()
+def add_timing(name: str, seconds: float, ctx: RequestContext | None = None) -> None:
+    """Add `seconds` to the request's Server-Timing entry `name` (`ctx`: the request's context; None: the current)."""
+    timings = (ctx or current()).timings
     if timings is not None:
         timings[name] = timings.get(name, 0.0) + seconds

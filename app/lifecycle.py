@@ -37,7 +37,7 @@ import anyio.to_thread
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 
-from app.context import ContextField, current, enter, leave
+from app.context import ContextField, RequestContext, current, enter, leave
 
 log = logging.getLogger("attnlab")
 
@@ -96,19 +96,20 @@ def client_scope(headers: list[tuple[bytes, bytes]]) -> tuple[str, bool]:
     return "c:" + new_id(), True
 
 
-def after_layer(layer: int, n_layers: int) -> None:
-    """The engine's per-layer listener during a request's model work: a client that left stops the forward at its
-    next layer (not at the end of the forward), and a progress stream hears of each layer done."""
-    check_cancelled()
-    progress = request_progress.get()
-    if progress is not None:
-        progress(layer + 1, n_layers)
+def after_layer(layer: int, n_layers: int, ctx: RequestContext | None = None) -> None:
+    """The engine's per-layer listener during the request `ctx`'s model work (None: the current context): a client
+    that left stops the forward at its next layer (not at the end of the forward), and a progress stream hears of
+    each layer done."""
+    ctx = ctx or current()
+    check_cancelled(ctx)
+    if ctx.progress is not None:
+        ctx.progress(layer + 1, n_layers)
 
 
-def check_cancelled() -> None:
-    """Raise RequestCancelled when this request's client has gone or the server is shutting down.
-    Cheap (an Event lookup): call it between samples and between model runs."""
-    event = request_cancel.get()
+def check_cancelled(ctx: RequestContext | None = None) -> None:
+    """Raise RequestCancelled when the request `ctx`'s client has gone or the server is shutting down (None: the
+    current context's). Cheap (an Event lookup): call it between samples and between model runs."""
+    event = (ctx or current()).cancel
     if event is not None and event.is_set():
         raise RequestCancelled(event.reason)
 

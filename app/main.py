@@ -146,7 +146,7 @@ class RequestDeadline:
         client = client_of(scope.get("headers", []), scope.get("client"))
         memory = RequestMemory(client=client)
         token = enter(current().with_(deadline=time.monotonic() + self.seconds, client=client, memory=memory,
-                                      estimate_s=None, passes=None))
+                                      estimate_s=None))
         try:
             await self.app(scope, receive, send)
         finally:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 from fastapi import HTTPException
 
-from app.context import ContextField
+from app.context import RequestContext
 from app.errors import Overloaded
-from app.lifecycle import RequestCancelled, request_cancel
+from app.lifecycle import RequestCancelled
 
 POLL_S = 0.1
 # A request whose peak is at most this is booked without waiting for room (a short first view, a window): waiting
@@ -42,9 +42,6 @@ class RequestMemory:
     budget: "MemoryBudget | None" = None  # the budget it holds bytes of (released through it)
     ends_by: float = float("inf")  # monotonic: when it expects to release (its work's estimated end, with slack)
 
-
-# Set per HTTP request by app/main.py (RequestDeadline); the job's worker thread shares the same object.
-request_memory = ContextField("memory")
 
 
 def process_rss() -> int:
@@ -162,14 +159,14 @@ class MemoryBudget:
     def used_bytes(self) -> int:
         return self.in_flight_bytes + self.cache.host_bytes
 
-    def reserve(self, nbytes: int, field: str, what: str, deadline: float | None, expected_s: float | None = None) -> None:
-        """Raise the current request's reservation to `nbytes`, waiting for room in turn (first come, first served:
+    def reserve(self, ctx: RequestContext, nbytes: int, field: str, what: str, expected_s: float | None = None) -> None:
+        """Raise the request `ctx`'s reservation (`ctx.memory`, before its `ctx.deadline`) to `nbytes`, waiting for room in turn (first come, first served:
         only the longest waiting reservation is granted, so later work cannot overtake it); 413 naming `field` when
         it could never fit; 503 with the reason at once when not enough could free up before its deadline (nor within
         wait_s), else when the wait passes either. `expected_s`: how long the request will hold it (its queue wait and
         model time), which later waiters count on. Outside a request (no RequestMemory in the context: scripts, tests
         of the engine) nothing is held."""
-        holder = request_memory.get()
+        holder, deadline = ctx.memory, ctx.deadline
         if holder is None or nbytes <= holder.nbytes:
             return
         self.check_fits(nbytes, field, what)
@@ -181,7 +178,7 @@ class MemoryBudget:
                 self._book(holder, nbytes)
             return
         give_up = min(deadline if deadline is not None else now + self.wait_s, now + self.wait_s)
-        cancel = request_cancel.get()
+        cancel = ctx.cancel
         ticket = next(self._tickets)
         waited = trimmed = False
         with self._cond:

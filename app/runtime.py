@@ -18,12 +18,10 @@ from collections.abc import Callable, Iterator
 import torch
 
 from app.costs import CPU_SHARE, observe_run
-from app.context import add_timing, request_deadline, request_timings  # noqa: F401  (re-exported)
+from app.context import RequestContext, add_timing, current, request_deadline, request_timings  # noqa: F401
 from app.errors import Overloaded  # noqa: F401  (re-exported: app/errors.py holds it)
 from app.ids import new_run_id
-from app.jobs import request_client
 from app.memory import MemoryBudget, process_rss
-from app.lifecycle import cache_scope
 from app.scheduler import ModelScheduler
 from app.runstore import ResultCache  # noqa: F401  (re-exported: the run store moved there)
 from app.settings import Settings
@@ -255,9 +253,10 @@ class Runtime:
         return list(self._adapters.values())
 
     # ---- admission: the model's turns (app/scheduler.py) ---------------------------------------------------
-    def admitted(self, interactive: bool | None = None):
-        """Hold the model lock in the scheduler's fair order (app/scheduler.py ModelScheduler.admitted)."""
-        return self.scheduler.admitted(interactive)
+    def admitted(self, interactive: bool | None = None, ctx: RequestContext | None = None):
+        """Hold the model lock for the request `ctx` in the scheduler's fair order (app/scheduler.py
+        ModelScheduler.admitted)."""
+        return self.scheduler.admitted(interactive, ctx)
 
     @property
     def waiting(self) -> int:
@@ -282,62 +281,69 @@ class Runtime:
             torch.set_num_threads(threads)
 
     @contextlib.contextmanager
-    def step(self, n_tokens: int, interactive: bool | None = None) -> Iterator[None]:
-        """One step of a longer piece of work (a patching batch, a decoding step), admitted on its own so other requests
-        interleave, on one thread for small inputs. Every step counts against the same deadline: the job's
-        (job_timeout_s) or the request's (request_timeout_s); outside a request, request_timeout_s from now.
-        A decoding step is interactive (`interactive=True`): it goes before waiting jobs."""
-        token = None
-        if request_deadline.get() is None:
-            token = request_deadline.set(time.monotonic() + self.settings.request_timeout_s)
-        try:
-            with self.admitted(interactive), self._threads_for(n_tokens):
-                yield
-        finally:
-            if token is not None:
-                request_deadline.reset(token)
+    def step(self, n_tokens: int, interactive: bool | None = None, ctx: RequestContext | None = None
+             ) -> Iterator[None]:
+        """One step of a longer piece of work (a patching batch, a decoding step) of the request `ctx` (None: the
+        current context), admitted on its own so other requests interleave, on one thread for small inputs. Every step
+        counts against the same deadline: the job's (job_timeout_s) or the request's (request_timeout_s); outside a
+        request, request_timeout_s from now. A decoding step is interactive (`interactive=True`): it goes before
+        waiting jobs."""
+        ctx = ctx or current()
+        if ctx.deadline is None:
+            ctx = ctx.with_(deadline=time.monotonic() + self.settings.request_timeout_s)
+        with self.admitted(interactive, ctx), self._threads_for(n_tokens):
+            yield
 
-    def encode(self, adapter: AttentionAdapter, input_key: tuple, encode: Callable[[], Encoded]) -> Encoded:
-        """Encoded inputs are cached too; encoding may run the model (a pair's embedding), so it is admitted."""
-        key = (cache_scope.get(), adapter.info.id, input_key)
+    def encode(self, adapter: AttentionAdapter, input_key: tuple, encode: Callable[[], Encoded],
+               ctx: RequestContext | None = None) -> Encoded:
+        """Encoded inputs are cached too (per the request `ctx`'s cache scope; None: the current context's);
+        encoding may run the model (a pair's embedding), so it is admitted."""
+        ctx = ctx or current()
+        key = (ctx.cache_scope, adapter.info.id, input_key)
         encoded = self._encoded.get(key)
         if encoded is not None:
             return encoded
-        with self.admitted():
+        with self.admitted(ctx=ctx):
             encoded = encode()
         return self._encoded.put(key, encoded)
 
     @staticmethod
     def _cache_keys(adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...],
-                    record_scores: bool) -> list[tuple]:
-        """The cache keys that answer a run, in order: its own, and without scores the run with them (it serves)."""
-        scope = cache_scope.get()  # result_cache_scope="client": each client's own entries (docs/deploy.md)
+                    record_scores: bool, scope: str | None) -> list[tuple]:
+        """The cache keys that answer a run, in order: its own, and without scores the run with them (it serves).
+        `scope`: the request's cache scope (result_cache_scope="client": each client's own entries, docs/deploy.md)."""
         key = (scope, adapter.info.id, encoded.key, interventions, record_scores)
         return [key] if record_scores else [key, (*key[:-1], True)]
 
     def is_cached(self, adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...],
-                  record_scores: bool) -> bool:
+                  record_scores: bool, ctx: RequestContext | None = None) -> bool:
         """Whether `run` with these arguments would be answered from the cache (for the checks before the work)."""
-        return any(key in self.cache for key in self._cache_keys(adapter, encoded, interventions, record_scores))
+        scope = (ctx or current()).cache_scope
+        return any(key in self.cache for key in self._cache_keys(adapter, encoded, interventions, record_scores, scope))
 
     def holding_runs(self, adapter: AttentionAdapter, encoded: Encoded,
-                     runs: list[tuple[tuple[Intervention, ...], bool]]) -> contextlib.AbstractContextManager:
+                     runs: list[tuple[tuple[Intervention, ...], bool]], ctx: RequestContext | None = None
+                     ) -> contextlib.AbstractContextManager:
         """While a job runs: its planned runs, each (interventions, record_scores), are held in the run store, kept
         already or put meanwhile; they may move to disk but are never dropped (a compare never computes its kept
         base twice)."""
-        keys = [key for interventions, scores in runs for key in self._cache_keys(adapter, encoded, interventions, scores)]
+        scope = (ctx or current()).cache_scope
+        keys = [key for interventions, scores in runs
+                for key in self._cache_keys(adapter, encoded, interventions, scores, scope)]
         return self.cache.holding(keys)
 
-    def run(
-        self, adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...], record_scores: bool
-    ) -> AttentionResult:
-        keys = self._cache_keys(adapter, encoded, interventions, record_scores)
+    def run(self, adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...],
+            record_scores: bool, ctx: RequestContext | None = None) -> AttentionResult:
+        """The engine's run for the request `ctx` (None: the current context): from the result cache (its cache
+        scope's), else admitted by the scheduler (its job, client, deadline, cancel, estimate, progress) and kept."""
+        ctx = ctx or current()
+        keys = self._cache_keys(adapter, encoded, interventions, record_scores, ctx.cache_scope)
         key = keys[0]
         for candidate in keys:
             result = self.cache.get(candidate)
             if result is not None:
                 return result
-        with self.admitted():
+        with self.admitted(ctx=ctx):
             result = self.cache.get(key)  # another request may have computed it while we waited
             if result is None:
                 since, started = CPU_SHARE.mark(), time.perf_counter()
@@ -345,10 +351,10 @@ class Runtime:
                     result = adapter.run(encoded, interventions, record_scores)
                 result.elapsed_s = time.perf_counter() - started  # type: ignore[attr-defined]
                 result.run_id, result.model_id = new_run_id(), adapter.info.id
-                add_timing("model", result.elapsed_s)
+                add_timing("model", result.elapsed_s, ctx)
                 n = len(encoded.tokens)
                 observe_run(adapter, n, n, len(interventions), result.elapsed_s, since)  # app/costs.py's throughput
-                self.cache.put(key, result, request_client.get(), make_room=False)
+                self.cache.put(key, result, ctx.client, make_room=False)
         self.cache.make_room(keep=key)  # runs moving to disk are written after the model is free for others
         return result
 

@@ -17,10 +17,9 @@ import threading
 import time
 from collections.abc import Iterator
 
-from app.context import add_timing, request_deadline, request_model_seconds
+from app.context import RequestContext, add_timing, current, request_model_seconds
 from app.errors import Overloaded
-from app.jobs import current_job, request_client
-from app.lifecycle import RequestCancelled, after_layer, request_cancel
+from app.lifecycle import RequestCancelled, after_layer
 from models.hooks import on_each_layer
 
 CANCEL_POLL_S = 0.1  # a queued request whose client left stops waiting within this
@@ -49,10 +48,10 @@ class ModelScheduler:
     def waiting(self) -> int:
         return self._waiting
 
-    def _entry(self, interactive: bool, job) -> tuple[int, str, int, bool]:
+    def _entry(self, interactive: bool, job, client: str) -> tuple[int, str, int, bool]:
         """A waiting turn: (kind, client, arrival, a started job?)."""
         if interactive or job is None:
-            return INTERACTIVE, request_client.get(), next(self._tickets), False
+            return INTERACTIVE, client, next(self._tickets), False
         return JOB, job.client, job.seq, job.started
 
     def _order(self, entry: tuple[int, str, int, bool]) -> tuple[int, int, int]:
@@ -70,43 +69,46 @@ class ModelScheduler:
             job.started, job.started_at = True, time.monotonic()
 
     @contextlib.contextmanager
-    def admitted(self, interactive: bool | None = None) -> Iterator[None]:
-        """Hold the model lock; refuse at once when `queue_depth` requests already wait (`interactive` None: whatever
-        is not a job)."""
-        job = current_job.get()
+    def admitted(self, interactive: bool | None = None, ctx: RequestContext | None = None) -> Iterator[None]:
+        """Hold the model lock for the request `ctx` (its job, client, deadline, cancel, estimate and timings; None:
+        the current context, for callers not yet given one); refuse at once when `queue_depth` requests already wait
+        (`interactive` None: whatever is not a job)."""
+        given, ctx = ctx is not None, ctx or current()
+        job = ctx.job
         if interactive is None:
             interactive = job is None
-        entry = self._entry(interactive, job)
+        entry = self._entry(interactive, job, ctx.client)
         with self._waiting_lock:
             if self._waiting >= self.settings.queue_depth:
                 raise Overloaded(f"server busy: {self._waiting} requests already waiting (queue_depth)")
             self._waiting += 1
-        deadline = request_deadline.get()
+        deadline, cancel = ctx.deadline, ctx.cancel
         timeout = self.settings.request_timeout_s if deadline is None else deadline - time.monotonic()
         waited_from = time.perf_counter()
         try:
-            acquired = timeout > 0 and self._acquire_in_order(timeout, entry)
+            acquired = timeout > 0 and self._acquire_in_order(timeout, entry, cancel)
         finally:
-            add_timing("queue", time.perf_counter() - waited_from)
+            add_timing("queue", time.perf_counter() - waited_from, ctx)
             with self._waiting_lock:
                 self._waiting -= 1
         if acquired == "cancelled":
-            raise RequestCancelled(request_cancel.get().reason)
+            raise RequestCancelled(cancel.reason)
         if not acquired:
             raise self._timed_out(job)
         self._mark_served(entry, job)
         holding = [True]
 
         def layer_done(layer: int, n_layers: int) -> None:
-            after_layer(layer, n_layers)  # cancel and progress first: a job that should stop does not queue again
+            after_layer(layer, n_layers, ctx)  # cancel and progress first: a job that should stop does not queue again
             if entry[0] == JOB:
-                self._hand_over_if_waited(holding, job)
+                self._hand_over_if_waited(holding, job, ctx)
 
         try:
-            cancel = request_cancel.get()
             if cancel is not None and cancel.is_set():  # the client left while we waited: the lock goes on at once
                 raise RequestCancelled(cancel.reason)
-            self._refuse_if_out_of_time(deadline)
+            self._refuse_if_out_of_time(deadline, ctx.estimate_s)
+            if not given and ctx.estimate_s is not None:  # a caller without a ctx: its later runs belong to the
+                request_model_seconds.set(None)  # same estimate (a caller with one passes it to its first run only)
             with on_each_layer(layer_done):  # a client that leaves stops the forward at its next layer
                 yield
         finally:
@@ -123,7 +125,7 @@ class ModelScheduler:
         return Overloaded(f"timed out after {self.settings.request_timeout_s:g} s waiting for the model "
                           "(request_timeout_s)", retry_after=retry_after)
 
-    def _hand_over_if_waited(self, holding: list[bool], job) -> None:
+    def _hand_over_if_waited(self, holding: list[bool], job, ctx: RequestContext) -> None:
         """Between two layers of a job's forward: when interactive work waits, let it run, then take the lock back
         before any other job. The forward's state lives in this thread and the engine's recording in context
         variables, so another forward in between changes nothing of this one."""
@@ -134,22 +136,20 @@ class ModelScheduler:
             self._run_lock.release()
             self.yields += 1
             self._turns.notify_all()
-        deadline = request_deadline.get()
+        deadline = ctx.deadline
         timeout = self.settings.job_timeout_s if deadline is None else deadline - time.monotonic()
-        acquired = timeout > 0 and self._acquire_in_order(timeout, (JOB, job.client, job.seq, True))
+        acquired = timeout > 0 and self._acquire_in_order(timeout, (JOB, job.client, job.seq, True), ctx.cancel)
         if acquired == "cancelled":
-            raise RequestCancelled(request_cancel.get().reason)
+            raise RequestCancelled(ctx.cancel.reason)
         if not acquired:
             raise self._timed_out(job)
         holding[0] = True
 
-    def _refuse_if_out_of_time(self, deadline: float | None) -> None:
+    def _refuse_if_out_of_time(self, deadline: float | None, estimate: float | None) -> None:
         """At a request's first turn with the model: 503 when its estimated model time no longer fits before its
         deadline (it waited in a long queue), instead of starting work that the deadline would throw away."""
-        estimate = request_model_seconds.get()
         if estimate is None:
             return
-        request_model_seconds.set(None)  # the request's later runs belong to the same estimate
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and estimate > left:
             raise Overloaded(
@@ -158,13 +158,13 @@ class ModelScheduler:
                 retry_after=max(1, round(self.settings.request_timeout_s / 4)),
             )
 
-    def _acquire_in_order(self, timeout: float, entry: tuple[int, str, int, bool] | None = None) -> bool | str:
+    def _acquire_in_order(self, timeout: float, entry: tuple[int, str, int, bool] | None = None,
+                          cancel=None) -> bool | str:
         """Take the model lock in priority order: with a bare Lock a newcomer may overtake the queue, so an unlucky
         request could wait until its time limit however short the queue is. "cancelled": the request's client left
         (or the server stops) while it waited; it leaves the queue then."""
         end = time.monotonic() + timeout
         entry = entry or (INTERACTIVE, "", next(self._tickets), False)
-        cancel = request_cancel.get()
         with self._turns:
             self._fifo.append(entry)
             try:

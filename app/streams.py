@@ -1,7 +1,8 @@
 """The one event-stream pump: a request sent with `Accept: text/event-stream` is a job (docs/api.md "Jobs").
 
-`respond(request, work, what)` answers a plain request with `work()`'s JSON, bounded by request_timeout_s. With
-`Accept: text/event-stream` it runs the work as a job in a worker thread (app/jobs.py): bounded by job_timeout_s,
+`respond(request, work, what)` answers a plain request with `work(ctx)`'s JSON (`ctx`: the request's context,
+app/context.py), bounded by request_timeout_s. With `Accept: text/event-stream` it runs the work as a job in a worker
+thread (app/jobs.py) with the job's context (`ctx.with_(job=…, deadline=…, progress=…)`): bounded by job_timeout_s,
 and streamed in one wire format, one `data: <json>` line per event:
 
 - `{"accepted": true, "eta_s", "queue_position", "runs"}` first, before any layer runs (the cost check accepts the
@@ -31,11 +32,11 @@ import orjson
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
-from app.context import request_model_runs
+from app.context import EMPTY, RequestContext, current, enter
 from app.encoding import fast_json
-from app.jobs import JOBS, Job, current_job, request_client
-from app.lifecycle import RequestCancelled, check_cancelled, request_progress
-from app.runtime import Overloaded, request_deadline
+from app.jobs import JOBS, Job
+from app.lifecycle import RequestCancelled, check_cancelled
+from app.runtime import Overloaded
 
 log = logging.getLogger("attnlab")
 
@@ -107,6 +108,7 @@ class JobStream:
 
     def __init__(self, events: EventPipe, stopped: threading.Event, job: Job | None = None):
         self._events, self._stopped, self.job = events, stopped, job
+        self.ctx: RequestContext = EMPTY  # the job's context, made in its worker thread (run_job)
         self._heard = {"run": 0, "done": 0, "total": 0}
 
     def emit(self, event: dict[str, Any]) -> None:
@@ -129,8 +131,8 @@ class JobStream:
             per_run = bar / runs
             progress = min(bar, round((min(run, runs) - 1) * per_run + per_run * done / max(total, 1)))
             run = min(run, runs)
-        else:  # the runs the cost check counted (set in this worker thread's context); more if the request made more
-            runs = max(run, request_model_runs.get() or 1)
+        else:  # the runs the cost check counted (accepted on the job); more if the request made more
+            runs = max(run, (job.runs if job is not None else 0) or 1)
             progress, bar = (run - 1) * total + done, runs * total
         event = {"progress": progress, "total": bar, "run": run, "runs": runs}
         if job is not None:
@@ -149,12 +151,13 @@ class JobStream:
         return f"{self._heard['done']} of {self._heard['total']} layers (run {self._heard['run']})"
 
 
-def respond(request: Request, work: Callable[[], dict[str, Any]], what: str) -> Response:
-    """`work()`'s answer as JSON, or with `Accept: text/event-stream` as a job: accepted, layer progress, the answer.
-    `what` names the work in the log ("POST /api/text/attention")."""
+def respond(request: Request, work: Callable[[RequestContext], dict[str, Any]], what: str) -> Response:
+    """`work(ctx)`'s answer as JSON, or with `Accept: text/event-stream` as a job: accepted, layer progress, the
+    answer. `ctx` is the request's context (a plain request's, else its job's). `what` names the work in the log
+    ("POST /api/text/attention")."""
     if not wants_events(request):
-        return fast_json(work())
-    return run_job(request, lambda stream: work(), what, layer_progress=True)
+        return fast_json(work(current()))  # the edge: the request's context, as the middleware made it
+    return run_job(request, lambda stream: work(stream.ctx), what, layer_progress=True)
 
 
 def respond_steps(request: Request, work: Callable[[Callable[[int, int], None]], dict[str, Any]], what: str) -> Response:
@@ -173,16 +176,19 @@ def run_job(request: Request, work: Callable[[JobStream], dict[str, Any] | None]
     settings = request.app.state.runtime.settings
     events = EventPipe()
     stopped = threading.Event()  # the stream was closed: the client left
-    job = Job(what=what, client=request_client.get(), deadline=time.monotonic() + settings.job_timeout_s,
+    job = Job(what=what, client=current().client, deadline=time.monotonic() + settings.job_timeout_s,
               emit=events.put, layer_progress=layer_progress)
     stream = JobStream(events, stopped, job)
     JOBS.register(job, settings.max_queued_jobs_per_client)
 
     def thread_main() -> None:
-        current_job.set(job)  # in this thread's copy of the request's context only
-        request_deadline.set(job.deadline)
-        if layer_progress:
-            request_progress.set(stream.layer_done)
+        # the job's context: the request's (its client, cancel event, cache scope, memory, timings) with the job, its
+        # deadline and its progress sink; passed on as an argument, and current in this thread's copy of the context
+        # variables only, for the work not yet given it as one (app/context.py)
+        request_ctx = current()
+        stream.ctx = request_ctx.with_(job=job, deadline=job.deadline,
+                                       progress=stream.layer_done if layer_progress else request_ctx.progress)
+        enter(stream.ctx)
         try:
             answer = work(stream)
             if answer is not None:

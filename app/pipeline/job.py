@@ -14,14 +14,14 @@ from fastapi import HTTPException
 
 from app.attention import check_response_numbers
 from app.admission import check_extra_cost, check_request_cost, check_work_cost
-from app.context import request_model_seconds
+from app.context import EMPTY, RequestContext
 from app.costs import forward_macs, model_shape, request_peak_bytes, value_overview_macs
 from app.errors import field_error
-from app.jobs import JOBS, current_job
+from app.jobs import JOBS
 from app.interventions import check_indices, engine_interventions, seq2seq_interventions, whisper_interventions
 from app.lifecycle import check_cancelled
 from app.patch_sources import request_sources
-from app.runtime import Runtime, request_deadline
+from app.runtime import Runtime
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
 from models.atlas import run_bytes
 from models.attribution import value_grams
@@ -76,10 +76,11 @@ class RequestPeak:
         self.field = "compare" if runs > 1 and field == "text" else field
         runtime.memory.check_fits(self.nbytes, self.field, self.what)
 
-    def reserve(self) -> None:
-        job = current_job.get()  # how long it will hold the bytes: a job until it ends, else its model time
-        expected_s = JOBS.ends_in_s(job) if job is not None else request_model_seconds.get()
-        self.runtime.memory.reserve(self.nbytes, self.field, self.what, request_deadline.get(), expected_s)
+    def reserve(self, ctx: RequestContext) -> None:
+        """Wait for the bytes as the request `ctx` (its memory holder, deadline and cancel), for as long as it will
+        hold them: a job until it ends, else its model time (its cost check's estimate)."""
+        expected_s = JOBS.ends_in_s(ctx.job) if ctx.job is not None else ctx.estimate_s
+        self.runtime.memory.reserve(ctx, self.nbytes, self.field, self.what, expected_s)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,9 @@ class AttentionJob:
     family_fields: Callable[[AttentionResult], dict[str, Any]] | None = None
     encoder_layers: list[int] = field(default_factory=list)  # Whisper: the encoder overview's layers
     audio: Any = None  # Whisper: the decoded clip
+    # the request's context (app/context.py), given by answer(): its client, deadline, cancel, progress, cache scope,
+    # job and memory; after admit() its first missing run carries the cost check's estimate (estimate_s)
+    ctx: RequestContext = EMPTY
     _extra_pending: bool = field(default=True, init=False, repr=False)  # the extra work not yet counted
 
     @property
@@ -145,7 +149,10 @@ class AttentionJob:
 
     def missing_runs(self) -> int:
         """The planned runs the result cache does not hold: only they cost model time."""
-        return sum(not self.runtime.is_cached(self.adapter, self.encoded, ivs, scores) for ivs, scores in self.plan())
+        return sum(not self._cached(ivs, scores) for ivs, scores in self.plan())
+
+    def _cached(self, interventions: tuple, record_scores: bool) -> bool:
+        return self.runtime.is_cached(self.adapter, self.encoded, interventions, record_scores, self.ctx)
 
     # ---- the cost check ----------------------------------------------------------------------------------------
     def admit(self) -> None:
@@ -160,28 +167,35 @@ class AttentionJob:
             return
         if self.family == "whisper":  # the runs' model time, as runtime.run counts it
             n = len(self.encoded.tokens)
-            check_work_cost(adapter, runtime.settings, missing * forward_macs(model_shape(adapter), n, n,
-                                                                              len(self.interventions)),
-                            missing, "audio_id", f"{missing} Whisper run{'s' if missing > 1 else ''}")
+            seconds = check_work_cost(adapter, runtime.settings, missing * forward_macs(model_shape(adapter), n, n,
+                                                                                        len(self.interventions)),
+                                      missing, "audio_id", f"{missing} Whisper run{'s' if missing > 1 else ''}", self.ctx)
+            self.ctx = self.ctx.with_(estimate_s=seconds)
             return
         check_run_budget(runtime, self.run_maps, self.input_field,
                          adapter if self.family == "plain" or self.long else None)
         memory = RequestPeak(runtime, adapter, self.cost_tokens, missing, self.record_scores, self.input_field)
-        check_request_cost(adapter, runtime.settings, self.cost_tokens, missing, len(self.interventions),
-                           input_field=self.input_field, extra=self.extra)
+        seconds = check_request_cost(adapter, runtime.settings, self.cost_tokens, missing, len(self.interventions),
+                                     input_field=self.input_field, extra=self.extra, ctx=self.ctx)
         self._extra_pending = False  # counted with the runs
-        memory.reserve()
+        self.ctx = self.ctx.with_(estimate_s=seconds)
+        memory.reserve(self.ctx)
 
     def check_extra(self) -> None:
         """Just before the extra work, when admit() did not count it (every run was cached): 413 naming its field
         when it alone would not finish in time (app/costs.check_extra_cost)."""
         if self._extra_pending and self.extra is not None:
             self._extra_pending = False
-            check_extra_cost(self.adapter, self.runtime.settings, self.extra)
+            check_extra_cost(self.adapter, self.runtime.settings, self.extra, self.ctx)
 
     # ---- the runs ----------------------------------------------------------------------------------------------
     def run(self, interventions: tuple, record_scores: bool = False) -> AttentionResult:
-        return self.runtime.run(self.adapter, self.encoded, interventions, record_scores)
+        """One planned run for the request's context; the first that is not cached takes the cost check's estimate
+        to the scheduler (refused at its turn when it no longer fits), the later ones belong to the same estimate."""
+        ctx = self.ctx
+        if ctx.estimate_s is not None and not self._cached(interventions, record_scores):
+            self.ctx = ctx.with_(estimate_s=None)
+        return self.runtime.run(self.adapter, self.encoded, interventions, record_scores, ctx)
 
     def runs(self, effect_of: Callable[[AttentionResult, AttentionResult], dict[str, Any]] | None
              ) -> tuple[AttentionResult, AttentionResult | None, dict[str, Any] | None]:
@@ -190,19 +204,19 @@ class AttentionJob:
         the client is still there (a client that left, or a shutdown, stops the work here). Whisper: (the run with
         the interventions, the run without them, None). Made inside head_run(self.sources) (views.answer)."""
         if self.family == "whisper":
-            check_cancelled()
+            check_cancelled(self.ctx)
             base = self.run(())
             return (self.run(self.interventions) if self.interventions else base), base, None
         (first, first_scores), *others = self.plan()
-        check_cancelled()
+        check_cancelled(self.ctx)
         result = self.run(first, first_scores)
         if not self.req.compare:
             return result, None, None
-        check_cancelled()
+        check_cancelled(self.ctx)
         base = self.run(*others[0])
         effects = [effect_of(base, result)]
         for sample, scores in others[1:]:
-            check_cancelled()
+            check_cancelled(self.ctx)
             effects.append(effect_of(base, self.run(sample, scores)))
         # both runs pinned from now, when they are answered: the first run's pin began when it was put, and a long
         # second run could outlast it (a 4,096-token compare's run_id answered 404 right after the compare)

@@ -47,8 +47,8 @@ def run_norms(job: AttentionJob, result: AttentionResult, interventions: tuple) 
     def compute() -> torch.Tensor:
         if result.is_long:  # a long run without its norms cannot be re-run whole here (its P would not fit)
             raise HTTPException(409, detail="this long run kept no value norms: run the input again")
-        check_cancelled()
-        with job.runtime.admitted():
+        check_cancelled(job.ctx)
+        with job.runtime.admitted(ctx=job.ctx):
             return run_value_norms(job.adapter, job.encoded, interventions)
     return result.summary("value_norms", compute)  # (L, H, T)
 
@@ -181,13 +181,13 @@ class LongMaps:
 
         def overview() -> tuple[torch.Tensor, torch.Tensor]:
             job.check_extra()  # every run was cached: the overview alone (app/costs.py)
-            check_cancelled()
-            with job.runtime.admitted():  # the attention's arithmetic once more: it takes its turn like a run
+            check_cancelled(job.ctx)
+            with job.runtime.admitted(ctx=job.ctx):  # the attention's arithmetic once more: it takes its turn like a run
                 every = sorted(atlas.records)
                 parts = []
                 for i, layer in enumerate(every):  # a layer at a time: progress and Cancel as in a model run
                     parts.append(value_weighted_overview(atlas, atlas.config.block_rows, [layer]))
-                    after_layer(i, len(every))
+                    after_layer(i, len(every), job.ctx)
                 return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])  # (L, H, nR, nC), (L, H, T)
         sums, received = result.summary("value_overview", overview)  # (L, H, nR, nC), (L, H, T)
         row_sizes = torch.tensor(atlas.row_edges()).diff().float()
@@ -248,8 +248,8 @@ class KindMaps:
             def compute(kind=kind) -> tuple[torch.Tensor, torch.Tensor]:
                 self.norms(self.result, kind)
                 job.check_extra()  # every run was cached: the overviews alone (app/costs.py)
-                check_cancelled()
-                with job.runtime.admitted():  # the attention's arithmetic once more: it takes its turn like a run
+                check_cancelled(job.ctx)
+                with job.runtime.admitted(ctx=job.ctx):  # the attention's arithmetic once more: it takes its turn like a run
                     return value_weighted_overview(atlas, atlas.config.block_rows, adapter.kind_layers[kind])
             sums, kind_received = self.result.summary(f"value_overview_{kind}", compute)  # (L_k, H, nR, nC), (L_k, H, T_k)
             first = adapter.kind_layers[kind][0]
@@ -305,8 +305,8 @@ class SpeechMaps:
         def pooled(layer: int) -> torch.Tensor:
             record = result.atlas.record(job.adapter.kind_layers["encoder"][layer])
             heads = []
-            check_cancelled()
-            with job.runtime.admitted():
+            check_cancelled(job.ctx)
+            with job.runtime.admitted(ctx=job.ctx):
                 for head in range(record.n_heads):  # a head at a time: one 1,500² map held, not H of them
                     rows = value_weighted_rows(record, [head], 0, record.queries.shape[1])  # (1, 1500, 1500)
                     heads.append(encoder_overview(rows[None], n_positions)[0][0, 0])  # (B, B)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.attention import check_request_limits
+from app.context import RequestContext, current
 from app.deps import adapter_for
 from app.errors import field_error
 from app.patch_sources import refuse_for_seq2seq
@@ -18,22 +19,23 @@ from app.schemas import GenerateRequest, TextAttentionRequest
 from models.adapters.base import AttentionAdapter, Encoded, RequestFieldError
 
 
-def text_work(runtime: Runtime, req: TextAttentionRequest) -> Callable[[], dict[str, Any]]:
-    """Every check of `req` done before it returns (4xx naming the field); calling the result runs the work and gives
-    the response dict."""
+def text_work(runtime: Runtime, req: TextAttentionRequest) -> Callable[[RequestContext], dict[str, Any]]:
+    """Every check of `req` done before it returns (4xx naming the field); calling the result with the request's
+    context (a plain request's, or its job's: app/streams.py respond) runs the work and gives the response dict."""
     check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any model work
     if not req.text.strip():
         raise field_error(("text",), "text is empty or only white space")
     adapter = adapter_for(runtime, req.model, "text")
+    ctx = current()  # the edge, after a first use's load gave its time back to the deadline (Runtime.adapter)
     refuse_fields(req, adapter.info.output)
-    encoded = encode_text(runtime, adapter, req)
+    encoded = encode_text(runtime, adapter, req, ctx)
     # the request checked once, before any work: attention per kind for an encoder–decoder; else with the
     # patch_heads sources in reach and value norms kept by every run
     if adapter.info.output == "seq2seq":
         job = seq2seq_job(runtime, adapter, encoded, req)
     else:
         job = plain_job(runtime, adapter, encoded, req, text_fields)
-    return lambda: with_input_tokens(answer(job), adapter, encoded, req)
+    return lambda work_ctx: with_input_tokens(answer(job, work_ctx), adapter, encoded, req)
 
 
 def refuse_fields(req: TextAttentionRequest, output: str) -> None:
@@ -55,10 +57,12 @@ def with_input_tokens(response: dict, adapter: AttentionAdapter, encoded, req: T
     return response
 
 
-def encode_text(runtime: Runtime, adapter: AttentionAdapter, req: TextAttentionRequest | GenerateRequest) -> Encoded:
+def encode_text(runtime: Runtime, adapter: AttentionAdapter, req: TextAttentionRequest | GenerateRequest,
+                ctx: RequestContext | None = None) -> Encoded:
     """The request's input as its model encodes it (adapter.encode_request), kept in the runtime's cache of encoded
-    inputs; a field the model cannot take (a position past the input, chat without a template) is a 422 naming it."""
+    inputs (the request `ctx`'s cache scope; None: the current context's); a field the model cannot take (a position
+    past the input, chat without a template) is a 422 naming it."""
     try:
-        return adapter.encode_request(req, lambda key, encode: runtime.encode(adapter, key, encode))
+        return adapter.encode_request(req, lambda key, encode: runtime.encode(adapter, key, encode, ctx))
     except RequestFieldError as exc:
         raise field_error((exc.field,), str(exc)) from None

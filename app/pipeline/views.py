@@ -1,5 +1,5 @@
 """One view per family, each written once: the response of a checked job (app/pipeline/job.py) from its runs and its
-maps (app/pipeline/maps.py, the weighting already applied). `answer(job)` is the whole pipeline after the route:
+maps (app/pipeline/maps.py, the weighting already applied). `answer(job, ctx)` is the whole pipeline after the route:
 admit (the cost check), run, maps, view."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from app.attention import read_to_host
-from app.lifecycle import cache_scope, check_cancelled
+from app.context import RequestContext
+from app.lifecycle import check_cancelled
 from app.pipeline.job import AttentionJob
 from app.pipeline.maps import KindMaps, LongMaps, ShortMaps, SpeechMaps
 from app.runtime import PerRuntime, Runtime
@@ -23,13 +24,14 @@ from models.lru import BoundedLRU
 from models.summaries import mean_token_distance, sink_mass
 
 
-def answer(job: AttentionJob) -> dict[str, Any]:
-    """The job's response: its cost checked (a job is accepted there), its runs made, its family's view; with the
-    request's patch sources and value grams in reach throughout (runs keep their value norms; norms a run did not
-    keep are recorded under the same patches). The planned runs are held in the run store meanwhile: a kept base that
-    admit() counted as done is never dropped before the compare reads it (nor the intervened run before the base is
-    made)."""
-    with head_run(job.sources), job.runtime.holding_runs(job.adapter, job.encoded, job.plan()):
+def answer(job: AttentionJob, ctx: RequestContext) -> dict[str, Any]:
+    """The job's response for the request `ctx` (app/context.py: a plain request's, or its job's in the job's
+    thread): its cost checked (a job is accepted there), its runs made, its family's view; with the request's patch
+    sources and value grams in reach throughout (runs keep their value norms; norms a run did not keep are recorded
+    under the same patches). The planned runs are held in the run store meanwhile: a kept base that admit() counted
+    as done is never dropped before the compare reads it (nor the intervened run before the base is made)."""
+    job.ctx = ctx  # every later step (cost check, memory, runs, maps) reads the request's state from here
+    with head_run(job.sources), job.runtime.holding_runs(job.adapter, job.encoded, job.plan(), ctx):
         job.admit()
         return VIEWS[job.family](job)
 
@@ -235,13 +237,15 @@ def kind_sink_mass(adapter, result: AttentionResult) -> dict[str, list]:
 transcript_cache = PerRuntime(lambda runtime: BoundedLRU(runtime.settings.result_cache_items))
 
 
-def transcript(runtime: Runtime, adapter, encoded: Encoded, interventions: tuple) -> tuple[list[int], list[float]]:
-    """The greedy transcript (ids, probabilities) of a clip with the interventions active, decoded once per cache key."""
+def transcript(runtime: Runtime, adapter, encoded: Encoded, interventions: tuple,
+               ctx: RequestContext) -> tuple[list[int], list[float]]:
+    """The greedy transcript (ids, probabilities) of a clip with the interventions active, decoded once per cache key
+    (the request `ctx`'s cache scope)."""
     cache = transcript_cache(runtime)
-    key = (cache_scope.get(), adapter.info.id, encoded.key, interventions)
+    key = (ctx.cache_scope, adapter.info.id, encoded.key, interventions)
     value = cache.get(key)
     if value is None:
-        with runtime.admitted():
+        with runtime.admitted(ctx=ctx):
             value = adapter.transcribe(encoded.inputs["input_features"], interventions, prompt=encoded.extra["prompt"])
         cache.put(key, value)
     return value
@@ -262,8 +266,8 @@ def speech_view(job: AttentionJob) -> dict[str, Any]:
     warnings = list(result.warnings)
     interventions = job.interventions
     if req.compare:
-        check_cancelled()
-        after_ids, after_probs = transcript(job.runtime, adapter, encoded, interventions) if interventions else (
+        check_cancelled(job.ctx)
+        after_ids, after_probs = transcript(job.runtime, adapter, encoded, interventions, job.ctx) if interventions else (
             encoded.extra["labels"], base.output["label_log_probs"].exp().tolist())
         effect = {
             "attention_tv": {kind: attention_tv(result.by_kind[kind], base.by_kind[kind]).tolist()

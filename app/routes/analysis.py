@@ -17,9 +17,10 @@ from app.attention import check_request_limits
 from app.interventions import engine_interventions
 from app.errors import field_error
 from app.admission import check_work_cost
-from app.costs import forward_macs, model_shape
+from app.costs import WorkClock, forward_macs, model_shape
 from app.patch_sources import PatchSource, request_sources, source_store
 from app.streams import respond, respond_steps
+from app.context import RequestContext
 from app.lifecycle import ParsedJsonRoute, check_cancelled
 from app.schemas import FaithfulnessRequest, LensRequest, PatchingRequest
 from app.deps import RuntimeDep, adapter_for
@@ -80,12 +81,13 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
     def job(progress) -> dict:
         # the whole scan's model time, before any forward: 413 naming `scan` over the limit (a plain request's
         # request_timeout_s, a job's job_timeout_s); a job is accepted here with its ETA
-        shape = model_shape(adapter)
-        check_work_cost(adapter, runtime.settings, copies * forward_macs(shape, n_tokens, n_tokens, len(interventions)),
-                        1, "scan", f"{scanned} ({copies:,} forwards over {n_tokens} tokens)")
+        macs = copies * forward_macs(model_shape(adapter), n_tokens, n_tokens, len(interventions))
+        check_work_cost(adapter, runtime.settings, macs, 1, "scan",
+                        f"{scanned} ({copies:,} forwards over {n_tokens} tokens)")
+        clock = WorkClock(adapter)  # the scan's model time, learnt from as one run (app/costs.py)
         with head_run(sources):
             attribution = None
-            with runtime.step(n_tokens):
+            with clock.step(runtime.step(n_tokens)):
                 if req.method == "attribution":  # 2 forwards and 1 backward in all
                     base, attribution = attribution_patching(adapter, pair, interventions)
                 else:
@@ -100,10 +102,10 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
                 response["warnings"] = ["LD_clean equals LD_corrupt: the effect is undefined (null)"]
             if req.scan == "heads" and req.method == "exact":
                 effect = head_scan(adapter, pair, base, interventions, batch, progress,
-                                   guard=lambda: runtime.step(n_tokens * batch))
+                                   guard=lambda: clock.step(runtime.step(n_tokens * batch)))
             elif req.scan == "residual":
                 effect = residual_scan(adapter, pair, base, interventions, batch, progress,
-                                       guard=lambda: runtime.step(n_tokens * batch))
+                                       guard=lambda: clock.step(runtime.step(n_tokens * batch)))
             else:
                 effect = None
             if effect is None:  # attribution alone
@@ -111,10 +113,11 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
                 progress(1, 1)
             elif req.scan == "heads":  # the estimate beside the exact scan, and how well they agree
                 check_cancelled()
-                with runtime.step(n_tokens):
+                with clock.step(runtime.step(n_tokens)):
                     attribution = attribution_scan(adapter, pair, base, interventions)
                 response["attribution"] = finite_lists(attribution)
                 response["rank_correlation"] = rank_correlation(effect, attribution)
+            clock.observe(macs)
             response["effect"] = finite_lists(effect)
             response["clean_run_id"] = source_store(runtime).put(
                 adapter.info.id, PatchSource(base.clean_outputs, base.clean_residual))
@@ -149,18 +152,18 @@ def lens(req: LensRequest, runtime: RuntimeDep, request: Request) -> Response:
         interventions = engine_interventions(req, adapter, ids.shape[1])
     n_tokens = ids.shape[1]
 
-    def work() -> dict:
+    def work(ctx: RequestContext) -> dict:
         runs = 2 if req.compare and interventions else 1
-        check_work_cost(adapter, runtime.settings, runs * forward_macs(model_shape(adapter), n_tokens, n_tokens,
-                                                                       len(interventions)), runs, "text", "the lens")
+        seconds = check_work_cost(adapter, runtime.settings, runs * forward_macs(
+            model_shape(adapter), n_tokens, n_tokens, len(interventions)), runs, "text", "the lens", ctx)
         with head_run(sources):
-            check_cancelled()
-            with runtime.admitted():
+            check_cancelled(ctx)
+            with runtime.admitted(ctx=ctx.with_(estimate_s=seconds)):  # the estimate is checked at the first turn
                 after = logit_lens(adapter, ids, interventions, req.top)
             before = None
             if req.compare:
-                check_cancelled()
-                with runtime.admitted():
+                check_cancelled(ctx)
+                with runtime.admitted(ctx=ctx):
                     before = logit_lens(adapter, ids, (), req.top) if interventions else after
         return {
             "model": adapter.info.id, "tokens": [adapter.token_text(int(i)) for i in ids[0]],
@@ -214,13 +217,13 @@ def faithfulness_check(req: FaithfulnessRequest, runtime: RuntimeDep, request: R
         answer = one_token(adapter, "answer", req.answer)
     ks, methods = list(dict.fromkeys(req.k)), list(dict.fromkeys(req.methods))
 
-    def work() -> dict:
+    def work(ctx: RequestContext) -> dict:
         # a run to rank the keys (and a backward for grad × attention), then one masked run per method and k
         forwards = 3 + len(ks) * len(methods)
-        check_work_cost(adapter, runtime.settings, forwards * forward_macs(model_shape(adapter), n_tokens, n_tokens),
-                        1, "k", f"{forwards} forwards of the faithfulness check")
-        check_cancelled()
-        with runtime.admitted():
+        seconds = check_work_cost(adapter, runtime.settings, forwards * forward_macs(
+            model_shape(adapter), n_tokens, n_tokens), 1, "k", f"{forwards} forwards of the faithfulness check", ctx)
+        check_cancelled(ctx)
+        with runtime.admitted(ctx=ctx.with_(estimate_s=seconds)):
             result = faithfulness(adapter, encoded, position, ks, methods, answer, req.layer, req.head)
         return {"model": adapter.info.id, "tokens": encoded.tokens, "position": position, **result}
     return respond(request, work, "POST /api/text/faithfulness")

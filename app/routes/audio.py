@@ -222,7 +222,7 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
     # the request checked once, before any work (app/pipeline): layers, heads, encoder layers, interventions, size
     job = whisper_job(runtime, adapter, encoded, req, audio)
     # with Accept: text/event-stream a job (app/streams.py): accepted with its ETA, layer progress, then this response
-    return respond(request, lambda: answer(job), "POST /api/audio/attention")
+    return respond(request, lambda ctx: answer(job, ctx), "POST /api/audio/attention")
 
 
 @router.post("/api/audio/transcribe", responses={

@@ -9,6 +9,7 @@ import re
 import orjson
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
+from app.context import current
 from app.lifecycle import ParsedJsonRoute
 from app.deps import RuntimeDep, adapter_for
 from app.errors import field_error
@@ -40,7 +41,7 @@ def export_html(req: TextAttentionRequest, runtime: RuntimeDep, request: Request
     })
     # the pipeline's answer (app/pipeline/text.py, as POST /api/text/attention answers), its numpy arrays made
     # plain JSON values for the exporter's json.dumps
-    response = orjson.loads(orjson.dumps(text_work(runtime, body)(), option=orjson.OPT_SERIALIZE_NUMPY))
+    response = orjson.loads(orjson.dumps(text_work(runtime, body)(current()), option=orjson.OPT_SERIALIZE_NUMPY))
     if response.get("attention") is None:
         raise field_error(("text",), f"{len(response.get('tokens', []))} tokens is over full_map_tokens "
                           f"({runtime.settings.full_map_tokens}): a long input has an overview, not full maps to export")

@@ -99,6 +99,7 @@ def warm_example(runtime: Runtime, model_id: str | None = None) -> bool:
     then a cache hit, and the first forward's one-time costs (kernel set-up, allocations) are paid here.
     model_id: the page's first model by default. Returns whether it ran (the model must be one of the
     loaded text models)."""
+    from app.context import current
     from app.pipeline.text import text_work
     from app.schemas import TextAttentionRequest
 
@@ -111,5 +112,5 @@ def warm_example(runtime: Runtime, model_id: str | None = None) -> bool:
         model=model_id, text=LM_EXAMPLE if lm else EXAMPLE_TEXT, text_pair=None if lm else EXAMPLE_PAIR,
         layers=[0], heads=[0], include_scores=True, thumbnail_size=24, encoding="f32",
     )
-    text_work(runtime, request)()  # what POST /api/text/attention runs (app/pipeline/text.py), as a plain request
+    text_work(runtime, request)(current())  # what POST /api/text/attention runs (app/pipeline/text.py), as a plain request
     return True

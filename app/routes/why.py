@@ -18,6 +18,7 @@ from app.admission import check_work_cost
 from app.costs import forward_macs, model_shape
 from app.deps import RuntimeDep, adapter_for
 from app.errors import field_error
+from app.context import RequestContext
 from app.lifecycle import ParsedJsonRoute, check_cancelled
 from app.lm_inputs import prompt_ids
 from app.patch_sources import request_sources
@@ -111,12 +112,13 @@ def qk_attribution_route(req: QKAttributionRequest, request: Request, runtime: R
     check_response_numbers(runtime.settings, parts * parts, {"layer": req.layer + 1},
                            "ask for an earlier layer")
 
-    def work() -> dict[str, Any]:
-        check_work_cost(adapter, runtime.settings, forward_macs(model_shape(adapter), n_tokens, n_tokens,
-                                                                len(interventions)), 1, "text", "the attribution")
+    def work(ctx: RequestContext) -> dict[str, Any]:
+        seconds = check_work_cost(adapter, runtime.settings, forward_macs(model_shape(adapter), n_tokens, n_tokens,
+                                                                          len(interventions)), 1, "text",
+                                  "the attribution", ctx)
         with head_run(sources):
-            check_cancelled()
-            with runtime.admitted():
+            check_cancelled(ctx)
+            with runtime.admitted(ctx=ctx.with_(estimate_s=seconds)):
                 try:
                     result = qk_attribution(adapter, ids, req.layer, req.head, req.query, req.key, interventions,
                                             req.expand)

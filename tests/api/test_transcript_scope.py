@@ -56,7 +56,7 @@ def test_the_transcript_cache_key_is_the_scope():
     from types import SimpleNamespace
     from contextlib import nullcontext
 
-    from app.lifecycle import cache_scope
+    from app.context import RequestContext
     from app.pipeline import views
 
     calls = []
@@ -64,18 +64,14 @@ def test_the_transcript_cache_key_is_the_scope():
                               transcribe=lambda *args, **kwargs: calls.append(1) or ([1, 2], [0.5, 0.5]))
     class Runtime:  # what transcript uses of one: its settings and the model's turn
         settings = Settings(default_models=[])
-        admitted = staticmethod(nullcontext)
+        admitted = staticmethod(lambda interactive=None, ctx=None: nullcontext())
 
     runtime = Runtime()
     encoded = SimpleNamespace(key="clip", inputs={"input_features": None}, extra={"prompt": []})
     ivs = ("mask",)
 
     def under(scope):
-        token = cache_scope.set(scope)
-        try:
-            return views.transcript(runtime, adapter, encoded, ivs)
-        finally:
-            cache_scope.reset(token)
+        return views.transcript(runtime, adapter, encoded, ivs, RequestContext(cache_scope=scope))
 
     assert under(None) == under(None) == ([1, 2], [0.5, 0.5]) and len(calls) == 1  # shared: kept once
     under("client-one"), under("client-one")

@@ -10,7 +10,8 @@ import pytest
 
 from app.errors import Overloaded
 from app.jobs import Job, JobBoard
-from app.memory import MemoryBudget, RequestMemory, request_memory
+from app.context import RequestContext
+from app.memory import MemoryBudget, RequestMemory
 from app.runtime import ResultCache
 
 
@@ -122,9 +123,8 @@ def _budget() -> MemoryBudget:
 def _reserve_in_thread(budget: MemoryBudget, holder: RequestMemory, nbytes: int, granted: list, name: str,
                        deadline_s: float = 20.0) -> threading.Thread:
     def run() -> None:
-        request_memory.set(holder)
         try:
-            budget.reserve(nbytes, "text", name, time.monotonic() + deadline_s)
+            budget.reserve(RequestContext(memory=holder, deadline=time.monotonic() + deadline_s), nbytes, "text", name)
             granted.append(name)
         except Overloaded as exc:
             granted.append(f"{name}: {exc}")
@@ -139,9 +139,7 @@ def test_memory_is_granted_in_arrival_order():
     the room b is waiting for."""
     budget = _budget()
     first = RequestMemory(client="a")
-    token = request_memory.set(first)
-    budget.reserve(600 * UNIT, "text", "a's run", None)
-    request_memory.reset(token)
+    budget.reserve(RequestContext(memory=first), 600 * UNIT, "text", "a's run")
     granted: list[str] = []
     b = _reserve_in_thread(budget, RequestMemory(client="b"), 500 * UNIT, granted, "b")
     time.sleep(0.3)
@@ -157,9 +155,7 @@ def test_memory_is_granted_in_arrival_order():
 def test_memory_that_cannot_free_up_in_time_is_refused_at_once_with_the_reason():
     budget = _budget()
     holder = RequestMemory(client="a")
-    token = request_memory.set(holder)
-    budget.reserve(900 * UNIT, "text", "a long compare", None, expected_s=600.0)  # holds it for ten minutes
-    request_memory.reset(token)
+    budget.reserve(RequestContext(memory=holder), 900 * UNIT, "text", "a long compare", expected_s=600.0)  # for 10 min
     granted: list[str] = []
     asked = time.monotonic()
     _reserve_in_thread(budget, RequestMemory(client="b"), 400 * UNIT, granted, "b's compare", deadline_s=20).join(15)

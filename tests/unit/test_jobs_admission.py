@@ -11,7 +11,8 @@ from fastapi import HTTPException
 
 from app.costs import Throughput
 from app.jobs import JOBS, Job, JobBoard, current_job
-from app.memory import MemoryBudget, RequestMemory, request_memory
+from app.context import RequestContext
+from app.memory import MemoryBudget, RequestMemory
 from app.runtime import ResultCache, Runtime
 from app.settings import Settings
 from models.hooks import _layer_listener
@@ -159,24 +160,21 @@ def test_the_accountant_waits_for_room_and_refuses_what_never_fits():
     assert refused.value.status_code == 413 and refused.value.detail.startswith("text:")
 
     first = RequestMemory(client="a")
-    token = request_memory.set(first)
-    budget.reserve(600 * unit, "text", "one run", None)  # 300 kept + 600 ≤ 1,000
-    request_memory.reset(token)
+    budget.reserve(RequestContext(memory=first), 600 * unit, "text", "one run")  # 300 kept + 600 ≤ 1,000
     assert budget.in_flight_bytes == 600 * unit
 
     granted = threading.Event()
 
     def second() -> None:
-        request_memory.set(RequestMemory(client="b"))
-        budget.reserve(400 * unit, "text", "another run", time.monotonic() + 10)  # 300 + 600 + 400 > 1,000: waits
+        later = RequestContext(memory=RequestMemory(client="b"), deadline=time.monotonic() + 10)
+        budget.reserve(later, 400 * unit, "text", "another run")  # 300 + 600 + 400 > 1,000: waits
         granted.set()
 
     threading.Thread(target=second, daemon=True).start()
     assert not granted.wait(0.4)
     small = RequestMemory(client="c")
-    token = request_memory.set(small)
-    budget.reserve(8 * unit, "text", "a short view", time.monotonic() + 0.2)  # small: booked at once, no wait
-    request_memory.reset(token)
+    short = RequestContext(memory=small, deadline=time.monotonic() + 0.2)
+    budget.reserve(short, 8 * unit, "text", "a short view")  # small: booked at once, no wait
     assert small.nbytes == 8 * unit
     budget.release(small)
     budget.release(first)
@@ -195,15 +193,13 @@ def test_memory_the_books_miss_is_counted_from_rss():
     assert rss > 0
     # the books: nothing kept, nothing in flight, 100 MB reserved; the process's RSS is far above that
     budget = MemoryBudget(budget_bytes=rss + 50 * 2**20, reserved_bytes=100 * 2**20, cache=cache)
-    token = request_memory.set(RequestMemory(client="a"))
-    try:
-        with pytest.raises(Overloaded):
-            budget.reserve(100 * 2**20, "text", "one run", time.monotonic() + 0.5)
-        books_only = MemoryBudget(budget_bytes=rss + 50 * 2**20, reserved_bytes=100 * 2**20, cache=cache,
-                                  measure_rss=False)
-        books_only.reserve(100 * 2**20, "text", "one run", time.monotonic() + 0.5)  # the books alone admit it
-    finally:
-        request_memory.reset(token)
+    with pytest.raises(Overloaded):
+        budget.reserve(RequestContext(memory=RequestMemory(client="a"), deadline=time.monotonic() + 0.5),
+                       100 * 2**20, "text", "one run")
+    books_only = MemoryBudget(budget_bytes=rss + 50 * 2**20, reserved_bytes=100 * 2**20, cache=cache,
+                              measure_rss=False)
+    books_only.reserve(RequestContext(memory=RequestMemory(client="a"), deadline=time.monotonic() + 0.5),
+                       100 * 2**20, "text", "one run")  # the books alone admit it
 
 
 def test_the_throughput_fit_is_not_made_slow_by_short_runs():
@@ -220,6 +216,50 @@ def test_the_throughput_fit_is_not_made_slow_by_short_runs():
     for macs in (1e10, 3e11):
         loaded.observe(model, macs, 2 * (overhead + macs / rate), share=0.5)
     assert loaded.seconds(model, 7e11, 1.0)[0] == pytest.approx(overhead + 7e11 / rate, rel=0.02)
+
+
+def test_the_load_correction_follows_the_load_the_last_runs_met():
+    """Start-up at an idle moment, short views, then a scan 4x slower than idle while the CPU share said only 2x (two
+    threads on cores two busy processes also want): the same scan's next estimate is about its real time. Before,
+    the slowdown was a running mean of each run against the fit of its moment while the fit itself also moved
+    toward the slow run: the load was counted twice and the estimate was 2.4x the real time."""
+    model, overhead, rate = "m", 0.05, 30e9
+    fit = Throughput()
+    for macs in (2e10, 1e11):  # the start-up timing, idle
+        fit.observe(model, macs, overhead + macs / rate, share=0.5)
+    for _ in range(2):  # short views on one thread: 1.5x
+        fit.observe(model, 2e9, 1.5 * (overhead + 2e9 / rate), share=0.5)
+    scan = 3.3e11
+    real = 4 * (overhead + scan / rate)
+    fit.observe(model, scan, real, share=0.5)
+    estimate = fit.seconds(model, scan, 1.0)[0] * fit.slowdown(model)
+    assert 0.75 <= estimate / real <= 1.33, estimate / real
+
+
+def test_a_work_clock_times_the_turns_not_the_waits_for_them():
+    """A scan's batches, each in a model turn of its own: the clock counts the time inside the turns (the model's
+    time), not the wait for each turn, and the whole scan is learnt from as one run."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from app.costs import THROUGHPUT, WorkClock
+
+    @contextlib.contextmanager
+    def turn():
+        time.sleep(0.3)  # waiting for the model behind other work
+        yield
+
+    adapter = SimpleNamespace(info=SimpleNamespace(id="work-clock-test"), device=None)
+    clock = WorkClock(adapter)
+    for _ in range(2):
+        with clock.step(turn()):
+            time.sleep(0.15)  # the batch's forward
+    assert 0.29 <= clock.seconds < 0.5, clock.seconds
+    assert THROUGHPUT.seconds("work-clock-test", 1e9, 1.0)[1] is False
+    clock.observe(1e9)
+    seconds, measured = THROUGHPUT.seconds("work-clock-test", 1e9, 1.0)
+    assert measured and seconds == pytest.approx(clock.idle_s, rel=1e-6)
+    assert THROUGHPUT.slowdown("work-clock-test") == pytest.approx(clock.seconds / clock.idle_s, rel=1e-6)
 
 
 def test_a_given_rate_is_taken_as_it_is():

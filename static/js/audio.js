@@ -7,12 +7,8 @@ import { ApiError, getJSON, isAbort, postJSON, readJSON, serverEvents, setStatus
 import { byId as $, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
 import { MODEBAR_REMOVE } from "./vendor.js";
-import { mountBetaPanel } from "./lab/beta.js";
-import { mountHtmlExport } from "./lab/export-html.js";
-import { betaOf, buildSpeechInterventions, forServer, renderActiveList } from "./lab/interventions.js";
-import { mountPerturbPanel } from "./lab/perturb.js";
-import { mountSoftmaxPanel } from "./lab/softmax.js";
-import { createLabStore } from "./lab/store.js";
+import { betaOf, buildSpeechInterventions } from "./lab/interventions.js";
+import { mountLab } from "./lab/lab.js";
 import { mapName, onWeightingChange, weightingFields, weightingOf } from "./views/weighting.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
@@ -55,17 +51,12 @@ function snapSpan(t0, t1) {
 }
 const spanLabel = (s) => `${s.start.toFixed(2)}–${s.end.toFixed(2)} s = positions ${s.first}–${s.last}`;
 
-// The lab's store (static/js/lab/store.js), with the lab's β, perturbation and softmax panels mounted on it. β acts on
-// cross-attention (scope: every cross layer, this layer or this head). The perturbation's chosen set holds encoder
-// positions (20 ms each) when the target is keys, decoder tokens when it is queries. Masked spans and ablated cross
-// heads are this page's own (spans of time, heads picked one by one).
-const store = createLabStore();
-const lab = store.state;
-lab.perturb.scope = "all";
-lab.beta.scope = "all";
+// The lab (static/js/lab/lab.js) is mounted below, once the page's helpers are defined: `speechLab` is its controller,
+// `lab` its state and `store` its store. Masked spans and ablated cross heads are this page's own (spans of time,
+// heads picked one by one).
 
 // The list sent and shown: the lab's builder for the speech family (lab/interventions.js) over this page's spans and
-// ablated heads.
+// ablated heads (the lab's activeList(): its active list shows it and its interventions() sends it).
 function labelledInterventions() {
   return buildSpeechInterventions(lab, {
     spans: state.spans.map((s) => ({ kind: s.kind, tokens: spanTokens(s), text: `mask ${spanLabel(s)} (${s.kind})`,
@@ -78,7 +69,7 @@ function labelledInterventions() {
   });
 }
 
-const interventions = () => forServer(labelledInterventions());
+const interventions = () => speechLab.interventions();
 
 const nativeBeta = () => state.response?.native_beta ?? NATIVE_BETA;
 
@@ -384,11 +375,11 @@ async function drawSoftmax() {
   }
   const scores = [];
   scores[q] = row;
-  softmaxPanel.update({
+  speechLab.renderSoftmax({ context: {
     tokens: r.tokens, scores, query: q, beta, masked, keyLabels,
     queryLabels: r.tokens.map((t, i) => `${i}: ${visibleToken(t)}`),
     onQuery: (i) => chooseToken(i),
-  });
+  } });
   $("softmax-panel").dataset.row = String(q);
   $("softmax-panel").dataset.view = document.body.dataset.views; // the response it was drawn for
 }
@@ -557,9 +548,11 @@ async function encoderWindow(t0, t1, s0, s1) {
 // The lab's list of active interventions (static/js/lab/interventions.js), with this page's items: a row each, its
 // scope where it has one (β, the perturbation), × to remove it.
 function drawActiveList() {
-  renderActiveList($("interventions-list"), lab, { layer: state.layer, head: state.head, kind: "cross" }, {
-    list: labelledInterventions(), betaRange: false, clearAll, onChange: (key) => store.changed(key),
-  });
+  speechLab.renderActive();
+  drawAblateButton();
+}
+
+function drawAblateButton() {
   $("ablate-button").textContent = state.ablated.has(`${state.layer}.${state.head}`) ? "Restore this cross head" : "Ablate this cross head";
 }
 
@@ -575,8 +568,8 @@ function drawAll() {
   drawTranscript();
   drawAlignment();
   drawSelfMaps();
-  drawActiveList();
-  perturbPanel.setTokens(r.tokens);
+  speechLab.render(r); // the lab's panels follow the response: the β readout, the perturbation's tokens, the active list
+  drawAblateButton();
   document.body.dataset.views = String(Number(document.body.dataset.views || 0) + 1); // responses drawn (tests wait on it)
   drawSoftmax().catch(fail);
   document.body.dataset.ready = "1";
@@ -589,9 +582,6 @@ function update() {
   clearTimeout(timer);
   timer = setTimeout(refresh, 150);
 }
-
-// Every change of the store (a panel's edit, a row removed from the list) re-runs, unless it needs no run.
-store.subscribe(({ run }) => { if (run) update(); else drawActiveList(); });
 
 function clearAll() {
   state.spans = [];
@@ -710,17 +700,56 @@ async function streamTranscript() {
   }
 }
 
-// The lab's perturbation and softmax panels (static/js/lab/): the same controls as the text and image pages.
-const perturbPanel = mountPerturbPanel($("perturb-panel"), store, {
-  unit: "token", maxSamples: 1,
-  showStrip: () => lab.perturb.target === "queries",
-  chosenText: (ids) => {
-    $("perturb-chosen-label").textContent = lab.perturb.target === "keys" ? "chosen keys:" : "chosen decoder tokens (queries):";
-    if (lab.perturb.target !== "keys") return null;
-    if (!ids.length) return "none: every key (drag a span over the spectrogram with “perturb” chosen)";
-    return `${ids.length} positions, ${fmt(ids[0] * POSITION_S, 3)}–${fmt((ids[ids.length - 1] + 1) * POSITION_S, 3)} s of the ${state.perturbKind === "cross" ? "cross-attention" : "encoder"} keys`;
+// ---- the lab ---------------------------------------------------------------------------------------------------
+// The lab module (static/js/lab/lab.js), as on the text and image pages: its β panel on cross-attention (scope: every
+// cross layer, this layer or this head), its perturbation panel (the chosen set holds encoder positions, 20 ms each,
+// when the target is keys, decoder tokens when it is queries), its softmax panel, the active list and the standalone
+// HTML export. Every change of the store re-runs through run() (debounced), unless it needs no run.
+const speechLab = mountLab({
+  run: () => update(),
+  labels: () => state.response?.tokens ?? [],
+  selection: () => ({ layer: state.layer, head: state.head, kind: "cross" }),
+  shape: () => ({ layers: $("layer-select").options.length, heads: $("head-select").options.length }),
+  nativeBeta,
+  activeList: labelledInterventions,
+}, {
+  unit: "token", maxSamples: 1, scopes: { beta: "all", perturb: "all" },
+  // the lab's panels this page does not have, and why (tests/browser/test_lab_on_every_page.py)
+  lacks: {
+    masks: "its masks are spans of time dragged over the spectrogram, and its ablations single cross heads: the page's own controls",
+    effect: "the transcript before → after and the Δp per token show what the interventions did",
+    summaries: "the alignment table ranks the heads by how their cross-attention follows the speech",
+    export: "no JSON/PNG export panel on this page yet",
+    url: "the view (clip, spans, heads) is not written into the link yet",
+  },
+  beta: { where: "cross-attention" },
+  perturb: {
+    showStrip: (p) => p.target === "queries",
+    chosenText: (ids, p) => {
+      $("perturb-chosen-label").textContent = p.target === "keys" ? "chosen keys:" : "chosen decoder tokens (queries):";
+      if (p.target !== "keys") return null;
+      if (!ids.length) return "none: every key (drag a span over the spectrogram with “perturb” chosen)";
+      return `${ids.length} positions, ${fmt(ids[0] * POSITION_S, 3)}–${fmt((ids[ids.length - 1] + 1) * POSITION_S, 3)} s of the ${state.perturbKind === "cross" ? "cross-attention" : "encoder"} keys`;
+    },
+  },
+  // A row has a key per 20 ms: the Jacobian shows the 32 keys with the most probability, large enough to read.
+  softmax: { jacobianKeys: 32, jacobianHeight: 520 },
+  listOptions: { betaRange: false, clearAll },
+  // "Download standalone HTML" under the decoder map: the file holds the decoder self-attention (the embedded view
+  // draws square token × token maps; the cross-attention, tokens × 1,500 positions, is not in it)
+  htmlExport: {
+    panel: $("decoder-map").closest("section"),
+    body: () => (state.audioId ? { ...modelFields(), audio_id: state.audioId, interventions: interventions(), ...weightingFields() } : null),
+    url: "/api/audio/export.html", what: "the decoder self-attention (every layer and head; not the cross-attention)",
+    filename: () => `attnlab-${state.model}-decoder-L${state.layer}-H${state.head}.html`,
+    shownLayer: () => state.layer, shownHead: () => state.head,
   },
 });
+const lab = speechLab.state;
+const store = speechLab.store;
+// Changes that need no run redraw the list; before the first response the lab has no view to re-run for a β move,
+// so the page's (debounced) update takes it, as it did every change before the lab was mounted here.
+store.subscribe(({ run }) => { if (!run) drawActiveList(); else if (!state.response) update(); });
 // keys are positions, queries decoder tokens: a new target starts with none chosen
 let perturbTarget = lab.perturb.target;
 $("perturb-target").addEventListener("change", () => {
@@ -728,25 +757,6 @@ $("perturb-target").addEventListener("change", () => {
   perturbTarget = lab.perturb.target;
   lab.perturb.tokens.clear();
   store.changed("perturb", { run: lab.perturb.on });
-});
-// A row has a key per 20 ms: the Jacobian shows the 32 keys with the most probability, large enough to read.
-const softmaxPanel = mountSoftmaxPanel($("softmax-panel"), {
-  onError: (message) => setStatus(message, { error: true }), jacobianKeys: 32, jacobianHeight: 520,
-});
-
-// β on cross-attention: the lab's β panel; the shown head is the selected one (scopes "this layer", "this head").
-mountBetaPanel(store, {
-  nativeBeta, selection: () => ({ layer: state.layer, head: state.head }),
-  shape: () => ({ layers: $("layer-select").options.length }), where: "cross-attention",
-});
-
-// "Download standalone HTML" under the decoder map: the file holds the decoder self-attention (the embedded view
-// draws square token × token maps; the cross-attention, tokens × 1,500 positions, is not in it)
-mountHtmlExport($("decoder-map").closest("section"), {
-  body: () => (state.audioId ? { ...modelFields(), audio_id: state.audioId, interventions: interventions(), ...weightingFields() } : null),
-  url: "/api/audio/export.html", what: "the decoder self-attention (every layer and head; not the cross-attention)",
-  filename: () => `attnlab-${state.model}-decoder-L${state.layer}-H${state.head}.html`,
-  shownLayer: () => state.layer, shownHead: () => state.head,
 });
 setupInput();
 setupControls();

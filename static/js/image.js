@@ -8,7 +8,6 @@
 import { ApiError, isAbort, postJSON, setStatus } from "./api.js";
 import { byId as $, setOptions } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
-import { mountHtmlExport } from "./lab/export-html.js";
 import { mountLab } from "./lab/lab.js";
 import { intParam } from "./lab/urlstate.js";
 import { MODEBAR_REMOVE } from "./vendor.js";
@@ -724,13 +723,13 @@ const imageLab = mountLab({
   unit: "patch", showTokenStrip: false, maskScope: "all", distanceUnit: "px", maxSamples: config.limits?.samples ?? 64,
   pickHint: "choose \"mask / unmask it as a key\" under \"Click a patch to\" and click patches (or brush a region)",
   outputId: "lab-output", warningsId: "lab-warnings", diffId: "diff-map",
+  // "Download standalone HTML" beside the PNG export: the maps over the patches (labels as here), opening offline
+  htmlExport: { body: () => state.request ?? null, url: "/api/image/export.html",
+    what: "this image's maps over its patches (every layer and head)",
+    filename: () => `attnlab-${state.model}-L${selection().layer}-H${selection().head}.html`,
+    shownLayer: () => selection().layer, shownHead: () => selection().head },
 });
 state.masked = imageLab.state.masks.tokens; // the overlay's clicks and brush mask into the lab's own Set
 imageLab.installPngButtons(() => `attnlab-${state.model}`); // the model shown when the button is pressed
-// "Download standalone HTML" beside the PNG export: the maps over the patches (labels as here), opening offline
-mountHtmlExport($("export-panel"), { body: () => state.request ?? null, url: "/api/image/export.html",
-  what: "this image's maps over its patches (every layer and head)",
-  filename: () => `attnlab-${state.model}-L${selection().layer}-H${selection().head}.html`,
-  shownLayer: () => selection().layer, shownHead: () => selection().head });
 
 start();

@@ -21,7 +21,6 @@ import { ATLAS_SCALES, drawAtlas, hideAtlas, setAtlasBeta, setAtlasScale } from 
 import { chosenWeighting, weightingOf } from "./views/weighting.js";
 import { scaleMatrix } from "./views/scales.js";
 import { loadPlotly } from "./vendor.js";
-import { mountHtmlExport } from "./lab/export-html.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
 const limits = config.limits ?? {};
@@ -713,7 +712,13 @@ const lab = mountLab({
   activeExtra: () => (!lab.viewBeta() ? [] : state.long
     ? [`temperature (view only, the windows and rows re-normalised by the server): β = ${fmt(lab.shownBeta())} on the shown head`]
     : [`temperature (view only, in the browser): β = ${fmt(lab.shownBeta())} on the shown head`]),
-}, { maxSamples: limits.samples ?? 64, pickHint: "click tokens in the strip above or key labels in the head view" });
+}, {
+  maxSamples: limits.samples ?? 64, pickHint: "click tokens in the strip above or key labels in the head view",
+  // "Download standalone HTML" in the export panel (static/js/lab/export-html.js)
+  htmlExport: { body: () => state.view?.request ?? state.long?.request ?? null,
+    filename: () => `attnlab-${state.model}-L${state.layer}-H${state.head}.html`, shownLayer: () => state.layer,
+    shownHead: () => state.head },
+});
 
 const continuation = mountContinuation({
   body: () => ({
@@ -964,9 +969,6 @@ async function init() {
   $("weighting-select")?.addEventListener("change", () => load({ thumbnails: false }));
   await load();
   lab.installPngButtons(() => `attnlab-${state.model}`); // the model shown when the button is pressed
-  mountHtmlExport($("export-panel"), { body: () => state.view?.request ?? state.long?.request ?? null,
-    filename: () => `attnlab-${state.model}-L${state.layer}-H${state.head}.html`, shownLayer: () => state.layer,
-    shownHead: () => state.head });
 }
 
 init().catch((err) => setStatus(`failed to start: ${err.message}`, { error: true }));

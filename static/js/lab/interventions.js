@@ -1,4 +1,4 @@
-// The laboratory's intervention state (one small store shared by the text and image pages) and the
+// The laboratory's intervention state (one small store shared by the text, image and speech pages) and the
 // editable list of active interventions. Meaning of every op: §2–4; wire format: docs/api.md.
 //
 // Scopes follow the selection: "head" = the selected layer and head, "layer" = every head of the

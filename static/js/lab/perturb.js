@@ -19,8 +19,9 @@ function numberInput(id, value, { min = null, max = null, step = "any" } = {}) {
 // image instead calls togglePick(j) from its own click handler.
 // maxSamples: the server's limit (settings.max_samples, from the page config).
 // Optional, for a page whose keys and queries are different things (speech: keys are 20 ms of audio chosen on the
-// spectrogram, queries are decoder tokens): chosenText(ids) → the "chosen" line, or null for the default;
-// showStrip() → whether the token strip applies to the current target.
+// spectrogram, queries are decoder tokens): chosenText(ids, perturbation) → the "chosen" line, or null for the
+// default; showStrip(perturbation) → whether the token strip applies to the current target. Both get the store's
+// perturbation state, as they are asked while the panel is mounted (before the page holds the lab it mounts in).
 export function mountPerturbPanel(container, store, {
   showTokenStrip = true, unit = "token", maxSamples = 64, chosenText = null, showStrip = null,
 } = {}) {
@@ -116,8 +117,8 @@ export function mountPerturbPanel(container, store, {
     noteEl.hidden = !note;
     setHelpText(container.querySelector("#perturb-help"), (p.target === "queries" ? HELP.perturb_queries : HELP.perturb_keys) + ".");
     const ids = [...p.tokens].sort((a, b) => a - b);
-    chosen.textContent = chosenText?.(ids) ?? (ids.length ? ids.map((j) => `${j}:${visibleToken(labels[j] ?? "?")}`).join("  ") : `none (every ${unit})`);
-    if (showTokenStrip && showStrip) strip.style.display = showStrip() ? "" : "none"; // (.tokens sets display)
+    chosen.textContent = chosenText?.(ids, p) ?? (ids.length ? ids.map((j) => `${j}:${visibleToken(labels[j] ?? "?")}`).join("  ") : `none (every ${unit})`);
+    if (showTokenStrip && showStrip) strip.style.display = showStrip(p) ? "" : "none"; // (.tokens sets display)
     for (const chip of strip.children) chip.classList.toggle("picked", p.tokens.has(Number(chip.dataset.index)));
   }
   // A masked key's column of P is 0 whatever its score: perturbing it changes nothing (an honest "± 0").

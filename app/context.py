@@ -1,7 +1,8 @@
 """One request's state in one object: `RequestContext`, made once per request by the middleware (app/main.py
-RequestDeadline, with what app/lifecycle.py RequestGuard and app/main.py ServerTiming set around it) and read by
-admission (app/jobs.py), the cost checks (app/admission.py), the memory reservation (app/memory.py), the scheduler
-(app/scheduler.py) and the engine call (app/runtime.py).
+RequestDeadline, with what app/lifecycle.py RequestGuard and app/main.py ServerTiming set around it), and passed as
+an argument (`ctx`) to admission and the cost checks (app/admission.py), the memory reservation (app/memory.py
+MemoryBudget.reserve), the engine call (app/runtime.py Runtime.run, encode, step), the scheduler (app/scheduler.py
+ModelScheduler.admitted) and the per-layer listener (app/lifecycle.py after_layer).
 
 Its fields:
 - `client`: who sent it (the X-Attnlab-Client header, else the attnlab_client cookie, else the peer's address): jobs
@@ -12,16 +13,30 @@ Its fields:
   results it reads and writes with result_cache_scope="client" (None: shared);
 - `progress`: called as progress(layers_done, n_layers) after each attention layer of its model runs (a job's
   stream); `job`: the job it is (app/jobs.py), None for a plain request;
-- `estimate_s` and `passes`: its cost check's model seconds (the scheduler refuses it at its first turn when they
-  no longer fit before the deadline) and passes over the layers (a job's progress bar);
+- `estimate_s`: its cost check's model seconds, carried by its first run that is not cached (the scheduler refuses
+  it at that turn when they no longer fit before the deadline); the later runs carry None;
 - `memory`: what it has reserved of the memory budget (app/memory.py); `timings`: seconds waiting for and running
   the model, for the Server-Timing header.
 
-The object sits in one context variable (so the worker thread of a sync endpoint and a job's thread see it).
-Each field is also reachable as a `ContextField` under its old name (`request_deadline`, `request_cancel`, …):
-`.get()` reads the current context's field, and `.set(value)` puts a copy of the context with that field changed
-(copy on write: a job's thread changing its deadline does not change the request's), so code written against
-context variables keeps working while the state lives in one place.
+How it travels. The middleware puts it in the one context variable, which crosses what we do not own: FastAPI's hop
+of a sync endpoint to its worker thread. At the edge (app/streams.py `respond`, or a route that answers at once:
+`current()`) it is taken once and from there passed as `ctx`. A job's worker thread makes the job's own with
+`ctx.with_(job=…, deadline=job_timeout_s from its arrival, progress=its stream)` and passes that on; a request's first
+run gets `ctx.with_(estimate_s=…)` from its cost check. The engine (models/) never sees it: the scheduler hands the
+engine's per-layer listener (models/hooks.py on_each_layer, our own channel through transformers' attention function)
+a closure over it.
+
+Read from the context variable still (a function given no `ctx` reads `current()` at its top), for the work not yet
+passed one: the patching scans, the head taxonomy and the patching set (app/routes/analysis.py patching,
+app/routes/heads.py, app/routes/patching_set.py: `respond_steps` work), generation and transcription (their job
+threads have it current), the image route's encoding. Three fields keep a `ContextField` under their old name
+(`.get()` reads the current context's field, `.set(value)` makes a copy with it changed, `.reset(token)` puts back that
+field only):
+- `request_deadline`: a first use's model load (Runtime.adapter, before the route takes its context) gives its time
+  back to the request's deadline;
+- `request_model_seconds`: check_work_cost called without a ctx leaves its estimate for the scheduler, which clears it
+  at the first turn (the routes above);
+- `request_cancel` (app/lifecycle.py): the job board's wait for the client's earlier job (app/jobs.py JobBoard.accept).
 """
 from __future__ import annotations
 
@@ -89,7 +104,6 @@ class ContextField:
 
 
 request_deadline = ContextField("deadline")
-request_timings = ContextField("timings")
 request_model_seconds = ContextField("estimate_s")  # the cost check's model seconds (app/admission.py)
 
 

@@ -21,16 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.context import ContextField
 from app.errors import Overloaded
 from app.lifecycle import RequestCancelled, client_scope, request_cancel
-
-# Fields of the request's context (app/context.py): the job its work belongs to (set by app/streams.py in the job's
-# worker thread; None: a plain request, bounded by request_timeout_s), and who sent it (app/main.py RequestDeadline:
-# the X-Attnlab-Client header, else the attnlab_client cookie, else the peer's address). Jobs queue and take turns per
-# client, and a client may evict its own kept runs to make room.
-current_job = ContextField("job")
-request_client = ContextField("client")
 
 _SEQ = itertools.count(1)
 POLL_S = 0.1  # a job waiting for its client's earlier job notices a cancel within this

@@ -64,12 +64,9 @@ class CancelEvent(threading.Event):
     reason = "cancelled"
 
 
-# Fields of the request's context (app/context.py RequestContext): its cancel event; the client whose cache entries it
-# reads and writes (result_cache_scope="client"; None: shared); and, set by a route that streams progress, a callable
-# progress(layers_done, n_layers) called after each attention layer of the request's model runs (worker thread).
+# The request's cancel event (app/context.py RequestContext.cancel), read where no context is passed yet: the job
+# board's wait for a client's earlier job (app/jobs.py)
 request_cancel = ContextField("cancel")
-cache_scope = ContextField("cache_scope")
-request_progress = ContextField("progress")
 SCOPE_COOKIE = "attnlab_client"
 SCOPE_HEADER = "x-attnlab-client"
 SCOPE_PATTERN = re.compile(r"^[A-Za-z0-9_-]{8,64}$")

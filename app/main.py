@@ -37,7 +37,7 @@ from app.metrics import RequestCounter
 from app.context import current, enter, leave
 from app.jobs import client_of
 from app.memory import RequestMemory
-from app.runtime import Overloaded, Runtime, request_timings
+from app.runtime import Overloaded, Runtime
 from app.settings import Settings, get_settings
 from app.templating import templates
 from attnlab.vendor import plotly_bundle
@@ -109,7 +109,7 @@ class ServerTiming:
         if scope["type"] != "http" or not scope["path"].startswith("/api/"):
             return await self.app(scope, receive, send)
         timings: dict[str, float] = {}
-        token = request_timings.set(timings)
+        token = enter(current().with_(timings=timings))  # outermost: the request's context starts here
         started = time.perf_counter()
 
         async def send_with_timing(message):
@@ -122,7 +122,7 @@ class ServerTiming:
         try:
             await self.app(scope, receive, send_with_timing)
         finally:
-            request_timings.reset(token)
+            leave(token)
 
 
 class RequestDeadline:

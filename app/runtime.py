@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from app.costs import CPU_SHARE, observe_run
-from app.context import RequestContext, add_timing, current, request_deadline, request_timings  # noqa: F401
+from app.context import RequestContext, add_timing, current, request_deadline  # noqa: F401  (re-exported)
 from app.errors import Overloaded  # noqa: F401  (re-exported: app/errors.py holds it)
 from app.ids import new_run_id
 from app.memory import MemoryBudget, process_rss

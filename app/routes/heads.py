@@ -16,7 +16,8 @@ from app.attention import check_request_limits
 from app.errors import field_error
 from app.admission import check_work_cost
 from app.costs import forward_macs, model_shape
-from app.lifecycle import ParsedJsonRoute, cache_scope, check_cancelled
+from app.context import current
+from app.lifecycle import ParsedJsonRoute, check_cancelled
 from app.lm_inputs import language_model
 from app.runtime import PerRuntime
 from app.deps import RuntimeDep
@@ -80,7 +81,7 @@ def head_scores(req: HeadScoresRequest, runtime: RuntimeDep, request: Request) -
     lengths = ([len(text_ids)] if text_ids is not None else
                [1 + 2 * settings.period] + [32 + settings.filler] * (settings.needles + 1))
     first_id = _first_token(adapter)
-    key = (cache_scope.get(), info.id, req.text)
+    key = (current().cache_scope, info.id, req.text)
 
     def job(progress) -> dict[str, Any]:
         cached = _answers(runtime).get(key)

@@ -11,7 +11,8 @@ from fastapi.responses import JSONResponse
 
 from app.lifecycle import ParsedJsonRoute
 from app.deps import RuntimeDep
-from app.jobs import JOBS, request_client
+from app.context import current
+from app.jobs import JOBS
 from app.runtime import UnknownModel, Runtime
 from app.schemas import ModelsOut
 
@@ -34,7 +35,7 @@ async def jobs(runtime: RuntimeDep) -> dict:
     result_cache_scope="client" a client sees its own jobs and counts only: no other client's work, no memory totals."""
     memory = runtime.memory
     if runtime.settings.result_cache_scope == "client":
-        client = request_client.get()
+        client = current().client
         # a request without its own scope (no X-Attnlab-Client header, no attnlab_client cookie yet) is known only by
         # its address, which clients behind one proxy share: it is shown no job of its own
         own = JOBS.snapshot(client) if client and not client.startswith("a:") else []

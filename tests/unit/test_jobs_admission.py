@@ -10,7 +10,7 @@ import pytest
 from fastapi import HTTPException
 
 from app.costs import Throughput
-from app.jobs import JOBS, Job, JobBoard, current_job
+from app.jobs import JOBS, Job, JobBoard
 from app.context import RequestContext
 from app.memory import MemoryBudget, RequestMemory
 from app.runtime import ResultCache, Runtime
@@ -39,8 +39,7 @@ def test_a_running_job_hands_the_model_to_interactive_work_between_layers():
     job_started = threading.Event()
 
     def job_forward() -> None:
-        current_job.set(_job())
-        with runtime.admitted():
+        with runtime.admitted(ctx=RequestContext(job=_job())):
             job_started.set()
             listener = _layer_listener.get()  # what the engine calls after each attention layer
             for layer in range(20):
@@ -68,9 +67,7 @@ def test_waiting_interactive_work_goes_before_waiting_jobs():
     runtime.scheduler._run_lock.acquire()  # something holds the model
 
     def wait(name: str, job: Job | None) -> None:
-        if job is not None:
-            current_job.set(job)
-        with runtime.admitted():
+        with runtime.admitted(ctx=RequestContext(job=job)):
             order.append(name)
 
     job_thread = threading.Thread(target=wait, args=("job", _job()))
@@ -219,13 +216,13 @@ def test_the_throughput_fit_is_not_made_slow_by_short_runs():
 
 
 def test_the_load_correction_follows_the_load_the_last_runs_met():
-    """Start-up at an idle moment, short views, then a scan 4x slower than idle while the CPU share said only 2x (two
-    threads on cores two busy processes also want): the same scan's next estimate is about its real time. Before,
-    the slowdown was a running mean of each run against the fit of its moment while the fit itself also moved
-    toward the slow run: the load was counted twice and the estimate was 2.4x the real time."""
+    """The CPU share says 0.5 throughout (two busy processes): the start-up timing was not slowed by it, short views
+    on one thread 1.5x, then a scan 4x (two threads on cores the busy processes also want): the same scan's next
+    estimate is about its real time. Before, the slowdown was a running mean of each run against the fit of its
+    moment while the fit itself also moved toward the slow run: the load was counted twice (2.36x the real time)."""
     model, overhead, rate = "m", 0.05, 30e9
     fit = Throughput()
-    for macs in (2e10, 1e11):  # the start-up timing, idle
+    for macs in (2e10, 1e11):  # the start-up timing
         fit.observe(model, macs, overhead + macs / rate, share=0.5)
     for _ in range(2):  # short views on one thread: 1.5x
         fit.observe(model, 2e9, 1.5 * (overhead + 2e9 / rate), share=0.5)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.lifecycle import CancelEvent, RequestCancelled, after_layer, request_cancel, request_progress
+from app.context import RequestContext
+from app.lifecycle import CancelEvent, RequestCancelled, after_layer
 from models.adapters.bert import BertAdapter
 from models.hooks import on_each_layer
 
@@ -30,20 +31,13 @@ def test_a_client_that_leaves_mid_forward_stops_it_at_the_next_layer(adapter):
         layers_run.append(done)
         event.set()  # the client leaves while the first layer runs
 
-    cancel_token, progress_token = request_cancel.set(event), request_progress.set(progress)
-    try:
-        with on_each_layer(after_layer), pytest.raises(RequestCancelled):
-            adapter.run(adapter.encode("the cat sat on the mat"))
-    finally:
-        request_cancel.reset(cancel_token)
-        request_progress.reset(progress_token)
+    ctx = RequestContext(cancel=event, progress=progress)  # the request's, as the scheduler passes it on
+    with on_each_layer(lambda layer, n: after_layer(layer, n, ctx)), pytest.raises(RequestCancelled):
+        adapter.run(adapter.encode("the cat sat on the mat"))
     assert layers_run == [1], "layer 1 ran to its end after the client left: the forward was not stopped there"
     # without the cancellation the same listener reports every layer
     layers_run.clear()
-    token = request_progress.set(lambda done, total: layers_run.append(done))
-    try:
-        with on_each_layer(after_layer):
-            adapter.run(adapter.encode("the cat sat on the mat"))
-    finally:
-        request_progress.reset(token)
+    ctx = RequestContext(progress=lambda done, total: layers_run.append(done))
+    with on_each_layer(lambda layer, n: after_layer(layer, n, ctx)):
+        adapter.run(adapter.encode("the cat sat on the mat"))
     assert layers_run == list(range(1, len(adapter.layer_of) + 1))

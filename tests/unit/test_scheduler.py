@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from app.jobs import Job, current_job, request_client
+from app.context import RequestContext
+from app.jobs import Job
 from app.runtime import Runtime
 from app.settings import Settings
 
@@ -22,10 +23,7 @@ def _queue_and_release(runtime: Runtime, work: list[tuple[str, str, Job | None]]
     scheduler._run_lock.acquire()  # something holds the model
 
     def wait(name: str, client: str, job: Job | None) -> None:
-        request_client.set(client)
-        if job is not None:
-            current_job.set(job)
-        with runtime.admitted():
+        with runtime.admitted(ctx=RequestContext(client=client, job=job)):
             order.append(name)
             time.sleep(0.01)
 

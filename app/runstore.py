@@ -83,13 +83,22 @@ class _Resources:
 
     def __init__(self) -> None:
         self.jobs: queue.Queue[_Write | None] = queue.Queue(maxsize=WRITE_QUEUE)
+        self.stopping = threading.Event()  # set: the writer skips what is still queued (the directory goes anyway)
         self.thread: threading.Thread | None = None
         self.dir: Path | None = None
 
+    def start(self, store: ResultCache) -> None:
+        """The writer thread, on the first write."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=_write_runs, name="attnlab-run-writer", daemon=True,
+                                           args=(self.jobs, self.stopping, weakref.ref(store)))
+            self.thread.start()
+
     def release(self) -> None:
-        """Stop the writer (after the writes queued, which skip dropped runs) and remove the directory."""
+        """Stop the writer (the write under way ends; queued ones are skipped) and remove the directory."""
         thread, self.thread = self.thread, None
         if thread is not None:
+            self.stopping.set()
             self.jobs.put(None)
             if thread is not threading.current_thread():
                 thread.join(timeout=120)
@@ -97,21 +106,26 @@ class _Resources:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _write_runs(jobs: queue.Queue, store_ref: weakref.ref) -> None:
+def _write_runs(jobs: queue.Queue, stopping: threading.Event, store_ref: weakref.ref) -> None:
     """The writer thread: one queued run at a time into its file (a weak reference: the store may go meanwhile)."""
     while True:
         write = jobs.get()
         if write is None:
             return
         store = store_ref()
-        if store is None:
+        if store is None or stopping.is_set():
+            write.done.set()  # nobody waits for it long: the store is closing
             continue
         store._write(write)
         del store
 
 
 def _device_of(result) -> str:
-    hidden = getattr(result, "hidden_states", None)
+    """Where the run's hidden states are, read without forming them (a run may keep them per layer, stacked when
+    first read: models/adapters/base.py)."""
+    hidden = vars(result).get("hidden_states")
+    if isinstance(hidden, (list, tuple)) and hidden:
+        hidden = hidden[0]
     return str(hidden.device) if isinstance(hidden, torch.Tensor) else "cpu"
 
 
@@ -317,10 +331,7 @@ class ResultCache:
             self._leaving[0] += write.leaving[0]
             self._leaving[1] += write.leaving[1]
             self._disk_used += write.booked
-            if self._resources.thread is None:
-                self._resources.thread = threading.Thread(target=_write_runs, name="attnlab-run-writer", daemon=True,
-                                                          args=(self._resources.jobs, weakref.ref(self)))
-                self._resources.thread.start()
+            self._resources.start(self)
         self._resources.jobs.put(write)  # the only wait a request may see: for a place in the bounded queue
         return write
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from fastapi import HTTPException
 
 from app import costs
-from app.context import RequestContext, current, request_model_seconds
+from app.context import RequestContext, current
 from app.costs import cost_field, forward_macs, model_shape, stream_macs
 from app.jobs import JOBS
 
@@ -90,20 +90,16 @@ def check_extra_cost(adapter, settings, extra, ctx: RequestContext) -> None:
 
 
 def check_work_cost(adapter, settings, macs: float, passes: int, field: str, what: str,
-                    ctx: RequestContext | None = None) -> float:
-    """Any other work measured in multiply-adds (a patching scan's copies, the lens, a faithfulness check): 413 naming
-    `field` when it would not finish within the request's limit; a job is then accepted. Returns the seconds; the
-    caller passes them on with its first run as `estimate_s`. Without `ctx` (routes not yet given one) the request is
-    the current context, and the estimate is left there for the scheduler."""
-    given, ctx = ctx is not None, ctx or current()
+                    ctx: RequestContext) -> float:
+    """Any other work of the request `ctx` measured in multiply-adds (a patching scan's copies, the lens, a
+    faithfulness check): 413 naming `field` when it would not finish within the request's limit; a job is then
+    accepted. Returns the seconds; the caller passes them on with its first turn (`ctx.turns(seconds)`)."""
     seconds = costs.estimated_seconds(adapter, settings, macs)
     limit, setting = time_limit(settings, ctx)
     if seconds > limit:
         raise HTTPException(413, detail=(
             f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
             f"{setting}={limit:g} s{_as_job_hint(settings, seconds, ctx)}; ask for less"))
-    if not given:
-        request_model_seconds.set(seconds)
     accept_job(seconds, passes, adapter, ctx)
     return seconds
 

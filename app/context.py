@@ -22,21 +22,20 @@ How it travels. The middleware puts it in the one context variable, which crosse
 of a sync endpoint to its worker thread. At the edge (app/streams.py `respond`, or a route that answers at once:
 `current()`) it is taken once and from there passed as `ctx`. A job's worker thread makes the job's own with
 `ctx.with_(job=…, deadline=job_timeout_s from its arrival, progress=its stream)` and passes that on; a request's first
-run gets `ctx.with_(estimate_s=…)` from its cost check. The engine (models/) never sees it: the scheduler hands the
+run gets `ctx.with_(estimate_s=…)` from its cost check (work of several turns: `ctx.turns(estimate_s)`). The engine (models/) never sees it: the scheduler hands the
 engine's per-layer listener (models/hooks.py on_each_layer, our own channel through transformers' attention function)
 a closure over it.
 
 Read from the context variable still (a function given no `ctx` reads `current()` at its top), for the work not yet
-passed one: the patching scans, the head taxonomy and the patching set (app/routes/analysis.py patching,
-app/routes/heads.py, app/routes/patching_set.py: `respond_steps` work), generation and transcription (their job
-threads have it current), the image route's encoding. Three fields keep a `ContextField` under their old name
-(`.get()` reads the current context's field, `.set(value)` makes a copy with it changed, `.reset(token)` puts back that
-field only):
+passed one: generation and transcription (app/routes/text.py generate, app/routes/audio.py transcribe: their job
+threads have the job's context current), the image and speech routes' encoding before their job is built, the kept
+runs' windows and rows (app/routes/runs.py), and work outside a request (the start-up timing, scripts, tests). Two
+fields keep a `ContextField` under their old name (`.get()` reads the current context's field, `.set(value)` makes a
+copy with it changed, `.reset(token)` puts back that field only):
 - `request_deadline`: a first use's model load (Runtime.adapter, before the route takes its context) gives its time
   back to the request's deadline;
-- `request_model_seconds`: check_work_cost called without a ctx leaves its estimate for the scheduler, which clears it
-  at the first turn (the routes above);
-- `request_cancel` (app/lifecycle.py): the job board's wait for the client's earlier job (app/jobs.py JobBoard.accept).
+- `request_cancel` (app/lifecycle.py): the job board's wait for the client's earlier job (app/jobs.py JobBoard.accept,
+  called by the cost checks with the job only).
 """
 from __future__ import annotations
 
@@ -63,6 +62,13 @@ class RequestContext:
 
     def with_(self, **fields: Any) -> RequestContext:
         return dataclasses.replace(self, **fields)
+
+    def turns(self, estimate_s: float) -> Callable[[], RequestContext]:
+        """For work made of several model turns (a scan's batches): each call gives the next turn's context, the first
+        with the cost check's `estimate_s` (refused at that turn when it no longer fits), the later ones without."""
+        pending = [self.with_(estimate_s=estimate_s)]
+        later = self.with_(estimate_s=None)
+        return lambda: pending.pop() if pending else later
 
 
 EMPTY = RequestContext()  # outside a request (scripts, tests of the engine): no deadline, no client, nothing held
@@ -104,7 +110,6 @@ class ContextField:
 
 
 request_deadline = ContextField("deadline")
-request_model_seconds = ContextField("estimate_s")  # the cost check's model seconds (app/admission.py)
 
 
 def add_timing(name: str, seconds: float, ctx: RequestContext | None = None) -> None:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from app.context import RequestContext, add_timing, current, request_model_seconds
+from app.context import RequestContext, add_timing, current
 from app.errors import Overloaded
 from app.lifecycle import RequestCancelled, after_layer
 from models.hooks import on_each_layer
@@ -71,9 +71,9 @@ class ModelScheduler:
     @contextlib.contextmanager
     def admitted(self, interactive: bool | None = None, ctx: RequestContext | None = None) -> Iterator[None]:
         """Hold the model lock for the request `ctx` (its job, client, deadline, cancel, estimate and timings; None:
-        the current context, for callers not yet given one); refuse at once when `queue_depth` requests already wait
+        the current context: scripts, tests and the start-up timing); refuse at once when `queue_depth` requests already wait
         (`interactive` None: whatever is not a job)."""
-        given, ctx = ctx is not None, ctx or current()
+        ctx = ctx or current()
         job = ctx.job
         if interactive is None:
             interactive = job is None
@@ -106,9 +106,7 @@ class ModelScheduler:
         try:
             if cancel is not None and cancel.is_set():  # the client left while we waited: the lock goes on at once
                 raise RequestCancelled(cancel.reason)
-            self._refuse_if_out_of_time(deadline, ctx.estimate_s)
-            if not given and ctx.estimate_s is not None:  # a caller without a ctx: its later runs belong to the
-                request_model_seconds.set(None)  # same estimate (a caller with one passes it to its first run only)
+            self._refuse_if_out_of_time(deadline, ctx.estimate_s)  # the caller passes the estimate to its first turn
             with on_each_layer(layer_done):  # a client that leaves stops the forward at its next layer
                 yield
         finally:

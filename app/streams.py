@@ -141,7 +141,7 @@ class JobStream:
 
     def step_done(self, done: int, total: int) -> None:
         """After each step of work that counts its own steps (a scan's batches)."""
-        check_cancelled()
+        check_cancelled(self.ctx)
         event = {"progress": done, "total": total, "run": 1, "runs": 1}
         if self.job is not None:
             event["eta_s"] = self.job.progressed(done, total, time.monotonic())
@@ -160,11 +160,13 @@ def respond(request: Request, work: Callable[[RequestContext], dict[str, Any]], 
     return run_job(request, lambda stream: work(stream.ctx), what, layer_progress=True)
 
 
-def respond_steps(request: Request, work: Callable[[Callable[[int, int], None]], dict[str, Any]], what: str) -> Response:
-    """Like `respond` for work that reports its own steps: `work(progress)` calls progress(done, total)."""
+def respond_steps(request: Request, work: Callable[[Callable[[int, int], None], RequestContext], dict[str, Any]],
+                  what: str) -> Response:
+    """Like `respond` for work that reports its own steps: `work(progress, ctx)` calls progress(done, total)."""
     if not wants_events(request):
-        return fast_json(work(lambda _done, _total: check_cancelled()))
-    return run_job(request, lambda stream: work(stream.step_done), what, layer_progress=False)
+        ctx = current()  # the edge: the request's context, as the middleware made it
+        return fast_json(work(lambda _done, _total: check_cancelled(ctx), ctx))
+    return run_job(request, lambda stream: work(stream.step_done, stream.ctx), what, layer_progress=False)
 
 
 def run_job(request: Request, work: Callable[[JobStream], dict[str, Any] | None], what: str, *,

@@ -78,16 +78,16 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
     batch = max(1, runtime.settings.patching_batch_tokens // n_tokens)  # patched copies per forward
     copies, scanned = _scan_copies(adapter, req, n_tokens)
 
-    def job(progress) -> dict:
+    def job(progress, ctx: RequestContext) -> dict:
         # the whole scan's model time, before any forward: 413 naming `scan` over the limit (a plain request's
         # request_timeout_s, a job's job_timeout_s); a job is accepted here with its ETA
         macs = copies * forward_macs(model_shape(adapter), n_tokens, n_tokens, len(interventions))
-        check_work_cost(adapter, runtime.settings, macs, 1, "scan",
-                        f"{scanned} ({copies:,} forwards over {n_tokens} tokens)")
+        turn = ctx.turns(check_work_cost(adapter, runtime.settings, macs, 1, "scan",
+                                         f"{scanned} ({copies:,} forwards over {n_tokens} tokens)", ctx))
         clock = WorkClock(adapter)  # the scan's model time, learnt from as one run (app/costs.py)
         with head_run(sources):
             attribution = None
-            with clock.step(runtime.step(n_tokens)):
+            with clock.step(runtime.step(n_tokens, ctx=turn())):
                 if req.method == "attribution":  # 2 forwards and 1 backward in all
                     base, attribution = attribution_patching(adapter, pair, interventions)
                 else:
@@ -102,18 +102,18 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
                 response["warnings"] = ["LD_clean equals LD_corrupt: the effect is undefined (null)"]
             if req.scan == "heads" and req.method == "exact":
                 effect = head_scan(adapter, pair, base, interventions, batch, progress,
-                                   guard=lambda: clock.step(runtime.step(n_tokens * batch)))
+                                   guard=lambda: clock.step(runtime.step(n_tokens * batch, ctx=turn())))
             elif req.scan == "residual":
                 effect = residual_scan(adapter, pair, base, interventions, batch, progress,
-                                       guard=lambda: clock.step(runtime.step(n_tokens * batch)))
+                                       guard=lambda: clock.step(runtime.step(n_tokens * batch, ctx=turn())))
             else:
                 effect = None
             if effect is None:  # attribution alone
                 effect = attribution
                 progress(1, 1)
             elif req.scan == "heads":  # the estimate beside the exact scan, and how well they agree
-                check_cancelled()
-                with clock.step(runtime.step(n_tokens)):
+                check_cancelled(ctx)
+                with clock.step(runtime.step(n_tokens, ctx=turn())):
                     attribution = attribution_scan(adapter, pair, base, interventions)
                 response["attribution"] = finite_lists(attribution)
                 response["rank_correlation"] = rank_correlation(effect, attribution)

@@ -16,7 +16,7 @@ from app.attention import check_request_limits
 from app.errors import field_error
 from app.admission import check_work_cost
 from app.costs import forward_macs, model_shape
-from app.context import current
+from app.context import RequestContext, current
 from app.lifecycle import ParsedJsonRoute, check_cancelled
 from app.lm_inputs import language_model
 from app.runtime import PerRuntime
@@ -83,23 +83,24 @@ def head_scores(req: HeadScoresRequest, runtime: RuntimeDep, request: Request) -
     first_id = _first_token(adapter)
     key = (current().cache_scope, info.id, req.text)
 
-    def job(progress) -> dict[str, Any]:
+    def job(progress, ctx: RequestContext) -> dict[str, Any]:
         cached = _answers(runtime).get(key)
         if cached is not None:
             return cached
         shape = model_shape(adapter)
-        check_work_cost(adapter, runtime.settings, sum(forward_macs(shape, n, n) for n in lengths), len(lengths),
-                        "text" if text_ids is not None else "model", "the head taxonomy")
+        turn = ctx.turns(check_work_cost(adapter, runtime.settings, sum(forward_macs(shape, n, n) for n in lengths),
+                                         len(lengths), "text" if text_ids is not None else "model",
+                                         "the head taxonomy", ctx))
 
         def run(ids: list[int]) -> torch.Tensor:
-            check_cancelled()
-            return runtime.run(adapter, _encoded(adapter, ids), (), False).kept_attention  # (L, H, T, T)
+            check_cancelled(ctx)
+            return runtime.run(adapter, _encoded(adapter, ids), (), False, turn()).kept_attention  # (L, H, T, T)
 
         def generate(ids: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
             """The plain greedy continuation and each step's top-attended key of every head: (S, L, H)."""
-            check_cancelled()
+            check_cancelled(ctx)
             generated, top_keys = [], []
-            with runtime.admitted():
+            with runtime.admitted(ctx=turn()):
                 for new in adapter.continuation(ids, (), steps, rows=RowRequest(top_k=1)):
                     generated.append(new.id)
                     top_keys.append(new.attention["indices"][..., 0].cpu())  # (L, H)

@@ -17,6 +17,7 @@ from app.attention import check_request_limits
 from app.interventions import engine_interventions
 from app.errors import field_error
 from app.admission import check_work_cost
+from app.context import RequestContext
 from app.costs import forward_macs, model_shape
 from app.lm_inputs import finite_lists, language_model, one_token, prompt_ids
 from app.patch_sources import request_sources
@@ -153,12 +154,12 @@ def patching_set(req: PatchingRequest, request: Request, runtime: Runtime) -> Re
     macs = sum(forwards_per_pair * forward_macs(shape, p.clean.shape[1], p.clean.shape[1], len(interventions))
                for p in pairs)
 
-    def job(progress) -> dict:
-        check_work_cost(adapter, settings, macs, 1, where,
-                        f"a head scan of {len(pairs)} pairs ({forwards_per_pair * len(pairs):,} forwards)")
+    def job(progress, ctx: RequestContext) -> dict:
+        turn = ctx.turns(check_work_cost(adapter, settings, macs, 1, where, f"a head scan of {len(pairs)} pairs "
+                                         f"({forwards_per_pair * len(pairs):,} forwards)", ctx))
         with head_run(sources):
             scans = set_scan(adapter, pairs, interventions, settings.patching_batch_tokens, exact, progress,
-                             guard=lambda tokens: runtime.step(tokens))
+                             guard=lambda tokens: runtime.step(tokens, ctx=turn()))
         return set_response(adapter, req, described, scans, exact)
 
     return respond_steps(request, job, "POST /api/text/patching (set)")

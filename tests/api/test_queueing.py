@@ -180,23 +180,19 @@ def test_a_queued_request_whose_client_left_leaves_the_queue_and_never_runs(tiny
 def test_a_request_whose_work_no_longer_fits_after_queueing_is_refused_at_its_turn(tiny_bert):
     """The cost check estimated 20 s of model time; the request gets the model with 5 s left before its deadline:
     503 at once (no work started to be thrown away at the deadline), the lock given back; with 30 s left it runs."""
-    from app.context import request_model_seconds
+    from app.context import RequestContext
 
     runtime = Runtime(make_settings(tiny_bert, request_timeout_s=60))
     for left_s, refused in ((5.0, True), (30.0, False)):
-        deadline, estimate = request_deadline.set(time.monotonic() + left_s), request_model_seconds.set(20.0)
-        try:
-            if refused:
-                with pytest.raises(Overloaded, match="needs about 20 s of model time"):
-                    with runtime.admitted():
-                        raise AssertionError("the work started")
-                assert not runtime.scheduler._run_lock.locked()
-            else:
-                with runtime.admitted():
-                    assert runtime.scheduler._run_lock.locked()
-                request_deadline.set(time.monotonic() + 1.0)
-                with runtime.admitted():  # the same request's next run: the estimate was checked at its first turn
-                    assert runtime.scheduler._run_lock.locked()
-        finally:
-            request_deadline.reset(deadline)
-            request_model_seconds.reset(estimate)
+        turn = RequestContext(deadline=time.monotonic() + left_s).turns(20.0)  # the request's model turns
+        if refused:
+            with pytest.raises(Overloaded, match="needs about 20 s of model time"):
+                with runtime.admitted(ctx=turn()):
+                    raise AssertionError("the work started")
+            assert not runtime.scheduler._run_lock.locked()
+        else:
+            with runtime.admitted(ctx=turn()):
+                assert runtime.scheduler._run_lock.locked()
+            # the same request's next run: the estimate was checked at its first turn
+            with runtime.admitted(ctx=turn().with_(deadline=time.monotonic() + 1.0)):
+                assert runtime.scheduler._run_lock.locked()

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from app.context import RequestContext, current, request_model_seconds
+from app.context import RequestContext, current
 from app.errors import Overloaded
 from app.lifecycle import CancelEvent, RequestCancelled
 from app.pipeline.text import text_work
@@ -33,7 +33,7 @@ def test_the_scheduler_reads_the_deadline_cancel_estimate_and_timings_it_is_give
     with pytest.raises(Overloaded, match="needs about 100 s"):  # the estimate no longer fits at its turn
         with runtime.admitted(ctx=RequestContext(deadline=time.monotonic() + 5, estimate_s=100.0)):
             pass
-    assert request_model_seconds.get() is None  # the given estimate was never written to the context variable
+    assert current().estimate_s is None  # the given estimate was never written to the context variable
     timings: dict[str, float] = {}
     with runtime.admitted(ctx=RequestContext(timings=timings)):
         pass

@@ -45,6 +45,10 @@ def test_every_page_mounts_the_labs_panels_but_those_it_says_it_lacks(page, page
             count = page.locator(SHOWN_BY[panel]).count()
             assert count == (1 if panel in mounted else 0), (name, panel, count)
         assert page.inner_text("#beta-readout").startswith("β = "), name  # bound to the store by the β panel
+        # the lab's active list (lab.js renderActive): after the first response on the text and image pages, at once
+        # on the speech page (no clip yet); then no run is left in flight when the next page opens
+        page.wait_for_selector("#interventions-list .iv-head", timeout=300_000)
+        page.wait_for_load_state("networkidle", timeout=300_000)
     assert seen["text"]["all"] == seen["image"]["all"] == seen["speech"]["all"]
     page_log.check()
 

@@ -109,15 +109,21 @@ class AttentionResult:
 
     @property
     def has_scores(self) -> bool:
-        return self.queries is not None
+        return self.__dict__.get("queries") is not None
 
     def scores_slice(self, layers: list[int], heads: list[int], rows: slice | list[int] = slice(None)) -> torch.Tensor:
         """Ŝ = q̂ k̂ᵀ (unscaled) for the given layers, heads and query rows: (l, h, q, T)."""
-        if self.queries is None or self.keys is None:
+        stored_queries, stored_keys = self.__dict__.get("queries"), self.__dict__.get("keys")
+        if stored_queries is None or stored_keys is None:
             raise ValueError("this run did not record scores (record_scores=False)")
-        queries = self.queries[layers][:, heads][:, :, rows]  # (l, h, q, d)
-        keys = self.keys[layers][:, heads]  # (l, h, T, d)
-        return queries @ keys.transpose(-1, -2)
+        if isinstance(stored_queries, torch.Tensor) and isinstance(stored_keys, torch.Tensor):
+            queries = stored_queries[layers][:, heads]  # (l, h, T, d)
+            keys = stored_keys[layers][:, heads]  # (l, h, T, d)
+        else:  # per-layer parts not stacked yet: only the asked heads are gathered
+            n_heads = _query_heads(stored_queries)
+            queries = torch.stack([stored_queries[l][heads] for l in layers]).float()  # (l, h, T, d)
+            keys = torch.stack([_key_heads(stored_keys[l], heads, n_heads) for l in layers]).float()  # (l, h, T, d)
+        return queries[:, :, rows] @ keys.transpose(-1, -2)
 
     @property
     def scores(self) -> torch.Tensor | None:
@@ -135,20 +141,21 @@ class AttentionResult:
 
     def _kept_tensors(self) -> list[torch.Tensor]:
         host_copy = self.__dict__.get("_host_attention")
-        tensors = [t for t in (self.kept_attention, host_copy, self.hidden_states) if t is not None]
+        stored = [self.__dict__.get(name) for name in STACKED_LATER]  # tensors, or per-layer parts not stacked yet
+        tensors = [t for t in (self.kept_attention, host_copy) if t is not None]
+        tensors += [t for value in stored if value is not None
+                    for t in ([value] if isinstance(value, torch.Tensor) else value)]
         tensors += list(self.output.values())
         if self.by_kind is not None:
             tensors += [t for kind, t in self.by_kind.items() if kind != "encoder"]
-        if self.queries is not None and self.keys is not None:
-            tensors += [self.queries, self.keys]
         return tensors + (self.atlas.tensors() if self.atlas is not None else [])
 
     def _kept_key(self) -> tuple:
         """What the kept tensors are, by identity: P, its host copy, the hidden states, outputs, kinds, q̂/k̂, and each
         record's norms (formed from V when first asked for) and summary. Cheap beside measuring them: the result cache
         sizes every kept run again on each put (app/runstore.py), and measuring (Atlas.tensors) cost ~0.5 ms a run."""
-        parts = [id(self.kept_attention), id(self.__dict__.get("_host_attention")), id(self.hidden_states),
-                 id(self.queries), id(self.keys), *map(id, self.output.values())]
+        parts = [id(self.kept_attention), id(self.__dict__.get("_host_attention")),
+                 *(id(self.__dict__.get(name)) for name in STACKED_LATER), *map(id, self.output.values())]
         if self.by_kind is not None:
             parts += map(id, self.by_kind.values())
         if self.atlas is not None:
@@ -163,7 +170,8 @@ class AttentionResult:
         key = self._kept_key()
         memo = self.__dict__.get("_sizes_memo")
         if memo is None or memo[0] != key:
-            tensors = self._kept_tensors()
+            # each tensor once: q̂/k̂ not yet stacked are the atlas records' own tensors (views of the same memory)
+            tensors = {_identity(t): t for t in self._kept_tensors()}.values()
             sizes = [(t.numel() * t.element_size(), t.device.type != "cpu") for t in tensors]
             memo = self.__dict__["_sizes_memo"] = (key, sum(n for n, _ in sizes), sum(n for n, gpu in sizes if gpu))
         return memo[1], memo[2]
@@ -176,6 +184,61 @@ class AttentionResult:
     def device_nbytes(self) -> int:
         """The part of nbytes held in accelerator memory (a long run's atlas on a GPU); the rest is host memory."""
         return self._sizes()[1]
+
+
+def _identity(t: torch.Tensor) -> tuple:
+    """What tells two tensors apart as memory: the same view of the same storage is one."""
+    if not t.numel():
+        return (id(t),)
+    return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device
+
+
+def _query_heads(queries: torch.Tensor | list[torch.Tensor]) -> int:
+    """H, from q̂ stacked (L, H, T, d) or per layer (L × (H, T, d))."""
+    return queries.shape[1] if isinstance(queries, torch.Tensor) else queries[0].shape[0]
+
+
+def _key_heads(keys: torch.Tensor, heads: list[int], n_heads: int) -> torch.Tensor:
+    """One layer's k̂ for query heads `heads`, (h, T, d). keys: (H or H_kv, T, d): a grouped-query layer's k̂ is kept
+    per key/value head as the model made it, query head h reading head h // (H / H_kv), as the forward repeated it."""
+    n_rep = n_heads // keys.shape[0]
+    return keys[heads] if n_rep == 1 else keys[[h // n_rep for h in heads]]
+
+
+def _stacked(result: AttentionResult, name: str) -> torch.Tensor | None:
+    """result.<name> as one float32 tensor: per-layer parts kept by the run are stacked (and kept so) when first read;
+    a grouped-query model's k̂ repeated to the query heads."""
+    value = result.__dict__.get(name)
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    if name == "keys":
+        n_heads = _query_heads(result.__dict__["queries"])
+        value = [k if k.shape[0] == n_heads else k.repeat_interleave(n_heads // k.shape[0], dim=0) for k in value]
+    stacked = result.__dict__[name] = torch.stack(value).float()
+    return stacked
+
+
+def _stacked_property(name: str, doc: str) -> property:
+    def get(result: AttentionResult) -> torch.Tensor | None:
+        return _stacked(result, name)
+
+    def put(result: AttentionResult, value: Any) -> None:
+        result.__dict__[name] = value
+
+    return property(get, put, doc=doc)
+
+
+# Kept as the forward made them, per layer, and stacked only when a consumer reads the whole (L, …) tensor: a first
+# view forms Ŝ of its heads from the parts, and never reads the hidden states. The stacks were copies (a fresh short
+# run's memory is new pages: the copy and its page faults cost ~2 ms of CPU at minilm's 128 tokens), and q̂/k̂ are the
+# atlas records' own tensors, so unstacked they cost no memory of their own.
+STACKED_LATER = ("queries", "keys", "hidden_states")
+AttentionResult.queries = _stacked_property(  # type: ignore[assignment]
+    "queries", "q̂ after perturbation, (L, H, T, d) float32 (stacked from the run's per-layer parts when first read)")
+AttentionResult.keys = _stacked_property(  # type: ignore[assignment]
+    "keys", "k̂ after perturbation, (L, H, T, d) float32, repeated to the query heads (stacked when first read)")
+AttentionResult.hidden_states = _stacked_property(  # type: ignore[assignment]
+    "hidden_states", "(L+1, T, D): embeddings then every layer's output (stacked when first read)")
 
 
 def _host_attention(result: AttentionResult) -> torch.Tensor | None:
@@ -263,6 +326,15 @@ AttentionResult.warnings = property(_host_warnings, _set_warnings,  # type: igno
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _queries_keys(scope: RunScope, layers: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """q̂ and k̂ of batch item 0 per layer, after perturbation: the layer records' own tensors where every layer has one
+    (k̂ per key/value head unless the layer perturbed its keys), else what the forward recorded."""
+    records = scope.records
+    if all(l in records for l in layers):
+        return [records[l].queries for l in layers], [records[l].keys for l in layers]
+    return [scope.queries_keys[l][0][0] for l in layers], [scope.queries_keys[l][1][0] for l in layers]
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -458,10 +530,9 @@ class AttentionAdapter:
         # summaries). Copying all of P to the host cost 7× a raw forward at 512 tokens on an H100.
         attention = scope.stacked_attention().float()  # (L, H, T, T)
         queries = keys = None
-        if scope.record_scores:
-            queries = torch.stack([scope.queries_keys[l][0][0] for l in layers]).float()  # (L, H, T, d)
-            keys = torch.stack([scope.queries_keys[l][1][0] for l in layers]).float()  # (L, H, T, d)
-        hidden = torch.stack([h[0] for h in hidden_states]).float()  # (L+1, T, D)
+        if scope.record_scores:  # L × (H, T, d) and L × (H or H_kv, T, d): stacked when first read
+            queries, keys = _queries_keys(scope, list(layers))
+        hidden = [h[0] for h in hidden_states]  # (L+1) × (T, D): stacked when first read
         # (L, H) float64, left on the device: the response reads it with the rest of the first view (one copy)
         entropy = scope.layer_entropy(list(layers))
         values = [t.detach().float() for t in output.values()] if output_on_device else to_host(list(output.values()))

@@ -150,8 +150,9 @@ def test_a_runs_size_follows_what_it_keeps(adapter):
     (V dropped), a record built for a window, the maps replaced. Each figure equals the sum over the kept tensors."""
     result = adapter.run(adapter.encode("the cat sat on the mat"), record_scores=True)
 
-    def measured() -> int:
-        return sum(t.numel() * t.element_size() for t in result._kept_tensors())
+    def measured() -> int:  # each piece of memory once: unstacked q̂/k̂ are the records' own tensors
+        distinct = {(t.data_ptr(), t.shape, t.stride()): t for t in result._kept_tensors()}
+        return sum(t.numel() * t.element_size() for t in distinct.values())
 
     first = result.nbytes
     assert first == measured() and result.device_nbytes == 0
@@ -166,3 +167,36 @@ def test_a_runs_size_follows_what_it_keeps(adapter):
     assert result.nbytes == measured() > first + n_heads * n_keys * 4
     result.attention = result.kept_attention[:, :1].clone()  # the maps replaced (fewer heads)
     assert result.nbytes == measured() < first
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_q_k_and_hidden_states_are_stacked_when_first_read(family, tmp_path_factory):
+    """A short run keeps q̂, k̂ and the hidden states per layer, as the forward made them (the atlas records' own q̂/k̂,
+    a grouped-query model's k̂ per key/value head), and stacks them only when the whole tensor is read: Ŝ of a few
+    heads formed from the parts equals the same slice of the stacks bit for bit, the stacks equal the forward's own
+    tensors (k̂ repeated to the query heads), and nbytes counts the shared memory once until a stack is made."""
+    from models.adapters.causal_lm import CausalLMAdapter
+    from tests.tiny_models import build_text_model
+
+    folder = str(build_text_model(family, tmp_path_factory.mktemp(f"lazy-{family}")))
+    adapter = BertAdapter("tiny", folder, device="cpu") if family == "bert" else CausalLMAdapter("tiny", folder, device="cpu")
+    result = adapter.run(adapter.encode("the cat sat on the mat because it was tired"), record_scores=True)
+    assert all(isinstance(result.__dict__[name], list) for name in ("queries", "keys", "hidden_states"))
+    records = result.atlas.records
+    assert all(result.__dict__["keys"][l] is records[l].keys for l in records)  # not copies
+    before = result.nbytes
+    layers, heads = [1, 0], [3, 1]
+    sliced = result.scores_slice(layers, heads, [2, 0])  # from the parts
+    assert isinstance(result.__dict__["queries"], list)  # Ŝ of a few heads stacks nothing
+    stacked_queries, stacked_keys = result.queries, result.keys  # (L, H, T, d), stacked now
+    n_heads = stacked_queries.shape[1]
+    assert stacked_keys.shape[1] == n_heads
+    assert torch.equal(sliced, result.scores_slice(layers, heads, [2, 0]))  # from the stacks: bit for bit
+    for layer, record in records.items():
+        n_rep = n_heads // record.keys.shape[0]
+        assert (family == "llama") == (n_rep > 1)
+        assert torch.equal(stacked_keys[layer], record.keys.repeat_interleave(n_rep, dim=0).float())
+        assert torch.equal(stacked_queries[layer], record.queries.float())
+    assert result.hidden_states.shape[0] == len(records) + 1
+    # the stacks are memory of their own; the parts were the records' (and the forward's) tensors, counted once
+    assert result.nbytes >= before + stacked_queries.nbytes + stacked_keys.nbytes

@@ -214,9 +214,10 @@ class ResultCache:
 
     def put(self, key: tuple, result: AttentionResult, client: str = "", make_room: bool = True) -> None:
         """Keep `result` under `key` (pinned for pin_s, for `client`) in the RAM tier, then make room there (older runs
-        move to disk, or go when unpinned; a run too large for RAM goes to disk itself). `make_room=False` leaves that
-        to a later make_room(keep=key) call, so that a caller holding the model's lock can write to disk after
-        letting it go. Without a disk tier a run too large for RAM is not kept (its id then says expired)."""
+        move to disk, or go when unpinned; a run too large for RAM goes to disk itself: each by the writer thread, the
+        run answering from RAM until its file is done). `make_room=False` leaves that to a later make_room(keep=key)
+        call, so that a caller holding the model's lock does not hold it while waiting for a place in the queue of
+        writes. Without a disk tier a run too large for RAM is not kept (its id then says expired)."""
         device = result.device_nbytes
         host = result.nbytes - device
         with self._lock:

@@ -15,8 +15,10 @@ from q̂/k̂ and passed through softmax, weighting, renormalising and pooling, c
 (`value_overview_macs`). A request runs `runs` such forwards (1, or 1 + samples with
 `compare`: the base and every sample). Its seconds are that total over the model's throughput: measured from
 the model's own runs (`THROUGHPUT`, runs of at least MIN_TIMED_S only: tiny runs are all overhead), else the
-`compute_gmacs_per_s` setting; under load, times the slowdown the model's recent runs met. (A request estimated
-over its time limit is answered 413 before it starts: app/admission.py.)
+`compute_gmacs_per_s` setting; under load, times the slowdown the model's recent runs met: their real seconds over
+what the fit says now for them, summed (so the larger runs, the work a long estimate is about, weigh the most).
+Batched work timed in steps (a patching scan: `WorkClock`) is learnt from as one run. (A request estimated over its
+time limit is answered 413 before it starts: app/admission.py.)
 
 **Memory.** `cache_budgets(settings)` splits `memory_budget_bytes`: the models and torch
 (`memory_reserved_bytes`), one run's recorded maps in flight (`max_run_bytes`: runs take turns),
@@ -25,10 +27,12 @@ result cache (3/4) and the decoded-image cache (1/4).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 
@@ -99,6 +103,10 @@ class CpuShare:
             self.cores = max(1, len(os.sched_getaffinity(0)))
         except (AttributeError, OSError):
             self.cores = max(1, os.cpu_count() or 1)
+        self._smoothed = False  # the first interval's measure is taken as it is
+        ticks = self._ticks()  # measured from the import on: the start-up timing's first `now()` has an interval
+        if ticks is not None:
+            self._last = (time.monotonic(), *ticks)
 
     @staticmethod
     def _ticks() -> tuple[int, int] | None:
@@ -123,9 +131,19 @@ class CpuShare:
             elif t - self._last[0] >= self.MIN_INTERVAL_S:
                 dt = t - self._last[0]
                 others = ((ticks[0] - self._last[1]) - (ticks[1] - self._last[2])) / (self._hz * dt)
-                self._others = 0.5 * self._others + 0.5 * max(0.0, min(others, 4.0 * self.cores))
-                self._last = (t, *ticks)
+                others = max(0.0, min(others, 4.0 * self.cores))
+                self._others = 0.5 * self._others + 0.5 * others if self._smoothed else others
+                self._smoothed, self._last = True, (t, *ticks)
             return self.cores / (self.cores + self._others)
+
+    def threads_for(self, threads: int) -> int:
+        """Torch threads worth running now: at most `threads`, one per core that other processes leave free (at least
+        one). A thread more than the free cores waits for one at every parallel region: on 2 cores beside busy
+        processes (load 13) a 151-token forward took 8 s on one thread and 69-87 s on two."""
+        self.now()
+        with self._lock:
+            free = self.cores - self._others
+        return max(1, min(threads, int(free + 0.5)))
 
     def mark(self) -> tuple[float, int, int] | None:
         """A point to measure the share from (`share_since`): a timed run's own interval."""
@@ -149,6 +167,8 @@ class CpuShare:
 CPU_SHARE = CpuShare()
 RECENCY = 0.8  # each newer timed run weighs 1/0.8 = 1.25 times the one before it
 LOAD_RECENT_S = 60.0  # a slowdown measured on runs this recent is the estimate's load correction (else /proc)
+LOAD_RUNS = 64  # the most recent runs a slowdown is measured on
+LOAD_HALF_LIFE_S = 20.0  # a run's weight in the slowdown halves every this many seconds
 
 
 class Throughput:
@@ -163,8 +183,10 @@ class Throughput:
         self._rates: dict[str, float] = {}  # multiply-adds per second on an idle machine
         self._overheads: dict[str, float] = {}  # seconds per run besides the multiply-adds
         self._sums: dict[str, list[float]] = {}  # recency-weighted Σw, Σm, Σs, Σm², Σm·s
-        # per model: (real seconds / the idle fit's seconds of recent runs, smoothed; when last measured)
-        self._slowdown: dict[str, tuple[float, float]] = {}
+        # per model: its last LOAD_RUNS timed runs (when, multiply-adds, real seconds): the load they met is their
+        # real time over the fit's idle time for them, the fit as it is when an estimate asks (a slowdown smoothed
+        # against each run's fit of the moment mixed fits made under other loads: a 9-token scan at 2.8x its time)
+        self._recent: dict[str, deque[tuple[float, float, float]]] = {}
         self._lock = threading.Lock()
 
     def observe(self, model_id: str, macs: float, seconds: float, share: float = 1.0) -> None:
@@ -172,16 +194,7 @@ class Throughput:
             return
         idle_s = seconds * share
         with self._lock:
-            if model_id in self._rates:  # how much slower than the idle fit this run was: the load it met
-                predicted = self._overheads.get(model_id, 0.0) + macs / self._rates[model_id]
-                observed = seconds / predicted if predicted > 0 else 1.0 / share
-            else:
-                observed = 1.0 / share
-            observed = min(max(observed, 0.2), 20.0)
-            old = self._slowdown.get(model_id)
-            now = time.monotonic()
-            recent = old is not None and now - old[1] < LOAD_RECENT_S
-            self._slowdown[model_id] = (0.5 * old[0] + 0.5 * observed if recent else observed, now)
+            self._recent.setdefault(model_id, deque(maxlen=LOAD_RUNS)).append((time.monotonic(), macs, seconds))
             sums = [v * RECENCY for v in self._sums.get(model_id, [0.0] * 5)]
             for i, v in enumerate((1.0, macs, idle_s, macs * macs, macs * idle_s)):
                 sums[i] += v
@@ -201,13 +214,23 @@ class Throughput:
             seconds = self._overheads.get(model_id, 0.0) + macs / self._rates.get(model_id, default_rate)
             return seconds, model_id in self._sums
 
-    def slowdown(self, model_id: str) -> float | None:
-        """Real seconds over the idle fit's, from this model's runs of the last LOAD_RECENT_S; None: none recent."""
+    def slowdown(self, model_id: str, macs: float | None = None) -> float | None:
+        """Real seconds over the idle fit's, from this model's runs of the last LOAD_RECENT_S (sums weighted by
+        recency, LOAD_HALF_LIFE_S); for work of `macs` multiply-adds, runs of a similar size weigh the most (a run k
+        times larger or smaller 1/k: a short view on one thread and a long run on all cores meet the same load
+        differently, and the fit's overhead, measured under load, errs most for the shortest runs); None: none
+        recent."""
+        now = time.monotonic()
         with self._lock:
-            measured = self._slowdown.get(model_id)
-        if measured is None or time.monotonic() - measured[1] > LOAD_RECENT_S:
-            return None
-        return measured[0]
+            runs = [run for run in self._recent.get(model_id, ()) if now - run[0] <= LOAD_RECENT_S]
+            if not runs or model_id not in self._rates:
+                return None
+            rate, overhead = self._rates[model_id], self._overheads.get(model_id, 0.0)
+        real = fit = 0.0
+        for when, run_macs, seconds in runs:
+            weight = 0.5 ** ((now - when) / LOAD_HALF_LIFE_S) * (min(run_macs / macs, macs / run_macs) if macs else 1.0)
+            real, fit = real + weight * seconds, fit + weight * (overhead + run_macs / rate)
+        return min(max(real / fit, 0.2), 20.0) if fit > 0 else None
 
     def rate(self, model_id: str, default: float) -> float:
         with self._lock:
@@ -218,14 +241,14 @@ class Throughput:
         with self._lock:
             self._rates[model_id], self._overheads[model_id] = macs_per_s, 0.0
             self._sums.pop(model_id, None)
-            self._slowdown.pop(model_id, None)
+            self._recent.pop(model_id, None)
 
     def clear(self) -> None:
         with self._lock:
             self._rates.clear()
             self._overheads.clear()
             self._sums.clear()
-            self._slowdown.clear()
+            self._recent.clear()
 
 
 THROUGHPUT = Throughput()
@@ -258,7 +281,7 @@ def estimated_seconds(adapter, settings, macs: float) -> float:
     idle, measured = THROUGHPUT.seconds(adapter.info.id, macs, settings.compute_gmacs_per_s * 1e9)
     if not measured:
         return idle
-    slowdown = THROUGHPUT.slowdown(adapter.info.id)
+    slowdown = THROUGHPUT.slowdown(adapter.info.id, macs)
     return idle * slowdown if slowdown is not None else idle / _share(adapter)
 
 
@@ -285,6 +308,31 @@ def observe_run(adapter, tokens: int, keys: int, interventions: int, seconds: fl
     on_cpu = device is None or getattr(device, "type", "cpu") == "cpu"
     share = (CPU_SHARE.share_since(since) if since is not None else CPU_SHARE.now()) if on_cpu else 1.0
     THROUGHPUT.observe(adapter.info.id, forward_macs(model_shape(adapter), tokens, keys, interventions), seconds, share)
+
+
+class WorkClock:
+    """Model time of work done in steps, each admitted on its own (a patching scan's batches): `step(turn)` times the
+    inside of the step's model turn (not the wait for it) with the CPU share over it; `observe` records the whole
+    work as one timed run of the multiply-adds its cost check counted. Without it a scan was estimated from first
+    views only, whose load and thread count differ: the scan sent plain just before taught its streamed twin nothing."""
+
+    def __init__(self, adapter) -> None:
+        self.adapter, self.seconds, self.idle_s = adapter, 0.0, 0.0
+        device = getattr(adapter, "device", None)
+        self._on_cpu = device is None or getattr(device, "type", "cpu") == "cpu"
+
+    @contextlib.contextmanager
+    def step(self, turn: contextlib.AbstractContextManager) -> Iterator[None]:
+        with turn:
+            since, started = CPU_SHARE.mark() if self._on_cpu else None, time.perf_counter()
+            yield
+            seconds = time.perf_counter() - started
+            self.seconds += seconds
+            self.idle_s += seconds * (CPU_SHARE.share_since(since) if self._on_cpu else 1.0)
+
+    def observe(self, macs: float) -> None:
+        if self.seconds > 0:
+            THROUGHPUT.observe(self.adapter.info.id, macs, self.seconds, self.idle_s / self.seconds)
 
 
 # ---- memory: a request's in-flight peak (app/memory.py) ------------------------------------------------------------

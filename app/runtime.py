@@ -269,12 +269,14 @@ class Runtime:
     # ---- runs --------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _threads_for(self, n_tokens: int) -> Iterator[None]:
-        """One torch thread for small inputs (settings.single_thread_max_tokens); called under the model lock."""
+        """One torch thread for small inputs (settings.single_thread_max_tokens), and no more threads than the cores
+        other processes leave free (app/costs.py CpuShare.threads_for); called under the model lock."""
         threads = torch.get_num_threads()
-        if n_tokens > self.settings.single_thread_max_tokens or threads == 1:
+        wanted = 1 if n_tokens <= self.settings.single_thread_max_tokens else CPU_SHARE.threads_for(threads)
+        if wanted == threads:
             yield
             return
-        torch.set_num_threads(1)
+        torch.set_num_threads(wanted)
         try:
             yield
         finally:

@@ -1,8 +1,9 @@
 """Issue 36 §5 on the real smollm2-135m, a fresh server started beside two busy processes (its start-up timing runs
 under that load): a 7-token first view and the 9-token exact head scan are answered when sent plain (before, a
 replica calibrated under load refused a 7-token request as "about 107 s", and the scan with 413 at an estimate of
-96 s when it took 26.8 s), and the streamed scan's ETA is within 3× of the real time (or, when the load changed in
-between, of the identical plain scan's time just before) with an eta_s on every progress event. benchmarks/jobs.py --parts headscan measures the ratios."""
+96 s when it took 26.8 s), and the streamed scan's ETA is within 2× of the real time (or, when the load changed in
+between, of the identical plain scan's time just before: the server learns the scan's rate from it, app/costs.py
+WorkClock) with an eta_s on every progress event. benchmarks/jobs.py --parts headscan measures the ratios."""
 from __future__ import annotations
 
 import json
@@ -55,9 +56,9 @@ def test_a_nine_token_head_scan_is_answered_plain_under_load_and_its_eta_holds()
             ratio, before = accepted["eta_s"] / real, accepted["eta_s"] / plain_s
             print(f"\nplain scan answered in {plain_s:.1f} s; streamed: ETA {accepted['eta_s']:.1f} s, real {real:.1f} s "
                   f"(×{ratio:.2f}; ×{before:.2f} of the plain scan)")
-            # within 3× of the real time; in the whole suite the other worker's load can change between the plain
-            # scan and this one, so an ETA within 3× of the identical work just before also holds
-            assert 1 / 3 <= ratio <= 3 or 1 / 3 <= before <= 3, (accepted, real, plain_s)
+            # within 2× of the real time; in the whole suite the other worker's load can change between the plain
+            # scan and this one, so an ETA within 2× of the identical work just before also holds
+            assert 1 / 2 <= ratio <= 2 or 1 / 2 <= before <= 2, (accepted, real, plain_s)
     finally:
         for process in busy:
             process.terminate()

@@ -259,6 +259,38 @@ def test_a_work_clock_times_the_turns_not_the_waits_for_them():
     assert THROUGHPUT.slowdown("work-clock-test") == pytest.approx(clock.seconds / clock.idle_s, rel=1e-6)
 
 
+def test_no_more_torch_threads_than_the_cores_other_processes_leave_free():
+    """With every core kept busy by other processes, one thread: a second one waits for a core at every parallel
+    region (a 151-token forward 8 s on one thread, 69-87 s on two, beside busy processes on 2 cores)."""
+    import multiprocessing
+
+    import torch
+
+    from app.costs import CPU_SHARE, CpuShare
+
+    share, runtime = CpuShare(), _runtime()
+    threads = torch.get_num_threads()
+    busy = [multiprocessing.Process(target=_spin, args=(time.time() + 6,), daemon=True) for _ in range(share.cores)]
+    for process in busy:
+        process.start()
+    try:
+        time.sleep(1.5)
+        CPU_SHARE.now()  # the process's own measure starts a new interval here (its smoothed value may be old)
+        time.sleep(1.0)
+        assert share.threads_for(share.cores) == 1
+        with runtime._threads_for(4000):  # a long input, that ran on every thread whatever the load
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == threads
+    finally:
+        for process in busy:
+            process.terminate()
+
+
+def _spin(stop_at: float) -> None:
+    while time.time() < stop_at:
+        pass
+
+
 def test_a_given_rate_is_taken_as_it_is():
     fit = Throughput()
     fit.set_rate("m", 1e9)

@@ -62,7 +62,7 @@ def test_the_overview_counts_with_the_runs_and_alone(client, monkeypatch):
     assert _post(client, TEXT, "attention").status_code == 200
     timeout = client.app.state.runtime.settings.request_timeout_s
     try:
-        THROUGHPUT._rates[adapter.info.id] = overview / (2 * timeout)
+        THROUGHPUT.set_rate(adapter.info.id, overview / (2 * timeout))  # and no recent runs to correct it by
         refused = _post(client, TEXT, "value_norm")
         assert refused.status_code == 413, refused.text
         assert refused.json()["detail"].startswith("weighting: the value-weighted overview")
@@ -74,7 +74,7 @@ def test_the_overview_counts_with_the_runs_and_alone(client, monkeypatch):
     # at the default throughput the overview is made and cached; then the same slow estimate refuses nothing
     assert _post(client, TEXT, "value_norm").status_code == 200
     try:
-        THROUGHPUT._rates[adapter.info.id] = overview / (2 * timeout)
+        THROUGHPUT.set_rate(adapter.info.id, overview / (2 * timeout))  # and no recent runs to correct it by
         assert _post(client, TEXT, "value_norm").status_code == 200
     finally:
         THROUGHPUT.clear()

@@ -106,7 +106,7 @@ class ModelScheduler:
         try:
             if cancel is not None and cancel.is_set():  # the client left while we waited: the lock goes on at once
                 raise RequestCancelled(cancel.reason)
-            self._refuse_if_out_of_time(deadline, ctx.estimate_s)  # the caller passes the estimate to its first turn
+            self._refuse_if_out_of_time(deadline, ctx.estimate_s, job)  # the caller passes the estimate to its first turn
             with on_each_layer(layer_done):  # a client that leaves stops the forward at its next layer
                 yield
         finally:
@@ -143,16 +143,19 @@ class ModelScheduler:
             raise self._timed_out(job)
         holding[0] = True
 
-    def _refuse_if_out_of_time(self, deadline: float | None, estimate: float | None) -> None:
+    def _refuse_if_out_of_time(self, deadline: float | None, estimate: float | None, job=None) -> None:
         """At a request's first turn with the model: 503 when its estimated model time no longer fits before its
-        deadline (it waited in a long queue), instead of starting work that the deadline would throw away."""
+        deadline (it waited in a long queue), instead of starting work that the deadline would throw away. The
+        message names the limit that applies: a job's job_timeout_s, else request_timeout_s."""
         if estimate is None:
             return
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and estimate > left:
+            limit = (f"job_timeout_s={self.settings.job_timeout_s:g} s" if job is not None
+                     else f"request_timeout_s={self.settings.request_timeout_s:g} s")
             raise Overloaded(
                 f"server busy: this request needs about {estimate:.0f} s of model time and {max(left, 0):.0f} s "
-                f"of request_timeout_s={self.settings.request_timeout_s:g} s are left after its wait in the queue",
+                f"of {limit} are left after its wait in the queue",
                 retry_after=max(1, round(self.settings.request_timeout_s / 4)),
             )
 

@@ -98,3 +98,18 @@ def test_a_full_queue_is_refused_at_once():
         with scheduler._turns:
             scheduler._turns.notify_all()
         waiter.join(5)
+
+
+def test_a_turn_that_no_longer_fits_names_the_limit_that_applies():
+    """At its first turn, work whose estimate no longer fits before its deadline is refused naming its own limit: a
+    job's job_timeout_s (it once said request_timeout_s=60 s for a streamed compare refused after 207 s of queue)."""
+    from app.errors import Overloaded
+
+    runtime = Runtime(Settings(default_models=[], request_timeout_s=30, job_timeout_s=900))
+    for job, setting in ((_job("a"), "job_timeout_s=900 s"), (None, "request_timeout_s=30 s")):
+        ctx = RequestContext(client="a", job=job, deadline=time.monotonic() + 5, estimate_s=50.0)
+        try:
+            with runtime.admitted(ctx=ctx):
+                raise AssertionError("admitted with 50 s of work and 5 s left")
+        except Overloaded as exc:
+            assert setting in str(exc) and "are left after its wait in the queue" in str(exc), str(exc)

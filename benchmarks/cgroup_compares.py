@@ -20,9 +20,7 @@ import contextlib
 import json
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -30,18 +28,14 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.served import job_events, server
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = (ROOT / "static" / "samples" / "long-sample.txt").read_text().rstrip("\n")
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 LIMIT = 4 * 2**30
 MODEL = "smollm2-135m"
 WINDOW = {"layer": 0, "head": 0, "rows": [0, 32], "cols": [0, 32]}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def long_text(tokens: int, tag: str) -> str:
@@ -61,37 +55,9 @@ def cgroup_read(cgroup: Path, name: str) -> str:
 def server_in_cgroup(log: Path, ready_s: float):
     """The server with default settings in a fresh 4 GiB cgroup; yields (base url, process, cgroup path)."""
     cgroup = CGROUP_ROOT / f"attnlab-cgcompares-{os.getpid()}"
-    cgroup.mkdir()
-    (cgroup / "memory.limit_in_bytes").write_text(str(LIMIT))
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNLAB_")}  # the default settings
-    env["ATTNLAB_WEIGHTS_DIR"] = str(ROOT / "weights")
-    cmd = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "attnlab-in-cgroup",
-           str(ROOT / ".venv" / "bin" / "python"), "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        end = time.monotonic() + ready_s
-        while time.monotonic() < end and proc.poll() is None:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/api/ready", timeout=2).status_code == 200:
-                    break
-            time.sleep(1)
-        else:
-            raise RuntimeError(f"the server was not ready (exit {proc.poll()}):\n{log.read_text()[-2000:]}")
+    log.write_text("")
+    with server(log=log, ready_s=ready_s, cgroup=cgroup, cgroup_bytes=LIMIT) as (base, proc):
         yield base, proc, cgroup
-    finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(30)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for _ in range(20):
-            with contextlib.suppress(OSError):
-                cgroup.rmdir()
-                break
-            time.sleep(0.5)
 
 
 def short_views(base: str, k: int, stop: threading.Event, out: list) -> None:
@@ -137,32 +103,21 @@ def compare(base: str, k: int, tokens: int, timeout: float) -> dict:
     out: dict = {"client": client, "status": None}
     sent = time.monotonic()
     try:
-        with httpx.stream("POST", f"{base}/api/text/attention", json=body, timeout=timeout,
-                          headers={"Accept": "text/event-stream", "X-Attnlab-Client": client}) as response:
-            out["status"] = response.status_code
-            if response.status_code != 200:
-                response.read()
-                out.update(refused_after_s=round(time.monotonic() - sent, 2), detail=response.text[:300])
-                return out
-            for line in response.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                event = json.loads(line[6:])
-                if event.get("accepted"):
-                    out.update(accepted_after_s=round(time.monotonic() - sent, 2), eta_s=event.get("eta_s"),
-                               queue_position=event.get("queue_position"), total=event.get("total"))
-                elif "progress" in event and "first_progress_s" not in out:
-                    out["first_progress_s"] = round(time.monotonic() - sent, 2)
-                if "done" in event or "error" in event:
-                    out["end"] = "done" if "done" in event else event.get("error")
-                    out["end_s"] = round(time.monotonic() - sent, 2)
-                    if "error" in event:
-                        out["detail"] = str(event)[:300]
-                    else:
-                        out["tokens"] = len(event.get("tokens") or [])
-                        out["windows_at_done"] = windows(base, event, client)
-                        out["final"] = {n: event.get(n) for n in ("run_id", "base_run_id")}
-                    break
+        for at, event in job_events(base, "/api/text/attention", body, client, timeout, out):
+            if event.get("accepted"):
+                out.update(accepted_after_s=round(at, 2), eta_s=event.get("eta_s"),
+                           queue_position=event.get("queue_position"), total=event.get("total"))
+            elif "progress" in event and "first_progress_s" not in out:
+                out["first_progress_s"] = round(at, 2)
+            if "done" in event or "error" in event:
+                out["end"] = "done" if "done" in event else event.get("error")
+                out["end_s"] = round(at, 2)
+                if "error" in event:
+                    out["detail"] = str(event)[:300]
+                else:
+                    out["tokens"] = len(event.get("tokens") or [])
+                    out["windows_at_done"] = windows(base, event, client)
+                    out["final"] = {n: event.get(n) for n in ("run_id", "base_run_id")}
     except httpx.HTTPError as exc:
         out.update(end=type(exc).__name__, end_s=round(time.monotonic() - sent, 2))
     return out

@@ -15,7 +15,7 @@ server is stopped at the end):
 
 Writes benchmarks/results/jobs.md and the raw numbers as jobs.json beside it.
 
-    .venv/bin/python benchmarks/jobs.py [--parts eta,fairness,memory] [--busy 2]
+    .venv/bin/python -m benchmarks.jobs [--parts eta,fairness,memory] [--busy 2]
 """
 from __future__ import annotations
 
@@ -26,8 +26,6 @@ import multiprocessing
 import os
 import platform
 import random
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,16 +35,12 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import served
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = (ROOT / "static" / "samples" / "long-sample.txt").read_text().rstrip("\n")
 STREAM = {"Accept": "text/event-stream"}
 CGROUP = Path("/sys/fs/cgroup/memory/attnlab-bench")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _busy(stop_at: float) -> None:
@@ -71,42 +65,11 @@ def busy_processes(n: int, seconds: float):
 @contextlib.contextmanager
 def server(env: dict[str, str] | None = None, cgroup_bytes: int | None = None, ready_s: float = 600,
            tree: Path = ROOT):
-    """`attnlab serve`; with another `tree` (an older checkout, for a before/after) its app/ served by this venv."""
-    port = free_port()
-    cmd = [str(ROOT / ".venv" / "bin" / "attnlab"), "serve", "--host", "127.0.0.1", "--port", str(port)]
-    if tree != ROOT:
-        cmd = [sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port)]
-        env = {"ATTNLAB_WEIGHTS_DIR": str(ROOT / "weights"), **(env or {})}
-    if cgroup_bytes is not None:
-        CGROUP.mkdir(exist_ok=True)
-        (CGROUP / "memory.limit_in_bytes").write_text(str(cgroup_bytes))
-        with contextlib.suppress(OSError):
-            (CGROUP / "memory.max_usage_in_bytes").write_text("0")
-        cmd = ["sh", "-c", f'echo $$ > {CGROUP}/cgroup.procs && exec "$@"', "attnlab-in-cgroup", *cmd]
-    proc = subprocess.Popen(cmd, cwd=tree, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
-                            stderr=open(ROOT / "benchmarks" / "results" / "jobs-server.log", "w"))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        end = time.time() + ready_s
-        while time.time() < end:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/api/ready", timeout=2).status_code == 200:
-                    break
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode}")
-            time.sleep(1)
-        else:
-            raise RuntimeError("the server was not ready in time")
-        yield base, proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(20)
-        if proc.poll() is None:
-            proc.kill()
-        if cgroup_bytes is not None:
-            with contextlib.suppress(OSError):
-                CGROUP.rmdir()
+    """A ready server (benchmarks/served.py), its log in results/jobs-server.log; in the 4 GiB cgroup with
+    `cgroup_bytes`; with another `tree` (an older checkout, for a before/after) its app/ served by this venv."""
+    with served.server(env, tree=tree, log=ROOT / "benchmarks" / "results" / "jobs-server.log", ready_s=ready_s,
+                       cgroup=CGROUP if cgroup_bytes is not None else None, cgroup_bytes=cgroup_bytes) as running:
+        yield running
 
 
 def rss_bytes(pid: int) -> tuple[int, int]:
@@ -120,7 +83,7 @@ def rss_bytes(pid: int) -> tuple[int, int]:
 
 
 def server_pid(proc: subprocess.Popen) -> int:
-    """The uvicorn process: `attnlab serve` re-executes itself (same pid), the cgroup wrapper execs it."""
+    """The uvicorn process: `app.serve` re-executes itself (same pid), the cgroup wrapper execs it."""
     return proc.pid
 
 
@@ -128,25 +91,13 @@ def job(base: str, path: str, body: dict, client: str, timeout: float = 1200) ->
     """Send one job; return its accepted event, the real time, how it ended and the final event."""
     started = time.time()
     out: dict = {"client": client, "status": None}
-    with httpx.stream("POST", f"{base}{path}", json=body, headers={**STREAM, "X-Attnlab-Client": client},
-                      timeout=timeout) as response:
-        out["status"] = response.status_code
-        if response.status_code != 200:
-            response.read()
-            out["detail"] = response.text[:300]
-            out["real_s"] = time.time() - started
-            return out
-        for line in response.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            event = json.loads(line[6:])
-            if event.get("accepted"):
-                out["accepted"] = event
-                out["accepted_after_s"] = round(time.time() - started, 3)
-            if "done" in event or "error" in event:
-                out["end"] = "done" if "done" in event else event["error"]
-                out["final"] = event
-                break
+    for at, event in served.job_events(base, path, body, client, timeout, out):
+        if event.get("accepted"):
+            out["accepted"] = event
+            out["accepted_after_s"] = round(at, 3)
+        if "done" in event or "error" in event:
+            out["end"] = "done" if "done" in event else event["error"]
+            out["final"] = event
     out["real_s"] = time.time() - started
     return out
 

@@ -21,7 +21,7 @@ Three parts:
 
 Writes benchmarks/results/run_store.md (figures) and run_store.json (raw).
 
-    .venv/bin/python benchmarks/run_store.py [--parts page_order,disk_window,fresh_view] [--root DIR] [--label before]
+    .venv/bin/python -m benchmarks.run_store [--parts page_order,disk_window,fresh_view] [--root DIR] [--label before]
 """
 from __future__ import annotations
 
@@ -30,8 +30,6 @@ import contextlib
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,47 +38,22 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import served
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = (ROOT / "static" / "samples" / "long-sample.txt").read_text().rstrip()
-STREAM = {"Accept": "text/event-stream"}
 MASKED = [1, 2, 3]  # "a few early tokens"
 WINDOWS = [(layer, head, r0) for layer, head, r0 in
            [(0, 0, 100), (3, 1, 400), (6, 2, 700), (9, 3, 1000), (12, 4, 1300), (15, 5, 1600), (18, 6, 1900),
             (21, 7, 2200), (24, 8, 2500), (29, 0, 2800)]]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def server(root: Path, env: dict[str, str] | None = None, ready_s: float = 600):
-    """`python -m app.serve` from `root` with default settings (+ env) on a free loopback port."""
-    port = free_port()
-    log = open(ROOT / "benchmarks" / "results" / "run_store-server.log", "a")
-    proc = subprocess.Popen([sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port)], cwd=root,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, stdout=log, stderr=log)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        end = time.time() + ready_s
-        while time.time() < end:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/api/ready", timeout=2).status_code == 200:
-                    break
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode}")
-            time.sleep(1)
-        else:
-            raise RuntimeError("the server was not ready in time")
-        yield base, proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(20)
-        if proc.poll() is None:
-            proc.kill()
+    """`python -m app.serve` from `root` with default settings (+ env) on a free loopback port (benchmarks/served.py)."""
+    with served.server(env, tree=root, log=ROOT / "benchmarks" / "results" / "run_store-server.log",
+                       ready_s=ready_s) as running:
+        yield running
 
 
 def page_body(interventions: list[dict]) -> dict:
@@ -93,27 +66,15 @@ def page_body(interventions: list[dict]) -> dict:
 
 def job(base: str, body: dict, client: str) -> dict:
     """One streamed request: its accepted event, the largest progress total, the final event and the real time."""
-    started, out = time.time(), {"totals": set()}
-    with httpx.stream("POST", f"{base}/api/text/attention", json=body,
-                      headers={**STREAM, "X-Attnlab-Client": client}, timeout=1200) as response:
-        out["status"] = response.status_code
-        if response.status_code != 200:
-            response.read()
-            out["detail"] = response.text[:300]
-            return out
-        for line in response.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            event = json.loads(line[6:])
-            if event.get("accepted"):
-                out["accepted"] = {k: event.get(k) for k in ("runs", "eta_s", "queue_position")}
-            if "total" in event:
-                out["totals"].add(event["total"])
-            if "done" in event or "error" in event:
-                out["final"] = event
-                break
-    out["real_s"] = round(time.time() - started, 2)
-    out["totals"] = sorted(out["totals"])
+    started, out, totals = time.time(), {}, set()
+    for _, event in served.job_events(base, "/api/text/attention", body, client, 1200, out):
+        if event.get("accepted"):
+            out["accepted"] = {k: event.get(k) for k in ("runs", "eta_s", "queue_position")}
+        if "total" in event:
+            totals.add(event["total"])
+        if "done" in event or "error" in event:
+            out["final"] = event
+    out["real_s"], out["totals"] = round(time.time() - started, 2), sorted(totals)
     return out
 
 

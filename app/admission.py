@@ -78,28 +78,22 @@ def check_request_cost(adapter, settings, tokens: int, runs: int, interventions:
 def check_extra_cost(adapter, settings, extra, ctx: RequestContext) -> None:
     """The request `ctx`'s `extra` work (field, what, multiply-adds, passes) when check_request_cost did not count it
     (every run was in the result cache: a weighting switch after a long first view): 413 naming its field when it
-    alone would not finish within the request's limit."""
-    field, what, macs, passes = extra.field, extra.what, extra.macs, extra.passes
-    seconds = costs.estimated_seconds(adapter, settings, macs)
-    limit, setting = time_limit(settings, ctx)
-    if seconds > limit:
-        raise HTTPException(413, detail=(
-            f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
-            f"{setting}={limit:g} s{_as_job_hint(settings, seconds, ctx)}; use a shorter input"))
-    accept_job(seconds, max(1, passes), adapter, ctx)  # the request's passes over the layers: this work's only
+    alone would not finish within the request's limit; its job's passes over the layers are this work's only."""
+    check_work_cost(adapter, settings, extra.macs, max(1, extra.passes), extra.field, extra.what, ctx,
+                    advice="use a shorter input")
 
 
 def check_work_cost(adapter, settings, macs: float, passes: int, field: str, what: str,
-                    ctx: RequestContext) -> float:
+                    ctx: RequestContext, advice: str = "ask for less") -> float:
     """Any other work of the request `ctx` measured in multiply-adds (a patching scan's copies, the lens, a
-    faithfulness check): 413 naming `field` when it would not finish within the request's limit; a job is then
-    accepted. Returns the seconds; the caller passes them on with its first turn (`ctx.turns(seconds)`)."""
+    faithfulness check): 413 naming `field` (and `advice`) when it would not finish within the request's limit; a job
+    is then accepted. Returns the seconds; the caller passes them on with its first turn (`ctx.turns(seconds)`)."""
     seconds = costs.estimated_seconds(adapter, settings, macs)
     limit, setting = time_limit(settings, ctx)
     if seconds > limit:
         raise HTTPException(413, detail=(
             f"{field}: {what} needs about {seconds:,.0f} s of model time on {adapter.info.id}, over "
-            f"{setting}={limit:g} s{_as_job_hint(settings, seconds, ctx)}; ask for less"))
+            f"{setting}={limit:g} s{_as_job_hint(settings, seconds, ctx)}; {advice}"))
     accept_job(seconds, passes, adapter, ctx)
     return seconds
 

@@ -10,6 +10,7 @@ from transformers import AutoModel, AutoTokenizer
 from models.adapters.bert import BertAdapter
 from models.effects import attention_tv, hidden_cosine
 from models.interventions import Intervention
+from tests.float32 import assert_close_f32, attention_terms
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,8 @@ def test_parity_with_eager_attention(adapter, tiny_bert):
     eager = AutoModel.from_pretrained(tiny_bert, attn_implementation="eager").eval()
     with torch.no_grad():
         ref = eager(**encoded.inputs, output_attentions=True, output_hidden_states=True)
-    assert torch.allclose(result.attention, torch.stack([a[0] for a in ref.attentions]), atol=1e-6)
+    terms = attention_terms(eager.config, len(encoded.tokens))  # q·k over the head size, softmax over the keys
+    assert_close_f32(result.attention, torch.stack([a[0] for a in ref.attentions]), terms, scale=1.0)
     assert torch.allclose(result.hidden_states, torch.stack([h[0] for h in ref.hidden_states]), atol=1e-5)
 
 
@@ -40,7 +42,8 @@ def test_padding_mask_reaches_the_attention_function(adapter, tiny_bert):
     padded = scope.attention[0][0]  # (H, T, T)
     assert torch.all(padded[:, :, n:] == 0), "padding keys received attention: the mask function is missing"
     alone = adapter.run(adapter.encode("the cat sat")).attention[0]
-    assert torch.allclose(padded[:, :n, :n], alone, atol=1e-6)
+    terms = attention_terms(adapter.model.config, padded.shape[-1])  # q·k over the head size, softmax over the keys
+    assert_close_f32(padded[:, :n, :n], alone, terms, scale=1.0)
 
 
 def test_scoped_beta_reruns_later_layers_only(adapter):
@@ -51,7 +54,8 @@ def test_scoped_beta_reruns_later_layers_only(adapter):
     assert float(tv[0].abs().max()) == 0.0  # layer 0 is upstream: unchanged
     assert float(tv[1, 2]) > 1e-3 and float(tv[1, [0, 1, 3]].max()) == 0.0
     cos = hidden_cosine(run.hidden_states, base.hidden_states)
-    assert torch.allclose(cos[:2], torch.ones(2, dtype=cos.dtype), atol=1e-6)  # embeddings + layer 0 output
+    # embeddings + layer 0 output: cosines of equal states, their dot products summed over the hidden size
+    assert_close_f32(cos[:2], torch.ones(2, dtype=cos.dtype), adapter.model.config.hidden_size, scale=1.0)
     assert float(cos[2]) < 1.0  # layer 1's output moved
     assert torch.equal(run.hidden_states[:2], base.hidden_states[:2])
     assert float((run.hidden_states[2] - base.hidden_states[2]).abs().max()) > 1e-4
@@ -122,10 +126,11 @@ def test_a_run_records_entropy_and_maps_in_place(adapter):
         assert torch.allclose(torch.as_tensor(result.derived["entropy"], dtype=torch.float64), expected, atol=1e-5)
         without = adapter.run(encoded, ivs, record_scores=False)
         assert without.scores is None
-        assert torch.allclose(without.attention, result.attention, atol=1e-6)
+        terms = attention_terms(adapter.model.config, len(encoded.tokens))  # q·k over the head size, softmax over keys
+        assert_close_f32(without.attention, result.attention, terms, scale=1.0)  # β folded into q: another rounding
     beta0 = adapter.info.native_beta
     plain = adapter.run(encoded, (), record_scores=True)
-    assert torch.allclose(torch.softmax(beta0 * plain.scores, dim=-1), plain.attention, atol=1e-6)
+    assert_close_f32(torch.softmax(beta0 * plain.scores, dim=-1), plain.attention, terms, scale=1.0)
 
 
 def test_scores_come_from_the_recorded_queries_and_keys(adapter):
@@ -135,7 +140,10 @@ def test_scores_come_from_the_recorded_queries_and_keys(adapter):
     n = len(encoded.tokens)
     assert plain.queries.shape == plain.keys.shape == (2, 4, n, adapter.info.head_dim)
     full = plain.scores  # (L, H, T, T)
-    assert torch.allclose(plain.scores_slice([1], [2, 0], [3, 5]), full[[1]][:, [2, 0]][:, :, [3, 5]], atol=1e-6)
+    # a slice's q̂·k̂ against the full matmul: sums over the head size of products as large as the scores
+    expected = full[[1]][:, [2, 0]][:, :, [3, 5]]
+    got = plain.scores_slice([1], [2, 0], [3, 5])
+    assert_close_f32(got, expected, adapter.info.head_dim, scale=float(full.abs().max()))
     kick = Intervention("perturb_keys", layers=(0,), heads=(1,), tokens=(4,), noise_std=2.0, seed=1)
     perturbed = adapter.run(encoded, (kick,), record_scores=True)
     moved = (perturbed.keys[0, 1] - plain.keys[0, 1]).abs().amax(dim=-1)  # (T,)

@@ -37,7 +37,7 @@ def test_encoder_overview_blocks_are_means_and_rows_sum_to_one():
     clip = maps[:, :, :n_positions, :n_positions]
     overview, block = encoder_overview(maps, n_positions, blocks=50)
     assert block == 7 and overview.shape == (2, 3, 48, 48)
-    assert_close_f32(overview[1, 2, 3, 5], clip[1, 2, 21:28, 35:42].mean(), 7 * 7)  # a mean of 7×7 cells, its own scale
+    assert_close_f32(overview[1, 2, 3, 5], clip[1, 2, 21:28, 35:42].mean(), 7 * 7)  # a mean of 7×7 cells at its scale
     # the last block is narrower (333 = 47 · 7 + 4) and still a mean over its own cells
     assert_close_f32(overview[0, 0, -1, -1], clip[0, 0, 329:, 329:].mean(), 4 * 4)
     widths = torch.tensor([7.0] * 47 + [4.0])

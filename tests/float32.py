@@ -24,8 +24,8 @@ def assert_close_f32(actual, expected, n_terms: int, *, scale: float | None = No
     """Assert max |actual − expected| ≤ f32_bound(n_terms, scale, c); `scale` defaults to max |expected| (at least
     the smallest normal float32). n_terms: the most terms any one float32 reduction of the computation sums (for
     attention probabilities: the head size of q·k plus the keys of the softmax). Answers the largest difference."""
-    actual = torch.as_tensor(actual, dtype=torch.float64)
-    expected = torch.as_tensor(expected, dtype=torch.float64)
+    actual = torch.as_tensor(actual, dtype=torch.float64).detach()  # a reference built from weights may need grad
+    expected = torch.as_tensor(expected, dtype=torch.float64).detach()
     assert actual.shape == expected.shape, (tuple(actual.shape), tuple(expected.shape))
     if scale is None:
         scale = max(float(expected.abs().max()) if expected.numel() else 0.0, float(torch.finfo(torch.float32).tiny))

@@ -7,6 +7,7 @@ import torch
 
 from models.adapters.causal_lm import CausalLMAdapter
 from models.interventions import Intervention, LayerCall, intervened_attention
+from tests.float32 import assert_close_f32
 from tests.tiny_models import build_text_model
 
 TEXT = "the cat sat on the mat because it was tired"
@@ -108,4 +109,6 @@ def test_logits_from_kept_hidden_states_equal_the_models_at_every_position(llama
     with torch.inference_mode():
         logits = llama.model(**encoded.inputs).logits[0].double()  # (T, V)
     for position in range(len(encoded.tokens)):
-        assert torch.allclose(llama.distribution(result, position), torch.softmax(logits[position], -1), atol=1e-6)
+        # the logits sum over the hidden size, the softmax over the vocabulary: probabilities, at most 1
+        terms = llama.model.config.hidden_size + logits.shape[-1]
+        assert_close_f32(llama.distribution(result, position), torch.softmax(logits[position], -1), terms, scale=1.0)

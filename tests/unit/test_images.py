@@ -249,8 +249,8 @@ def test_preprocess_center_crops_the_shorter_side_and_normalises():
     spec = PreprocessSpec(image_size=28, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
     pixels = preprocess(image, spec)
     assert pixels.shape == (1, 3, 28, 28) and pixels.dtype == torch.float32
-    assert torch.allclose(pixels[0, 2], torch.ones(28, 28), atol=1e-6)  # blue → (1 − 0.5)/0.5
-    assert torch.allclose(pixels[0, 0], -torch.ones(28, 28), atol=1e-6)
+    assert torch.equal(pixels[0, 2], torch.ones(28, 28))  # blue → (1 − 0.5)/0.5, exact in float32
+    assert torch.equal(pixels[0, 0], -torch.ones(28, 28))
     assert crop_box(300, 100) == (100, 0, 200, 100)
 
 
@@ -259,4 +259,4 @@ def test_preprocess_grayscale_model():
     spec = PreprocessSpec(image_size=28, mean=(0.25,), std=(0.5,), channels=1)
     pixels = preprocess(image, spec)
     assert pixels.shape == (1, 1, 28, 28)
-    assert torch.allclose(pixels, torch.full_like(pixels, 1.5), atol=1e-6)  # (1 − 0.25) / 0.5
+    assert torch.equal(pixels, torch.full_like(pixels, 1.5))  # (1 − 0.25) / 0.5, exact in float32

@@ -16,6 +16,7 @@ from models.attribution import layer_value_norms, value_grams, value_weighted, v
 from models.head_ops import HeadRun, head_run
 from models.interventions import Intervention
 from models.registry import build_registry
+from tests.float32 import assert_close_f32
 from tests.tiny_models import SEQ2SEQ_FAMILIES, build_image_model, build_text_model
 
 SOURCE = "the cat sat on the mat because it was tired"
@@ -76,7 +77,7 @@ def test_vit_value_weighted_rows_equal_a_direct_computation(vit, interventions):
     assert kept is not None
     for l, (_, dense) in pairs.items():
         direct = _direct_norms(seen[l], dense.weight, vit.info.heads)  # (H, T)
-        assert torch.allclose(kept[l].double(), direct, rtol=1e-5, atol=1e-6)
+        assert_close_f32(kept[l], direct, dense.weight.shape[0])  # ‖v W_O‖: float32 sums over the hidden size
         expected = _direct_weighted(result.attention[l], direct)  # (H, T, T)
         ours = value_weighted(result.attention[l], kept[l])
         assert torch.allclose(ours.double(), expected, atol=1e-5)
@@ -131,7 +132,7 @@ def test_seq2seq_value_weighted_rows_of_every_kind_equal_a_direct_computation(se
         for l in range(adapter.layers_of(kind)):
             captured, w_o = seen[(kind, l)], pairs[(kind, l)][1].weight
             direct = _direct_norms(captured, w_o, n_heads[kind])  # (H, T_k): cross keys are the source tokens
-            assert torch.allclose(kept[l].double(), direct, rtol=1e-5, atol=1e-6), (kind, l)
+            assert_close_f32(kept[l], direct, w_o.shape[0])  # ‖v W_O‖: float32 sums over the hidden size
             probs = result.by_kind[kind][l]  # (H, T_q, T_k)
             ours = value_weighted(probs, kept[l])
             assert torch.allclose(ours.double(), _direct_weighted(probs, direct), atol=1e-5), (kind, l)

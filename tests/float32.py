@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 EPS32 = float(torch.finfo(torch.float32).eps)  # 2⁻²³ ≈ 1.19e-7, float32's unit roundoff × 2
@@ -24,8 +25,7 @@ def assert_close_f32(actual, expected, n_terms: int, *, scale: float | None = No
     """Assert max |actual − expected| ≤ f32_bound(n_terms, scale, c); `scale` defaults to max |expected| (at least
     the smallest normal float32). n_terms: the most terms any one float32 reduction of the computation sums (for
     attention probabilities: the head size of q·k plus the keys of the softmax). Answers the largest difference."""
-    actual = torch.as_tensor(actual, dtype=torch.float64).detach()  # a reference built from weights may need grad
-    expected = torch.as_tensor(expected, dtype=torch.float64).detach()
+    actual, expected = _float64(actual), _float64(expected)
     assert actual.shape == expected.shape, (tuple(actual.shape), tuple(expected.shape))
     if scale is None:
         scale = max(float(expected.abs().max()) if expected.numel() else 0.0, float(torch.finfo(torch.float32).tiny))
@@ -33,6 +33,14 @@ def assert_close_f32(actual, expected, n_terms: int, *, scale: float | None = No
     worst = float((actual - expected).abs().max()) if actual.numel() else 0.0
     assert worst <= bound, f"max |Δ| {worst:.3e} > {bound:.3e} (= {c:g}·eps32·√{n_terms}·{scale:.3g})"
     return worst
+
+
+def _float64(values) -> torch.Tensor:
+    """A float64 copy of a tensor (detached: a reference built from weights may need grad), an array (a decoded
+    buffer may be read-only) or a list of numbers."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().to(torch.float64)
+    return torch.from_numpy(np.array(values, dtype=np.float64))
 
 
 def attention_terms(config, n_keys: int) -> int:

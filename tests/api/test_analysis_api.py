@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from tests.api.helpers import sse_events, tiny_models_client
+from tests.float32 import assert_close_f32, attention_terms
 from tests.tiny_models import build_text_model
 
 CLEAN, CORRUPT = "the cat sat on the mat", "the dog ran on the rug"
@@ -167,6 +168,15 @@ def _f32(field: dict) -> np.ndarray:
     return np.frombuffer(base64.b64decode(field["data"]), dtype="<f4").reshape(field["shape"])
 
 
+def _weighted_terms(client, model: str, n_tokens: int) -> int:
+    """The float32 sums of one value-weighted probability (tests/float32.py): q·k over the head size and the softmax
+    over the keys, the value norms over the hidden size (independent roundings add in quadrature: their terms add)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(client.app.state.runtime.settings.extra_models[model])
+    return attention_terms(config, n_tokens) + config.hidden_size
+
+
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-bert"])
 def test_value_weighted_windows_rows_and_overview_equal_the_full_map(short_and_long, model):
     short, long = short_and_long
@@ -177,6 +187,7 @@ def test_value_weighted_windows_rows_and_overview_equal_the_full_map(short_and_l
     p = _f32(short.post("/api/text/attention", json={**req, "weighting": "attention"}).json()["attention"])
     assert not np.allclose(full, p, atol=1e-3)
     n_tokens = full.shape[-1]
+    terms = _weighted_terms(short, model, n_tokens)
     for client, body in [(short, full_body), (long, long.post("/api/text/attention", json=req).json())]:
         run_id = body["run_id"]
         for layer, head, rows, cols in [(0, 1, [0, n_tokens], [0, n_tokens]), (1, 3, [2, 7], [1, 5])]:
@@ -184,14 +195,14 @@ def test_value_weighted_windows_rows_and_overview_equal_the_full_map(short_and_l
                                                                "weighting": "value_norm", "encoding": "f32"})
             assert w.status_code == 200 and w.json()["weighting"] == "value_norm"
             window = _f32(w.json()["attention"])
-            assert np.abs(window - full[layer, head, rows[0]:rows[1], cols[0]:cols[1]]).max() <= 1e-6
+            assert_close_f32(window, full[layer, head, rows[0]:rows[1], cols[0]:cols[1]], terms, scale=1.0)
             plain = _f32(client.post(f"/api/runs/{run_id}/window", json={"layer": layer, "head": head, "rows": rows,
                                                                          "cols": cols, "encoding": "f32"}).json()["attention"])
-            assert np.abs(plain - p[layer, head, rows[0]:rows[1], cols[0]:cols[1]]).max() <= 1e-6
+            assert_close_f32(plain, p[layer, head, rows[0]:rows[1], cols[0]:cols[1]], terms, scale=1.0)
         row = client.post(f"/api/runs/{run_id}/row", json={"row": 5, "weighting": "value_norm", "encoding": "f32",
                                                            "span": [0, 2]}).json()
-        assert np.abs(_f32(row["attention"]) - full[:, :, 5]).max() <= 1e-6
-        assert np.allclose(row["span_mass"], full[:, :, 5, 0:2].sum(-1), atol=1e-6)
+        assert_close_f32(_f32(row["attention"]), full[:, :, 5], terms, scale=1.0)
+        assert_close_f32(row["span_mass"], full[:, :, 5, 0:2].sum(-1), terms, scale=1.0)
     # the long run's first view: the overview and received of the value-weighted maps, their thumbnails
     long_body = long.post("/api/text/attention", json=req).json()
     assert long_body["weighting"] == "value_norm" and long_body["attention"] is None
@@ -199,15 +210,16 @@ def test_value_weighted_windows_rows_and_overview_equal_the_full_map(short_and_l
     overview = _f32(long_body["overview"]["maps"])
     for a, (r0, r1) in enumerate(zip(edges, edges[1:])):
         for b, (c0, c1) in enumerate(zip(col_edges, col_edges[1:])):
-            assert np.abs(overview[:, :, a, b] - full[:, :, r0:r1, c0:c1].mean(axis=(-1, -2))).max() <= 1e-6
-    assert np.abs(_f32(long_body["received"]) - full.mean(axis=2)).max() <= 1e-6
+            block = full[:, :, r0:r1, c0:c1].mean(axis=(-1, -2))
+            assert_close_f32(overview[:, :, a, b], block, terms + (r1 - r0) * (c1 - c0), scale=1.0)  # then a block mean
+    assert_close_f32(_f32(long_body["received"]), full.mean(axis=2), terms + n_tokens, scale=1.0)  # a mean over queries
     plain_long = long.post("/api/text/attention", json={**req, "weighting": "attention"}).json()
     assert long_body["thumbnails"]["data"] != plain_long["thumbnails"]["data"]
-    assert np.abs(_f32(full_body["received"]) - full.mean(axis=2)).max() <= 1e-6
+    assert_close_f32(_f32(full_body["received"]), full.mean(axis=2), n_tokens, scale=1.0)  # a mean over the queries
     assert full_body["thumbnails"]["data"] != short.post("/api/text/attention", json={**req, "weighting": "attention"}).json()["thumbnails"]["data"]
     from app.attention import thumbnails  # the same encoding, from the returned full value-weighted maps
     expected = thumbnails(torch.from_numpy(full.copy()), 4)
-    assert np.allclose(full_body["thumbnails"]["max"], expected["max"], atol=1e-6)
+    assert np.array_equal(full_body["thumbnails"]["max"], expected["max"])  # the same pooling of the same float32 maps
     assert full_body["thumbnails"]["shape"] == expected["shape"]
 
 
@@ -270,4 +282,4 @@ def test_value_norm_windows_of_runs_without_norms_and_a_streamed_first_view(clie
     plain = client.post("/api/text/attention", json=req).json()
     events = sse_events(client.post("/api/text/attention", json=req, headers={"Accept": "text/event-stream"}))
     assert events[-1]["done"] is True and events[-1]["weighting"] == "value_norm"
-    assert np.allclose(events[-1]["attention"], plain["attention"], atol=1e-7)
+    assert np.array_equal(events[-1]["attention"], plain["attention"])  # the same run, through the stream

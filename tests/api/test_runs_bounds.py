@@ -12,6 +12,7 @@ from models.atlas import full_row_entropy, full_rows, window
 from models.attribution import value_weighted_rows
 from tests.api.helpers import TINY_ATLAS, tiny_lm_client
 from tests.api.helpers import TINY_TEXT as TEXT
+from tests.float32 import assert_close_f32, attention_terms
 from tests.tiny_models import build_text_model
 
 CAP = 100  # max_computed_numbers of the capped client: 2 × 38 fits (one head's row, or a one-row window), 4 × 38 not
@@ -97,13 +98,16 @@ def test_a_window_computed_over_the_cap_is_413_naming_rows(capped):
         assert detail.startswith("rows:") and "max_computed_numbers=100" in detail, detail
 
 
-def test_normal_requests_answer_the_same_numbers(long_client, short_client):
+def test_normal_requests_answer_the_same_numbers(long_client, short_client, llama):
     """Windows over several row blocks, view β, value-weighted rows and rows of every head: the engine's own
     functions on the kept run (what the endpoints answered before), and the short run's exact P."""
     long, short = _run(long_client), _run(short_client)
     n = len(long["tokens"])
     kept = long_client.app.state.runtime.get_run(long["run_id"]).atlas
     full = np.array(short["attention"])  # (L, H, T, T)
+    from transformers import AutoConfig
+
+    terms = attention_terms(AutoConfig.from_pretrained(llama), n)  # q·k over the head size, softmax over the keys
     for request in ({"layer": 1, "head": 3, "rows": [2, 15], "cols": [0, n]},  # 4 row blocks
                     {"layer": 0, "head": 1, "rows": [30, 38], "cols": [5, 30], "beta": 0.2},
                     {"layer": 1, "head": 0, "rows": [1, 14], "cols": [0, 20], "weighting": "value_norm"}):
@@ -122,15 +126,17 @@ def test_normal_requests_answer_the_same_numbers(long_client, short_client):
             before = window(record, request["head"], (r0, r1), (c0, c1), beta).numpy()
             before_entropy = full_row_entropy(record, [request["head"]], r0, r1, beta, 4)[0].numpy()
             if beta is None:
-                assert np.allclose(got, full[request["layer"], request["head"], r0:r1, c0:c1], atol=1e-6)
+                assert_close_f32(got, full[request["layer"], request["head"], r0:r1, c0:c1], terms, scale=1.0)
         assert got.shape == (r1 - r0, c1 - c0)
-        assert np.allclose(got, before, rtol=1e-6, atol=1e-8)
-        assert np.allclose(entropy, before_entropy, rtol=1e-6, atol=1e-7)
+        # not bit-equal (1 ulp apart: the endpoint batches its row blocks otherwise; JSON keeps float32 exactly)
+        assert_close_f32(got, before, terms, scale=1.0)
+        # −Σ p log p over the keys of probabilities with the error above, at the entropies' scale (≥ 1: log of ≤ 1)
+        assert_close_f32(entropy, before_entropy, terms + n, scale=max(1.0, float(np.abs(before_entropy).max())))
     row = long_client.post(f"/api/runs/{long['run_id']}/row", json={"row": 20, "span": [3, 9]}).json()
     before = np.stack([full_rows(kept.record(l), [0, 1, 2, 3], 20, 21)[:, 0].numpy() for l in (0, 1)])
-    assert np.allclose(row["attention"], before, rtol=1e-6, atol=1e-8)
-    assert np.allclose(row["attention"], full[:, :, 20], atol=1e-6)
-    assert np.allclose(row["span_mass"], full[:, :, 20, 3:9].sum(-1), atol=1e-6)
+    assert np.array_equal(np.array(row["attention"], dtype=np.float32), before)  # JSON keeps float32 exactly
+    assert_close_f32(row["attention"], full[:, :, 20], terms, scale=1.0)
+    assert_close_f32(row["span_mass"], full[:, :, 20, 3:9].sum(-1), terms, scale=1.0)
 
 
 def test_the_work_waits_for_the_model_lock(llama):

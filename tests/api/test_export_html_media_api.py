@@ -40,7 +40,7 @@ def test_image_export_holds_the_routes_maps_over_patch_labels(vit_client):
     P, S = tensor(response["attention"]), tensor(response["scores"])
     assert P.shape == S.shape == (2, 2, 17, 17)  # every row (queries ignored), every layer and head
     plain = client.post("/api/image/attention", json={**body, "include_scores": True}).json()
-    np.testing.assert_allclose(P, np.array(plain["attention"]), atol=1e-6)
+    assert np.array_equal(P, np.array(plain["attention"], dtype=np.float32))  # the same run's float32, exactly
     np.testing.assert_allclose(S, np.array(plain["scores"]), atol=1e-5)
     assert "views/embed.js" in inlined(res.text, "attnlab-modules") and " src=" not in res.text
 
@@ -67,10 +67,10 @@ def test_audio_export_holds_the_decoder_self_attention_and_scores_that_give_it_b
     data = inlined(res.text, "attnlab-data")
     response = data["response"]
     plain = audio_client.post("/api/audio/attention", json={**body, "kinds": ["decoder"]}).json()
-    expected = np.array(plain["attention"]["decoder"])  # (2, 2, N, N), causal
+    expected = np.array(plain["attention"]["decoder"], dtype=np.float32)  # (2, 2, N, N), causal
     P, S = tensor(response["attention"]), tensor(response["scores"])
     assert response["tokens"] == plain["tokens"] and P.shape == S.shape == expected.shape
-    np.testing.assert_allclose(P, expected, atol=1e-6)
+    assert np.array_equal(P, expected)  # the same run's float32, exactly
     # softmax(β₀·Ŝ) over the causal keys is P again; at 2·β₀ it is P² re-normalised
     beta0 = response["native_beta"]
     N = P.shape[-1]

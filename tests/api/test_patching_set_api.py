@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests.api.helpers import sse_events, tiny_models_client
+from tests.float32 import assert_close_f32
 
 PAIRS = [{"clean": "the cat sat on the mat", "corrupt": "the dog ran on the rug"},
          {"clean": "a red car was big", "corrupt": "a blue tree was small", "answer": "it", "wrong": "street"}]
@@ -45,8 +46,10 @@ def test_a_set_is_the_mean_of_its_single_pair_scans(client):
         assert np.array_equal(per_pair[k], _array(single["effect"]))  # the same code per pair: exactly
         assert np.array_equal(_array(body["estimates"]["head_output"]["per_pair"][k]), _array(single["attribution"]))
         assert body["pairs"][k]["ld_clean"] == single["ld_clean"]
-    assert np.allclose(_array(body["effect"]), per_pair.mean(axis=0), atol=1e-7)
-    assert np.allclose(_array(body["effect_std"]), per_pair.std(axis=0, ddof=1), atol=1e-6)
+    # the server's float32 mean and standard deviation over the 2 pairs, at the effects' scale
+    scale = float(np.abs(per_pair).max())
+    assert_close_f32(_array(body["effect"]), per_pair.mean(axis=0), len(PAIRS), scale=scale)
+    assert_close_f32(_array(body["effect_std"]), per_pair.std(axis=0, ddof=1), len(PAIRS), scale=scale)
     for name in ("head_output", "atp", "atp_star"):
         numbers = body["agreement"][name]
         assert -1 <= numbers["spearman"] <= 1 and 0 <= numbers["top_k_overlap"] <= 1 and numbers["k"] == 3

@@ -11,6 +11,7 @@ import re
 import urllib.request
 from urllib.parse import quote
 
+import numpy as np
 import pytest
 
 from tests.browser.conftest import SCREENSHOTS, screenshot, serve_app
@@ -103,7 +104,7 @@ def test_long_seq2seq_overview_per_kind_and_cross_window(page, page_log, long_ba
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
         api = json.load(response)["attention"]  # (n, 18)
-    assert len(api) == n and all(abs(a - b) <= 1e-6 for ra, rb in zip(api, shown["z"]) for a, b in zip(ra, rb))
+    assert len(api) == n and np.array_equal(np.array(api, dtype=np.float32), np.array(shown["z"], dtype=np.float32))
     # the head view follows the window: target queries, source keys
     page.wait_for_function("() => document.getElementById('headview').dataset.window", timeout=60_000)
     assert json.loads(page.get_attribute("#headview", "data-window")) == {"rows": [0, n], "cols": [2, 20]}

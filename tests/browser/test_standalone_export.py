@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -80,7 +81,7 @@ def test_export_renders_offline_and_view_mode_beta_works(exported, offline, page
     # the file's map is the server's P for layer 0, head 0 (float32 → JSON, to float32 precision)
     assert len(before) == T and all(len(row) == T for row in before)
     expected = answer["attention"][0][0]
-    assert max(abs(a - b) for ra, rb in zip(before, expected) for a, b in zip(ra, rb)) < 1e-6
+    assert np.array_equal(np.array(before, dtype=np.float32), np.array(expected, dtype=np.float32))
     beta0 = answer["native_beta"]
 
     drag_beta(pg, 0.95)  # log10(β/β₀) from 0 towards +3: sharper rows
@@ -111,7 +112,7 @@ def test_export_layer_head_scale_and_mask_work_offline(exported, offline, page_l
     wait_drawn(pg, layer="1", head="2")
     expected = answer["attention"][1][2]
     got = shown(pg)
-    assert max(abs(a - b) for ra, rb in zip(got, expected) for a, b in zip(ra, rb)) < 1e-6
+    assert np.array_equal(np.array(got, dtype=np.float32), np.array(expected, dtype=np.float32))  # the server's P
 
     pg.select_option("[data-role=scale]", "log")
     wait_drawn(pg, scale="log")
@@ -170,7 +171,7 @@ def test_the_text_pages_button_downloads_the_same_file_and_it_opens_offline(page
         offline_page.goto(path.as_uri())
         wait_drawn(offline_page, layer="2", head="3")  # it opens on the page's head
         got = shown(offline_page)
-        assert max(abs(a - b) for ra, rb in zip(got, shown_on_page) for a, b in zip(ra, rb)) < 1e-6
+        assert np.array_equal(np.array(got, dtype=np.float32), np.array(shown_on_page, dtype=np.float32))
         assert offline_page.locator("[data-role=layer] option").count() == 6  # minilm: every layer and head
         assert offline_page.locator("[data-role=head] option").count() == 12
         offline_page.select_option("[data-role=layer]", "0")

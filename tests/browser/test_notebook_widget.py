@@ -18,6 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.browser.conftest import ROOT, _free_port, screenshot, serve_app, shown_p
@@ -137,7 +138,7 @@ def test_widget_in_jupyterlab_draws_and_follows_beta(jupyter, lab_for_notebook, 
         run_notebook(pg, url, token, "widget.ipynb")
         before = shown_p(pg, HEATMAP)
         P = expected["attention"][0][0]
-        assert max(abs(a - b) for ra, rb in zip(before, P) for a, b in zip(ra, rb)) < 1e-6  # the server's P
+        assert np.array_equal(np.array(before, dtype=np.float32), np.array(P, dtype=np.float32))  # the server's P
         screenshot(pg, "notebook-widget-jupyterlab")
 
         # view mode: a β drag re-normalises the scores in the browser

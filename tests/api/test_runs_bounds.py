@@ -130,7 +130,7 @@ def test_normal_requests_answer_the_same_numbers(long_client, short_client, llam
         assert got.shape == (r1 - r0, c1 - c0)
         # not bit-equal (1 ulp apart: the endpoint batches its row blocks otherwise; JSON keeps float32 exactly)
         assert_close_f32(got, before, terms, scale=1.0)
-        # −Σ p log p over the keys of probabilities with the error above, at the entropies' scale (≥ 1: log of ≤ 1)
+        # −Σ p log p over the keys of probabilities with the error above, at the entropies' scale (at least 1)
         assert_close_f32(entropy, before_entropy, terms + n, scale=max(1.0, float(np.abs(before_entropy).max())))
     row = long_client.post(f"/api/runs/{long['run_id']}/row", json={"row": 20, "span": [3, 9]}).json()
     before = np.stack([full_rows(kept.record(l), [0, 1, 2, 3], 20, 21)[:, 0].numpy() for l in (0, 1)])

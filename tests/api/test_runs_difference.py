@@ -63,7 +63,7 @@ def test_difference_window_is_the_difference_of_the_two_runs(long_client, short_
         diff = np.array(_window(long_client, run, minus=base, **box)["attention"])
         after = np.array(_window(long_client, run, **box)["attention"])
         before = np.array(_window(long_client, base, **box)["attention"])
-        assert np.array_equal(diff.astype(np.float32), after.astype(np.float32) - before.astype(np.float32))  # in float32
+        assert np.array_equal(diff.astype(np.float32), after.astype(np.float32) - before.astype(np.float32))  # float32
         assert_close_f32(diff, full_diff[1, head, 3:n, 0:14], terms, scale=1.0)
     masked = np.array(_window(long_client, run, minus=base, layer=1, head=0, rows=[3, n], cols=[0, 14])["attention"])
     assert masked.min() < -1e-3 and masked.max() > 1e-3  # the masked keys lose, the others gain

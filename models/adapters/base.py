@@ -121,8 +121,12 @@ class AttentionResult:
             keys = stored_keys[layers][:, heads]  # (l, h, T, d)
         else:  # per-layer parts not stacked yet: only the asked heads are gathered
             n_heads = _query_heads(stored_queries)
-            queries = torch.stack([stored_queries[l][heads] for l in layers]).float()  # (l, h, T, d)
-            keys = torch.stack([_key_heads(stored_keys[l], heads, n_heads) for l in layers]).float()  # (l, h, T, d)
+            # no layer asked: layer 0's parts give the (0, h, T, d) shape that indexing the stacks gives
+            gathered = layers or [0]
+            queries = torch.stack([stored_queries[l][heads] for l in gathered]).float()  # (l, h, T, d)
+            keys = torch.stack([_key_heads(stored_keys[l], heads, n_heads) for l in gathered]).float()  # (l, h, T, d)
+            if not layers:
+                queries, keys = queries[:0], keys[:0]
         return queries[:, :, rows] @ keys.transpose(-1, -2)
 
     @property

@@ -195,6 +195,10 @@ def test_q_k_and_hidden_states_are_stacked_when_first_read(family, tmp_path_fact
     before = result.nbytes
     layers, heads = [1, 0], [3, 1]
     sliced = result.scores_slice(layers, heads, [2, 0])  # from the parts
+    # no layer or no head asked (an export with "layers": [], found by schemathesis): empty, as from the stacks
+    n = result.kept_attention.shape[-1]
+    assert [tuple(result.scores_slice(l, h).shape) for l, h in (([], []), ([], [1]), ([0], []))] == [
+        (0, 0, n, n), (0, 1, n, n), (1, 0, n, n)]
     assert isinstance(result.__dict__["queries"], list)  # Ŝ of a few heads stacks nothing
     stacked_queries, stacked_keys = result.queries, result.keys  # (L, H, T, d), stacked now
     n_heads = stacked_queries.shape[1]

@@ -270,9 +270,14 @@ def model_shape(adapter) -> ModelShape:
     return shape
 
 
-def _share(adapter) -> float:
+def runs_on_cpu(adapter) -> bool:
+    """Whether the adapter's model runs on the CPU (no device given: the CPU), where other processes share its time."""
     device = getattr(adapter, "device", None)
-    return 1.0 if device is not None and getattr(device, "type", "cpu") != "cpu" else CPU_SHARE.now()
+    return device is None or getattr(device, "type", "cpu") == "cpu"
+
+
+def _share(adapter) -> float:
+    return CPU_SHARE.now() if runs_on_cpu(adapter) else 1.0
 
 
 def estimated_seconds(adapter, settings, macs: float) -> float:
@@ -304,8 +309,7 @@ def observe_run(adapter, tokens: int, keys: int, interventions: int, seconds: fl
                 since: tuple[float, int, int] | None = None) -> None:
     """Record a finished forward's time (runtime.run calls this), normalised by the CPU share the process had: over
     the run itself when `since` (CPU_SHARE.mark() taken before it) is given, else the smoothed share now."""
-    device = getattr(adapter, "device", None)
-    on_cpu = device is None or getattr(device, "type", "cpu") == "cpu"
+    on_cpu = runs_on_cpu(adapter)
     share = (CPU_SHARE.share_since(since) if since is not None else CPU_SHARE.now()) if on_cpu else 1.0
     THROUGHPUT.observe(adapter.info.id, forward_macs(model_shape(adapter), tokens, keys, interventions), seconds, share)
 
@@ -318,8 +322,7 @@ class WorkClock:
 
     def __init__(self, adapter) -> None:
         self.adapter, self.seconds, self.idle_s = adapter, 0.0, 0.0
-        device = getattr(adapter, "device", None)
-        self._on_cpu = device is None or getattr(device, "type", "cpu") == "cpu"
+        self._on_cpu = runs_on_cpu(adapter)
 
     @contextlib.contextmanager
     def step(self, turn: contextlib.AbstractContextManager) -> Iterator[None]:

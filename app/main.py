@@ -232,6 +232,7 @@ def _lifespan(settings: Settings):
             yield
         finally:
             FLEET.stop()
+            runtime.cache.close()  # the disk tier's directory goes with the server (serve.py exits with os._exit)
 
     return lifespan
 

@@ -50,6 +50,83 @@ FORGET_AFTER = 65_536  # expired run ids remembered (ids only, ~5 MB at most)
 WRITE_QUEUE = 4
 
 
+# ---- the disk tier's directories -----------------------------------------------------------------------------
+# Each store's directory names its process in OWNER_FILE: "<boot id> <pid> <start time>". A process that dies without
+# removing it (SIGKILL, the OOM killer, os._exit) leaves files behind that nothing reads, gigabytes a day on a test
+# machine; the next store to make a directory in the same parent removes those whose process is gone.
+DIR_PREFIX = "attnlab-runs-"
+OWNER_FILE = "owner"
+ORPHAN_AGE_S = 3600.0  # a directory with no owner file (an older version's) is removed once untouched this long
+_LIVE_DIRS: set[Path] = set()  # this process's directories, removed by remove_directories() at a hard exit
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "-"
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), so that a reused pid is
+    not taken for the owner; "-" where there is no /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "-"
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _owner() -> str:
+    return f"{_boot_id()} {os.getpid()} {_start_time(os.getpid())}"
+
+
+def _owner_alive(text: str) -> bool:
+    try:
+        boot, pid_text, start = text.split()
+        pid = int(pid_text)
+    except ValueError:
+        return False  # unreadable: no process can claim it
+    if boot != _boot_id():
+        return False  # written before this machine last booted
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    return _start_time(pid) == start
+
+
+def sweep_directories(parent: Path) -> list[Path]:
+    """Remove the disk-tier directories in `parent` whose process is gone (their runs can never be read again).
+    A directory of another user, or of a live process, is left alone. Returns those removed."""
+    removed = []
+    for path in parent.glob(DIR_PREFIX + "*"):
+        try:
+            if not path.is_dir() or path.stat().st_uid != os.getuid() or path in _LIVE_DIRS:
+                continue
+            owner = path / OWNER_FILE
+            if owner.exists():
+                if _owner_alive(owner.read_text()):
+                    continue
+            elif time.time() - path.stat().st_mtime < ORPHAN_AGE_S:
+                continue  # being made by a process that has not written its owner file yet, or an older version's
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("run store: removed %s, left behind by a process that is gone", path)
+        removed.append(path)
+    return removed
+
+
+def remove_directories() -> None:
+    """Remove this process's disk-tier directories now: for a hard exit (os._exit skips the stores' finalizers)."""
+    for path in list(_LIVE_DIRS):
+        shutil.rmtree(path, ignore_errors=True)
+        _LIVE_DIRS.discard(path)
+
+
 @dataclass
 class _OnDisk:
     """A run's file in the disk tier."""
@@ -104,6 +181,7 @@ class _Resources:
                 thread.join(timeout=120)
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
+            _LIVE_DIRS.discard(self.dir)
 
 
 def _write_runs(jobs: queue.Queue, stopping: threading.Event, store_ref: weakref.ref) -> None:
@@ -135,10 +213,11 @@ class ResultCache:
     memory accountant (app/memory.py counts `host_bytes`: RAM-tier bytes only)."""
 
     def __init__(self, max_items: int, max_bytes: int, max_device_bytes: int = 0, pin_s: float = 0.0,
-                 disk_bytes: int = 0, disk_dir: str | None = None):
+                 disk_bytes: int = 0, disk_dir: str | None = None, disk_min_free: int = 0):
         self.max_items, self.max_bytes, self.max_device_bytes = max_items, max_bytes, max_device_bytes
         self.pin_s = pin_s
         self.max_disk_bytes = disk_bytes  # 0: no disk tier
+        self.disk_min_free = disk_min_free  # the filesystem keeps at least this free: no write takes it below
         self._disk_parent = disk_dir  # None: the system's temp dir
         self._items: OrderedDict[tuple, AttentionResult] = OrderedDict()  # the RAM tier, least recently used first
         self._disk: OrderedDict[tuple, _OnDisk] = OrderedDict()  # the disk tier (a run in RAM may have a file too)
@@ -382,10 +461,11 @@ class ResultCache:
         still in RAM only loses its file), then unpinned runs whose writes are queued (dropped: they were leaving RAM
         and there is no room for them). False, dropping nothing, when the pinned ones leave too little. Under the
         lock."""
-        if nbytes > self.max_disk_bytes:
+        capacity = self._disk_capacity()
+        if nbytes > capacity:
             return False
         now = time.monotonic()
-        free = self.max_disk_bytes - self._disk_used
+        free = capacity - self._disk_used
         if free >= nbytes:
             return True
         loose = [k for k in self._disk if k in self._items or not self._pinned(k, now)]
@@ -394,7 +474,7 @@ class ResultCache:
         if free + sum(sizes[k] for k in loose) < nbytes:
             return False
         for k in loose:
-            if self.max_disk_bytes - self._disk_used >= nbytes:
+            if capacity - self._disk_used >= nbytes:
                 break
             if k in self._items and k in self._disk:
                 self._pop_disk(k)
@@ -402,14 +482,29 @@ class ResultCache:
                 self._drop(k)
         return True
 
+    def _disk_capacity(self) -> int:
+        """The disk tier's budget, less what the filesystem lacks: its free space beyond `disk_min_free` (files
+        still being written not yet counted there). A full disk fails every write, the lab's and everyone else's;
+        runs that find no room stay in RAM or go, as with the tier full. Under the lock."""
+        where = self._resources.dir or self._disk_parent or tempfile.gettempdir()
+        try:
+            free = shutil.disk_usage(where).free
+        except OSError:  # the parent not made yet: judged when the directory is
+            return self.max_disk_bytes
+        unwritten = sum(w.booked for w in self._moving.values())
+        return min(self.max_disk_bytes, self._disk_used + max(0, free - unwritten - self.disk_min_free))
+
     def _directory(self) -> Path:
-        """This store's own directory (made on the first write, removed with the store or at exit)."""
+        """This store's own directory (made on the first write, removed with the store or at exit; directories
+        that processes killed before they could remove them left behind are removed first: `sweep_directories`)."""
         with self._lock:
             if self._resources.dir is None:
-                parent = self._disk_parent
-                if parent is not None:
-                    Path(parent).mkdir(parents=True, exist_ok=True)
-                self._resources.dir = Path(tempfile.mkdtemp(prefix="attnlab-runs-", dir=parent))  # mode 0700
+                parent = Path(self._disk_parent or tempfile.gettempdir())
+                parent.mkdir(parents=True, exist_ok=True)
+                sweep_directories(parent)
+                self._resources.dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=parent))  # mode 0700
+                (self._resources.dir / OWNER_FILE).write_text(_owner())
+                _LIVE_DIRS.add(self._resources.dir)
             return self._resources.dir
 
     @property

@@ -163,10 +163,19 @@ class HeaderBudget:
         self._linger_timer = loop.call_later(delay, transport.close)
 
 
+def _remove_run_directories() -> None:
+    """The run store's disk-tier directories of this process, removed before os._exit (which runs no finalizers).
+    Not imported here when the app never was: then there are none (and torch need not load to exit)."""
+    runstore = sys.modules.get("app.runstore")
+    if runstore is not None:
+        runstore.remove_directories()
+
+
 def _exit_now(signum=None, frame=None) -> None:
     """SIGTERM before uvicorn serves (or re-raised by uvicorn after its graceful shutdown): exit 0 now,
     without waiting for worker threads (a forward in progress, the model warm-up)."""
     try:
+        _remove_run_directories()
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -439,6 +448,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         code = 0
     try:
+        _remove_run_directories()  # the lifespan's close did it when the lifespan ran to its end
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -168,8 +168,12 @@ class Settings(BaseSettings):
     # 4,096-token smollm2-135m runs (~0.4 GB each).
     run_store_disk_bytes: int = Field(8 * 2**30, ge=0)
     # Where the disk tier's files go: a directory of this process's own is made inside it (None: the system's temp
-    # directory) and removed when the process exits; a killed process leaves it behind (attnlab-runs-* directories).
+    # directory) and removed when the process exits. A killed process leaves its attnlab-runs-* directory behind;
+    # the next server to spill into the same place removes those whose process is gone.
     run_store_dir: str | None = None
+    # The disk tier never takes the filesystem's free space below this: with less, runs leaving RAM are treated as
+    # with the tier full (unpinned ones dropped, pinned ones kept in RAM) instead of failing every write on the disk.
+    run_store_min_free_bytes: int = Field(2 * 2**30, ge=0)
 
     # HTTP.
     cors_origins: list[str] = Field(default_factory=list)  # none: same origin only

@@ -372,3 +372,80 @@ def test_the_writer_thread_stops_with_the_store(llama, tmp_path):
     gc.collect()
     thread.join(30)
     assert not thread.is_alive() and not folder.exists()
+
+
+def test_a_disk_that_is_nearly_full_is_left_its_free_space(llama, tmp_path):
+    """The filesystem's free space beyond disk_min_free caps the tier (a full disk fails everyone's writes): with
+    none to spare, a run leaving RAM is kept in RAM while pinned and dropped once not, as with the tier full."""
+    import shutil
+
+    free = shutil.disk_usage(tmp_path).free
+    pinned = ResultCache(max_items=64, max_bytes=1, pin_s=60, disk_bytes=2**40, disk_dir=str(tmp_path),
+                         disk_min_free=free + 2**30)
+    pinned.put(("a",), _run(llama, "a", True), "me")
+    assert pinned.flush(timeout=60) and pinned.disk_bytes == 0 and pinned.spills == 0
+    assert pinned.by_run_id("a") is not None
+    loose = ResultCache(max_items=64, max_bytes=1, pin_s=0, disk_bytes=2**40, disk_dir=str(tmp_path),
+                        disk_min_free=free + 2**30)
+    loose.put(("a",), _run(llama, "a", True), "me")
+    assert loose.flush(timeout=60) and loose.by_run_id("a") is None and loose.why_missing("a") == "expired"
+    # with room to spare the same run goes to disk
+    roomy = ResultCache(max_items=64, max_bytes=1, pin_s=60, disk_bytes=2**40, disk_dir=str(tmp_path),
+                        disk_min_free=0)
+    roomy.put(("a",), _run(llama, "a", True), "me")
+    assert roomy.flush(timeout=60) and roomy.spills == 1 and roomy.disk_bytes > 0
+
+
+def _owner_of(process) -> str:
+    return f"{runstore._boot_id()} {process.pid} {runstore._start_time(process.pid)}"
+
+
+def test_directories_left_by_dead_processes_are_swept(llama, tmp_path):
+    """A killed server leaves its directory (nothing else removes it: gigabytes a day on a test machine). The next
+    store to make one in the same parent removes those whose process is gone, and no other."""
+    import os
+    import subprocess
+
+    live = subprocess.Popen(["sleep", "60"])
+    dead = subprocess.Popen(["sleep", "60"])
+    try:
+        owners = {"live": _owner_of(live), "dead": _owner_of(dead), "other-boot": f"x {live.pid} 1",
+                  "reused-pid": f"{runstore._boot_id()} {live.pid} 1", "garbled": "not an owner"}
+        dead.kill()
+        dead.wait()
+        for name, owner in owners.items():
+            folder = tmp_path / f"attnlab-runs-{name}"
+            folder.mkdir()
+            (folder / "owner").write_text(owner)
+            (folder / "r.safetensors").write_bytes(b"x" * 1000)
+        young, old = tmp_path / "attnlab-runs-young-no-owner", tmp_path / "attnlab-runs-old-no-owner"
+        young.mkdir(), old.mkdir()
+        os.utime(old, (time.time() - 2 * runstore.ORPHAN_AGE_S,) * 2)
+        unrelated = tmp_path / "something-else"
+        unrelated.mkdir()
+        store = _store(tmp_path, ram=1)
+        store.put(("k",), _run(llama, "k", True), "me")  # its first write makes its directory, sweeping first
+        assert store.flush(timeout=60)
+        left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("attnlab-runs-"))
+        mine = store._dir.name
+        assert left == sorted(["attnlab-runs-live", "attnlab-runs-young-no-owner", mine])
+        assert unrelated.exists()
+        assert (store._dir / "owner").read_text() == runstore._owner()
+        # a second store in the same process never sweeps the first's live directory
+        other = _store(tmp_path, ram=1)
+        other.put(("k",), _run(llama, "k", True), "me")
+        assert other.flush(timeout=60) and store._dir.exists() and store.by_run_id("k") is not None
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_hard_exit_removes_this_process_directories(llama, tmp_path):
+    store = _store(tmp_path, ram=1)
+    store.put(("k",), _run(llama, "k", True), "me")
+    assert store.flush(timeout=60)
+    folder = store._dir
+    assert folder.exists()
+    runstore.remove_directories()  # what app/serve.py calls before os._exit
+    assert not folder.exists() and folder not in runstore._LIVE_DIRS
+    store.close()  # and closing after it is harmless

@@ -233,6 +233,13 @@ log "$(find .docker-wheels .docker-wheels-cuda -name '*.whl' 2>/dev/null | wc -l
 
 step "build $IMAGE ($VARIANT, --network=host)"
 BUILD_T0=$(date +%s)
+# The build writes ~3 GB of layers (torch, the weights) into the data root: say so before it fails half-way.
+free_kb=$(df -Pk "$DATA_ROOT" | awk 'NR == 2 {print $4}')
+log "free space for the build: $(( free_kb / 1024 / 1024 )) GiB in $DATA_ROOT"
+if [ "$free_kb" -lt $(( 6 * 1024 * 1024 )) ]; then
+  log "under 6 GiB free: removing dangling images first (the build may still run out of space; see df -h)"
+  docker_ image prune -f >/dev/null || true
+fi
 { DOCKER_BUILDKIT=0 docker_ build --network=host --build-arg TORCH_VARIANT="$VARIANT" \
     --build-arg PIP_WHEELS_ONLY="$wheels_only" -t "$IMAGE" . 2>&1; echo $? >"$WORK/build.rc"; } \
   | tee "$WORK/build.log" | grep -E --line-buffered '^(Step [0-9]+/|Successfully|\[prepare_weights\]|ERROR|error)' || true

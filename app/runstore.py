@@ -12,7 +12,7 @@ A run is a resource with an owner and a lifetime, not a cache entry. Two tiers:
 
 Files are written by one background thread, never in a request's: a run leaving RAM stays readable there, its bytes
 booked, until its file is complete (then it leaves at once); a request making room waits at most for a place in the
-bounded queue of writes (WRITE_QUEUE), never for a write. The memory accountant's `evict_for` waits for the writes it
+bounded queue of writes (`write_queue`, the setting run_store_write_queue), never for a write. The memory accountant's `evict_for` waits for the writes it
 needs (it frees memory only once they are done). `flush` waits for every queued write; `close` stops the writer.
 
 A run is pinned for `pin_s` after it was put or last read by its run id, and held while a job that plans it runs
@@ -47,7 +47,7 @@ log = logging.getLogger("attnlab")
 FORGET_AFTER = 65_536  # expired run ids remembered (ids only, ~5 MB at most)
 # writes queued for the disk tier beside the one being written: a request making room waits for a place when more
 # runs leave RAM than the disk takes (each queued run stays booked in RAM until written, so this bounds the overshoot)
-WRITE_QUEUE = 4
+WRITE_QUEUE = 4  # the default of run_store_write_queue
 
 
 # ---- the disk tier's directories -----------------------------------------------------------------------------
@@ -158,8 +158,8 @@ class _Resources:
     """What a store owns outside Python's memory: the writer thread, its queue and the directory. No reference to the
     store itself, so that its weakref finalizer (close, or the store collected, or the process exiting) can run."""
 
-    def __init__(self) -> None:
-        self.jobs: queue.Queue[_Write | None] = queue.Queue(maxsize=WRITE_QUEUE)
+    def __init__(self, write_queue: int = WRITE_QUEUE) -> None:
+        self.jobs: queue.Queue[_Write | None] = queue.Queue(maxsize=write_queue)
         self.stopping = threading.Event()  # set: the writer skips what is still queued (the directory goes anyway)
         self.thread: threading.Thread | None = None
         self.dir: Path | None = None
@@ -213,7 +213,8 @@ class ResultCache:
     memory accountant (app/memory.py counts `host_bytes`: RAM-tier bytes only)."""
 
     def __init__(self, max_items: int, max_bytes: int, max_device_bytes: int = 0, pin_s: float = 0.0,
-                 disk_bytes: int = 0, disk_dir: str | None = None, disk_min_free: int = 0):
+                 disk_bytes: int = 0, disk_dir: str | None = None, disk_min_free: int = 0,
+                 write_queue: int = WRITE_QUEUE):
         self.max_items, self.max_bytes, self.max_device_bytes = max_items, max_bytes, max_device_bytes
         self.pin_s = pin_s
         self.max_disk_bytes = disk_bytes  # 0: no disk tier
@@ -231,7 +232,7 @@ class ResultCache:
         self._bytes = self._device_bytes = self._disk_used = 0  # _disk_used: files, and files being written
         self._lock = threading.Lock()  # the books; files are written outside it, by the writer thread
         self._idle = threading.Condition(self._lock)  # notified when a write ends (flush, evict_for wait on it)
-        self._resources = _Resources()
+        self._resources = _Resources(write_queue)
         self._finalizer = weakref.finalize(self, self._resources.release)
         self.hits = self.misses = 0
         self.spills = self.disk_reads = 0  # runs written to disk; runs read back from disk (for the benchmarks)

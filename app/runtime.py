@@ -109,7 +109,7 @@ class Runtime:
         self.cache = ResultCache(settings.result_cache_items, settings.result_cache_bytes,
                                  result_cache_device_bytes(settings, _gpu_total_bytes(settings)), settings.result_pin_s,
                                  settings.run_store_disk_bytes, settings.run_store_dir,
-                                 settings.run_store_min_free_bytes)
+                                 settings.run_store_min_free_bytes, settings.run_store_write_queue)
         # kept runs + in-flight peaks within memory_budget_bytes (app/memory.py); app/costs.py reserves before runs
         self.memory = MemoryBudget(settings.memory_budget_bytes, settings.memory_reserved_bytes, self.cache,
                                    settings.memory_watch_rss, wait_s=settings.memory_wait_s)

@@ -174,6 +174,9 @@ class Settings(BaseSettings):
     # The disk tier never takes the filesystem's free space below this: with less, runs leaving RAM are treated as
     # with the tier full (unpinned ones dropped, pinned ones kept in RAM) instead of failing every write on the disk.
     run_store_min_free_bytes: int = Field(2 * 2**30, ge=0)
+    # Runs waiting for the disk tier's writer beside the one it writes. A request that makes room waits for a place in
+    # this queue, never for a write; each queued run stays counted in RAM until written, so this bounds the overshoot.
+    run_store_write_queue: int = Field(4, ge=1, le=64)
 
     # HTTP.
     cors_origins: list[str] = Field(default_factory=list)  # none: same origin only

@@ -327,15 +327,15 @@ def test_put_leaves_the_file_to_the_writer_thread(llama, tmp_path, monkeypatch):
 
 
 def test_a_put_waits_only_for_a_place_in_the_bounded_queue(llama, tmp_path, monkeypatch):
-    """With the writer stuck, WRITE_QUEUE runs wait in its queue (and one in its hands); the next run that must leave
+    """With the writer stuck, `write_queue` runs wait in its queue (and one in its hands); the next run that must leave
     RAM makes its put wait for a place, and no longer once the writer moves on. A run dropped while queued leaves no
     file."""
-    monkeypatch.setattr(runstore, "WRITE_QUEUE", 1)
     release = threading.Event()
     real_write = runfile.write
     monkeypatch.setattr(runfile, "write", lambda run_file, path: (release.wait(30), real_write(run_file, path))[1])
     runs = [_run(llama, f"r{i}", True) for i in range(4)]
-    store = _store(tmp_path, ram=1, items=64)  # every run leaves RAM at once
+    store = ResultCache(max_items=64, max_bytes=1, pin_s=60, disk_bytes=2**30, disk_dir=str(tmp_path),
+                        write_queue=1)  # every run leaves RAM at once
     store.put((0,), runs[0], "me")  # in the writer's hands
     store.put((1,), runs[1], "me")  # in the queue (1 place)
     third = threading.Thread(target=store.put, args=((2,), runs[2], "me"))

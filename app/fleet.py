@@ -33,6 +33,9 @@ log = logging.getLogger("attnlab")
 KEY_PREFIX = "attnlab:replica:"
 FORWARDED_HEADER = b"x-attnlab-forwarded"
 RUN_PATH = re.compile(r"^/api/runs/([^/]+)/")
+# a job's re-attach and cancel (GET /api/jobs/<id>/events, DELETE /api/jobs/<id>): a job id names its replica as a
+# run id does (app/streams.py), and goes to its owner the same way
+JOB_PATH = re.compile(r"^/api/jobs/([^/]+)(?:/events)?$")
 BODY_RUN_ID = re.compile(rb'"([a-z0-9]{4,16})\.[0-9a-f]{32}"')
 HOP_BY_HOP = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"content-length",
               b"proxy-connection", b"trailer"}
@@ -192,6 +195,10 @@ def _body_of(scope) -> bytes | None:
 
 
 def _gone(run_id: str, owner: str, why: str) -> tuple[int, bytes]:
+    if run_id.startswith("job "):  # a job's events: the client sends the job again
+        detail = (f"job {run_id[4:]!r}: its replica ({owner}) is gone ({why}); the job went with it: send the job "
+                  "again")
+        return 404, json.dumps({"detail": detail}).encode()
     detail = (f"run {run_id!r}: its replica ({owner}) is gone ({why}); the run went with it: run the input again "
               "for a new run_id")
     return 404, json.dumps({"detail": detail}).encode()
@@ -271,6 +278,9 @@ class FleetRouter:
         match = RUN_PATH.match(scope["path"])
         if match:
             return match.group(1), run_owner(match.group(1))
+        match = JOB_PATH.match(scope["path"])
+        if match:
+            return "job " + match.group(1), run_owner(match.group(1))
         return self._body_owner(scope)
 
     def _body_owner(self, scope) -> tuple[str | None, str | None]:

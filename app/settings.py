@@ -143,6 +143,15 @@ class Settings(BaseSettings):
     # events, so proxies (nginx's proxy_read_timeout) and clients never see a silent stream. A job not accepted within
     # this starts its stream with them too (a refusal after that is the stream's error event, with its status).
     job_heartbeat_s: float = Field(10.0, gt=0, le=60)
+    # A job whose every stream dropped (a network blip, a proxy's cut, a page reload) keeps running this long, waiting
+    # for its client to re-attach (GET /api/jobs/{job_id}/events, docs/api.md "Re-attaching to a job"); then it is
+    # cancelled as if its client had left. 0: cancelled at once, at its next layer. DELETE /api/jobs/{job_id} cancels
+    # at once (the page's Cancel).
+    job_reattach_grace_s: float = Field(15.0, ge=0, le=600)
+    # Events a job keeps for re-attaching (its latest ones; the done or error event always), until result_pin_s after
+    # it ended. A client that re-attaches after more than this many events missed gets the kept ones: progress is
+    # cumulative, and the done event carries the whole answer.
+    job_event_buffer: int = Field(256, ge=8, le=100_000)
     # The longest a request waits for room in memory_budget_bytes (app/memory.py) before it is refused (503) with the
     # reason; a request whose room could not free up before its deadline is refused at once.
     memory_wait_s: float = Field(120.0, ge=0)

@@ -25,17 +25,21 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from fastapi import Request, Response
+from fastapi import HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
 
 from app.context import EMPTY, RequestContext, current, enter
 from app.encoding import fast_json
 from app.jobs import JOBS, Job
-from app.lifecycle import RequestCancelled, check_cancelled
+from app.ids import new_run_id
+from app.lifecycle import LIFECYCLE, RequestCancelled, check_cancelled
+from app.memory import RequestMemory
 from app.runtime import Overloaded
 
 log = logging.getLogger("attnlab")
@@ -51,9 +55,11 @@ def wants_events(request: Request) -> bool:
     return "text/event-stream" in request.headers.get("accept", "")
 
 
-def sse(payload: dict[str, Any]) -> bytes:
-    """One event in the wire format (orjson: numpy fields as in fast_json, and no newline inside the data line)."""
-    return b"data: " + orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n\n"
+def sse(payload: dict[str, Any], event_id: str | None = None) -> bytes:
+    """One event in the wire format (orjson: numpy fields as in fast_json, and no newline inside the data line), with
+    its `id:` line when it has one (a job's events: `<job_id>:<n>`, what Last-Event-ID names on re-attaching)."""
+    data = b"data: " + orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n\n"
+    return b"id: " + event_id.encode() + b"\n" + data if event_id is not None else data
 
 
 class EventPipe:
@@ -103,17 +109,186 @@ class EventPipe:
             return NOTHING
 
 
+@dataclass(frozen=True)
+class Sent:
+    """One event of a job as it goes on the wire (its `id: <job_id>:<n>` line included); `last`: done or error. Not a
+    tuple: a tuple in a job's pipe is a failure (_RAISE, exc)."""
+    n: int
+    data: bytes
+    last: bool
+
+
+class JobLog:
+    """A job's events for every stream that listens: the one that started it and any that re-attach (GET
+    /api/jobs/{job_id}/events, docs/api.md "Re-attaching to a job"). Numbers them from 1, keeps the latest `size` and
+    always the last one, for `keep_s` after the job ended (JOB_LOGS). Each listener reads through an EventPipe of its
+    own. With no listener the job is given `grace_s` to be re-attached, then it is cancelled (JobCancel)."""
+
+    def __init__(self, job_id: str, client: str, what: str, size: int, grace_s: float, keep_s: float):
+        self.job_id, self.client, self.what, self.grace_s, self.keep_s = job_id, client, what, grace_s, keep_s
+        self._recent: deque[Sent] = deque(maxlen=size)
+        self._end: Sent | None = None
+        self._pipes: list[EventPipe] = []
+        self._lock = threading.Lock()
+        self.count = 0
+        self.ended_at: float | None = None  # monotonic: its last event (or its refusal)
+        self.detached_since: float | None = None  # monotonic: since when no stream listens
+        self.cancelled = False  # DELETE /api/jobs/{job_id}
+
+    def subscribe(self, after: int = 0) -> tuple[list[Sent], EventPipe]:
+        """The kept events after number `after`, and a pipe that gets every later one."""
+        pipe = EventPipe()
+        with self._lock:
+            backlog = [sent for sent in self._recent if sent.n > after]
+            if self._end is not None and self._end.n > after and (not backlog or backlog[-1].n < self._end.n):
+                backlog.append(self._end)
+            if self.ended_at is None:
+                self._pipes.append(pipe)
+                self.detached_since = None
+            else:
+                pipe.put(None)  # nothing more will come: the stream ends after the backlog
+        return backlog, pipe
+
+    def unsubscribe(self, pipe: EventPipe) -> None:
+        with self._lock:
+            if pipe in self._pipes:
+                self._pipes.remove(pipe)
+                if not self._pipes and self.ended_at is None:
+                    self.detached_since = time.monotonic()
+
+    def stop_reason(self, now: float) -> str | None:
+        """Why the job should stop now: asked to (DELETE), or no stream has listened for grace_s; else None."""
+        if self.cancelled:
+            return "client"
+        since = self.detached_since
+        return "client" if since is not None and now - since >= self.grace_s else None
+
+    def put(self, item: Any) -> None:
+        """From the job's worker thread: an event (dict), a failure (_RAISE, exc), or None (the work has ended). A
+        failure before the first event (a refusal: the route answers it with its own status) is passed on as it is."""
+        with self._lock:
+            if self.ended_at is not None:
+                return
+            if isinstance(item, tuple) and self.count == 0:
+                self.ended_at = time.monotonic()
+                pipes = list(self._pipes)
+                for pipe in pipes:
+                    pipe.put(item)
+                return
+            if isinstance(item, tuple):
+                item = _end_event(item[1], self.what)
+            elif item is None:
+                item = {"done": True}
+            if self.count == 0 and not item.get("accepted") and "error" not in item:
+                self._log({"accepted": True, "eta_s": 0.0, "queue_position": 0, "runs": 0})  # answered from cache
+            self._log(item)
+
+    def _log(self, event: dict[str, Any]) -> None:  # under self._lock
+        if event.get("accepted"):
+            event = {**event, "job_id": self.job_id}
+        self.count += 1
+        last = "done" in event or "error" in event
+        sent = Sent(self.count, sse(event, f"{self.job_id}:{self.count}"), last)
+        self._recent.append(sent)
+        if last:
+            self._end, self.ended_at = sent, time.monotonic()
+        for pipe in self._pipes:
+            pipe.put(sent)
+        if last:
+            self._pipes.clear()
+
+
+class JobLogs:
+    """The logs of this process's jobs by job id, each kept until `keep_s` after its job ended; an id whose log was
+    dropped is remembered as expired (the latest EXPIRED_KEPT of them), so a 404 can say which case it is."""
+
+    EXPIRED_KEPT = 10_000
+
+    def __init__(self) -> None:
+        self._logs: dict[str, JobLog] = {}
+        self._expired: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, log_: JobLog) -> None:
+        with self._lock:
+            self._prune(time.monotonic())
+            self._logs[log_.job_id] = log_
+
+    def drop(self, job_id: str) -> None:
+        """A job refused before it was accepted: its id was never sent."""
+        with self._lock:
+            self._logs.pop(job_id, None)
+
+    def find(self, job_id: str) -> tuple[JobLog | None, str]:
+        """(the job's log, "") or (None, "expired" | "unknown")."""
+        with self._lock:
+            self._prune(time.monotonic())
+            found = self._logs.get(job_id)
+            return (found, "") if found is not None else (None, "expired" if job_id in self._expired else "unknown")
+
+    def _prune(self, now: float) -> None:  # under self._lock
+        for job_id in [j for j, l in self._logs.items() if l.ended_at is not None and now - l.ended_at > l.keep_s]:
+            del self._logs[job_id]
+            self._expired[job_id] = None
+        while len(self._expired) > self.EXPIRED_KEPT:
+            self._expired.popitem(last=False)
+
+    def clear(self) -> None:  # tests
+        with self._lock:
+            self._logs.clear()
+            self._expired.clear()
+
+
+JOB_LOGS = JobLogs()
+
+
+class JobCancel:
+    """A job's cancel event (its context's `cancel`, polled like app.lifecycle.CancelEvent): set when the server shuts
+    down (the request's own event, or the shutdown cut-off once that request has ended), when DELETE asks, or when no
+    stream has listened for job_reattach_grace_s. The request's own "client" cancel (the stream that started the job
+    dropped) only means that stream listens no more."""
+
+    def __init__(self, request_cancel: Any, job_log: JobLog, first: EventPipe):
+        self._request, self._log, self._first = request_cancel, job_log, first
+        self.reason = "cancelled"
+
+    def is_set(self) -> bool:
+        why = None
+        request = self._request
+        if request is not None and request.is_set():
+            if request.reason != "client":
+                why = request.reason
+            else:
+                self._log.unsubscribe(self._first)
+        if why is None and LIFECYCLE.cut_off:
+            why = "shutdown"
+        why = why or self._log.stop_reason(time.monotonic())
+        if why is not None:
+            self.reason = why
+        return why is not None
+
+
+def _end_event(exc: BaseException, what: str) -> dict[str, Any]:
+    """A failure after the job was accepted, as its last event; a cancelled job says why."""
+    if not isinstance(exc, RequestCancelled):
+        return error_event(exc, what)
+    if exc.reason == "shutdown":
+        return {"error": "the job stopped: the server is shutting down; send it again", "retry_after": 5}
+    return {"error": "the job was cancelled: its client asked, or no stream listened for job_reattach_grace_s",
+            "cancelled": True}
+
+
 class JobStream:
     """What a job's work may tell its client: progress over its steps, and events of its own."""
 
-    def __init__(self, events: EventPipe, stopped: threading.Event, job: Job | None = None):
-        self._events, self._stopped, self.job = events, stopped, job
+    def __init__(self, events: Any, cancel: Any, job: Job | None = None):
+        self._events, self._cancel, self.job = events, cancel, job
         self.ctx: RequestContext = EMPTY  # the job's context, made in its worker thread (run_job)
         self._heard = {"run": 0, "done": 0, "total": 0}
 
     def emit(self, event: dict[str, Any]) -> None:
-        if self._stopped.is_set():  # the client left: the work stops at its next event
-            raise RequestCancelled("client")
+        if self._cancel.is_set():  # no stream listens any more (past the grace), or cancelled: stop at its next event
+            raise RequestCancelled(self._cancel.reason)
         self._events.put(event)
 
     def layer_done(self, done: int, total: int) -> None:
@@ -172,61 +347,113 @@ def respond_steps(request: Request, work: Callable[[Callable[[int, int], None], 
 def run_job(request: Request, work: Callable[[JobStream], dict[str, Any] | None], what: str, *,
             layer_progress: bool) -> Response:
     """Run `work(stream)` as a job and stream its events. The work's dict answer becomes the done event; a dict with
-    an "error" key is sent as the last event as it is; None ends the stream without one. The job is on the board
-    from here (503 when its client has max_queued_jobs_per_client already); the stream sends ": keep-alive" every
-    job_heartbeat_s while nothing else is sent."""
+    an "error" key is sent as the last event as it is; None ends the stream with a bare done event. The job is on the
+    board from here (503 when its client has max_queued_jobs_per_client already); the stream sends ": keep-alive"
+    every job_heartbeat_s while nothing else is sent. Its events are numbered and kept (JobLog) for a client that
+    re-attaches (`reattach`); a job whose streams all dropped runs on for job_reattach_grace_s awaiting one."""
     settings = request.app.state.runtime.settings
-    events = EventPipe()
-    stopped = threading.Event()  # the stream was closed: the client left
-    job = Job(what=what, client=current().client, deadline=time.monotonic() + settings.job_timeout_s,
-              emit=events.put, layer_progress=layer_progress)
-    stream = JobStream(events, stopped, job)
+    client = current().client
+    job_log = JobLog(new_run_id(), client, what, settings.job_event_buffer, settings.job_reattach_grace_s,
+                     settings.result_pin_s)
+    _, events = job_log.subscribe()  # the stream of this request: the job's first listener
+    cancel = JobCancel(current().cancel, job_log, events)
+    job = Job(what=what, client=client, deadline=time.monotonic() + settings.job_timeout_s,
+              emit=job_log.put, layer_progress=layer_progress)
+    stream = JobStream(job_log, cancel, job)
     JOBS.register(job, settings.max_queued_jobs_per_client)
+    JOB_LOGS.add(job_log)
 
     def thread_main() -> None:
-        # the job's context: the request's (its client, cancel event, cache scope, memory, timings) with the job, its
-        # deadline and its progress sink; passed on as an argument, and current in this thread's copy of the context
-        # variables only, for the work not yet given it as one (app/context.py)
+        # the job's context: the request's (its client, cache scope, timings) with the job, its deadline, its progress
+        # sink, its own cancel (it may outlive its request's stream) and its own memory holder (released here, at its
+        # end, not when the request's response ends); passed on as an argument, and current in this thread's copy of
+        # the context variables only, for the work not yet given it as one (app/context.py)
         request_ctx = current()
-        stream.ctx = request_ctx.with_(job=job, deadline=job.deadline,
+        memory = RequestMemory(client=client)
+        stream.ctx = request_ctx.with_(job=job, deadline=job.deadline, cancel=cancel, memory=memory,
                                        progress=stream.layer_done if layer_progress else request_ctx.progress)
         enter(stream.ctx)
         try:
             answer = work(stream)
             if answer is not None:
-                events.put(answer if "error" in answer else {"done": True, **answer})
+                job_log.put(answer if "error" in answer else {"done": True, **answer})
         except RequestCancelled as exc:
             log.info("%s stopped after %s: %s", what, stream.where(),
                      "the client left" if exc.reason == "client" else exc.reason)
-            events.put((_RAISE, exc))
+            job_log.put((_RAISE, exc))
         except BaseException as exc:  # noqa: BLE001 - handed to the endpoint (before the stream) or said in the stream
-            events.put((_RAISE, exc))
+            job_log.put((_RAISE, exc))
         finally:
             JOBS.finish(job)
-            events.put(None)  # nothing more
+            if memory.budget is not None:
+                memory.budget.release(memory)
+            job_log.put(None)  # nothing more
 
-    context = contextvars.copy_context()  # the request's cancel event, cache scope and memory go with the work
+    context = contextvars.copy_context()  # the request's cache scope and timings go with the work
     try:
         threading.Thread(target=context.run, args=(thread_main,), name="attnlab-job", daemon=True).start()
     except BaseException:
         JOBS.finish(job)
+        JOB_LOGS.drop(job_log.job_id)
         raise
     heartbeat_s = settings.job_heartbeat_s
     # the first event decides the status (a refusal keeps its own); one that is slow to come does not hold the answer
     first = events.get(min(heartbeat_s, FIRST_EVENT_WAIT_S))
     if isinstance(first, tuple):  # refused or failed before it was accepted: the usual status and body
+        JOB_LOGS.drop(job_log.job_id)
         raise first[1]
     ahead: list[Any] = [] if first is NOTHING else [first]
-    return StreamingResponse(_relay(events, ahead, stopped, heartbeat_s, what), media_type="text/event-stream",
+    return StreamingResponse(_relay(job_log, events, ahead, heartbeat_s), media_type="text/event-stream",
                              headers=SSE_HEADERS)
 
 
-async def _relay(events: EventPipe, ahead: list[Any], stopped: threading.Event, heartbeat_s: float,
-                 what: str) -> AsyncIterator[bytes]:
-    """The job's events as server-sent events, on the event loop: the accepted event first (one of ETA 0 for work
-    answered from the result cache without a cost check), then the rest until done or error, and a comment whenever
-    heartbeat_s pass without one."""
-    accepted = False
+def reattach(request: Request, job_id: str, after: int) -> Response:
+    """GET /api/jobs/{job_id}/events: the job's kept events after number `after`, then the live ones to its end, on
+    the same pump as the stream that started it. 404 saying which case it is (unknown, expired) for a job this process
+    cannot answer, and for another client's (the same words as unknown: nothing is told of other clients' work)."""
+    job_log, why = JOB_LOGS.find(job_id)
+    if job_log is not None and not _same_client(job_log.client, current().client):
+        job_log, why = None, "unknown"
+    if job_log is None:
+        raise HTTPException(404, detail=missing_job(job_id, why, request.app.state.runtime.settings))
+    backlog, events = job_log.subscribe(after)
+    heartbeat_s = request.app.state.runtime.settings.job_heartbeat_s
+    return StreamingResponse(_relay(job_log, events, list(backlog), heartbeat_s), media_type="text/event-stream",
+                             headers=SSE_HEADERS)
+
+
+def cancel_job(job_id: str, settings: Any) -> dict[str, Any]:
+    """DELETE /api/jobs/{job_id}: the job stops at its next layer or step (the page's Cancel), whatever streams
+    listen; 404 as for `reattach`."""
+    job_log, why = JOB_LOGS.find(job_id)
+    if job_log is not None and not _same_client(job_log.client, current().client):
+        job_log, why = None, "unknown"
+    if job_log is None:
+        raise HTTPException(404, detail=missing_job(job_id, why, settings))
+    job_log.cancelled = True
+    return {"job_id": job_id, "cancelled": job_log.ended_at is None}
+
+
+def _same_client(owner: str, asking: str) -> bool:
+    """Whether `asking` may see the job of `owner`: the same client, or any holder of the id for a job whose client
+    was known by its address only (app.jobs.client_of: no header or cookie; behind a proxy or a forwarding replica
+    the address is not the client's own)."""
+    return owner == asking or owner.startswith("a:")
+
+
+def missing_job(job_id: str, why: str, settings: Any) -> str:
+    """The 404's detail for a job this process cannot answer (the fleet's router says when its replica is gone)."""
+    if why == "expired":
+        return (f"job {job_id!r} expired: it ended over result_pin_s={settings.result_pin_s:g} s ago and its events "
+                "were dropped: send the job again")
+    return (f"job {job_id!r} is unknown: this server never ran it for this client (an id from another server, or "
+            "from before a restart): send the job again")
+
+
+async def _relay(job_log: JobLog, events: EventPipe, ahead: list[Any], heartbeat_s: float) -> AsyncIterator[bytes]:
+    """A job's events as server-sent events, on the event loop, until its last one (done or error), and a comment
+    whenever heartbeat_s pass without one. A stream that ends early (its client left) stops listening: the job then
+    runs on for job_reattach_grace_s unless another stream listens (JobCancel)."""
     try:
         while True:
             item = ahead.pop(0) if ahead else await events.next(heartbeat_s)
@@ -234,20 +461,17 @@ async def _relay(events: EventPipe, ahead: list[Any], stopped: threading.Event, 
                 yield HEARTBEAT
                 continue
             if item is None:
-                item = {"done": True}
-            if isinstance(item, tuple):
+                return
+            if isinstance(item, tuple):  # a failure before any event, after the stream had started with heartbeats
                 exc = item[1]
                 if not isinstance(exc, RequestCancelled):
-                    yield sse(error_event(exc, what))
+                    yield sse(error_event(exc, job_log.what))
                 return
-            if not accepted and not item.get("accepted") and "error" not in item:
-                yield sse({"accepted": True, "eta_s": 0.0, "queue_position": 0, "runs": 0})
-            accepted = True
-            yield sse(item)
-            if "done" in item or "error" in item:
+            yield item.data
+            if item.last:
                 return
     finally:
-        stopped.set()  # the stream ended or its client left: the work stops at its next layer
+        job_log.unsubscribe(events)
 
 
 def error_event(exc: BaseException, what: str) -> dict[str, Any]:

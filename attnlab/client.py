@@ -6,11 +6,13 @@ call is one or a few HTTP requests; the numbers are the server's, decoded into n
 - Errors: a 4xx/5xx answer raises `LabError` with the server's `detail` and status.
 - Long work (attention, patching, lens, faithfulness, speech attention) is sent as a job (`Accept:
   text/event-stream`, docs/api.md "Jobs"): its accepted event carries the ETA, progress events move a tqdm bar, the
-  done event is the usual JSON. Leaving the stream early (KeyboardInterrupt, an exception, breaking out of
-  `generate`) closes the connection, and the server stops the job at its next layer or step.
+  done event is the usual JSON. A KeyboardInterrupt cancels the job on the server (it stops at its next layer or step);
+  leaving the stream otherwise (an exception, breaking out of `generate`) closes the connection, and the server stops
+  the job after job_reattach_grace_s. A stream cut without an answer re-attaches to the job by its last event id.
 - A fleet (docs/deploy.md "Fleet"): every request carries this Lab's own `X-Attnlab-Client` id, so its work lands on
-  one replica. A job whose stream is cut without an answer (its replica died), or refused for a moment (502/503/504,
-  a replica shutting down), is sent again, up to `retries` times: the result then comes from another replica.
+  one replica. A job whose stream is cut re-attaches first (its owner forwards); one that cannot (its replica died),
+  or refused for a moment (502/503/504, a replica shutting down), is sent again, up to `retries` times: the result
+  then comes from another replica.
 """
 from __future__ import annotations
 
@@ -168,29 +170,40 @@ class Lab:
         with self._open(method, path, body, **kwargs) as answer:
             return json.loads(answer.read())
 
-    def _events(self, path: str, body: dict) -> Iterator[dict]:
-        """The server-sent events of a POST, each as {"event": name or None, **data}. The connection is closed when
-        the iteration ends, whichever way (the server then stops the work)."""
-        answer = self._open("POST", path, body, headers=STREAM)
+    def _events(self, path: str, body: dict | None, seen: dict | None = None, *, method: str = "POST",
+                headers: dict | None = None) -> Iterator[dict]:
+        """The server-sent events of a request (a POST sent as a job, or GET of a job's events), each as {"event":
+        name or None, **data}; `seen["id"]` follows the last event id (`<job_id>:<n>`, for re-attaching). The
+        connection is closed when the iteration ends, whichever way."""
+        answer = self._open(method, path, body, headers={**STREAM, **(headers or {})})
+        return self._read_events(answer, path, seen if seen is not None else {})
+
+    def _read_events(self, answer, path: str, seen: dict) -> Iterator[dict]:
         try:
-            name, data = None, []
+            name, data, event_id = None, [], None
             for raw in _lines(answer, path):
                 line = raw.decode("utf-8").rstrip("\r\n")
                 if line.startswith("event:"):
                     name = line[6:].strip()
+                elif line.startswith("id:"):
+                    event_id = line[3:].strip()
                 elif line.startswith("data:"):
                     data.append(line[5:].lstrip())
                 elif not line and data:
                     event = json.loads("\n".join(data))
+                    if event_id:
+                        seen["id"] = event_id
                     yield {"event": name, **event} if name else event
-                    name, data = None, []
+                    name, data, event_id = None, [], None
         finally:
-            answer.close()  # the server sees the client leave: the job stops at its next layer or step
+            answer.close()  # the server sees the stream end (a job runs on for job_reattach_grace_s, see _job)
 
     def _job(self, path: str, body: dict, what: str | None = None) -> dict:
         """Run a POST as a job (docs/api.md "Jobs") and return its done event's JSON, showing progress with its ETA.
-        A KeyboardInterrupt closes the stream, which cancels the job on the server. A stream cut without an answer
-        or a passing refusal (_passing) sends the job again, up to `retries` times."""
+        A stream cut without an answer re-attaches to the job (GET /api/jobs/{job_id}/events with the last event's
+        id): the work in progress goes on. Only when that fails (the job or its replica is gone), or on a passing
+        refusal (_passing), is the job sent again, up to `retries` times. A KeyboardInterrupt cancels the job on the
+        server (DELETE /api/jobs/{job_id})."""
         for attempt in range(self.retries + 1):
             try:
                 return self._job_once(path, body, what)
@@ -202,27 +215,61 @@ class Lab:
 
     def _job_once(self, path: str, body: dict, what: str | None) -> dict:
         bar = _progress_bar(what or path) if self.progress else None
-        events = self._events(path, body)
+        seen: dict = {}
+        events: Any = iter(())
         try:
-            for event in events:
-                if event.get("accepted"):
-                    if bar is not None:
-                        bar.set_postfix_str(f"ETA {event.get('eta_s', 0):.1f} s, "
-                                            f"{event.get('queue_position', 0)} ahead", refresh=False)
-                elif "progress" in event:
-                    if bar is not None:
-                        bar.total = event.get("total")
-                        bar.update(event["progress"] - bar.n)  # update, not refresh: the bar waits out its delay
-                elif event.get("done"):
-                    event.pop("done")
-                    return event
-                elif "error" in event:
-                    raise LabError(event.get("status"), event["error"], path, event.get("retry_after"))
-            raise _cut("the stream ended without an answer", path)
-        finally:  # also on KeyboardInterrupt: closing the stream cancels the job on the server
-            events.close()
+            events = self._events(path, body, seen)
+            for _ in range(self.retries + 1):
+                try:
+                    return self._job_answer(events, path, bar)
+                except LabError as exc:
+                    if not getattr(exc, "cut", False) or "id" not in seen:
+                        raise
+                    events.close()
+                    events = self._reattach(seen, path, exc)
+            raise _cut("the job's stream was cut again after every re-attach", path)
+        except KeyboardInterrupt:
+            self._cancel_job(seen)
+            raise
+        finally:
+            getattr(events, "close", lambda: None)()
             if bar is not None:
                 bar.close()
+
+    def _job_answer(self, events: Iterator[dict], path: str, bar: Any) -> dict:
+        for event in events:
+            if event.get("accepted"):
+                if bar is not None:
+                    bar.set_postfix_str(f"ETA {event.get('eta_s', 0):.1f} s, "
+                                        f"{event.get('queue_position', 0)} ahead", refresh=False)
+            elif "progress" in event:
+                if bar is not None:
+                    bar.total = event.get("total")
+                    bar.update(event["progress"] - bar.n)  # update, not refresh: the bar waits out its delay
+            elif event.get("done"):
+                event.pop("done")
+                return event
+            elif "error" in event:
+                raise LabError(event.get("status"), event["error"], path, event.get("retry_after"))
+        raise _cut("the stream ended without an answer", path)
+
+    def _reattach(self, seen: dict, path: str, cut: LabError) -> Iterator[dict]:
+        """The rest of a job's events after the last one seen; `cut` (the job is then sent again) when the job cannot
+        be re-attached: unknown, expired, its replica gone (404), or no answer."""
+        job_id = seen["id"].rpartition(":")[0]
+        try:
+            answer = self._open("GET", f"/api/jobs/{job_id}/events", headers={**STREAM, "Last-Event-ID": seen["id"]})
+        except LabError:
+            raise cut from None
+        return self._read_events(answer, path, seen)
+
+    def _cancel_job(self, seen: dict) -> None:
+        """Best effort: the job stops at once instead of after job_reattach_grace_s."""
+        if "id" in seen:
+            try:
+                self._json("DELETE", f"/api/jobs/{seen['id'].rpartition(':')[0]}", timeout=5)
+            except (LabError, OSError):
+                pass
 
     # ---- service -------------------------------------------------------------------------------------------------
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 import importlib.metadata
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 
 from app.lifecycle import ParsedJsonRoute
 from app.deps import RuntimeDep
 from app.context import current
+from app.ids import is_valid_run_id
 from app.jobs import JOBS
+from app.streams import cancel_job, missing_job, reattach
 from app.runtime import UnknownModel, Runtime
 from app.schemas import ModelsOut
 
@@ -45,6 +47,46 @@ async def jobs(runtime: RuntimeDep) -> dict:
                        "kept_disk_bytes": runtime.cache.disk_bytes, "limit_bytes": memory.limit,
                        "waited": memory.waited},
             "yields": runtime.yields}
+
+
+JOB_404 = {404: {"description": "a job this server cannot answer: unknown (also another client's), expired, or "
+                  "on a replica that is gone; the detail says which"}}
+
+
+@router.get("/jobs/{job_id}/events", responses={
+    200: {"content": {"text/event-stream": {}}, "description": "the job's events after the one named, then live"},
+    **JOB_404, 422: {"description": "Last-Event-ID or `after` is not an event of this job"}})
+async def job_events(job_id: str, request: Request, runtime: RuntimeDep,
+                     after: Annotated[str | None, Query(description="the last event id received (`<job_id>:<n>` or "
+                                                        "n), for clients that cannot set Last-Event-ID")] = None,
+                     last_event_id: Annotated[str | None, Header()] = None):
+    """Re-attach to a job (docs/api.md "Re-attaching to a job"): its kept events after `Last-Event-ID` (or `after`;
+    neither: from its first), then the live ones until its done or error event. Leaving this stream does not cancel
+    the job at once: with no stream listening it runs on for job_reattach_grace_s."""
+    if not is_valid_run_id(job_id):
+        raise HTTPException(404, detail=missing_job(job_id, "unknown", runtime.settings))
+    field, value = ("after", after) if after is not None else ("Last-Event-ID", last_event_id)
+    return reattach(request, job_id, _event_number(job_id, field, value))
+
+
+@router.delete("/jobs/{job_id}", responses=JOB_404)
+async def cancel(job_id: str, runtime: RuntimeDep) -> dict:
+    """Cancel a job (the page's Cancel): it stops at its next layer or step, whatever streams listen."""
+    if not is_valid_run_id(job_id):
+        raise HTTPException(404, detail=missing_job(job_id, "unknown", runtime.settings))
+    return cancel_job(job_id, runtime.settings)
+
+
+def _event_number(job_id: str, field: str, value: str | None) -> int:
+    """The number n of an event id `<job_id>:<n>` (or a bare n); 0 when none is given; 422 naming the field."""
+    if value is None or not value.strip():
+        return 0
+    named, _, number = value.strip().rpartition(":")
+    if (named and named != job_id) or not number.isdigit() or len(number) > 12:
+        raise HTTPException(422, detail=[{"loc": ["header" if field == "Last-Event-ID" else "query", field],
+                                          "msg": f"{value[:80]!r} is not an event id of job {job_id!r} "
+                                                 f"(`{job_id}:<n>`, or n)", "type": "value_error"}])
+    return int(number)
 
 
 @router.get("/ready", responses={503: {"description": "default models still loading"}})

@@ -58,7 +58,8 @@ export const isAbort = (err) => err && err.name === "AbortError";
 // Server-sent events from a fetch() body (EventSource cannot POST): events are separated by a blank line, payload
 // lines start with "data:", an optional "event:" line names the event. Yields each event's parsed JSON data; with
 // { named: true } it yields { event, data } instead (event "message" when unnamed, data null when it has none).
-export async function* serverEvents(stream, { named = false } = {}) {
+// onId(id) hears an event's "id:" line (a job's `<job_id>:<n>`, for re-attaching) before the event is yielded.
+export async function* serverEvents(stream, { named = false, onId = null } = {}) {
   const reader = stream.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
@@ -71,6 +72,8 @@ export async function* serverEvents(stream, { named = false } = {}) {
       const lines = buffer.slice(0, cut).split("\n");
       buffer = buffer.slice(cut + 2);
       const data = lines.filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
+      const id = lines.find((l) => l.startsWith("id:"))?.slice(3).trim();
+      if (id && onId) onId(id);
       if (!named) {
         if (data) yield JSON.parse(data);
         continue;

@@ -29,12 +29,15 @@ def _events(client, **body) -> tuple[int, str, list[dict]]:
     if not kind.startswith("text/event-stream"):
         return status, kind, [json.loads(text)]
     blocks = [b for b in text.split("\n\n") if b.strip()]
-    assert all(b.startswith("data: ") for b in blocks), blocks
-    events = [json.loads(b[len("data: "):]) for b in blocks]
+    # each event: its id (`<job_id>:<n>`, for re-attaching: docs/api.md "Re-attaching to a job"), then its data
+    ids = [b.split("\n", 1)[0] for b in blocks]
+    assert all(b.startswith("id: ") and b.split("\n", 1)[1].startswith("data: ") for b in blocks), blocks
+    events = [json.loads(b.split("\n", 1)[1][len("data: "):]) for b in blocks]
     # a job's first event, before any layer (docs/api.md "Jobs"); the rest as before it
     accepted, *events = events
+    assert ids == [f"id: {accepted['job_id']}:{n}" for n in range(1, len(blocks) + 1)], ids
     assert accepted["accepted"] is True and {"accepted", "eta_s", "queue_position", "runs"} <= set(accepted), accepted
-    assert set(accepted) <= {"accepted", "eta_s", "queue_position", "runs", "total"}, accepted
+    assert set(accepted) <= {"accepted", "eta_s", "queue_position", "runs", "total", "job_id"}, accepted
     for event in events:  # each progress event's ETA: what is left by the job's own rate (timing: not compared)
         if "progress" in event:
             assert event.pop("eta_s") >= 0, event

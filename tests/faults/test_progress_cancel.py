@@ -33,7 +33,9 @@ def _read_until(s: socket.socket, pattern: bytes, limit_s: float = 120) -> bytes
 
 
 def test_a_cancelled_long_first_view_stops_at_the_next_layer(tiny_bert, big_bert, start_server):
-    server = start_server({**text_models(tiny_bert, big_bert), "full_map_tokens": 64})
+    # job_reattach_grace_s=0: a streamed job whose client left stops at once (by default it runs on for a while,
+    # awaiting a re-attach: tests/api/test_job_reattach.py; the page's Cancel sends DELETE /api/jobs/{job_id})
+    server = start_server({**text_models(tiny_bert, big_bert), "full_map_tokens": 64, "job_reattach_grace_s": 0})
     server.wait_ready()
 
     # the whole run, for comparison: every layer's progress, then the long response (an overview, no maps)

@@ -8,7 +8,8 @@ import { readJSON, serverEvents } from "../api.js";
 // answer of a server that did not stream), rejects with the refusal or the error event (an AbortError on abort).
 // On a fleet (docs/deploy.md "Fleet") a job whose replica died mid-stream, or that a stopping replica refused, is
 // sent again (up to JOB_RETRIES times; the new stream's accepted event restarts the count-down): nothing for the
-// user to do. Not once the stream has delivered events of its own (a continuation's tokens): those would repeat.
+// user to do. Not once the stream has delivered events of its own (a continuation's tokens): those would repeat. A
+// stream cut while its job lives re-attaches instead (postJobOnce).
 export const JOB_RETRIES = 3;
 export async function postJob(url, body, { signal, onEvent = () => {} } = {}) {
   for (let attempt = 0; ; attempt++) {
@@ -21,7 +22,11 @@ export async function postJob(url, body, { signal, onEvent = () => {} } = {}) {
   }
 }
 
-// One try: an error marked `passing` is worth sending again (no answer, a 502/503/504, a replica shutting down).
+// One try: an error marked `passing` is worth sending again (no answer, a 502/503/504, a replica shutting down). A
+// stream cut mid-way re-attaches first (GET /api/jobs/{job_id}/events with the last event's id: the work in progress
+// goes on, nothing is repeated); only when that fails (the job or its replica is gone) is the job sent again. An
+// abort (Cancel, a newer request) also cancels the job on the server (DELETE), which would otherwise run on for
+// job_reattach_grace_s awaiting a re-attach.
 async function postJobOnce(url, body, { signal, onEvent }) {
   const passing = (err, retryAfter = null) => Object.assign(err, { passing: true, retryAfter });
   let res;
@@ -39,24 +44,60 @@ async function postJobOnce(url, body, { signal, onEvent }) {
     try { return await readJSON(res); } catch (err) { throw passing(err, retry > 0 ? retry : null); }
   }
   if (!res.ok || !res.headers.get("content-type")?.startsWith("text/event-stream")) return readJSON(res);
-  let own = false; // an event of the work's own (not accepted/progress) reached the caller: no second try
-  const again = (err, retryAfter = null) => (own ? err : passing(err, retryAfter));
+  // own: an event of the work's own (not accepted/progress) reached the caller: not sent again (it would repeat)
+  const job = { lastId: null, own: false };
+  const again = (err, retryAfter = null) => (job.own ? err : passing(err, retryAfter));
+  const cancel = () => {
+    if (job.lastId) fetch(`/api/jobs/${jobIdOf(job.lastId)}`, { method: "DELETE", keepalive: true }).catch(() => {});
+  };
+  signal?.addEventListener("abort", cancel, { once: true });
   try {
-    for await (const event of serverEvents(res.body)) {
-      if (event.done) return event;
-      if (event.error) {
-        const err = jobError(event);
-        throw /shutting down/.test(event.error) ? again(err, err.retryAfter) : err;
+    for (let attach = 0; ; attach++) {
+      try {
+        return await readJob(res, job, { signal, onEvent });
+      } catch (err) {
+        if (err.shutdown) throw again(err, err.retryAfter);
+        if (!err.cut) throw err;
+        res = job.lastId && attach < JOB_RETRIES ? await reattach(job.lastId, signal) : null;
+        if (!res) throw again(err);
       }
-      if (!event.accepted && event.progress === undefined) own = true;
+    }
+  } finally {
+    signal?.removeEventListener("abort", cancel);
+  }
+}
+
+// A job's events from one stream until its done event; an error marked `cut` when the stream broke without it.
+async function readJob(res, job, { signal, onEvent }) {
+  const cut = (err) => Object.assign(err, { cut: true });
+  try {
+    for await (const event of serverEvents(res.body, { onId: (id) => { job.lastId = id; } })) {
+      if (event.done) return event;
+      if (event.error) throw Object.assign(jobError(event), { shutdown: /shutting down/.test(event.error) });
+      if (!event.accepted && event.progress === undefined) job.own = true;
       onEvent(event);
     }
   } catch (err) {
-    if (err.name === "AbortError" || err.passing !== undefined || signal?.aborted) throw err;
-    if (err instanceof TypeError) throw again(err); // the stream was cut (network error while reading)
-    throw err;
+    if (err.name === "AbortError" || signal?.aborted || !(err instanceof TypeError)) throw err;
+    throw cut(err); // the stream was cut (network error while reading)
   }
-  throw again(new Error("the server ended the stream without a response"));
+  throw cut(new Error("the server ended the stream without a response"));
+}
+
+const jobIdOf = (eventId) => eventId.slice(0, eventId.lastIndexOf(":"));
+
+// The rest of a job's events after `lastId`, or null when it cannot be re-attached (404: unknown, expired, its
+// replica gone; or no answer).
+async function reattach(lastId, signal) {
+  try {
+    const res = await fetch(`/api/jobs/${jobIdOf(lastId)}/events`, {
+      headers: { Accept: "text/event-stream", "Last-Event-ID": lastId }, signal,
+    });
+    return res.ok && res.headers.get("content-type")?.startsWith("text/event-stream") ? res : null;
+  } catch (err) {
+    if (err.name === "AbortError") throw err;
+    return null;
+  }
 }
 
 // The time left to show (ms) when the count-down shows `shown` and the rate so far says `fresh`, `fraction` of the

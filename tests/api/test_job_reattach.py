@@ -224,3 +224,22 @@ def test_delete_cancels_a_running_job_at_its_next_layer(server):
     assert last.get("cancelled") is True and "cancelled" in last["error"], last
     progress = [payload["progress"] for _, payload in events if "progress" in payload]
     assert progress[-1] < events[0][1]["total"] // 2, progress  # stopped well before its end (24 layers)
+
+
+def test_the_notebook_client_resumes_a_cut_stream_without_sending_the_job_again(server):
+    """attnlab.Lab through the relay: its job's stream is cut mid-way; it re-attaches with the last event id, the
+    answer is the job's (its run answers windows), and the job reached the server once."""
+    from attnlab import Lab
+
+    relay = CuttingRelay(server.port, cut_after=b'"progress":2,')
+    try:
+        lab = Lab(f"http://127.0.0.1:{relay.port}", progress=False, timeout=120)
+        body = {**LONG_COMPARE, "interventions": [{"op": "mask_keys", "tokens": [5]}]}  # not cached
+        result = lab.attention(body["text"], "big", layers=[0], heads=[0], compare=True,
+                               interventions=body["interventions"])
+        assert relay.cut.is_set(), "the relay never cut the stream"
+        assert relay.posts == [b"POST /api/text/attention HTTP/1.1"], relay.posts  # sent once, re-attached after
+        window = lab.window(result.run_id, 0, 0, rows=[0, 4], cols=[0, 4])
+        assert window.attention.shape == (4, 4)
+    finally:
+        relay.close()

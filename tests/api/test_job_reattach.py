@@ -93,7 +93,7 @@ def test_a_job_of_another_client_unknown_expired_or_gone_is_a_404_that_says_whic
 
 
 class CuttingRelay:
-    """A TCP relay in front of the server: counts the POSTs that pass it, and cuts the first streamed answer once it
+    """A TCP relay in front of the server: counts the jobs sent through it (streamed POSTs), and cuts the first streamed answer once it
     has passed `cut_after` (both sockets closed: what a dropped network or a proxy's cut does)."""
 
     def __init__(self, port: int, cut_after: bytes):
@@ -116,7 +116,7 @@ class CuttingRelay:
 
     def _up(self, near: socket.socket, far: socket.socket) -> None:
         while (chunk := _recv(near)):
-            if chunk.startswith(b"POST "):
+            if chunk.startswith(b"POST ") and b"text/event-stream" in chunk:  # a job sent
                 self.posts.append(chunk.split(b"\r\n", 1)[0])
             try:
                 far.sendall(chunk)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 
-from tests.browser.conftest import ROOT, screenshot
+from tests.browser.conftest import ROOT, full_page_screenshot, screenshot
 from tests.browser.test_image_page import wait_idle
 
 HEATMAP = "#heatmap.js-plotly-plot"
@@ -14,7 +14,7 @@ SHOTS = ROOT / "artifacts" / "newcomer"
 
 def shot(pg, name):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True, timeout=120_000)  # see conftest.screenshot
+    full_page_screenshot(pg, SHOTS / f"{name}.png")
 
 
 def wait_text_idle(page, timeout=90_000):

@@ -3,13 +3,14 @@
 // the heads ranked by alignment; interventions (mask a span by dragging over the spectrogram, β on cross heads,
 // ablate heads) re-run the model, and the transcript before/after, per-token Δp and the streamed greedy transcript
 // show what the decoder heard.
-import { ApiError, getJSON, isAbort, postJSON, readJSON, serverEvents, setStatus } from "./api.js";
+import { ApiError, getJSON, isAbort, postJSON, readJSON, setStatus } from "./api.js";
 import { byId as $, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
 import { MODEBAR_REMOVE } from "./vendor.js";
 import { betaOf, buildSpeechInterventions } from "./lab/interventions.js";
 import { mountLab } from "./lab/lab.js";
 import { mapName, onWeightingChange, weightingFields, weightingOf } from "./views/weighting.js";
+import { postJob } from "./views/jobs.js";
 
 const config = JSON.parse(document.getElementById("page-config").textContent);
 const PLOT = { responsive: true, displaylogo: false, modeBarButtonsToRemove: MODEBAR_REMOVE };
@@ -685,16 +686,14 @@ async function streamTranscript() {
   const out = $("stream-out");
   out.textContent = "…";
   try {
-    const response = await fetch("/api/audio/transcribe", {
-      method: "POST", headers: { "Content-Type": "application/json" }, signal: controller.signal,
-      body: JSON.stringify({ ...modelFields(), audio_id: state.audioId, interventions: interventions() }),
-    });
-    if (!response.ok) await readJSON(response); // throws the refusal
-    for await (const event of serverEvents(response.body)) { // a job: accepted, a token event per token, done
-      if (event.error) throw new Error(event.error);
+    // a job (static/js/views/jobs.js): accepted, a token event per token, done; a cut stream re-attaches, and a
+    // newer transcript's abort cancels this one on the server
+    const body = { ...modelFields(), audio_id: state.audioId, interventions: interventions() };
+    const done = await postJob("/api/audio/transcribe", body, { signal: controller.signal, onEvent: (event) => {
       if ("text" in event) out.textContent = event.text || "…";
-      if (event.done) out.dataset.done = "1";
-    }
+    } });
+    if ("text" in done) out.textContent = done.text || "…";
+    out.dataset.done = "1";
   } catch (err) {
     if (!isAbort(err)) fail(err);
   }

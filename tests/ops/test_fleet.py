@@ -123,8 +123,9 @@ def stream_job(fleet: Fleet, who, text: str, out: dict) -> None:
             buffer += chunk
             while b"\n\n" in buffer:
                 event, buffer = buffer.split(b"\n\n", 1)
-                if event.startswith(b"data:"):
-                    last = json.loads(event[5:])
+                data = [line for line in event.split(b"\n") if line.startswith(b"data:")]  # after its `id:` line
+                if data:
+                    last = json.loads(data[0][5:])
                     kinds.append(next(iter(last)))
     out.update(silence=silence, last=last, kinds=kinds, ended=time.monotonic())
 
@@ -143,6 +144,24 @@ def test_three_jobs_of_one_client_all_end_done_none_silent(fleet):
     owners = {run_owner(out["last"]["run_id"]) for out in outs}
     assert len(owners) == 1  # one client's work lands together: its jobs queue one at a time on one replica
     print(f"\nthree jobs of one client: longest silence {max(o['silence'] for o in outs):.2f} s, owner {owners}")
+
+
+def test_a_job_re_attaches_through_another_replica(fleet):
+    """A job id names its replica like a run id: its events asked of another replica are forwarded to the owner."""
+    owner, other = fleet.replicas[0], fleet.replicas[1]
+    headers = {**client("reattach"), "Accept": "text/event-stream"}
+    sent = httpx.post(owner.base + "/api/text/attention", headers=headers, timeout=120,
+                      json={"model": "lm", "text": long_text(200, shift=30), "layers": [0], "heads": [0]})
+    assert sent.status_code == 200, sent.text
+    ids = [line[3:].strip() for line in sent.text.splitlines() if line.startswith("id:")]
+    job_id = ids[0].rpartition(":")[0]
+    assert run_owner(job_id) == owner.name and len(ids) >= 3
+    again = httpx.get(f"{other.base}/api/jobs/{job_id}/events", headers={**headers, "Last-Event-ID": ids[0]},
+                      timeout=60)
+    assert again.status_code == 200 and again.headers.get("x-attnlab-forwarded-by") == other.name, again.text
+    assert [line[3:].strip() for line in again.text.splitlines() if line.startswith("id:")] == ids[1:]
+    gone = httpx.get(f"{fleet.nginx.base}/api/jobs/zzzz9999.{'0' * 32}/events", headers=headers, timeout=30)
+    assert gone.status_code == 404 and "its replica (zzzz9999) is gone" in gone.json()["detail"]
 
 
 def _running_replica(fleet: Fleet, limit_s: float = 60):

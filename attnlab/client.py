@@ -419,19 +419,23 @@ class Lab:
         """POST /api/audio/transcribe: the greedy transcript (with the interventions active) as
         {"text", "tokens": [{"token", "prob", "text"}, …]}."""
         body = _body(model=model, audio_id=audio_id, interventions=to_items(interventions), **fields)
-        tokens = []
-        events = self._events("/api/audio/transcribe", body)
+        tokens, seen = [], {}
+        events = self._events("/api/audio/transcribe", body, seen)
+        done = False
         try:
             for event in events:  # a job's events (docs/api.md "Jobs"): accepted, a token event per token, done
                 if "error" in event:
                     raise LabError(event.get("status"), event["error"], "/api/audio/transcribe",
                                    event.get("retry_after"))
                 if event.get("done"):
+                    done = True
                     return {"text": event.get("text"), "tokens": tokens}
                 if "token" in event:
                     tokens.append(event)
         finally:  # leaving early stops the decoding on the server
             events.close()
+            if not done:
+                self._cancel_job(seen)
         raise LabError(None, "the transcript stream ended without its done event", "/api/audio/transcribe")
 
 

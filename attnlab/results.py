@@ -309,7 +309,8 @@ class Continuation:
             yield from self.steps
             return
 
-        events = self.lab._events("/api/text/generate", self.request)
+        seen: dict = {}  # the last event's id: a loop left early cancels the job by it
+        events = self.lab._events("/api/text/generate", self.request, seen)
         try:
             for event in events:
                 if event.get("accepted") or "progress" in event:
@@ -325,8 +326,10 @@ class Continuation:
                         event[key] = _step_rows(event[key])
                 self.steps.append(event)
                 yield event
-        finally:  # a loop left early (break, an exception) closes the stream: the server stops generating
+        finally:  # a loop left early (break, an exception) cancels the job: the server stops generating
             events.close()
+            if self.response is None:
+                self.lab._cancel_job(seen)
 
     @property
     def run_id(self) -> str | None:

@@ -3,7 +3,7 @@
 `respond(request, work, what)` answers a plain request with `work(ctx)`'s JSON (`ctx`: the request's context,
 app/context.py), bounded by request_timeout_s. With `Accept: text/event-stream` it runs the work as a job in a worker
 thread (app/jobs.py) with the job's context (`ctx.with_(job=…, deadline=…, progress=…)`): bounded by job_timeout_s,
-and streamed in one wire format, one `data: <json>` line per event:
+and streamed in one wire format, one `data: <json>` line per event after its `id: <job_id>:<n>` line:
 
 - `{"accepted": true, "eta_s", "queue_position", "runs"}` first, before any layer runs (the cost check accepts the
   job: app/costs.py; work served from the result cache says eta 0);
@@ -14,7 +14,10 @@ and streamed in one wire format, one `data: <json>` line per event:
 - then `{"done": true, …the usual JSON response…}`, or `{"error": …, "retry_after"?, "status"?}`.
 
 Refusals before the job is accepted (422, 413, 503, …) keep their own status: the endpoint waits for the work's first
-event before it starts the stream. A client that leaves (a page's Cancel) stops the work at its next layer or step.
+event before it starts the stream. Every event goes through the job's log (JobLog), which numbers and keeps them:
+`reattach` (GET /api/jobs/{job_id}/events) replays those after a Last-Event-ID and follows the live job on this same
+pump. A job whose streams have all dropped runs on for job_reattach_grace_s awaiting one, then stops at its next
+layer or step (JobCancel); `cancel_job` (DELETE /api/jobs/{job_id}: a page's Cancel) stops it at once.
 """
 from __future__ import annotations
 

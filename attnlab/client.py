@@ -250,7 +250,9 @@ class Lab:
                 event.pop("done")
                 return event
             elif "error" in event:
-                raise LabError(event.get("status"), event["error"], path, event.get("retry_after"))
+                error = LabError(event.get("status"), event["error"], path, event.get("retry_after"))
+                error.gone = event.get("cancelled") is True  # no stream listened in time: sent again (_passing)
+                raise error
         raise _cut("the stream ended without an answer", path)
 
     def _reattach(self, seen: dict, path: str, cut: LabError) -> Iterator[dict]:
@@ -470,8 +472,9 @@ def _cut(detail: str, path: str) -> LabError:
 
 def _passing(exc: LabError) -> bool:
     """A failure that sending the job again may get past: no answer (a connection refused or cut, a stream that
-    ended without one), a proxy's or a stopping replica's refusal (502/503/504), an error event with retry_after."""
-    if getattr(exc, "cut", False):
+    ended without one), a proxy's or a stopping replica's refusal (502/503/504), an error event with retry_after, a
+    job cancelled because no stream listened within job_reattach_grace_s (re-attached too late)."""
+    if getattr(exc, "cut", False) or getattr(exc, "gone", False):
         return True
     return exc.status in (502, 503, 504) or (exc.retry_after is not None and "shutting down" in str(exc.detail))
 

@@ -73,7 +73,11 @@ async function readJob(res, job, { signal, onEvent }) {
   try {
     for await (const event of serverEvents(res.body, { onId: (id) => { job.lastId = id; } })) {
       if (event.done) return event;
-      if (event.error) throw Object.assign(jobError(event), { shutdown: /shutting down/.test(event.error) });
+      // a job cancelled because no stream listened within job_reattach_grace_s (re-attached too late): sent again
+      if (event.error) {
+        const passing = /shutting down/.test(event.error) || event.cancelled === true;
+        throw Object.assign(jobError(event), { shutdown: passing });
+      }
       if (!event.accepted && event.progress === undefined) job.own = true;
       onEvent(event);
     }

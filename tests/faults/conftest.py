@@ -114,6 +114,18 @@ def start_server(tmp_path):
         server.stop()
 
 
+def shared_server(tmp_path_factory, settings: dict):
+    """A started, ready Server for a module's tests that need the same settings and leave it serving (a server's
+    start is 10–20 s of imports on a busy 2-core machine); stopped when the module ends. Use it from a
+    module-scoped fixture: `yield from shared_server(tmp_path_factory, {...})`."""
+    server = Server(tmp_path_factory.mktemp("shared-server"), settings)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
 def text_models(tiny_bert: Path, big_bert: Path | None = None) -> dict:
     models = {"tiny": str(tiny_bert)}
     if big_bert is not None:

@@ -9,14 +9,21 @@ import threading
 import time
 
 import httpx
+import pytest
 
-from tests.faults.conftest import text_models
+from tests.faults.conftest import shared_server, text_models
 
 
-def test_oversized_json_is_413_before_it_is_read(tiny_bert, start_server):
-    # body_timeout_s 30 s: a server that waited for the announced body would answer (408) long after this test's 5 s
-    server = start_server({**text_models(tiny_bert), "max_json_bytes": 1024 * 1024, "body_timeout_s": 30})
-    server.wait_ready()
+@pytest.fixture(scope="module")
+def server(tiny_bert, tmp_path_factory):
+    """One server for the two tests that need one: max_json_bytes 1 MiB (the default, named here because the first
+    test is about it); body_timeout_s 30 s: a server that waited for the announced body would answer (408) long after
+    the first test's 5 s."""
+    settings = {**text_models(tiny_bert), "max_json_bytes": 1024 * 1024, "body_timeout_s": 30}
+    yield from shared_server(tmp_path_factory, settings)
+
+
+def test_oversized_json_is_413_before_it_is_read(server):
     # declared: 63 MB announced, nothing sent; the answer comes at once, not after waiting for the body
     s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     started = time.monotonic()
@@ -42,9 +49,7 @@ def test_oversized_json_is_413_before_it_is_read(tiny_bert, start_server):
     assert r.status_code == 413 and "max_json_bytes" in r.json()["detail"]
 
 
-def test_health_stays_fast_while_large_bodies_arrive(tiny_bert, start_server):
-    server = start_server({**text_models(tiny_bert)})  # default max_json_bytes (1 MiB)
-    server.wait_ready()
+def test_health_stays_fast_while_large_bodies_arrive(server):  # max_json_bytes 1 MiB, the default
     # ~1 MB: parsed whole, then refused by the request check (text over max_text_chars: 422)
     big = json.dumps({"model": "tiny", "text": "x" * 1_000_000, "heads": [0]}).encode()
     assert len(big) < 1024 * 1024

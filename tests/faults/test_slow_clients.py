@@ -8,10 +8,18 @@ import socket
 import time
 
 import httpx
+import pytest
 
-from tests.faults.conftest import text_models
+from tests.faults.conftest import shared_server, text_models
 
 STALLED = 40
+
+
+@pytest.fixture(scope="module")
+def server(tiny_bert, tmp_path_factory):
+    """One server for both tests: bodies time out after 4 s, heads after 2 s (neither test sends the other's kind of
+    stall, and each leaves the server serving)."""
+    yield from shared_server(tmp_path_factory, {**text_models(tiny_bert), "body_timeout_s": 4, "header_timeout_s": 2})
 
 
 def stalled_body(port: int) -> socket.socket:
@@ -29,9 +37,7 @@ def timed_post(base: str, text: str) -> tuple[int, float]:
     return r.status_code, time.perf_counter() - started
 
 
-def test_stalled_bodies_do_not_lock_out_posts_and_time_out_with_408(tiny_bert, start_server):
-    server = start_server({**text_models(tiny_bert), "body_timeout_s": 4})
-    server.wait_ready()
+def test_stalled_bodies_do_not_lock_out_posts_and_time_out_with_408(server):
     baseline = [timed_post(server.base, f"the cat sat on the mat {i}") for i in range(3)]
     assert all(status == 200 for status, _ in baseline), baseline
     cost = max(seconds for _, seconds in baseline)
@@ -63,9 +69,7 @@ def test_stalled_bodies_do_not_lock_out_posts_and_time_out_with_408(tiny_bert, s
             s.close()
 
 
-def test_slow_headers_and_idle_connections_are_closed(tiny_bert, start_server):
-    server = start_server({**text_models(tiny_bert), "header_timeout_s": 2})
-    server.wait_ready()
+def test_slow_headers_and_idle_connections_are_closed(server):
     trickle = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     trickle.sendall(b"GET /api/health HTTP/1.1\r\n")
     started = time.monotonic()

@@ -21,7 +21,9 @@ TARGET = "a dog ran"
 @pytest.fixture(scope="module")
 def bart_server(tmp_path_factory):
     folder = build_text_model("bart", tmp_path_factory.mktemp("models") / "tiny-bart")
-    yield from serve_app({"ATTNLAB_EXTRA_MODELS": json.dumps({"tiny-bart": str(folder)})}, "browser-server-bart.log")
+    # the tiny BART alone: the default minilm and smollm2-135m are not used here (not loaded and timed at start-up)
+    yield from serve_app({"ATTNLAB_EXTRA_MODELS": json.dumps({"tiny-bart": str(folder)}),
+                          "ATTNLAB_DEFAULT_MODELS": '["tiny-bart"]'}, "browser-server-bart.log")
 
 
 # true when the heatmap's drawn z differs from z0 somewhere by > 1e-3 (differs = true) or nowhere by > 1e-6 (false)

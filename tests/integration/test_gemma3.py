@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from models import gguf
 from models.atlas import edges, window
 from models.interventions import Intervention
 from models.registry import build_registry
@@ -42,6 +43,27 @@ def test_listed_from_its_files_as_it_loads(lm):
     described = build_registry(weights_dir=WEIGHTS, max_tokens=4096)["gemma3-270m"].describe().to_dict()
     loaded = lm.info.to_dict()
     assert described == {k: v for k, v in loaded.items() if k not in ("parity", "dtype_parity")}
+
+
+@pytest.mark.slow
+def test_prepared_weights_give_the_gguf_logits_past_the_window(tmp_path):
+    """`attnlab prepare` checks the prepared folder against transformers' GGUF loader on every tensor, the config and
+    three short prompts (models/gguf.py); a prompt past the 512-token sliding window is compared here, where it costs
+    the suite instead of every `make run`: at the 16 positions the window changes, the prepared weights give the
+    GGUF-loaded model's logits."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(2)
+    source = gguf.SOURCES["gemma3-270m"]
+    joined = gguf.join_parts(source.part_paths(), tmp_path / "model.gguf", source.size, source.expected_sha256())
+    with gguf.one_parse_per_file():
+        tokenizer = AutoTokenizer.from_pretrained(tmp_path, gguf_file=joined.name)
+        reference = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=joined.name, dtype=torch.float32,
+                                                         attn_implementation="eager").eval()
+    prepared = AutoModelForCausalLM.from_pretrained(WEIGHTS / "gemma3-270m", attn_implementation="eager").eval()
+    long_prompt = gguf.prompt_inputs(tokenizer, 512)[-1]  # (1, 528)
+    assert long_prompt.shape[1] == 512 + 16
+    assert gguf.logits_error(prepared, reference, [long_prompt], window=512) <= gguf.PARITY_TOLERANCE
 
 
 def test_sensible_next_token(lm):

@@ -128,3 +128,23 @@ def test_a_preparation_reads_the_gguf_metadata_once(tiny_gguf, tmp_path, monkeyp
     assert json.loads((out / "prepared.json").read_text())["max_abs_diff"] <= gguf.PARITY_TOLERANCE
     assert len(opened) == 1, opened
     assert gguf_py.GGUFReader is CountingReader
+
+
+def test_a_preparation_turns_the_metadata_into_values_once(tiny_gguf, tmp_path, monkeypatch):
+    """The config's, the tokenizer's and the model's loads each asked transformers for the whole metadata as Python
+    values (gemma3-270m: its 262k tokens, about 5 CPU-seconds a time); a preparation converts it once and hands each
+    caller its own copy, and the loader has its own function back after."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    path, _ = tiny_gguf
+    original, parsed = gguf_utils.load_gguf_checkpoint, []
+
+    def counting(checkpoint, return_tensors=False, *args, **kwargs):
+        if not return_tensors:
+            parsed.append(checkpoint)
+        return original(checkpoint, return_tensors, *args, **kwargs)
+
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", counting)
+    gguf.prepare_file(path, tmp_path / "tiny", "tiny", source="test file")
+    assert len(parsed) == 1, parsed
+    assert gguf_utils.load_gguf_checkpoint is counting

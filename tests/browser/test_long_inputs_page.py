@@ -207,8 +207,8 @@ def test_cancel_stops_a_long_run(page, page_log, long_server):
     page.click("#run-button")
     page.wait_for_function(PROGRESS_SHOWN, timeout=300_000)
     busy_before = _server_cpu_seconds(long_server)
-    page.wait_for_timeout(1000)
-    busy_rate = _server_cpu_seconds(long_server) - busy_before  # CPU seconds per second while the run works
+    page.wait_for_timeout(2000)
+    busy_rate = (_server_cpu_seconds(long_server) - busy_before) / 2  # CPU seconds per second while the run works
     shown = page.eval_on_selector("#run-progress", "el => Number(el.dataset.progress)")
     assert shown < 25, f"the run was nearly done ({shown} of 30 layers): cancelling it proves little"
     page.click("#run-cancel")
@@ -221,6 +221,7 @@ def test_cancel_stops_a_long_run(page, page_log, long_server):
     page.wait_for_timeout(3000)
     spent = _server_cpu_seconds(long_server) - after
     print(f"\nrunning: {busy_rate:.2f} CPU-s/s; in the 3 s after Cancel (+1.5 s): {spent:.2f} CPU-s")
-    assert busy_rate > 0.3, "the run was not working: the test proves nothing"
+    # the server's share of a machine that two busy test workers share: 0.27 CPU-s/s was seen while it worked
+    assert busy_rate > 0.15, "the run was not working: the test proves nothing"
     assert spent < 0.25 * busy_rate * 3, (spent, busy_rate)  # it would have kept working for seconds more
     assert not page_log.errors, page_log.errors

@@ -164,14 +164,14 @@ def test_device_cuda_without_a_gpu_refuses_to_start(tmp_path):
     started = time.monotonic()
     proc, _, log = serve(tmp_path, ATTNLAB_DEVICE="cuda", ATTNLAB_DEFAULT_MODELS='["minilm"]')
     try:
-        code = proc.wait(timeout=60)
+        code = proc.wait(timeout=240)  # imports alone took over 60 s beside two busy pytest workers
     finally:
         proc.kill()
     text = log.read_text()
     assert code == 3, text  # uvicorn's status for a failed lifespan start-up
     assert "DeviceUnavailable: device 'cuda' was asked for (ATTNLAB_DEVICE=cuda)" in text, text
     assert "--gpus all" in text and "ATTNLAB_DEVICE=auto" in text  # says what to do
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 240
 
 
 def test_device_auto_is_logged_and_reported_by_ready(tmp_path):
@@ -179,10 +179,10 @@ def test_device_auto_is_logged_and_reported_by_ready(tmp_path):
 
     proc, base, log = serve(tmp_path, ATTNLAB_DEVICE="auto", ATTNLAB_DEFAULT_MODELS='["minilm"]')
     try:
-        end = time.monotonic() + 120
+        end = time.monotonic() + 300  # 120 s was crossed in a loaded CI run (minilm loaded, its timing runs slow)
         while True:
             assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < end, "not ready after 120 s:\n" + log.read_text()
+            assert time.monotonic() < end, "not ready after 300 s:\n" + log.read_text()
             try:
                 r = httpx.get(base + "/api/ready", timeout=2)
                 if r.status_code == 200:

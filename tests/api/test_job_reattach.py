@@ -152,16 +152,21 @@ def _recv(s: socket.socket) -> bytes:
         return b""
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    big = build_big_bert(tmp_path_factory.mktemp("reattach-big"))
-    started = Server(tmp_path_factory.mktemp("reattach-server"),
+def serve_big_bert(tmp_path_factory, name: str):
+    """A real server on the 12-layer random BERT (a module fixture's body: yields it ready, stops it after)."""
+    big = build_big_bert(tmp_path_factory.mktemp(f"{name}-big"))
+    started = Server(tmp_path_factory.mktemp(f"{name}-server"),
                      {"default_models": ["big"], "extra_text_models": {"big": str(big)}, "full_map_tokens": 64})
     try:
         started.wait_ready()
         yield started
     finally:
         started.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from serve_big_bert(tmp_path_factory, "reattach")
 
 
 LONG_COMPARE = {"model": "big", "text": LONG_TEXT, "layers": [0], "heads": [0], "compare": True,

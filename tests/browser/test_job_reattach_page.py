@@ -7,20 +7,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.api.test_job_reattach import LONG_COMPARE, CuttingRelay, numbered
-from tests.faults.conftest import Server, build_big_bert
+from tests.api.test_job_reattach import LONG_COMPARE, CuttingRelay, numbered, serve_big_bert
 
 
 @pytest.fixture(scope="module")
 def big_server(tmp_path_factory):
-    big = build_big_bert(tmp_path_factory.mktemp("page-reattach-big"))
-    started = Server(tmp_path_factory.mktemp("page-reattach-server"),
-                     {"default_models": ["big"], "extra_text_models": {"big": str(big)}, "full_map_tokens": 64})
-    try:
-        started.wait_ready()
-        yield started
-    finally:
-        started.stop()
+    yield from serve_big_bert(tmp_path_factory, "page-reattach")
 
 
 RUN_JOB = """async ([body, abortAt]) => {

@@ -1,6 +1,6 @@
 """The run store's disk tier on a real server (app/runstore.py): its directory goes when the server stops, and a
 server killed before it could remove it (SIGKILL, the OOM killer) has it removed by the next one. Before this, every
-stopped test server left its attnlab-runs-* directory behind: 40 GB in a day filled the CI machine's disk."""
+stopped test server left its attnlab-runs-* directory behind: about 35 GB in a day filled the CI machine's disk."""
 from __future__ import annotations
 
 import time

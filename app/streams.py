@@ -414,11 +414,7 @@ def reattach(request: Request, job_id: str, after: int) -> Response:
     """GET /api/jobs/{job_id}/events: the job's kept events after number `after`, then the live ones to its end, on
     the same pump as the stream that started it. 404 saying which case it is (unknown, expired) for a job this process
     cannot answer, and for another client's (the same words as unknown: nothing is told of other clients' work)."""
-    job_log, why = JOB_LOGS.find(job_id)
-    if job_log is not None and not _same_client(job_log.client, current().client):
-        job_log, why = None, "unknown"
-    if job_log is None:
-        raise HTTPException(404, detail=missing_job(job_id, why, request.app.state.runtime.settings))
+    job_log = _own_job(job_id, request.app.state.runtime.settings)
     backlog, events = job_log.subscribe(after)
     heartbeat_s = request.app.state.runtime.settings.job_heartbeat_s
     return StreamingResponse(_relay(job_log, events, list(backlog), heartbeat_s), media_type="text/event-stream",
@@ -428,13 +424,20 @@ def reattach(request: Request, job_id: str, after: int) -> Response:
 def cancel_job(job_id: str, settings: Any) -> dict[str, Any]:
     """DELETE /api/jobs/{job_id}: the job stops at its next layer or step (the page's Cancel), whatever streams
     listen; 404 as for `reattach`."""
+    job_log = _own_job(job_id, settings)
+    job_log.cancelled = True
+    return {"job_id": job_id, "cancelled": job_log.ended_at is None}
+
+
+def _own_job(job_id: str, settings: Any) -> JobLog:
+    """The log of this client's job `job_id`, or 404 saying which case it is (unknown, expired); another client's
+    job gets the words of an unknown one: nothing is told of other clients' work."""
     job_log, why = JOB_LOGS.find(job_id)
     if job_log is not None and not _same_client(job_log.client, current().client):
         job_log, why = None, "unknown"
     if job_log is None:
         raise HTTPException(404, detail=missing_job(job_id, why, settings))
-    job_log.cancelled = True
-    return {"job_id": job_id, "cancelled": job_log.ended_at is None}
+    return job_log
 
 
 def _same_client(owner: str, asking: str) -> bool:

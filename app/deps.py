@@ -7,7 +7,8 @@ from fastapi import Depends, Request
 
 from app.errors import field_error
 from app.imagestore import UploadStore, get_image_store
-from app.runtime import Runtime, UnknownModel
+from app.errors import Overloaded
+from app.runtime import ModelPreparing, Runtime, UnknownModel
 from app.settings import Settings
 from models.adapters.base import AttentionAdapter
 
@@ -28,8 +29,11 @@ ImageStoreDep = Annotated[UploadStore, Depends(get_image_store)]  # uploads: mem
 
 def adapter_for(runtime: Runtime, model: str, kind: str | None = None, loc: tuple = ("model",)) -> AttentionAdapter:
     """The adapter of `model` (of `kind`: text, image, audio, when given), loaded on first use; a 422 naming `loc`
-    when this server has no such model of that kind or refused to load it (the message lists what it has)."""
+    when this server has no such model of that kind or refused to load it (the message lists what it has); a 503 with
+    Retry-After while its weights are being prepared (`make run` serves meanwhile: app/preparation.py)."""
     try:
         return runtime.adapter(model, kind=kind)
+    except ModelPreparing as exc:
+        raise Overloaded(str(exc.args[0]), exc.retry_after) from None
     except UnknownModel as exc:
         raise field_error(loc, str(exc.args[0])) from None

@@ -32,6 +32,7 @@ from app.routes import export as export_routes
 from app.routes import export_media
 from app import metrics
 from app.fleet import FLEET, FleetRouter
+from app.preparation import start_background
 from app.lifecycle import RequestCancelled, RequestGuard
 from app.metrics import RequestCounter
 from app.context import current, enter, leave
@@ -223,6 +224,9 @@ def _lifespan(settings: Settings):
             except Exception:  # a warm-up is an optimisation: never let it take the server down
                 log.exception("warming the text page's example failed")
 
+        # `make run`: the default models not loaded at start are prepared meanwhile (app/preparation.py)
+        background = start_background(settings.weights_dir, settings.default_models) \
+            if settings.prepare_in_background else None
         threading.Thread(target=warm, name="warm-up", daemon=True).start()
         # Sync endpoints run in anyio's worker threads (40 by default): enough for every admitted request.
         limiter = anyio.to_thread.current_default_thread_limiter()
@@ -232,6 +236,8 @@ def _lifespan(settings: Settings):
             yield
         finally:
             FLEET.stop()
+            if background is not None:
+                background.stop()
             runtime.cache.close()  # the disk tier's directory goes with the server (serve.py exits with os._exit)
 
     return lifespan

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import weakref
+from pathlib import Path
 from collections.abc import Callable, Iterator
 
 import torch
@@ -28,6 +29,7 @@ from app.settings import Settings
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
 from models.hooks import UnsupportedAttention
 from models.interventions import Intervention
+from models import preparing
 from models.lru import BoundedLRU
 from models.registry import ModelSpec, build_registry
 
@@ -37,6 +39,15 @@ log = logging.getLogger("attnlab")
 
 class UnknownModel(KeyError):
     pass
+
+
+class ModelPreparing(UnknownModel):
+    """A model whose weights a preparation is making now (models/preparing.py, `make run`): 503 with Retry-After
+    (app/deps.py), not the 422 of a model this server does not have."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 # cache_scope (app/lifecycle.py): the client a request's cached results belong to when result_cache_scope is
@@ -125,6 +136,7 @@ class Runtime:
             raise UnknownModel(f"unknown {kind or ''} model {model_id!r}; available: {names}".replace("  ", " "))
         adapter = self._adapters.get(model_id)
         if adapter is None:
+            self._refuse_unprepared(model_id)
             waited_from = time.monotonic()
             try:
                 return self._load(model_id, spec)
@@ -135,6 +147,54 @@ class Runtime:
                 if deadline is not None:
                     request_deadline.set(deadline + time.monotonic() - waited_from)
         return adapter
+
+    def preparation(self, model_id: str) -> dict | None:
+        """Its preparation's state while a model's weights are not in place (models/preparing.py): "preparing" (or
+        queued for it) or "failed", with the reason and the log; None when it is prepared or none is recorded."""
+        spec = self.specs.get(model_id)
+        if spec is None or model_id in self._adapters or spec.prepared is None or spec.prepared():
+            return None
+        return preparing.read(self.settings.weights_dir, model_id)
+
+    def _refuse_unprepared(self, model_id: str) -> None:
+        """ModelPreparing while a model is being prepared, UnknownModel when its preparation failed (not remembered
+        in `unavailable`: the model is served once its weights are in place, without a restart)."""
+        state = self.preparation(model_id)
+        if state is None:
+            return
+        log_name = self.preparation_log(state)
+        if state["state"] == "preparing":
+            raise ModelPreparing(f"model {model_id!r} is being prepared on this server (`attnlab prepare`, started "
+                                 f"{time.time() - state['since']:.0f} s ago; log: {log_name}); try again in a moment",
+                                 preparing.RETRY_AFTER_S)
+        raise UnknownModel(f"model {model_id!r} is unavailable: its preparation failed ({state.get('error')}); "
+                           f"log: {log_name}")
+
+    def preparation_log(self, state: dict) -> str | None:
+        """A preparation's log as weights/.preparing/<id>.log: under the weights folder, no absolute server path."""
+        log_path = state.get("log")
+        return f"{Path(self.settings.weights_dir).name}/{preparing.STATE_DIR}/{Path(log_path).name}" if log_path else None
+
+    def not_ready(self, kind: str | None = None) -> list[dict]:
+        """The models of `kind` being prepared, or whose preparation failed (GET /api/models `not_ready`, the pages'
+        model menus): id, kind, description, state, log, and retry_after_s or error."""
+        entries = []
+        for model_id, spec in self.specs.items():
+            state = self.preparation(model_id) if kind is None or spec.kind == kind else None
+            if state is None:
+                continue
+            entry = {"id": model_id, "kind": spec.kind, "description": spec.description, "state": state["state"],
+                     "log": self.preparation_log(state)}
+            if state["state"] == "preparing":
+                entry["retry_after_s"] = preparing.RETRY_AFTER_S
+            else:
+                entry["error"] = state.get("error")
+            entries.append(entry)
+        return entries
+
+    def _unprepared(self, spec: ModelSpec) -> bool:
+        """Its weights are not in place (yet): a refusal for that is not remembered, the model may be prepared later."""
+        return spec.prepared is not None and not spec.prepared()
 
     def available_ids(self, kind: str | None = None) -> list[str]:
         """The models of `kind` a request may name here (for the 422 on an unknown one): loaded, or described from
@@ -175,7 +235,8 @@ class Runtime:
                         self.memory.unreserve_model(model_id)
                     if not isinstance(exc, (ImportError, OSError, ValueError, UnsupportedAttention)):
                         raise
-                    self.unavailable[model_id] = str(exc)
+                    if not self._unprepared(spec):
+                        self.unavailable[model_id] = str(exc)
                     raise UnknownModel(f"model {model_id!r} is unavailable: {exc}") from exc
                 configure_atlas(adapter, self.settings)
                 if first_use:  # its weights, or what the load left resident if more (gemma3-270m: its 262k-token
@@ -200,10 +261,12 @@ class Runtime:
         if spec is not None and spec.describe is not None and model_id not in self.unavailable:
             described = self._described.get(model_id)
             if described is None:
+                self._refuse_unprepared(model_id)
                 try:
                     info = spec.describe(self.settings.dtype)
                 except (OSError, ValueError) as exc:  # not prepared (the load would say the same)
-                    self.unavailable[model_id] = str(exc)
+                    if not self._unprepared(spec):
+                        self.unavailable[model_id] = str(exc)
                     raise UnknownModel(f"model {model_id!r} is unavailable: {exc}") from exc
                 except Exception:  # noqa: BLE001 - files of a shape the description does not know: the load decides
                     log.exception("describing %s from its files failed; it is loaded to be listed", model_id)

@@ -272,8 +272,23 @@ class ModelInfoOut(BaseModel):
     source: str
 
 
+class ModelNotReadyOut(BaseModel):
+    id: str
+    kind: str
+    description: str = ""
+    state: Literal["preparing", "failed"] = Field(
+        description="preparing: its weights are being prepared now (requests get 503 with Retry-After); failed: its "
+                    "preparation failed (see `error` and the log)")
+    log: str | None = Field(None, description="the preparation's log, under the server's weights folder")
+    retry_after_s: int | None = None
+    error: str | None = None
+
+
 class ModelsOut(BaseModel):
     models: list[ModelInfoOut]
+    not_ready: list[ModelNotReadyOut] = Field(
+        default_factory=list, description="models this server will have once their preparation ends (`make run` "
+        "serves while the default models it does not load at start are prepared), or whose preparation failed")
 
 
 class Effect(BaseModel):

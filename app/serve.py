@@ -54,6 +54,7 @@ except ImportError:  # httptools not installed: the h11 protocol below serves al
 from app.allocator import OWN_ALLOCATORS, allocator_report, bound_allocator
 from app.fleet import FLEET
 from app.lifecycle import LIFECYCLE
+from app.preparation import stop_all
 from app.settings import get_settings
 
 # The module (the package's `uvicorn.main` attribute is the click command of the same name).
@@ -448,6 +449,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         code = 0
     try:
+        stop_all()  # background preparations (app/preparation.py): the lifespan's close stopped them when it ran
         _remove_run_directories()  # the lifespan's close did it when the lifespan ran to its end
         logging.shutdown()
         sys.stdout.flush()

@@ -23,6 +23,10 @@ class Settings(BaseSettings):
     # ours and faithful, or the model is refused with the reason. `attnlab serve --model` adds entries here.
     extra_models: dict[str, str] = Field(default_factory=dict)
     weights_dir: str = "weights"  # prepared weights (dinov2-small) live here; ignored by git
+    # Prepare the default models not loaded at start (dinov2-small, whisper-tiny-en, gemma3-270m) while serving, in
+    # `attnlab prepare` child processes (app/preparation.py); until each is ready a request for it gets 503 and GET
+    # /api/models lists it under `not_ready`. `make run` sets it; `make setup` prepares everything first instead.
+    prepare_in_background: bool = False
 
     # "auto": a GPU when torch sees one, else the CPU (logged at start); "cuda": a GPU or the server does not start.
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -125,6 +129,9 @@ class Settings(BaseSettings):
     replica_url: str | None = None  # e.g. "http://10.0.0.7:8000" (Kubernetes: from the pod IP)
     replica_ttl_s: float = Field(15.0, ge=1)
     forward_timeout_s: float = Field(960.0, gt=0)  # a forwarded request's read timeout (> job_timeout_s: jobs stream)
+    # Replicas sharing Redis keep one running job per client over the whole fleet (app/fleetjobs.py): the running job
+    # holds its client's lease in Redis, renewed every third of this; a replica that dies leaves it for this long at most.
+    job_lease_ttl_s: float = Field(10.0, ge=1, le=300)
     # SIGTERM drains for this long at most (0: no drain, the plain shutdown_grace_s stop): /api/ready and new work
     # answer 503 at once (nginx and Kubernetes move on), running jobs may finish, pinned runs are still served (also
     # forwarded from other replicas); then the process stops as with shutdown_grace_s.
@@ -152,6 +159,10 @@ class Settings(BaseSettings):
     # it ended. A client that re-attaches after more than this many events missed gets the kept ones: progress is
     # cumulative, and the done event carries the whole answer.
     job_event_buffer: int = Field(256, ge=8, le=100_000)
+    # The ended jobs' kept events (their done events carry whole answers) take at most this many bytes together: past
+    # it the events of the jobs that ended first are dropped before result_pin_s, and re-attaching to them is a 404
+    # ("expired"). 0: an ended job keeps nothing (a re-attach after the end sends the job again).
+    job_events_max_bytes: int = Field(256 * 1024 * 1024, ge=0)
     # The longest a request waits for room in memory_budget_bytes (app/memory.py) before it is refused (503) with the
     # reason; a request whose room could not free up before its deadline is refused at once.
     memory_wait_s: float = Field(120.0, ge=0)

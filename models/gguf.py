@@ -542,9 +542,19 @@ def install(tmp: Path, out: Path, record: dict) -> None:
     (tmp / "prepared.json").write_text(json.dumps(record, indent=2) + "\n")
     for path in tmp.iterdir():  # safetensors writes 0600; the Docker image's user must read them
         path.chmod(path.stat().st_mode | 0o444)
+    replace_folder(tmp, out)
+
+
+def replace_folder(tmp: Path, out: Path) -> None:
+    """`tmp` (finished) becomes `out` by renames: an old `out` is moved aside first and removed after, so `out` is at
+    every moment the old folder whole, absent, or the new one whole (a server reads it while `make run` prepares)."""
+    old = out.with_name(f".{out.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
     if out.exists():
-        shutil.rmtree(out)
+        out.rename(old)
     tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def config_facts(gguf_path: Path) -> dict:

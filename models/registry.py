@@ -172,6 +172,10 @@ def _has_config(folder: Path) -> Callable[[], bool]:
     return lambda: (folder / "config.json").is_file()
 
 
+def _has_record(folder: Path) -> Callable[[], bool]:
+    return lambda: (folder / "prepared.json").is_file()
+
+
 def _weight_files(folder: Path) -> Callable[[], int]:
     return lambda: sum(p.stat().st_size for p in folder.glob("*.safetensors")) if folder.is_dir() else 0
 
@@ -220,6 +224,7 @@ def build_registry(
                               max_new_tokens, gguf_source.description))
     made_by_prepare = ("dinov2-small", "smollm2-135m", "whisper-tiny-en", "whisper-base")  # folders under weights/
     specs = [dataclasses.replace(spec, prepared=_has_config(weights_dir / spec.id)) if spec.id in made_by_prepare
+             else dataclasses.replace(spec, prepared=_has_record(weights_dir / spec.id)) if spec.id in SOURCES
              else spec for spec in specs]
     specs += [_text_spec(i, s, max_tokens, f"text model from {s}") for i, s in (extra_text or {}).items()]
     specs += [_image_spec(i, s, f"image model from {s}") for i, s in (extra_image or {}).items()]

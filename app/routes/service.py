@@ -112,7 +112,8 @@ def list_models(runtime: RuntimeDep, kind: Literal["text", "image", "audio"] | N
             infos.append(public_info(runtime, runtime.describe(model_id)))
         except UnknownModel:  # weights not prepared here, or refused by the load-time probe: in runtime.unavailable
             continue
-    return {"models": infos}
+    # being prepared while the server serves (`make run`: app/preparation.py), or whose preparation failed
+    return {"models": infos, "not_ready": runtime.not_ready(kind)}
 
 
 # ---- where a model comes from, without server paths ----------------------------------------------------

@@ -1,0 +1,86 @@
+"""Which models a preparation (`attnlab prepare`) is working on, in small files beside the weights, so that a server
+started meanwhile (`make run` serves while dinov2-small, whisper-tiny-en and gemma3-270m are prepared) can say so.
+
+weights/.preparing/<id>.json holds {"state": "preparing", "pid", "since", "log"} while a model is prepared (or queued
+for it), {"state": "failed", "error", "log"} after its preparation failed, and is removed when the model's folder is
+in place. A preparation writes the model into weights/<id>.tmp and moves the finished folder into place with one
+rename (attnlab_prepare.install_folder, models/gguf.install), so a reader sees a model whole or not at all.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+STATE_DIR = ".preparing"  # under the weights folder
+RETRY_AFTER_S = 10  # what a request for a model being prepared is told to wait (Retry-After)
+
+
+def state_file(weights_dir: str | Path, model_id: str) -> Path:
+    return Path(weights_dir) / STATE_DIR / f"{model_id}.json"
+
+
+def log_file(weights_dir: str | Path, model_id: str) -> Path:
+    """Where a background preparation's output goes (app/preparation.py)."""
+    return Path(weights_dir) / STATE_DIR / f"{model_id}.log"
+
+
+def mark(weights_dir: str | Path, model_id: str, state: str, *, pid: int | None = None, log: str | None = None,
+         error: str | None = None) -> None:
+    """Record `state` ("preparing" or "failed") for `model_id`, written whole (a temporary file, then a rename)."""
+    path = state_file(weights_dir, model_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"state": state, "pid": pid if pid is not None else os.getpid(), "since": time.time(), "log": log,
+              "error": error}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(record) + "\n")
+    os.replace(tmp, path)
+
+
+def clear(weights_dir: str | Path, model_id: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        state_file(weights_dir, model_id).unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def read(weights_dir: str | Path, model_id: str) -> dict | None:
+    """{"state": "preparing" | "failed", "since", "log", "error"} for `model_id`, or None when no preparation of it
+    is recorded. A "preparing" record whose process has ended (killed, or the machine restarted) reads as failed."""
+    try:
+        record = json.loads(state_file(weights_dir, model_id).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("state") not in ("preparing", "failed"):
+        return None
+    pid = record.get("pid")
+    if record["state"] == "preparing" and isinstance(pid, int) and not _alive(pid):
+        record = {**record, "state": "failed",
+                  "error": f"its preparation (process {pid}) ended before the model was in place"}
+    return record
+
+
+@contextlib.contextmanager
+def preparing(weights_dir: str | Path, model_id: str) -> Iterator[None]:
+    """Around one model's preparation in this process: "preparing" while it runs, "failed" with the reason when it
+    raises (also on Ctrl-C), nothing once it is done. ATTNLAB_PREPARE_LOG names the log a server reads it from."""
+    log = os.environ.get("ATTNLAB_PREPARE_LOG") or None
+    mark(weights_dir, model_id, "preparing", log=log)
+    try:
+        yield
+    except BaseException as exc:
+        reason = str(exc) if not isinstance(exc, KeyboardInterrupt) else "interrupted (Ctrl-C)"
+        mark(weights_dir, model_id, "failed", log=log, error=f"{type(exc).__name__}: {reason}"[:500])
+        raise
+    clear(weights_dir, model_id)

@@ -139,11 +139,29 @@ class CpuShare:
     def threads_for(self, threads: int) -> int:
         """Torch threads worth running now: at most `threads`, one per core that other processes leave free (at least
         one). A thread more than the free cores waits for one at every parallel region: on 2 cores beside busy
-        processes (load 13) a 151-token forward took 8 s on one thread and 69-87 s on two."""
+        processes (load 13) a 151-token forward took 8 s on one thread and 69-87 s on two. The busy cores are the
+        fewer of the smoothed measure (`now()`) and the other processes' threads runnable at this instant
+        (`runnable_others`): a process busy a moment ago that sleeps now (a client or a browser waiting for this very
+        response) leaves its core free, while processes that keep the cores busy are runnable at any instant."""
         self.now()
+        runnable = self.runnable_others()
         with self._lock:
-            free = self.cores - self._others
-        return max(1, min(threads, int(free + 0.5)))
+            others = self._others
+        return threads_worth_running(threads, self.cores, others, runnable)
+
+    @staticmethod
+    def runnable_others() -> int | None:
+        """Threads of other processes running or waiting for a core right now: /proc/stat's procs_running (every
+        runnable thread of the machine, the caller's own included) less this process's runnable threads, which are
+        counted (/proc/self/task) only when the machine has more than the caller runnable. None without /proc."""
+        try:
+            with open("/proc/stat", "rb") as f:
+                stat = f.read()
+            at = stat.index(b"procs_running ") + len(b"procs_running ")
+            running = int(stat[at:stat.index(b"\n", at)])
+        except (OSError, ValueError):
+            return None
+        return 0 if running <= 1 else max(0, running - _own_runnable_threads())
 
     def mark(self) -> tuple[float, int, int] | None:
         """A point to measure the share from (`share_since`): a timed run's own interval."""
@@ -162,6 +180,31 @@ class CpuShare:
             return self.now()
         others = ((ticks[0] - mark[1]) - (ticks[1] - mark[2])) / (self._hz * dt)
         return self.cores / (self.cores + max(0.0, min(others, 4.0 * self.cores)))
+
+
+def _own_runnable_threads() -> int:
+    """This process's threads in state R (running or waiting for a core); at least the caller."""
+    runnable = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 1
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread has ended
+        runnable += stat[stat.rindex(b")") + 2:][:1] == b"R"
+    return max(1, runnable)
+
+
+def threads_worth_running(threads: int, cores: int, busy_smoothed: float, runnable_others: int | None) -> int:
+    """At most `threads`, one per core that other processes leave free, at least one: their busy cores are the fewer
+    of `busy_smoothed` (measured over the last seconds) and `runnable_others` (their threads runnable now; None:
+    unknown). Never more busy cores than the smoothed measure, so never fewer threads than it alone would give."""
+    busy = busy_smoothed if runnable_others is None else min(busy_smoothed, float(runnable_others))
+    return max(1, min(threads, int(cores - busy + 0.5)))
 
 
 CPU_SHARE = CpuShare()

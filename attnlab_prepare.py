@@ -831,11 +831,14 @@ def served_models() -> list[str]:
 
 def _stop_with_server() -> None:
     """Under a server's background preparation (app/preparation.py, ATTNLAB_PREPARE_PARENT: its pid): end when the
-    server ends, however it ends (Linux's parent-death signal), and mark the model failed on the way out."""
+    server ends, however it ends (Linux's parent-death signal), and mark the model failed on the way out. At a lower
+    priority than the server: its start-up and requests go first on a machine with few cores."""
     parent = os.environ.get("ATTNLAB_PREPARE_PARENT")
     if not parent:
         return
     import signal
+
+    os.nice(10)
 
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds through preparing()
     if sys.platform.startswith("linux"):

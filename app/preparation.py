@@ -60,8 +60,8 @@ class BackgroundPreparation:
         log_path = preparing.log_file(self.weights_dir, model_id)
         command = [sys.executable, "-m", "attnlab_prepare", "--weights-dir", str(self.weights_dir), "--model", model_id]
         env = {**os.environ, "ATTNLAB_PREPARE_PARENT": str(os.getpid()), "ATTNLAB_PREPARE_LOG": str(log_path)}
-        started = time.monotonic()
-        log.info("preparing %s in the background (log: %s)", model_id, log_path)
+        started, was_there = time.monotonic(), prepared(self.weights_dir, model_id)
+        log.info("%s %s in the background (log: %s)", "checking" if was_there else "preparing", model_id, log_path)
         with open(log_path, "wb") as output:
             with self._lock:
                 if self._stopping:
@@ -72,10 +72,12 @@ class BackgroundPreparation:
             code = child.wait()
         with self._lock:
             self._children.discard(child)
-        state = preparing.read(self.weights_dir, model_id)
-        if code == 0 and state is None:
-            log.info("%s prepared in %.0f s; it loads on first use", model_id, time.monotonic() - started)
+        if prepared(self.weights_dir, model_id):  # in place (its process may have been stopped just after)
+            preparing.clear(self.weights_dir, model_id)
+            log.info("%s %s in %.0f s; it loads on first use", model_id, "checked" if was_there else "prepared",
+                     time.monotonic() - started)
             return
+        state = preparing.read(self.weights_dir, model_id)
         if state is None or state["state"] != "failed":  # ended without saying why (killed): say it for it
             preparing.mark(self.weights_dir, model_id, "failed", log=str(log_path),
                            error=f"attnlab prepare exited with status {code}")

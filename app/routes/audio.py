@@ -266,5 +266,6 @@ def audio_page(request: Request, runtime: RuntimeDep):
     """Speech: Whisper's cross-attention over time, with interventions."""
     settings = runtime.settings
     config = {"model": DEFAULT_MODEL, "max_audio_s": settings.max_audio_s, "max_audio_bytes": settings.max_audio_bytes,
-              "sample": _sample_path(runtime).is_file(), "sample_id": SAMPLE_ID, "models": _prepared_models(runtime)}
+              "sample": _sample_path(runtime).is_file(), "sample_id": SAMPLE_ID, "models": _prepared_models(runtime),
+              "not_ready": runtime.not_ready("audio")}  # being prepared (`make run`): shown, not chosen
     return templates.TemplateResponse(request, "audio.html", {"config": config, "page": "audio"})

@@ -382,11 +382,14 @@ def _sample_config(store) -> list[dict[str, Any]]:
 @router.get("/image", response_class=HTMLResponse, include_in_schema=False)
 def image_page(request: Request, store: ImageStoreDep):
     runtime: Runtime = request.app.state.runtime
-    models = [{"id": i, "default_size": None} for i, s in runtime.specs.items() if s.kind == "image"]
+    not_ready = runtime.not_ready("image")  # being prepared (`make run`): shown, not chosen
+    models = [{"id": i, "default_size": None} for i, s in runtime.specs.items()
+              if s.kind == "image" and i not in {m["id"] for m in not_ready}]
     settings = runtime.settings
     config = {
         "models": models,
-        "model": "dinov2-small",
+        "not_ready": not_ready,
+        "model": next((m["id"] for m in sorted(models, key=lambda m: m["id"] != "dinov2-small")), "dinov2-small"),
         "samples": _sample_config(store),
         "max_upload_bytes": settings.max_upload_bytes,
         "max_image_pixels": settings.max_image_pixels,

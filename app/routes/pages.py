@@ -40,6 +40,7 @@ def text_page(request: Request, settings: SettingsDep, runtime: RuntimeDep):
                    "full_map_tokens": settings.full_map_tokens},  # longer texts ask for layer progress
         # The text models, when all are loaded: the page then starts its first request without asking /api/models.
         "models": loaded_infos(runtime, "text"),
+        "not_ready": runtime.not_ready("text"),  # being prepared (`make run`): shown, not chosen
     }
     return templates.TemplateResponse(request, "text.html", {"config": config, "page": "text"})
 

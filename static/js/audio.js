@@ -4,7 +4,7 @@
 // ablate heads) re-run the model, and the transcript before/after, per-token Δp and the streamed greedy transcript
 // show what the decoder heard.
 import { ApiError, getJSON, isAbort, postJSON, readJSON, setStatus } from "./api.js";
-import { byId as $, setOptions, visibleToken } from "./dom.js";
+import { addNotReady, byId as $, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
 import { MODEBAR_REMOVE } from "./vendor.js";
 import { betaOf, buildSpeechInterventions } from "./lab/interventions.js";
@@ -620,7 +620,8 @@ function chooseHead(layer, head) {
 }
 
 // The model, its task and language (multilingual models: whisper-base where the server prepared it).
-const models = config.models?.length ? config.models : [{ id: config.model, multilingual: false }];
+// none while whisper-tiny-en is being prepared (`make run`): its option is then listed as not ready, requests get 503
+const models = config.models?.length || config.not_ready?.length ? config.models : [{ id: config.model, multilingual: false }];
 const multilingual = () => models.find((m) => m.id === state.model)?.multilingual ?? false;
 const modelFields = () => ({ model: state.model, task: state.task, language: state.language || null });
 
@@ -659,6 +660,7 @@ function changeModel() {
 
 function setupControls() {
   setOptions($("model-select"), models.map((m) => [m.id, m.multilingual ? `${m.id} (multilingual)` : m.id]), state.model);
+  addNotReady($("model-select"), config.not_ready);
   $("model-select").addEventListener("change", changeModel);
   $("task-select").addEventListener("change", (e) => { state.task = e.target.value; update(); });
   $("language-select").addEventListener("change", (e) => { state.language = e.target.value; update(); });

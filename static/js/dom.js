@@ -26,6 +26,19 @@ export function setOptions(select, options, value = null) {
   if (value !== null && value !== undefined) select.value = String(value);
 }
 
+// Models the server lists under `not_ready` (GET /api/models: being prepared, or their preparation failed), added to a
+// model <select> as options that cannot be chosen, after the models it serves.
+export function addNotReady(select, notReady = []) {
+  for (const m of notReady) {
+    if ([...select.options].some((o) => o.value === m.id)) continue;
+    const option = new Option(`${m.id} (${m.state === "preparing" ? "being prepared…" : "preparation failed"})`, m.id);
+    option.disabled = true;
+    option.title = m.state === "preparing" ? "its weights are being prepared on the server: reload the page in a moment"
+      : `its preparation failed: ${m.error ?? ""} (log: ${m.log ?? "the server's log"})`;
+    select.append(option);
+  }
+}
+
 // [[0, "layer 0"], [1, "layer 1"], …]
 export const numbered = (n, prefix) => Array.from({ length: n }, (_, i) => [i, `${prefix} ${i}`]);
 

@@ -6,7 +6,7 @@
 // head only: its overview opens in the token × token map and zooms into exact windows (static/js/views/atlas.js, the
 // text page's view); the query row of every head for the overlay and the grid comes from POST /api/runs/{id}/row.
 import { ApiError, isAbort, postJSON, setStatus } from "./api.js";
-import { byId as $, setOptions } from "./dom.js";
+import { addNotReady, byId as $, setOptions } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
 import { mountLab } from "./lab/lab.js";
 import { intParam } from "./lab/urlstate.js";
@@ -544,6 +544,7 @@ function bindEvents() {
   }
 
   setOptions($("model-select"), config.models.map((m) => [m.id, m.id]), state.model);
+  addNotReady($("model-select"), config.not_ready); // being prepared while the server serves (`make run`)
   $("model-select").addEventListener("change", (e) => {
     state.model = e.target.value; state.layer = 0; state.head = 0; state.query = 0; state.sizeFactor = 1;
     imageLab.forgetTokens();

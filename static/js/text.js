@@ -3,8 +3,8 @@
 // export, shareable URL). Language models add the next-token panel and the two continuations (lm.js);
 // encoder–decoders add the attention kind (encoder / decoder / cross) and the decoded target.
 import { getJSON, isAbort, postJSON, setStatus } from "./api.js";
-import { jobClock, postJob } from "./views/jobs.js";
-import { byId as $, numbered, setOptions, visibleToken } from "./dom.js";
+import { jobClock, postJob, savedJob } from "./views/jobs.js";
+import { addNotReady, byId as $, numbered, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, entropy, fmt, maxAbs, softmaxRow } from "./mathx.js";
 import { drawDiff } from "./views/diff.js";
 import { drawHeadView } from "./views/headview.js";
@@ -146,7 +146,8 @@ function showProgress(event) {
 
 let loadSeq = 0;
 // settle > 0: the load follows a slider; only the heatmap's cells are repainted until input settles.
-async function load({ thumbnails = true, settle = 0 } = {}) {
+// resumed: the request of a job left running before a page reload (resumeJob): sent as it was, it re-attaches.
+async function load({ thumbnails = true, settle = 0, resumed = null } = {}) {
   const started = performance.now();
   const seq = ++loadSeq;
   if (!$("text-input").value.trim()) { emptyInput(); return; }
@@ -155,7 +156,7 @@ async function load({ thumbnails = true, settle = 0 } = {}) {
   setStatus("running…");
   try {
     const partial = settle > 0 && !state.long; // a long input's run is seconds: no partial runs while a slider moves
-    const body = request({ thumbnails, partial });
+    const body = resumed ?? request({ thumbnails, partial });
     const r = await fetchAttention(body, { progress: !partial && mayBeLong(body.text) });
     if (seq !== loadSeq) return; // a newer load started meanwhile
     refreshProbed();
@@ -859,6 +860,24 @@ function restoreFromUrl(models) {
   if (figure.diff) $("diff-kind").value = figure.diff;
 }
 
+// A first view this tab left running before a page reload (views/jobs.js keeps its request and last event id in
+// sessionStorage): its model, text and head back in the controls, and its request to send as it was (postJob then
+// re-attaches to the job instead of sending it again; a job the server no longer knows is sent again). Interventions
+// are not put back in the lab's list: the view shows the job's answer as it was asked.
+function resumeJob(models) {
+  const body = savedJob("/api/text/attention")?.body;
+  if (!body || typeof body.text !== "string" || !models.some((m) => m.id === body.model)) return null;
+  state.model = body.model;
+  $("text-input").value = body.text;
+  if (typeof body.text_pair === "string") $("pair-input").value = body.text_pair;
+  if (typeof body.target === "string") $("target-input").value = body.target;
+  if (typeof body.chat === "boolean") $("chat-toggle").checked = body.chat;
+  state.position = Number.isInteger(body.position) ? body.position : null;
+  if (Number.isInteger(body.layers?.[0])) state.layer = body.layers[0];
+  if (Number.isInteger(body.heads?.[0])) state.head = body.heads[0];
+  return body;
+}
+
 // The example text follows the model (a prompt for a language model, a sentence for an encoder) unless the
 // box holds text of the user's own.
 function followExample() {
@@ -882,10 +901,13 @@ function modelLabel(m) {
 }
 
 async function init() {
-  const { models } = config.models ? { models: config.models } : await getJSON("/api/models?kind=text");
+  const { models, not_ready: notReady } = config.models ? { models: config.models, not_ready: config.not_ready }
+    : await getJSON("/api/models?kind=text");
   const textModels = models.filter((m) => m.kind === "text");
   setOptions($("model-select"), textModels.map((m) => [m.id, modelLabel(m)]));
+  addNotReady($("model-select"), notReady); // being prepared while the server serves (`make run`)
   restoreFromUrl(textModels);
+  const resumed = resumeJob(textModels);
   $("model-select").value = state.model;
   const chooseModel = () => {
     state.info = textModels.find((m) => m.id === state.model) ?? textModels[0];
@@ -967,7 +989,7 @@ async function init() {
   $("zscale-k").addEventListener("change", rescale);
   $("diff-kind").addEventListener("change", () => lab.writeUrl());
   $("weighting-select")?.addEventListener("change", () => load({ thumbnails: false }));
-  await load();
+  await load({ resumed });
   lab.installPngButtons(() => `attnlab-${state.model}`); // the model shown when the button is pressed
 }
 

@@ -139,11 +139,21 @@ class Fleet:
         if settings.redis_url and settings.replica_url:
             self.registry = Registry(settings, url=expand_url(settings.replica_url))
             self.registry.start()
+        if settings.redis_url:  # replicas sharing Redis: one running job per client over all of them
+            from app.fleetjobs import FleetJobTurns
+            from app.jobs import JOBS
+
+            JOBS.fleet = FleetJobTurns(settings, left_of=JOBS.left_s)
 
     def stop(self) -> None:
         if self.registry is not None:
             self.registry.stop()
             self.registry = None
+        from app.jobs import JOBS
+
+        if JOBS.fleet is not None:
+            JOBS.fleet.stop()
+            JOBS.fleet = None
 
     def begin_drain(self) -> None:
         if not self.draining:

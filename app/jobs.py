@@ -3,7 +3,8 @@
 A request sent with `Accept: text/event-stream` is a job (app/streams.py runs it). It is on the board from its arrival
 (`register`; at most `max_queued_jobs_per_client` per client, else 503 + Retry-After). Its cost check (app/costs.py)
 accepts it: the job then says `{"accepted": true, "eta_s", "queue_position", "runs", "total"}` before any layer runs,
-and waits until this client's earlier jobs have finished (one running job per client). Its time limit is
+and waits until this client's earlier jobs have finished (one running job per client; across replicas sharing Redis
+by its client's lease there: app/fleetjobs.py, and the cap counts the client's jobs on every replica). Its time limit is
 `job_timeout_s`, not `request_timeout_s`; a job whose ETA is over what is left of it is refused (503) instead.
 
 The ETA is the job's own estimated model time plus what is left of every job that runs before it: the model runs one
@@ -22,10 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.errors import Overloaded
+from app.fleetjobs import POLL_S as FLEET_POLL_S
+from app.fleetjobs import Ahead
 from app.lifecycle import RequestCancelled, client_scope, request_cancel
 
 _SEQ = itertools.count(1)
 POLL_S = 0.1  # a job waiting for its client's earlier job notices a cancel within this
+FLEET_RETRY_S = 10  # Retry-After of a job over its client's cap in the fleet (its earlier jobs' ends are not known here)
 TRUST_AFTER = 0.1  # a job's own rate is trusted fully from 10 % of its progress on (blended with the estimate before)
 
 
@@ -46,6 +50,7 @@ class Job:
     started_at: float | None = None  # its first progress: its own rate is measured from here
     done: int = 0  # progress so far, of `total` (or of the work's own step count)
     of: int = 0
+    job_id: str = ""  # its id on the wire (app/streams.py); names it on the fleet's list of its client's jobs
 
     def remaining_s(self, now: float) -> float:
         """Seconds left: from the job's own measured rate once it has made progress (docs/api.md "Jobs": the ETA
@@ -77,6 +82,8 @@ class JobBoard:
     def __init__(self) -> None:
         self._jobs: list[Job] = []
         self._cond = threading.Condition()
+        # replicas sharing Redis: the client rules over the whole fleet (app/fleetjobs.py, set by app/fleet.py)
+        self.fleet: Any = None
 
     def __len__(self) -> int:
         with self._cond:
@@ -95,6 +102,14 @@ class JobBoard:
                     f"(max_queued_jobs_per_client={max_per_client}); send this one when one of them has ended",
                     retry_after=max(1, min(60, round(soonest))))
             self._jobs.append(job)
+        fleet = self.fleet
+        if fleet is not None and job.job_id and max_per_client is not None:
+            if fleet.register(job.job_id, job.client, max_per_client, 0.0) is None:
+                self.finish(job)
+                raise Overloaded(
+                    f"server busy: this client already has {max_per_client} jobs queued or running on the replicas "
+                    f"of this fleet (max_queued_jobs_per_client={max_per_client}); send this one when one of them "
+                    "has ended", retry_after=FLEET_RETRY_S)
 
     def ahead_of(self, job: Job) -> list[Job]:
         """The jobs that run before `job` (under the board's lock): its client's earlier jobs, and of every other
@@ -119,19 +134,26 @@ class JobBoard:
         for this client's earlier jobs. 503 + Retry-After instead when the queue ahead and the job's own estimate
         would not end before its deadline (job_timeout_s from its arrival). A job accepted twice (a second cost
         check: a later pass of the same request) adds its estimate."""
-        now = time.monotonic()
-        with self._cond:
-            if job.accepted_at is not None:
+        if job.accepted_at is not None:  # a later pass of the same request
+            with self._cond:
                 job.estimate_s += estimate_s
                 job.runs += runs
-                return
+            return
+        elsewhere = self._fleet_ahead(job)  # its client's earlier jobs on other replicas (a fleet sharing Redis)
+        now = time.monotonic()
+        with self._cond:
             if job not in self._jobs:  # not registered at its arrival (tests of the board alone)
                 self._jobs.append(job)
-            ahead = self.ahead_of(job)
-            wait_s = sum(other.remaining_s(now) for other in ahead)
+            ahead: list[Any] = self.ahead_of(job)
+            if self.fleet is not None and self.fleet.holds(job.job_id):  # its client's jobs: in the fleet's order
+                here = {o.job_id: o for o in self._jobs}
+                ahead = [o for o in ahead if o.client != job.client] + [here.get(o.job_id, o) for o in elsewhere]
+            wait_s = sum(other.left_s if isinstance(other, Ahead) else other.remaining_s(now) for other in ahead)
             if wait_s + estimate_s > job.deadline - now:
                 self._jobs.remove(job)
                 self._cond.notify_all()
+                if self.fleet is not None:
+                    self.fleet.release(job.job_id)
                 raise Overloaded(
                     f"server busy: this job needs about {estimate_s:,.0f} s of model time after about {wait_s:,.0f} s "
                     f"of jobs ahead of it ({len(ahead)}), over the {max(0.0, job.deadline - now):,.0f} s left of "
@@ -151,15 +173,42 @@ class JobBoard:
         with self._cond:
             return job.remaining_s(now) + sum(other.remaining_s(now) for other in self.ahead_of(job))
 
+    def _fleet_ahead(self, job: Job) -> list[Ahead]:
+        """Its client's earlier jobs alive anywhere in the fleet (none outside one). When there are none the job
+        takes its client's lease here already (FleetJobTurns.try_start)."""
+        fleet = self.fleet
+        if fleet is None or not job.job_id:
+            return []
+        found = fleet.try_start(job.job_id)
+        return [] if found is True else found
+
     def _wait_for_client(self, job: Job) -> None:
+        """Until the job's turn among its client's jobs: its earlier jobs here have ended, and in a fleet sharing
+        Redis it holds its client's lease (no earlier job of its client alive on any replica)."""
         cancel = request_cancel.get()
+
+        def check() -> None:
+            if cancel is not None and cancel.is_set():
+                raise RequestCancelled(cancel.reason)
+            if time.monotonic() > job.deadline:
+                raise Overloaded("the job waited past job_timeout_s for this client's earlier job", retry_after=5)
+
+        fleet = self.fleet
+        if fleet is not None and fleet.holds(job.job_id):  # the fleet's order (by arrival in Redis) includes this
+            while fleet.try_start(job.job_id) is not True:  # process's jobs: the one order, else two could deadlock
+                check()
+                time.sleep(FLEET_POLL_S)
+            return
         with self._cond:
             while any(o.client == job.client and o.seq < job.seq and not o.finished for o in self._jobs):
-                if cancel is not None and cancel.is_set():
-                    raise RequestCancelled(cancel.reason)
-                if time.monotonic() > job.deadline:
-                    raise Overloaded("the job waited past job_timeout_s for this client's earlier job", retry_after=5)
+                check()
                 self._cond.wait(POLL_S)
+
+    def left_s(self, job_id: str) -> float:
+        """Seconds until this process's job `job_id` ends (its queue ahead included), for the fleet's ETAs."""
+        with self._cond:
+            job = next((j for j in self._jobs if j.job_id == job_id), None)
+        return self.ends_in_s(job) if job is not None and job.accepted_at is not None else 0.0
 
     def finish(self, job: Job) -> None:
         with self._cond:
@@ -167,6 +216,8 @@ class JobBoard:
             if job in self._jobs:
                 self._jobs.remove(job)
             self._cond.notify_all()
+        if self.fleet is not None and job.job_id:
+            self.fleet.release(job.job_id)
 
     def snapshot(self, client: str | None = None) -> list[dict[str, Any]]:
         """The board for /api/jobs (of one client when given): what runs and waits, without inputs. `state`:

@@ -361,7 +361,7 @@ def run_job(request: Request, work: Callable[[JobStream], dict[str, Any] | None]
     _, events = job_log.subscribe()  # the stream of this request: the job's first listener
     cancel = JobCancel(current().cancel, job_log, events)
     job = Job(what=what, client=client, deadline=time.monotonic() + settings.job_timeout_s,
-              emit=job_log.put, layer_progress=layer_progress)
+              emit=job_log.put, layer_progress=layer_progress, job_id=job_log.job_id)
     stream = JobStream(job_log, cancel, job)
     JOBS.register(job, settings.max_queued_jobs_per_client)
     JOB_LOGS.add(job_log)

@@ -146,6 +146,72 @@ def test_three_jobs_of_one_client_all_end_done_none_silent(fleet):
     print(f"\nthree jobs of one client: longest silence {max(o['silence'] for o in outs):.2f} s, owner {owners}")
 
 
+def timed_job(base: str, who, text: str, out: dict, started: threading.Event | None = None) -> None:
+    """POST a streamed compare to one replica directly (no nginx: its affinity cannot help); out gets its status,
+    every event with the time it arrived, and the body of a refusal. `started` is set at its first progress event."""
+    out["events"] = []
+    with httpx.stream("POST", base + "/api/text/attention", timeout=httpx.Timeout(300, connect=10),
+                      headers={**client(who), "Accept": "text/event-stream"},
+                      json={"model": "lm", "text": text, "layers": [0], "heads": [0], "compare": True,
+                            "interventions": MASK}) as r:
+        out["status"], out["retry_after"] = r.status_code, r.headers.get("retry-after")
+        if r.status_code != 200:
+            out["body"] = r.read().decode()
+            return
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                event = json.loads(line[5:])
+                out["events"].append((time.monotonic(), event))
+                if started is not None and "progress" in event:
+                    started.set()
+
+
+def _running_interval(out: dict) -> tuple[float, float]:
+    """From a job's first progress event to its done event (the times they arrived)."""
+    times = [t for t, event in out["events"] if "progress" in event or event.get("done")]
+    return times[0], times[-1]
+
+
+def test_one_client_runs_one_job_at_a_time_across_replicas_by_redis(fleet):
+    """Two jobs of one client sent to two replicas directly: the second waits its turn on the fleet's lease in Redis
+    (accepted with queue_position 1, heartbeats while it waits) and runs only after the first has ended; both end
+    done. A fifth job of the client while four are alive on the fleet is refused at once (503 + Retry-After).
+    Before (one job per client per process only), both ran at once and the fifth was accepted."""
+    who = "one-at-a-time"
+    first, second = {}, {}
+    first_started = threading.Event()
+    a = threading.Thread(target=timed_job, args=(fleet.replicas[0].base, who, long_text(LONG_WORDS, shift=80), first,
+                                                 first_started))
+    a.start()
+    assert first_started.wait(120), first
+    b = threading.Thread(target=timed_job, args=(fleet.replicas[1].base, who, long_text(LONG_WORDS, shift=81), second))
+    b.start()
+    # two short ones on the third replica fill the client's cap (max_queued_jobs_per_client=4) over the fleet
+    shorts = [{} for _ in range(2)]
+    waiting = [threading.Thread(target=timed_job, args=(fleet.replicas[2].base, who, long_text(40, shift=82 + i), out))
+               for i, out in enumerate(shorts)]
+    for t in waiting:
+        t.start()
+    end = time.monotonic() + 60
+    while sum(bool(o.get("events")) for o in (second, *shorts)) < 3 and time.monotonic() < end:
+        time.sleep(0.05)
+    over = {}
+    timed_job(fleet.replicas[0].base, who, long_text(40, shift=90), over)
+    for t in (a, b, *waiting):
+        t.join(timeout=600)
+    for out in (first, second, *shorts):
+        assert out["status"] == 200 and out["events"][-1][1].get("done") is True, out["events"][-1:]
+    assert second["events"][0][1]["queue_position"] >= 1  # told it waits for the client's job on another replica
+    runs = sorted(_running_interval(out) for out in (first, second, *shorts))
+    overlaps = [max(0.0, earlier[1] - later[0]) for earlier, later in zip(runs, runs[1:])]
+    assert max(overlaps) < 0.1, runs  # each starts after the one before has ended (0.1 s: the wire's own delays)
+    assert over["status"] == 503 and int(over["retry_after"]) >= 1, over
+    assert "max_queued_jobs_per_client=4" in over["body"] and "replicas" in over["body"], over["body"]
+    gaps = [later[0] - earlier[1] for earlier, later in zip(runs, runs[1:])]
+    print(f"\none client's 4 jobs on 3 replicas: running intervals {[(round(s, 1), round(e, 1)) for s, e in runs]}, "
+          f"gaps between them {[round(g, 2) for g in gaps]} s; a fifth refused 503 (Retry-After {over['retry_after']})")
+
+
 def test_a_job_re_attaches_through_another_replica(fleet):
     """A job id names its replica like a run id: its events asked of another replica are forwarded to the owner."""
     owner, other = fleet.replicas[0], fleet.replicas[1]

@@ -3,18 +3,20 @@
 A server start (`python -m app.serve`, `python -m uvicorn app.main:app`) spends most of its 15-30 s importing torch
 and transformers. `launch()` has them imported once per pytest worker, in a "zygote" process (this module run as
 `python -m tests.server_launcher FD`), which forks one child per server. The child sets the server's environment,
-working directory, stdin/stdout/stderr (file descriptors passed over a Unix socket), sys.path and sys.argv, restores
+working directory, stdin/stdout/stderr (file descriptors passed over a Unix socket) and sys.argv, restores
 the signal handlers a fresh interpreter has, and runs the same entry point with runpy: the server under test is the
 real app in a real process of its own; only the imports were paid earlier. The test side gets a `ServerProcess`,
 which behaves like the `subprocess.Popen` it replaces (pid, poll, wait, terminate, kill, send_signal, returncode,
 stdout for a pipe). The zygote reaps its children and tells their exit statuses (negative: killed by that signal).
 
 What a child could not inherit correctly falls back to a plain `subprocess.Popen`:
-- anything but `python -m uvicorn|app.serve …`, and `--no-allocator-bound`;
+- anything but `python -m uvicorn|app.serve …` in the checkout's root, and `--no-allocator-bound`;
 - ATTNLAB_TEST_EXEC=1 in the test's environment (to compare, or to rule the launcher out).
 Environment variables read while the imports run (HF_HUB_OFFLINE, OMP_*, MALLOC_ARENA_MAX, PYTHON*, …) cannot be
-changed in a child: the zygote is chosen by all of the environment but ATTNLAB_*, PYTEST_* and PYTHONPATH (which is
-applied to sys.path in the child), and a second zygote starts for a second set. For `app.serve` the test side first
+changed in a child, nor can sys.path (the working directory and PYTHONPATH, set when the interpreter starts): the
+zygote is chosen by the working directory and all of the environment but ATTNLAB_* and PYTEST_* (and a PYTHONPATH that
+names only the working directory, already first on sys.path), and a second zygote starts for a second set (in a
+`make test` worker: one for `uvicorn`, one or two for `app.serve`). For `app.serve` the test side first
 adds what app/allocator.py would re-execute the server with (MALLOC_ARENA_MAX=2), so the zygote starts with it in its
 environment, as glibc needs, and the child has the same allocator bound as an exec'd `python -m app.serve`.
 
@@ -52,13 +54,13 @@ MAX_MESSAGE = 1 << 20
 class Zygote:
     """One zygote process (started by `Zygote(env)`) and the socket to it; calls are serialised by a lock."""
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], cwd: str):
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         (ROOT / "artifacts").mkdir(exist_ok=True)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        with open(ROOT / "artifacts" / f"server-zygote-{worker}-{os.getpid()}.log", "ab") as log:
+        with open(ROOT / "artifacts" / f"server-zygote-{worker}.log", "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "tests.server_launcher", str(theirs.fileno())],
-                                         cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                         cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, pass_fds=[theirs.fileno()])
         theirs.close()
         self.lock = threading.Lock()
@@ -89,11 +91,14 @@ _zygotes: dict[tuple, Zygote] = {}
 _zygotes_lock = threading.Lock()
 
 
-def _zygote_for(env: dict[str, str]) -> Zygote:
-    key = tuple(sorted((k, v) for k, v in env.items() if k != "PYTHONPATH" and not k.startswith(RUN_TIME_PREFIXES)))
+def _zygote_for(env: dict[str, str], cwd: str) -> Zygote:
+    """The zygote whose imports saw this environment, and whose sys.path this directory's `python -m` has."""
+    redundant = {p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() == Path(cwd)}
+    key = (cwd, *sorted((k, v) for k, v in env.items() if not k.startswith(RUN_TIME_PREFIXES)
+                        and not (k == "PYTHONPATH" and redundant == set(v.split(os.pathsep)))))
     with _zygotes_lock:
         if key not in _zygotes:
-            _zygotes[key] = Zygote(dict(key))
+            _zygotes[key] = Zygote(dict(key[1:]), cwd)
         return _zygotes[key]
 
 
@@ -195,15 +200,17 @@ def launch(args: list[str], cwd: str | Path, env: dict[str, str] | None = None, 
     args = [str(a) for a in args]
     env = dict(os.environ if env is None else env)
     eligible = (len(args) >= 3 and args[0] == sys.executable and args[1] == "-m" and args[2] in MODULES
-                and "--no-allocator-bound" not in args and os.environ.get(EXEC_SETTING, "") in ("", "0"))
+                and "--no-allocator-bound" not in args and os.environ.get(EXEC_SETTING, "") in ("", "0")
+                and Path(cwd).resolve() == ROOT)  # the zygote is `python -m tests.server_launcher` in the checkout
     _count(args[2] if len(args) > 2 else args[0], "zygote" if eligible else "exec")
     if not eligible:
         return subprocess.Popen(args, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr)
     env = _child_environ(args[2], env)
     fds, opened, reader = _standard_fds(stdin, stdout, stderr)
-    zygote = _zygote_for(env)
+    cwd = str(Path(cwd).resolve())
+    zygote = _zygote_for(env, cwd)
     try:
-        request = {"op": "spawn", "module": args[2], "args": args[3:], "cwd": str(Path(cwd).resolve()), "env": env}
+        request = {"op": "spawn", "module": args[2], "args": args[3:], "cwd": cwd, "env": env}
         pid = zygote.call(request, fds)["pid"]
     finally:
         for fd in opened:
@@ -270,10 +277,10 @@ def _serve(control: socket.socket, children: dict[int, int | None]):
         control.send(json.dumps({"pid": pid}).encode())
 
 
-def _become_server(request: dict, control: socket.socket, handlers: dict, base_path: list[str]) -> None:
-    """In the forked child: take the server's standard streams, environment, directory, sys.path, sys.argv and a
-    fresh interpreter's signal handlers, then run its module as `python -m` would (an exception or SystemExit
-    ends this process the same way)."""
+def _become_server(request: dict, control: socket.socket, handlers: dict) -> None:
+    """In the forked child: take the server's standard streams, environment, sys.argv and a fresh interpreter's
+    signal handlers, then run its module as `python -m` would (an exception or SystemExit ends this process the same
+    way). Its directory and sys.path are the zygote's, chosen for them."""
     control.close()
     for target, fd in enumerate(request["fds"]):
         os.dup2(fd, target)  # 0, 1, 2; dup2 clears close-on-exec, as the child of a Popen has them
@@ -287,9 +294,6 @@ def _become_server(request: dict, control: socket.socket, handlers: dict, base_p
             pass
     os.environ.clear()
     os.environ.update(request["env"])
-    os.chdir(request["cwd"])
-    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [request["cwd"], *extra, *base_path]  # `python -m`: the directory, PYTHONPATH, the rest
     sys.argv = [request["module"], *request["args"]]  # run_module puts the module's file first, as -m does
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 
@@ -299,7 +303,6 @@ def main() -> None:
     handlers = {sig: signal.getsignal(sig) for sig in signal.valid_signals()
                 if sig not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(sig) is not None}
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the servers, not the zygote the tests still ask
-    base_path = sys.path[1:]  # without this directory (sys.path[0]); PYTHONPATH is not in the zygote's environment
     started = time.monotonic()
     _import_heavy_modules()
     _fork_once_to_stop_blas_threads()
@@ -316,7 +319,7 @@ def main() -> None:
             if code is None:
                 os.kill(pid, signal.SIGKILL)
         return
-    _become_server(request, control, handlers, base_path)
+    _become_server(request, control, handlers)
 
 
 if __name__ == "__main__":

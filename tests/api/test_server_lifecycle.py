@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.runtime import Runtime
 from tests.api.helpers import make_settings, wait_until
+from tests.server_launcher import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +51,7 @@ def free_port() -> int:
 def test_sigterm_lets_in_flight_request_finish_and_exits_0(tmp_path):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    server = subprocess.Popen(
+    server = launch(  # forked by tests/server_launcher.py, or exec'd with ATTNLAB_TEST_EXEC=1
         [sys.executable, "-m", "app.serve", "tests.api.slow_app:app", "--host", "127.0.0.1", "--port", str(port)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )

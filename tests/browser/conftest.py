@@ -17,6 +17,8 @@ from urllib.parse import urlparse
 
 import pytest
 
+from tests.server_launcher import launch
+
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
@@ -32,20 +34,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+SERVER_PIDS: dict[str, int] = {}  # base URL → the pid of the server serve_app started there
+
+
 def serve_app(env_extra: dict[str, str] | None = None, log_name: str = "browser-server.log"):
     """Start `uvicorn app.main:app` on a free loopback port and wait for /api/ready; yields the base URL,
-    stops the server after. Its output goes to artifacts/<log_name>."""
+    stops the server after. Its output goes to artifacts/<log_name>. Forked by tests/server_launcher.py (torch and
+    transformers imported once per worker; ATTNLAB_TEST_EXEC=1: a plain exec)."""
     port = _free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
     (ROOT / "artifacts").mkdir(exist_ok=True)
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # each pytest-xdist worker starts its own session server
     log_path = ROOT / "artifacts" / (log_name.replace(".log", f"-{worker}.log") if worker else log_name)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
+        proc = launch(
             [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         url = f"http://127.0.0.1:{port}"
+        SERVER_PIDS[url] = proc.pid  # a forked server's /proc/<pid>/cmdline is its zygote's, so find it by this
         deadline = time.time() + 600  # two pytest-xdist workers may load their servers' models at once on 2 cores
         while True:
             try:

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.browser.conftest import screenshot, serve_app
+from tests.browser.conftest import SERVER_PIDS, screenshot, serve_app
 
 pytestmark = pytest.mark.slow  # a smollm2-135m server of its own and ~300-token views
 
@@ -130,19 +130,9 @@ def test_long_sample_overview_zoom_row_and_retrieval(page, page_log, long_server
 
 
 def _server_cpu_seconds(url: str) -> float:
-    """utime + stime of the uvicorn process serving `url` (this test's own server, found by its port)."""
-    port = url.rsplit(":", 1)[1].encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-            if b"uvicorn" in args and port in args:
-                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-                return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except OSError:
-            continue
-    raise AssertionError(f"no uvicorn process serves {url}")
+    """utime + stime of the server process serving `url` (this test's own server, started by serve_app)."""
+    fields = Path(f"/proc/{SERVER_PIDS[url]}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 PROGRESS_SHOWN = "() => !document.getElementById('run-progress').hidden && Number(document.getElementById('run-progress').dataset.progress) >= 1"
 
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import WORDS, build_tiny_bert
+from tests.server_launcher import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_TEXT = " ".join(WORDS[i % len(WORDS)] for i in range(460)) + "."  # about 460 tokens
@@ -47,12 +48,14 @@ def big_bert(tmp_path_factory) -> Path:
 
 
 class Server:
-    """`python -m app.serve` on 127.0.0.1 with ATTNLAB_* settings; its log goes to a file."""
+    """`python -m app.serve` on 127.0.0.1 with ATTNLAB_* settings; its log goes to a file. Started through
+    tests/server_launcher.py (forked from a zygote that has imported torch and transformers), or exec'd when
+    `exec_start` (a test of the start itself) or ATTNLAB_TEST_EXEC=1."""
 
     label = "server"
 
     def __init__(self, tmp: Path, settings: dict, extra_args: tuple[str, ...] = (), port: int | None = None,
-                 log_name: str | None = None):
+                 log_name: str | None = None, exec_start: bool = False):
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / (log_name or f"server-{self.port}.log")
@@ -61,7 +64,8 @@ class Server:
         env["PYTHONPATH"] = str(ROOT)
         self._log = open(self.log_path, "w")
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(
+        start = subprocess.Popen if exec_start else launch
+        self.proc = start(
             [sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(self.port), *extra_args],
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )
@@ -101,11 +105,12 @@ class Server:
 
 @pytest.fixture
 def start_server(tmp_path):
-    """start_server(settings, *uvicorn_args) → a started Server (not waited for); all stopped at the end."""
+    """start_server(settings, *uvicorn_args, exec_start=False) → a started Server (not waited for); all stopped at
+    the end. exec_start: a real `python -m app.serve` exec, for a test of the start itself."""
     servers: list[Server] = []
 
-    def start(settings: dict, *args: str) -> Server:
-        server = Server(tmp_path, settings, args)
+    def start(settings: dict, *args: str, exec_start: bool = False) -> Server:
+        server = Server(tmp_path, settings, args, exec_start=exec_start)
         servers.append(server)
         return server
 

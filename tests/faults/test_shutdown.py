@@ -16,7 +16,7 @@ from tests.faults.conftest import long_request, text_models
 
 
 def test_sigterm_during_start_up_exits_promptly(tiny_bert, start_server):
-    server = start_server(text_models(tiny_bert))
+    server = start_server(text_models(tiny_bert), exec_start=True)  # the start itself: a real exec, all its imports
     # app/serve.py's first log line follows its exit-at-once handler; then it imports torch and transformers and
     # loads the app, seconds in which uvicorn's handlers are not in place. (A fixed 1 s sleep could land before
     # Python had even imported app.serve on a busy machine: killed by the default action, status -15.)

@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.server_launcher import ServerProcess, launch
+
 ROOT = Path(__file__).resolve().parents[2]
 SMOLLM2 = ROOT / "weights" / "smollm2-135m"
 
@@ -40,12 +42,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def real_server(env: dict[str, str], ready_s: float) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`python -m app.serve` on a free loopback port with `env` added: yields (base URL, process) once /api/ready is
+def real_server(env: dict[str, str], ready_s: float) -> Iterator[tuple[str, subprocess.Popen | ServerProcess]]:
+    """`python -m app.serve` (through tests/server_launcher.py: forked from a zygote that has imported torch and
+    transformers) on a free loopback port with `env` added: yields (base URL, process) once /api/ready is
     200 (the test fails past ready_s) and its start-up work (e.g. the example's first view, which may still run after
     ready) has settled; SIGTERM after, then a kill if it has not stopped within 15 s."""
     port = free_port()
-    server = subprocess.Popen(
+    server = launch(
         [sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
         cwd=ROOT, env={**os.environ, **env},
     )

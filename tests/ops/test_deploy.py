@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from app.settings import Settings
+from tests.server_launcher import ServerProcess, launch
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -143,8 +144,9 @@ def test_kustomize_renders_with_and_without_the_gpu_patch(tmp_path):
 
 
 # ---- the device: where the models run, and a clear refusal when a GPU is demanded and absent ------------------
-def serve(tmp_path: Path, **env_extra: str) -> tuple[subprocess.Popen, str, Path]:
-    """`python -m app.serve` on a free port with only the given ATTNLAB_* settings; its log goes to a file."""
+def serve(tmp_path: Path, **env_extra: str) -> tuple[subprocess.Popen | ServerProcess, str, Path]:
+    """`python -m app.serve` on a free port with only the given ATTNLAB_* settings; its log goes to a file. Forked by
+    tests/server_launcher.py: the same app.serve code runs the lifespan and exits with its status."""
     from tests.faults.conftest import free_port
 
     port = free_port()
@@ -152,8 +154,8 @@ def serve(tmp_path: Path, **env_extra: str) -> tuple[subprocess.Popen, str, Path
     env.update(HF_HUB_OFFLINE="1", ATTNLAB_WEIGHTS_DIR=str(ROOT / "weights"), **env_extra)
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "app.serve", "app.main:app", "--port", str(port)],
-                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = launch([sys.executable, "-m", "app.serve", "app.main:app", "--port", str(port)],
+                      cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     return proc, f"http://127.0.0.1:{port}", log
 
 

@@ -121,6 +121,16 @@ class Sent:
     last: bool
 
 
+def gap_event(job_id: str, after: int, first_kept: int) -> Sent:
+    """Said before a replay whose first events are no longer kept: `event: gap` with the numbers missed (after+1 up
+    to first_kept-1) and the id of the first event that follows. It has no id of its own: a client's Last-Event-ID
+    stays the last event it really had. Progress and the done event are cumulative, so nothing is wrong once the
+    replay is read; only events of the work's own (a continuation's tokens) in the gap are not sent again."""
+    payload = {"gap": {"after": after, "first": first_kept, "missed": first_kept - after - 1,
+                       "first_id": f"{job_id}:{first_kept}"}}
+    return Sent(0, b"event: gap\n" + sse(payload), False)
+
+
 class JobLog:
     """A job's events for every stream that listens: the one that started it and any that re-attach (GET
     /api/jobs/{job_id}/events, docs/api.md "Re-attaching to a job"). Numbers them from 1, keeps the latest `size` and
@@ -137,13 +147,20 @@ class JobLog:
         self.ended_at: float | None = None  # monotonic: its last event (or its refusal)
         self.detached_since: float | None = None  # monotonic: since when no stream listens
         self.cancelled = False  # DELETE /api/jobs/{job_id}
+        self.kept_bytes = 0  # its kept events' bytes once it has ended (JobLogs caps their sum)
+        self.on_end: Callable[[JobLog], None] | None = None  # called once, when it has ended (JobLogs.ended)
 
     def subscribe(self, after: int = 0) -> tuple[list[Sent], EventPipe]:
-        """The kept events after number `after`, and a pipe that gets every later one."""
+        """The kept events after number `after`, and a pipe that gets every later one. When events after `after`
+        were dropped (more than `size` came since), the backlog starts with a `gap` event (`gap_event`)."""
         pipe = EventPipe()
         with self._lock:
             backlog = [sent for sent in self._recent if sent.n > after]
+            if backlog and backlog[0].n > after + 1:
+                backlog.insert(0, gap_event(self.job_id, after, backlog[0].n))
             if self._end is not None and self._end.n > after and (not backlog or backlog[-1].n < self._end.n):
+                if not backlog and self._end.n > after + 1:
+                    backlog.append(gap_event(self.job_id, after, self._end.n))
                 backlog.append(self._end)
             if self.ended_at is None:
                 self._pipes.append(pipe)
@@ -185,6 +202,12 @@ class JobLog:
             if self.count == 0 and not item.get("accepted") and "error" not in item:
                 self._log({"accepted": True, "eta_s": 0.0, "queue_position": 0, "runs": 0})  # answered from cache
             self._log(item)
+            ended = self.ended_at is not None
+            if ended:
+                kept = list(self._recent) + ([self._end] if self._end not in self._recent else [])
+                self.kept_bytes = sum(len(sent.data) for sent in kept)
+        if ended and self.on_end is not None:
+            self.on_end(self)
 
     def _log(self, event: dict[str, Any]) -> None:  # under self._lock
         if event.get("accepted"):
@@ -202,20 +225,36 @@ class JobLog:
 
 
 class JobLogs:
-    """The logs of this process's jobs by job id, each kept until `keep_s` after its job ended; an id whose log was
-    dropped is remembered as expired (the latest EXPIRED_KEPT of them), so a 404 can say which case it is."""
+    """The logs of this process's jobs by job id, each kept until `keep_s` after its job ended, and the ended ones'
+    events at most `max_bytes` together (job_events_max_bytes: past it the oldest ended jobs' logs are dropped first);
+    an id whose log was dropped is remembered as expired, with why (the latest EXPIRED_KEPT of them), so a 404 can
+    say which case it is."""
 
     EXPIRED_KEPT = 10_000
 
     def __init__(self) -> None:
         self._logs: dict[str, JobLog] = {}
-        self._expired: OrderedDict[str, None] = OrderedDict()
+        self._expired: OrderedDict[str, str] = OrderedDict()  # job id → "time" | "bytes": why it was dropped
         self._lock = threading.Lock()
+        self.max_bytes: int | None = None  # job_events_max_bytes (run_job passes the setting)
 
-    def add(self, log_: JobLog) -> None:
+    def add(self, log_: JobLog, max_bytes: int | None = None) -> None:
+        log_.on_end = self.ended
         with self._lock:
+            if max_bytes is not None:
+                self.max_bytes = max_bytes
             self._prune(time.monotonic())
             self._logs[log_.job_id] = log_
+
+    def ended(self, _log: JobLog) -> None:
+        """A job has ended: its kept events now count against max_bytes."""
+        with self._lock:
+            self._prune(time.monotonic())
+
+    def ended_bytes(self) -> int:
+        """The bytes of the ended jobs' kept events (for /metrics and the tests)."""
+        with self._lock:
+            return sum(l.kept_bytes for l in self._logs.values() if l.ended_at is not None)
 
     def drop(self, job_id: str) -> None:
         """A job refused before it was accepted: its id was never sent."""
@@ -223,16 +262,28 @@ class JobLogs:
             self._logs.pop(job_id, None)
 
     def find(self, job_id: str) -> tuple[JobLog | None, str]:
-        """(the job's log, "") or (None, "expired" | "unknown")."""
+        """(the job's log, "") or (None, "expired" (after its keep_s) | "dropped" (over max_bytes) | "unknown")."""
         with self._lock:
             self._prune(time.monotonic())
             found = self._logs.get(job_id)
-            return (found, "") if found is not None else (None, "expired" if job_id in self._expired else "unknown")
+            if found is not None:
+                return found, ""
+            why = self._expired.get(job_id)
+            return None, "unknown" if why is None else "dropped" if why == "bytes" else "expired"
 
     def _prune(self, now: float) -> None:  # under self._lock
-        for job_id in [j for j, l in self._logs.items() if l.ended_at is not None and now - l.ended_at > l.keep_s]:
-            del self._logs[job_id]
-            self._expired[job_id] = None
+        ended = sorted((l for l in self._logs.values() if l.ended_at is not None), key=lambda l: l.ended_at)
+        total = sum(l.kept_bytes for l in ended)
+        for old in ended:
+            if now - old.ended_at > old.keep_s:
+                why = "time"
+            elif self.max_bytes is not None and total > self.max_bytes:
+                why = "bytes"
+            else:
+                continue
+            del self._logs[old.job_id]
+            self._expired[old.job_id] = why
+            total -= old.kept_bytes
         while len(self._expired) > self.EXPIRED_KEPT:
             self._expired.popitem(last=False)
 
@@ -364,7 +415,7 @@ def run_job(request: Request, work: Callable[[JobStream], dict[str, Any] | None]
               emit=job_log.put, layer_progress=layer_progress, job_id=job_log.job_id)
     stream = JobStream(job_log, cancel, job)
     JOBS.register(job, settings.max_queued_jobs_per_client)
-    JOB_LOGS.add(job_log)
+    JOB_LOGS.add(job_log, settings.job_events_max_bytes)
 
     def thread_main() -> None:
         # the job's context: the request's (its client, cache scope, timings) with the job, its deadline, its progress
@@ -452,6 +503,9 @@ def missing_job(job_id: str, why: str, settings: Any) -> str:
     if why == "expired":
         return (f"job {job_id!r} expired: it ended over result_pin_s={settings.result_pin_s:g} s ago and its events "
                 "were dropped: send the job again")
+    if why == "dropped":
+        return (f"job {job_id!r} expired: it has ended and its events were dropped to keep ended jobs' events under "
+                f"job_events_max_bytes={settings.job_events_max_bytes:,}: send the job again")
     return (f"job {job_id!r} is unknown: this server never ran it for this client (an id from another server, or "
             "from before a restart): send the job again")
 

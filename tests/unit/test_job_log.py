@@ -18,12 +18,58 @@ def test_events_are_numbered_and_the_buffer_keeps_the_latest_and_the_done_event(
         log.put({"progress": done, "total": 30})
     log.put({"done": True, "run_id": "r"})
     backlog, pipe = log.subscribe(after=3)
+    backlog = backlog[1:]  # after the gap event (test_a_replay_past_the_kept_events_starts_with_a_gap)
     assert [sent.n for sent in backlog] == list(range(25, 33))  # the latest 8: the accepted event (1) came first
     assert backlog[-1].last and b'"run_id":"r"' in backlog[-1].data
     assert backlog[0].data.startswith(b"id: abcd1234." + b"0" * 32 + b":25\ndata: ")
     assert pipe.get(0.01) is None  # the job has ended: nothing more comes, the stream ends after the backlog
     first, _ = log.subscribe(after=0)
-    assert isinstance(first[0], Sent) and first[0].n == 25  # the accepted event rolled out of the buffer
+    assert isinstance(first[1], Sent) and first[1].n == 25  # the accepted event rolled out of the buffer
+
+
+def test_a_replay_past_the_kept_events_starts_with_a_gap():
+    """More than job_event_buffer events missed: the replay says so first (`event: gap`, the numbers missed and the
+    first kept id) instead of silently starting further on; within the buffer, or right after the last event seen,
+    there is no gap event."""
+    log = _log(size=8)
+    for done in range(1, 21):
+        log.put({"progress": done, "total": 30})  # events 1 (accepted) … 21; 14 … 21 kept
+    backlog, _ = log.subscribe(after=5)
+    gap = backlog[0].data.decode()
+    assert gap.startswith("event: gap\ndata: ") and "\nid:" not in gap and not gap.startswith("id:")  # no id
+    assert '"gap":{"after":5,"first":14,"missed":8,"first_id":"abcd1234.' in gap
+    assert [sent.n for sent in backlog[1:]] == list(range(14, 22))
+    assert [sent.n for sent in log.subscribe(after=13)[0]] == list(range(14, 22))  # nothing missed: no gap
+    assert log.subscribe(after=21)[0] == []
+    log.put({"done": True})
+    assert [sent.n for sent in log.subscribe(after=21)[0]] == [22]
+
+
+def test_ended_jobs_events_are_capped_in_bytes_oldest_dropped_first():
+    """job_events_max_bytes: the ended jobs' kept events stay under the cap; the jobs that ended first are dropped
+    (their re-attach is a 404 that says why), a running job's events are never dropped."""
+    from types import SimpleNamespace
+
+    from app.streams import JobLogs, missing_job
+
+    logs = JobLogs()
+    answer = {"done": True, "attention": "x" * 3000}  # a done event of about 3 kB
+    ended = []
+    for i in range(4):
+        job = JobLog(f"abcd1234.{i:032x}", "h:someone", "POST /api/text/attention", 8, 1.0, keep_s=600)
+        logs.add(job, max_bytes=8000)
+        job.put({"progress": 1, "total": 1})
+        job.put(answer)
+        ended.append(job)
+        assert logs.ended_bytes() <= 8000
+    running = JobLog("abcd1234." + "f" * 32, "h:someone", "POST /api/text/attention", 8, 1.0, keep_s=600)
+    logs.add(running, max_bytes=8000)
+    running.put({"progress": 1, "total": 2})
+    found = [logs.find(job.job_id) for job in ended]
+    assert [why for _, why in found] == ["dropped", "dropped", "", ""]  # two of ~3.1 kB fit under 8,000 bytes
+    assert logs.find(running.job_id)[0] is running
+    settings = SimpleNamespace(job_events_max_bytes=8000, result_pin_s=120)
+    assert "job_events_max_bytes=8,000" in missing_job(ended[0].job_id, "dropped", settings)
 
 
 def test_a_job_with_no_stream_runs_on_for_the_grace_and_a_re_attach_keeps_it():

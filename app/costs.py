@@ -352,6 +352,8 @@ def observe_run(adapter, tokens: int, keys: int, interventions: int, seconds: fl
                 since: tuple[float, int, int] | None = None) -> None:
     """Record a finished forward's time (runtime.run calls this), normalised by the CPU share the process had: over
     the run itself when `since` (CPU_SHARE.mark() taken before it) is given, else the smoothed share now."""
+    if seconds < MIN_TIMED_S:
+        return  # THROUGHPUT.observe keeps only longer runs: their share is not worth the two /proc reads
     on_cpu = runs_on_cpu(adapter)
     share = (CPU_SHARE.share_since(since) if since is not None else CPU_SHARE.now()) if on_cpu else 1.0
     THROUGHPUT.observe(adapter.info.id, forward_macs(model_shape(adapter), tokens, keys, interventions), seconds, share)

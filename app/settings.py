@@ -225,6 +225,10 @@ class Settings(BaseSettings):
     # what smollm2-135m's long first view reaches on the 2-core CI machine (4,096 tokens: 1.1e12 multiply-adds in
     # ~16 s), so a first long view (and its compare) is admitted before the model has timed runs of its own.
     compute_gmacs_per_s: float = Field(48.0, gt=0)
+    # When the start-up timing forwards of the default text models run (Runtime.time_model; about 12 CPU-s of a
+    # 29 CPU-s start on the 2-core machine): before /api/ready turns 200, or just after it (`make run`: the server is
+    # ready sooner; until the runs end, a first request's estimate uses compute_gmacs_per_s and waits its turn).
+    startup_timing: Literal["before_ready", "after_ready"] = "before_ready"
     # What the whole process may use (models + torch + in-flight runs + image decodes + caches): the result
     # and image caches are sized from it when result_cache_bytes/image_cache_bytes are None. deploy/k8s sets the
     # pod's memory limit ~15 % above it. memory_reserved_bytes: the models and torch's own working memory.

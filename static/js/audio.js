@@ -661,6 +661,7 @@ function changeModel() {
 function setupControls() {
   setOptions($("model-select"), models.map((m) => [m.id, m.multilingual ? `${m.id} (multilingual)` : m.id]), state.model);
   addNotReady($("model-select"), config.not_ready);
+  if (!models.length) $("model-select").selectedIndex = 0; // shows "… (being prepared…)" rather than an empty menu
   $("model-select").addEventListener("change", changeModel);
   $("task-select").addEventListener("change", (e) => { state.task = e.target.value; update(); });
   $("language-select").addEventListener("change", (e) => { state.language = e.target.value; update(); });

@@ -66,3 +66,24 @@ def test_a_failed_background_preparation_is_listed_with_its_reason_and_log(tmp_p
         assert response.status_code == 422 and "preparation failed" in response.text
         assert client.get("/api/health").status_code == 200
     assert any("preparing qwen2.5-0.5b failed" in r.getMessage() for r in caplog.records)
+
+
+def test_startup_timing_after_ready_times_the_models_once_ready(tiny_bert, monkeypatch):
+    """`make run` (ATTNLAB_STARTUP_TIMING=after_ready): /api/ready does not wait for the timing forwards; by default
+    it does."""
+    from app.runtime import Runtime
+    from tests.api.helpers import make_settings
+
+    ready_when_timed = []
+    timed = Runtime.time_model
+
+    def noting_readiness(self, adapter, *args, **kwargs):
+        ready_when_timed.append(self.ready)
+        return timed(self, adapter, *args, **kwargs)
+
+    monkeypatch.setattr(Runtime, "time_model", noting_readiness)
+    for timing in ("before_ready", "after_ready"):
+        runtime = Runtime(make_settings(tiny_bert, startup_timing=timing))
+        runtime.warm_up()
+        assert runtime.ready
+    assert ready_when_timed == [False, True]

@@ -29,23 +29,29 @@ export async function postJob(url, body, { signal, onEvent = () => {} } = {}) {
 // job_reattach_grace_s awaiting a re-attach.
 async function postJobOnce(url, body, { signal, onEvent }) {
   const passing = (err, retryAfter = null) => Object.assign(err, { passing: true, retryAfter });
-  let res;
-  try {
-    res = await fetch(url, {
-      method: "POST", headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
-      body: JSON.stringify(body), signal,
-    });
-  } catch (err) {
-    if (err.name === "AbortError") throw err;
-    throw passing(err); // the server was not reached
+  // own: an event of the work's own (not accepted/progress) reached the caller: not sent again (it would repeat)
+  const job = { lastId: null, own: false, remember: (id) => rememberJob(url, body, id) };
+  // the same job still live from before a page reload (sessionStorage): its events from where the page left off
+  const saved = savedJob(url);
+  let res = saved && saved.key === JSON.stringify(body) ? await reattach(saved.lastId, signal) : null;
+  if (res) job.lastId = saved.lastId;
+  else if (saved) forgetJob(url); // unknown, expired or its replica gone (404): sent again below
+  if (!res) {
+    try {
+      res = await fetch(url, {
+        method: "POST", headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+        body: JSON.stringify(body), signal,
+      });
+    } catch (err) {
+      if (err.name === "AbortError") throw err;
+      throw passing(err); // the server was not reached
+    }
   }
   if ([502, 503, 504].includes(res.status)) {
     const retry = Number(res.headers.get("retry-after"));
     try { return await readJSON(res); } catch (err) { throw passing(err, retry > 0 ? retry : null); }
   }
   if (!res.ok || !res.headers.get("content-type")?.startsWith("text/event-stream")) return readJSON(res);
-  // own: an event of the work's own (not accepted/progress) reached the caller: not sent again (it would repeat)
-  const job = { lastId: null, own: false };
   const again = (err, retryAfter = null) => (job.own ? err : passing(err, retryAfter));
   const cancel = () => {
     if (job.lastId) fetch(`/api/jobs/${jobIdOf(job.lastId)}`, { method: "DELETE", keepalive: true }).catch(() => {});
@@ -54,9 +60,12 @@ async function postJobOnce(url, body, { signal, onEvent }) {
   try {
     for (let attach = 0; ; attach++) {
       try {
-        return await readJob(res, job, { signal, onEvent });
+        const done = await readJob(res, job, { signal, onEvent });
+        forgetJob(url);
+        return done;
       } catch (err) {
-        if (err.shutdown) throw again(err, err.retryAfter);
+        if (!err.cut) forgetJob(url); // ended (refused, failed, cancelled, aborted): nothing to come back to
+        if (err.shutdown || err.unheard) throw again(err, err.retryAfter);
         if (!err.cut) throw err;
         res = job.lastId && attach < JOB_RETRIES ? await reattach(job.lastId, signal) : null;
         if (!res) throw again(err);
@@ -71,14 +80,16 @@ async function postJobOnce(url, body, { signal, onEvent }) {
 async function readJob(res, job, { signal, onEvent }) {
   const cut = (err) => Object.assign(err, { cut: true });
   try {
-    for await (const event of serverEvents(res.body, { onId: (id) => { job.lastId = id; } })) {
+    for await (const event of serverEvents(res.body, { onId: (id) => { job.lastId = id; job.remember(id); } })) {
       if (event.done) return event;
-      // a job cancelled because no stream listened within job_reattach_grace_s (re-attached too late): sent again
+      // sent again: a job its stopping replica ended (shutdown), or one cancelled because no stream listened within
+      // job_reattach_grace_s (unheard: re-attached too late)
       if (event.error) {
-        const passing = /shutting down/.test(event.error) || event.cancelled === true;
-        throw Object.assign(jobError(event), { shutdown: passing });
+        throw Object.assign(jobError(event), { shutdown: /shutting down/.test(event.error), unheard: event.cancelled === true });
       }
-      if (!event.accepted && event.progress === undefined) job.own = true;
+      // a gap: a re-attach after more than job_event_buffer events missed (their numbers in event.gap). Progress is
+      // cumulative and the done event carries the whole answer: the next events are read as they come
+      if (!event.accepted && event.progress === undefined && !event.gap) job.own = true;
       onEvent(event);
     }
   } catch (err) {
@@ -89,6 +100,24 @@ async function readJob(res, job, { signal, onEvent }) {
 }
 
 const jobIdOf = (eventId) => eventId.slice(0, eventId.lastIndexOf(":"));
+
+// A page reload re-attaches (docs/api.md "Re-attaching to a job"): the live job of each URL is kept in this tab's
+// sessionStorage as its request body and last event id, from its first event to its end. postJob of the same URL
+// and body finds it and re-attaches after that id instead of sending the job again; a page reads it on load
+// (savedJob) to ask for the same work again (static/js/text.js). Storage refused (private modes, full): no re-attach.
+const JOB_STORE = "attnlab:job:";
+export function savedJob(url) {
+  try {
+    const saved = JSON.parse(sessionStorage.getItem(JOB_STORE + url) ?? "null");
+    return saved?.lastId && saved.key ? { ...saved, body: JSON.parse(saved.key) } : null;
+  } catch { return null; }
+}
+function rememberJob(url, body, lastId) {
+  try { sessionStorage.setItem(JOB_STORE + url, JSON.stringify({ key: JSON.stringify(body), lastId })); } catch { /* no re-attach */ }
+}
+function forgetJob(url) {
+  try { sessionStorage.removeItem(JOB_STORE + url); } catch { /* nothing kept */ }
+}
 
 // The rest of a job's events after `lastId`, or null when it cannot be re-attached (404: unknown, expired, its
 // replica gone; or no answer).

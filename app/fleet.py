@@ -21,7 +21,7 @@ import logging
 import re
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio.to_thread
 
@@ -204,13 +204,21 @@ def _body_of(scope) -> bytes | None:
     return parsed[0] if parsed is not None else scope.get(FLEET_BODY_KEY)
 
 
-def _gone(run_id: str, owner: str, why: str) -> tuple[int, bytes]:
-    if run_id.startswith("job "):  # a job's events: the client sends the job again
-        detail = (f"job {run_id[4:]!r}: its replica ({owner}) is gone ({why}); the job went with it: send the job "
+class Owned(NamedTuple):
+    """What a request names that lives on one replica: a run (its windows, rows; a body's `minus`) or a job (its
+    events, its cancel), by its id, and the replica that owns it."""
+    kind: str  # "run" | "job"
+    id: str
+    owner: str
+
+
+def _gone(owned: Owned, why: str) -> tuple[int, bytes]:
+    if owned.kind == "job":  # a job's events: the client sends the job again
+        detail = (f"job {owned.id!r}: its replica ({owned.owner}) is gone ({why}); the job went with it: send the job "
                   "again")
         return 404, json.dumps({"detail": detail}).encode()
-    detail = (f"run {run_id!r}: its replica ({owner}) is gone ({why}); the run went with it: run the input again "
-              "for a new run_id")
+    detail = (f"run {owned.id!r}: its replica ({owned.owner}) is gone ({why}); the run went with it: run the input "
+              "again for a new run_id")
     return 404, json.dumps({"detail": detail}).encode()
 
 
@@ -241,13 +249,14 @@ class FleetRouter:
         forwarded = any(k == FORWARDED_HEADER for k, _ in scope.get("headers", []))
         if scope["method"] == "POST" and RUN_PATH.match(scope["path"]) and SCOPE_JSON_KEY not in scope:
             receive = await self._buffer_body(scope, receive)  # a run route's body: read here, replayed below
-        run_id, owner = self._owner_of(scope)
-        if owner is not None and owner != replica_name() and not forwarded:
-            return await self._forward(run_id, owner, scope, receive, send)
-        other_id, other = self._body_owner(scope) if owner is not None else (None, None)
-        if other is not None and not forwarded and await self._url(other) is None:
+        owned = self._owner_of(scope)
+        owner = owned.owner if owned is not None else None
+        if owned is not None and owner != replica_name() and not forwarded:
+            return await self._forward(owned, scope, receive, send)
+        other = self._body_owner(scope) if owned is not None else None
+        if other is not None and not forwarded and await self._url(other.owner) is None:
             # this replica's run with another's (`minus`): both live in one process only; a gone one says so
-            return await _send_plain(send, *_gone(other_id, other, "not registered: its process ended"))
+            return await _send_plain(send, *_gone(other, "not registered: its process ended"))
         if self.fleet.draining and scope["path"] == "/api/ready":
             return await _send_plain(send, 503, b'{"status": "draining"}', [(b"retry-after", b"5")])
         if not forwarded and owner is None and self._refuses_work(scope):
@@ -283,27 +292,26 @@ class FleetRouter:
 
         return replay
 
-    def _owner_of(self, scope) -> tuple[str | None, str | None]:
-        """(a run id, its owner) named by the path, else by the JSON body (the first of another replica's)."""
-        match = RUN_PATH.match(scope["path"])
-        if match:
-            return match.group(1), run_owner(match.group(1))
-        match = JOB_PATH.match(scope["path"])
-        if match:
-            return "job " + match.group(1), run_owner(match.group(1))
+    def _owner_of(self, scope) -> Owned | None:
+        """The run or job named by the path (None: one whose id names no replica), else by the JSON body (the first
+        run of another replica's)."""
+        for kind, path in (("run", RUN_PATH), ("job", JOB_PATH)):
+            match = path.match(scope["path"])
+            if match:
+                owner = run_owner(match.group(1))
+                return Owned(kind, match.group(1), owner) if owner is not None else None
         return self._body_owner(scope)
 
-    def _body_owner(self, scope) -> tuple[str | None, str | None]:
-        """(the first run id of another replica in the JSON body, its owner), or (None, None)."""
+    def _body_owner(self, scope) -> Owned | None:
+        """The first run of another replica named in the JSON body, or None."""
         body = _body_of(scope)
         if body is None:
-            return None, None
+            return None
         here = replica_name().encode()
         for found in BODY_RUN_ID.finditer(body):
             if found.group(1) != here:
-                run_id = found.group(0)[1:-1].decode()
-                return run_id, found.group(1).decode()
-        return None, None
+                return Owned("run", found.group(0)[1:-1].decode(), found.group(1).decode())
+        return None
 
     def _refuses_work(self, scope) -> bool:
         """New work (an API POST) on a replica of a fleet that is draining or not ready yet."""
@@ -318,10 +326,11 @@ class FleetRouter:
         registry = self.fleet.registry
         return await anyio.to_thread.run_sync(registry.url_of, owner) if registry is not None else None
 
-    async def _forward(self, run_id: str, owner: str, scope, receive, send) -> None:
+    async def _forward(self, owned: Owned, scope, receive, send) -> None:
+        owner = owned.owner
         url = await self._url(owner)
         if url is None:
-            return await _send_plain(send, *_gone(run_id, owner, "not registered: its process ended"))
+            return await _send_plain(send, *_gone(owned, "not registered: its process ended"))
         import httpx
 
         body = _body_of(scope)
@@ -337,7 +346,7 @@ class FleetRouter:
                                        stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             log.info("fleet: replica %s at %s unreachable for %s: %s", owner, url, scope["path"], exc)
-            return await _send_plain(send, *_gone(run_id, owner, "unreachable"))
+            return await _send_plain(send, *_gone(owned, "unreachable"))
         await self._relay(answer, receive, send)
 
     async def _relay(self, answer, receive, send) -> None:

@@ -202,37 +202,39 @@ class Lab:
         """Run a POST as a job (docs/api.md "Jobs") and return its done event's JSON, showing progress with its ETA.
         A stream cut without an answer re-attaches to the job (GET /api/jobs/{job_id}/events with the last event's
         id): the work in progress goes on. Only when that fails (the job or its replica is gone), or on a passing
-        refusal (_passing), is the job sent again, up to `retries` times. A KeyboardInterrupt cancels the job on the
-        server (DELETE /api/jobs/{job_id})."""
-        for attempt in range(self.retries + 1):
-            try:
-                return self._job_once(path, body, what)
-            except LabError as exc:
-                if attempt == self.retries or not _passing(exc):
-                    raise
-                time.sleep(min(5.0, exc.retry_after or 0.5))
-        raise AssertionError("unreachable")
-
-    def _job_once(self, path: str, body: dict, what: str | None) -> dict:
+        refusal (_passing), is the job sent again. Re-attaches and sends together are at most `retries` after the
+        first stream: one call opens at most retries + 1 streams. A KeyboardInterrupt cancels the job on the server
+        (DELETE /api/jobs/{job_id})."""
         bar = _progress_bar(what or path) if self.progress else None
         seen: dict = {}
-        events: Any = iter(())
+        events: Any = None
         try:
-            events = self._events(path, body, seen)
-            for _ in range(self.retries + 1):
+            for attempt in range(self.retries + 1):
                 try:
+                    if events is None:  # the job sent (again): a new job, its own event ids
+                        seen.clear()
+                        events = self._events(path, body, seen)
                     return self._job_answer(events, path, bar)
                 except LabError as exc:
-                    if not getattr(exc, "cut", False) or "id" not in seen:
+                    if events is not None:
+                        events.close()
+                    events = None
+                    if attempt == self.retries:
                         raise
-                    events.close()
-                    events = self._reattach(seen, path, exc)
-            raise _cut("the job's stream was cut again after every re-attach", path)
+                    if getattr(exc, "cut", False) and "id" in seen:  # its job may live on: re-attach first
+                        events = self._reattach(seen, path)
+                        if events is not None:
+                            continue
+                    if not _passing(exc):
+                        raise
+                    time.sleep(min(5.0, exc.retry_after or 0.5))
+            raise AssertionError("unreachable: the last attempt returns or raises")
         except KeyboardInterrupt:
             self._cancel_job(seen)
             raise
         finally:
-            getattr(events, "close", lambda: None)()
+            if events is not None:
+                events.close()
             if bar is not None:
                 bar.close()
 
@@ -255,14 +257,14 @@ class Lab:
                 raise error
         raise _cut("the stream ended without an answer", path)
 
-    def _reattach(self, seen: dict, path: str, cut: LabError) -> Iterator[dict]:
-        """The rest of a job's events after the last one seen; `cut` (the job is then sent again) when the job cannot
-        be re-attached: unknown, expired, its replica gone (404), or no answer."""
+    def _reattach(self, seen: dict, path: str) -> Iterator[dict] | None:
+        """The rest of a job's events after the last one seen (errors name the job's `path`), or None (the job is
+        then sent again) when the job cannot be re-attached: unknown, expired, its replica gone (404), or no answer."""
         job_id = seen["id"].rpartition(":")[0]
         try:
             answer = self._open("GET", f"/api/jobs/{job_id}/events", headers={**STREAM, "Last-Event-ID": seen["id"]})
         except LabError:
-            raise cut from None
+            return None
         return self._read_events(answer, path, seen)
 
     def _cancel_job(self, seen: dict) -> None:

@@ -122,6 +122,8 @@ class CpuShare:
 
     def now(self) -> float:
         with self._lock:
+            if self._last is not None and time.monotonic() - self._last[0] < self.MIN_INTERVAL_S:
+                return self.cores / (self.cores + self._others)  # within the interval: nothing to read
             ticks = self._ticks()
             if ticks is None:
                 return 1.0

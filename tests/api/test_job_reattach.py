@@ -248,3 +248,22 @@ def test_the_notebook_client_resumes_a_cut_stream_without_sending_the_job_again(
         assert window.attention.shape == (4, 4)
     finally:
         relay.close()
+
+
+def test_a_re_attach_past_the_kept_events_is_told_of_the_gap(tmp_path):
+    """job_event_buffer=8: a client that re-attaches after more events than that gets `event: gap` first (the numbers
+    missed, the first kept id; no id of its own), then the kept events in order, ending with the done event. A
+    continuation's events are its tokens: those in the gap are not sent again (the done event has the whole text)."""
+    folder = build_text_model("llama", tmp_path / "gap-llama")
+    with tiny_lm_client(folder, job_event_buffer=8) as c:
+        answer = c.post("/api/text/generate", headers=ME, json={"model": "lm", "text": TINY_TEXT, "max_new_tokens": 16})
+        events = numbered(answer.text)
+        assert len(events) > 12, len(events)  # accepted, an event per token, done
+        job_id = events[0][1]["job_id"]
+        replay = c.get(f"/api/jobs/{job_id}/events?after=1", headers=ME)
+    assert replay.text.startswith("event: gap\ndata: ")
+    (gap_id, gap), *kept = numbered(replay.text)
+    first = len(events) - 7  # the latest 8 kept, the done event among them
+    assert gap_id is None and gap == {"gap": {"after": 1, "first": first, "missed": first - 2,
+                                              "first_id": f"{job_id}:{first}"}}
+    assert kept == events[first - 1:] and kept[-1][1]["done"] is True

@@ -156,8 +156,8 @@ class Settings(BaseSettings):
     # at once (the page's Cancel).
     job_reattach_grace_s: float = Field(15.0, ge=0, le=600)
     # Events a job keeps for re-attaching (its latest ones; the done or error event always), until result_pin_s after
-    # it ended. A client that re-attaches after more than this many events missed gets the kept ones: progress is
-    # cumulative, and the done event carries the whole answer.
+    # it ended. A client that re-attaches after more than this many events missed gets an `event: gap` first, then the
+    # kept ones: progress is cumulative, and the done event carries the whole answer.
     job_event_buffer: int = Field(256, ge=8, le=100_000)
     # The ended jobs' kept events (their done events carry whole answers) take at most this many bytes together: past
     # it the events of the jobs that ended first are dropped before result_pin_s, and re-attaching to them is a 404

@@ -52,7 +52,8 @@ MAX_MESSAGE = 1 << 20
 
 # ---- the test side ---------------------------------------------------------------------------------------------
 class Zygote:
-    """One zygote process (started by `Zygote(env)`) and the socket to it; calls are serialised by a lock."""
+    """One zygote process (`python -m tests.server_launcher FD` in `cwd` with `env`) and the socket to it; calls are
+    serialised by a lock. Its own output goes to artifacts/server-zygote-<worker>.log."""
 
     def __init__(self, env: dict[str, str], cwd: str):
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -97,7 +98,7 @@ def _zygote_for(env: dict[str, str], cwd: str) -> Zygote:
     key = (cwd, *sorted((k, v) for k, v in env.items() if not k.startswith(RUN_TIME_PREFIXES)
                         and not (k == "PYTHONPATH" and redundant == set(v.split(os.pathsep)))))
     with _zygotes_lock:
-        if key not in _zygotes:
+        if key not in _zygotes or _zygotes[key].proc.poll() is not None:  # none yet, or it has gone
             _zygotes[key] = Zygote(dict(key[1:]), cwd)
         return _zygotes[key]
 

@@ -5,7 +5,8 @@ first view (the text page's request: one head with scores, 24 × 24 thumbnails o
 
 With `--trees A B`, one server per checkout (each run from its folder, on its own code), their fresh views interleaved
 with the same raw forwards in every round (in alternating order), so a before/after comparison shares the machine's
-load. minilm, then smollm2-135m, each against servers that serve that model alone. Writes
+load. minilm, then smollm2-135m, each against servers that serve that model alone. Records each server's CPU time a
+view per thread (the second: torch's other thread, see cpu_by_thread). Writes
 benchmarks/results/first_view_<label>.json with the machine and the load average before and after each part.
 
     python -m benchmarks.first_view --label after [--rounds 30] [--only minilm lm] [--trees /tmp/before .]
@@ -63,6 +64,28 @@ class TreeServer:
         Path(self.log.name).unlink(missing_ok=True)
 
 
+def thread_cpu_ticks(pid: int) -> dict[str, int]:
+    """CPU clock ticks (user + system) of each thread of process `pid` so far, by thread id."""
+    ticks = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended
+        ticks[task] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def cpu_by_thread(before: dict[str, int], after: dict[str, int], views: int) -> list[float]:
+    """The server's CPU ms a view per thread between two thread_cpu_ticks, largest first. The second is mostly torch's
+    other OpenMP thread: its share of forwards run on two threads (the run's decision, app/costs.py) and of the
+    response's tensor work, which runs at the process's default thread count, spin-waits included."""
+    hz = os.sysconf("SC_CLK_TCK")
+    spent = [(after[t] - before.get(t, 0)) * 1000 / hz / views for t in after]
+    return sorted((round(ms, 1) for ms in spent if ms > 0), reverse=True)
+
+
 def compare(model: str, trees: list[Path], rounds: int) -> dict:
     """Interleaved rounds: a raw forward, then each tree's fresh first view; medians, ratios, Server-Timing."""
     if model == LM:
@@ -82,6 +105,7 @@ def compare(model: str, trees: list[Path], rounds: int) -> dict:
             for i, server in enumerate(servers):
                 client.post(server.url + "/api/text/attention", json=body_of(4910 + 10 * i + k)).raise_for_status()
         variant = 5000
+        ticks_before = {str(s.tree): thread_cpu_ticks(s.proc.pid) for s in servers}
         for r in range(rounds):
             time.sleep(0.03)
             variant += 1
@@ -101,6 +125,8 @@ def compare(model: str, trees: list[Path], rounds: int) -> dict:
                 own = samples[str(server.tree)]
                 own["ms"].append(elapsed), own["model"].append(timing.get("model", float("nan")))
                 own["app"].append(timing.get("app", float("nan")))
+        cpu = {str(s.tree): cpu_by_thread(ticks_before[str(s.tree)], thread_cpu_ticks(s.proc.pid), rounds)
+               for s in servers}
     finally:
         client.close()
         for server in servers:
@@ -113,10 +139,12 @@ def compare(model: str, trees: list[Path], rounds: int) -> dict:
         med = {k: statistics.median(v) for k, v in own.items()}
         out["trees"][str(server.tree)] = {
             "fresh_ms": med["ms"], "fresh_ratio": med["ms"] / raw_ms, "server_model_ms": med["model"],
-            "server_model_ratio": med["model"] / raw_ms, "server_app_ms": med["app"]}
+            "server_model_ratio": med["model"] / raw_ms, "server_app_ms": med["app"],
+            "server_cpu_ms_by_thread": cpu[str(server.tree)]}
         print(f"  {model} {TOKENS} tokens, {server.tree}: fresh {med['ms']:.1f} ms = {med['ms'] / raw_ms:.3f}× raw "
               f"({raw_ms:.1f} ms); in the server: model {med['model']:.1f} ms ({med['model'] / raw_ms:.3f}×), "
-              f"app {med['app']:.1f} ms · load {load[0]:.1f} → {out['load_average_after'][0]:.1f}", flush=True)
+              f"app {med['app']:.1f} ms; server CPU ms a view by thread {cpu[str(server.tree)][:3]} · "
+              f"load {load[0]:.1f} → {out['load_average_after'][0]:.1f}", flush=True)
     return out
 
 

@@ -258,10 +258,15 @@ class Runtime:
         if adapter is not None:
             return adapter.info.to_dict()
         spec = self.specs.get(model_id)
+        if spec is not None:
+            # Weights not in place: being prepared (ModelPreparing), or not prepared here. Such a refusal is not
+            # remembered in `unavailable` (the model is served once prepared), so it is decided here on every call.
+            self._refuse_unprepared(model_id)
+            if self._unprepared(spec):
+                raise UnknownModel(f"model {model_id!r} is not prepared on this server")
         if spec is not None and spec.describe is not None and model_id not in self.unavailable:
             described = self._described.get(model_id)
             if described is None:
-                self._refuse_unprepared(model_id)
                 try:
                     info = spec.describe(self.settings.dtype)
                 except (OSError, ValueError) as exc:  # not prepared (the load would say the same)

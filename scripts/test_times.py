@@ -1,5 +1,5 @@
-"""Where the suite's time goes: `python scripts/test_times.py [artifacts/junit.xml] [--top N]` sums the seconds of
-`make test`'s JUnit report (written by its pytest-xdist run) per test module, slowest first, with each module's share
+"""Where the suite's time goes: `python scripts/test_times.py [REPORT ...] [--top N]` sums the seconds of JUnit
+reports (`make test`'s artifacts/junit.xml, `make test-slow`'s artifacts/junit-slow.xml) per test module, slowest first, with each module's share
 of the whole. The report's times are per test on its worker, fixtures' setup included (a module's server start
 counts in its first test), so with two workers the sum is about twice the wall time."""
 from __future__ import annotations
@@ -21,10 +21,15 @@ def module_seconds(path: str) -> dict[str, tuple[float, int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("report", nargs="?", default="artifacts/junit.xml")
+    parser.add_argument("reports", nargs="*", default=["artifacts/junit.xml"])
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
-    modules = sorted(module_seconds(args.report).items(), key=lambda item: -item[1][0])
+    merged: dict[str, tuple[float, int]] = {}
+    for report in args.reports:
+        for module, (seconds, count) in module_seconds(report).items():
+            before = merged.get(module, (0.0, 0))
+            merged[module] = (before[0] + seconds, before[1] + count)
+    modules = sorted(merged.items(), key=lambda item: -item[1][0])
     total = sum(seconds for seconds, _ in dict(modules).values())
     print(f"{'seconds':>8} {'share':>6} {'tests':>5}  module   (all: {total:.0f} s over {len(modules)} modules)")
     for module, (seconds, count) in modules[:args.top]:

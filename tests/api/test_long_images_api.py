@@ -98,6 +98,7 @@ def _weights_ready() -> bool:
     return (ROOT / "weights" / "dinov2-small" / "prepared.json").is_file()
 
 
+@pytest.mark.slow  # dinov2-small's 4,097-token first view with its rollout, in a server of its own
 def test_dinov2_small_at_896_px_opens_with_an_overview():
     if not _weights_ready():
         pytest.fail("weights/dinov2-small is missing: run `make weights`")

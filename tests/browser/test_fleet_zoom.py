@@ -12,6 +12,8 @@ from app.ids import run_owner
 from tests.browser.conftest import screenshot
 from tests.ops.fleet import Fleet, build_long_llama, long_text
 
+pytestmark = pytest.mark.slow  # three replicas, redis-server and nginx behind the page
+
 ZOOMS = [(0, 40), (100, 140), (200, 240), (300, 340), (420, 460), (520, 560)]  # (first, end) of rows and columns
 
 

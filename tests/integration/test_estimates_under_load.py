@@ -11,8 +11,11 @@ import multiprocessing
 import time
 
 import httpx
+import pytest
 
 from tests.integration.helpers import SMOLLM2, real_server
+
+pytestmark = pytest.mark.slow  # a server calibrated beside two spinning processes, then two 9-token head scans
 
 SCAN = {"model": "smollm2-135m", "clean": "The capital city of France is the city of",
         "corrupt": "The capital city of Italy is the city of", "answer": " Paris", "wrong": " Rome",

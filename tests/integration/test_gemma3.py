@@ -17,8 +17,11 @@ from models.registry import build_registry
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIGHTS = ROOT / "weights"
-pytestmark = pytest.mark.skipif(not (WEIGHTS / "gemma3-270m" / "prepared.json").is_file(),
-                                reason="gemma3-270m is not prepared here: run `make weights` (attnlab prepare)")
+pytestmark = [
+    pytest.mark.skipif(not (WEIGHTS / "gemma3-270m" / "prepared.json").is_file(),
+                       reason="gemma3-270m is not prepared here: run `make weights` (attnlab prepare)"),
+    pytest.mark.slow,  # gemma3-270m's load (1.1 GB float32), transformers' GGUF loader, 500-token eager references
+]
 PASSAGE = ("The harbour town woke slowly. Fishing boats came in one by one, their crews tired, their nets heavy with "
            "silver fish, while gulls circled above the market and children ran along the old stone wall. ")
 
@@ -45,7 +48,6 @@ def test_listed_from_its_files_as_it_loads(lm):
     assert described == {k: v for k, v in loaded.items() if k not in ("parity", "dtype_parity")}
 
 
-@pytest.mark.slow
 def test_prepared_weights_give_the_gguf_logits_past_the_window(tmp_path):
     """`attnlab prepare` checks the prepared folder against transformers' GGUF loader on every tensor, the config and
     three short prompts (models/gguf.py); a prompt past the 512-token sliding window is compared here, where it costs

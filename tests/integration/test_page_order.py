@@ -18,6 +18,8 @@ import torch
 
 from tests.integration.helpers import ROOT, SMOLLM2, real_server
 
+pytestmark = pytest.mark.slow  # the minute between the two runs is its point, and a server with the default settings
+
 SAMPLE = (ROOT / "static" / "samples" / "long-sample.txt").read_text().rstrip()
 MASKED = [1, 2, 3]
 CLIENT = {"X-Attnlab-Client": "page-order"}

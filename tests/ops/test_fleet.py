@@ -19,6 +19,8 @@ from app.ids import run_owner
 from attnlab import Lab
 from tests.ops.fleet import Fleet, build_long_llama, long_text
 
+pytestmark = pytest.mark.slow  # three replicas, redis-server and nginx; replicas killed, drained and restarted
+
 LONG_WORDS = 2400  # about the 2,395-token run
 SETTINGS = {"default_models": ["lm"], "full_map_tokens": 64, "max_tokens": 4096, "max_text_chars": 40_000,
             "drain_s": 15.0, "shutdown_grace_s": 2.0}

@@ -21,6 +21,8 @@ from app.allocator import allocator_environ
 from app.settings import Settings
 from tests.faults.conftest import free_port
 
+pytestmark = pytest.mark.slow  # each test execs a real server: the process's own start is what they check
+
 ROOT = Path(__file__).resolve().parents[2]
 ATTNLAB = Path(sys.executable).parent / "attnlab"
 
@@ -141,8 +143,6 @@ def test_sigterm_while_it_re_executes_exits_0(tmp_path):
 TRIM_CHILD = r"""
 import sys, time
 from app.serve import MallocTrimmer, _resident_pages
-
-pytestmark = pytest.mark.slow  # each test execs a real server: the process's own start is what they check
 held, pins = [], []
 for _ in range(3000):  # 300 MB in 100 KB chunks (under glibc's mmap threshold: from the heap), each followed by a
     held.append(bytearray(100_000))  # small live object, so the freed chunks are not at the heap's top

@@ -47,6 +47,7 @@ import numpy as np
 
 from models import gguf, preparing
 from models.ctranslate2 import CTranslate2FormatError
+from models.weights_cache import weights_cache
 from models.whisper_front import SPEECH_SAMPLE_TEXT, WhisperTokens, whisper_feature_extractor, whisper_tokens
 
 ROOT = Path(__file__).resolve().parent  # the checkout (an editable install keeps it)
@@ -276,6 +277,10 @@ def prepare_dinov2_small(weights_dir: Path, force: bool = False) -> Path:
             log(f"dinov2-small: up to date in {out} (same ONNX content); skipping")
             make_readable(out)
             return out
+    # Another clone on this machine may have prepared the same: its checked folder, linked (models/weights_cache.py)
+    cache = weights_cache("dinov2-small", [onnx_path], log)
+    if not force and cache and cache.restore(out, {"onnx_size": stat.st_size, "onnx_mtime_ns": stat.st_mtime_ns}):
+        return out
 
     import onnx
     import torch
@@ -319,6 +324,8 @@ def prepare_dinov2_small(weights_dir: Path, force: bool = False) -> Path:
         "native_image_size": 224,
     }, indent=2) + "\n")
     install_folder(tmp, out)
+    if cache:
+        cache.store(out, refresh=force)
     log(f"dinov2-small: saved to {out} in {time.time() - started:.1f} s")
     return out
 
@@ -372,6 +379,11 @@ def prepare_smollm2_135m(weights_dir: Path, force: bool = False) -> Path:
             log(f"smollm2-135m: up to date in {out} (parity {recorded['max_abs_diff']:.2e}); skipping")
             make_readable(out)
             return out
+    cache = weights_cache("smollm2-135m", [gguf_path], log)
+    source_stat = gguf_path.stat()
+    if not force and cache and cache.restore(out, {"gguf_size": source_stat.st_size,
+                                                   "gguf_mtime_ns": source_stat.st_mtime_ns}):
+        return out
 
     # Setup may not contact a hub: transformers' GGUF loader would otherwise look up a kernel there.
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -449,6 +461,8 @@ def prepare_smollm2_135m(weights_dir: Path, force: bool = False) -> Path:
         "max_abs_diff": saved_error,
     }, indent=2) + "\n")
     install_folder(tmp, out)
+    if cache:
+        cache.store(out, refresh=force)
     size = sum(f.stat().st_size for f in out.iterdir())
     log(f"smollm2-135m: saved to {out} ({size / 1e6:.0f} MB) in {time.time() - started:.1f} s")
     return out
@@ -611,6 +625,13 @@ def prepare_whisper(weights_dir: Path, model_id: str = DEFAULT_WHISPER, force: b
                 f"logits {recorded['logits_max_abs_diff']:.1e} vs CTranslate2); skipping")
             make_readable(out)
             return out
+    # its tokenizer.json and config.json are copied into the folder: part of the key
+    cache = weights_cache(model_id, [*parts, files / "tokenizer.json", files / "config.json"], log)
+    part_stats = [[part.stat().st_size, part.stat().st_mtime_ns] for part in parts]
+    this_checkout = ({"source_size": part_stats[0][0], "source_mtime_ns": part_stats[0][1]} if len(parts) == 1
+                     else {"part_stats": part_stats})
+    if not force and cache and cache.restore(out, this_checkout):
+        return out
 
     import shutil
 
@@ -727,6 +748,8 @@ def prepare_whisper(weights_dir: Path, model_id: str = DEFAULT_WHISPER, force: b
                    "part_stats": [[part.stat().st_size, part.stat().st_mtime_ns] for part in parts]}
     (tmp / "prepared.json").write_text(json.dumps(record, indent=2) + "\n")
     install_folder(tmp, out)
+    if cache:
+        cache.store(out, refresh=force)
     log(f"{model_id}: saved to {out} in {time.time() - started:.1f} s")
     return out
 

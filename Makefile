@@ -104,12 +104,17 @@ run: served-weights vendor
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=10
 TEST_SETUP := setup browser redis $(VENV)/.installed-dev
-test: $(TEST_SETUP)
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "not slow" tests \
-		--ignore=tests/api/test_schemathesis.py --junitxml=artifacts/junit.xml
 # schemathesis' generated cases are not kept on one worker by the grouping (its last test, that every operation
-# was called, then saw none): its module runs on its own, in one process
-	$(PY) -m pytest -q -p no:cacheprovider tests/api/test_schemathesis.py
+# was called, then saw none): its module runs on its own, in one process on one torch thread, beside the workers (they
+# leave about a third of the two cores idle, waiting on servers and browsers); its output follows theirs.
+test: $(TEST_SETUP)
+	@mkdir -p artifacts
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/api/test_schemathesis.py \
+		> artifacts/schemathesis.log 2>&1 & fuzz=$$!; \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "not slow" tests \
+		--ignore=tests/api/test_schemathesis.py --junitxml=artifacts/junit.xml; suite=$$?; \
+	wait $$fuzz; fuzzed=$$?; echo "== tests/api/test_schemathesis.py (run beside the suite)"; \
+	cat artifacts/schemathesis.log; test $$suite = 0 && test $$fuzzed = 0
 
 test-slow: $(TEST_SETUP)
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m slow tests \

@@ -129,5 +129,7 @@ bench: setup browser
 	$(PY) -m pip install -q -r requirements-bench.txt
 	$(VENV)/bin/attnlab bench
 
+# The per-user cache of prepared weights (~/.cache/attnlab/weights, docs/deploy.md) stays, for the next clone:
+# `rm -rf ~/.cache/attnlab` empties it.
 clean:
 	rm -rf $(VENV) weights artifacts

@@ -35,8 +35,10 @@ from models.preparing import replace_folder  # the renames a conversion ends wit
 
 ROOT = Path(__file__).resolve().parent.parent
 # The repository's files whose change can change a prepared folder (what the conversions import from the checkout).
+# models/probe.py gives gguf.py layer_facts, which uses nothing else of ours: the modules probe.py imports for the
+# server's probe (models/hooks.py, edited often) are left out, so that their changes keep the cache.
 CODE_FILES = ("attnlab_prepare.py", "models/gguf.py", "models/ctranslate2.py", "models/whisper_front.py",
-              "models/probe.py", "models/hooks.py", "models/preparing.py", "models/weights_cache.py")
+              "models/probe.py", "models/preparing.py", "models/weights_cache.py")
 # The libraries whose version can change a prepared folder's bytes or its check.
 LIBRARIES = ("torch", "transformers", "safetensors", "tokenizers", "numpy", "gguf", "onnx", "onnxruntime",
              "ctranslate2")

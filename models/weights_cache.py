@@ -204,6 +204,6 @@ def weights_cache(model_id: str, sources: Iterable[Path], log: Callable[[str], N
     """The cache for one model, or None when it is off or its key cannot be made (a source unreadable)."""
     try:
         return WeightsCache(model_id, sources, log, extra)
-    except OSError as exc:
-        log(f"{model_id}: weights cache skipped ({exc.strerror or exc})")
+    except (OSError, RuntimeError) as exc:  # RuntimeError: no home folder to find (a container's user without one)
+        log(f"{model_id}: weights cache skipped ({getattr(exc, 'strerror', None) or exc})")
         return None

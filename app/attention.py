@@ -4,7 +4,11 @@ An attention response is built by app/pipeline (job → maps → view)."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import ctypes
 import functools
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -121,3 +125,45 @@ def _pooling_on(n: int, size: int, device: torch.device) -> torch.Tensor:
     GPU again. A plain tensor (not an inference tensor), usable in and outside inference mode."""
     with torch.inference_mode(False):
         return pooling_matrix(n, size).to(device)
+
+
+@functools.lru_cache(maxsize=1)
+def _thread_controls() -> tuple[Any, Any, Any] | None:
+    """OpenMP's and MKL's per-thread settings in the libraries torch loaded (omp_get_max_threads, omp_set_num_threads,
+    mkl_set_num_threads_local), or None where torch has neither (another build: a GPU wheel without MKL, macOS)."""
+    try:
+        torch_cpu = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+        get_omp, set_omp, set_mkl = (torch_cpu.omp_get_max_threads, torch_cpu.omp_set_num_threads,
+                                     torch_cpu.mkl_set_num_threads_local)
+    except (OSError, AttributeError):
+        return None
+    set_omp.argtypes, get_omp.restype = [ctypes.c_int], ctypes.c_int
+    set_mkl.argtypes, set_mkl.restype = [ctypes.POINTER(ctypes.c_int)], ctypes.c_int  # the exported name takes a pointer
+    return get_omp, set_omp, set_mkl
+
+
+@contextlib.contextmanager
+def threads_on_this_thread(threads: int) -> Iterator[None]:
+    """Torch's CPU work on the calling thread runs on `threads` threads meanwhile; other threads keep theirs.
+
+    torch.set_num_threads is not confined to its caller: it also sets MKL's process-wide count (every thread's
+    matrix products) and the count new threads start with, so outside the model lock it would change a run in
+    progress. OpenMP's count is per thread once set (torch's parallel regions read the caller's), and MKL has a
+    per-thread override: setting those two changes this thread alone. Where torch has neither, nothing changes."""
+    controls = _thread_controls()
+    if controls is None or threads < 1:
+        yield
+        return
+    get_omp, set_omp, set_mkl = controls
+    before = get_omp()
+    if before == threads:
+        yield
+        return
+    wanted = ctypes.c_int(threads)
+    set_omp(threads)
+    mkl_before = ctypes.c_int(set_mkl(ctypes.byref(wanted)))  # 0: this thread followed MKL's process-wide count
+    try:
+        yield
+    finally:
+        set_mkl(ctypes.byref(mkl_before))
+        set_omp(before)

@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
-from app.attention import read_to_host
+from app.attention import read_to_host, threads_on_this_thread
 from app.context import RequestContext
+from app.costs import CPU_SHARE
 from app.lifecycle import check_cancelled
 from app.pipeline.job import AttentionJob
 from app.pipeline.maps import KindMaps, LongMaps, ShortMaps, SpeechMaps
@@ -92,25 +93,8 @@ def short_response(job: AttentionJob, result: AttentionResult, maps: ShortMaps) 
     building (CPU proxy)")."""
     adapter, encoded = job.adapter, job.encoded
     kept = result.kept_attention  # (L, H, T, T) on the run's device
-    device_parts = maps.device_parts()  # what is read to the host, in one copy
-    entropy = result.derived.get("entropy")  # the run's own, taken during its forward: (L, H) on its device until read
-    if entropy is None:
-        entropy = row_entropy(kept).mean(dim=-1)  # (L, H)
-    if isinstance(entropy, torch.Tensor):
-        device_parts["entropy"] = entropy
-    device_parts["sink_mass"] = sink_mass(kept)  # (L, H): every head's mean P[i, 0]
-    family = job.family_fields(result) if job.family_fields is not None else {}
-    tensor_fields = [name for name, value in family.items() if isinstance(value, torch.Tensor)]
-    device_parts.update({f"family.{name}": family[name] for name in tensor_fields})
-    output_parts = adapter.output_parts(result, encoded)  # a decoder LM's next-token top-k, formed on the device
-    if output_parts is not None:
-        device_parts.update({f"output.{name}": tensor for name, tensor in output_parts.tensors.items()})
-    dead_rows = pending_dead_rows(result)  # (L, H) counts behind the run's warnings, until they are read
-    if dead_rows is not None:
-        device_parts["dead_rows"] = dead_rows
-
-    host = read_to_host(device_parts)  # the one device → host copy
-
+    with threads_on_this_thread(response_threads(job, kept)):
+        host, family, tensor_fields, output_parts = _read_first_view(job, result, maps, kept)
     if "dead_rows" in host:
         settle_dead_rows(result, host["dead_rows"])
     if "entropy" in host:
@@ -132,6 +116,43 @@ def short_response(job: AttentionJob, result: AttentionResult, maps: ShortMaps) 
         response["queries"] = job.queries
     response.update(family)
     return response
+
+
+def response_threads(job: AttentionJob, kept: torch.Tensor) -> int:
+    """Torch threads for the first view's tensor work on a CPU (0: leave them): as many as the run itself would get
+    now (app/runtime.py _threads_for): one for inputs up to single_thread_max_tokens, else one per core that other
+    processes leave free (app/costs.py). This work runs after the model lock is let go, on the request's thread; at the
+    process's default count its dozen parallel regions each waited for a second core that other processes held (2
+    ms on one thread, 69 ms on two beside a load of 4: benchmarks/results/first_view.md, 2026-11-29)."""
+    if kept.device.type != "cpu" or job.runtime is None:
+        return 0
+    if kept.shape[-1] <= job.runtime.settings.single_thread_max_tokens:
+        return 1
+    return CPU_SHARE.threads_for(torch.get_num_threads())
+
+
+def _read_first_view(job: AttentionJob, result: AttentionResult, maps: ShortMaps, kept: torch.Tensor
+                     ) -> tuple[dict[str, Any], dict[str, Any], list[str], Any]:
+    """short_response's tensors, formed on the run's device and read to the host in one copy; with the family's
+    fields, the names of those among them that were tensors, and the adapter's output parts."""
+    adapter, encoded = job.adapter, job.encoded
+    device_parts = maps.device_parts()  # what is read to the host, in one copy
+    entropy = result.derived.get("entropy")  # the run's own, taken during its forward: (L, H) on its device until read
+    if entropy is None:
+        entropy = row_entropy(kept).mean(dim=-1)  # (L, H)
+    if isinstance(entropy, torch.Tensor):
+        device_parts["entropy"] = entropy
+    device_parts["sink_mass"] = sink_mass(kept)  # (L, H): every head's mean P[i, 0]
+    family = job.family_fields(result) if job.family_fields is not None else {}
+    tensor_fields = [name for name, value in family.items() if isinstance(value, torch.Tensor)]
+    device_parts.update({f"family.{name}": family[name] for name in tensor_fields})
+    output_parts = adapter.output_parts(result, encoded)  # a decoder LM's next-token top-k, formed on the device
+    if output_parts is not None:
+        device_parts.update({f"output.{name}": tensor for name, tensor in output_parts.tensors.items()})
+    dead_rows = pending_dead_rows(result)  # (L, H) counts behind the run's warnings, until they are read
+    if dead_rows is not None:
+        device_parts["dead_rows"] = dead_rows
+    return read_to_host(device_parts), family, tensor_fields, output_parts  # the one device → host copy
 
 
 def long_response(job: AttentionJob, result: AttentionResult, maps: LongMaps, effect: dict[str, Any] | None,

@@ -1,0 +1,51 @@
+"""The first view's tensor work runs at its own thread count on the request's thread (app/attention.py
+threads_on_this_thread) without changing the count other threads start with: torch.set_num_threads also sets the
+process's default, which a thread reads at its first parallel op (a server's worker thread started meanwhile would
+keep one thread for every later run)."""
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+import torch
+
+from app.attention import _thread_controls, threads_on_this_thread
+
+
+def mkl_threads_here() -> int:
+    """MKL's thread count as the calling thread sees it (what its matrix products use)."""
+    found = re.search(r"mkl_get_max_threads\(\) : (\d+)", torch.__config__.parallel_info())
+    if found is None:
+        pytest.skip("this torch has no MKL")
+    return int(found.group(1))
+
+
+@pytest.fixture
+def two_threads():
+    if _thread_controls() is None:
+        pytest.skip("this torch build exposes no per-thread OpenMP/MKL settings")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def counts_in_a_new_thread() -> tuple[int, int]:
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append((torch.get_num_threads(), mkl_threads_here())))
+    worker.start()
+    worker.join()
+    return seen[0]
+
+
+def test_one_thread_here_while_a_thread_started_meanwhile_gets_the_process_default(two_threads):
+    with threads_on_this_thread(1):
+        assert torch.get_num_threads() == 1 and mkl_threads_here() == 1  # this thread's parallel regions and products
+        assert counts_in_a_new_thread() == (2, 2)  # a worker started now keeps the process's two
+    assert torch.get_num_threads() == 2 and mkl_threads_here() == 2  # and this thread's count came back
+
+
+def test_zero_leaves_the_count(two_threads):
+    with threads_on_this_thread(0):
+        assert torch.get_num_threads() == 2

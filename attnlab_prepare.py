@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import importlib.util
 import json
 import os
@@ -46,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from models import gguf, preparing
+from models.preparing import sha256_file
 from models.ctranslate2 import CTranslate2FormatError
 from models.weights_cache import weights_cache
 from models.whisper_front import SPEECH_SAMPLE_TEXT, WhisperTokens, whisper_feature_extractor, whisper_tokens
@@ -98,14 +98,6 @@ def install_folder(tmp: Path, out: Path) -> None:
     replace_folder): a server serving meanwhile sees the old folder or the new one whole, never a half-written one."""
     make_readable(tmp)
     gguf.replace_folder(tmp, out)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def make_readable(folder: Path) -> None:

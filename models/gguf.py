@@ -22,7 +22,6 @@ unavailable with the reason; the command line prints it).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.util
 import json
 import os
@@ -33,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from models.preparing import replace_folder  # noqa: F401 - also gguf.replace_folder for its callers
+from models.preparing import sha256_file as sha256_of
 from models.weights_cache import weights_cache
 
 FORMAT_VERSION = 1  # bump when the conversion changes, so prepared folders are rebuilt
@@ -142,14 +142,6 @@ def valid_name(name: str) -> bool:
     import re
 
     return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name)) and ".." not in name
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def join_parts(parts: list[Path], target: Path, size: int | None, sha256: str | None) -> Path:

@@ -10,6 +10,7 @@ models/weights_cache.py), so a reader sees a model whole or not at all.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -98,3 +99,12 @@ def preparing(weights_dir: str | Path, model_id: str) -> Iterator[None]:
         mark(weights_dir, model_id, "failed", log=log, error=f"{type(exc).__name__}: {reason}"[:500])
         raise
     clear(weights_dir, model_id)
+
+
+def sha256_file(path: str | Path) -> str:
+    """The SHA-256 of a file, read 1 MiB at a time (sources of a preparation: up to a few GB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
 
-from models.preparing import replace_folder  # the renames a conversion ends with
+from models.preparing import replace_folder, sha256_file  # the renames a conversion ends with; sources' hashes
 
 ROOT = Path(__file__).resolve().parent.parent
 # The repository's files whose change can change a prepared folder (what the conversions import from the checkout).
@@ -55,14 +55,6 @@ def cache_root() -> Path | None:
         return Path(setting).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "attnlab" / "weights"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def code_digest(files: Iterable[Path] | None = None) -> str:

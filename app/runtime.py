@@ -339,12 +339,18 @@ class Runtime:
         return self.scheduler.yields
 
     # ---- runs --------------------------------------------------------------------------------------
+    def threads_wanted(self, n_tokens: int) -> int:
+        """Torch threads for CPU work on an input of n_tokens: one for small inputs (settings.single_thread_max_tokens),
+        else no more than the cores other processes leave free (app/costs.py CpuShare.threads_for)."""
+        if n_tokens <= self.settings.single_thread_max_tokens:
+            return 1
+        return CPU_SHARE.threads_for(torch.get_num_threads())
+
     @contextlib.contextmanager
     def _threads_for(self, n_tokens: int) -> Iterator[None]:
-        """One torch thread for small inputs (settings.single_thread_max_tokens), and no more threads than the cores
-        other processes leave free (app/costs.py CpuShare.threads_for); called under the model lock."""
+        """The run's threads_wanted, set process-wide; called under the model lock."""
         threads = torch.get_num_threads()
-        wanted = 1 if n_tokens <= self.settings.single_thread_max_tokens else CPU_SHARE.threads_for(threads)
+        wanted = self.threads_wanted(n_tokens)
         if wanted == threads:
             yield
             return

@@ -10,7 +10,6 @@ import torch
 
 from app.attention import read_to_host, threads_on_this_thread
 from app.context import RequestContext
-from app.costs import CPU_SHARE
 from app.lifecycle import check_cancelled
 from app.pipeline.job import AttentionJob
 from app.pipeline.maps import KindMaps, LongMaps, ShortMaps, SpeechMaps
@@ -120,15 +119,13 @@ def short_response(job: AttentionJob, result: AttentionResult, maps: ShortMaps) 
 
 def response_threads(job: AttentionJob, kept: torch.Tensor) -> int:
     """Torch threads for the first view's tensor work on a CPU (0: leave them): as many as the run itself would get
-    now (app/runtime.py _threads_for): one for inputs up to single_thread_max_tokens, else one per core that other
+    now (app/runtime.py Runtime.threads_wanted): one for inputs up to single_thread_max_tokens, else one per core that other
     processes leave free (app/costs.py). This work runs after the model lock is let go, on the request's thread; at the
     process's default count its dozen parallel regions each waited for a second core that other processes held (2
     ms on one thread, 69 ms on two beside a load of 4: benchmarks/results/first_view.md, 2026-11-29)."""
     if kept.device.type != "cpu" or job.runtime is None:
         return 0
-    if kept.shape[-1] <= job.runtime.settings.single_thread_max_tokens:
-        return 1
-    return CPU_SHARE.threads_for(torch.get_num_threads())
+    return job.runtime.threads_wanted(kept.shape[-1])
 
 
 def _read_first_view(job: AttentionJob, result: AttentionResult, maps: ShortMaps, kept: torch.Tensor

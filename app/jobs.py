@@ -139,7 +139,8 @@ class JobBoard:
                 job.estimate_s += estimate_s
                 job.runs += runs
             return
-        elsewhere = self._fleet_ahead(job)  # its client's earlier jobs on other replicas (a fleet sharing Redis)
+        # its client's earlier jobs on other replicas (a fleet sharing Redis); with none, it holds the client's lease now
+        elsewhere = self._take_lease_or_jobs_ahead(job)
         now = time.monotonic()
         with self._cond:
             if job not in self._jobs:  # not registered at its arrival (tests of the board alone)
@@ -173,9 +174,10 @@ class JobBoard:
         with self._cond:
             return job.remaining_s(now) + sum(other.remaining_s(now) for other in self.ahead_of(job))
 
-    def _fleet_ahead(self, job: Job) -> list[Ahead]:
-        """Its client's earlier jobs alive anywhere in the fleet (none outside one). When there are none the job
-        takes its client's lease here already (FleetJobTurns.try_start)."""
+    def _take_lease_or_jobs_ahead(self, job: Job) -> list[Ahead]:
+        """In a fleet, one step of admission (not a query): the job takes its client's lease when no earlier job of
+        that client is alive on any replica (FleetJobTurns.try_start), and gets []; else it gets those earlier jobs.
+        A refused job gives the lease back (accept). [] outside a fleet."""
         fleet = self.fleet
         if fleet is None or not job.job_id:
             return []

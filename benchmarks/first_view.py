@@ -77,6 +77,14 @@ def thread_cpu_ticks(pid: int) -> dict[str, int]:
     return ticks
 
 
+def minor_faults(pid: int) -> int:
+    """Minor page faults of process `pid` so far: a fresh view's kept run (P, q̂/k̂, hidden states: ~8.5 MB at 128
+    tokens of minilm) is new memory while the result cache grows, first touched in the forward. On a fresh VM a
+    first touch of guest memory cost 8-12 µs a page against ~1.3 µs once the host backs it (first_view.md)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
 def cpu_by_thread(before: dict[str, int], after: dict[str, int], views: int) -> list[float]:
     """The server's CPU ms a view per thread between two thread_cpu_ticks, largest first. The second is mostly torch's
     other OpenMP thread: its share of forwards run on two threads (the run's decision, app/costs.py) and of the
@@ -106,6 +114,7 @@ def compare(model: str, trees: list[Path], rounds: int) -> dict:
                 client.post(server.url + "/api/text/attention", json=body_of(4910 + 10 * i + k)).raise_for_status()
         variant = 5000
         ticks_before = {str(s.tree): thread_cpu_ticks(s.proc.pid) for s in servers}
+        faults_before = {str(s.tree): minor_faults(s.proc.pid) for s in servers}
         for r in range(rounds):
             time.sleep(0.03)
             variant += 1
@@ -127,6 +136,7 @@ def compare(model: str, trees: list[Path], rounds: int) -> dict:
                 own["app"].append(timing.get("app", float("nan")))
         cpu = {str(s.tree): cpu_by_thread(ticks_before[str(s.tree)], thread_cpu_ticks(s.proc.pid), rounds)
                for s in servers}
+        faults = {str(s.tree): (minor_faults(s.proc.pid) - faults_before[str(s.tree)]) / rounds for s in servers}
     finally:
         client.close()
         for server in servers:
@@ -140,10 +150,11 @@ def compare(model: str, trees: list[Path], rounds: int) -> dict:
         out["trees"][str(server.tree)] = {
             "fresh_ms": med["ms"], "fresh_ratio": med["ms"] / raw_ms, "server_model_ms": med["model"],
             "server_model_ratio": med["model"] / raw_ms, "server_app_ms": med["app"],
-            "server_cpu_ms_by_thread": cpu[str(server.tree)]}
+            "server_cpu_ms_by_thread": cpu[str(server.tree)], "server_minor_faults_a_view": faults[str(server.tree)]}
         print(f"  {model} {TOKENS} tokens, {server.tree}: fresh {med['ms']:.1f} ms = {med['ms'] / raw_ms:.3f}× raw "
               f"({raw_ms:.1f} ms); in the server: model {med['model']:.1f} ms ({med['model'] / raw_ms:.3f}×), "
-              f"app {med['app']:.1f} ms; server CPU ms a view by thread {cpu[str(server.tree)][:3]} · "
+              f"app {med['app']:.1f} ms; server CPU ms a view by thread {cpu[str(server.tree)][:3]}, "
+              f"{faults[str(server.tree)]:,.0f} page faults a view · "
               f"load {load[0]:.1f} → {out['load_average_after'][0]:.1f}", flush=True)
     return out
 

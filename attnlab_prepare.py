@@ -47,7 +47,7 @@ import numpy as np
 from models import gguf, preparing
 from models.preparing import sha256_file
 from models.ctranslate2 import CTranslate2FormatError
-from models.weights_cache import weights_cache
+from models.weights_cache import restore_or_convert
 from models.whisper_front import SPEECH_SAMPLE_TEXT, WhisperTokens, whisper_feature_extractor, whisper_tokens
 
 ROOT = Path(__file__).resolve().parent  # the checkout (an editable install keeps it)
@@ -270,15 +270,19 @@ def prepare_dinov2_small(weights_dir: Path, force: bool = False) -> Path:
             make_readable(out)
             return out
     # Another clone on this machine may have prepared the same: its checked folder, linked (models/weights_cache.py)
-    cache = weights_cache("dinov2-small", [onnx_path], log)
-    if not force and cache and cache.restore(out, {"onnx_size": stat.st_size, "onnx_mtime_ns": stat.st_mtime_ns}):
-        return out
+    restore_or_convert("dinov2-small", out, [onnx_path], {"onnx_size": stat.st_size, "onnx_mtime_ns": stat.st_mtime_ns},
+                       lambda: convert_dinov2_small(onnx_path, out), log, force=force)
+    return out
 
+
+def convert_dinov2_small(onnx_path: Path, out: Path) -> None:
+    """The ONNX backbone → a checked transformers Dinov2Model, saved and installed as `out`."""
     import onnx
     import torch
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     started = time.time()
+    stat = onnx_path.stat()
     log(f"dinov2-small: reading {onnx_path} ({stat.st_size / 1e6:.0f} MB)")
     try:
         model_proto = onnx.load(str(onnx_path))
@@ -316,10 +320,7 @@ def prepare_dinov2_small(weights_dir: Path, force: bool = False) -> Path:
         "native_image_size": 224,
     }, indent=2) + "\n")
     install_folder(tmp, out)
-    if cache:
-        cache.store(out, refresh=force)
     log(f"dinov2-small: saved to {out} in {time.time() - started:.1f} s")
-    return out
 
 
 def find_smollm2_gguf() -> Path:
@@ -371,12 +372,15 @@ def prepare_smollm2_135m(weights_dir: Path, force: bool = False) -> Path:
             log(f"smollm2-135m: up to date in {out} (parity {recorded['max_abs_diff']:.2e}); skipping")
             make_readable(out)
             return out
-    cache = weights_cache("smollm2-135m", [gguf_path], log)
     source_stat = gguf_path.stat()
-    if not force and cache and cache.restore(out, {"gguf_size": source_stat.st_size,
-                                                   "gguf_mtime_ns": source_stat.st_mtime_ns}):
-        return out
+    restore_or_convert("smollm2-135m", out, [gguf_path],
+                       {"gguf_size": source_stat.st_size, "gguf_mtime_ns": source_stat.st_mtime_ns},
+                       lambda: convert_smollm2_135m(gguf_path, out), log, force=force)
+    return out
 
+
+def convert_smollm2_135m(gguf_path: Path, out: Path) -> None:
+    """The Q4_1 GGUF → a float32 LlamaForCausalLM with its tokenizer, checked, saved and installed as `out`."""
     # Setup may not contact a hub: transformers' GGUF loader would otherwise look up a kernel there.
     os.environ["HF_HUB_OFFLINE"] = "1"
     import torch
@@ -453,11 +457,8 @@ def prepare_smollm2_135m(weights_dir: Path, force: bool = False) -> Path:
         "max_abs_diff": saved_error,
     }, indent=2) + "\n")
     install_folder(tmp, out)
-    if cache:
-        cache.store(out, refresh=force)
     size = sum(f.stat().st_size for f in out.iterdir())
     log(f"smollm2-135m: saved to {out} ({size / 1e6:.0f} MB) in {time.time() - started:.1f} s")
-    return out
 
 
 # ---- Whisper (whisper-tiny-en by default; whisper-base on request) ----------------------------------------------
@@ -617,13 +618,20 @@ def prepare_whisper(weights_dir: Path, model_id: str = DEFAULT_WHISPER, force: b
                 f"logits {recorded['logits_max_abs_diff']:.1e} vs CTranslate2); skipping")
             make_readable(out)
             return out
-    # its tokenizer.json and config.json are copied into the folder: part of the key
-    cache = weights_cache(model_id, [*parts, files / "tokenizer.json", files / "config.json"], log)
     part_stats = [[part.stat().st_size, part.stat().st_mtime_ns] for part in parts]
     this_checkout = ({"source_size": part_stats[0][0], "source_mtime_ns": part_stats[0][1]} if len(parts) == 1
                      else {"part_stats": part_stats})
-    if not force and cache and cache.restore(out, this_checkout):
-        return out
+    # its tokenizer.json and config.json are copied into the folder: part of the key
+    restore_or_convert(model_id, out, [*parts, files / "tokenizer.json", files / "config.json"], this_checkout,
+                       lambda: convert_whisper(model_id, out, sample), log, force=force)
+    return out
+
+
+def convert_whisper(model_id: str, out: Path, sample: Path | None) -> None:
+    """The CTranslate2 model → a checked WhisperForConditionalGeneration, saved and installed as `out`."""
+    source = WHISPER_SOURCES[model_id]
+    parts = source.part_paths()
+    files = source.files_dir()
 
     import shutil
 
@@ -740,10 +748,7 @@ def prepare_whisper(weights_dir: Path, model_id: str = DEFAULT_WHISPER, force: b
                    "part_stats": [[part.stat().st_size, part.stat().st_mtime_ns] for part in parts]}
     (tmp / "prepared.json").write_text(json.dumps(record, indent=2) + "\n")
     install_folder(tmp, out)
-    if cache:
-        cache.store(out, refresh=force)
     log(f"{model_id}: saved to {out} in {time.time() - started:.1f} s")
-    return out
 
 
 def read_spec(model_bin: Path) -> str:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from models.preparing import replace_folder  # noqa: F401 - also gguf.replace_folder for its callers
 from models.preparing import sha256_file as sha256_of
-from models.weights_cache import weights_cache
+from models.weights_cache import restore_or_convert
 
 FORMAT_VERSION = 1  # bump when the conversion changes, so prepared folders are rebuilt
 PARITY_TOLERANCE = 1e-4  # max |Δ logits| of the saved model against the GGUF-loaded one (measured: 0.0)
@@ -568,19 +568,19 @@ def prepare_file(gguf_path: Path, out: Path, model_id: str, source: str, licence
     if not force and (recorded := up_to_date(out, stats)) is not None:
         log(f"{model_id}: up to date in {out} (parity {recorded['max_abs_diff']:.1e}); skipping")
         return out
+
+    def convert() -> None:
+        started = time.time()
+        with one_parse_per_file():
+            facts = config_facts(gguf_path)
+            result = dequantize(gguf_path, out, model_id, facts)
+        record = {**result["record"], "source": source, "licence": licence, "part_stats": stats, **(extra or {})}
+        install(result["tmp"], out, record)
+        log(f"{model_id}: saved to {out} in {time.time() - started:.1f} s")
+
     # what prepared.json records from the caller is part of the key
-    cache = weights_cache(model_id, [gguf_path], log, extra=[source, licence, extra])
-    if not force and cache and cache.restore(out, {"part_stats": stats}):
-        return out
-    started = time.time()
-    with one_parse_per_file():
-        facts = config_facts(gguf_path)
-        result = dequantize(gguf_path, out, model_id, facts)
-    record = {**result["record"], "source": source, "licence": licence, "part_stats": stats, **(extra or {})}
-    install(result["tmp"], out, record)
-    if cache:
-        cache.store(out, refresh=force)
-    log(f"{model_id}: saved to {out} in {time.time() - started:.1f} s")
+    restore_or_convert(model_id, out, [gguf_path], {"part_stats": stats}, convert, log, force=force,
+                       extra=[source, licence, extra])
     return out
 
 
@@ -595,9 +595,16 @@ def prepare_source(weights_dir: Path, model_id: str, force: bool = False) -> Pat
         return out
     # another clone on this machine may have prepared the same: its checked folder, linked (models/weights_cache.py)
     licence = [packaged(*src.licence_file, src.requirements[0])] if src.licence_file else []
-    cache = weights_cache(model_id, [*parts, *licence], log)
-    if not force and cache and cache.restore(out, {"part_stats": stats}):
-        return out
+    restore_or_convert(model_id, out, [*parts, *licence], {"part_stats": stats},
+                       lambda: convert_source(weights_dir, model_id, stats), log, force=force)
+    return out
+
+
+def convert_source(weights_dir: Path, model_id: str, stats: list) -> None:
+    """SOURCES[model_id]'s parts joined, checked, dequantized, checked and installed as weights/<model_id>."""
+    src = SOURCES[model_id]
+    out = weights_dir / model_id
+    parts = src.part_paths()
     started = time.time()
     joined = weights_dir / f".{model_id}.gguf.tmp" / "model.gguf"
     if joined.parent.exists():
@@ -622,11 +629,8 @@ def prepare_source(weights_dir: Path, model_id: str, force: bool = False) -> Pat
               "licence": src.licence, "upstream": src.upstream, "description": src.description,
               "gguf_size": src.size, "gguf_sha256": sha, "part_stats": stats}
     install(result["tmp"], out, record)
-    if cache:
-        cache.store(out, refresh=force)
     log(f"{model_id}: saved to {out} ({sum(f.stat().st_size for f in out.iterdir()) / 1e6:.0f} MB) "
         f"in {time.time() - started:.1f} s")
-    return out
 
 
 def read_prepared(folder: str | Path) -> dict:

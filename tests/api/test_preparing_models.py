@@ -9,9 +9,10 @@ import json
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.preparation import BackgroundPreparation
+from app.preparation import BackgroundPreparation, prepared
 from app.settings import Settings
 from models import gguf, preparing
+from models.registry import build_registry
 from tests.api.helpers import TINY_TEXT
 from tests.tiny_models import build_text_model
 
@@ -45,6 +46,24 @@ def test_a_model_being_prepared_answers_503_and_is_served_once_in_place(tmp_path
         listing = client.get("/api/models", params={"kind": "text"}).json()
         assert "gemma3-270m" in [m["id"] for m in listing["models"]]
         assert listing["not_ready"] == []
+
+
+def test_the_background_preparation_and_the_server_agree_on_what_is_in_place(tmp_path):
+    """A model the server serves from its folder is not prepared again as missing, and one it refuses as unprepared is
+    not skipped as in place: app/preparation.py asks the registry's check (ModelSpec.prepared)."""
+    from attnlab_prepare import DEFAULT_PREPARED
+
+    weights = tmp_path / "weights"
+    registry = build_registry(weights_dir=weights)
+    for files in ((), ("config.json",), ("prepared.json",), ("config.json", "prepared.json")):
+        for model_id in DEFAULT_PREPARED:
+            folder = weights / model_id
+            folder.mkdir(parents=True, exist_ok=True)
+            for stale in folder.iterdir():
+                stale.unlink()
+            for name in files:
+                (folder / name).write_text("{}")
+            assert prepared(weights, model_id) == registry[model_id].prepared(), (model_id, files)
 
 
 def test_a_failed_background_preparation_is_listed_with_its_reason_and_log(tmp_path, caplog):

@@ -21,11 +21,11 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import anyio.to_thread
 
+from app.heartbeat import start_heartbeat
 from app.ids import replica_name, run_owner, set_replica_name
 from app.lifecycle import SCOPE_JSON_KEY
 
@@ -42,18 +42,6 @@ HOP_BY_HOP = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te"
               b"proxy-connection", b"trailer"}
 FLEET_BODY_KEY = "attnlab.fleet_body"
 URL_CACHE_S = 2.0  # an owner's URL is asked of Redis at most this often per owner
-
-
-def start_heartbeat(name: str, every_s: float, beat: Callable[[], None], stop: threading.Event) -> threading.Thread:
-    """A daemon thread that calls `beat` every `every_s` seconds, the first call one period from now, until `stop` is
-    set (this replica's registration; app/fleetjobs.py's job leases)."""
-    def run() -> None:
-        while not stop.wait(every_s):
-            beat()
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    return thread
 
 
 class Registry:

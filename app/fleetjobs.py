@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from app.fleet import start_heartbeat
+from app.heartbeat import start_heartbeat
 
 log = logging.getLogger("attnlab")
 

@@ -48,11 +48,18 @@ def test_a_clients_jobs_on_two_replicas_run_one_at_a_time(redis_settings):
     events: list = []
     running: list[tuple[str, float, float]] = []
 
+    registered = [threading.Event() for _ in range(4)]
+    all_accepted = threading.Event()
+
     def run(i: int) -> None:
         board, job = boards[i % 2], _job(f"job{i}", events)
         board.register(job, 4)
-        board.accept(job, 0.3, 1)
+        registered[i].set()
+        board.accept(job, 0.3, 1)  # tells the job its place, then waits for its turn
         started = time.monotonic()
+        # the work lasts until every job has been told its place: on a loaded machine a job that ended before a later
+        # one arrived would make that one's place smaller (seen under 3 xdist workers at load 5)
+        all_accepted.wait(timeout=10)
         time.sleep(0.3)  # the job's work
         running.append((job.job_id, started, time.monotonic()))
         board.finish(job)
@@ -61,7 +68,11 @@ def test_a_clients_jobs_on_two_replicas_run_one_at_a_time(redis_settings):
     for i in range(4):
         threads.append(threading.Thread(target=run, args=(i,)))
         threads[-1].start()
-        time.sleep(0.05)  # arrival order: job0 … job3
+        assert registered[i].wait(timeout=10)  # arrival order: job0 … job3
+    deadline = time.monotonic() + 10
+    while sum(1 for _, event in events if event.get("accepted")) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    all_accepted.set()
     for thread in threads:
         thread.join(timeout=30)
     assert [name for name, *_ in sorted(running, key=lambda r: r[1])] == ["job0", "job1", "job2", "job3"]
@@ -97,7 +108,7 @@ def test_over_the_cap_on_the_fleet_is_refused_and_a_dead_replicas_lease_expires(
 
 
 def test_the_heartbeats_keep_a_replicas_entry_and_its_job_alive_past_their_ttl(redis_settings):
-    """Both of app/fleet.py's heartbeats (start_heartbeat): the replica's registration and its jobs' renewal; nothing
+    """Both heartbeats (app/heartbeat.py start_heartbeat): the replica's registration and its jobs' renewal; nothing
     else refreshes either, so without them both are gone after their TTL (1.5 s here)."""
     settings = types.SimpleNamespace(**vars(redis_settings), replica_ttl_s=1.5)
     replica = Registry(settings, "http://127.0.0.1:1")

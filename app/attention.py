@@ -155,6 +155,9 @@ def threads_on_this_thread(threads: int) -> Iterator[None]:
         yield
         return
     get_omp, set_omp, set_mkl = controls
+    # torch sets a thread's OpenMP count to the process's at its first parallel region on that thread (its lazy
+    # per-thread init), which would undo the count set below on a thread new to torch; get_num_threads runs that init
+    torch.get_num_threads()
     before = get_omp()
     if before == threads:
         yield

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from app import runfile
+from app.attention import threads_on_this_thread
 from models.adapters.base import AttentionResult
 
 log = logging.getLogger("attnlab")
@@ -185,7 +186,18 @@ class _Resources:
 
 
 def _write_runs(jobs: queue.Queue, stopping: threading.Event, store_ref: weakref.ref) -> None:
-    """The writer thread: one queued run at a time into its file (a weak reference: the store may go meanwhile)."""
+    """The writer thread: one queued run at a time into its file (a weak reference: the store may go meanwhile).
+
+    Its torch work (a non-contiguous q̂/k̂ made contiguous for the file) runs on this thread alone. On more threads it
+    would start an OpenMP team of its own, and once a process has more OpenMP threads than cores, GNU OpenMP spins far
+    less before sleeping: the forward's threads then slept and woke at every parallel region (~440 voluntary and ~300
+    involuntary context switches a 128-token minilm view instead of ~13, its model part 41 ms instead of 26-28 ms, on
+    2 cores once the result cache was full and spilling; benchmarks/results/first_view.md)."""
+    with threads_on_this_thread(1):
+        _write_queued_runs(jobs, stopping, store_ref)
+
+
+def _write_queued_runs(jobs: queue.Queue, stopping: threading.Event, store_ref: weakref.ref) -> None:
     while True:
         write = jobs.get()
         if write is None:

@@ -49,3 +49,21 @@ def test_one_thread_here_while_a_thread_started_meanwhile_gets_the_process_defau
 def test_zero_leaves_the_count(two_threads):
     with threads_on_this_thread(0):
         assert torch.get_num_threads() == 2
+
+
+def test_one_thread_holds_on_a_thread_new_to_torch(two_threads):
+    """On a thread that has run no torch work yet (the run store's writer, a fresh worker), the count set stays through
+    its first parallel op: torch's lazy per-thread init would otherwise reset it to the process's two."""
+    get_omp = _thread_controls()[0]
+    strided = torch.randn(1, 512, 12, 64).transpose(1, 2)  # copied in parallel: over torch's grain size
+    seen = []
+
+    def work() -> None:
+        with threads_on_this_thread(1):
+            strided.contiguous()
+            seen.append(get_omp())
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    assert seen == [1]

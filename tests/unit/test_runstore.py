@@ -8,6 +8,7 @@ import dataclasses
 import gc
 import json
 import math
+import os
 import threading
 import time
 
@@ -449,3 +450,28 @@ def test_a_hard_exit_removes_this_process_directories(llama, tmp_path):
     runstore.remove_directories()  # what app/serve.py calls before os._exit
     assert not folder.exists() and folder not in runstore._LIVE_DIRS
     store.close()  # and closing after it is harmless
+
+
+def test_the_writer_thread_starts_no_openmp_team(llama, tmp_path):
+    """The writer's torch work runs on its own thread alone: writing a run whose tensors must be made contiguous starts
+    no OpenMP helper thread. One would put the process over its cores in OpenMP threads, and GNU OpenMP then spins
+    far less before sleeping: every forward's threads slept and woke at each parallel region (first_view.md)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # a new thread's default: what a served process has on 2 cores
+    try:
+        result = _run(llama, "wide", True)
+        # a non-contiguous tensor big enough for torch's copy to go parallel (over its grain of 32,768 elements), laid
+        # out as a recorded q̂ is: (B, T, H, d) seen as (B, H, T, d)
+        result.hidden_states = torch.randn(1, 512, 12, 64).transpose(1, 2)
+        before = set(os.listdir("/proc/self/task"))
+        store = _store(tmp_path, ram=1)  # the run leaves RAM at once: the writer thread writes it
+        store.put(("k",), result, "me")
+        assert store.flush(timeout=60)
+        new = set(os.listdir("/proc/self/task")) - before
+        writer = store._resources.thread
+        assert writer is not None and writer.is_alive()
+        assert new == {str(writer.native_id)}, f"threads started besides the writer: {sorted(new)}"
+        assert torch.equal(store.by_run_id("wide").hidden_states, result.hidden_states)
+        store.close()
+    finally:
+        torch.set_num_threads(threads)

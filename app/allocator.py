@@ -1,11 +1,19 @@
-"""The allocator bound the server starts with (docs/deploy.md "Memory allocator"): shared by the `attnlab serve`
-entry point (app/cli.py) and the server itself (app/serve.py), which is why it is a module of its own."""
+"""The served process's policy for glibc's malloc (docs/deploy.md "Memory allocator"): the arena bound it starts
+with (shared by the `attnlab serve` entry point, app/cli.py, and the server itself, app/serve.py), the warm heap that
+keeps the next run's page faults off the request, and the periodic malloc_trim that gives the rest back."""
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
+import resource
 import signal
 import sys
+import threading
+import time
 from collections.abc import Mapping
+
+log = logging.getLogger("attnlab")
 
 # The allocator bound (docs/deploy.md "Memory allocator"). glibc's malloc gives threads that allocate at once arenas
 # of their own (up to 8 per core) and keeps what is freed inside them, for reuse by that arena only: under a mixed
@@ -53,6 +61,7 @@ def bound_allocator(module: str, args: list[str]) -> list[str]:
         args = [a for a in args if a != NO_BOUND_FLAG]
         os.environ[ARENA_SETTING] = "0"  # the settings (and a re-executed child) see the choice too
         os.environ["ATTNLAB_MALLOC_TRIM_INTERVAL_S"] = "0"  # and no periodic malloc_trim (app/serve.py)
+        os.environ["ATTNLAB_WARM_HEAP_BYTES"] = "0"  # nor a warm heap (its thresholds are mallopt's)
     environ = allocator_environ(os.environ)
     if environ is not None:
         sys.stdout.flush()
@@ -63,3 +72,163 @@ def bound_allocator(module: str, args: list[str]) -> list[str]:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         os.execve(sys.executable, [sys.executable, "-m", module, *args], environ)
     return args
+
+
+# ---- the warm heap (docs/deploy.md "Memory allocator") -------------------------------------------------------------
+# A fresh view keeps its run (P, q̂/k̂, hidden states: ~8.5 MB at 128 tokens of minilm) in new memory while the result
+# cache grows, and the kernel maps each new page at its first write, inside the forward: ~2,750 minor faults a view,
+# 4-6 ms of a 22 ms forward on the CI machine, far more on a VM whose host backs memory lazily
+# (benchmarks/results/first_view.md). Touching that memory after the previous response, instead, takes the faults
+# off the request's path: with it the served model part fell from 1.17-1.29x to 1.03-1.04x a raw forward.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (glibc's malloc.h)
+MADV_POPULATE_WRITE = 23  # Linux 5.14+: map the range's pages as a write would, without the write
+MMAP_THRESHOLD = 32 * 2**20  # the ceiling of glibc's own dynamic threshold: smaller chunks come from the heap
+WARM_CHUNK = 4 * 2**20  # taken in chunks under MMAP_THRESHOLD, so that they go back to the heap, not to the kernel
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _glibc(environ: Mapping[str, str] = os.environ) -> ctypes.CDLL | None:
+    """glibc (2.33+: mallinfo2), or None elsewhere (musl, macOS) and under a preloaded allocator of its own (it
+    purges by itself)."""
+    if sys.platform != "linux" or any(name in environ.get("LD_PRELOAD", "") for name in OWN_ALLOCATORS):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if all(hasattr(libc, f) for f in ("mallopt", "malloc_trim", "mallinfo2")) else None
+
+
+def free_heap_bytes() -> int:
+    """Bytes free inside glibc's malloc arenas (mallinfo2's fordblks): freed, not yet given back; 0 without glibc."""
+    libc = _glibc()
+    if libc is None:
+        return 0
+    libc.mallinfo2.restype = _Mallinfo2
+    return int(libc.mallinfo2().fordblks)
+
+
+class WarmHeap:
+    """Keeps `nbytes` of free heap memory already written once, in the arena of the thread that calls `top_up`: the
+    served process calls it after each plain response, on the worker thread that ran the work (the one its next
+    request most likely runs on: anyio hands work to the worker idle last). The next run's allocations then find
+    mapped pages. The thresholds are fixed at glibc's own dynamic ceilings, so the touched chunks stay in the heap
+    when freed; MallocTrimmer leaves that much free memory alone."""
+
+    def __init__(self, nbytes: int, libc: ctypes.CDLL) -> None:
+        self.nbytes, self._libc = nbytes, libc
+        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self._populate = True  # until the kernel refuses MADV_POPULATE_WRITE
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, max(2 * MMAP_THRESHOLD, 2 * nbytes))
+        self.top_ups = 0
+        self.mapped_pages = 0  # pages the top-ups mapped: what requests would have paid
+
+    @classmethod
+    def start(cls, nbytes: int) -> "WarmHeap | None":
+        libc = _glibc()
+        return None if nbytes <= 0 or libc is None else cls(nbytes, libc)
+
+    def top_up(self) -> None:
+        faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        chunks = []
+        try:
+            for _ in range(-(-self.nbytes // WARM_CHUNK)):
+                address = self._libc.malloc(WARM_CHUNK)
+                if not address:
+                    break
+                chunks.append(address)
+                self._map(address, WARM_CHUNK)
+        finally:
+            for address in chunks:
+                self._libc.free(address)
+        self.top_ups += 1
+        self.mapped_pages += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults
+
+    def _map(self, address: int, nbytes: int) -> None:
+        """Every page of [address, address + nbytes) mapped. madvise runs without the GIL (ctypes lets it go), so the
+        event loop goes on sending the response meanwhile; a write to each page where the kernel lacks it."""
+        page = os.sysconf("SC_PAGE_SIZE")
+        start, end = -(-address // page) * page, (address + nbytes) // page * page
+        if self._populate and self._libc.madvise(start, end - start, MADV_POPULATE_WRITE) == 0:
+            return
+        self._populate = False
+        import numpy as np  # not at import: app.cli imports this module before the server re-executes itself
+
+        np.frombuffer((ctypes.c_char * nbytes).from_address(address), np.uint8)[::page] = 0
+
+
+_PROCESS_WARM_HEAP: list[WarmHeap] = []  # set once by the served process (app/serve.py main)
+
+
+def start_warm_heap(nbytes: int) -> WarmHeap | None:
+    heap = WarmHeap.start(nbytes)
+    _PROCESS_WARM_HEAP[:] = [heap] if heap is not None else []
+    return heap
+
+
+def process_warm_heap() -> WarmHeap | None:
+    """The served process's warm heap, None in any other (the tests' in-process apps) or when it is off."""
+    return _PROCESS_WARM_HEAP[0] if _PROCESS_WARM_HEAP else None
+
+
+class MallocTrimmer(threading.Thread):
+    """Every `interval_s`, glibc's malloc_trim(0): the free pages inside every malloc arena go back to the kernel.
+    free() gives memory back by itself only from the top of a heap; a freed run's buffers below live objects stayed
+    resident. In-process, 8 threads of text attention for 60 s (benchmarks/allocator_trim.py, MALLOC_ARENA_MAX=2):
+    RSS after the load 3.4 GB, after the result cache was emptied 2.8 GB, after one malloc_trim(0) 1.1 GB (glibc's
+    default arenas: 4.0, 3.0, 1.2 GB). Skipped under a preloaded allocator of its own (it purges by itself). With a
+    warm heap (app/allocator.py WarmHeap) a trim waits until more than `keep_free_bytes` is free: trimming the warm
+    memory alone would hand the next view its page faults back."""
+
+    def __init__(self, interval_s: float, keep_free_bytes: int = 0) -> None:
+        super().__init__(name="attnlab-malloc-trim", daemon=True)
+        self.interval_s, self.keep_free_bytes = interval_s, keep_free_bytes
+        self.calls = 0
+        self.skipped = 0
+        self.returned_bytes = 0
+        self.max_seconds = 0.0
+        self._trim = ctypes.CDLL("libc.so.6").malloc_trim
+        self._trim.argtypes = [ctypes.c_size_t]
+
+    @staticmethod
+    def available(environ: Mapping[str, str]) -> bool:
+        return _glibc(environ) is not None
+
+    def run(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while True:
+            time.sleep(self.interval_s)
+            if self.keep_free_bytes and free_heap_bytes() <= self.keep_free_bytes:
+                self.skipped += 1
+                continue
+            before = _resident_pages()
+            started = time.perf_counter()
+            self._trim(0)
+            took = time.perf_counter() - started
+            returned = max(0, before - _resident_pages()) * page
+            self.calls += 1
+            self.returned_bytes += returned
+            self.max_seconds = max(self.max_seconds, took)
+            if returned >= 64 * 2**20:
+                log.info("malloc_trim: %s MB of freed memory returned to the kernel in %.0f ms",
+                         f"{returned / 2**20:,.0f}", took * 1000)
+
+
+def _resident_pages() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1])
+
+
+def start_malloc_trim(interval_s: float, keep_free_bytes: int = 0) -> MallocTrimmer | None:
+    if interval_s <= 0 or not MallocTrimmer.available(os.environ):
+        return None
+    trimmer = MallocTrimmer(interval_s, keep_free_bytes)
+    trimmer.start()
+    return trimmer

@@ -39,9 +39,10 @@ Serves attnlab (APP defaults to app.main:app) with uvicorn's options below, plus
   --model [ID=]SOURCE   add a checkpoint of any family (a local folder or a hub id already in the cache), or a
                         llama.cpp GGUF file (ID=/path/model.gguf: dequantized into weights/ID on first use);
                         repeatable; the command-line form of ATTNLAB_EXTRA_MODELS
-  --no-allocator-bound  leave glibc's malloc alone: arenas unbounded, no periodic malloc_trim (the same as
-                        ATTNLAB_MALLOC_ARENA_MAX=0 ATTNLAB_MALLOC_TRIM_INTERVAL_S=0); by default the server runs
-                        with MALLOC_ARENA_MAX=2 (unless the environment sets it) and trims every 10 s
+  --no-allocator-bound  leave glibc's malloc alone: arenas unbounded, no periodic malloc_trim, no warm heap (the
+                        same as ATTNLAB_MALLOC_ARENA_MAX=0 ATTNLAB_MALLOC_TRIM_INTERVAL_S=0
+                        ATTNLAB_WARM_HEAP_BYTES=0); by default the server runs with MALLOC_ARENA_MAX=2 (unless the
+                        environment sets it), trims every 10 s and keeps 32 MiB of its free heap memory mapped
 Weights are read from ATTNLAB_WEIGHTS_DIR (default: weights/ in the checkout, as `attnlab prepare` writes).
 """
 

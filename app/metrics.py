@@ -14,6 +14,7 @@ from collections import Counter
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
+from app.allocator import process_warm_heap
 from app.fleet import FLEET
 from app.ids import replica_name
 from app.jobs import JOBS
@@ -85,6 +86,16 @@ def render(runtime) -> str:
     with _STATUS_LOCK:
         counts = sorted(_STATUS.items())
     lines += [f'attnlab_requests_total{{status="{status}"}} {n}' for status, n in counts]
+    warm = process_warm_heap()
+    if warm is not None:
+        lines += [
+            "# HELP attnlab_warm_heap_top_ups_total Top-ups of the warm heap (one after each plain response).",
+            "# TYPE attnlab_warm_heap_top_ups_total counter",
+            f"attnlab_warm_heap_top_ups_total {warm.top_ups}",
+            "# HELP attnlab_warm_heap_mapped_pages_total Pages the top-ups mapped: first touches taken off requests.",
+            "# TYPE attnlab_warm_heap_mapped_pages_total counter",
+            f"attnlab_warm_heap_mapped_pages_total {warm.mapped_pages}",
+        ]
     return "\n".join(lines) + "\n"
 
 

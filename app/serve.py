@@ -31,14 +31,12 @@ It is the command-line form of the `extra_models` setting (ATTNLAB_EXTRA_MODELS)
 """
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import logging
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 
@@ -51,7 +49,7 @@ try:  # one of uvicorn's [standard] extras (requirements.txt): a C HTTP parser
 except ImportError:  # httptools not installed: the h11 protocol below serves alone
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
-from app.allocator import OWN_ALLOCATORS, allocator_report, bound_allocator
+from app.allocator import allocator_report, bound_allocator, start_malloc_trim, start_warm_heap
 from app.fleet import FLEET
 from app.lifecycle import LIFECYCLE
 from app.preparation import stop_all
@@ -367,61 +365,6 @@ def add_models(models: dict[str, str]) -> None:
     get_settings.cache_clear()
 
 
-class MallocTrimmer(threading.Thread):
-    """Every `interval_s`, glibc's malloc_trim(0): the free pages inside every malloc arena go back to the kernel.
-    free() gives memory back by itself only from the top of a heap; a freed run's buffers below live objects stayed
-    resident. In-process, 8 threads of text attention for 60 s (benchmarks/allocator_trim.py, MALLOC_ARENA_MAX=2):
-    RSS after the load 3.4 GB, after the result cache was emptied 2.8 GB, after one malloc_trim(0) 1.1 GB (glibc's
-    default arenas: 4.0, 3.0, 1.2 GB). Skipped under a preloaded allocator of its own (it purges by itself)."""
-
-    def __init__(self, interval_s: float) -> None:
-        super().__init__(name="attnlab-malloc-trim", daemon=True)
-        self.interval_s = interval_s
-        self.calls = 0
-        self.returned_bytes = 0
-        self.max_seconds = 0.0
-        self._trim = ctypes.CDLL("libc.so.6").malloc_trim
-        self._trim.argtypes = [ctypes.c_size_t]
-
-    @staticmethod
-    def available(environ: dict[str, str] | os._Environ) -> bool:
-        if sys.platform != "linux" or any(name in environ.get("LD_PRELOAD", "") for name in OWN_ALLOCATORS):
-            return False
-        try:
-            return hasattr(ctypes.CDLL("libc.so.6"), "malloc_trim")  # glibc (not musl)
-        except OSError:
-            return False
-
-    def run(self) -> None:
-        page = os.sysconf("SC_PAGE_SIZE")
-        while True:
-            time.sleep(self.interval_s)
-            before = _resident_pages()
-            started = time.perf_counter()
-            self._trim(0)
-            took = time.perf_counter() - started
-            returned = max(0, before - _resident_pages()) * page
-            self.calls += 1
-            self.returned_bytes += returned
-            self.max_seconds = max(self.max_seconds, took)
-            if returned >= 64 * 2**20:
-                log.info("malloc_trim: %s MB of freed memory returned to the kernel in %.0f ms",
-                         f"{returned / 2**20:,.0f}", took * 1000)
-
-
-def _resident_pages() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1])
-
-
-def start_malloc_trim(interval_s: float) -> MallocTrimmer | None:
-    if interval_s <= 0 or not MallocTrimmer.available(os.environ):
-        return None
-    trimmer = MallocTrimmer(interval_s)
-    trimmer.start()
-    return trimmer
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if "--help" not in argv:
@@ -440,7 +383,9 @@ def main(argv: list[str] | None = None) -> None:
             protocol.max_header_bytes = settings.max_header_bytes
             protocol.max_header_line_bytes = settings.max_header_line_bytes
     uvicorn_main.Server = AttnlabServer  # uvicorn.main.run builds its Server from this module global
-    trimmer = start_malloc_trim(settings.malloc_trim_interval_s)
+    warm = start_warm_heap(settings.warm_heap_bytes)
+    log.info("allocator: warm heap %s", f"{settings.warm_heap_bytes / 2**20:g} MiB" if warm else "off")
+    trimmer = start_malloc_trim(settings.malloc_trim_interval_s, 2 * warm.nbytes if warm else 0)
     log.info("allocator: malloc_trim(0) %s", f"every {settings.malloc_trim_interval_s:g} s" if trimmer else "off")
     try:
         uvicorn_main.main.main(args=build_args(argv), prog_name="uvicorn")

@@ -36,7 +36,9 @@ from typing import Any
 import orjson
 from fastapi import HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
+from app.allocator import process_warm_heap
 from app.context import EMPTY, RequestContext, current, enter
 from app.encoding import fast_json
 from app.jobs import JOBS, Job
@@ -385,7 +387,11 @@ def respond(request: Request, work: Callable[[RequestContext], dict[str, Any]], 
     answer. `ctx` is the request's context (a plain request's, else its job's). `what` names the work in the log
     ("POST /api/text/attention")."""
     if not wants_events(request):
-        return fast_json(work(current()))  # the edge: the request's context, as the middleware made it
+        response = fast_json(work(current()))  # the edge: the request's context, as the middleware made it
+        warm = process_warm_heap()
+        if warm is not None:  # once the answer is sent, on this worker thread most likely (anyio: idle last, first)
+            response.background = BackgroundTask(warm.top_up)
+        return response
     return run_job(request, lambda stream: work(stream.ctx), what, layer_progress=True)
 
 

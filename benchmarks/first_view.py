@@ -43,13 +43,13 @@ def free_port() -> int:
 class TreeServer:
     """`python -m app.serve` run from the checkout `tree` on its own code, serving `model` alone, Server-Timing on."""
 
-    def __init__(self, tree: Path, model: str):
+    def __init__(self, tree: Path, model: str, extra_env: dict[str, str] | None = None):
         self.tree, port = tree, free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="attnlab-first-view-", suffix=".log", delete=False)
         env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "ATTNLAB_DEVICE": "cpu",
                "ATTNLAB_EXPOSE_TIMINGS": "1", "ATTNLAB_DEFAULT_MODELS": json.dumps([model]),
-               "ATTNLAB_REQUEST_TIMEOUT_S": "300"}
+               "ATTNLAB_REQUEST_TIMEOUT_S": "300", **(extra_env or {})}
         self.proc = subprocess.Popen([sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port)],
                                      cwd=tree, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         if not wait_ready(self.url, self.proc, seconds=600):
@@ -94,7 +94,7 @@ def cpu_by_thread(before: dict[str, int], after: dict[str, int], views: int) -> 
     return sorted((round(ms, 1) for ms in spent if ms > 0), reverse=True)
 
 
-def compare(model: str, trees: list[Path], rounds: int) -> dict:
+def compare(model: str, trees: list[Path], rounds: int, server_env: dict[str, str] | None = None) -> dict:
     """Interleaved rounds: a raw forward, then each tree's fresh first view; medians, ratios, Server-Timing."""
     if model == LM:
         raw = RawLM()
@@ -102,7 +102,7 @@ def compare(model: str, trees: list[Path], rounds: int) -> dict:
     else:
         raw = RawForward()
         raw_call, body_of = (lambda v: raw(text_of(TOKENS, v))), (lambda v: first_view_body(text_of(TOKENS, v)))
-    servers = [TreeServer(tree, model) for tree in trees]
+    servers = [TreeServer(tree, model, server_env) for tree in trees]
     client = httpx.Client(timeout=600)
     samples: dict[str, dict[str, list[float]]] = {"raw": {"ms": []}}
     samples.update({str(s.tree): {"ms": [], "model": [], "app": []} for s in servers})
@@ -165,11 +165,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--only", nargs="*", default=["minilm", "lm"], choices=["minilm", "lm"])
     parser.add_argument("--trees", nargs="*", type=Path, default=[ROOT], help="checkouts to serve from (default: this)")
+    parser.add_argument("--server-env", nargs="*", default=[], metavar="NAME=VALUE",
+                        help="set in the servers' environment only (not in this process, which runs the raw forward)")
     args = parser.parse_args()
-    out: dict = {"machine": machine(), "rounds": args.rounds, "trees": [str(t.resolve()) for t in args.trees]}
+    server_env = dict(pair.split("=", 1) for pair in args.server_env)
+    out: dict = {"machine": machine(), "rounds": args.rounds, "trees": [str(t.resolve()) for t in args.trees],
+                 "server_env": server_env}
     path = RESULTS / f"first_view_{args.label}.json"
     for name in args.only:
-        out[name] = compare(LM if name == "lm" else "minilm", [t.resolve() for t in args.trees], args.rounds)
+        out[name] = compare(LM if name == "lm" else "minilm", [t.resolve() for t in args.trees], args.rounds, server_env)
         path.write_text(json.dumps(out, indent=2))  # each part as soon as it is measured
     print(f"wrote {path}")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import queue
 import resource
 import signal
 import sys
@@ -78,8 +79,8 @@ def bound_allocator(module: str, args: list[str]) -> list[str]:
 # A fresh view keeps its run (P, q̂/k̂, hidden states: ~8.5 MB at 128 tokens of minilm) in new memory while the result
 # cache grows, and the kernel maps each new page at its first write, inside the forward: ~2,750 minor faults a view,
 # 4-6 ms of a 22 ms forward on the CI machine, far more on a VM whose host backs memory lazily
-# (benchmarks/results/first_view.md). Touching that memory after the previous response, instead, takes the faults
-# off the request's path: with it the served model part fell from 1.17-1.29x to 1.03-1.04x a raw forward.
+# (benchmarks/results/first_view.md). Mapping that memory after the previous response, instead, takes the faults
+# off the request's path: with it the served model part fell from 1.18x to 1.00x a raw forward.
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (glibc's malloc.h)
 MADV_POPULATE_WRITE = 23  # Linux 5.14+: map the range's pages as a write would, without the write
 MMAP_THRESHOLD = 32 * 2**20  # the ceiling of glibc's own dynamic threshold: smaller chunks come from the heap
@@ -113,52 +114,76 @@ def free_heap_bytes() -> int:
 
 
 class WarmHeap:
-    """Keeps `nbytes` of free heap memory already written once, in the arena of the thread that calls `top_up`: the
-    served process calls it after each plain response, on the worker thread that ran the work (the one its next
-    request most likely runs on: anyio hands work to the worker idle last). The next run's allocations then find
-    mapped pages. The thresholds are fixed at glibc's own dynamic ceilings, so the touched chunks stay in the heap
-    when freed; MallocTrimmer leaves that much free memory alone."""
+    """Keeps about `nbytes` of free heap memory mapped in the arena of the threads that run requests' work.
+
+    After each plain response, `reserve` takes `nbytes` in chunks on the thread that ran the work (malloc serves a
+    thread from its own arena), without writing them: some microseconds. A thread of its own, at the lowest priority,
+    maps their pages (madvise MADV_POPULATE_WRITE, without the GIL) and frees them back into that arena. The next
+    run's allocations on that thread then find mapped pages. The worker itself is free at once: work kept on a worker
+    after its response sent the next request to another worker, with an OpenMP team of its own, and more OpenMP
+    threads than cores make GNU OpenMP's threads sleep at every parallel region (a forward 23 -> 37 ms back to back).
+    The thresholds are fixed at glibc's own dynamic ceilings so the freed chunks stay in the heap; MallocTrimmer
+    leaves twice `nbytes` of free memory alone."""
 
     def __init__(self, nbytes: int, libc: ctypes.CDLL) -> None:
         self.nbytes, self._libc = nbytes, libc
         libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
         libc.free.argtypes = [ctypes.c_void_p]
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        self._populate = True  # until the kernel refuses MADV_POPULATE_WRITE
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
         libc.mallopt(M_TRIM_THRESHOLD, max(2 * MMAP_THRESHOLD, 2 * nbytes))
         self.top_ups = 0
-        self.mapped_pages = 0  # pages the top-ups mapped: what requests would have paid
+        self.mapped_pages = 0  # pages the top-ups mapped: first touches that requests would have paid
+        self._populate = True  # until the kernel refuses MADV_POPULATE_WRITE (before Linux 5.14)
+        self._pending: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+        self._busy = threading.Event()  # a reservation is being mapped or waits: the next response adds none
+        threading.Thread(target=self._map_reservations, name="attnlab-warm-heap", daemon=True).start()
 
     @classmethod
     def start(cls, nbytes: int) -> "WarmHeap | None":
         libc = _glibc()
         return None if nbytes <= 0 or libc is None else cls(nbytes, libc)
 
-    def top_up(self) -> None:
-        faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    def reserve(self) -> None:
+        """On the thread whose arena is to be kept warm: its chunks, handed to the mapping thread."""
+        if self._busy.is_set():
+            return
         chunks = []
-        try:
-            for _ in range(-(-self.nbytes // WARM_CHUNK)):
-                address = self._libc.malloc(WARM_CHUNK)
-                if not address:
-                    break
-                chunks.append(address)
-                self._map(address, WARM_CHUNK)
-        finally:
-            for address in chunks:
-                self._libc.free(address)
-        self.top_ups += 1
-        self.mapped_pages += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults
+        for _ in range(-(-self.nbytes // WARM_CHUNK)):
+            address = self._libc.malloc(WARM_CHUNK)
+            if not address:
+                break
+            chunks.append(address)
+        self._busy.set()
+        self._pending.put(chunks)
+
+    def _map_reservations(self) -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only: idle cores' time
+        while True:
+            chunks = self._pending.get()
+            faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+            try:
+                for address in chunks:
+                    self._map(address, WARM_CHUNK)
+            finally:
+                for address in chunks:
+                    self._libc.free(address)  # back to the arena it came from, whichever thread frees it
+                self.top_ups += 1
+                self.mapped_pages += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults
+                self._busy.clear()
 
     def _map(self, address: int, nbytes: int) -> None:
-        """Every page of [address, address + nbytes) mapped. madvise runs without the GIL (ctypes lets it go), so the
-        event loop goes on sending the response meanwhile; a write to each page where the kernel lacks it."""
+        """Every page of [address, address + nbytes) mapped, a MiB at a time (the process's memory map is held
+        shorter); by a write to each page where the kernel lacks MADV_POPULATE_WRITE."""
         page = os.sysconf("SC_PAGE_SIZE")
         start, end = -(-address // page) * page, (address + nbytes) // page * page
-        if self._populate and self._libc.madvise(start, end - start, MADV_POPULATE_WRITE) == 0:
-            return
-        self._populate = False
+        if self._populate:
+            for offset in range(start, end, 2**20):
+                if self._libc.madvise(offset, min(2**20, end - offset), MADV_POPULATE_WRITE) != 0:
+                    self._populate = False
+                    break
+            else:
+                return
         import numpy as np  # not at import: app.cli imports this module before the server re-executes itself
 
         np.frombuffer((ctypes.c_char * nbytes).from_address(address), np.uint8)[::page] = 0

@@ -42,9 +42,9 @@ class Settings(BaseSettings):
     # The served process calls glibc's malloc_trim(0) this often (seconds; 0 = never): freed pages inside the arenas go
     # back to the kernel (after a long run's buffers were freed, 1.7 GB of RSS did: docs/deploy.md "Memory allocator").
     malloc_trim_interval_s: float = Field(10.0, ge=0)
-    # Free heap memory the served process keeps written once, topped up after each plain response on the thread that
-    # ran it: the next fresh run's kept buffers then take no page faults in the forward (app/allocator.py WarmHeap;
-    # minilm at 128 tokens keeps ~8.5 MB a view). 0 = off; glibc only. Read at start only.
+    # Free heap memory the served process keeps mapped in the arena of the thread that ran each plain response, topped
+    # up after it: the next fresh run's kept buffers then take no page faults in the forward (app/allocator.py
+    # WarmHeap; minilm at 128 tokens keeps ~8.5 MB a view). 0 = off; glibc only. Read at start only.
     warm_heap_bytes: int = Field(32 * 2**20, ge=0)
     # Inputs of at most this many tokens run on one thread: as fast on such small matrices (measured on the
     # 2-core CI machine, benchmarks/results), and the other cores stay free for HTTP, JSON and a browser.

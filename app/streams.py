@@ -36,7 +36,6 @@ from typing import Any
 import orjson
 from fastapi import HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
-from starlette.background import BackgroundTask
 
 from app.allocator import process_warm_heap
 from app.context import EMPTY, RequestContext, current, enter
@@ -389,8 +388,8 @@ def respond(request: Request, work: Callable[[RequestContext], dict[str, Any]], 
     if not wants_events(request):
         response = fast_json(work(current()))  # the edge: the request's context, as the middleware made it
         warm = process_warm_heap()
-        if warm is not None:  # once the answer is sent, on this worker thread most likely (anyio: idle last, first)
-            response.background = BackgroundTask(warm.top_up)
+        if warm is not None:
+            warm.reserve()  # in this worker's arena, mapped by the warm heap's own thread
         return response
     return run_job(request, lambda stream: work(stream.ctx), what, layer_progress=True)
 

@@ -1,6 +1,7 @@
-"""The warm heap (app/allocator.py WarmHeap, docs/deploy.md "Memory allocator"): after a top-up, a run's new buffers
-on the same thread find their pages mapped, so the kernel's first-touch faults are not paid inside the forward; and
-the periodic malloc_trim leaves that free memory alone. Each case runs in a fresh interpreter: mallopt's thresholds
+"""The warm heap (app/allocator.py WarmHeap, docs/deploy.md "Memory allocator"): once a reservation made on a thread
+is mapped and freed by the warm heap's own thread, a run's new buffers on that thread find their pages mapped, so the
+kernel's first-touch faults are not paid inside the forward; and the periodic malloc_trim leaves that free memory
+alone. Each case runs in a fresh interpreter: mallopt's thresholds
 and the heap's state belong to the process."""
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ out = {}
 
 def run():
     if sys.argv[1] == "warm":
-        warm.top_up()
+        warm.reserve()  # this thread's arena; mapped and freed by the warm heap's own thread
+        deadline = time.monotonic() + 30
+        while warm.top_ups < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     buffer = torch.empty(8 * 2**20 // 4, dtype=torch.float32).fill_(1.0)  # a run's kept buffer, first written
     out["faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
@@ -56,14 +60,14 @@ def run_case(case: str, keep_free_bytes: int) -> dict:
 pytestmark = pytest.mark.skipif(_glibc() is None, reason="glibc's malloc only")
 
 
-def test_a_top_up_takes_the_next_buffers_page_faults_and_the_trimmer_keeps_it():
+def test_a_reservation_takes_the_next_buffers_page_faults_and_the_trimmer_keeps_it():
     warm = run_case("warm", keep_free_bytes=128 * 2**20)
     assert warm["mapped"] >= PAGES, warm  # the top-up mapped at least the buffer's worth
     assert warm["faults"] < 0.1 * PAGES, warm  # and the buffer found it mapped
     assert warm["trims"] == 0 and warm["skipped"] >= 1, warm  # ≤ 128 MiB free: left as it is
 
 
-def test_without_a_top_up_each_page_is_a_fault_and_more_free_memory_is_trimmed():
+def test_without_one_each_page_is_a_fault_and_more_free_memory_is_trimmed():
     cold = run_case("cold", keep_free_bytes=2**20)
     assert cold["mapped"] == 0, cold
     assert cold["faults"] > 0.9 * PAGES, cold  # the measure the warm case passes can fail

@@ -1,0 +1,79 @@
+"""Where the served forward runs, and what that costs: fresh 128-token minilm views posted to `python -m app.serve`,
+the server's model part (Server-Timing) as the median of each phase, and the server's CPU a view by thread (how many
+threads did the work: each worker thread that runs a two-thread forward keeps an OpenMP team of its own, and with
+more OpenMP threads than cores GNU OpenMP sleeps between parallel regions instead of spinning).
+
+Phases, on one server: one client back to back; one client with 30 ms gaps; two clients at once (30 ms gaps each);
+one client right after; one client after anyio's idle workers have exited (12 s later).
+
+    python -m benchmarks.view_threads [--views 20] [--tree .] [--server-env NAME=VALUE ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.first_view import TreeServer, cpu_by_thread, thread_cpu_ticks
+from benchmarks.run_all import RESULTS, ROOT, first_view_body, machine, server_timing, text_of
+
+
+def post_views(url: str, first_variant: int, views: int, gap_s: float, out: list[float]) -> None:
+    with httpx.Client(timeout=120) as client:
+        for k in range(views):
+            time.sleep(gap_s)
+            response = client.post(url + "/api/text/attention", json=first_view_body(text_of(128, first_variant + k)))
+            response.raise_for_status()
+            out.append(server_timing(response)["model"])
+
+
+def phase(server: TreeServer, name: str, clients: int, views: int, gap_s: float, variant: int) -> dict:
+    ticks = thread_cpu_ticks(server.proc.pid)
+    models: list[float] = []
+    threads = [threading.Thread(target=post_views, args=(server.url, variant + 1000 * c, views, gap_s, models))
+               for c in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    row = {"phase": name, "clients": clients, "views": len(models), "gap_s": gap_s,
+           "model_ms_median": statistics.median(models),
+           "server_cpu_ms_a_view_by_thread": cpu_by_thread(ticks, thread_cpu_ticks(server.proc.pid), len(models))[:6]}
+    print(f"  {name:32s} model part {row['model_ms_median']:5.1f} ms; server CPU ms a view by thread "
+          f"{row['server_cpu_ms_a_view_by_thread']}", flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--views", type=int, default=20, help="views a client posts in each phase")
+    parser.add_argument("--tree", type=Path, default=ROOT)
+    parser.add_argument("--server-env", nargs="*", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--label", default="", help="names the output file: view_threads[_<label>].json")
+    args = parser.parse_args()
+    server_env = dict(pair.split("=", 1) for pair in args.server_env)
+    server = TreeServer(args.tree.resolve(), "minilm", server_env)
+    try:
+        warm: list[float] = []
+        post_views(server.url, 100, 5, 0.0, warm)
+        rows = [phase(server, "one client, back to back", 1, args.views, 0.0, 1000),
+                phase(server, "one client, 30 ms apart", 1, args.views, 0.03, 3000),
+                phase(server, "two clients at once", 2, args.views, 0.03, 5000),
+                phase(server, "one client, right after", 1, args.views, 0.03, 8000)]
+        time.sleep(12)  # anyio's idle worker threads exit after 10 s, and their OpenMP teams with them
+        rows.append(phase(server, "one client, 12 s later", 1, args.views, 0.03, 9000))
+    finally:
+        server.stop()
+    path = RESULTS / f"view_threads{'_' + args.label if args.label else ''}.json"
+    path.write_text(json.dumps({"machine": machine(), "tree": str(args.tree.resolve()), "server_env": server_env,
+                                "phases": rows}, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

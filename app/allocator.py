@@ -3,6 +3,7 @@ with (shared by the `attnlab serve` entry point, app/cli.py, and the server itse
 keeps the next run's page faults off the request, and the periodic malloc_trim that gives the rest back."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -158,13 +159,16 @@ class WarmHeap:
         self._pending.put(chunks)
 
     def _map_reservations(self) -> None:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only: idle cores' time
-        while True:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only: idle cores' time
+        while True:  # never ends: a reservation nobody frees would be 32 MiB lost for every response
             chunks = self._pending.get()
             faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
             try:
                 for address in chunks:
                     self._map(address, WARM_CHUNK)
+            except Exception:  # noqa: BLE001  the chunks are freed all the same; the next reservation tries again
+                log.exception("warm heap: mapping a reservation failed")
             finally:
                 for address in chunks:
                     self._libc.free(address)  # back to the arena it came from, whichever thread frees it

@@ -89,7 +89,7 @@ def render(runtime) -> str:
     warm = process_warm_heap()
     if warm is not None:
         lines += [
-            "# HELP attnlab_warm_heap_top_ups_total Top-ups of the warm heap (one after each plain response).",
+            "# HELP attnlab_warm_heap_top_ups_total Reservations the warm heap mapped (after plain responses; one at a time).",
             "# TYPE attnlab_warm_heap_top_ups_total counter",
             f"attnlab_warm_heap_top_ups_total {warm.top_ups}",
             "# HELP attnlab_warm_heap_mapped_pages_total Pages the top-ups mapped: first touches taken off requests.",

@@ -42,7 +42,7 @@ def phase(server: TreeServer, name: str, clients: int, views: int, gap_s: float,
     for thread in threads:
         thread.join()
     row = {"phase": name, "clients": clients, "views": len(models), "gap_s": gap_s,
-           "model_ms_median": statistics.median(models),
+           "model_ms_median": statistics.median(models), "model_ms": [round(ms, 2) for ms in models],
            "server_cpu_ms_a_view_by_thread": cpu_by_thread(ticks, thread_cpu_ticks(server.proc.pid), len(models))[:6]}
     print(f"  {name:32s} model part {row['model_ms_median']:5.1f} ms; server CPU ms a view by thread "
           f"{row['server_cpu_ms_a_view_by_thread']}", flush=True)

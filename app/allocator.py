@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import queue
@@ -93,25 +94,34 @@ class _Mallinfo2(ctypes.Structure):
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
-def _glibc(environ: Mapping[str, str] = os.environ) -> ctypes.CDLL | None:
-    """glibc (2.33+: mallinfo2), or None elsewhere (musl, macOS) and under a preloaded allocator of its own (it
-    purges by itself)."""
-    if sys.platform != "linux" or any(name in environ.get("LD_PRELOAD", "") for name in OWN_ALLOCATORS):
-        return None
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL | None:
+    """glibc (2.33+: mallinfo2), loaded once with the signatures used here; None elsewhere (musl, macOS)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return None
-    return libc if all(hasattr(libc, f) for f in ("mallopt", "malloc_trim", "mallinfo2")) else None
+    if not all(hasattr(libc, f) for f in ("mallopt", "malloc_trim", "mallinfo2")):
+        return None
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    libc.mallinfo2.restype = _Mallinfo2
+    return libc
+
+
+def _glibc(environ: Mapping[str, str] = os.environ) -> ctypes.CDLL | None:
+    """glibc, or None elsewhere and under a preloaded allocator of its own (it purges by itself)."""
+    if sys.platform != "linux" or any(name in environ.get("LD_PRELOAD", "") for name in OWN_ALLOCATORS):
+        return None
+    return _libc()
 
 
 def free_heap_bytes() -> int:
     """Bytes free inside glibc's malloc arenas (mallinfo2's fordblks): freed, not yet given back; 0 without glibc."""
     libc = _glibc()
-    if libc is None:
-        return 0
-    libc.mallinfo2.restype = _Mallinfo2
-    return int(libc.mallinfo2().fordblks)
+    return 0 if libc is None else int(libc.mallinfo2().fordblks)
 
 
 class WarmHeap:
@@ -128,9 +138,6 @@ class WarmHeap:
 
     def __init__(self, nbytes: int, libc: ctypes.CDLL) -> None:
         self.nbytes, self._libc = nbytes, libc
-        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-        libc.free.argtypes = [ctypes.c_void_p]
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
         libc.mallopt(M_TRIM_THRESHOLD, max(2 * MMAP_THRESHOLD, 2 * nbytes))
         self.top_ups = 0
@@ -223,12 +230,7 @@ class MallocTrimmer(threading.Thread):
         self.skipped = 0
         self.returned_bytes = 0
         self.max_seconds = 0.0
-        self._trim = ctypes.CDLL("libc.so.6").malloc_trim
-        self._trim.argtypes = [ctypes.c_size_t]
-
-    @staticmethod
-    def available(environ: Mapping[str, str]) -> bool:
-        return _glibc(environ) is not None
+        self._trim = _libc().malloc_trim
 
     def run(self) -> None:
         page = os.sysconf("SC_PAGE_SIZE")
@@ -256,7 +258,7 @@ def _resident_pages() -> int:
 
 
 def start_malloc_trim(interval_s: float, keep_free_bytes: int = 0) -> MallocTrimmer | None:
-    if interval_s <= 0 or not MallocTrimmer.available(os.environ):
+    if interval_s <= 0 or _glibc() is None:
         return None
     trimmer = MallocTrimmer(interval_s, keep_free_bytes)
     trimmer.start()

@@ -128,14 +128,23 @@ def _pooling_on(n: int, size: int, device: torch.device) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=1)
+def _torch_cpu() -> ctypes.CDLL | None:
+    """torch's CPU library: its symbols resolve through the OpenMP and MKL it loaded. None where it is not found."""
+    try:
+        return ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
 def _thread_controls() -> tuple[Any, Any, Any] | None:
     """OpenMP's and MKL's per-thread settings in the libraries torch loaded (omp_get_max_threads, omp_set_num_threads,
     mkl_set_num_threads_local), or None where torch has neither (another build: a GPU wheel without MKL, macOS)."""
     try:
-        torch_cpu = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+        torch_cpu = _torch_cpu()
         get_omp, set_omp, set_mkl = (torch_cpu.omp_get_max_threads, torch_cpu.omp_set_num_threads,
                                      torch_cpu.mkl_set_num_threads_local)
-    except (OSError, AttributeError):
+    except AttributeError:  # no library (None), or one without these
         return None
     set_omp.argtypes, get_omp.restype = [ctypes.c_int], ctypes.c_int
     set_mkl.argtypes, set_mkl.restype = [ctypes.POINTER(ctypes.c_int)], ctypes.c_int  # the exported name takes a pointer
@@ -170,3 +179,24 @@ def threads_on_this_thread(threads: int) -> Iterator[None]:
     finally:
         set_mkl(ctypes.byref(mkl_before))
         set_omp(before)
+
+
+@functools.lru_cache(maxsize=1)
+def _pause_openmp() -> Any:
+    """OpenMP 5.0's omp_pause_resource_all in the OpenMP torch loaded, or None (another build, an older OpenMP)."""
+    try:
+        pause = _torch_cpu().omp_pause_resource_all
+    except AttributeError:
+        return None
+    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+    return pause
+
+
+OMP_PAUSE_SOFT = 1  # OpenMP's omp_pause_soft: the thread's helper threads end; the next parallel region starts new ones
+
+
+def drop_openmp_team() -> bool:
+    """End the calling thread's OpenMP team (its helper threads exit; its next parallel region starts a new team).
+    False where the OpenMP torch loaded cannot (app/openmp_teams.py says when this is worth doing)."""
+    pause = _pause_openmp()
+    return pause is not None and pause(OMP_PAUSE_SOFT) == 0

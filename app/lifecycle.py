@@ -38,6 +38,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 
 from app.context import ContextField, RequestContext, current, enter, leave
+from app.openmp_teams import MODEL_REQUESTS
 
 log = logging.getLogger("attnlab")
 
@@ -231,7 +232,13 @@ class ParsedJsonRoute(APIRoute):
             parsed = request.scope.pop(SCOPE_JSON_KEY, None)
             if parsed is not None:
                 request = ParsedJsonRequest(request.scope, request.receive, parsed)
-            return await handler(request)
+            if request.method != "POST":
+                return await handler(request)
+            MODEL_REQUESTS.entered()  # while its handler works (app/openmp_teams.py)
+            try:
+                return await handler(request)
+            finally:
+                MODEL_REQUESTS.left()
 
         return with_parsed_json
 

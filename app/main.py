@@ -35,6 +35,7 @@ from app.fleet import FLEET, FleetRouter
 from app.preparation import start_background
 from app.lifecycle import RequestCancelled, RequestGuard
 from app.metrics import RequestCounter
+from app.openmp_teams import TeamStats
 from app.context import current, enter, leave
 from app.jobs import client_of
 from app.memory import RequestMemory
@@ -208,6 +209,7 @@ def _lifespan(settings: Settings):
     async def lifespan(app: FastAPI):
         runtime = Runtime(settings)
         app.state.runtime = runtime
+        TeamStats.enabled = settings.openmp_one_team  # process-wide, as OpenMP's teams are (app/openmp_teams.py)
         # Where the models will run, said once; ATTNLAB_DEVICE=cuda with no visible GPU stops the start here
         # (DeviceUnavailable: uvicorn exits with status 3) instead of a server that never turns ready.
         device = pick_device(settings.device)

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from app.allocator import process_warm_heap
+from app.openmp_teams import TeamStats
 from app.fleet import FLEET
 from app.ids import replica_name
 from app.jobs import JOBS
@@ -96,6 +97,12 @@ def render(runtime) -> str:
             "# TYPE attnlab_warm_heap_mapped_pages_total counter",
             f"attnlab_warm_heap_mapped_pages_total {warm.mapped_pages}",
         ]
+    lines += [
+        "# HELP attnlab_openmp_team_releases_total Plain requests whose thread ended its OpenMP team (if it had one) "
+        "as it finished while another model request was in flight (app/openmp_teams.py).",
+        "# TYPE attnlab_openmp_team_releases_total counter",
+        f"attnlab_openmp_team_releases_total {TeamStats.released}",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -38,6 +38,7 @@ from fastapi import HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
 
 from app.allocator import process_warm_heap
+from app.openmp_teams import plain_work_done
 from app.context import EMPTY, RequestContext, current, enter
 from app.encoding import fast_json
 from app.jobs import JOBS, Job
@@ -386,12 +387,20 @@ def respond(request: Request, work: Callable[[RequestContext], dict[str, Any]], 
     answer. `ctx` is the request's context (a plain request's, else its job's). `what` names the work in the log
     ("POST /api/text/attention")."""
     if not wants_events(request):
-        response = fast_json(work(current()))  # the edge: the request's context, as the middleware made it
-        warm = process_warm_heap()
-        if warm is not None:
-            warm.reserve()  # in this worker's arena, mapped by the warm heap's own thread
-        return response
+        return answered(work(current()))  # the edge: the request's context, as the middleware made it
     return run_job(request, lambda stream: work(stream.ctx), what, layer_progress=True)
+
+
+def answered(body: dict[str, Any]) -> Response:
+    """A plain request's answer as JSON, at the end of its work, on the worker thread that did it. That thread then
+    tops up the warm heap in its own malloc arena (mapped by the warm heap's thread: app/allocator.py) and, when
+    another model request is in flight, ends its OpenMP team (app/openmp_teams.py)."""
+    response = fast_json(body)
+    warm = process_warm_heap()
+    if warm is not None:
+        warm.reserve()
+    plain_work_done()
+    return response
 
 
 def respond_steps(request: Request, work: Callable[[Callable[[int, int], None], RequestContext], dict[str, Any]],
@@ -399,7 +408,7 @@ def respond_steps(request: Request, work: Callable[[Callable[[int, int], None], 
     """Like `respond` for work that reports its own steps: `work(progress, ctx)` calls progress(done, total)."""
     if not wants_events(request):
         ctx = current()  # the edge: the request's context, as the middleware made it
-        return fast_json(work(lambda _done, _total: check_cancelled(ctx), ctx))
+        return answered(work(lambda _done, _total: check_cancelled(ctx), ctx))
     return run_job(request, lambda stream: work(stream.step_done, stream.ctx), what, layer_progress=False)
 
 

@@ -4,7 +4,8 @@ threads did the work: each worker thread that runs a two-thread forward keeps an
 more OpenMP threads than cores GNU OpenMP sleeps between parallel regions instead of spinning).
 
 Phases, on one server: one client back to back; one client with 30 ms gaps; two clients at once (30 ms gaps each);
-one client right after; one client after anyio's idle workers have exited (12 s later).
+one client right after; one client after anyio's idle workers have exited (12 s later). Each phase also records the
+times the server's threads ended their OpenMP teams (app/openmp_teams.py; compare with ATTNLAB_OPENMP_ONE_TEAM=0 via --server-env).
 
     python -m benchmarks.view_threads [--views 20] [--tree .] [--server-env NAME=VALUE ...]
 """
@@ -32,8 +33,16 @@ def post_views(url: str, first_variant: int, views: int, gap_s: float, out: list
             out.append(server_timing(response)["model"])
 
 
+def team_releases(url: str) -> int | None:
+    """The server's attnlab_openmp_team_releases_total (app/openmp_teams.py), None where it has no such metric."""
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("attnlab_openmp_team_releases_total "):
+            return int(float(line.split()[1]))
+    return None
+
+
 def phase(server: TreeServer, name: str, clients: int, views: int, gap_s: float, variant: int) -> dict:
-    ticks = thread_cpu_ticks(server.proc.pid)
+    ticks, releases = thread_cpu_ticks(server.proc.pid), team_releases(server.url)
     models: list[float] = []
     threads = [threading.Thread(target=post_views, args=(server.url, variant + 1000 * c, views, gap_s, models))
                for c in range(clients)]
@@ -44,8 +53,11 @@ def phase(server: TreeServer, name: str, clients: int, views: int, gap_s: float,
     row = {"phase": name, "clients": clients, "views": len(models), "gap_s": gap_s,
            "model_ms_median": statistics.median(models), "model_ms": [round(ms, 2) for ms in models],
            "server_cpu_ms_a_view_by_thread": cpu_by_thread(ticks, thread_cpu_ticks(server.proc.pid), len(models))[:6]}
+    if releases is not None:
+        row["openmp_team_releases"] = team_releases(server.url) - releases
     print(f"  {name:32s} model part {row['model_ms_median']:5.1f} ms; server CPU ms a view by thread "
-          f"{row['server_cpu_ms_a_view_by_thread']}", flush=True)
+          f"{row['server_cpu_ms_a_view_by_thread']}; OpenMP team releases {row.get('openmp_team_releases', '-')}",
+          flush=True)
     return row
 
 

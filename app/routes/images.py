@@ -26,7 +26,7 @@ from starlette.datastructures import UploadFile
 
 from app.pipeline import answer, plain_job
 from app.attention import check_request_limits
-from app.encoding import fast_json
+from app.streams import answered
 from app.deps import ImageStoreDep, RuntimeDep, adapter_for
 from app.errors import error_response, field_error, too_large_response
 from app.ids import ID_PATTERN, is_valid_id, new_id
@@ -331,7 +331,7 @@ def image_attention(req: ImageAttentionRequest, runtime: RuntimeDep, store: Imag
     # value norms kept with the run (its windows/rows can be value-weighted later); weighting "value_norm" weights the
     # maps, thumbnails and received (app/pipeline, as for text)
     job = plain_job(runtime, adapter, encoded, req, image_fields(adapter, encoded, req, item))
-    return fast_json(answer(job, current()))  # the edge: the request's context (app/context.py)
+    return answered(answer(job, current()))  # the edge: the request's context (app/context.py)
 
 
 def image_tokens(adapter, size: int) -> int:

@@ -23,7 +23,8 @@ from app.lifecycle import ParsedJsonRoute
 from app.attention import check_response_numbers
 from app.errors import field_error
 from app.deps import RuntimeDep
-from app.encoding import fast_json, tensor_field
+from app.encoding import tensor_field
+from app.streams import answered
 from app.ids import is_valid_run_id
 from app.runtime import Runtime
 from app.schemas import AttentionKind, _Strict
@@ -174,7 +175,7 @@ def run_window(run_id: str, req: WindowRequest, runtime: RuntimeDep) -> Response
         body["minus_row_entropy"] = other_entropy.tolist()
     body["attention"] = tensor_field(attention, req.encoding)
     body["row_entropy"] = entropy.tolist()  # (r,) nats
-    return fast_json(body)
+    return answered(body)
 
 
 def _window_numbers(result: AttentionResult, req: WindowRequest, rows: tuple[int, int], cols: tuple[int, int],
@@ -294,7 +295,7 @@ def run_row(run_id: str, req: RowRequest, runtime: RuntimeDep) -> Response:
             "attention": tensor_field(rows, req.encoding) if req.include_row else None,
             "span": list(span) if span else None,
             "span_mass": rows[..., span[0]:span[1]].sum(dim=-1).tolist() if span else None}
-    return fast_json(body)
+    return answered(body)
 
 
 def _kind_layer_count(runtime: Runtime, result: AttentionResult, kind: str | None) -> int:

@@ -1,0 +1,62 @@
+"""One OpenMP team at a time in the served process, when requests overlap.
+
+Why. GNU OpenMP (the OpenMP of torch's CPU wheels) gives every thread that starts a parallel region a team of helper
+threads of its own, kept while that thread lives. anyio runs each request on whichever worker thread is free, so two
+requests at once leave two workers with a team each, and an idle worker keeps its team for the 10 s anyio keeps it.
+Once the process has more OpenMP threads than cores, GNU OpenMP spins ~100 times instead of ~300,000 at the end of a
+parallel region before its threads sleep, and a forward (~100 regions) wakes them again at each one. A 128-token
+minilm forward took 34-37 ms instead of 21-24 while two clients posted views, and 28-35 ms for one client right
+after; with the rule below 23-28 and 21-24 ms (benchmarks/view_threads.py; benchmarks/results/first_view.md,
+2026-11-29 10:50).
+
+The rule. The thread that did a plain request's work ends its own team at the end of that work (app/streams.py
+answered; omp_pause_resource_all) when another model request's handler is working: the other request's forward then
+runs beside no idle team. One client alone keeps its worker's team from view to view and pays nothing; an ended team
+costs the next forward on that thread a new helper thread, so it is not ended when nothing else is in flight.
+- Not at the end of the model's turn: the first view's own tensor work, after it, would start a team again there.
+- A request counts while its handler works (the routers' route class), not until its response is sent: counted that
+  long, nearly every view ended its team and paid for a new one (two clients 41 ms a forward).
+Jobs keep their teams: they hold the model for many runs, and their threads end with them.
+
+Off with the setting `openmp_one_team` (ATTNLAB_OPENMP_ONE_TEAM=0)."""
+from __future__ import annotations
+
+import threading
+
+from app.attention import drop_openmp_team
+
+
+class ModelRequests:
+    """API POSTs (the requests that may run a model) whose handlers are working in this process, counted by the API
+    routers' route class (app/lifecycle.py ParsedJsonRoute): process-wide, as OpenMP's teams are."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.in_flight = 0
+
+    def entered(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+
+    def left(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+
+
+MODEL_REQUESTS = ModelRequests()
+
+
+class TeamStats:
+    released = 0  # plain requests whose thread ended its team, if it had one (/metrics: attnlab_openmp_team_releases_total)
+    enabled = True  # the setting openmp_one_team (set by create_app)
+
+
+def plain_work_done() -> bool:
+    """Called on the thread that did a plain request's work, at its end (app/streams.py answered). Ends this thread's
+    OpenMP team when another model request's handler is working too (this one counts itself); True when it did."""
+    if not TeamStats.enabled or MODEL_REQUESTS.in_flight <= 1:
+        return False
+    if drop_openmp_team():
+        TeamStats.released += 1
+        return True
+    return False

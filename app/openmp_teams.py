@@ -16,7 +16,9 @@ costs the next forward on that thread a new helper thread, so it is not ended wh
 - Not at the end of the model's turn: the first view's own tensor work, after it, would start a team again there.
 - A request counts while its handler works (the routers' route class), not until its response is sent: counted that
   long, nearly every view ended its team and paid for a new one (two clients 41 ms a forward).
-Jobs keep their teams: they hold the model for many runs, and their threads end with them.
+A job's thread ends its team as it hands the model to interactive work between two layers (app/scheduler.py), and
+starts a new one at its next layer: views posted while a 1,500-token smollm2 job ran took 21-26 ms a forward instead
+of 28-37, and the job itself did not get slower (`view_threads --job-tokens`). Otherwise jobs keep their teams.
 
 Off with the setting `openmp_one_team` (ATTNLAB_OPENMP_ONE_TEAM=0)."""
 from __future__ import annotations
@@ -60,3 +62,12 @@ def plain_work_done() -> bool:
         TeamStats.released += 1
         return True
     return False
+
+
+def job_hands_over_team() -> bool:
+    """Called on a job's thread between two layers of its forward as it hands the model to interactive work
+    (app/scheduler.py): ends the job's team, so the interactive forward runs beside no other team."""
+    if not TeamStats.enabled or not drop_openmp_team():
+        return False
+    TeamStats.released += 1
+    return True

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from app.context import RequestContext, add_timing, current
 from app.errors import Overloaded
 from app.lifecycle import RequestCancelled, after_layer
+from app.openmp_teams import job_hands_over_team
 from models.hooks import on_each_layer
 
 CANCEL_POLL_S = 0.1  # a queued request whose client left stops waiting within this
@@ -130,6 +131,7 @@ class ModelScheduler:
         with self._turns:
             if not any(kind == INTERACTIVE for kind, *_ in self._fifo):
                 return
+            job_hands_over_team()
             holding[0] = False
             self._run_lock.release()
             self.yields += 1

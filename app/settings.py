@@ -49,9 +49,10 @@ class Settings(BaseSettings):
     # Inputs of at most this many tokens run on one thread: as fast on such small matrices (measured on the
     # 2-core CI machine, benchmarks/results), and the other cores stay free for HTTP, JSON and a browser.
     single_thread_max_tokens: int = 48
-    # A plain request that leaves the model while other model work waits or is in flight ends its thread's OpenMP
-    # team, so the process keeps one team and the next forward is not slowed by another's (app/openmp_teams.py:
-    # two clients at once 35.5 → 27 ms a 128-token minilm forward). One client alone pays nothing.
+    # The thread of a plain request that finishes while another model request is being handled, and a job's as it
+    # hands the model to interactive work, ends its OpenMP team: the process keeps one team, and the next forward is
+    # not slowed by an idle one (app/openmp_teams.py: two clients at once 34-44 → 23-28 ms a 128-token minilm
+    # forward). One client alone pays nothing.
     openmp_one_team: bool = True
 
     # Limits on input.

@@ -13,6 +13,7 @@ from app.costs import Throughput
 from app.jobs import JOBS, Job, JobBoard
 from app.context import RequestContext
 from app.memory import MemoryBudget, RequestMemory
+from app.openmp_teams import TeamStats
 from app.runtime import ResultCache, Runtime
 from app.settings import Settings
 from models.hooks import _layer_listener
@@ -59,6 +60,37 @@ def test_a_running_job_hands_the_model_to_interactive_work_between_layers():
     assert during < 20, "the short request waited for the whole job"
     assert got - asked < 0.5, f"waited {got - asked:.2f} s: more than about one layer"
     assert runtime.yields >= 1 and len(layers_done) == 20  # the job finished all its layers after handing over
+
+
+def test_a_job_ends_its_openmp_team_as_it_hands_over():
+    """The interactive forward then runs beside no other team (app/openmp_teams.py; the threads themselves are
+    counted in tests/unit/test_openmp_teams.py). A job that hands nothing over keeps its team."""
+    runtime = _runtime()
+    seen_by_interactive: list[int] = []
+
+    def interactive() -> None:
+        with runtime.admitted():
+            seen_by_interactive.append(TeamStats.released)
+
+    def job_forward(layers: int, ask_at: int | None) -> None:
+        with runtime.admitted(ctx=RequestContext(job=_job())):
+            listener = _layer_listener.get()
+            for layer in range(layers):
+                time.sleep(0.02)  # a layer's work
+                if layer == ask_at:
+                    threading.Thread(target=interactive).start()
+                    deadline = time.monotonic() + 10
+                    while runtime.waiting == 0:  # until the interactive request waits for the model
+                        assert time.monotonic() < deadline, "the interactive request never waited"
+                        time.sleep(0.005)
+                listener(layer, layers)
+
+    before = TeamStats.released
+    job_forward(5, ask_at=None)
+    assert TeamStats.released == before and runtime.yields == 0
+    job_forward(6, ask_at=2)
+    assert runtime.yields == 1
+    assert seen_by_interactive == [before + 1]  # ended before the interactive work got the model
 
 
 def test_waiting_interactive_work_goes_before_waiting_jobs():

@@ -1,5 +1,6 @@
 """One OpenMP team at a time (app/openmp_teams.py): the thread that did a plain request's work ends its OpenMP team
-at the end of that work when another model request is in flight, and keeps it when its request is alone.
+at the end of that work when another model request is in flight, and keeps it when its request is alone; a job's
+thread ends its team as it hands the model to interactive work.
 
 Counted in a fresh interpreter, by the process's threads (/proc/self/task): a thread that runs torch work on two
 threads starts a team with one helper thread, and ending the team ends that helper."""
@@ -20,7 +21,7 @@ SCRIPT = r"""
 import json, os, threading, time
 import torch
 from app.attention import threads_on_this_thread
-from app.openmp_teams import MODEL_REQUESTS, TeamStats, plain_work_done
+from app.openmp_teams import MODEL_REQUESTS, TeamStats, job_hands_over_team, plain_work_done
 
 def threads():
     time.sleep(0.05)  # an ended helper thread leaves /proc a moment after it returns
@@ -49,6 +50,8 @@ def request_thread():
     seen["shared"] = threads()
     parallel_work()
     seen["next_work"] = threads()
+    seen["job_released"] = job_hands_over_team()  # as a job's thread between two layers
+    seen["job_handed_over"] = threads()
     seen["released"] = TeamStats.released
 
 worker = threading.Thread(target=request_thread)
@@ -59,7 +62,7 @@ print(json.dumps(seen))
 
 
 @pytest.mark.skipif(_pause_openmp() is None, reason="this torch's OpenMP has no omp_pause_resource_all")
-def test_a_request_ends_its_team_only_when_another_is_in_flight():
+def test_a_team_ends_only_when_other_model_work_would_run_beside_it():
     out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"})
     assert out.returncode == 0, out.stderr
@@ -69,4 +72,5 @@ def test_a_request_ends_its_team_only_when_another_is_in_flight():
     assert not seen["off_released"] and seen["off"] == seen["with_team"], seen  # openmp_one_team off
     assert seen["shared_released"] and seen["shared"] == seen["start"], seen  # another in flight: the helper ended
     assert seen["next_work"] == seen["start"] + 1, seen  # the next work on the thread starts a team again
-    assert seen["released"] == 1, seen
+    assert seen["job_released"] and seen["job_handed_over"] == seen["start"], seen  # a job handing over
+    assert seen["released"] == 2, seen

@@ -49,25 +49,27 @@ MODEL_REQUESTS = ModelRequests()
 
 
 class TeamStats:
-    released = 0  # plain requests whose thread ended its team, if it had one (/metrics: attnlab_openmp_team_releases_total)
+    released = 0  # threads that ended their team, if they had one (/metrics: attnlab_openmp_team_releases_total)
     enabled = True  # the setting openmp_one_team (set by create_app)
+    _lock = threading.Lock()
+
+    @classmethod
+    def release(cls) -> bool:
+        """End the calling thread's team (app/attention.py drop_openmp_team) and count it; False where it cannot."""
+        if not drop_openmp_team():
+            return False
+        with cls._lock:
+            cls.released += 1
+        return True
 
 
 def plain_work_done() -> bool:
     """Called on the thread that did a plain request's work, at its end (app/streams.py answered). Ends this thread's
     OpenMP team when another model request's handler is working too (this one counts itself); True when it did."""
-    if not TeamStats.enabled or MODEL_REQUESTS.in_flight <= 1:
-        return False
-    if drop_openmp_team():
-        TeamStats.released += 1
-        return True
-    return False
+    return TeamStats.enabled and MODEL_REQUESTS.in_flight > 1 and TeamStats.release()
 
 
 def job_hands_over_team() -> bool:
     """Called on a job's thread between two layers of its forward as it hands the model to interactive work
     (app/scheduler.py): ends the job's team, so the interactive forward runs beside no other team."""
-    if not TeamStats.enabled or not drop_openmp_team():
-        return False
-    TeamStats.released += 1
-    return True
+    return TeamStats.enabled and TeamStats.release()

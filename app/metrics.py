@@ -98,8 +98,8 @@ def render(runtime) -> str:
             f"attnlab_warm_heap_mapped_pages_total {warm.mapped_pages}",
         ]
     lines += [
-        "# HELP attnlab_openmp_team_releases_total Plain requests whose thread ended its OpenMP team (if it had one) "
-        "as it finished while another model request was in flight (app/openmp_teams.py).",
+        "# HELP attnlab_openmp_team_releases_total Threads that ended their OpenMP team (if they had one): plain "
+        "requests finishing while another model request was handled, jobs handing the model over (app/openmp_teams.py).",
         "# TYPE attnlab_openmp_team_releases_total counter",
         f"attnlab_openmp_team_releases_total {TeamStats.released}",
     ]

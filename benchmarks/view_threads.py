@@ -27,9 +27,13 @@ from benchmarks.first_view import TreeServer, cpu_by_thread, thread_cpu_ticks
 from benchmarks.run_all import RESULTS, ROOT, first_view_body, machine, server_timing, text_of
 
 
-def post_views(url: str, first_variant: int, views: int, gap_s: float, out: list[float]) -> None:
+def post_views(url: str, first_variant: int, views: int, gap_s: float, out: list[float],
+               going_on=lambda: True) -> None:
+    """`views` fresh 128-token minilm first views, `gap_s` apart, while `going_on()`; each one's model part into out."""
     with httpx.Client(timeout=120) as client:
         for k in range(views):
+            if not going_on():
+                break
             time.sleep(gap_s)
             response = client.post(url + "/api/text/attention", json=first_view_body(text_of(128, first_variant + k)))
             response.raise_for_status()
@@ -44,6 +48,15 @@ def team_releases(url: str) -> int | None:
     return None
 
 
+def views_fields(server: TreeServer, models: list[float], releases: int | None) -> dict:
+    """A phase's views: their count, model parts and median, and the server's team releases since `releases`."""
+    fields = {"views": len(models), "model_ms_median": statistics.median(models) if models else None,
+              "model_ms": [round(ms, 2) for ms in models]}
+    if releases is not None:
+        fields["openmp_team_releases"] = team_releases(server.url) - releases
+    return fields
+
+
 def phase(server: TreeServer, name: str, clients: int, views: int, gap_s: float, variant: int) -> dict:
     ticks, releases = thread_cpu_ticks(server.proc.pid), team_releases(server.url)
     models: list[float] = []
@@ -53,11 +66,8 @@ def phase(server: TreeServer, name: str, clients: int, views: int, gap_s: float,
         thread.start()
     for thread in threads:
         thread.join()
-    row = {"phase": name, "clients": clients, "views": len(models), "gap_s": gap_s,
-           "model_ms_median": statistics.median(models), "model_ms": [round(ms, 2) for ms in models],
+    row = {"phase": name, "clients": clients, "gap_s": gap_s, **views_fields(server, models, releases),
            "server_cpu_ms_a_view_by_thread": cpu_by_thread(ticks, thread_cpu_ticks(server.proc.pid), len(models))[:6]}
-    if releases is not None:
-        row["openmp_team_releases"] = team_releases(server.url) - releases
     print(f"  {name:32s} model part {row['model_ms_median']:5.1f} ms; server CPU ms a view by thread "
           f"{row['server_cpu_ms_a_view_by_thread']}; OpenMP team releases {row.get('openmp_team_releases', '-')}",
           flush=True)
@@ -85,19 +95,10 @@ def job_phase(server: TreeServer, name: str, tokens: int, views: int, variant: i
     runner = threading.Thread(target=stream_job, args=(server.url, tokens, variant, started, job))
     runner.start()
     started.wait(600)
-    with httpx.Client(timeout=120) as client:
-        for k in range(views):
-            if not runner.is_alive():
-                break
-            time.sleep(0.03)
-            response = client.post(server.url + "/api/text/attention", json=first_view_body(text_of(128, variant + k)))
-            response.raise_for_status()
-            models.append(server_timing(response)["model"])
+    post_views(server.url, variant, views, 0.03, models, going_on=runner.is_alive)
     runner.join()
-    row = {"phase": name, "job_tokens": tokens, "job_s": round(job["job_s"], 3), "views": len(models),
-           "model_ms_median": statistics.median(models) if models else None, "model_ms": [round(m, 2) for m in models]}
-    if releases is not None:
-        row["openmp_team_releases"] = team_releases(server.url) - releases
+    row = {"phase": name, "job_tokens": tokens, "job_s": round(job["job_s"], 3),
+           **views_fields(server, models, releases)}
     print(f"  {name:32s} job {row['job_s']:.2f} s; {len(models)} views, model part "
           f"{row['model_ms_median'] or 0:5.1f} ms; OpenMP team releases {row.get('openmp_team_releases', '-')}",
           flush=True)

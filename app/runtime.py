@@ -347,16 +347,16 @@ class Runtime:
         return CPU_SHARE.threads_for(torch.get_num_threads())
 
     @contextlib.contextmanager
-    def _threads_for(self, n_tokens: int) -> Iterator[None]:
-        """The run's threads_wanted, set process-wide; called under the model lock."""
+    def _threads_for(self, n_tokens: int) -> Iterator[int]:
+        """The run's threads_wanted, set process-wide and given to the block; called under the model lock."""
         threads = torch.get_num_threads()
         wanted = self.threads_wanted(n_tokens)
         if wanted == threads:
-            yield
+            yield wanted
             return
         torch.set_num_threads(wanted)
         try:
-            yield
+            yield wanted
         finally:
             torch.set_num_threads(threads)
 
@@ -427,9 +427,11 @@ class Runtime:
             result = self.cache.get(key)  # another request may have computed it while we waited
             if result is None:
                 since, started = CPU_SHARE.mark(), time.perf_counter()
-                with self._threads_for(len(encoded.tokens)):
+                with self._threads_for(len(encoded.tokens)) as threads:
                     result = adapter.run(encoded, interventions, record_scores)
                 result.elapsed_s = time.perf_counter() - started  # type: ignore[attr-defined]
+                # its first view's tensor work, a moment later, takes the same count (app/pipeline/views.py)
+                result.threads_decided = (threads, time.monotonic())  # type: ignore[attr-defined]
                 result.run_id, result.model_id = new_run_id(), adapter.info.id
                 add_timing("model", result.elapsed_s, ctx)
                 n = len(encoded.tokens)

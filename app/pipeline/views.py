@@ -4,6 +4,7 @@ admit (the cost check), run, maps, view."""
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import torch
@@ -22,6 +23,8 @@ from models.head_ops import head_run
 from models.interventions import row_entropy
 from models.lru import BoundedLRU
 from models.summaries import mean_token_distance, sink_mass
+
+THREADS_DECIDED_S = 1.0  # a run's thread count stands for its first view's tensor work this long after the run
 
 
 def answer(job: AttentionJob, ctx: RequestContext) -> dict[str, Any]:
@@ -92,7 +95,7 @@ def short_response(job: AttentionJob, result: AttentionResult, maps: ShortMaps) 
     building (CPU proxy)")."""
     adapter, encoded = job.adapter, job.encoded
     kept = result.kept_attention  # (L, H, T, T) on the run's device
-    with threads_on_this_thread(response_threads(job, kept)):
+    with threads_on_this_thread(response_threads(job, result)):
         host, family, tensor_fields, output_parts = _read_first_view(job, result, maps, kept)
     if "dead_rows" in host:
         settle_dead_rows(result, host["dead_rows"])
@@ -117,14 +120,20 @@ def short_response(job: AttentionJob, result: AttentionResult, maps: ShortMaps) 
     return response
 
 
-def response_threads(job: AttentionJob, kept: torch.Tensor) -> int:
+def response_threads(job: AttentionJob, result: AttentionResult) -> int:
     """Torch threads for the first view's tensor work on a CPU (0: leave them): as many as the run itself would get
     now (app/runtime.py Runtime.threads_wanted): one for inputs up to single_thread_max_tokens, else one per core that other
     processes leave free (app/costs.py). This work runs after the model lock is let go, on the request's thread; at the
     process's default count its dozen parallel regions each waited for a second core that other processes held (2
-    ms on one thread, 69 ms on two beside a load of 4: benchmarks/results/first_view.md, 2026-11-29)."""
+    ms on one thread, 69 ms on two beside a load of 4: benchmarks/results/first_view.md, 2026-11-29).
+    A run made under THREADS_DECIDED_S ago gives its own count: asking again read /proc for ~0.3 ms a fresh view
+    (the machine's runnable threads, then this process's, since torch's helper thread still spins after the forward)."""
+    kept = result.kept_attention
     if kept.device.type != "cpu" or job.runtime is None:
         return 0
+    decided = getattr(result, "threads_decided", None)  # (threads, monotonic time) of its run: app/runtime.py
+    if decided is not None and time.monotonic() - decided[1] < THREADS_DECIDED_S:
+        return decided[0]
     return job.runtime.threads_wanted(kept.shape[-1])
 
 

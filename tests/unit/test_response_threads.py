@@ -67,3 +67,31 @@ def test_one_thread_holds_on_a_thread_new_to_torch(two_threads):
     worker.start()
     worker.join()
     assert seen == [1]
+
+
+def test_a_fresh_run_gives_its_thread_count_to_its_first_view(tiny_bert, monkeypatch):
+    """The run decides its thread count from /proc (app/costs.py); its first view, a moment later, takes that count
+    instead of reading /proc again. A decision older than THREADS_DECIDED_S is taken again."""
+    from types import SimpleNamespace
+
+    from app.costs import CPU_SHARE
+    from app.pipeline.views import response_threads
+    from app.runtime import Runtime
+    from app.settings import Settings
+    from models.adapters.bert import BertAdapter
+
+    runtime = Runtime(Settings(default_models=[], request_timeout_s=30, single_thread_max_tokens=0))
+    adapter = BertAdapter("tiny", str(tiny_bert), max_tokens=64, device="cpu")
+    asked = []
+    measure = CPU_SHARE.threads_for
+    monkeypatch.setattr(CPU_SHARE, "threads_for", lambda threads: asked.append(threads) or measure(threads))
+    result = runtime.run(adapter, adapter.encode("the model reads every token of this sentence"), (), False)
+    threads, _ = result.threads_decided
+    assert len(asked) == 1 and threads >= 1  # the run read /proc once
+    job = SimpleNamespace(runtime=runtime)
+    asked.clear()
+    assert response_threads(job, result) == threads
+    assert asked == []  # the run's decision, not a second read
+    monkeypatch.setattr("app.pipeline.views.THREADS_DECIDED_S", 0.0)
+    assert response_threads(job, result) >= 1
+    assert len(asked) == 1  # too old: decided again

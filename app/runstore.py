@@ -310,8 +310,7 @@ class ResultCache:
         run answering from RAM until its file is done). `make_room=False` leaves that to a later make_room(keep=key)
         call, so that a caller holding the model's lock does not hold it while waiting for a place in the queue of
         writes. Without a disk tier a run too large for RAM is not kept (its id then says expired)."""
-        device = result.device_nbytes
-        host = result.nbytes - device
+        host, device = result.host_and_device_nbytes
         with self._lock:
             if key in self._items or key in self._disk:
                 return
@@ -321,14 +320,13 @@ class ResultCache:
             if not self.disk_tier and (host > self.max_bytes or device > self.max_device_bytes or self.max_items <= 0):
                 self._forget(key, result.run_id)
                 return
-        self._admit(key, result, client)
+        self._admit(key, result, client, (host, device))
         if make_room:
             self.make_room(keep=key)
 
-    def _admit(self, key: tuple, result: AttentionResult, client: str) -> None:
-        """Into the RAM tier (over its bounds until make_room)."""
-        device = result.device_nbytes
-        host = result.nbytes - device
+    def _admit(self, key: tuple, result: AttentionResult, client: str, sizes: tuple[int, int] | None = None) -> None:
+        """Into the RAM tier (over its bounds until make_room); `sizes`: its (host, device) bytes when just measured."""
+        host, device = sizes if sizes is not None else result.host_and_device_nbytes
         with self._lock:
             if key in self._items:
                 return
@@ -622,8 +620,7 @@ class ResultCache:
         """Sizes again (under the lock): a GPU run's P gets a host copy once a consumer needs all of it on the host
         (AttentionResult.attention), so a kept result's host bytes can grow after it was put."""
         for key, kept in self._items.items():
-            device = kept.device_nbytes
-            host = kept.nbytes - device
+            host, device = kept.host_and_device_nbytes
             old_host, old_device = self._sizes[key]
             if (host, device) != (old_host, old_device):
                 self._sizes[key] = (host, device)

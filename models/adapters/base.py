@@ -185,6 +185,12 @@ class AttentionResult:
         return self._sizes()[0]
 
     @property
+    def host_and_device_nbytes(self) -> tuple[int, int]:
+        """(bytes in host memory, bytes in accelerator memory): both of nbytes' parts from one measure."""
+        total, device = self._sizes()
+        return total - device, device
+
+    @property
     def device_nbytes(self) -> int:
         """The part of nbytes held in accelerator memory (a long run's atlas on a GPU); the rest is host memory."""
         return self._sizes()[1]

@@ -72,6 +72,7 @@ class _Result:
 
     def __init__(self, host: int, device: int, run_id: str):
         self.nbytes, self.device_nbytes, self.run_id = host + device, device, run_id
+        self.host_and_device_nbytes = (host, device)
 
 
 def test_the_cache_bounds_host_and_device_bytes_separately():

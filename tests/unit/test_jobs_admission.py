@@ -24,6 +24,7 @@ class _Result:
 
     def __init__(self, host: int, run_id: str):
         self.nbytes, self.device_nbytes, self.run_id = host, 0, run_id
+        self.host_and_device_nbytes = (host, 0)
 
 
 def _runtime() -> Runtime:

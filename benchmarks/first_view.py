@@ -9,7 +9,11 @@ load. minilm, then smollm2-135m, each against servers that serve that model alon
 view per thread (the second: torch's other thread, see cpu_by_thread). Writes
 benchmarks/results/first_view_<label>.json with the machine and the load average before and after each part.
 
-    python -m benchmarks.first_view --label after [--rounds 30] [--only minilm lm] [--trees /tmp/before .]
+With `--floor`, one more server in the same rounds: benchmarks/raw_server.py, the raw forward behind the same uvicorn,
+answering the same request with a body of the same kind and size and doing nothing else. It is the floor of any view
+served over HTTP on this machine; what a tree takes over it is the app's own work.
+
+    python -m benchmarks.first_view --label after [--rounds 30] [--only minilm lm] [--trees /tmp/before .] [--floor]
 """
 from __future__ import annotations
 
@@ -41,16 +45,20 @@ def free_port() -> int:
 
 
 class TreeServer:
-    """`python -m app.serve` run from the checkout `tree` on its own code, serving `model` alone, Server-Timing on."""
+    """`python -m app.serve` run from the checkout `tree` on its own code, serving `model` alone, Server-Timing on.
+    `floor=True`: instead, benchmarks/raw_server.py from this checkout, labelled "floor" (same uvicorn, the raw
+    forward, a body of the same kind and size)."""
 
-    def __init__(self, tree: Path, model: str, extra_env: dict[str, str] | None = None):
-        self.tree, port = tree, free_port()
+    def __init__(self, tree: Path, model: str, extra_env: dict[str, str] | None = None, floor: bool = False):
+        self.tree, port = (Path("floor") if floor else tree), free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="attnlab-first-view-", suffix=".log", delete=False)
         env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "ATTNLAB_DEVICE": "cpu",
                "ATTNLAB_EXPOSE_TIMINGS": "1", "ATTNLAB_DEFAULT_MODELS": json.dumps([model]),
-               "ATTNLAB_REQUEST_TIMEOUT_S": "300", **(extra_env or {})}
-        self.proc = subprocess.Popen([sys.executable, "-m", "app.serve", "--host", "127.0.0.1", "--port", str(port)],
+               "ATTNLAB_REQUEST_TIMEOUT_S": "300", "ATTNLAB_FLOOR_MODEL": model, **(extra_env or {})}
+        command = (["uvicorn", "benchmarks.raw_server:app", "--http", "httptools", "--log-level", "warning"] if floor
+                   else ["app.serve"])
+        self.proc = subprocess.Popen([sys.executable, "-m", *command, "--host", "127.0.0.1", "--port", str(port)],
                                      cwd=tree, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         if not wait_ready(self.url, self.proc, seconds=600):
             log = Path(self.log.name).read_text()[-2000:]
@@ -94,8 +102,10 @@ def cpu_by_thread(before: dict[str, int], after: dict[str, int], views: int) -> 
     return sorted((round(ms, 1) for ms in spent if ms > 0), reverse=True)
 
 
-def compare(model: str, trees: list[Path], rounds: int, server_env: dict[str, str] | None = None) -> dict:
-    """Interleaved rounds: a raw forward, then each tree's fresh first view; medians, ratios, Server-Timing."""
+def compare(model: str, trees: list[Path], rounds: int, server_env: dict[str, str] | None = None,
+            floor: bool = False) -> dict:
+    """Interleaved rounds: a raw forward, then each tree's fresh first view (and the floor's); medians, ratios,
+    Server-Timing (the floor has none)."""
     if model == LM:
         raw = RawLM()
         raw_call, body_of = (lambda v: raw(raw.text(TOKENS, v))), (lambda v: lm_first_view_body(raw.text(TOKENS, v)))
@@ -103,6 +113,8 @@ def compare(model: str, trees: list[Path], rounds: int, server_env: dict[str, st
         raw = RawForward()
         raw_call, body_of = (lambda v: raw(text_of(TOKENS, v))), (lambda v: first_view_body(text_of(TOKENS, v)))
     servers = [TreeServer(tree, model, server_env) for tree in trees]
+    if floor:
+        servers.append(TreeServer(ROOT, model, floor=True))
     client = httpx.Client(timeout=600)
     samples: dict[str, dict[str, list[float]]] = {"raw": {"ms": []}}
     samples.update({str(s.tree): {"ms": [], "model": [], "app": []} for s in servers})
@@ -165,6 +177,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--only", nargs="*", default=["minilm", "lm"], choices=["minilm", "lm"])
     parser.add_argument("--trees", nargs="*", type=Path, default=[ROOT], help="checkouts to serve from (default: this)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also serve the raw forward behind the same uvicorn (benchmarks/raw_server.py), "
+                             "interleaved: the floor of any view served over HTTP")
     parser.add_argument("--server-env", nargs="*", default=[], metavar="NAME=VALUE",
                         help="set in the servers' environment only (not in this process, which runs the raw forward)")
     args = parser.parse_args()
@@ -173,7 +188,8 @@ def main() -> None:
                  "server_env": server_env}
     path = RESULTS / f"first_view_{args.label}.json"
     for name in args.only:
-        out[name] = compare(LM if name == "lm" else "minilm", [t.resolve() for t in args.trees], args.rounds, server_env)
+        trees = [t.resolve() for t in args.trees]
+        out[name] = compare(LM if name == "lm" else "minilm", trees, args.rounds, server_env, args.floor)
         path.write_text(json.dumps(out, indent=2))  # each part as soon as it is measured
     print(f"wrote {path}")
 

@@ -38,7 +38,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 
 from app.context import ContextField, RequestContext, current, enter, leave
-from app.openmp_teams import MODEL_REQUESTS
+from app.in_flight import MODEL_REQUESTS
 
 log = logging.getLogger("attnlab")
 

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from app.allocator import process_warm_heap
+from app.in_flight import API_POSTS
 from app.openmp_teams import TeamStats
 from app.fleet import FLEET
 from app.ids import replica_name
@@ -27,7 +28,8 @@ _STATUS_LOCK = threading.Lock()
 
 
 class RequestCounter:
-    """Counts each HTTP response by status as it starts (pure ASGI, outermost but one: static files too)."""
+    """Counts each HTTP response by status as it starts (pure ASGI, outermost but one: static files too), and API POSTs
+    in flight until their response has been sent (app/in_flight.py API_POSTS)."""
 
     def __init__(self, app):
         self.app = app
@@ -42,7 +44,13 @@ class RequestCounter:
                     _STATUS[int(message["status"])] += 1
             await send(message)
 
-        await self.app(scope, receive, counting_send)
+        if scope["method"] != "POST" or not scope["path"].startswith("/api/"):
+            return await self.app(scope, receive, counting_send)
+        API_POSTS.entered()
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            API_POSTS.left()
 
 
 def _jobs() -> tuple[int, int, float]:

@@ -26,26 +26,7 @@ from __future__ import annotations
 import threading
 
 from app.attention import drop_openmp_team
-
-
-class ModelRequests:
-    """API POSTs (the requests that may run a model) whose handlers are working in this process, counted by the API
-    routers' route class (app/lifecycle.py ParsedJsonRoute): process-wide, as OpenMP's teams are."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.in_flight = 0
-
-    def entered(self) -> None:
-        with self._lock:
-            self.in_flight += 1
-
-    def left(self) -> None:
-        with self._lock:
-            self.in_flight -= 1
-
-
-MODEL_REQUESTS = ModelRequests()
+from app.in_flight import MODEL_REQUESTS
 
 
 class TeamStats:

@@ -12,7 +12,8 @@ A run is a resource with an owner and a lifetime, not a cache entry. Two tiers:
 
 Files are written by one background thread, never in a request's: a run leaving RAM stays readable there, its bytes
 booked, until its file is complete (then it leaves at once); a request making room waits at most for a place in the
-bounded queue of writes (`write_queue`, the setting run_store_write_queue), never for a write. The memory accountant's `evict_for` waits for the writes it
+bounded queue of writes (`write_queue`, the setting run_store_write_queue), never for a write. A write waits for a
+moment when no API POST is in flight (at most WRITE_DEFER_S), unless something waits for it. The memory accountant's `evict_for` waits for the writes it
 needs (it frees memory only once they are done). `flush` waits for every queued write; `close` stops the writer.
 
 A run is pinned for `pin_s` after it was put or last read by its run id, and held while a job that plans it runs
@@ -41,6 +42,7 @@ import torch
 
 from app import runfile
 from app.attention import threads_on_this_thread
+from app.in_flight import API_POSTS
 from models.adapters.base import AttentionResult
 
 log = logging.getLogger("attnlab")
@@ -49,6 +51,11 @@ FORGET_AFTER = 65_536  # expired run ids remembered (ids only, ~5 MB at most)
 # writes queued for the disk tier beside the one being written: a request making room waits for a place when more
 # runs leave RAM than the disk takes (each queued run stays booked in RAM until written, so this bounds the overshoot)
 WRITE_QUEUE = 4  # the default of run_store_write_queue
+# A queued write waits at most this long for no API POST to be in flight (app/in_flight.py), unless something waits
+# for it. Written during a first view's response work, a run leaving RAM cost smollm2-135m's views
+# ~11 ms each (21.4 against 9.9 ms of work besides the forward; benchmarks/results/first_view.md).
+WRITE_DEFER_S = 1.0
+URGENT_POLL_S = 0.05  # how often a deferred write looks again whether it is awaited
 
 
 # ---- the disk tier's directories -----------------------------------------------------------------------------
@@ -162,6 +169,7 @@ class _Resources:
     def __init__(self, write_queue: int = WRITE_QUEUE) -> None:
         self.jobs: queue.Queue[_Write | None] = queue.Queue(maxsize=write_queue)
         self.stopping = threading.Event()  # set: the writer skips what is still queued (the directory goes anyway)
+        self.urgent = threading.Event()  # set: someone waits for a write (memory, a place in the queue, flush)
         self.thread: threading.Thread | None = None
         self.dir: Path | None = None
 
@@ -169,7 +177,7 @@ class _Resources:
         """The writer thread, on the first write."""
         if self.thread is None:
             self.thread = threading.Thread(target=_write_runs, name="attnlab-run-writer", daemon=True,
-                                           args=(self.jobs, self.stopping, weakref.ref(store)))
+                                           args=(self, weakref.ref(store)))
             self.thread.start()
 
     def release(self) -> None:
@@ -177,6 +185,7 @@ class _Resources:
         thread, self.thread = self.thread, None
         if thread is not None:
             self.stopping.set()
+            self.urgent.set()
             self.jobs.put(None)
             if thread is not threading.current_thread():
                 thread.join(timeout=120)
@@ -185,7 +194,7 @@ class _Resources:
             _LIVE_DIRS.discard(self.dir)
 
 
-def _write_runs(jobs: queue.Queue, stopping: threading.Event, store_ref: weakref.ref) -> None:
+def _write_runs(resources: _Resources, store_ref: weakref.ref) -> None:
     """The writer thread: one queued run at a time into its file (a weak reference: the store may go meanwhile).
 
     Its torch work (a non-contiguous q̂/k̂ made contiguous for the file) runs on this thread alone. On more threads it
@@ -194,20 +203,36 @@ def _write_runs(jobs: queue.Queue, stopping: threading.Event, store_ref: weakref
     involuntary context switches a 128-token minilm view instead of ~13, its model part 41 ms instead of 26-28 ms, on
     2 cores once the result cache was full and spilling; benchmarks/results/first_view.md)."""
     with threads_on_this_thread(1):
-        _write_queued_runs(jobs, stopping, store_ref)
+        _write_queued_runs(resources, store_ref)
 
 
-def _write_queued_runs(jobs: queue.Queue, stopping: threading.Event, store_ref: weakref.ref) -> None:
+def _write_queued_runs(resources: _Resources, store_ref: weakref.ref) -> None:
+    jobs, stopping = resources.jobs, resources.stopping
     while True:
         write = jobs.get()
         if write is None:
             return
+        _wait_for_quiet(resources)
         store = store_ref()
         if store is None or stopping.is_set():
             write.done.set()  # nobody waits for it long: the store is closing
             continue
         store._write(write)
         del store
+        if jobs.empty():
+            resources.urgent.clear()
+
+
+def _wait_for_quiet(resources: _Resources) -> None:
+    """Before a write: wait, at most WRITE_DEFER_S, for no API POST to be in flight (from its arrival to the end of its
+    response), so that the file's CPU time and memory traffic do not land on a view's response; at once when a write is
+    awaited
+    (`urgent`: the memory accountant, a put waiting for a place in the queue, flush, close)."""
+    deadline = time.monotonic() + WRITE_DEFER_S
+    while not resources.urgent.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0 or API_POSTS.wait_for_none(min(left, URGENT_POLL_S)):
+            return
 
 
 def _device_of(result) -> str:
@@ -423,6 +448,8 @@ class ResultCache:
             self._leaving[1] += write.leaving[1]
             self._disk_used += write.booked
             self._resources.start(self)
+        if self._resources.jobs.full():
+            self._resources.urgent.set()  # the writer may be waiting for this very request to end
         self._resources.jobs.put(write)  # the only wait a request may see: for a place in the bounded queue
         return write
 
@@ -464,6 +491,7 @@ class ResultCache:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every write queued so far is done (tests and benchmarks reading the disk tier's books, close).
         False when `timeout` passed first."""
+        self._resources.urgent.set()
         with self._idle:
             return self._idle.wait_for(lambda: not self._moving, timeout)
 
@@ -611,6 +639,8 @@ class ResultCache:
                         if own and key in self._items:
                             freed += self._sizes[key][0]
                             self._drop(key)
+        if coming:
+            self._resources.urgent.set()  # a request waits for these: written now, not once requests end
         for write in coming:
             write.done.wait()
             freed += write.freed or 0

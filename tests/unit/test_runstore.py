@@ -475,3 +475,85 @@ def test_the_writer_thread_starts_no_openmp_team(llama, tmp_path):
         store.close()
     finally:
         torch.set_num_threads(threads)
+
+
+def _leaving_run(llama, tmp_path):
+    """A store whose second put sends the first run to the writer."""
+    first, second = _run(llama, "a", True), _run(llama, "b", True)
+    store = _store(tmp_path, ram=first.nbytes + second.nbytes // 2)
+    store.put(("a",), first, "me")
+    store.put(("b",), second, "me")
+    return store
+
+
+def _disk_runs_within(store: ResultCache, seconds: float) -> int:
+    deadline = time.monotonic() + seconds
+    while store.stats()["disk_runs"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return store.stats()["disk_runs"]
+
+
+def test_a_write_waits_until_no_request_is_at_work(llama, tmp_path, monkeypatch):
+    """A run leaving RAM is written when no API POST is in flight (its file's CPU time does not land on a view's
+    response), and after WRITE_DEFER_S however busy the server is."""
+    from app.in_flight import API_POSTS
+
+    monkeypatch.setattr(runstore, "WRITE_DEFER_S", 30.0)
+    API_POSTS.entered()
+    try:
+        store = _leaving_run(llama, tmp_path)
+        assert _disk_runs_within(store, 0.5) == 0 and store.stats()["writing_runs"] == 1  # a request is at work
+    finally:
+        API_POSTS.left()
+    assert _disk_runs_within(store, 5) == 1  # written as soon as it ended
+    store.close()
+    monkeypatch.setattr(runstore, "WRITE_DEFER_S", 0.3)
+    API_POSTS.entered()
+    try:
+        store = _leaving_run(llama, tmp_path)
+        started = time.monotonic()
+        assert _disk_runs_within(store, 10) == 1 and time.monotonic() - started >= 0.25  # written after the wait
+    finally:
+        API_POSTS.left()
+    store.close()
+
+
+@pytest.mark.parametrize("awaited_by", ["flush", "evict_for"])
+def test_an_awaited_write_does_not_wait_for_requests(llama, tmp_path, monkeypatch, awaited_by):
+    """A write someone waits for (the memory accountant making room for a request, flush) is written at once, even while
+    requests are in flight: the request waiting for memory is one of them."""
+    from app.in_flight import API_POSTS
+
+    monkeypatch.setattr(runstore, "WRITE_DEFER_S", 30.0)
+    API_POSTS.entered()
+    try:
+        store = _leaving_run(llama, tmp_path)
+        started = time.monotonic()
+        if awaited_by == "flush":
+            assert store.flush(timeout=10)
+        else:
+            assert store.evict_for(store.host_bytes, "me") > 0  # "b" too goes to disk, and "a"'s file is awaited
+        assert time.monotonic() - started < 5 and store.stats()["disk_runs"] >= 1
+    finally:
+        API_POSTS.left()
+    store.close()
+
+
+def test_a_put_waiting_for_a_place_in_the_queue_does_not_wait_for_requests(llama, tmp_path, monkeypatch):
+    """A full queue of writes is awaited by the put that found it full, itself inside a request: the writer does not wait
+    for the requests to end (they would not, while this one waits)."""
+    from app.in_flight import API_POSTS
+
+    monkeypatch.setattr(runstore, "WRITE_DEFER_S", 30.0)
+    runs = [_run(llama, f"r{i}", True) for i in range(3)]
+    store = ResultCache(max_items=64, max_bytes=1, pin_s=60, disk_bytes=2**30, disk_dir=str(tmp_path), write_queue=1)
+    API_POSTS.entered()
+    try:
+        started = time.monotonic()
+        for i, run in enumerate(runs):  # every run leaves RAM at once: the third finds the queue full
+            store.put((i,), run, "me")
+        assert time.monotonic() - started < 5 and store.flush(timeout=10)
+        assert store.stats()["disk_runs"] == 3
+    finally:
+        API_POSTS.left()
+    store.close()

@@ -103,7 +103,7 @@ def cpu_by_thread(before: dict[str, int], after: dict[str, int], views: int) -> 
 
 
 def compare(model: str, trees: list[Path], rounds: int, server_env: dict[str, str] | None = None,
-            floor: bool = False) -> dict:
+            floor: bool = False, gap_s: float = 0.03) -> dict:
     """Interleaved rounds: a raw forward, then each tree's fresh first view (and the floor's); medians, ratios,
     Server-Timing (the floor has none)."""
     if model == LM:
@@ -128,7 +128,7 @@ def compare(model: str, trees: list[Path], rounds: int, server_env: dict[str, st
         ticks_before = {str(s.tree): thread_cpu_ticks(s.proc.pid) for s in servers}
         faults_before = {str(s.tree): minor_faults(s.proc.pid) for s in servers}
         for r in range(rounds):
-            time.sleep(0.03)
+            time.sleep(gap_s)
             variant += 1
             start = time.perf_counter()
             raw_call(variant)
@@ -136,7 +136,7 @@ def compare(model: str, trees: list[Path], rounds: int, server_env: dict[str, st
             for server in (servers if r % 2 == 0 else servers[::-1]):
                 variant += 1
                 body = body_of(variant)  # a text no run has seen: a model run in the server
-                time.sleep(0.03)
+                time.sleep(gap_s)
                 start = time.perf_counter()
                 response = client.post(server.url + "/api/text/attention", json=body)
                 response.read()
@@ -180,16 +180,19 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true",
                         help="also serve the raw forward behind the same uvicorn (benchmarks/raw_server.py), "
                              "interleaved: the floor of any view served over HTTP")
+    parser.add_argument("--gap-s", type=float, default=0.03,
+                        help="idle time before each timed call. A server's background work after its answer (a run "
+                             "written to disk) lands on whatever runs next unless the gap outlasts it")
     parser.add_argument("--server-env", nargs="*", default=[], metavar="NAME=VALUE",
                         help="set in the servers' environment only (not in this process, which runs the raw forward)")
     args = parser.parse_args()
     server_env = dict(pair.split("=", 1) for pair in args.server_env)
     out: dict = {"machine": machine(), "rounds": args.rounds, "trees": [str(t.resolve()) for t in args.trees],
-                 "server_env": server_env}
+                 "server_env": server_env, "gap_s": args.gap_s}
     path = RESULTS / f"first_view_{args.label}.json"
     for name in args.only:
         trees = [t.resolve() for t in args.trees]
-        out[name] = compare(LM if name == "lm" else "minilm", trees, args.rounds, server_env, args.floor)
+        out[name] = compare(LM if name == "lm" else "minilm", trees, args.rounds, server_env, args.floor, args.gap_s)
         path.write_text(json.dumps(out, indent=2))  # each part as soon as it is measured
     print(f"wrote {path}")
 

@@ -13,8 +13,9 @@ A run is a resource with an owner and a lifetime, not a cache entry. Two tiers:
 Files are written by one background thread, never in a request's: a run leaving RAM stays readable there, its bytes
 booked, until its file is complete (then it leaves at once); a request making room waits at most for a place in the
 bounded queue of writes (`write_queue`, the setting run_store_write_queue), never for a write. A write waits for a
-moment when no API POST is in flight (at most WRITE_DEFER_S), unless something waits for it. The memory accountant's `evict_for` waits for the writes it
-needs (it frees memory only once they are done). `flush` waits for every queued write; `close` stops the writer.
+moment when no API POST is in flight (at most WRITE_DEFER_S), unless something waits for it. The memory accountant's
+`evict_for` waits for the writes it needs (it frees memory only once they are done). `flush` waits for every queued
+write; `close` stops the writer.
 
 A run is pinned for `pin_s` after it was put or last read by its run id, and held while a job that plans it runs
 (`holding`). Making room takes the least recently used runs first: with a disk tier, every run leaving RAM goes to
@@ -226,8 +227,7 @@ def _write_queued_runs(resources: _Resources, store_ref: weakref.ref) -> None:
 def _wait_for_quiet(resources: _Resources) -> None:
     """Before a write: wait, at most WRITE_DEFER_S, for no API POST to be in flight (from its arrival to the end of its
     response), so that the file's CPU time and memory traffic do not land on a view's response; at once when a write is
-    awaited
-    (`urgent`: the memory accountant, a put waiting for a place in the queue, flush, close)."""
+    awaited (`urgent`: the memory accountant, a put waiting for a place in the queue, flush, close)."""
     deadline = time.monotonic() + WRITE_DEFER_S
     while not resources.urgent.is_set():
         left = deadline - time.monotonic()

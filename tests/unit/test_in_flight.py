@@ -26,14 +26,29 @@ def _respond_and_record(seen: list[int]):
     return app
 
 
-async def _call(app, method: str, path: str) -> None:
+def _call(app, method: str, path: str) -> None:
+    """One request through `app`, on an event loop of its own in a thread of its own (a test before this one may have
+    left a loop running in this thread), its exception raised here."""
+
     async def receive():
         return {"type": "http.request", "body": b"", "more_body": False}
 
     async def send(message):
         await asyncio.sleep(0)
 
-    await app({"type": "http", "method": method, "path": path, "headers": []}, receive, send)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(app({"type": "http", "method": method, "path": path, "headers": []}, receive, send))
+        except BaseException as exc:  # noqa: BLE001  raised again in the test's thread
+            raised.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    if raised:
+        raise raised[0]
 
 
 @pytest.mark.parametrize(("method", "path", "counted"), [("POST", "/api/text/attention", True),
@@ -41,7 +56,7 @@ async def _call(app, method: str, path: str) -> None:
 def test_an_api_post_counts_until_its_response_is_sent(method, path, counted):
     seen: list[int] = []
     before = API_POSTS.in_flight
-    asyncio.run(_call(RequestCounter(_respond_and_record(seen)), method, path))
+    _call(RequestCounter(_respond_and_record(seen)), method, path)
     assert seen == [before + counted] * 3  # from its start to its last body message
     assert API_POSTS.in_flight == before
 
@@ -51,8 +66,8 @@ def test_an_api_post_that_fails_is_no_longer_counted():
         raise RuntimeError("the app failed")
 
     before = API_POSTS.in_flight
-    with pytest.raises(RuntimeError):
-        asyncio.run(_call(RequestCounter(failing), "POST", "/api/text/attention"))
+    with pytest.raises(RuntimeError, match="the app failed"):
+        _call(RequestCounter(failing), "POST", "/api/text/attention")
     assert API_POSTS.in_flight == before
 
 

@@ -11,7 +11,8 @@ benchmarks/results/first_view_<label>.json with the machine and the load average
 
 With `--floor`, one more server in the same rounds: benchmarks/raw_server.py, the raw forward behind the same uvicorn,
 answering the same request with a body of the same kind and size and doing nothing else. It is the floor of any view
-served over HTTP on this machine; what a tree takes over it is the app's own work.
+served over HTTP on this machine; what a tree takes over it (`over_floor_ms`) is the app's own work, a figure that
+holds whatever the gap, while the raw forward in this process slows after longer idle times (--gap-s).
 
     python -m benchmarks.first_view --label after [--rounds 30] [--only minilm lm] [--trees /tmp/before .] [--floor]
 """
@@ -156,17 +157,24 @@ def compare(model: str, trees: list[Path], rounds: int, server_env: dict[str, st
     raw_ms = statistics.median(samples["raw"]["ms"])
     out = {"model": model, "tokens": TOKENS, "rounds": rounds, "load_average_before": load,
            "load_average_after": os.getloadavg(), "raw_ms": raw_ms, "trees": {}, "samples_ms": samples}
+    floor_ms = statistics.median(samples["floor"]["ms"]) if floor else None
     for server in servers:
         own = samples[str(server.tree)]
         med = {k: statistics.median(v) for k, v in own.items()}
+        # the work besides the forward (Server-Timing `app` − `model`) and the rest of the round trip, per view
+        besides = statistics.median([a - m for a, m in zip(own["app"], own["model"])])
+        trip = statistics.median([c - a for c, a in zip(own["ms"], own["app"])])
         out["trees"][str(server.tree)] = {
             "fresh_ms": med["ms"], "fresh_ratio": med["ms"] / raw_ms, "server_model_ms": med["model"],
             "server_model_ratio": med["model"] / raw_ms, "server_app_ms": med["app"],
+            "server_work_besides_model_ms": besides, "round_trip_besides_app_ms": trip,
+            "over_floor_ms": None if floor_ms is None else med["ms"] - floor_ms,
             "server_cpu_ms_by_thread": cpu[str(server.tree)], "server_minor_faults_a_view": faults[str(server.tree)]}
+        over = "" if floor_ms is None or str(server.tree) == "floor" else f", {med['ms'] - floor_ms:+.1f} ms over the floor"
         print(f"  {model} {TOKENS} tokens, {server.tree}: fresh {med['ms']:.1f} ms = {med['ms'] / raw_ms:.3f}× raw "
-              f"({raw_ms:.1f} ms); in the server: model {med['model']:.1f} ms ({med['model'] / raw_ms:.3f}×), "
-              f"app {med['app']:.1f} ms; server CPU ms a view by thread {cpu[str(server.tree)][:3]}, "
-              f"{faults[str(server.tree)]:,.0f} page faults a view · "
+              f"({raw_ms:.1f} ms){over}; in the server: model {med['model']:.1f} ms ({med['model'] / raw_ms:.3f}×), "
+              f"{besides:.1f} ms besides it; round trip besides the app {trip:.1f} ms; server CPU ms a view by thread "
+              f"{cpu[str(server.tree)][:3]}, {faults[str(server.tree)]:,.0f} page faults a view · "
               f"load {load[0]:.1f} → {out['load_average_after'][0]:.1f}", flush=True)
     return out
 

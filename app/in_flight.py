@@ -3,7 +3,8 @@
 - `MODEL_REQUESTS`: API POSTs (the requests that may run a model) whose handlers are working, counted by the API
   routers' route class (app/lifecycle.py ParsedJsonRoute). A plain request's thread ends its OpenMP team when another
   one is working (app/openmp_teams.py).
-- `API_POSTS`: API POSTs from their arrival to the end of their response, counted by app/metrics.py RequestCounter.
+- `API_POSTS`: API POSTs from their admission (their body read) to the end of their response, counted by app/main.py
+  AdmissionGate.
   The run store's writer waits for none before it writes a run that left RAM (app/runstore.py): counted only while
   handlers work, a file's CPU time still landed on the response being sent and read."""
 from __future__ import annotations

@@ -34,6 +34,7 @@ from app import metrics
 from app.fleet import FLEET, FleetRouter
 from app.preparation import start_background
 from app.lifecycle import RequestCancelled, RequestGuard
+from app.in_flight import API_POSTS
 from app.metrics import RequestCounter
 from app.openmp_teams import TeamStats
 from app.context import current, enter, leave
@@ -158,7 +159,9 @@ class RequestDeadline:
 
 
 class AdmissionGate:
-    """Pure ASGI middleware: at most `limit` API POSTs (the requests that may run a model) in flight.
+    """Pure ASGI middleware: at most `limit` API POSTs (the requests that may run a model) in flight. Those it lets in
+    are also counted process-wide until their response has been sent (app/in_flight.py API_POSTS: the run store's
+    writer waits for none).
 
     One more is answered 503 + Retry-After on the event loop, before it takes a worker thread, so a
     refusal stays fast however many requests are queued (the runtime's own check, `queue_depth` waiting
@@ -178,10 +181,12 @@ class AdmissionGate:
             )
             return await busy(scope, receive, send)
         self.in_flight += 1  # one event loop: no lock needed
+        API_POSTS.entered()
         try:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+            API_POSTS.left()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

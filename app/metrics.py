@@ -15,7 +15,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from app.allocator import process_warm_heap
-from app.in_flight import API_POSTS
 from app.openmp_teams import TeamStats
 from app.fleet import FLEET
 from app.ids import replica_name
@@ -28,8 +27,7 @@ _STATUS_LOCK = threading.Lock()
 
 
 class RequestCounter:
-    """Counts each HTTP response by status as it starts (pure ASGI, outermost but one: static files too), and API POSTs
-    in flight until their response has been sent (app/in_flight.py API_POSTS)."""
+    """Counts each HTTP response by status as it starts (pure ASGI, outermost but one: static files too)."""
 
     def __init__(self, app):
         self.app = app
@@ -44,13 +42,7 @@ class RequestCounter:
                     _STATUS[int(message["status"])] += 1
             await send(message)
 
-        if scope["method"] != "POST" or not scope["path"].startswith("/api/"):
-            return await self.app(scope, receive, counting_send)
-        API_POSTS.entered()
-        try:
-            await self.app(scope, receive, counting_send)
-        finally:
-            API_POSTS.left()
+        await self.app(scope, receive, counting_send)
 
 
 def _jobs() -> tuple[int, int, float]:

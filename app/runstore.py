@@ -225,7 +225,7 @@ def _write_queued_runs(resources: _Resources, store_ref: weakref.ref) -> None:
 
 
 def _wait_for_quiet(resources: _Resources) -> None:
-    """Before a write: wait, at most WRITE_DEFER_S, for no API POST to be in flight (from its arrival to the end of its
+    """Before a write: wait, at most WRITE_DEFER_S, for no API POST to be in flight (from its admission to the end of its
     response), so that the file's CPU time and memory traffic do not land on a view's response; at once when a write is
     awaited (`urgent`: the memory accountant, a put waiting for a place in the queue, flush, close)."""
     deadline = time.monotonic() + WRITE_DEFER_S

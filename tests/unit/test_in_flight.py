@@ -1,5 +1,5 @@
-"""API POSTs in flight (app/in_flight.py): RequestCounter (app/metrics.py) counts one from its arrival until its
-response's last byte has been handed to the server, and nothing else; the run store's writer waits for none."""
+"""API POSTs in flight (app/in_flight.py): AdmissionGate (app/main.py) counts one it lets in until its response's last
+byte has been handed to the server, and nothing else; the run store's writer waits for none."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from app.in_flight import API_POSTS, InFlight
-from app.metrics import RequestCounter
+from app.main import AdmissionGate
 
 
 def _respond_and_record(seen: list[int]):
@@ -56,7 +56,7 @@ def _call(app, method: str, path: str) -> None:
 def test_an_api_post_counts_until_its_response_is_sent(method, path, counted):
     seen: list[int] = []
     before = API_POSTS.in_flight
-    _call(RequestCounter(_respond_and_record(seen)), method, path)
+    _call(AdmissionGate(_respond_and_record(seen), limit=4), method, path)
     assert seen == [before + counted] * 3  # from its start to its last body message
     assert API_POSTS.in_flight == before
 
@@ -67,7 +67,7 @@ def test_an_api_post_that_fails_is_no_longer_counted():
 
     before = API_POSTS.in_flight
     with pytest.raises(RuntimeError, match="the app failed"):
-        _call(RequestCounter(failing), "POST", "/api/text/attention")
+        _call(AdmissionGate(failing, limit=4), "POST", "/api/text/attention")
     assert API_POSTS.in_flight == before
 
 

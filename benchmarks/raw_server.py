@@ -19,7 +19,6 @@ The model is `ATTNLAB_FLOOR_MODEL` (minilm, or the LM's id), loaded as the bench
 """
 from __future__ import annotations
 
-import base64
 import json
 import os
 import time
@@ -33,12 +32,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from app.attention import thumbnail_field
+from app.encoding import tensor_field
 from benchmarks.run_all import LM, RawForward, RawLM
-
-
-def _b64(tensor: torch.Tensor) -> dict:
-    array = tensor.contiguous().numpy()
-    return {"dtype": str(array.dtype), "shape": list(array.shape), "data": base64.b64encode(array.tobytes()).decode()}
 
 
 class Floor:
@@ -75,9 +71,11 @@ class Floor:
         pooled = torch.cat([F.adaptive_avg_pool2d(a, size) for a in out.attentions])  # (L, H, size, size)
         peak = pooled.amax(dim=(-1, -2)).clamp_min(1e-12)  # (L, H)
         levels = torch.round(pooled / peak[..., None, None] * 255).to(torch.uint8)
+        # the app's own field encoders (app/encoding.py, app/attention.py): the same bytes for the same values
         return forward_s, {"tokens": self.raw.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist()),
-                "attention": _b64(p), "scores": _b64((q @ k.T)[None, None]), "thumbnails": {**_b64(levels),
-                "max": peak.tolist()}, "received": p.mean(dim=2).tolist()}
+                           "attention": tensor_field(p, "f32"), "scores": tensor_field((q @ k.T)[None, None], "f32"),
+                           "thumbnails": thumbnail_field(levels.numpy(), peak.numpy()),
+                           "received": p.mean(dim=2).tolist()}
 
 
 FLOOR = Floor(os.environ.get("ATTNLAB_FLOOR_MODEL", "minilm"))

@@ -45,6 +45,7 @@ from app.settings import Settings, get_settings
 from app.templating import templates
 from attnlab.vendor import plotly_bundle
 from models.adapters.base import cuda_absence, describe_device, pick_device
+from models import cpu_linear
 
 log = logging.getLogger("attnlab")
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,6 +223,8 @@ def _lifespan(settings: Settings):
             log.warning("device: no GPU visible, falling back to the CPU: %s (ATTNLAB_DEVICE=auto)", cuda_absence())
         else:
             log.info("device: %s (ATTNLAB_DEVICE=%s)", describe_device(device), settings.device)
+        if device.type == "cpu":
+            log.info("cpu linear layers: %s", cpu_linear.describe())
         # Load the default models in the background: /api/health answers at once, /api/ready turns 200 when
         # warm. Then run the text page's example once, so its first view is already cached.
         def warm() -> None:

@@ -27,6 +27,7 @@ from app.scheduler import ModelScheduler
 from app.runstore import ResultCache  # noqa: F401  (re-exported: the run store moved there)
 from app.settings import Settings
 from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
+from models.cpu_linear import set_cpu_linear
 from models.hooks import UnsupportedAttention
 from models.interventions import Intervention
 from models import preparing
@@ -127,6 +128,7 @@ class Runtime:
         self.ready = False
         if settings.torch_threads > 0:
             torch.set_num_threads(settings.torch_threads)
+        set_cpu_linear(settings.cpu_linear)  # for the models it loads (process-wide: a property of the CPU)
 
     # ---- models ------------------------------------------------------------------------------------
     def adapter(self, model_id: str, kind: str | None = None) -> AttentionAdapter:

@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     # |Δ output| against float32 on its probe input (GET /api/models).
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     torch_threads: int = 0  # 0 = leave torch's default
+    # What runs float32 Linear layers on the CPU (models/cpu_linear.py): "auto" measures oneDNN against MKL once at
+    # start and takes oneDNN when it needs ≤ 0.9× the time (0.46× on the AMD CI machine); "onednn"; "blas" (MKL).
+    cpu_linear: Literal["auto", "onednn", "blas"] = "auto"
     # glibc malloc arenas of the server process: `attnlab serve` / `python -m app.serve` re-execute themselves with
     # MALLOC_ARENA_MAX set to this unless the environment already sets it (or preloads jemalloc); 0 = glibc's default
     # (8 per core: freed memory stayed in per-thread arenas, docs/deploy.md "Memory allocator"). Read at start only.

@@ -96,7 +96,9 @@ async def ready(runtime: RuntimeDep):
     adapters = runtime.loaded_adapters()
     # where the loaded models actually run ("cpu", "cuda"): what a deployment check reads
     return {"status": "ready", "models": [a.info.id for a in adapters],
-            "device": ", ".join(sorted({a.device.type for a in adapters}))}
+            "device": ", ".join(sorted({a.device.type for a in adapters})),
+            # what runs their Linear layers on the CPU (models/cpu_linear.py); null when none runs there
+            "cpu_linear": ", ".join(sorted({a.cpu_linear for a in adapters if a.cpu_linear})) or None}
 
 
 @router.get("/models", response_model=ModelsOut)

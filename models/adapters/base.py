@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from models.atlas import Atlas, AtlasConfig, AtlasRecorder
+from models.cpu_linear import route_linear
 from models.hooks import RunScope, UnsupportedAttention, run_scope
 from models.interventions import Intervention
 from models.probe import ProbeReport, probe
@@ -425,6 +426,7 @@ class AttentionAdapter:
     device: torch.device
     dtype: torch.dtype = torch.float32  # of the weights and floating inputs; attention logits stay float32
     deferred_entropy: bool = False  # RunScope.deferred_entropy: True on CUDA
+    cpu_linear: str | None = None  # on the CPU, what runs its Linear layers: "onednn" or "blas" (models/cpu_linear.py)
     layer_of: dict[int, int]
     # Inputs over this many tokens run blockwise and keep an atlas instead of P (the runtime sets it from settings)
     full_map_tokens: int = 512
@@ -455,6 +457,8 @@ class AttentionAdapter:
         (report.dtype_parity) is what the lower precision costs, measured rather than assumed."""
         target = resolve_dtype(dtype)
         self.model = model.eval().to(device=device, dtype=torch.float32)
+        if device.type == "cpu":  # float32 Linear layers through oneDNN where it is faster (models/cpu_linear.py)
+            self.cpu_linear = "onednn" if route_linear(self.model) else "blas"
         self.device, self.dtype = device, torch.float32
         self.deferred_entropy = device.type == "cuda"  # see RunScope.deferred_entropy
         inputs = {k: v.to(device) for k, v in probe_inputs.items()}

@@ -6,6 +6,7 @@ import concurrent.futures
 
 import numpy as np
 import pytest
+from torch import nn
 
 from tests.float32 import assert_close_f32, attention_terms
 
@@ -262,3 +263,17 @@ def test_warming_the_example_makes_the_pages_first_view_a_cache_hit(client):
     response = client.post("/api/text/attention", json=body)
     assert response.status_code == 200 and runtime.cache.hits == hits + 1
     assert "model;" not in response.headers["server-timing"]  # no model run for the visitor
+
+
+@pytest.mark.parametrize("limited_client", [{"cpu_linear": "blas"}, {"cpu_linear": "onednn"}], indirect=True)
+def test_ready_says_what_runs_the_linear_layers_on_the_cpu(limited_client):
+    """ATTNLAB_CPU_LINEAR reaches the loaded model (models/cpu_linear.py), and /api/ready says which it is."""
+    from models.cpu_linear import OneDNNLinear, onednn_available
+
+    runtime = limited_client.app.state.runtime
+    chosen = runtime.settings.cpu_linear if onednn_available() else "blas"
+    routed = [type(m) is OneDNNLinear for m in runtime.adapter("tiny").model.modules() if isinstance(m, nn.Linear)]
+    assert routed and all(r == (chosen == "onednn") for r in routed)
+    assert limited_client.get("/api/ready").json()["cpu_linear"] == chosen
+    # and the view it serves is the same attention either way (tests/unit/test_cpu_linear.py bounds the difference)
+    assert post(limited_client).status_code == 200

@@ -13,6 +13,7 @@ from models.adapters.base import RequestFieldError
 from models.interventions import Intervention
 from models.qk_attribution import NotPreNorm, qk_attribution
 from models.registry import build_registry
+from tests.float32 import f32_bound
 from tests.tiny_models import CAUSAL_FAMILIES, build_text_model
 
 TEXT = "the cat sat on the mat because it was tired and the dog ran on the street"
@@ -79,7 +80,11 @@ def test_parts_sum_to_the_runs_own_score_with_beta_masks_and_perturbations(famil
     for entry in found.expanded:
         column = found.key_parts.index(entry["key_part"])
         assert entry["total"] == pytest.approx(float(totals[column]))
-        assert sum(s["value"] for s in entry["sources"]) == pytest.approx(entry["total"], rel=1e-6, abs=1e-9)
+        # the total comes from the forward's float32 z = Σ_m P v_m, the sources from float64 P v_m: they differ by the
+        # rounding of that float32 sum over the sources, relative to the size of its terms (not of the total)
+        values = [s["value"] for s in entry["sources"]]
+        bound = f32_bound(len(values), sum(abs(v) for v in values))
+        assert abs(sum(values) - entry["total"]) <= bound, (family, sum(values), entry["total"], bound)
         assert all(s["position"] <= key for s in entry["sources"])
 
 

@@ -1,7 +1,10 @@
 """The fixed cost of a fresh short view (issue 41 §1) over HTTP, as the bench's `fixed` and LM sections measure it:
 interleaved rounds of a raw eager forward with attentions in this process (tokenizer included) and a fresh 128-token
 first view (the text page's request: one head with scores, 24 × 24 thumbnails of every head, f32) posted to
-`python -m app.serve` on loopback, the response fully read; the median of each and their ratio.
+`python -m app.serve` on loopback, the response fully read; the median of each and their ratio. Two raw forwards in
+every round: plain transformers (`raw`, the ratio's baseline: what a user runs without the app) and the same with
+the app's Linear routing (`raw_same_gemm`, models/cpu_linear.py: oneDNN where it outruns MKL), against which the
+ratio is what the app adds beyond its forward's products.
 
 With `--trees A B`, one server per checkout (each run from its folder, on its own code), their fresh views interleaved
 with the same raw forwards in every round (in alternating order), so a before/after comparison shares the machine's
@@ -59,6 +62,8 @@ class TreeServer:
                "ATTNLAB_REQUEST_TIMEOUT_S": "300", "ATTNLAB_FLOOR_MODEL": model, **(extra_env or {})}
         command = (["uvicorn", "benchmarks.raw_server:app", "--http", "httptools", "--log-level", "warning"] if floor
                    else ["app.serve"])
+        if floor:  # the allocator bound app.serve starts with (app/allocator.py); not its warm heap
+            env.setdefault("MALLOC_ARENA_MAX", "2")
         self.proc = subprocess.Popen([sys.executable, "-m", *command, "--host", "127.0.0.1", "--port", str(port)],
                                      cwd=tree, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         if not wait_ready(self.url, self.proc, seconds=600):
@@ -107,33 +112,39 @@ def compare(model: str, trees: list[Path], rounds: int, server_env: dict[str, st
             floor: bool = False, gap_s: float = 0.03) -> dict:
     """Interleaved rounds: a raw forward, then each tree's fresh first view (and the floor's); medians, ratios,
     Server-Timing (the floor has none)."""
+    # two baselines: plain transformers (`raw`, the ratio's denominator) and the same model with the app's Linear
+    # routing (`raw_same_gemm`), each its own copy of the weights
     if model == LM:
-        raw = RawLM()
-        raw_call, body_of = (lambda v: raw(raw.text(TOKENS, v))), (lambda v: lm_first_view_body(raw.text(TOKENS, v)))
+        raw, raw_same = RawLM(), RawLM(same_gemm_as_app=True)
+        raw_calls = {"raw": lambda v: raw(raw.text(TOKENS, v)), "raw_same_gemm": lambda v: raw_same(raw.text(TOKENS, v))}
+        body_of = lambda v: lm_first_view_body(raw.text(TOKENS, v))  # noqa: E731
     else:
-        raw = RawForward()
-        raw_call, body_of = (lambda v: raw(text_of(TOKENS, v))), (lambda v: first_view_body(text_of(TOKENS, v)))
+        raw, raw_same = RawForward(), RawForward(same_gemm_as_app=True)
+        raw_calls = {"raw": lambda v: raw(text_of(TOKENS, v)), "raw_same_gemm": lambda v: raw_same(text_of(TOKENS, v))}
+        body_of = lambda v: first_view_body(text_of(TOKENS, v))  # noqa: E731
     servers = [TreeServer(tree, model, server_env) for tree in trees]
     if floor:
         servers.append(TreeServer(ROOT, model, floor=True))
     client = httpx.Client(timeout=600)
-    samples: dict[str, dict[str, list[float]]] = {"raw": {"ms": []}}
+    samples: dict[str, dict[str, list[float]]] = {name: {"ms": []} for name in raw_calls}
     samples.update({str(s.tree): {"ms": [], "model": [], "app": []} for s in servers})
     load = os.getloadavg()
     try:
         for k in range(3):  # warm both sides
-            raw_call(4900 + k)
+            for call in raw_calls.values():
+                call(4900 + k)
             for i, server in enumerate(servers):
                 client.post(server.url + "/api/text/attention", json=body_of(4910 + 10 * i + k)).raise_for_status()
         variant = 5000
         ticks_before = {str(s.tree): thread_cpu_ticks(s.proc.pid) for s in servers}
         faults_before = {str(s.tree): minor_faults(s.proc.pid) for s in servers}
         for r in range(rounds):
-            time.sleep(gap_s)
-            variant += 1
-            start = time.perf_counter()
-            raw_call(variant)
-            samples["raw"]["ms"].append((time.perf_counter() - start) * 1000)
+            for name, call in (raw_calls.items() if r % 2 == 0 else reversed(raw_calls.items())):
+                time.sleep(gap_s)
+                variant += 1
+                start = time.perf_counter()
+                call(variant)
+                samples[name]["ms"].append((time.perf_counter() - start) * 1000)
             for server in (servers if r % 2 == 0 else servers[::-1]):
                 variant += 1
                 body = body_of(variant)  # a text no run has seen: a model run in the server
@@ -154,9 +165,12 @@ def compare(model: str, trees: list[Path], rounds: int, server_env: dict[str, st
         client.close()
         for server in servers:
             server.stop()
-    raw_ms = statistics.median(samples["raw"]["ms"])
+    raw_ms, same_ms = statistics.median(samples["raw"]["ms"]), statistics.median(samples["raw_same_gemm"]["ms"])
     out = {"model": model, "tokens": TOKENS, "rounds": rounds, "load_average_before": load,
-           "load_average_after": os.getloadavg(), "raw_ms": raw_ms, "trees": {}, "samples_ms": samples}
+           "load_average_after": os.getloadavg(), "raw_ms": raw_ms, "raw_same_gemm_ms": same_ms,
+           "trees": {}, "samples_ms": samples}
+    print(f"  {model} {TOKENS} tokens: raw forward {raw_ms:.1f} ms plain, {same_ms:.1f} ms with the app's Linear "
+          "routing", flush=True)
     floor_ms = statistics.median(samples["floor"]["ms"]) if floor else None
     for server in servers:
         own = samples[str(server.tree)]
@@ -165,14 +179,15 @@ def compare(model: str, trees: list[Path], rounds: int, server_env: dict[str, st
         besides = statistics.median([a - m for a, m in zip(own["app"], own["model"])])
         trip = statistics.median([c - a for c, a in zip(own["ms"], own["app"])])
         out["trees"][str(server.tree)] = {
-            "fresh_ms": med["ms"], "fresh_ratio": med["ms"] / raw_ms, "server_model_ms": med["model"],
+            "fresh_ms": med["ms"], "fresh_ratio": med["ms"] / raw_ms, "fresh_ratio_same_gemm": med["ms"] / same_ms,
+            "server_model_ms": med["model"],
             "server_model_ratio": med["model"] / raw_ms, "server_app_ms": med["app"],
             "server_work_besides_model_ms": besides, "round_trip_besides_app_ms": trip,
             "over_floor_ms": None if floor_ms is None else med["ms"] - floor_ms,
             "server_cpu_ms_by_thread": cpu[str(server.tree)], "server_minor_faults_a_view": faults[str(server.tree)]}
         over = "" if floor_ms is None or str(server.tree) == "floor" else f", {med['ms'] - floor_ms:+.1f} ms over the floor"
         print(f"  {model} {TOKENS} tokens, {server.tree}: fresh {med['ms']:.1f} ms = {med['ms'] / raw_ms:.3f}× raw "
-              f"({raw_ms:.1f} ms){over}; in the server: model {med['model']:.1f} ms ({med['model'] / raw_ms:.3f}×), "
+              f"({raw_ms:.1f} ms), {med['ms'] / same_ms:.3f}× raw with the same GEMMs{over}; in the server: model {med['model']:.1f} ms ({med['model'] / raw_ms:.3f}×), "
               f"{besides:.1f} ms besides it; round trip besides the app {trip:.1f} ms; server CPU ms a view by thread "
               f"{cpu[str(server.tree)][:3]}, {faults[str(server.tree)]:,.0f} page faults a view · "
               f"load {load[0]:.1f} → {out['load_average_after'][0]:.1f}", flush=True)

@@ -13,7 +13,8 @@ POST /api/text/attention takes the first view's JSON (text, layers, heads, thumb
 with a Server-Timing header as the app's: `model` the tokenizer and forward, `app` the endpoint from its body read.
 
 The model is `ATTNLAB_FLOOR_MODEL` (minilm, or the LM's id), loaded as the benchmark's own baseline loads it
-(benchmarks/run_all.py RawForward, RawLM).
+(benchmarks/run_all.py RawForward, RawLM), its Linear layers routed as the app routes them on this CPU
+(models/cpu_linear.py), so that app − floor is the app's work besides the same forward.
 
     ATTNLAB_FLOOR_MODEL=minilm python -m uvicorn benchmarks.raw_server:app --port 8123
 """
@@ -39,7 +40,7 @@ from benchmarks.run_all import LM, RawForward, RawLM
 
 class Floor:
     def __init__(self, model: str):
-        self.raw = RawLM() if model == LM else RawForward()
+        self.raw = RawLM(same_gemm_as_app=True) if model == LM else RawForward(same_gemm_as_app=True)
         self.model = self.raw.model
         self.truncation = {} if model == LM else {"truncation": True, "max_length": 512}
         self.scores_of: dict[str, torch.Tensor] = {}

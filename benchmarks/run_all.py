@@ -137,16 +137,29 @@ class Server:
             return None
 
 
-class RawForward:
-    """The baseline: tokenizer + a plain transformers forward with attentions (eager), in this process."""
+def same_gemm(model: torch.nn.Module, wanted: bool) -> torch.nn.Module:
+    """`model` with its float32 Linear layers routed as the app routes them on this CPU (models/cpu_linear.py: oneDNN
+    where it outruns MKL) when `wanted`: the baseline that isolates what the app adds beyond its forward's products.
+    Without it the baseline is plain transformers, as a user would run it."""
+    if wanted and DEVICE == "cpu":
+        from models.cpu_linear import route_linear
 
-    def __init__(self):
+        route_linear(model)
+    return model
+
+
+class RawForward:
+    """The baseline: tokenizer + a plain transformers forward with attentions (eager), in this process.
+    `same_gemm_as_app`: with the app's Linear routing (same_gemm())."""
+
+    def __init__(self, same_gemm_as_app: bool = False):
         from transformers import AutoModel, AutoTokenizer
 
         from models.adapters.bert import minilm_source
 
         self.tokenizer = AutoTokenizer.from_pretrained(minilm_source())
-        self.model = AutoModel.from_pretrained(minilm_source(), attn_implementation="eager").eval().to(DEVICE)
+        self.model = same_gemm(AutoModel.from_pretrained(minilm_source(), attn_implementation="eager").eval().to(DEVICE),
+                               same_gemm_as_app)
 
     @torch.inference_mode()
     def __call__(self, text: str):
@@ -424,14 +437,15 @@ LM_PROMPTS = [
 
 
 class RawLM:
-    """The LM baseline, in this process: its tokenizer + AutoModelForCausalLM with eager attention."""
+    """The LM baseline, in this process: its tokenizer + AutoModelForCausalLM with eager attention.
+    `same_gemm_as_app`: with the app's Linear routing (same_gemm())."""
 
-    def __init__(self):
+    def __init__(self, same_gemm_as_app: bool = False):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(LM_WEIGHTS)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            LM_WEIGHTS, attn_implementation="eager", dtype=torch.float32).eval().to(DEVICE)
+        self.model = same_gemm(AutoModelForCausalLM.from_pretrained(
+            LM_WEIGHTS, attn_implementation="eager", dtype=torch.float32).eval().to(DEVICE), same_gemm_as_app)
 
     def text(self, n_tokens: int, variant: int) -> str:
         # Every word of WORDS and FRESH_WORDS after a space is one token of this vocabulary, and no BOS is

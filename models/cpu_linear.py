@@ -14,6 +14,7 @@ Only forwards without autograd take the oneDNN path (its op has no derivative): 
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from typing import Literal
 
@@ -47,7 +48,20 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 @functools.cache
 def measured_ratio() -> float:
     """oneDNN's time over MKL's for one (128, 384) × (384, 1536) float32 product on this CPU at the process's thread
-    count: the best of 15 calls each, after 3 to warm (~20 ms in all)."""
+    count: the best of 15 calls each, after 3 to warm (~20 ms in all).
+
+    Timed on a thread of its own that then ends, taking its OpenMP team with it. On the calling thread (the server's
+    event loop at start) the team would stay for the process's life beside the one of the thread that runs forwards:
+    libgomp, managing more threads than cores, then cuts every team's spin-wait short, and served 128-token minilm
+    forwards took 26 ms instead of 14 (app/openmp_teams.py keeps one team for the same reason)."""
+    ratio: list[float] = []
+    thread = threading.Thread(target=lambda: ratio.append(_time_both()), name="attnlab-cpu-linear-timing")
+    thread.start()
+    thread.join()
+    return ratio[0]
+
+
+def _time_both() -> float:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(128, 384, generator=generator)
     weight, bias = torch.randn(1536, 384, generator=generator), torch.randn(1536, generator=generator)

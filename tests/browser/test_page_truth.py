@@ -120,6 +120,25 @@ def test_beta_on_a_layer_range_is_shown_only_where_it_applies(page, page_log, li
     page_log.check()
 
 
+def test_a_layer_box_being_typed_in_keeps_what_was_typed_when_the_page_redraws(page, page_log, live_server):
+    """The β range's boxes mirror the store on every change. One the user is typing in keeps what they typed: a store
+    change landing between the typing and the box's change event (a response, a slider move) wrote the old end back
+    into it, and the change then committed that (seen in the suite: layers 0–12 for a typed 10–12)."""
+    page.goto(f"{live_server}/#m=minilm")
+    wait_for_heatmap(page)
+    wait_idle(page)
+    page.select_option("#scope-select", "layers")
+    page.fill("#beta-from", "3")  # typed: the box has the focus, its change event has not fired yet
+    set_slider(page, "-1")  # meanwhile the store changes
+    page.dispatch_event("#beta-from", "change")
+    page.fill("#beta-to", "5")
+    page.dispatch_event("#beta-to", "change")
+    page.wait_for_function("() => /[#&]br=3-5(&|$)/.test(location.hash)", timeout=30_000)
+    assert page.input_value("#beta-from") == "3" and page.input_value("#beta-to") == "5"
+    wait_idle(page)
+    page_log.check()
+
+
 def test_a_masked_key_alone_says_nothing_about_perturbing(page, page_log, live_server):
     page.goto(f"{live_server}/#m=minilm")
     wait_for_heatmap(page)

@@ -45,6 +45,7 @@ export function mountBetaPanel(store, { nativeBeta, selection, shape, where = ""
       b[end] = Math.max(0, Math.min(last, Math.round(Number(input.value) || 0)));
       store.changed("beta", { run: !betaIsNative(store.state) });
     });
+    input?.addEventListener("blur", () => update()); // left without a change: show the store's end again
   }
   modeSelect?.addEventListener("change", () => { b.mode = modeSelect.value; store.changed("beta"); });
 
@@ -54,8 +55,12 @@ export function mountBetaPanel(store, { nativeBeta, selection, shape, where = ""
     if ([...scope.options].some((o) => o.value === b.scope)) scope.value = b.scope;
     const rangeBox = byId("beta-range");
     if (rangeBox) rangeBox.hidden = b.scope !== "layers";
-    if (byId("beta-from")) byId("beta-from").value = String(b.from);
-    if (byId("beta-to")) byId("beta-to").value = String(b.to);
+    // a box being typed in keeps what was typed: written back here, a store change landing before its change event
+    // (a response, a slider move) had that event commit the old end
+    for (const [id, value] of [["beta-from", b.from], ["beta-to", b.to]]) {
+      const box = byId(id);
+      if (box && box !== document.activeElement) box.value = String(value);
+    }
     if (modeSelect) modeSelect.value = b.mode;
     renderReadout();
   }

@@ -116,12 +116,12 @@ def compare(model: str, trees: list[Path], rounds: int, server_env: dict[str, st
     # routing (`raw_same_gemm`), each its own copy of the weights
     if model == LM:
         raw, raw_same = RawLM(), RawLM(same_gemm_as_app=True)
-        raw_calls = {"raw": lambda v: raw(raw.text(TOKENS, v)), "raw_same_gemm": lambda v: raw_same(raw.text(TOKENS, v))}
-        body_of = lambda v: lm_first_view_body(raw.text(TOKENS, v))  # noqa: E731
+        text_at, first_view = (lambda v: raw.text(TOKENS, v)), lm_first_view_body
     else:
         raw, raw_same = RawForward(), RawForward(same_gemm_as_app=True)
-        raw_calls = {"raw": lambda v: raw(text_of(TOKENS, v)), "raw_same_gemm": lambda v: raw_same(text_of(TOKENS, v))}
-        body_of = lambda v: first_view_body(text_of(TOKENS, v))  # noqa: E731
+        text_at, first_view = (lambda v: text_of(TOKENS, v)), first_view_body
+    raw_calls = {"raw": lambda v: raw(text_at(v)), "raw_same_gemm": lambda v: raw_same(text_at(v))}
+    body_of = lambda v: first_view(text_at(v))  # noqa: E731
     servers = [TreeServer(tree, model, server_env) for tree in trees]
     if floor:
         servers.append(TreeServer(ROOT, model, floor=True))

@@ -132,7 +132,8 @@ def _range(values: list[int], size: int, name: str) -> tuple[int, int]:
           "expired, the detail says which"},
     413: {"description": "over max_window_cells (rows × cols returned), or over max_computed_numbers (rows × all "
           "keys, per pass, computed): names `rows`"},
-    422: {"description": "indices out of range; `minus` a run of another model or token count"}})
+    422: {"description": "indices out of range; `minus` a run of another model or other tokens (the detail names "
+          "both token counts, or the first position where they differ)"}})
 def run_window(run_id: str, req: WindowRequest, runtime: RuntimeDep) -> Response:
     """One head's attention P[r0:r1, c0:c1] of a kept run, exactly as the run computed it (every row normalised over
     all its keys), rebuilt from q̂ k̂ᵀ with the run's β, masks and extras — the way to look into inputs over
@@ -190,12 +191,22 @@ def _window_numbers(result: AttentionResult, req: WindowRequest, rows: tuple[int
 
 
 def _minus_run(runtime: Runtime, result: AttentionResult, req: WindowRequest, shape: tuple[int, int]) -> AttentionResult:
-    """The run named by `minus`: kept (else 404), of the same model, and with the same query and key counts in the
-    asked layer (else 422 naming `minus`)."""
+    """The run named by `minus`: kept (else 404), of the same model, with the same tokens (422 naming both counts,
+    or the first position where they differ) and the same query and key counts in the asked layer (else 422 naming
+    `minus`)."""
     other = _kept(runtime, req.minus)
     if other.model_id != result.model_id:
         raise field_error(("minus",), f"run {req.minus!r} is of model {other.model_id}, this run of {result.model_id}: "
                           "a difference window needs two runs of the same model")
+    mine, theirs = list(result.tokens or ()), list(other.tokens or ())
+    if len(mine) != len(theirs):
+        raise field_error(("minus",), f"run {req.minus!r} has {len(theirs)} tokens and this run {len(mine)}: a "
+                          "difference window needs two runs of the same tokens")
+    differ = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+    if differ is not None:  # as many tokens but other ones (a generate's continuations that part): P̂ − P means nothing
+        raise field_error(("minus",), f"run {req.minus!r} has other tokens than this run from position {differ} on "
+                          f"({theirs[differ]!r} there, this run {mine[differ]!r}): a difference window needs two runs "
+                          "of the same tokens")
     _, other_rows, other_cols = _layer(runtime, other, req.layer, req.kind, ("layer",))
     if (other_rows, other_cols) != shape:
         raise field_error(("minus",), f"run {req.minus!r} has {other_rows} query × {other_cols} key tokens here and "

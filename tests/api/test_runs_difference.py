@@ -143,3 +143,27 @@ def test_row_entropy_of_value_weighted_windows_and_of_both_runs(long_client):
     assert diff["row_entropy"] == _window(long_client, run, **box)["row_entropy"]
     assert diff["minus_row_entropy"] == _window(long_client, base, **box)["row_entropy"]
     assert n > 14
+
+
+def test_difference_window_of_runs_with_other_tokens_is_refused(long_client, short_client):
+    """`minus` needs the same tokens, not only as many (issue 56): two texts of the same length that differ from one
+    token on are a 422 naming `minus` and where they first differ; texts of different lengths name both counts."""
+    for client in (long_client, short_client):
+        first = _attention(client, text="the cat sat on the mat")
+        same_length = _attention(client, text="the cat sat on the dog")
+        longer = _attention(client, text="the cat sat on the mat again")
+        assert len(first["tokens"]) == len(same_length["tokens"]) < len(longer["tokens"])
+        differ = next(i for i, (a, b) in enumerate(zip(first["tokens"], same_length["tokens"])) if a != b)
+        n = len(first["tokens"])
+        box = {"layer": 0, "head": 0, "rows": [0, 2], "cols": [0, 2]}
+        refused = client.post(f"/api/runs/{first['run_id']}/window", json={**box, "minus": same_length["run_id"]})
+        assert refused.status_code == 422, refused.text
+        detail = str(refused.json()["detail"])
+        assert "minus" in detail and f"position {differ}" in detail, detail
+        refused = client.post(f"/api/runs/{first['run_id']}/window", json={**box, "minus": longer["run_id"]})
+        assert refused.status_code == 422, refused.text
+        detail = str(refused.json()["detail"])
+        assert "minus" in detail and str(n) in detail and str(len(longer["tokens"])) in detail, detail
+        # the same tokens (a run against itself) is still answered: a zero difference
+        same = _window(client, first["run_id"], minus=first["run_id"], **box)
+        assert np.all(np.array(same["attention"]) == 0)

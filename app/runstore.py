@@ -35,7 +35,7 @@ import threading
 import time
 import weakref
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +49,8 @@ from models.adapters.base import AttentionResult
 log = logging.getLogger("attnlab")
 
 FORGET_AFTER = 65_536  # expired run ids remembered (ids only, ~5 MB at most)
+# promised runs remembered (a continuation's kept runs, made on first use: token ids and interventions, no tensors)
+PROMISES = 1024
 # writes queued for the disk tier beside the one being written: a request making room waits for a place when more
 # runs leave RAM than the disk takes (each queued run stays booked in RAM until written, so this bounds the overshoot)
 WRITE_QUEUE = 4  # the default of run_store_write_queue
@@ -163,6 +165,16 @@ class _Write:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+@dataclass
+class _Promise:
+    """A run named before it is made (a continuation's kept runs, app/routes/text.py): `make()` runs the model once on
+    first use of the run id and keeps the run under `key` with that id (app/runtime.py Runtime.promise_run)."""
+
+    key: tuple
+    make: Callable[[], AttentionResult]
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one maker at a time; the others wait for it
+
+
 class _Resources:
     """What a store owns outside Python's memory: the writer thread, its queue and the directory. No reference to the
     store itself, so that its weakref finalizer (close, or the store collected, or the process exiting) can run."""
@@ -264,6 +276,7 @@ class ResultCache:
         self._pins: dict[tuple, tuple[float, str]] = {}  # key → (pinned until, monotonic; the client it was put for)
         self._held: Counter[tuple] = Counter()  # keys a running job plans (holding): never dropped meanwhile
         self._expired: OrderedDict[str, None] = OrderedDict()  # run ids this store held and dropped
+        self._promised: OrderedDict[str, _Promise] = OrderedDict()  # run ids named, their runs made on first use
         self._moving: OrderedDict[tuple, _Write] = OrderedDict()  # runs queued or being written to disk (in RAM still)
         self._leaving = [0, 0]  # (host, device) bytes of the RAM tier booked by runs in _moving
         self._bytes = self._device_bytes = self._disk_used = 0  # _disk_used: files, and files being written
@@ -658,23 +671,55 @@ class ResultCache:
                 self._device_bytes += device - old_device
 
     # ---- by run id (windows, rows, minus) ----------------------------------------------------------------------
+    def promise(self, run_id: str, key: tuple, make: Callable[[], AttentionResult]) -> None:
+        """Name a run before it is made: the first `by_run_id(run_id)` calls `make()` (one forward, which keeps the run
+        under `key` with this id) and answers its run. Promises cost no tensors; the oldest past PROMISES are dropped
+        (their ids then say expired), like runs."""
+        with self._lock:
+            self._promised[run_id] = _Promise(key, make)
+            while len(self._promised) > PROMISES:
+                old, _ = self._promised.popitem(last=False)
+                self._expired[old] = None
+
+    def _keep_promise(self, run_id: str, promise: _Promise) -> AttentionResult | None:
+        """Make a promised run (once: a second caller waits for the first) and keep it under its id."""
+        with promise.lock:
+            with self._lock:
+                made = run_id in self._run_keys
+            if not made:
+                result = promise.make()
+                with self._lock:
+                    # the same key already kept under another id (a run made meanwhile): this id names that run too
+                    if promise.key in self._items or promise.key in self._disk:
+                        self._run_keys.setdefault(run_id, promise.key)
+                    if self._promised.get(run_id) is promise:
+                        del self._promised[run_id]
+                return result
+        return self.by_run_id(run_id)
+
     def by_run_id(self, run_id: str) -> AttentionResult | None:
-        """The kept run (marked recently used, its pin renewed): from RAM, or memory-mapped from disk; None when this
-        store does not hold it (see `why_missing`)."""
+        """The kept run (marked recently used, its pin renewed): from RAM, or memory-mapped from disk; a promised run
+        (`promise`) made now; None when this store does not hold it (see `why_missing`)."""
         with self._lock:
             key = self._run_keys.get(run_id)
             if key is None:
-                return None
-            until, client = self._pins.get(key, (0.0, ""))
-            self._pins[key] = (max(until, time.monotonic() + self.pin_s), client)
-            result = self._items.get(key)
-            if result is not None:
-                self._items.move_to_end(key)
-                return result
-            entry = self._disk.get(key)
-            if entry is None:
-                return None
-            self._disk.move_to_end(key)
+                promise = self._promised.get(run_id)
+                if promise is None:
+                    return None
+            else:
+                promise = None
+                until, client = self._pins.get(key, (0.0, ""))
+                self._pins[key] = (max(until, time.monotonic() + self.pin_s), client)
+                result = self._items.get(key)
+                if result is not None:
+                    self._items.move_to_end(key)
+                    return result
+                entry = self._disk.get(key)
+                if entry is None:
+                    return None
+                self._disk.move_to_end(key)
+        if promise is not None:
+            return self._keep_promise(run_id, promise)
         return self._read(key, entry)
 
     def why_missing(self, run_id: str) -> str:
@@ -700,6 +745,7 @@ class ResultCache:
 
     def clear(self) -> None:
         with self._lock:
+            self._promised.clear()
             for key in list(self._items) + [k for k in self._disk if k not in self._items]:
                 self._drop(key)
 

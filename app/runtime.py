@@ -414,10 +414,33 @@ class Runtime:
                 for key in self._cache_keys(adapter, encoded, interventions, scores, scope)]
         return self.cache.holding(keys)
 
+    def promise_run(self, adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...],
+                    ctx: RequestContext | None = None) -> str:
+        """The run id of `run(adapter, encoded, interventions, False)` without running it now: a kept run's id when
+        there is one, else a promise (app/runstore.py ResultCache.promise) that runs it, once, on first use of the id,
+        as the request that uses it (its deadline and turn), in this request's cache scope. A continuation's kept runs
+        (app/routes/text.py) are named so: most are never looked into, and the decode has just done the model's work."""
+        ctx = ctx or current()
+        keys = self._cache_keys(adapter, encoded, interventions, False, ctx.cache_scope)
+        for candidate in keys:
+            if candidate in self.cache:
+                kept = self.cache.get(candidate)
+                if kept is not None and kept.run_id is not None:
+                    return kept.run_id
+        run_id, model_id, scope = new_run_id(), adapter.info.id, ctx.cache_scope
+
+        def make() -> AttentionResult:
+            return self.run(self.adapter(model_id), encoded, interventions, False,
+                            current().with_(cache_scope=scope), run_id=run_id)
+
+        self.cache.promise(run_id, keys[0], make)
+        return run_id
+
     def run(self, adapter: AttentionAdapter, encoded: Encoded, interventions: tuple[Intervention, ...],
-            record_scores: bool, ctx: RequestContext | None = None) -> AttentionResult:
+            record_scores: bool, ctx: RequestContext | None = None, run_id: str | None = None) -> AttentionResult:
         """The engine's run for the request `ctx` (None: the current context): from the result cache (its cache
-        scope's), else admitted by the scheduler (its job, client, deadline, cancel, estimate, progress) and kept."""
+        scope's), else admitted by the scheduler (its job, client, deadline, cancel, estimate, progress) and kept
+        (under `run_id` when given: a promised run's, else a new one)."""
         ctx = ctx or current()
         keys = self._cache_keys(adapter, encoded, interventions, record_scores, ctx.cache_scope)
         key = keys[0]
@@ -434,7 +457,7 @@ class Runtime:
                 result.elapsed_s = time.perf_counter() - started  # type: ignore[attr-defined]
                 # its first view's tensor work, a moment later, takes the same count (app/pipeline/views.py)
                 result.threads_decided = (threads, time.monotonic())  # type: ignore[attr-defined]
-                result.run_id, result.model_id = new_run_id(), adapter.info.id
+                result.run_id, result.model_id = run_id or new_run_id(), adapter.info.id
                 add_timing("model", result.elapsed_s, ctx)
                 n = len(encoded.tokens)
                 observe_run(adapter, n, n, len(interventions), result.elapsed_s, since)  # app/costs.py's throughput

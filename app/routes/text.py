@@ -103,28 +103,41 @@ def _row_fields(attention: dict | None, encoding: str) -> object:
 
 def _keep_runs(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], ids: dict[str, list[int]],
                interventions) -> dict:
-    """Each side's finished sequence (prompt + its continuation) as a kept run, through the runtime's own run path
-    (the result cache's rules, like any attention request): `run_id` with the interventions, `base_run_id` without."""
-    names = {}
-    for prefix, side_interventions in (("", interventions), ("base_", ())):
-        check_cancelled()
-        result = runtime.run(adapter, adapter.encode_ids(prompt + ids[prefix]), side_interventions, False)
-        names[f"{prefix}run_id"] = result.run_id
+    """Each side's finished sequence (prompt + its continuation) named as a kept run, `run_id` with the interventions
+    and `base_run_id` without (one run when there are none: the same sequence), without running it now: the decode
+    has just done the model's work, and most continuations are never looked into. The run is made on first use of
+    its id by one forward of the finished sequence through the runtime's own run path (Runtime.promise_run), so its
+    windows are exactly those of an attention request on these ids."""
+    names = {"run_id": runtime.promise_run(adapter, adapter.encode_ids(prompt + ids[""]), interventions)}
+    names["base_run_id"] = (names["run_id"] if not interventions
+                            else runtime.promise_run(adapter, adapter.encode_ids(prompt + ids["base_"]), ()))
     return names
+
+
+def _side_fields(prefix: str, new, rows: RowRequest | None, encoding: str) -> dict:
+    """One side's fields of a step event: once a side has ended, `ended` true and its other fields null."""
+    ended = new is None
+    fields = {f"{prefix}token": None if ended else new.token, f"{prefix}id": None if ended else new.id,
+              f"{prefix}prob": None if ended else new.prob, f"{prefix}ended": ended}
+    if rows is not None:
+        fields[f"{prefix}attention"] = None if ended else _row_fields(new.attention, encoding)
+    return fields
 
 
 def _continue(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], interventions, max_new_tokens: int,
               stream: JobStream, rows: RowRequest | None = None, encoding: str = "json") -> dict:
     """Both continuations step by step; each step takes the model lock on its own (interactive: before waiting jobs),
-    so other requests interleave. With `rows`, each step event carries the asked attention rows of both sides."""
-    sides = {"": adapter.continuation(prompt, interventions, max_new_tokens, rows=rows),
-             "base_": adapter.continuation(prompt, (), max_new_tokens, rows=rows)}
-    ids: dict[str, list[int]] = {"": [], "base_": []}
+    so other requests interleave. With `rows`, each step event carries the asked attention rows of both sides.
+    Without interventions both sides are the same sequence: it is decoded once and sent as both."""
+    sides = {"": adapter.continuation(prompt, interventions, max_new_tokens, rows=rows)}
+    if interventions:
+        sides["base_"] = adapter.continuation(prompt, (), max_new_tokens, rows=rows)
+    ids: dict[str, list[int]] = {prefix: [] for prefix in sides}
     budget_s = runtime.settings.generate_timeout_s
     deadline = time.monotonic() + budget_s  # the whole stream's budget
     for step in range(max_new_tokens):
         event: dict = {"step": step}
-        for prefix in ("", "base_"):  # one shape every step: a side that has ended says so, its fields null
+        for prefix in ids:  # one shape every step: a side that has ended says so, its fields null
             new = None
             if prefix in sides:
                 check_cancelled()  # before each side's forward: a client that left costs at most one more
@@ -141,14 +154,13 @@ def _continue(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], int
                     del sides[prefix]
                 else:
                     ids[prefix].append(new.id)
-            ended = new is None
-            event.update({f"{prefix}token": None if ended else new.token, f"{prefix}id": None if ended else new.id,
-                          f"{prefix}prob": None if ended else new.prob, f"{prefix}ended": ended})
-            if rows is not None:
-                event[f"{prefix}attention"] = None if ended else _row_fields(new.attention, encoding)
+            event.update(_side_fields(prefix, new, rows, encoding))
+        if not interventions:  # the base side is the same sequence: the same fields (the rows encoded once)
+            event.update({f"base_{name}": value for name, value in list(event.items()) if name != "step"})
         if not sides:
             break
         stream.emit(event)
+    ids.setdefault("base_", ids[""])
     return {"text": adapter.decode(ids[""]), "base_text": adapter.decode(ids["base_"]), "prompt_tokens": len(prompt),
             "prompt_ids": prompt,
             **_keep_runs(runtime, adapter, prompt, ids, interventions)}

@@ -557,3 +557,35 @@ def test_a_put_waiting_for_a_place_in_the_queue_does_not_wait_for_requests(llama
     finally:
         API_POSTS.left()
     store.close()
+
+
+def test_a_promised_run_is_made_once_on_first_use_and_old_promises_expire(tmp_path, llama, monkeypatch):
+    """ResultCache.promise (a continuation's kept runs): nothing is made until the id is asked for; concurrent first
+    uses make it once; it is then kept under its key; past PROMISES the oldest promise's id says expired."""
+    store = _store(tmp_path, ram=2**30)
+    made = []
+    started = threading.Event()
+
+    def make():
+        made.append(1)
+        started.wait(5)  # the second caller arrives while the first is making it
+        result = _run(llama, "r.promised", long=False)
+        store.put(("k",), result)
+        return result
+
+    store.promise("r.promised", ("k",), make)
+    assert not made and store.why_missing("r.promised") == "unknown"
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(store.by_run_id("r.promised"))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    started.set()
+    for thread in threads:
+        thread.join(10)
+    assert len(made) == 1 and len(answers) == 2 and all(a is not None and a.run_id == "r.promised" for a in answers)
+    assert store.by_run_id("r.promised") is answers[0] and len(made) == 1
+    monkeypatch.setattr(runstore, "PROMISES", 2)
+    for i in range(3):
+        store.promise(f"r.p{i}", (f"p{i}",), make)
+    assert store.why_missing("r.p0") == "expired" and store.by_run_id("r.p0") is None and len(made) == 1
+    store.close()

@@ -157,6 +157,9 @@ async function load({ thumbnails = true, settle = 0, resumed = null } = {}) {
   try {
     const partial = settle > 0 && !state.long; // a long input's run is seconds: no partial runs while a slider moves
     const body = resumed ?? request({ thumbnails, partial });
+    // the link says what is asked from the moment it is sent: a reload (or a second tab on the link) while a job
+    // runs finds its interventions in the URL, not only its effect (the URL was written only once a view was drawn)
+    if (!resumed && !partial) lab.writeUrl();
     const r = await fetchAttention(body, { progress: !partial && mayBeLong(body.text) });
     if (seq !== loadSeq) return; // a newer load started meanwhile
     refreshProbed();
@@ -862,8 +865,8 @@ function restoreFromUrl(models) {
 
 // A first view this tab left running before a page reload (views/jobs.js keeps its request and last event id in
 // sessionStorage): its model, text and head back in the controls, and its request to send as it was (postJob then
-// re-attaches to the job instead of sending it again; a job the server no longer knows is sent again). Interventions
-// are not put back in the lab's list: the view shows the job's answer as it was asked.
+// re-attaches to the job instead of sending it again; a job the server no longer knows is sent again). Its
+// interventions come back from the URL, written when the job was sent (load): the lab lists what the answer shows.
 function resumeJob(models) {
   const body = savedJob("/api/text/attention")?.body;
   if (!body || typeof body.text !== "string" || !models.some((m) => m.id === body.model)) return null;
@@ -907,7 +910,7 @@ async function init() {
   setOptions($("model-select"), textModels.map((m) => [m.id, modelLabel(m)]));
   addNotReady($("model-select"), notReady); // being prepared while the server serves (`make run`)
   restoreFromUrl(textModels);
-  const resumed = resumeJob(textModels);
+  let resumed = resumeJob(textModels);
   $("model-select").value = state.model;
   const chooseModel = () => {
     state.info = textModels.find((m) => m.id === state.model) ?? textModels[0];
@@ -921,6 +924,9 @@ async function init() {
     lab.store.setModel(state.info); // views that follow the model (views/analysis.js) subscribe to the store
   };
   chooseModel();
+  // a saved job whose interventions the URL does not hold (the link was edited, or written by an older page) is not
+  // re-attached: the link's view is asked, so that the lab lists what the answer shows
+  if (resumed && lab.stale(resumed)) resumed = null;
   // A new input makes token indices meaningless.
   const resetInput = () => {
     lab.forgetTokens();

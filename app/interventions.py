@@ -69,10 +69,17 @@ class InterventionTable:
     patch_sources: bool = False  # patch_heads / patch_residual sources are checked against kept runs
 
 
-def plain_table(info: Any, n_tokens: int) -> InterventionTable:
-    """Encoders, decoder LMs and ViTs: one kind, keys and query rows are the input's tokens."""
+NO_POSITIONS = "positions is not offered for this model: no position embeddings or rotary module was found"
+# encoder–decoders and speech: their positions (learned, sinusoidal or relative) are not hooked (models/positions.py)
+SEQ2SEQ_POSITIONS = "positions is offered for encoders, decoder LMs and ViTs, not for encoder–decoder or speech models"
+
+
+def plain_table(info: Any, n_tokens: int, positions_kind: str | None = "absolute") -> InterventionTable:
+    """Encoders, decoder LMs and ViTs: one kind, keys and query rows are the input's tokens. `positions_kind`: where
+    the model's positions op acts (None: refused)."""
+    refused = {} if positions_kind else {"positions": NO_POSITIONS}
     return InterventionTable(info.id, {None: KindBounds(info.layers, info.heads, n_tokens, n_tokens)},
-                             patch_sources=True)
+                             patch_sources=True, refused_ops=refused)
 
 
 def seq2seq_table(info: Any, n_source: int, n_target: int) -> InterventionTable:
@@ -84,7 +91,8 @@ def seq2seq_table(info: Any, n_source: int, n_target: int) -> InterventionTable:
         "decoder": KindBounds(info.decoder_layers, info.decoder_heads, n_target, n_target, key, query),
         "cross": KindBounds(info.decoder_layers, info.decoder_heads, n_source, n_target, key, query),
     }
-    return InterventionTable(info.id, {kind: bounds[kind] for kind in KINDS}, name_the_kinds=True)
+    return InterventionTable(info.id, {kind: bounds[kind] for kind in KINDS}, name_the_kinds=True,
+                             refused_ops={"positions": SEQ2SEQ_POSITIONS})
 
 
 def whisper_table(info: Any, n_target: int) -> InterventionTable:
@@ -102,7 +110,7 @@ def whisper_table(info: Any, n_target: int) -> InterventionTable:
         info.id, {kind: bounds[kind] for kind in KINDS},
         tokens_need_kind="{op} with tokens needs a kind: token numbers are encoder positions (20 ms each) for 'cross' "
                          "and 'encoder', decoder tokens for 'decoder'",
-        refused_ops={"patch_heads": "patch_heads is not offered for speech models"})
+        refused_ops={"patch_heads": "patch_heads is not offered for speech models", "positions": SEQ2SEQ_POSITIONS})
 
 
 def check_interventions(items: list, table: InterventionTable) -> list[tuple[Intervention, str | None]]:
@@ -113,6 +121,10 @@ def check_interventions(items: list, table: InterventionTable) -> list[tuple[Int
         where = ("interventions", i)
         if item.op in table.refused_ops:
             raise field_error((*where, "op"), table.refused_ops[item.op])
+        if item.op == "positions" and (item.layers is not None or item.heads is not None):
+            name = "layers" if item.layers is not None else "heads"
+            raise field_error((*where, name), "positions acts on the input embeddings, before any layer: "
+                              "layers and heads must be null")
         if item.kind is not None and item.kind not in table.kinds:
             raise field_error((*where, "kind"), f"model {table.model} has one kind of attention; kind must be null")
         tokens = getattr(item, "tokens", None)
@@ -138,7 +150,8 @@ def check_interventions(items: list, table: InterventionTable) -> list[tuple[Int
 
 def engine_interventions(req: Any, adapter: Any, n_tokens: int) -> tuple[Intervention, ...]:
     """A plain model's interventions, checked against the model and the input."""
-    return tuple(iv for iv, _ in check_interventions(req.interventions, plain_table(adapter.info, n_tokens)))
+    table = plain_table(adapter.info, n_tokens, getattr(adapter, "positions_kind", None))
+    return tuple(iv for iv, _ in check_interventions(req.interventions, table))
 
 
 def seq2seq_interventions(req: Any, adapter: Any, n_source: int, n_target: int) -> tuple:

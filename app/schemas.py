@@ -97,8 +97,19 @@ class PerturbQueries(_Perturb):
     op: Literal["perturb_queries"]
 
 
+class Positions(_Scoped):
+    """The model's position information switched off ("off": absolute position embeddings zeroed, RoPE at one
+    position) or permuted among the tokens with `seed` ("shuffle"); acts on the input embeddings, so `layers` and
+    `heads` must be null (see /guide)."""
+
+    op: Literal["positions"]
+    mode: Literal["off", "shuffle"] = Field("off", description="'off': no positions; 'shuffle': seeded permutation")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="seeds the shuffle's permutation")
+
+
 InterventionIn = Annotated[
-    Union[Temperature, MaskKeys, Causal, AblateHeads, PerturbKeys, PerturbQueries, PatchHeads, PatchResidual],
+    Union[Temperature, MaskKeys, Causal, AblateHeads, PerturbKeys, PerturbQueries, PatchHeads, PatchResidual,
+          Positions],
     Field(discriminator="op")
 ]
 Interventions = Annotated[list[InterventionIn], Field(description="applied in order; at most the server's "

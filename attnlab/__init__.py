@@ -12,14 +12,14 @@ package's `app` (`attnlab serve`).
 from attnlab.client import Lab
 from attnlab.errors import LabError
 from attnlab.interventions import (AblateHeads, Causal, Intervention, MaskKeys, PatchHeads, PatchResidual,
-                                   PerturbKeys, PerturbQueries, Temperature)
+                                   PerturbKeys, PerturbQueries, Positions, Temperature)
 from attnlab.results import (AttentionResult, AudioAttentionResult, Clip, Continuation, FaithfulnessResult,
                              LensResult, PatchingResult, Picture, Result, Window)
 
 __all__ = [
     "Lab", "LabError",
     "Intervention", "Temperature", "MaskKeys", "Causal", "AblateHeads", "PerturbKeys", "PerturbQueries",
-    "PatchHeads", "PatchResidual",
+    "PatchHeads", "PatchResidual", "Positions",
     "Result", "AttentionResult", "Window", "Continuation", "PatchingResult", "LensResult", "FaithfulnessResult",
     "AudioAttentionResult", "Clip", "Picture",
 ]

@@ -124,8 +124,19 @@ class PatchResidual(Intervention):
     op: ClassVar[str] = "patch_residual"
 
 
+@dataclass(frozen=True)
+class Positions(Intervention):
+    """The model's positions switched off ("off": absolute position embeddings zeroed, rotary embeddings at position
+    0) or permuted among the tokens by `seed` ("shuffle"); encoders, decoder LMs and ViTs (science.md "Positions
+    off"). Acts on the input embeddings: it has no layers or heads."""
+
+    mode: str = "off"
+    seed: int = 0
+    op: ClassVar[str] = "positions"
+
+
 OPS: dict[str, type[Intervention]] = {cls.op: cls for cls in (
-    Temperature, MaskKeys, Causal, AblateHeads, PerturbKeys, PerturbQueries, PatchHeads, PatchResidual)}
+    Temperature, MaskKeys, Causal, AblateHeads, PerturbKeys, PerturbQueries, PatchHeads, PatchResidual, Positions)}
 
 
 def to_items(interventions: Sequence[Intervention | dict] | None) -> list[dict[str, Any]]:

@@ -14,8 +14,9 @@ import torch
 from models.recording import WITH_SCORES, AttentionRecorder
 
 OPS = ("temperature", "mask_keys", "causal", "ablate_heads", "perturb_keys", "perturb_queries", "patch_heads",
-       "patch_residual")
+       "patch_residual", "positions")
 ABLATION_MODES = ("zero", "mean")
+POSITION_MODES = ("off", "shuffle")  # positions: models/positions.py acts on the embeddings, not here
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,8 @@ class Intervention:
     tokens: tuple[int, ...] | None = None  # mask_keys (required), perturb_*, patch_residual (None = all tokens)
     noise_std: float = 0.0  # perturb_*: σ of ε ~ N(0, σ² I_d)
     scale: float = 1.0  # perturb_*: α in k̂ = α k + ε
-    seed: int = 0  # perturb_*: seeds the generator of ε
-    mode: str = "zero"  # ablate_heads: "zero" (here) or "mean" (models/head_ops.py)
+    seed: int = 0  # perturb_*: seeds the generator of ε; positions: seeds the shuffle's permutation
+    mode: str = "zero"  # ablate_heads: "zero" (here) or "mean" (models/head_ops.py); positions: "off" | "shuffle"
     # patch_heads / patch_residual: the kept run whose head outputs / residual stream replace these (models/head_ops.py)
     source: str | None = None
 
@@ -43,10 +44,14 @@ class Intervention:
             raise ValueError("mask_keys needs a list of tokens")
         if self.op == "ablate_heads" and self.mode not in ABLATION_MODES:
             raise ValueError(f"ablate_heads mode must be one of {ABLATION_MODES}, got {self.mode!r}")
+        if self.op == "positions" and (self.mode not in POSITION_MODES or self.layers is not None or self.heads is not None):
+            raise ValueError(f"positions needs a mode in {POSITION_MODES} and no layers or heads, got {self.mode!r}")
         if self.op in ("patch_heads", "patch_residual") and not self.source:
             raise ValueError(f"{self.op} needs a source run id")
 
     def applies_to_layer(self, layer: int) -> bool:
+        if self.op == "positions":  # acts on the embeddings before any layer (models/positions.py)
+            return False
         return self.layers is None or layer in self.layers
 
     def head_list(self, n_heads: int) -> list[int]:

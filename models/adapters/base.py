@@ -18,6 +18,7 @@ from models.atlas import Atlas, AtlasConfig, AtlasRecorder
 from models.cpu_linear import route_linear
 from models.hooks import RunScope, UnsupportedAttention, run_scope
 from models.interventions import Intervention
+from models.positions import attach as attach_positions
 from models.probe import ProbeReport, probe
 
 
@@ -427,6 +428,8 @@ class AttentionAdapter:
     dtype: torch.dtype = torch.float32  # of the weights and floating inputs; attention logits stay float32
     deferred_entropy: bool = False  # RunScope.deferred_entropy: True on CUDA
     cpu_linear: str | None = None  # on the CPU, what runs its Linear layers: "onednn" or "blas" (models/cpu_linear.py)
+    # where the `positions` op acts (models/positions.py): "absolute" | "patch" | "rotary"; None: the op is refused
+    positions_kind: str | None = None
     layer_of: dict[int, int]
     # Inputs over this many tokens run blockwise and keep an atlas instead of P (the runtime sets it from settings)
     full_map_tokens: int = 512
@@ -473,6 +476,7 @@ class AttentionAdapter:
             report.parity = max(report.parity, long_report.parity)
             report.long_tokens = int(next(iter(long.values())).shape[-1])
         self.layer_of = {id(m): i for i, m in enumerate(report.modules)}
+        self.positions_kind = attach_positions(self.model)  # after the probe: it ran without them
         if target != torch.float32:
             report.dtype_parity = self._cast_to(target, inputs, output_of, dtype)
         return report

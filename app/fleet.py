@@ -217,6 +217,14 @@ def _gone(owned: Owned, why: str) -> tuple[int, bytes]:
     return 404, json.dumps({"detail": detail}).encode()
 
 
+def _forwarded_for(scope) -> bytes:
+    """X-Forwarded-For as a proxy passes it on: what it came with, then the peer this replica was reached from (the
+    owner reads the source address from it when this replica is one of its trusted_proxies)."""
+    came = b", ".join(v for k, v in scope.get("headers", []) if k.lower() == b"x-forwarded-for")
+    peer = (scope.get("client") or ("?", 0))[0].encode()
+    return came + b", " + peer if came else peer
+
+
 async def _send_plain(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -332,8 +340,9 @@ class FleetRouter:
         if body is None and scope["method"] == "POST":
             body = b"".join([(await receive()).get("body", b"")])
         body = body or b""
-        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in HOP_BY_HOP]
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in HOP_BY_HOP | {b"x-forwarded-for"}]
         headers.append((FORWARDED_HEADER, replica_name().encode()))
+        headers.append((b"x-forwarded-for", _forwarded_for(scope)))  # the source address (app/sources.py)
         target = url.rstrip("/") + scope["path"] + (("?" + scope["query_string"].decode()) if scope["query_string"] else "")
         client = self._http()
         try:

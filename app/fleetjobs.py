@@ -6,8 +6,9 @@ the whole fleet, whichever replica each job landed on:
 
 - `attnlab:jobs:<client>` (a sorted set): the client's unfinished jobs by arrival (Redis's own clock, in µs), and
   `attnlab:jobs-alive:<client>` (a hash): each one's expiry and the seconds its replica says are left of it. A job is
-  registered at its arrival (one over the cap: 503 + Retry-After), kept alive every third of `job_lease_ttl_s`, and
-  removed at its end; one whose replica died drops out when its expiry passes.
+  registered at its arrival (one over the cap: 429 + Retry-After), kept alive every third of `job_lease_ttl_s`, and
+  removed at its end; one whose replica died drops out when its expiry passes. The same two keys for
+  `s:<address>` (`attnlab:jobs:s:<address>`) count the jobs of one source address for max_queued_jobs_per_address.
 - `attnlab:job-lease:<client>` (a string, `SET NX` with a TTL of `job_lease_ttl_s`): the job id of the client's one
   running job. A job takes it when no earlier job of its client is alive and nobody holds it; it is renewed with the
   job's other keys and deleted at the job's end. A dead replica's lease expires within `job_lease_ttl_s`.
@@ -129,6 +130,7 @@ class FleetJobTurns:
         self._release = self.client.register_script(_RELEASE)
         self.left_of = left_of or (lambda _job_id: 0.0)
         self._held: dict[str, str] = {}  # job id → client: this process's registered jobs
+        self._sources: dict[str, str] = {}  # job id → "s:<address>": the address lists they are on
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -151,6 +153,22 @@ class FleetJobTurns:
             self._held[job_id] = client
         self._start()
         return int(count)
+
+    def register_source(self, job_id: str, source: str, cap: int) -> bool:
+        """Put the job on its source address's fleet-wide list too (`attnlab:jobs:s:<address>`, kept and released
+        with the job; no lease: the address only counts): False when the address already has `cap` jobs alive (the
+        caller refuses the job and releases it). Redis unreachable: True (one-process rules)."""
+        owner = "s:" + source
+        try:
+            placed, _count = self._register(keys=self.keys(owner), args=[job_id, cap, self.ttl_ms, 0])
+        except self.errors as exc:
+            log.warning("fleet jobs: Redis did not answer registering job %s's address (%s): one-process rules",
+                        job_id, exc)
+            return True
+        if placed:
+            with self._lock:
+                self._sources[job_id] = owner
+        return bool(placed)
 
     def holds(self, job_id: str) -> bool:
         """Whether the job is on its client's fleet-wide list (registered, not released; False when Redis failed)."""
@@ -178,19 +196,20 @@ class FleetJobTurns:
     def release(self, job_id: str) -> None:
         """The job ended: off its client's list, and its lease (when it held it) free for the next."""
         with self._lock:
-            client = self._held.pop(job_id, None)
-        if client is None:
-            return
-        try:
-            self._release(keys=self.keys(client), args=[job_id])
-        except self.errors as exc:
-            log.warning("fleet jobs: Redis did not answer releasing job %s (%s); it expires in %g s", job_id, exc,
-                        self.ttl_ms / 1000)
+            owners = [self._held.pop(job_id, None), self._sources.pop(job_id, None)]
+        for owner in owners:
+            if owner is None:
+                continue
+            try:
+                self._release(keys=self.keys(owner), args=[job_id])
+            except self.errors as exc:
+                log.warning("fleet jobs: Redis did not answer releasing job %s (%s); it expires in %g s", job_id, exc,
+                            self.ttl_ms / 1000)
 
     def renew_all(self) -> None:
         """Keep this process's jobs (and the lease one of them holds) alive for another job_lease_ttl_s."""
         with self._lock:
-            held = list(self._held.items())
+            held = list(self._held.items()) + list(self._sources.items())
         for job_id, client in held:
             try:
                 self._renew(keys=self.keys(client), args=[job_id, self.ttl_ms, round(self.left_of(job_id), 1)])
@@ -206,6 +225,6 @@ class FleetJobTurns:
         """Stop keeping jobs alive and release those still held (a replica's plain stop)."""
         self._stop.set()
         with self._lock:
-            held = list(self._held)
+            held = set(self._held) | set(self._sources)
         for job_id in held:
             self.release(job_id)

@@ -1,7 +1,8 @@
 """Jobs: long work a client starts, admitted with an ETA and carried to its end (docs/api.md "Jobs").
 
 A request sent with `Accept: text/event-stream` is a job (app/streams.py runs it). It is on the board from its arrival
-(`register`; at most `max_queued_jobs_per_client` per client, else 503 + Retry-After). Its cost check (app/costs.py)
+(`register`; at most `max_queued_jobs_per_client` per client and `max_queued_jobs_per_address` per source address,
+else 429 + Retry-After; at most `max_queued_jobs` on the replica, else 503). Its cost check (app/costs.py)
 accepts it: the job then says `{"accepted": true, "eta_s", "queue_position", "runs", "total"}` before any layer runs,
 and waits until this client's earlier jobs have finished (one running job per client; across replicas sharing Redis
 by its client's lease there: app/fleetjobs.py, and the cap counts the client's jobs on every replica). Its time limit is
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.errors import Overloaded
+from app.errors import ClientLimit, Overloaded
 from app.fleetjobs import POLL_S as FLEET_POLL_S
 from app.fleetjobs import Ahead
 from app.lifecycle import RequestCancelled, client_scope, request_cancel
@@ -51,6 +52,7 @@ class Job:
     done: int = 0  # progress so far, of `total` (or of the work's own step count)
     of: int = 0
     job_id: str = ""  # its id on the wire (app/streams.py); names it on the fleet's list of its client's jobs
+    source: str = ""  # its source address (app/sources.py), for max_queued_jobs_per_address
 
     def remaining_s(self, now: float) -> float:
         """Seconds left: from the job's own measured rate once it has made progress (docs/api.md "Jobs": the ETA
@@ -77,7 +79,8 @@ class Job:
 
 class JobBoard:
     """The unfinished jobs of this process, from their arrival (`register`) to their end (`finish`), in arrival
-    order. At most `max_queued_jobs_per_client` per client (app/streams.py passes the setting)."""
+    order. At most `max_queued_jobs_per_client` per client, `max_queued_jobs_per_address` per source address and
+    `max_queued_jobs` in all (app/streams.py passes the settings)."""
 
     def __init__(self) -> None:
         self._jobs: list[Job] = []
@@ -89,27 +92,52 @@ class JobBoard:
         with self._cond:
             return len(self._jobs)
 
-    def register(self, job: Job, max_per_client: int | None = None) -> None:
-        """A job arrives: on the board at once (its place in the queue counts from now), or 503 + Retry-After when
-        its client already has `max_per_client` jobs queued or running."""
+    def register(self, job: Job, max_per_client: int | None = None, max_per_source: int | None = None,
+                 max_total: int | None = None) -> None:
+        """A job arrives: on the board at once (its place in the queue counts from now), or refused at once: 429 +
+        Retry-After (ClientLimit) when its client already has `max_per_client` jobs queued or running, or its source
+        address `max_per_source` (in a fleet sharing Redis: on every replica together); 503 + Retry-After when this
+        replica has `max_total` (nginx then tries another)."""
         now = time.monotonic()
         with self._cond:
-            own = [other for other in self._jobs if other.client == job.client and not other.finished]
+            live = [other for other in self._jobs if not other.finished]
+            own = [other for other in live if other.client == job.client]
             if max_per_client is not None and len(own) >= max_per_client:
-                soonest = min((other.remaining_s(now) for other in own), default=1.0)
-                raise Overloaded(
-                    f"server busy: this client already has {len(own)} jobs queued or running "
+                raise ClientLimit(
+                    f"too many jobs: this client already has {len(own)} jobs queued or running "
                     f"(max_queued_jobs_per_client={max_per_client}); send this one when one of them has ended",
-                    retry_after=max(1, min(60, round(soonest))))
-            self._jobs.append(job)
-        fleet = self.fleet
-        if fleet is not None and job.job_id and max_per_client is not None:
-            if fleet.register(job.job_id, job.client, max_per_client, 0.0) is None:
-                self.finish(job)
+                    retry_after=_soonest(own, now))
+            same = [other for other in live if job.source and other.source == job.source]
+            if max_per_source is not None and len(same) >= max_per_source:
+                raise ClientLimit(
+                    f"too many jobs: the clients of this address ({job.source}) already have {len(same)} jobs queued "
+                    f"or running (max_queued_jobs_per_address={max_per_source}); send this one when one of them has "
+                    "ended", retry_after=_soonest(same, now))
+            if max_total is not None and len(live) >= max_total:
                 raise Overloaded(
-                    f"server busy: this client already has {max_per_client} jobs queued or running on the replicas "
-                    f"of this fleet (max_queued_jobs_per_client={max_per_client}); send this one when one of them "
-                    "has ended", retry_after=FLEET_RETRY_S)
+                    f"server busy: {len(live)} jobs queued or running on this replica (max_queued_jobs={max_total}); "
+                    "send it again later", retry_after=_soonest(live, now))
+            self._jobs.append(job)
+        self._register_in_fleet(job, max_per_client, max_per_source)
+
+    def _register_in_fleet(self, job: Job, max_per_client: int | None, max_per_source: int | None) -> None:
+        """In a fleet sharing Redis, the client's and the address's caps over every replica (app/fleetjobs.py)."""
+        fleet = self.fleet
+        if fleet is None or not job.job_id or max_per_client is None:
+            return
+        if fleet.register(job.job_id, job.client, max_per_client, 0.0) is None:
+            self.finish(job)
+            raise ClientLimit(
+                f"too many jobs: this client already has {max_per_client} jobs queued or running on the replicas "
+                f"of this fleet (max_queued_jobs_per_client={max_per_client}); send this one when one of them "
+                "has ended", retry_after=FLEET_RETRY_S)
+        if max_per_source is not None and job.source and not fleet.register_source(job.job_id, job.source,
+                                                                                     max_per_source):
+            self.finish(job)
+            raise ClientLimit(
+                f"too many jobs: the clients of this address ({job.source}) already have {max_per_source} jobs "
+                f"queued or running on the replicas of this fleet (max_queued_jobs_per_address={max_per_source}); "
+                "send this one when one of them has ended", retry_after=FLEET_RETRY_S)
 
     def ahead_of(self, job: Job) -> list[Job]:
         """The jobs that run before `job` (under the board's lock): its client's earlier jobs, and of every other
@@ -193,7 +221,7 @@ class JobBoard:
             if cancel is not None and cancel.is_set():
                 raise RequestCancelled(cancel.reason)
             if time.monotonic() > job.deadline:
-                raise Overloaded("the job waited past job_timeout_s for this client's earlier job", retry_after=5)
+                raise ClientLimit("the job waited past job_timeout_s for this client's earlier job", retry_after=5)
 
         fleet = self.fleet
         if fleet is not None and fleet.holds(job.job_id):  # the fleet's order (by arrival in Redis) includes this
@@ -241,6 +269,11 @@ class JobBoard:
 
 
 JOBS = JobBoard()
+
+
+def _soonest(jobs: list[Job], now: float) -> int:
+    """Retry-After for a cap over `jobs`: when the first of them should end, 1 to 60 s."""
+    return max(1, min(60, round(min((other.remaining_s(now) for other in jobs), default=1.0))))
 
 
 def client_of(headers: list[tuple[bytes, bytes]], peer: tuple[str, int] | None) -> str:

@@ -27,6 +27,7 @@ from app.routes import analysis
 from app.routes import audio
 from app.routes import runs
 from app.routes import why
+from app.routes import scale
 from app.routes import heads
 from app.routes import export as export_routes
 from app.routes import export_media
@@ -283,7 +284,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Overloaded)
     async def overloaded(request: Request, exc: Overloaded):
-        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(exc.retry_after)})
+        # 503: the replica is busy or not ready; 429 (ClientLimit): a cap about the client, the same on every replica
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers={"Retry-After": str(exc.retry_after)})
 
     @app.exception_handler(RequestCancelled)
     async def cancelled(request: Request, exc: RequestCancelled):  # the client left or the server stops
@@ -326,6 +328,7 @@ def _add_routes(app: FastAPI) -> None:
     app.include_router(audio.router)
     app.include_router(runs.router)
     app.include_router(why.router)
+    app.include_router(scale.router)  # POST /api/text/score_stats
     app.include_router(heads.router)
     app.include_router(export_routes.router)  # POST /api/text/export.html (attnlab/export.py)
     app.include_router(export_media.router)  # POST /api/image/export.html, /api/audio/export.html
@@ -349,7 +352,9 @@ GUARD_RESPONSES = {
     "408": "the body did not arrive within body_timeout_s (upload_timeout_s for uploads)",
     "413": "the body is over max_json_bytes (max_upload_bytes for uploads), or the work/response is over a cap",
     "415": "the body is not application/json (multipart/form-data for uploads)",
-    "503": "server busy (queue_depth, request_timeout_s) or shutting down; see Retry-After",
+    "429": "a cap about the client: its jobs (max_queued_jobs_per_client) or its address's (max_queued_jobs_per_address)"
+           " queued or running; see Retry-After",
+    "503": "server busy (queue_depth, max_queued_jobs, request_timeout_s) or shutting down; see Retry-After",
 }
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.costs import cache_budgets  # arithmetic only: costs imports nothing of app/
+from app.sources import trusted_networks  # ipaddress only
 
 
 class Settings(BaseSettings):
@@ -155,9 +156,20 @@ class Settings(BaseSettings):
     # A job (a request sent with Accept: text/event-stream: it streams progress and is told its ETA first, docs/api.md
     # "Jobs") is bounded by this instead of request_timeout_s, and refused with 413 only when its estimate exceeds it.
     job_timeout_s: float = Field(900.0, gt=0)
-    # Jobs one client may have queued or running at once (app/jobs.py); one more is answered 503 + Retry-After at once,
+    # Jobs one client may have queued or running at once (app/jobs.py); one more is answered 429 + Retry-After at once,
     # so one client cannot fill the queue and lock the others out (turns go round the clients: app/scheduler.py).
     max_queued_jobs_per_client: int = Field(4, ge=1)
+    # The same for all the clients of one source address together (a client id is free to mint: a new header value
+    # is a new client): 429 + Retry-After past it. The address is the socket peer, or what a proxy listed in
+    # trusted_proxies forwarded (X-Forwarded-For). A classroom behind one NAT address needs a higher number.
+    max_queued_jobs_per_address: int = Field(16, ge=1)
+    # Jobs queued or running on this replica at once, from everyone: one more is 503 + Retry-After (the replica is
+    # full: nginx tries the next one), so the queue ahead of a newcomer stays bounded whoever sent it.
+    max_queued_jobs: int = Field(64, ge=1)
+    # Proxies (addresses or networks, e.g. ["127.0.0.1", "10.0.0.0/8"]) whose X-Forwarded-For is believed for a
+    # request's source address (max_queued_jobs_per_address): the rightmost address in it that is not a trusted proxy.
+    # Empty: the socket peer is the source, whatever the header says.
+    trusted_proxies: list[str] = Field(default_factory=list, max_length=256)
     # A job's stream sends something at least this often: an SSE comment (": keep-alive") while it waits or between
     # events, so proxies (nginx's proxy_read_timeout) and clients never see a silent stream. A job not accepted within
     # this starts its stream with them too (a refusal after that is the stream's error event, with its status).
@@ -171,6 +183,10 @@ class Settings(BaseSettings):
     # it ended. A client that re-attaches after more than this many events missed gets an `event: gap` first, then the
     # kept ones: progress is cumulative, and the done event carries the whole answer.
     job_event_buffer: int = Field(256, ge=8, le=100_000)
+    # ...and at most this many bytes of them while the job runs (a generate with every head's attention sends ~19 MB a
+    # step): past it the oldest are dropped first (a re-attach then gets `event: gap` naming what it missed). Counted
+    # in memory_budget_bytes as the job's own (app/memory.py); the last event is always kept.
+    job_event_buffer_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
     # The ended jobs' kept events (their done events carry whole answers) take at most this many bytes together: past
     # it the events of the jobs that ended first are dropped before result_pin_s, and re-attaching to them is a 404
     # ("expired"). 0: an ended job keeps nothing (a re-attach after the end sends the job again).
@@ -250,6 +266,12 @@ class Settings(BaseSettings):
     # what others asked); "client": cache entries are scoped to the client (cookie attnlab_client, or the header
     # X-Attnlab-Client), so no client can time another's inputs. See docs/deploy.md.
     result_cache_scope: Literal["shared", "client"] = "shared"
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _trusted_proxies(cls, value: list[str]) -> list[str]:
+        trusted_networks(tuple(value))  # a bad entry fails at start, naming it
+        return value
 
     @model_validator(mode="after")
     def _size_caches(self) -> "Settings":

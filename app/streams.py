@@ -13,7 +13,7 @@ and streamed in one wire format, one `data: <json>` line per event after its `id
 - events the work emits itself (a continuation's tokens);
 - then `{"done": true, …the usual JSON response…}`, or `{"error": …, "retry_after"?, "status"?}`.
 
-Refusals before the job is accepted (422, 413, 503, …) keep their own status: the endpoint waits for the work's first
+Refusals before the job is accepted (422, 413, 429, 503, …) keep their own status: the endpoint waits for the work's first
 event before it starts the stream. Every event goes through the job's log (JobLog), which numbers and keeps them:
 `reattach` (GET /api/jobs/{job_id}/events) replays those after a Last-Event-ID and follows the live job on this same
 pump. A job whose streams have all dropped runs on for job_reattach_grace_s awaiting one, then stops at its next
@@ -46,6 +46,7 @@ from app.ids import new_run_id
 from app.lifecycle import LIFECYCLE, RequestCancelled, check_cancelled
 from app.memory import RequestMemory
 from app.runtime import Overloaded
+from app.sources import source_address
 
 log = logging.getLogger("attnlab")
 
@@ -416,7 +417,8 @@ def run_job(request: Request, work: Callable[[JobStream], dict[str, Any] | None]
             layer_progress: bool) -> Response:
     """Run `work(stream)` as a job and stream its events. The work's dict answer becomes the done event; a dict with
     an "error" key is sent as the last event as it is; None ends the stream with a bare done event. The job is on the
-    board from here (503 when its client has max_queued_jobs_per_client already); the stream sends ": keep-alive"
+    board from here (429 when its client has max_queued_jobs_per_client already, or its address
+    max_queued_jobs_per_address; 503 past max_queued_jobs); the stream sends ": keep-alive"
     every job_heartbeat_s while nothing else is sent. Its events are numbered and kept (JobLog) for a client that
     re-attaches (`reattach`); a job whose streams all dropped runs on for job_reattach_grace_s awaiting one."""
     settings = request.app.state.runtime.settings
@@ -425,10 +427,12 @@ def run_job(request: Request, work: Callable[[JobStream], dict[str, Any] | None]
                      settings.result_pin_s)
     _, events = job_log.subscribe()  # the stream of this request: the job's first listener
     cancel = JobCancel(current().cancel, job_log, events)
+    source = source_address(request.scope.get("headers", []), request.scope.get("client"), settings.trusted_proxies)
     job = Job(what=what, client=client, deadline=time.monotonic() + settings.job_timeout_s,
-              emit=job_log.put, layer_progress=layer_progress, job_id=job_log.job_id)
+              emit=job_log.put, layer_progress=layer_progress, job_id=job_log.job_id, source=source)
     stream = JobStream(job_log, cancel, job)
-    JOBS.register(job, settings.max_queued_jobs_per_client)
+    JOBS.register(job, settings.max_queued_jobs_per_client, settings.max_queued_jobs_per_address,
+                  settings.max_queued_jobs)
     JOB_LOGS.add(job_log, settings.job_events_max_bytes)
 
     def thread_main() -> None:
@@ -551,7 +555,8 @@ async def _relay(job_log: JobLog, events: EventPipe, ahead: list[Any], heartbeat
 def error_event(exc: BaseException, what: str) -> dict[str, Any]:
     """The stream has started (status 200 is sent): a failure is its last event."""
     if isinstance(exc, Overloaded):
-        return {"error": str(exc), "retry_after": exc.retry_after}
+        event = {"error": str(exc), "retry_after": exc.retry_after}
+        return {**event, "status": exc.status} if exc.status != 503 else event  # 429: a cap about the client
     detail = getattr(exc, "detail", None)
     if detail is not None:  # an HTTPException after the job was accepted (a later run refused)
         return {"error": detail if isinstance(detail, str) else str(detail), "status": getattr(exc, "status_code", None)}

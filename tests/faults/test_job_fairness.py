@@ -1,5 +1,5 @@
 """Issue 37 §6, issue 36 §3 on the real server (uvicorn, raw HTTP): a queued job's stream is never silent (an SSE
-comment every job_heartbeat_s), a client over max_queued_jobs_per_client is told so at once (503 naming the setting)
+comment every job_heartbeat_s), a client over max_queued_jobs_per_client is told so at once (429 naming the setting)
 while other clients go on, and another client's job runs before the busy client's second one (turns go round the
 clients). Before: a queued job sent nothing until its turn (nginx cut one at 120 s), a client's 36 queued jobs were all
 accepted and every other client got 503, and jobs ran in arrival order."""
@@ -65,7 +65,7 @@ def test_queued_jobs_are_never_silent_a_client_is_capped_and_turns_go_round(tiny
     third = httpx.post(server.base + "/api/text/attention", json=long_request(seed=3, samples=8), timeout=30,
                        headers={**STREAM, "X-Attnlab-Client": busy})
     refused_in = time.monotonic() - asked
-    assert third.status_code == 503 and "max_queued_jobs_per_client=2" in third.text, third.text
+    assert third.status_code == 429 and "max_queued_jobs_per_client=2" in third.text, third.text
     assert int(third.headers["Retry-After"]) >= 1 and refused_in < 5.0, refused_in
     newcomer = Recorder(server.base, other, long_request(seed=4, samples=2))
     accepted = newcomer.wait(lambda e: e.get("accepted"))

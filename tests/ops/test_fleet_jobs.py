@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from app.errors import Overloaded
+from app.errors import ClientLimit, Overloaded
 from app.fleet import Registry
 from app.fleetjobs import FleetJobTurns
 from app.jobs import Job, JobBoard
@@ -105,6 +105,33 @@ def test_over_the_cap_on_the_fleet_is_refused_and_a_dead_replicas_lease_expires(
     alive.finish(second)
     accepted = [event for name, event in events if name == "second" and event.get("accepted")]
     assert accepted and accepted[0]["queue_position"] == 1  # told of the job ahead of it on the other replica
+
+
+def test_minted_client_ids_from_one_address_share_its_cap_over_the_fleet(redis_settings):
+    """Issue 53 §6: jobs of many client ids from one address, on two replicas, count against the address's cap
+    together (429, naming max_queued_jobs_per_address); another address is still served; a job's end frees its place."""
+    boards = [_replica(redis_settings), _replica(redis_settings)]
+    accepted, refused = [], []
+    for i in range(10):
+        job = _job(f"minted{i}", [], client=f"c{i}")
+        job.source = "198.51.100.7"
+        try:
+            boards[i % 2].register(job, 4, 3)
+            accepted.append(job)
+        except ClientLimit as exc:
+            assert "max_queued_jobs_per_address=3" in str(exc) and exc.status == 429
+            refused.append(job)
+    assert len(accepted) == 3 and len(refused) == 7
+    other = _job("other", [], client="someone")
+    other.source = "203.0.113.9"
+    boards[1].register(other, 4, 3)
+    assert accepted[0].job_id == "minted0"
+    boards[0].finish(accepted[0])  # minted0 was registered on board 0 (i % 2)
+    again = _job("again", [], client="c-new")
+    again.source = "198.51.100.7"
+    boards[1].register(again, 4, 3)  # the ended job's place is free fleet-wide
+    for board in boards:
+        board.fleet.stop()
 
 
 def test_the_heartbeats_keep_a_replicas_entry_and_its_job_alive_past_their_ttl(redis_settings):

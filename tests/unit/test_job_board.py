@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from app.errors import Overloaded
+from app.errors import ClientLimit, Overloaded
 from app.jobs import Job, JobBoard
 from app.context import RequestContext
 from app.memory import MemoryBudget, RequestMemory
@@ -27,8 +27,39 @@ def test_a_client_over_its_cap_is_refused_at_once_naming_the_setting():
     with pytest.raises(Overloaded) as refused:
         board.register(_job("a"), max_per_client=2)
     assert "max_queued_jobs_per_client=2" in str(refused.value) and refused.value.retry_after >= 1
+    assert refused.value.status == 429  # about the client, not the replica: nginx must not take the replica out
     board.register(_job("b"), max_per_client=2)  # another client is not locked out
     assert len(board) == 3
+
+
+def test_forty_client_ids_from_one_address_get_that_addresss_cap():
+    """Issue 53 §6: a new X-Attnlab-Client value is a new client, free to mint; the address's cap holds them all."""
+    board = JobBoard()
+    outcomes = []
+    for i in range(40):
+        job = _job(f"minted-{i}")
+        job.source = "198.51.100.7"
+        try:
+            board.register(job, max_per_client=4, max_per_source=5)
+            outcomes.append("accepted")
+        except ClientLimit as exc:
+            assert "max_queued_jobs_per_address=5" in str(exc) and "198.51.100.7" in str(exc) and exc.retry_after >= 1
+            outcomes.append("refused")
+    assert outcomes.count("accepted") == 5 and outcomes[:5] == ["accepted"] * 5
+    other = _job("someone-else")
+    other.source = "203.0.113.9"
+    board.register(other, max_per_client=4, max_per_source=5)  # another address is still served
+    assert len(board) == 6
+
+
+def test_the_replicas_cap_on_all_jobs_is_a_503_not_a_client_limit():
+    board = JobBoard()
+    for i in range(3):
+        board.register(_job(f"c{i}"), max_per_client=4, max_total=3)
+    with pytest.raises(Overloaded) as refused:
+        board.register(_job("c9"), max_per_client=4, max_total=3)
+    assert not isinstance(refused.value, ClientLimit) and refused.value.status == 503
+    assert "max_queued_jobs=3" in str(refused.value)
 
 
 def test_a_job_whose_eta_is_over_what_is_left_of_its_time_is_refused():

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 from fastapi import APIRouter, Request, Response
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from app.attention import check_request_limits, check_response_numbers
 from app.interventions import engine_interventions
@@ -36,7 +36,7 @@ class QKAttributionRequest(_Strict):
     """One score of one head, split over query-side × key-side parts of the residual stream (see /guide)."""
 
     model: str = "smollm2-135m"
-    text: str = Field(min_length=1)
+    text: str | None = Field(None, min_length=1, description="the input; null when `ids` gives it")
     chat: bool = Field(False, description="the text as a user turn of the model's chat template (as the attention view)")
     layer: NonNegInt = Field(description="the layer of the head")
     head: NonNegInt = Field(description="the query head")
@@ -47,6 +47,12 @@ class QKAttributionRequest(_Strict):
                                         "prompt + generated ids, which text may not tokenize back to); null: `text`")
     expand: int = Field(3, ge=0, le=16, description="how many key-side head parts (largest |total| first) to split "
                         "by the source positions their head attended to from j")
+
+    @model_validator(mode="after")
+    def _an_input(self) -> "QKAttributionRequest":
+        if self.text is None and self.ids is None:
+            raise ValueError("text or ids: give the input as `text`, or as token `ids` instead")
+        return self
 
 
 def _prompt_ids(runtime, adapter: CausalLMAdapter, req: QKAttributionRequest):

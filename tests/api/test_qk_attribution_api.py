@@ -74,3 +74,19 @@ def test_post_norm_bert_is_422_naming_model_and_saying_why(why_client):
     assert response.status_code == 422, response.text
     detail = response.json()["detail"][0]
     assert detail["loc"] == ["body", "model"] and "post-norm" in detail["msg"]
+
+
+def test_ids_stand_in_for_text(why_client):
+    """`ids` instead of `text` (docs/api.md: a continuation's ids, which its text may not tokenize back to): no `text`
+    needed; the same split as the text those ids are. Neither one is a 422 naming both fields."""
+    where = {"model": "tiny-llama", "layer": 1, "head": 2, "query": 10, "key": 4}
+    by_text = why_client.post("/api/text/qk_attribution", json={**where, "text": TEXT})
+    assert by_text.status_code == 200, by_text.text
+    ids = why_client.app.state.runtime.adapter("tiny-llama").prompt_ids(TEXT)
+    by_ids = why_client.post("/api/text/qk_attribution", json={**where, "ids": ids})
+    assert by_ids.status_code == 200, by_ids.text
+    assert by_ids.json()["tokens"] == by_text.json()["tokens"]
+    assert by_ids.json()["score"] == pytest.approx(by_text.json()["score"], rel=1e-6)
+    neither = why_client.post("/api/text/qk_attribution", json=where)
+    assert neither.status_code == 422, neither.text
+    assert "text" in neither.text and "ids" in neither.text

@@ -141,3 +141,25 @@ def test_pruned_circuits_are_paths_from_input_to_logits():
         keep[r, s] = True
     pruned = C.prune(graph, keep)
     assert sorted(pruned.nonzero().tolist()) == sorted([list(e) for e in on_path])
+
+
+@pytest.mark.parametrize("edge", ["a0.h1->a1.h2<k>", "input->a1.h0<q>", "m0->a1.h3<v>", "a0.h2->m0"])
+def test_edge_why_agrees_with_the_exact_score_and_the_attention(tiny, edge):
+    from models.circuit_edge import edge_why
+    _, adapter, pair, _ = tiny
+    engine = C.engine_for(adapter)
+    why = edge_why(engine, pair, edge)
+    exact = C.exact_scores(engine, [pair], [engine.graph.parse_edge(edge)])
+    assert abs(why["score"] - float(exact[0])) <= 1e-5
+    if edge.endswith(("<q>", "<k>")):
+        before, after = torch.tensor(why["row_before"]), torch.tensor(why["row_after"])
+        assert abs(float(before.sum()) - 1) < 1e-4 and abs(float(after.sum()) - 1) < 1e-4
+        assert why["key"] == int((after - before).abs().argmax())
+        assert why["part"] == {"input": "embed", "m0": "L0.mlp"}.get(why["sender"], "L0.H1")
+        side = "key" if edge.endswith("<k>") else "query"
+        assert why["part_share"][side] is not None
+        assert abs(why["qk"]["sum"] - why["qk"]["score"]) <= 1e-4 * max(1.0, abs(why["qk"]["score"]))
+    elif edge.endswith("<v>"):
+        assert len(why["writes"]["before"]) == len(why["writes"]["after"]) == 10
+    else:
+        assert why["row_before"] is None and why["writes"] is None

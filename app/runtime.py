@@ -173,9 +173,12 @@ class Runtime:
                            f"log: {log_name}")
 
     def preparation_log(self, state: dict) -> str | None:
-        """A preparation's log as weights/.preparing/<id>.log: under the weights folder, no absolute server path."""
+        """A preparation's log by its absolute path on the server (weights/.preparing/<id>.log resolved): a path relative
+        to the weights folder's bare name (`w2/.preparing/…`) left the reader to guess the folder it starts from."""
         log_path = state.get("log")
-        return f"{Path(self.settings.weights_dir).name}/{preparing.STATE_DIR}/{Path(log_path).name}" if log_path else None
+        if not log_path:
+            return None
+        return str((Path(self.settings.weights_dir) / preparing.STATE_DIR / Path(log_path).name).resolve())
 
     def not_ready(self, kind: str | None = None) -> list[dict]:
         """The models of `kind` being prepared, or whose preparation failed (GET /api/models `not_ready`, the pages'

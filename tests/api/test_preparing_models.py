@@ -5,6 +5,7 @@ entry is filled with the tiny random-weight Gemma 3 of tests/tiny_models.py, wri
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 
@@ -80,7 +81,7 @@ def test_a_failed_background_preparation_is_listed_with_its_reason_and_log(tmp_p
         listing = client.get("/api/models").json()
         [entry] = [m for m in listing["not_ready"] if m["id"] == "qwen2.5-0.5b"]
         assert entry["state"] == "failed" and entry["error"]
-        assert entry["log"] == "weights/.preparing/qwen2.5-0.5b.log"
+        assert entry["log"] == str((weights / ".preparing" / "qwen2.5-0.5b.log").resolve())
         assert "attnlab prepare: " in (weights / ".preparing" / "qwen2.5-0.5b.log").read_text()
         response = client.post("/api/text/attention", json={"model": "qwen2.5-0.5b", "text": "a cat"})
         assert response.status_code == 422 and "preparation failed" in response.text
@@ -133,3 +134,23 @@ def test_stopping_the_server_s_preparations_leaves_no_process(tmp_path):
     assert not os.path.exists(f"/proc/{pid}")
     assert preparing.read(weights, "whisper-tiny-en")["state"] == "failed"
     assert not (weights / "whisper-tiny-en").exists()
+
+
+def test_the_503_and_not_ready_name_the_log_by_an_absolute_path(tmp_path, monkeypatch):
+    """A reader of the 503 or of `not_ready.log` finds the log from anywhere: its absolute path, not one relative to a
+    folder the reader was never told (the weights folder's bare name, `w2/.preparing/…`)."""
+    weights = tmp_path / "w2"
+    weights.mkdir()
+    log_file = preparing.log_file(weights, "gemma3-270m")
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log_file.write_text("attnlab prepare: gemma3-270m\n")
+    monkeypatch.setenv("ATTNLAB_PREPARE_LOG", str(log_file))
+    monkeypatch.chdir(tmp_path.parent)  # the server's working directory is not the weights folder's parent
+    with TestClient(create_app(Settings(default_models=[], weights_dir=str(weights)))) as client:
+        with preparing.preparing(weights, "gemma3-270m"):
+            response = client.post("/api/text/attention", json={"model": "gemma3-270m", "text": "a cat"})
+            assert response.status_code == 503, response.text
+            [entry] = [m for m in client.get("/api/models").json()["not_ready"] if m["id"] == "gemma3-270m"]
+    named = entry["log"]
+    assert named == str(log_file.resolve()) and Path(named).is_absolute() and Path(named).is_file(), named
+    assert f"log: {named}" in response.json()["detail"], response.text

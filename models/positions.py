@@ -22,7 +22,9 @@ forward with no `positions` op passes through unchanged. Token-type (segment) em
 """
 from __future__ import annotations
 
+import copy
 import inspect
+from typing import Any
 
 import torch
 from torch import nn
@@ -122,3 +124,30 @@ def attach(model: nn.Module) -> str | None:
                 table.register_forward_hook(_table_hook)
                 kinds.append("absolute")
     return kinds[0] if kinds and len(set(kinds)) == 1 else None
+
+
+def permuted_input(encoded: Any, order: list[int]) -> Any:
+    """The same encoded text with its tokens in `order` (new token i is old token order[i]): every (1, T) input
+    permuted along T, a cache key of its own."""
+    moved = copy.copy(encoded)
+    moved.key = (*encoded.key, "permuted", tuple(order))
+    moved.tokens = [encoded.tokens[i] for i in order]
+    moved.inputs = {k: v[:, order] if isinstance(v, torch.Tensor) and v.dim() == 2 else v for k, v in encoded.inputs.items()}
+    return moved
+
+
+def permutation_check(adapter: Any, encoded: Any, seed: int) -> dict[str, Any]:
+    """max |P(πx) − Π P(x) Πᵀ| over every layer and head of an encoder, with positions off and on: the tokens are
+    permuted by `seed`, the first and last ([CLS], [SEP]) kept in place. Four forwards. adapter: an encoder's
+    (models/adapters/bert.py); encoded: one text of at least 4 tokens."""
+    n_tokens = len(encoded.tokens)
+    order = [0, *(permutation(n_tokens - 2, seed) + 1).tolist(), n_tokens - 1]
+    moved = permuted_input(encoded, order)
+    index = torch.tensor(order)
+    errors = {}
+    for name, interventions in (("off", (Intervention("positions", mode="off"),)), ("on", ())):
+        maps = adapter.run(encoded, interventions).attention.double()  # (L, H, T, T)
+        maps_moved = adapter.run(moved, interventions).attention.double()
+        errors[name] = float((maps_moved - maps[:, :, index][:, :, :, index]).abs().max())
+    return {"order": order, "permuted_tokens": moved.tokens, "max_abs_positions_off": errors["off"],
+            "max_abs_positions_on": errors["on"]}

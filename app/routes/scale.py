@@ -1,4 +1,6 @@
-"""The scale's statistics: POST /api/text/score_stats, the raw q·k of one head over its allowed pairs, the Gaussian
+"""Positions and the scale, on the text page. POST /api/text/permutation_check: with positions off an encoder's maps
+of a permuted input are the permuted maps (models/positions.py, docs/science.md "Positions off"). The scale's
+statistics: POST /api/text/score_stats, the raw q·k of one head over its allowed pairs, the Gaussian
 theory fitted with the head's own q and k, the rows' entropy at scale 1 and 1/√d, and the attention's parameter and
 map counts (models/score_stats.py, docs/science.md "Why the scale is 1/√d").
 
@@ -22,6 +24,7 @@ from app.errors import field_error
 from app.lifecycle import ParsedJsonRoute, check_cancelled
 from app.schemas import NonNegInt, _Strict
 from app.streams import respond
+from models.positions import permutation_check
 from models.score_stats import DEFAULT_BINS, allowed_pairs, attention_counting, map_counting, score_stats
 
 router = APIRouter(prefix="/api/text", tags=["analysis"], route_class=ParsedJsonRoute)
@@ -91,3 +94,43 @@ def score_stats_route(req: ScoreStatsRequest, request: Request, runtime: Runtime
                 "maps": map_counting(n_tokens, info.layers, info.heads, int(allowed.sum()))}
 
     return respond(request, work, "POST /api/text/score_stats")
+
+
+class PermutationCheckRequest(_Strict):
+    """An encoder's maps of a permuted input against the permuted maps, with positions off and on (see /guide)."""
+
+    model: str = Field("minilm", max_length=200)
+    text: str = Field(min_length=1)
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="seeds the permutation of the tokens between [CLS] and [SEP]")
+
+
+@router.post("/permutation_check", responses={
+    422: {"description": "a field is wrong: not an encoder, too few or too many tokens"}, 503: {"description": "queue full"}})
+def permutation_check_route(req: PermutationCheckRequest, request: Request, runtime: RuntimeDep) -> Response:
+    """Permute the tokens of `text` (the first and last, [CLS] and [SEP], stay) and compare the maps of the permuted
+    input with the permuted maps, max |P(πx) − Π P(x) Πᵀ| over every layer and head: with positions off (the
+    `positions` intervention) they agree to float rounding, with positions on they do not. Encoders only (a
+    decoder's causal mask is not permutation-symmetric); four runs of the model."""
+    check_request_limits(runtime.settings, req)
+    adapter = adapter_for(runtime, req.model, "text")
+    info = adapter.info
+    if info.output not in ("similarity", "mlm", "embedding") or adapter.positions_kind is None:
+        raise field_error(("model",), f"model {info.id} is not an encoder with position embeddings: the permutation "
+                          "check needs attention that is not causal")
+    if not req.text.strip():
+        raise field_error(("text",), "text is empty or only white space")
+    encoded = adapter.encode(req.text)
+    n_tokens, limit = len(encoded.tokens), min(runtime.settings.analysis_max_tokens, adapter.full_map_tokens)
+    if not 4 <= n_tokens <= limit:
+        raise field_error(("text",), f"text has {n_tokens} tokens; the check needs 4 to {limit} (analysis_max_tokens)")
+
+    def work(ctx: RequestContext) -> dict[str, Any]:
+        seconds = check_work_cost(adapter, runtime.settings,
+                                  4 * forward_macs(model_shape(adapter), n_tokens, n_tokens), 4, "text",
+                                  "the permutation check", ctx)
+        check_cancelled(ctx)
+        with runtime.admitted(ctx=ctx.with_(estimate_s=seconds)):
+            found = permutation_check(adapter, encoded, req.seed)
+        return {"model": info.id, "tokens": encoded.tokens, "seed": req.seed, **found}
+
+    return respond(request, work, "POST /api/text/permutation_check")

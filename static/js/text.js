@@ -17,6 +17,7 @@ import { figureToParams, intParam, paramsToFigure } from "./lab/urlstate.js";
 import { drawNextToken, drawTarget, kvGroups, mountContinuation } from "./lm.js";
 import { mountAnalysis } from "./views/analysis.js";
 import { mountWhy } from "./views/why.js";
+import { mountScaleStats } from "./views/scalestats.js";
 import { ATLAS_SCALES, drawAtlas, hideAtlas, setAtlasBeta, setAtlasScale } from "./views/atlas.js";
 import { chosenWeighting, weightingOf } from "./views/weighting.js";
 import { scaleMatrix } from "./views/scales.js";
@@ -539,6 +540,12 @@ function wireHeatmapClicks() {
 const why = mountWhy($("map-area"), { request: () => {
   const r = state.view.request;
   return { model: r.model, text: r.text, chat: Boolean(r.chat), layer: r.layers[0], head: r.heads[0], interventions: r.interventions };
+} });
+
+// "Why the scale is 1/√d": the shown head's raw scores and the attention's counts (static/js/views/scalestats.js)
+mountScaleStats($("received-panel"), { request: () => {
+  const r = state.view?.request;
+  return r ? { model: r.model, text: r.text, layer: Number($("layer-select").value), head: Number($("head-select").value) } : null;
 } });
 
 // Everything besides the heatmap.

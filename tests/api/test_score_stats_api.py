@@ -143,3 +143,11 @@ def test_bad_request_is_422_naming_the_field(folders_client, body, field):
     response = client.post("/api/text/score_stats", json={"text": TEXT, **body})
     assert response.status_code == 422, response.text
     assert field in response.text
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-bart"])
+def test_permutation_check_refuses_decoders_and_encoder_decoders(folders_client, name):
+    client, _ = folders_client
+    response = client.post("/api/text/permutation_check", json={"model": name, "text": TEXT})
+    assert response.status_code == 422, response.text
+    assert "model" in response.text

@@ -17,6 +17,7 @@ export const HELP = {
   ablate_heads: "the head's output H = PV is replaced by zeros before W_O (§3)",
   perturb_keys: "k̂_j = α k_j + ε, ε ~ N(0, σ²I): only column j of S changes, Ŝ[i,j] = α S[i,j] + q_i·ε (§4)",
   perturb_queries: "q̂_i = α q_i + ε: at that layer and head only row i of S and P changes (§4)",
+  positions: "the model's positions off (absolute embeddings zeroed, RoPE at position 0) or shuffled by a seed: without them self-attention is permutation-equivariant, P(πx) = Π P(x) Πᵀ",
 };
 
 export function createLab() {
@@ -26,6 +27,7 @@ export function createLab() {
     causal: { on: false, scope: "all" },
     ablate: { on: false, scope: "head" },
     perturb: { on: false, target: "keys", tokens: new Set(), sigma: 1, alpha: 1, seed: 0, samples: 1, scope: "head" },
+    positions: { on: false, mode: "off", seed: 0, scope: "all" }, // acts on the input embeddings: no layer or head
   };
 }
 
@@ -64,6 +66,8 @@ export function buildInterventions(lab, ctx) {
       ...scopeFields(p.scope, ctx),
     });
   }
+  const pos = lab.positions;
+  if (pos?.on) list.push({ _key: "positions", _scope: false, op: "positions", mode: pos.mode, seed: pos.seed });
   return list;
 }
 
@@ -113,7 +117,7 @@ export function resetControl(lab, key) {
 }
 
 export function resetAll(lab) {
-  for (const key of ["beta", "masks", "causal", "ablate", "perturb"]) resetControl(lab, key);
+  for (const key of ["beta", "masks", "causal", "ablate", "perturb", "positions"]) if (lab[key]) resetControl(lab, key);
 }
 
 function describe(iv, tokens) {
@@ -123,12 +127,13 @@ function describe(iv, tokens) {
     case "mask_keys": return `mask keys ${names(iv.tokens)}`;
     case "causal": return "causal mask";
     case "ablate_heads": return "ablate head output";
+    case "positions": return iv.mode === "off" ? "positions off" : `positions shuffled, seed ${iv.seed}`;
     default: return `${iv.op === "perturb_keys" ? "perturb keys" : "perturb queries"} ${names(iv.tokens)} · σ=${iv.noise_std} α=${iv.scale} seed=${iv.seed}`;
   }
 }
 
 // layers/heads null or left out: every one (the speech page leaves them out)
-const where = (iv) => (iv.kind ? `${iv.kind} attention, ` : "") + (iv.layers == null ? "all layers & heads"
+const where = (iv) => (iv.kind ? `${iv.kind} attention, ` : "") + (iv.op === "positions" ? "the input embeddings" : iv.layers == null ? "all layers & heads"
   : `layer ${iv.layers.join(",")}${iv.heads == null ? ", all heads" : `, head ${iv.heads.join(",")}`}`);
 
 // The editable list: one row per active intervention with its scope (changeable) and a remove button.

@@ -18,6 +18,24 @@ function toggleControl(lab, key, onChange) { // onChange(key): the store's chang
   return [box, scope, reset];
 }
 
+// The positions switch (docs/api.md "positions"): on/off, mode off|shuffle and the shuffle's seed, with a reset;
+// ids positions-toggle, positions-mode, positions-seed, positions-reset. No scope: it acts on the input embeddings.
+function positionsControl(lab, onChange) {
+  const box = el("input", { id: "positions-toggle", type: "checkbox" });
+  box.addEventListener("change", () => { lab.positions.on = box.checked; onChange("positions"); });
+  const mode = el("select", { id: "positions-mode" });
+  mode.append(new Option("off (no positions)", "off"), new Option("shuffle (seeded permutation)", "shuffle"));
+  mode.addEventListener("change", () => { lab.positions.mode = mode.value; if (lab.positions.on) onChange("positions"); });
+  const seed = el("input", { id: "positions-seed", type: "number", min: "0", step: "1", value: "0", style: "width:64px" });
+  seed.addEventListener("change", () => {
+    lab.positions.seed = Math.max(0, Math.round(Number(seed.value) || 0));
+    if (lab.positions.on) onChange("positions");
+  });
+  const reset = el("button", { id: "positions-reset", type: "button", textContent: "reset" });
+  reset.addEventListener("click", () => { resetControl(lab, "positions"); onChange("positions"); });
+  return [box, mode, seed, reset];
+}
+
 // mount(container, store, {tokenName(j), pickHint, builtInCausal()}) → {update()}: update() refreshes the shown state.
 // builtInCausal(): null, or why the shown attention is causal anyway (a decoder): the causal control then shows
 // that as built in (ticked, not a control), rather than as a box the user has not ticked.
@@ -35,6 +53,7 @@ export function mountMaskPanel(container, store, {
   const [causal, causalScope, causalReset] = toggleControl(lab, "causal", onChange);
   const [ablate, ablateScope, ablateReset] = toggleControl(lab, "ablate", onChange);
   const causalScopeLabel = el("label", {}, "scope ", causalScope);
+  const [positions, positionsMode, positionsSeed, positionsReset] = positionsControl(lab, onChange);
   const causalBuiltIn = el("span", { id: "causal-builtin", className: "pill", hidden: true });
 
   container.replaceChildren(
@@ -48,6 +67,10 @@ export function mountMaskPanel(container, store, {
     el("div", { className: "lab-control" },
       el("div", { className: "controls" }, el("label", {}, ablate, el("b", {}, "Ablate head")), el("label", {}, "scope ", ablateScope), ablateReset),
       el("p", { className: "help" }, ...guideLinks(HELP.ablate_heads + "; the attention pattern itself is unchanged, later layers and the output change."))),
+    el("div", { className: "lab-control" },
+      el("div", { className: "controls" }, el("label", {}, positions, el("b", {}, "Positions")), el("label", {}, "mode ", positionsMode),
+        el("label", {}, "seed ", positionsSeed), positionsReset),
+      el("p", { className: "help" }, ...guideLinks(HELP.positions + "; the effect panel shows what it does to the output."))),
   );
 
   function update() {
@@ -63,6 +86,10 @@ export function mountMaskPanel(container, store, {
     causalScope.value = lab.causal.scope;
     ablate.checked = lab.ablate.on;
     ablateScope.value = lab.ablate.scope;
+    positions.checked = lab.positions.on;
+    positionsMode.value = lab.positions.mode;
+    positionsSeed.value = String(lab.positions.seed);
+    positionsSeed.disabled = lab.positions.mode !== "shuffle";
   }
   store.subscribe(update);
   update();

@@ -1,7 +1,7 @@
 // Shareable state in the URL hash: model, input, layer, head, β, mode, scopes, masks, perturbations.
 // Opening such a URL restores the view. Keys are short; lists are comma-separated.
 //   b=log10(β/β₀)  bm=view|run  bs=scope (or "layers" with br=from-to)
-//   mk=1,4 (masked keys)  ms=scope  c=1 cs=scope (causal)  ab=1 as=scope (ablation)
+//   mk=1,4 (masked keys)  ms=scope  c=1 cs=scope (causal)  ab=1 as=scope (ablation)  pos=off|shuffle posseed=3
 //   pt=keys|queries pk=3,5 pσ… stored as ps (σ) pa (α) pseed pn (samples) pscope pon=1
 const SCOPES = new Set(["all", "layer", "head"]);
 
@@ -17,6 +17,7 @@ export function labToParams(lab, params = new URLSearchParams()) {
   if (lab.masks.tokens.size) { params.set("mk", [...lab.masks.tokens].sort((a, b) => a - b).join(",")); params.set("ms", lab.masks.scope); }
   if (lab.causal.on) { params.set("c", "1"); params.set("cs", lab.causal.scope); }
   if (lab.ablate.on) { params.set("ab", "1"); params.set("as", lab.ablate.scope); }
+  if (lab.positions?.on) { params.set("pos", lab.positions.mode); params.set("posseed", String(lab.positions.seed)); }
   const p = lab.perturb;
   if (p.on || p.tokens.size) {
     params.set("pon", p.on ? "1" : "0");
@@ -49,6 +50,11 @@ export function paramsToLab(params, lab) {
   lab.causal.scope = scope(params.get("cs"), lab.causal.scope);
   lab.ablate.on = params.get("ab") === "1";
   lab.ablate.scope = scope(params.get("as"), lab.ablate.scope);
+  if (lab.positions) {
+    lab.positions.on = ["off", "shuffle"].includes(params.get("pos"));
+    if (lab.positions.on) lab.positions.mode = params.get("pos");
+    lab.positions.seed = Math.max(0, Math.round(num(params.get("posseed"), lab.positions.seed)));
+  }
   const p = lab.perturb;
   p.on = params.get("pon") === "1";
   if (["keys", "queries"].includes(params.get("pt"))) p.target = params.get("pt");

@@ -37,6 +37,7 @@ from app.preparation import start_background
 from app.lifecycle import RequestCancelled, RequestGuard
 from app.in_flight import API_POSTS
 from app.metrics import RequestCounter
+from app.openapi_404 import add_not_found
 from app.openmp_teams import TeamStats
 from app.context import current, enter, leave
 from app.jobs import client_of
@@ -369,6 +370,7 @@ def _openapi_with_guard_responses(app: FastAPI) -> dict:
             codes = ["503"] if method != "post" else list(GUARD_RESPONSES)
             for code in codes:
                 responses.setdefault(code, {"description": GUARD_RESPONSES[code]})
+    add_not_found(schema)  # an id it names that is not held here: 404 (app/openapi_404.py)
     app.openapi_schema = schema
     return schema
 

@@ -101,6 +101,9 @@ def decode_bytes(data: bytes, limits: AudioLimits = AudioLimits()) -> DecodedAud
         # FFmpeg reads a count it cannot lay out (65,535) as 0 channels: the header's own number is the one to name
         raise AudioInputError(f"the WAV header declares {declared_channels:,} channels; at most {limits.max_channels} "
                               "are accepted (max_audio_channels)", 400)
+    cut = _ogg_cut(data) if fmt == "ogg" else _wav_overdeclared(data) if fmt == "wav" else None
+    if cut is not None:  # FFmpeg decodes what is there and says nothing of what is missing
+        raise AudioInputError(f"the {fmt} file is truncated or damaged: {cut}", 400)
     demuxer = "matroska" if fmt == "webm" else fmt  # FFmpeg's demuxer for both Matroska and WebM
     try:
         container = av.open(io.BytesIO(data), mode="r", format=demuxer)
@@ -213,6 +216,53 @@ def _wav_channels(data: bytes) -> int | None:
         chunk, size = data[offset:offset + 4], struct.unpack("<I", data[offset + 4:offset + 8])[0]
         if chunk == b"fmt ":
             return struct.unpack("<H", data[offset + 10:offset + 12])[0] if offset + 12 <= len(data) else None
+        offset += 8 + size + (size & 1)
+    return None
+
+
+def _ogg_cut(data: bytes) -> str | None:
+    """Why an Ogg file is cut short, or None. Its pages (RFC 3533 §6: "OggS", flags at byte 5, the stream's serial at
+    14, the segment count at 26, then the segment table and the body) are walked: the last one must be whole, and each
+    logical stream must end with a page flagged end-of-stream (0x04), which every writer sets when it finishes (a
+    browser's MediaRecorder when it stops; FFmpeg; libogg). Bytes that are not a page stop the walk (FFmpeg judges
+    those)."""
+    offset, streams, ended = 0, set(), set()
+    while offset < len(data):
+        if data[offset:offset + 4] != b"OggS":
+            return None
+        if offset + 27 > len(data):
+            return f"it ends inside the header of the page at byte {offset:,}"
+        flags, serial, segments = data[offset + 5], data[offset + 14:offset + 18], data[offset + 26]
+        table_end = offset + 27 + segments
+        end = table_end + sum(data[offset + 27:table_end])
+        if table_end > len(data) or end > len(data):
+            return (f"the page at byte {offset:,} needs {end - offset:,} bytes and the file has {len(data) - offset:,} "
+                    "left")
+        streams.add(serial)
+        if flags & 0x04:
+            ended.add(serial)
+        offset = end
+    if streams - ended:
+        return f"it ends after {len(data):,} bytes without its end-of-stream page (the rest of the recording is missing)"
+    return None
+
+
+def _wav_overdeclared(data: bytes) -> str | None:
+    """Why a WAV's sizes cannot be its own, or None: a RIFF size or a data chunk declaring more bytes than the file
+    holds (0xFFFFFFF0 for a 4 kB file). 0 and 0xFFFFFFFF are the streamed-WAV marks ("size unknown") and pass, as a
+    few bytes of slack do (writers that count the pad byte or the header)."""
+    slack = 16
+    riff = struct.unpack("<I", data[4:8])[0]
+    if riff not in (0, 0xFFFFFFFF) and riff + 8 > len(data) + slack:
+        return f"its RIFF header declares {riff:,} bytes and the file has {len(data) - 8:,} after it"
+    offset = 12
+    while offset + 8 <= len(data):
+        chunk, size = data[offset:offset + 4], struct.unpack("<I", data[offset + 4:offset + 8])[0]
+        if chunk == b"data":
+            left = len(data) - offset - 8
+            if size not in (0, 0xFFFFFFFF) and size > left + slack:
+                return f"its data chunk declares {size:,} bytes of samples and the file has {left:,} after it"
+            return None
         offset += 8 + size + (size & 1)
     return None
 

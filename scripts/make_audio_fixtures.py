@@ -12,6 +12,9 @@ Inputs an outside probe found answered with 500 before (tests/api/test_audio_bad
     unknown_format_tag.wav     a WAV whose fmt chunk names format tag 0x1234, which FFmpeg has no decoder for (415);
     zero_bits_per_sample.wav   a PCM WAV declaring bits_per_sample 0 (400);
     flipped_codec_id.webm      a WebM/Opus with one bit flipped in its CodecID ("A_OPUS" → "A_OPUR") (415).
+Inputs accepted before although damaged (issue 53 §12):
+    truncated.ogg              tone.ogg cut to 700 bytes, inside its audio page (400);
+    overdeclared.wav           tone.wav whose data chunk declares 0xFFFFFFF0 bytes (400).
 
 The output is the same on every run (the muxers are told to be bit-exact), so regenerating changes no file.
 """
@@ -100,11 +103,13 @@ def fixtures() -> dict[str, bytes]:
     webm = encode(tone(0.5, 48000), 48000, "webm", "libopus", bit_rate=16000)
     at = webm.index(b"A_OPUS") + 5
     flipped = webm[:at] + bytes([webm[at] ^ 0x01]) + webm[at + 1:]  # "A_OPUS" → "A_OPUR": no such codec
+    ogg = encode(tone(0.5, 48000), 48000, "ogg", "libopus", bit_rate=16000)
+    data_size = wav.index(b"data") + 4
     return {
         "tone.wav": wav,
         "tone.mp3": bare_mp3(tone(0.5, 16000), 16000),
         "tone.webm": webm,
-        "tone.ogg": encode(tone(0.5, 48000), 48000, "ogg", "libopus", bit_rate=16000),
+        "tone.ogg": ogg,
         "tone.flac": flac_without_padding(encode(tone(0.25, 8000), 8000, "flac", "flac")),
         # 440 Hz at 44.1 kHz, then 1 kHz at 8 kHz: each half keeps its pitch only if resampled at its own rate
         "rate_change.mp3": bare_mp3(tone(0.5, 44100), 44100) + bare_mp3(tone(0.5, 8000, hz=1000.0), 8000),
@@ -112,6 +117,8 @@ def fixtures() -> dict[str, bytes]:
         "unknown_format_tag.wav": unknown_tag,
         "zero_bits_per_sample.wav": zero_bits,
         "flipped_codec_id.webm": flipped,
+        "truncated.ogg": ogg[:700],
+        "overdeclared.wav": wav[:data_size] + struct.pack("<I", 0xFFFFFFF0) + wav[data_size + 4:],
     }
 
 

@@ -65,6 +65,8 @@ UPLOAD_OPENAPI = {
     "responses": {
         "400": {"description": "unreadable, truncated, damaged or empty audio; channels or sample rate outside the "
                                "limits (of any segment, where they change part-way)"},
+        "403": {"description": "sent by a page of another origin (Sec-Fetch-Site cross-site/same-site, or an Origin "
+                               "that is not this server and not in cors_origins)"},
         "413": {"description": "over max_audio_bytes, or longer than max_audio_s (counted while decoding)"},
         "415": {"description": "not audio in an accepted container/codec (or one FFmpeg has no decoder for), or not "
                                "multipart/form-data"},

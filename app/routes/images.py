@@ -30,6 +30,7 @@ from app.streams import answered
 from app.deps import ImageStoreDep, RuntimeDep, adapter_for
 from app.errors import error_response, field_error, too_large_response
 from app.ids import ID_PATTERN, is_valid_id, new_id
+from app.origin import cross_origin_refusal
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.context import current
 from app.lifecycle import ParsedJsonRoute, check_cancelled
@@ -100,9 +101,12 @@ def decode_gate(app) -> DecodeGate:
 
 async def read_upload(request: Request, limit: int, setting: str, what: str, store=None) -> bytes | JSONResponse:
     """The bytes of an upload's multipart field `file` (the image and speech uploads), or the refusal to answer:
-    415 not multipart; 400 a bad Content-Length; 413 over `limit` (the setting named), before the body is read when
-    Content-Length says so, else counted as it comes (chunked uploads have none), and over the shared store's
-    per-item limit; 422 no `file` field holding `what`."""
+    403 a browser's cross-origin upload (app/origin.py); 415 not multipart; 400 a bad Content-Length; 413 over
+    `limit` (the setting named), before the body is read when Content-Length says so, else counted as it comes
+    (chunked uploads have none), and over the shared store's per-item limit; 422 no `file` field holding `what`."""
+    refusal = cross_origin_refusal(request.headers, request.app.state.runtime.settings.cors_origins)
+    if refusal is not None:  # a page on another origin making its visitor's browser upload (app/origin.py)
+        return JSONResponse({"detail": refusal}, status_code=403)
     content_type = request.headers.get("content-type", "")
     if not content_type.lower().startswith("multipart/form-data"):
         return error_response(415, f"send multipart/form-data with the {what} in the field 'file' (got {content_type or 'no content type'!r})")
@@ -162,6 +166,8 @@ UPLOAD_OPENAPI = {
                 "image_id": {"type": "string"}, "width": {"type": "integer"}, "height": {"type": "integer"},
             }}}}},
         "400": {"description": "empty, truncated or undecodable image, or a malformed multipart body"},
+        "403": {"description": "sent by a page of another origin (Sec-Fetch-Site cross-site/same-site, or an Origin "
+                               "that is not this server and not in cors_origins)"},
         "408": {"description": "the upload did not arrive within upload_timeout_s"},
         "413": {"description": "over max_upload_bytes or max_image_pixels"},
         "415": {"description": "not PNG, JPEG or WebP, or not multipart/form-data"},

@@ -23,6 +23,8 @@ REFUSED = [  # (fixture, status, words in the detail)
     ("unknown_format_tag.wav", 415, "WAV format tag 0x1234 is not one we decode"),
     ("zero_bits_per_sample.wav", 400, "declares bits_per_sample 0"),
     ("flipped_codec_id.webm", 415, "audio codec is unknown"),
+    ("truncated.ogg", 400, "truncated or damaged: the page at byte 97 needs"),  # issue 53 §12: accepted before
+    ("overdeclared.wav", 400, "data chunk declares 4,294,967,280 bytes"),
 ]
 RESAMPLED = [  # (fixture, the first segment's sample rate and channels, duration_s)
     ("rate_change.mp3", 44100, 1, 1.1966),

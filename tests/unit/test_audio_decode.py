@@ -180,3 +180,33 @@ def test_a_wav_declaring_too_many_channels_names_its_count(channels):
         decode_bytes(bytes(data))
     assert caught.value.status == 400 and f"declares {channels:,} channels" in str(caught.value)
     assert "max_audio_channels" in str(caught.value)
+
+
+def test_a_truncated_ogg_is_400_whether_cut_mid_page_or_between_pages():
+    """Issue 53 §12: FFmpeg decodes the pages an Ogg file has and says nothing of the rest (a 4 s clip cut in half
+    decoded to 1.99 s and was accepted); the walk of its pages finds the cut (a page short, or no end-of-stream page)."""
+    import re
+
+    data = encode(tone(4.0), RATE, "ogg", "libopus", out_rate=48000)
+    assert abs(decode_bytes(data).duration_s - 4.0) < 0.1  # the whole file is fine
+    pages = [m.start() for m in re.finditer(b"OggS", data)]
+    assert len(pages) >= 4
+    for cut, words in ((pages[len(pages) // 2], "without its end-of-stream page"),
+                       (pages[len(pages) // 2] + 100, "needs"), (len(data) - 1, "needs")):
+        with pytest.raises(AudioInputError, match=words) as caught:
+            decode_bytes(data[:cut])
+        assert caught.value.status == 400 and "truncated" in str(caught.value)
+
+
+@pytest.mark.parametrize("field", ["data", "RIFF"])
+def test_a_wav_declaring_0xfffffff0_bytes_is_400(field):
+    """Issue 53 §12: a 1 s WAV whose header declares 0xFFFFFFF0 bytes was decoded as if nothing were wrong."""
+    data = bytearray(encode(tone(1.0), RATE, "wav", "pcm_s16le"))
+    at = data.find(b"data") + 4 if field == "data" else 4
+    data[at:at + 4] = struct.pack("<I", 0xFFFFFFF0)
+    with pytest.raises(AudioInputError, match="declares 4,294,967,280 bytes") as caught:
+        decode_bytes(bytes(data))
+    assert caught.value.status == 400
+    # the streamed-WAV marks ("size unknown") still decode
+    data[at:at + 4] = struct.pack("<I", 0xFFFFFFFF)
+    assert abs(decode_bytes(bytes(data)).duration_s - 1.0) < 0.01

@@ -9,7 +9,8 @@ least recently used first), then the requesting client's own older runs. When it
 waits in the queue (a job keeps its place and its ETA), and is refused with 413 only when it could never fit.
 
 A run is pinned for `result_pin_s` after it was answered or last read (a window, a row), so a client's next step
-finds it (a compare keeps both runs); a pin's bytes count against the budget like any kept run.
+finds it (a compare keeps both runs); a pin's bytes count against the budget like any kept run. So do the events
+jobs keep for a re-attach (`keepers`: app/streams.py, capped by job_event_buffer_bytes and job_events_max_bytes).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import ctypes
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import HTTPException
@@ -82,6 +84,16 @@ class MemoryBudget:
         self.wait_s = wait_s  # the longest wait for room (memory_wait_s)
         self._tickets = itertools.count(1)
         self._queue: list[int] = []  # the waiting reservations' tickets, in arrival order
+        # memory kept outside runs and requests, counted like them: name → its bytes now (a job's kept events for a
+        # re-attach: app/streams.py JobLogs.held_bytes, set by the first job)
+        self.keepers: dict[str, Callable[[], int]] = {}
+
+    def count_kept(self, name: str, nbytes: Callable[[], int]) -> None:
+        """Count what `nbytes()` says against the budget from now on, beside the kept runs (idempotent by name)."""
+        self.keepers.setdefault(name, nbytes)
+
+    def _kept_elsewhere(self) -> int:
+        return sum(nbytes() for nbytes in list(self.keepers.values()))
 
     def _unbooked(self, others: int) -> int:
         """Bytes in use that the books do not show: RSS over reserved + kept + the in-flight peaks (those reserve their
@@ -101,7 +113,7 @@ class MemoryBudget:
             self.reserved += nbytes - self.models.get(model_id, 0)
             self.limit = max(0, self.budget - self.reserved)
             self.models[model_id] = nbytes
-            others = sum(r.nbytes for r in self._in_flight)
+            others = sum(r.nbytes for r in self._in_flight) + self._kept_elsewhere()
             over = self.reserved + self.cache.host_bytes + others - self.budget
         if getattr(self.cache, "max_bytes", None) is not None and model_id not in self._capped:
             self._capped.add(model_id)
@@ -123,7 +135,7 @@ class MemoryBudget:
                     f"beside the models loaded (memory_reserved_bytes and {len(self.models)} loaded on first use); "
                     "raise memory_budget_bytes to serve it"))
             while True:
-                others = sum(r.nbytes for r in self._in_flight)
+                others = sum(r.nbytes for r in self._in_flight) + self._kept_elsewhere()
                 need = self.reserved + nbytes + others + self.cache.host_bytes + self._unbooked(others) - self.budget
                 if need > 0:
                     self.cache.evict_for(need, "")
@@ -157,7 +169,7 @@ class MemoryBudget:
             return sum(r.nbytes for r in self._in_flight)
 
     def used_bytes(self) -> int:
-        return self.in_flight_bytes + self.cache.host_bytes
+        return self.in_flight_bytes + self.cache.host_bytes + self._kept_elsewhere()
 
     def reserve(self, ctx: RequestContext, nbytes: int, field: str, what: str, expected_s: float | None = None) -> None:
         """Raise the request `ctx`'s reservation (`ctx.memory`, before its `ctx.deadline`) to `nbytes`, waiting for room in turn (first come, first served:
@@ -214,7 +226,7 @@ class MemoryBudget:
 
     def _need(self, holder: RequestMemory, nbytes: int) -> int:
         """Bytes over the limit if `holder` held `nbytes` (under the lock)."""
-        others = sum(r.nbytes for r in self._in_flight if r is not holder)
+        others = sum(r.nbytes for r in self._in_flight if r is not holder) + self._kept_elsewhere()
         return others + nbytes + self.cache.host_bytes + self._unbooked(others) - self.limit
 
     def _book(self, holder: RequestMemory, nbytes: int) -> None:
@@ -226,7 +238,8 @@ class MemoryBudget:
         others = [r for r in self._in_flight if r.nbytes]
         return (f"server busy: {what} needs about {nbytes / 2**20:,.0f} MiB and the memory budget stayed full "
                 f"({sum(r.nbytes for r in others) / 2**20:,.0f} MiB held by {len(others)} requests in flight, "
-                f"{self.cache.host_bytes / 2**20:,.0f} MiB by runs clients keep for result_pin_s) {until}")
+                f"{self.cache.host_bytes / 2**20:,.0f} MiB by runs clients keep for result_pin_s, "
+                f"{self._kept_elsewhere() / 2**20:,.0f} MiB by jobs' kept events) {until}")
 
     def _refuse_if_never(self, holder: RequestMemory, need: int, give_up: float, what: str, nbytes: int) -> None:
         """503 at once when what could free up before `give_up` is less than `need`: the requests in flight by when

@@ -124,25 +124,32 @@ class Sent:
     last: bool
 
 
-def gap_event(job_id: str, after: int, first_kept: int) -> Sent:
+def gap_event(job_id: str, after: int, first_kept: int, why: str = "job_event_buffer") -> Sent:
     """Said before a replay whose first events are no longer kept: `event: gap` with the numbers missed (after+1 up
-    to first_kept-1) and the id of the first event that follows. It has no id of its own: a client's Last-Event-ID
-    stays the last event it really had. Progress and the done event are cumulative, so nothing is wrong once the
-    replay is read; only events of the work's own (a continuation's tokens) in the gap are not sent again."""
+    to first_kept-1), the id of the first event that follows and the cap that dropped them (`why`: job_event_buffer,
+    a count, or job_event_buffer_bytes). It has no id of its own: a client's Last-Event-ID stays the last event it
+    really had. Progress and the done event are cumulative, so nothing is wrong once the replay is read; only events
+    of the work's own (a continuation's tokens) in the gap are not sent again."""
     payload = {"gap": {"after": after, "first": first_kept, "missed": first_kept - after - 1,
-                       "first_id": f"{job_id}:{first_kept}"}}
+                       "first_id": f"{job_id}:{first_kept}", "why": why}}
     return Sent(0, b"event: gap\n" + sse(payload), False)
 
 
 class JobLog:
     """A job's events for every stream that listens: the one that started it and any that re-attach (GET
-    /api/jobs/{job_id}/events, docs/api.md "Re-attaching to a job"). Numbers them from 1, keeps the latest `size` and
-    always the last one, for `keep_s` after the job ended (JOB_LOGS). Each listener reads through an EventPipe of its
-    own. With no listener the job is given `grace_s` to be re-attached, then it is cancelled (JobCancel)."""
+    /api/jobs/{job_id}/events, docs/api.md "Re-attaching to a job"). Numbers them from 1, keeps the latest `size`
+    within `max_bytes` (job_event_buffer_bytes: a generate with every head's attention sends ~19 MB a step; the
+    oldest go first) and always the last one, for `keep_s` after the job ended (JOB_LOGS); what it keeps counts in
+    the memory budget (JobLogs.held_bytes, app/memory.py). Each listener reads through an EventPipe of its own.
+    With no listener the job is given `grace_s` to be re-attached, then it is cancelled (JobCancel)."""
 
-    def __init__(self, job_id: str, client: str, what: str, size: int, grace_s: float, keep_s: float):
+    def __init__(self, job_id: str, client: str, what: str, size: int, grace_s: float, keep_s: float,
+                 max_bytes: int | None = None):
         self.job_id, self.client, self.what, self.grace_s, self.keep_s = job_id, client, what, grace_s, keep_s
-        self._recent: deque[Sent] = deque(maxlen=size)
+        self._recent: deque[Sent] = deque()
+        self._size, self._max_bytes = size, max_bytes
+        self.held_bytes = 0  # the kept events' bytes (the last one's too): read without the lock by JobLogs
+        self.dropped_why = "job_event_buffer"  # the cap that dropped the latest dropped event
         self._end: Sent | None = None
         self._pipes: list[EventPipe] = []
         self._lock = threading.Lock()
@@ -160,10 +167,10 @@ class JobLog:
         with self._lock:
             backlog = [sent for sent in self._recent if sent.n > after]
             if backlog and backlog[0].n > after + 1:
-                backlog.insert(0, gap_event(self.job_id, after, backlog[0].n))
+                backlog.insert(0, gap_event(self.job_id, after, backlog[0].n, self.dropped_why))
             if self._end is not None and self._end.n > after and (not backlog or backlog[-1].n < self._end.n):
                 if not backlog and self._end.n > after + 1:
-                    backlog.append(gap_event(self.job_id, after, self._end.n))
+                    backlog.append(gap_event(self.job_id, after, self._end.n, self.dropped_why))
                 backlog.append(self._end)
             if self.ended_at is None:
                 self._pipes.append(pipe)
@@ -218,13 +225,28 @@ class JobLog:
         self.count += 1
         last = "done" in event or "error" in event
         sent = Sent(self.count, sse(event, f"{self.job_id}:{self.count}"), last)
-        self._recent.append(sent)
+        self._keep(sent)
         if last:
             self._end, self.ended_at = sent, time.monotonic()
         for pipe in self._pipes:
             pipe.put(sent)
         if last:
             self._pipes.clear()
+
+
+    def _keep(self, sent: Sent) -> None:  # under self._lock
+        """Keep `sent`, dropping the oldest kept events past `size` or past `max_bytes` (never the one just kept)."""
+        self._recent.append(sent)
+        self.held_bytes += len(sent.data)
+        while len(self._recent) > 1:
+            if len(self._recent) > self._size:
+                why = "job_event_buffer"
+            elif self._max_bytes is not None and self.held_bytes > self._max_bytes:
+                why = "job_event_buffer_bytes"
+            else:
+                break
+            self.held_bytes -= len(self._recent.popleft().data)
+            self.dropped_why = why
 
 
 class JobLogs:
@@ -258,6 +280,13 @@ class JobLogs:
         """The bytes of the ended jobs' kept events (for /metrics and the tests)."""
         with self._lock:
             return sum(l.kept_bytes for l in self._logs.values() if l.ended_at is not None)
+
+    def held_bytes(self) -> int:
+        """The bytes of every kept event, running jobs' and ended ones': what the memory budget counts for them
+        (app/memory.py MemoryBudget.keepers)."""
+        with self._lock:
+            self._prune(time.monotonic())
+            return sum(l.held_bytes for l in self._logs.values())
 
     def drop(self, job_id: str) -> None:
         """A job refused before it was accepted: its id was never sent."""
@@ -424,7 +453,7 @@ def run_job(request: Request, work: Callable[[JobStream], dict[str, Any] | None]
     settings = request.app.state.runtime.settings
     client = current().client
     job_log = JobLog(new_run_id(), client, what, settings.job_event_buffer, settings.job_reattach_grace_s,
-                     settings.result_pin_s)
+                     settings.result_pin_s, settings.job_event_buffer_bytes)
     _, events = job_log.subscribe()  # the stream of this request: the job's first listener
     cancel = JobCancel(current().cancel, job_log, events)
     source = source_address(request.scope.get("headers", []), request.scope.get("client"), settings.trusted_proxies)
@@ -434,6 +463,7 @@ def run_job(request: Request, work: Callable[[JobStream], dict[str, Any] | None]
     JOBS.register(job, settings.max_queued_jobs_per_client, settings.max_queued_jobs_per_address,
                   settings.max_queued_jobs)
     JOB_LOGS.add(job_log, settings.job_events_max_bytes)
+    request.app.state.runtime.memory.count_kept("job events", JOB_LOGS.held_bytes)  # in the budget (app/memory.py)
 
     def thread_main() -> None:
         # the job's context: the request's (its client, cache scope, timings) with the job, its deadline, its progress

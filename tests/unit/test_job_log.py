@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from app.streams import JobCancel, JobLog, Sent
 
 
@@ -97,3 +99,56 @@ def test_delete_cancels_at_once():
     assert not cancel.is_set()
     log.cancelled = True
     assert cancel.is_set()
+
+
+def test_a_running_jobs_kept_events_are_capped_in_bytes_and_a_re_attach_after_a_drop_says_so():
+    """Issue 53 §5: a generate with every head's attention sends ~19 MB a step and 256 were kept with no byte cap.
+    job_event_buffer_bytes: the oldest go first, the last one always stays (even past the cap), and a re-attach that
+    missed dropped events is told which and why (`event: gap` naming job_event_buffer_bytes), then gets the rest."""
+    import json
+
+    cap = 64 * 1024
+    log = JobLog("abcd1234." + "0" * 32, "h:someone", "POST /api/text/generate", 256, 1.0, keep_s=60, max_bytes=cap)
+    step = "x" * 10_000  # a step's event of about 10 kB
+    for n in range(1, 41):
+        log.put({"token": n, "attention": step})
+        assert log.held_bytes <= cap, (n, log.held_bytes)  # bounded while the job runs, not only once it ended
+    kept, _ = log.subscribe(after=2)  # a client that saw the accepted event and the first token
+    gap = json.loads(kept[0].data.decode().split("data: ", 1)[1])["gap"]
+    assert gap["why"] == "job_event_buffer_bytes" and gap["after"] == 2
+    first = kept[1].n
+    assert gap["first"] == first and gap["missed"] == first - 3 and 0 < len(kept) - 1 < 40
+    assert [sent.n for sent in kept[1:]] == list(range(first, 42))  # the newest ones, none skipped after the gap
+    assert log.held_bytes == sum(len(sent.data) for sent in kept[1:])
+    log.put({"done": True, "everything": "y" * (2 * cap)})  # the last event alone is over the cap: kept all the same
+    backlog, _ = log.subscribe(after=41)
+    assert [sent.n for sent in backlog] == [42] and backlog[0].last
+
+
+def test_kept_events_count_in_the_memory_budget():
+    """What jobs keep of their events counts against memory_budget_bytes like kept runs: a reservation that would
+    fit without them is refused once they take the room (app/memory.py keepers)."""
+    from app.context import RequestContext
+    from app.errors import Overloaded
+    from app.memory import MemoryBudget, RequestMemory
+    from app.runtime import ResultCache
+    from app.streams import JobLogs
+
+    mib = 2**20
+    budget = MemoryBudget(budget_bytes=1_000 * mib, reserved_bytes=500 * mib,
+                          cache=ResultCache(max_items=10, max_bytes=10_000 * mib, pin_s=60), measure_rss=False,
+                          wait_s=0.2)
+    logs = JobLogs()
+    budget.count_kept("job events", logs.held_bytes)
+    budget.count_kept("job events", logs.held_bytes)  # idempotent
+    job = JobLog("abcd1234." + "1" * 32, "h:someone", "POST /api/text/generate", 256, 1.0, keep_s=60,
+                 max_bytes=400 * mib)
+    logs.add(job)
+    for _ in range(3):
+        job.put({"attention": "z" * (100 * mib)})  # 300 MiB of kept events
+    assert 300 * mib <= budget.used_bytes() <= 301 * mib
+    holder = RequestMemory(client="b")
+    with pytest.raises(Overloaded, match="MiB by jobs' kept events"):
+        budget.reserve(RequestContext(memory=holder, deadline=time.monotonic() + 0.2), 300 * mib, "text", "a run")
+    budget.reserve(RequestContext(memory=holder, deadline=time.monotonic() + 5), 150 * mib, "text", "a smaller run")
+    assert holder.nbytes == 150 * mib

@@ -23,12 +23,14 @@ from starlette.requests import ClientDisconnect
 from app.routes import pages, service, text
 from app.routes import images
 from app.routes import gaussian
+from app.routes import luong
 from app.routes import analysis
 from app.routes import audio
 from app.routes import runs
 from app.routes import why
 from app.routes import scale
 from app.routes import heads
+from app.routes import circuit as circuit_routes
 from app.routes import export as export_routes
 from app.routes import export_media
 from app import metrics
@@ -325,12 +327,14 @@ def _add_routes(app: FastAPI) -> None:
     app.include_router(pages.router)
     app.include_router(images.router)
     app.include_router(gaussian.router)
+    app.include_router(luong.router)  # /api/luong/*, /luong (models/luong.py)
     app.include_router(analysis.router)
     app.include_router(audio.router)
     app.include_router(runs.router)
     app.include_router(why.router)
     app.include_router(scale.router)  # POST /api/text/score_stats
     app.include_router(heads.router)
+    app.include_router(circuit_routes.router)  # POST /api/text/circuit, /api/text/circuit/edge
     app.include_router(export_routes.router)  # POST /api/text/export.html (attnlab/export.py)
     app.include_router(export_media.router)  # POST /api/image/export.html, /api/audio/export.html
 

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.ids import RUN_ID_PATTERN
 from models.interventions import Intervention
+from models.luong import MAX_SOURCE as LUONG_MAX_SOURCE
 
 NonNegInt = Annotated[int, Field(ge=0)]
 # Each index is checked against the model and the input (app/attention.py), whose sizes the settings bound: no length
@@ -244,6 +245,55 @@ class PatchingRequest(_Strict):
     interventions: Interventions = Field(default_factory=list)
 
 
+class CircuitPair(_Strict):
+    """One prompt pair of a circuit: clean and corrupt of the same token count, answer and wrong one token each."""
+
+    clean: str = Field(min_length=1, max_length=4000)
+    corrupt: str = Field(min_length=1, max_length=4000, description="same token count as clean")
+    answer: str = Field(min_length=1, max_length=200, description="one token, e.g. ' Mary'")
+    wrong: str = Field(min_length=1, max_length=200, description="one token, e.g. ' John'")
+
+
+class CircuitTask(_Strict):
+    """A built-in task, its pairs generated with a seed (docs/science.md "Circuits through attention")."""
+
+    name: Literal["ioi", "greater_than", "induction", "capital"]
+    n: int = Field(8, ge=1, le=32, description="pairs to generate")
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+
+
+EdgeName = Annotated[str, Field(min_length=8, max_length=40, pattern=r"^(input|a\d{1,4}\.h\d{1,4}|m\d{1,4})->"
+                                r"(logits|a\d{1,4}\.h\d{1,4}|m\d{1,4})(<[qkv]>)?$")]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class CircuitRequest(_Strict):
+    """An edge graph of heads and MLPs scored over prompt pairs (see /guide and docs/api.md "Circuits")."""
+
+    model: str = "smollm2-135m"
+    pairs: list[CircuitPair] | None = Field(None, min_length=1, max_length=32)
+    task: CircuitTask | None = None
+    method: Literal["eap", "eap_ig", "exact"] = "eap"
+    ig_steps: int = Field(5, ge=1, le=16, description="eap_ig: points on the path from corrupt to clean")
+    edges: list[EdgeName] | None = Field(None, min_length=1, max_length=200,
+                                         description="exact: the edges to score (null: the top `n_exact` by EAP)")
+    n_exact: int = Field(50, ge=1, le=200, description="exact without `edges`: how many top EAP edges to score")
+    budgets: list[Fraction] | None = Field(None, min_length=1, max_length=16,
+                                           description="fractions of all edges for the faithfulness curve")
+    budget: Fraction = Field(0.05, description="the circuit whose edges are marked in_graph")
+    top: int | None = Field(2000, ge=1, le=200_000, description="edges listed, by |score| (null: every edge)")
+    interventions: Interventions = Field(default_factory=list, description="none yet: must be empty")
+
+
+class CircuitEdgeRequest(_Strict):
+    """Why one edge matters, on one pair: its exact score, the attention change and QK share, or what it writes."""
+
+    model: str = "smollm2-135m"
+    pair: CircuitPair
+    edge: EdgeName
+    query: NonNegInt | None = Field(None, description="the query row (null = the last token)")
+
+
 class LensRequest(_Strict):
     """The logit lens (see /guide#s12-3)."""
 
@@ -432,3 +482,24 @@ def request_examples(models: dict[str, str], image_samples: dict[str, str],
             "kernel_size": 3, "dilation": 1, "padding": "zeros", "alpha": 100.0, "image_size": 16,
             "channels_in": 3, "channels_out": 4, "seed": 0}}}
     return examples
+
+
+class LuongPerturb(_Strict):
+    """Gaussian noise on the Luong encoder's source states h̄_s (see /guide#luong)."""
+
+    sigma: float = Field(ge=0, le=100, description="σ of the noise added to h̄_s, 0 ≤ σ ≤ 100")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="the noise's seed")
+    positions: list[Annotated[int, Field(ge=0, lt=LUONG_MAX_SOURCE)]] | None = Field(
+        None, max_length=LUONG_MAX_SOURCE, description="source positions whose states get noise (null = all)")
+
+
+class LuongAttentionRequest(_Strict):
+    """One input through a Luong-attention model (its score function) and the tiny Transformer beside it."""
+
+    score: Literal["dot", "general", "concat", "location"] = "general"
+    text: str = Field("the 3rd of March 2021", min_length=1, max_length=LUONG_MAX_SOURCE,
+                      description=f"a date in words or digits, 1-{LUONG_MAX_SOURCE} characters of the model's vocabulary")
+    beta: float = Field(1.0, ge=0, le=100, description="the alignment scores × β before the softmax (1 = the model)")
+    mask: list[Annotated[int, Field(ge=0, lt=LUONG_MAX_SOURCE)]] = Field(
+        default_factory=list, max_length=LUONG_MAX_SOURCE, description="source positions the alignment may not attend (score −∞)")
+    perturb: LuongPerturb | None = None

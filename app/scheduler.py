@@ -6,6 +6,9 @@
   client's own work in its arrival order. One client's 30 queued jobs do not hold back another client's first one.
 - A job that has started keeps its turn until it ends (its later runs, and after handing over to interactive work),
   so its runs are not interleaved with other jobs' and its ETA holds.
+- A plain request of several turns (a head taxonomy's probes, a scan's batches: `plain_turns`) waits for a running job
+  once: until it ends no job takes the model back between two of its turns (each gap between them was a job layer's
+  wait, a dozen in all, and on a busy machine its whole request_timeout_s).
 - At most `queue_depth` requests wait; one more is refused at once (503 + Retry-After), as is a wait past the
   request's deadline, or a request whose estimated model time no longer fits before its deadline at its first turn.
 """
@@ -44,6 +47,7 @@ class ModelScheduler:
         self.yields = 0  # times a running job handed the model to waiting interactive work (for the benchmarks)
         self._waiting = 0
         self._waiting_lock = threading.Lock()
+        self._plain_works = 0  # plain requests of several turns in progress (plain_turns): jobs wait for their end
 
     @property
     def waiting(self) -> int:
@@ -116,6 +120,24 @@ class ModelScheduler:
             with self._turns:
                 self._turns.notify_all()
 
+    @contextlib.contextmanager
+    def plain_turns(self, ctx: RequestContext | None = None) -> Iterator[None]:
+        """The work of a plain request `ctx` (None: the current context) made of several model turns: while it lasts,
+        a running job hands the model over at its next layer and takes it back only once this work has ended, so the
+        work waits for about one layer of the job in all, not one per turn. A job's own work (ctx.job set) is not
+        held: it takes its turns like any job."""
+        if (ctx or current()).job is not None:
+            yield
+            return
+        with self._turns:
+            self._plain_works += 1
+        try:
+            yield
+        finally:
+            with self._turns:
+                self._plain_works -= 1
+                self._turns.notify_all()
+
     def _timed_out(self, job) -> Overloaded:
         retry_after = max(1, round(self.settings.request_timeout_s / 4))
         if job is not None:
@@ -129,7 +151,7 @@ class ModelScheduler:
         before any other job. The forward's state lives in this thread and the engine's recording in context
         variables, so another forward in between changes nothing of this one."""
         with self._turns:
-            if not any(kind == INTERACTIVE for kind, *_ in self._fifo):
+            if not self._plain_works and not any(kind == INTERACTIVE for kind, *_ in self._fifo):
                 return
             job_hands_over_team()
             holding[0] = False
@@ -174,7 +196,9 @@ class ModelScheduler:
                 while True:
                     if cancel is not None and cancel.is_set():
                         return "cancelled"
-                    if min(self._fifo, key=self._order) is entry and self._run_lock.acquire(blocking=False):
+                    # a job waits while plain work of several turns is in progress (plain_turns)
+                    eligible = entry[0] != JOB or not self._plain_works
+                    if eligible and min(self._fifo, key=self._order) is entry and self._run_lock.acquire(blocking=False):
                         return True
                     remaining = end - time.monotonic()
                     if remaining <= 0:

@@ -438,7 +438,9 @@ def respond_steps(request: Request, work: Callable[[Callable[[int, int], None], 
     """Like `respond` for work that reports its own steps: `work(progress, ctx)` calls progress(done, total)."""
     if not wants_events(request):
         ctx = current()  # the edge: the request's context, as the middleware made it
-        return answered(work(lambda _done, _total: check_cancelled(ctx), ctx))
+        # its turns follow each other: a running job waits for the work's end, not only for each turn's (scheduler)
+        with request.app.state.runtime.scheduler.plain_turns(ctx):
+            return answered(work(lambda _done, _total: check_cancelled(ctx), ctx))
     return run_job(request, lambda stream: work(stream.step_done, stream.ctx), what, layer_progress=False)
 
 

@@ -113,6 +113,85 @@ def test_kubernetes_example(paths):
     assert {e["name"] for e in gpu_container["env"]} <= SETTINGS
 
 
+def _quantity(text: str) -> int:
+    """A Kubernetes quantity in bytes ("6Gi", "512Mi", "4294967296")."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    match = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti)?", str(text))
+    assert match, text
+    return int(match[1]) * units.get(match[2], 1)
+
+
+def test_kubernetes_pods_fit_their_disk_start_when_ready_and_end_after_the_drain(paths):
+    """Issue 53 §10: the disk tier (8 GiB by default) lived in a 1 GiB emptyDir, so the kubelet evicted the pod with
+    its runs; the startup probe asked /api/health, which answers before the models load; nothing waited for the
+    Service to stop sending before SIGTERM."""
+    deployment = k8s_documents()[("Deployment", "attnlab")]
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    tier = int(env.get("ATTNLAB_RUN_STORE_DISK_BYTES", Settings.model_fields["run_store_disk_bytes"].default))
+    mounted = next(m for m in container["volumeMounts"] if m["mountPath"] == "/tmp")
+    volume = next(v for v in pod["volumes"] if v["name"] == mounted["name"])
+    size = _quantity(volume["emptyDir"]["sizeLimit"])
+    assert tier > 0 and tier + 2**30 <= size, (tier, size)  # the tier and 1 GiB at least for the rest of /tmp
+    assert "ATTNLAB_RUN_STORE_DIR" not in env  # the tier is in /tmp, the emptyDir measured here
+    assert _quantity(container["resources"]["requests"]["ephemeral-storage"]) >= size
+    # started = ready: the models are loaded (liveness counts from then)
+    assert container["startupProbe"]["httpGet"]["path"] == "/api/ready" and "/api/ready" in paths
+    assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] >= 300
+    # preStop, then the drain, then shutdown_grace_s, all before the kubelet's SIGKILL
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    drain = float(env["ATTNLAB_DRAIN_S"])
+    grace = float(env.get("ATTNLAB_SHUTDOWN_GRACE_S", Settings.model_fields["shutdown_grace_s"].default))
+    assert pod["terminationGracePeriodSeconds"] >= float(pre_stop[1]) + drain + grace + 5
+    # replicas spread over nodes, preferred (a small cluster still schedules them all)
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    assert anti["labelSelector"]["matchLabels"] == deployment["spec"]["template"]["metadata"]["labels"]
+    assert Settings(trusted_proxies=json_list(env["ATTNLAB_TRUSTED_PROXIES"])).trusted_proxies  # parses at start
+
+
+def json_list(text: str) -> list:
+    import json
+
+    value = json.loads(text)
+    assert isinstance(value, list)
+    return value
+
+
+def test_kubernetes_scrape_config_keda_behaviour_and_ingress():
+    docs = k8s_documents()
+    deployment, service = docs[("Deployment", "attnlab")], docs[("Service", "attnlab")]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    container_port = deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/path"] == "/metrics"
+    assert int(annotations["prometheus.io/port"]) == container_port
+    from app.main import api_routes, create_app
+
+    assert "/metrics" in {route.path for route in api_routes(create_app().routes)}
+    monitor = yaml.safe_load((DEPLOY / "k8s" / "servicemonitor.yaml").read_text())
+    assert monitor["kind"] == "ServiceMonitor"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    # KEDA's HPA scales down as hpa.yaml's does
+    keda = yaml.safe_load((DEPLOY / "k8s" / "keda.yaml").read_text())
+    behavior = keda["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"] == docs[("HorizontalPodAutoscaler", "attnlab")]["spec"]["behavior"]["scaleDown"]
+    assert all(q["metadata"]["query"].count('job="attnlab"') for q in keda["spec"]["triggers"])  # the Service's name
+    # the Ingress: consistent hashing on the client's cookie, to the Service's port
+    ingress = yaml.safe_load((DEPLOY / "k8s" / "ingress.yaml").read_text())
+    notes = ingress["metadata"]["annotations"]
+    assert notes["nginx.ingress.kubernetes.io/upstream-hash-by"].startswith("$cookie_attnlab_client")
+    assert "http_429" not in notes["nginx.ingress.kubernetes.io/proxy-next-upstream"]
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend["name"] == service["metadata"]["name"]
+    assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+    assert pod_labels == service["spec"]["selector"]
+
+
 def test_kustomize_renders_with_and_without_the_gpu_patch(tmp_path):
     kubectl = shutil.which("kubectl")
     if kubectl is None:
@@ -139,7 +218,8 @@ def test_kustomize_renders_with_and_without_the_gpu_patch(tmp_path):
     assert container["image"].endswith(":0.1.0-cuda")
     assert {e["name"] for e in container["env"]} == {"ATTNLAB_REDIS_URL", "ATTNLAB_REDIS_TTL_S", "ATTNLAB_DEVICE",
                                                      "ATTNLAB_MEMORY_BUDGET_BYTES", "ATTNLAB_REPLICA_URL",
-                                                     "ATTNLAB_DRAIN_S"}
+                                                     "ATTNLAB_DRAIN_S", "ATTNLAB_RUN_STORE_DISK_BYTES",
+                                                     "ATTNLAB_TRUSTED_PROXIES"}
     assert container["readinessProbe"]["httpGet"]["path"] == "/api/ready"  # kept from the base
 
 

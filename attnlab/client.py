@@ -369,6 +369,20 @@ class Lab:
         body = _body(model=model, text=text, **fields)
         return FaithfulnessResult(self._job("/api/text/faithfulness", body, "faithfulness"), body, self)
 
+    def circuit(self, pairs: Sequence[dict] | None = None, task: dict | str | None = None, model: str | None = None, *,
+                method: str = "eap", **fields: Any):
+        """POST /api/text/circuit: an edge graph of heads (q, k, v apart) and MLPs scored over prompt pairs
+        (`pairs=[{clean, corrupt, answer, wrong}, …]`, or `task="ioi"` / `{"name", "n", "seed"}`), by "eap", "eap_ig"
+        or "exact". `fields`: ig_steps, edges, n_exact, budgets, budget, top. Returns a CircuitResult (`.edges`,
+        `.circuit(budget)`, `.faithfulness`, `.edge(name)`, `.to_json(path)`)."""
+        from attnlab.circuits import CircuitResult
+        if isinstance(task, str):
+            task = {"name": task}
+        body = _body(model=model, pairs=list(pairs) if pairs is not None else None, task=task, method=method, **fields)
+        if "top" in fields and fields["top"] is None:
+            body["top"] = None  # every edge (None is otherwise left out, and the server lists its default top)
+        return CircuitResult(self._job("/api/text/circuit", body, "circuit"), body, self)
+
     # ---- speech --------------------------------------------------------------------------------------------------
 
     def audio(self, source: str | Path | bytes, model: str | None = None) -> Clip:

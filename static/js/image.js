@@ -619,6 +619,7 @@ function diffOnGrid() {
   return {
     after: reshape(after.slice(prefix()), rows, cols), before: reshape(before.slice(prefix()), rows, cols),
     where: `layer ${layer}, head ${head}`, subtitle: `prefix tokens: ${shifts.join(", ")}`, square: true,
+    masked: (i, j) => imageLab.state.masks.tokens.has(prefix() + i * cols + j), // the grid's cell (i, j): key prefix + i·cols + j
   };
 }
 

@@ -698,7 +698,9 @@ const lab = mountLab({
     const v = state.view;
     if (!v || !(v.request.interventions.length > 0 || lab.viewBeta())) return null;
     const kind = isSeq2seq() ? `${state.kind}, ` : "";
-    return { after: shownAttention(), before: v.base, x: tokenLabels(v.tokens), y: tokenLabels(v.queryTokens), where: `${kind}layer ${state.layer}, head ${state.head}` };
+    const masks = lab.state.masks.tokens;
+    return { after: shownAttention(), before: v.base, x: tokenLabels(v.tokens), y: tokenLabels(v.queryTokens), where: `${kind}layer ${state.layer}, head ${state.head}`,
+      masked: (_i, j) => masks.has(j) };
   },
   softmax: () => {
     const v = state.view;

@@ -5,7 +5,8 @@ import { fmt, maxAbs } from "../mathx.js";
 const CONFIG = { responsive: true, displaylogo: false };
 
 // d: {after, before (matrices of one shape), x, y (axis labels, or null for numeric axes), where ("layer 2,
-// head 3"), subtitle, square (equal axes: a patch grid)} or null (nothing to compare: `empty` is shown).
+// head 3"), subtitle, square (equal axes: a patch grid), masked ((i, j) → whether the cell's key is masked)} or null
+// (nothing to compare: `empty` is shown).
 // el.dataset.maxAbs holds max |P̂ − P| (0 when nothing differs) for tests and benchmarks.
 export function drawDiff(el, d, { ratio = false, empty = "no interventions active: P̂ = P" } = {}) {
   if (!d) {
@@ -44,9 +45,37 @@ export function drawDiff(el, d, { ratio = false, empty = "no interventions activ
     }], { title: { text: `P̂ / P at ${where} (log₁₀ colour; blank where P ≈ 0)${sub}`, font: { size: 13 } }, margin, ...axes }, CONFIG);
     return;
   }
+  const overlay = maskedOverlay(d, labels, square);
   Plotly.react(el, [{
     type: "heatmap", z: diff, ...labels, colorscale: "RdBu", reversescale: true, zmid: 0, zmin: -span, zmax: span,
     hovertemplate: `${square ? "patch (%{y}, %{x})" : "query %{y}<br>key %{x}"}<br>P̂ − P = %{z:.5f}<extra></extra>`,
-    colorbar: { thickness: 12 },
-  }], { title: { text: `P̂ − P at ${where}  (max |Δ| = ${fmt(maxAbsDiff, 3)})${sub}`, font: { size: 13 } }, margin, ...axes }, CONFIG);
+    colorbar: { thickness: 12 }, showlegend: false,
+  }, ...overlay], {
+    title: { text: `P̂ − P at ${where}  (max |Δ| = ${fmt(maxAbsDiff, 3)})${sub}`, font: { size: 13 } }, margin, ...axes,
+    showlegend: overlay.length > 0, legend: { orientation: "h", x: 0, y: square ? -0.05 : 1.02, yanchor: square ? "top" : "bottom", xanchor: "left" },
+  }, CONFIG);
+}
+
+// A masked key's cells (P̂ = 0 by the mask where P was not): drawn in a colour of their own, with a legend entry, so
+// that they are not read as "no change" (RdBu's white) where P was small. d.masked(i, j): the cell's key is masked
+// for this head. Cells where P was 0 as well (a causal map's upper triangle) did not change and stay as they are.
+export const MASKED_COLOUR = "#2e9e44"; // green: outside RdBu's reds, greys and blues
+function maskedOverlay({ after, before, masked = null }, labels, square) {
+  if (!masked) return [];
+  let any = false;
+  const z = after.map((row, i) => row.map((p, j) => {
+    const hit = p === 0 && before[i][j] !== 0 && masked(i, j);
+    any ||= hit;
+    return hit ? 1 : null;
+  }));
+  if (!any) return [];
+  const what = "masked key: P̂ = 0 by the mask";
+  return [{
+    type: "heatmap", name: "masked", z, ...labels, customdata: before, showscale: false, hoverongaps: false,
+    colorscale: [[0, MASKED_COLOUR], [1, MASKED_COLOUR]], zmin: 0, zmax: 1, showlegend: false,
+    hovertemplate: `${square ? "patch (%{y}, %{x})" : "query %{y}<br>key %{x}"}<br>${what} (P was %{customdata:.5f})<extra></extra>`,
+  }, { // its legend entry (a heatmap draws none)
+    type: "scatter", mode: "markers", x: [null], y: [null], name: `${what}, not “no change”`, showlegend: true,
+    marker: { symbol: "square", size: 12, color: MASKED_COLOUR }, hoverinfo: "skip",
+  }];
 }

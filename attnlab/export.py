@@ -186,6 +186,10 @@ def run_note(interventions: list | None) -> str:
     for item in interventions:
         item = dict(item)
         what = {"temperature": f"temperature β = {item.get('beta')}", "mask_keys": f"keys {item.get('tokens')} masked"}
+        if item.get("op") == "positions":  # acts on the input embeddings: no layer or head scope
+            parts.append(f"positions {item.get('mode', 'off')}" + (f" (seed {item.get('seed', 0)})"
+                                                                   if item.get("mode") == "shuffle" else ""))
+            continue
         parts.append(what.get(item.get("op"), str(item.get("op"))) + scope(item))
     return f" The run's interventions (the maps are drawn as it made them): {'; '.join(parts)}."
 

@@ -161,3 +161,10 @@ def test_vit_positions_off_permutes_patches_exactly(tmp_path_factory):
     order = [0, *(order_patches + 1).tolist()]
     assert permutation_error(vit.run(encoded, OFF).attention, vit.run(moved, OFF).attention, order) < 1e-5
     assert permutation_error(vit.run(encoded).attention, vit.run(moved).attention, order) > 1e-3
+
+
+def test_the_standalone_exports_footer_names_the_op():
+    from attnlab.export import run_note
+
+    note = run_note([{"op": "positions", "mode": "shuffle", "seed": 3}, {"op": "positions", "mode": "off"}])
+    assert "positions shuffle (seed 3); positions off." in note and "every head" not in note

@@ -151,3 +151,16 @@ def test_permutation_check_refuses_decoders_and_encoder_decoders(folders_client,
     response = client.post("/api/text/permutation_check", json={"model": name, "text": TEXT})
     assert response.status_code == 422, response.text
     assert "model" in response.text
+
+
+def test_positions_op_on_a_decoder_and_refused_for_an_encoder_decoder(folders_client):
+    client, _ = folders_client
+    body = {"model": "tiny-llama", "text": TEXT, "layers": [0], "heads": [0]}
+    plain = client.post("/api/text/attention", json=body).json()
+    off = client.post("/api/text/attention", json={**body, "interventions": [{"op": "positions", "mode": "off"}]})
+    assert off.status_code == 200, off.text
+    assert np.abs(np.array(off.json()["attention"]) - np.array(plain["attention"])).max() > 1e-3
+    refused = client.post("/api/text/attention", json={"model": "tiny-bart", "text": TEXT,
+                                                       "interventions": [{"op": "positions", "mode": "off"}]})
+    assert refused.status_code == 422, refused.text
+    assert "op" in refused.text and "encoder–decoder" in refused.text

@@ -14,7 +14,7 @@ from fastapi import HTTPException
 
 from app import costs
 from app.context import RequestContext, current
-from app.costs import cost_field, forward_macs, model_shape, stream_macs
+from app.costs import cost_field, forward_macs, model_shape
 from app.jobs import JOBS
 
 
@@ -100,7 +100,7 @@ def check_work_cost(adapter, settings, macs: float, passes: int, field: str, wha
 
 def check_stream_cost(adapter, settings, prompt: int, new_tokens: int, interventions: int) -> None:
     """413 before a generate stream that would not finish within generate_timeout_s; the stream's job is accepted."""
-    seconds = costs.estimated_seconds(adapter, settings, stream_macs(model_shape(adapter), prompt, new_tokens, interventions))
+    seconds = costs.stream_seconds(adapter, settings, prompt, new_tokens, interventions)  # measured step times
     limit = settings.generate_timeout_s
     if seconds > limit:
         raise HTTPException(413, detail=(

@@ -300,6 +300,51 @@ THROUGHPUT = Throughput()
 _shapes: dict[int, ModelShape] = {}
 
 
+class StepTimes:
+    """Real seconds of one decoding step (one new token over the key/value cache, with its attention rows) per model,
+    as measured: the start-up timing's few steps, then every generate's (smoothed, the latest weighing STEP_RECENCY).
+    A step is mostly per-call overhead that no multiply-add count sees: smollm2-135m's 8-token generate was estimated
+    at 0.6-0.8 s from its multiply-adds and took 4-6 s."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, model_id: str, seconds: float) -> None:
+        with self._lock:
+            old = self._seconds.get(model_id)
+            self._seconds[model_id] = seconds if old is None else old + STEP_RECENCY * (seconds - old)
+
+    def seconds(self, model_id: str) -> float | None:
+        with self._lock:
+            return self._seconds.get(model_id)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._seconds.clear()
+
+
+STEP_RECENCY = 0.3
+STEPS = StepTimes()
+
+
+def observe_step(adapter, seconds: float) -> None:
+    """Record one decoding step's real seconds (a generate's steps after the prompt; the start-up timing's)."""
+    STEPS.observe(adapter.info.id, seconds)
+
+
+def stream_seconds(adapter, settings, prompt: int, new_tokens: int, interventions: int) -> float:
+    """A generate stream's seconds: both sides' prompt forwards from the throughput fit (estimated_seconds), then two
+    steps per further token at the model's measured seconds per decoding step (STEPS); before any step was measured,
+    all of it from stream_macs, as it is where the operator gave a rate (compute_gmacs_per_s is taken as it is)."""
+    shape = model_shape(adapter)
+    step_s = STEPS.seconds(adapter.info.id)
+    if step_s is None or "compute_gmacs_per_s" in settings.model_fields_set:
+        return estimated_seconds(adapter, settings, stream_macs(shape, prompt, new_tokens, interventions))
+    prompts = forward_macs(shape, prompt, prompt, interventions) + forward_macs(shape, prompt, prompt, 0)
+    return estimated_seconds(adapter, settings, prompts) + 2 * max(0, new_tokens - 1) * step_s
+
+
 def model_shape(adapter) -> ModelShape:
     """Parameters, layers, heads and sizes of an adapter's model (parameters counted once per adapter)."""
     shape = _shapes.get(id(adapter))
@@ -326,13 +371,16 @@ def _share(adapter) -> float:
 
 
 def estimated_seconds(adapter, settings, macs: float) -> float:
-    """Seconds of `macs` multiply-adds on this adapter's model under the machine's load now: the idle fit times the
-    slowdown its recent runs met (the best evidence of the load), else divided by the CPU share now (/proc)."""
+    """Seconds of `macs` multiply-adds on this adapter's model under the machine's load: the idle fit times the larger
+    of the slowdown its recent runs met and the one the CPU share now (/proc) implies. Recent runs alone missed a load
+    that came after them (the long sample estimated at 9 s beside two busy processes on 2 cores took 35 s; at load
+    ~10, 22 s against 111 s); the share alone misses what it cannot see (oversubscribed threads' waits)."""
     idle, measured = THROUGHPUT.seconds(adapter.info.id, macs, settings.compute_gmacs_per_s * 1e9)
     if not measured:
         return idle
     slowdown = THROUGHPUT.slowdown(adapter.info.id, macs)
-    return idle * slowdown if slowdown is not None else idle / _share(adapter)
+    by_share = 1.0 / _share(adapter)
+    return idle * max(slowdown, by_share) if slowdown is not None else idle * by_share
 
 
 def cost_field(shape: ModelShape, tokens: int, keys: int, runs: int, interventions: int, input_field: str,

@@ -61,6 +61,8 @@ class Job:
             return 0.0
         if self.started_at is None:
             return self.estimate_s
+        if self.of and self.done >= self.of:  # every step done: what is left is the answer, not the estimate's rest
+            return 0.0
         by_estimate = max(0.0, self.estimate_s - (now - self.started_at))
         if not 0 < self.done < self.of:
             return by_estimate

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from app.costs import CPU_SHARE, observe_run
+from app.costs import CPU_SHARE, observe_run, observe_step
 from app.context import RequestContext, add_timing, current, request_deadline  # noqa: F401  (re-exported)
 from app.errors import Overloaded  # noqa: F401  (re-exported: app/errors.py holds it)
 from app.ids import new_run_id
@@ -324,7 +324,24 @@ class Runtime:
                 observe_run(adapter, n, n, 0, seconds, since)  # the load measured over the run itself
                 timed.append(seconds)
                 log.info("timed %s at start-up: %d tokens in %.2f s", adapter.info.id, n, seconds)
+            self._time_steps(adapter, encoded)
         return timed
+
+    @staticmethod
+    def _time_steps(adapter: AttentionAdapter, encoded, steps: int = 3) -> None:
+        """A decoder LM's decoding steps (one token each over the key/value cache), timed at start-up: a generate's
+        first estimate then uses their measured seconds (app/costs.py stream_seconds), not only its multiply-adds."""
+        continuation = getattr(adapter, "continuation", None)
+        if continuation is None or "input_ids" not in encoded.inputs:
+            return
+        prompt = encoded.inputs["input_ids"][0, :32].tolist()
+        stepping = continuation(prompt, (), steps + 1)
+        next(stepping, None)  # the prompt's forward
+        for _ in range(steps):
+            started = time.perf_counter()
+            if next(stepping, None) is None:
+                return
+            observe_step(adapter, time.perf_counter() - started)
 
     def loaded_adapters(self) -> list[AttentionAdapter]:
         return list(self._adapters.values())

@@ -10,7 +10,7 @@ from app.attention import check_request_limits
 from app.interventions import engine_interventions
 from app.errors import field_error
 from app.admission import check_stream_cost
-from app.costs import observe_run
+from app.costs import observe_run, observe_step
 from app.deps import RuntimeDep, adapter_for
 from app.lifecycle import ParsedJsonRoute, check_cancelled
 from app.patch_sources import refuse_for_generate
@@ -150,6 +150,8 @@ def _continue(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], int
                         # one-token steps are mostly per-call overhead and would skew a full forward's estimate
                         observe_run(adapter, len(prompt), len(prompt), len(interventions) if prefix == "" else 0,
                                     time.perf_counter() - started)
+                    else:  # a one-token step: its real seconds estimate the next streams' steps (app/costs.py)
+                        observe_step(adapter, time.perf_counter() - started)
                 if new is None:
                     del sides[prefix]
                 else:

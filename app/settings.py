@@ -89,7 +89,8 @@ class Settings(BaseSettings):
     max_interventions: int = 64
     max_samples: int = 16
     max_thumbnail_size: int = Field(64, ge=2)  # thumbnail_size: each head pooled to at most n × n (L·H·n² bytes)
-    max_response_numbers: int = 4_000_000
+    # 128 tokens × every head of smollm2-135m (30 × 9) is 4,423,680 numbers: one request, 17.7 MB in the binary form
+    max_response_numbers: int = 4_500_000
     # Attention maps one model run may record (L·H·T_q·T_k float32 per run): a bigger run is refused with 413
     # before it starts. 512 tokens of the 30 × 9-head smollm2-135m take 283 MB.
     max_run_bytes: int = 512 * 1024 * 1024

@@ -40,7 +40,7 @@ from fastapi.responses import StreamingResponse
 from app.allocator import process_warm_heap
 from app.openmp_teams import plain_work_done
 from app.context import EMPTY, RequestContext, current, enter
-from app.encoding import fast_json
+from app.encoding import BINARY_MEDIA_TYPE, binary_fields, binary_response, fast_json
 from app.jobs import JOBS, Job
 from app.ids import new_run_id
 from app.lifecycle import LIFECYCLE, RequestCancelled, check_cancelled
@@ -417,15 +417,24 @@ def respond(request: Request, work: Callable[[RequestContext], dict[str, Any]], 
     answer. `ctx` is the request's context (a plain request's, else its job's). `what` names the work in the log
     ("POST /api/text/attention")."""
     if not wants_events(request):
+        if wants_binary(request):  # f16/f32 fields as raw bytes after a JSON header (app/encoding.py)
+            with binary_fields() as parts:
+                body = work(current())
+            return answered(body, parts)
         return answered(work(current()))  # the edge: the request's context, as the middleware made it
     return run_job(request, lambda stream: work(stream.ctx), what, layer_progress=True)
 
 
-def answered(body: dict[str, Any]) -> Response:
-    """A plain request's answer as JSON, at the end of its work, on the worker thread that did it. That thread then
-    tops up the warm heap in its own malloc arena (mapped by the warm heap's thread: app/allocator.py) and, when
-    another model request is in flight, ends its OpenMP team (app/openmp_teams.py)."""
-    response = fast_json(body)
+def wants_binary(request: Request) -> bool:
+    return BINARY_MEDIA_TYPE in request.headers.get("accept", "")
+
+
+def answered(body: dict[str, Any], parts: list | None = None) -> Response:
+    """A plain request's answer as JSON (with `parts`, the binary body: app/encoding.py binary_response), at the end
+    of its work, on the worker thread that did it. That thread then tops up the warm heap in its own malloc arena
+    (mapped by the warm heap's thread: app/allocator.py) and, when another model request is in flight, ends its
+    OpenMP team (app/openmp_teams.py)."""
+    response = fast_json(body) if parts is None else binary_response(body, parts)
     warm = process_warm_heap()
     if warm is not None:
         warm.reserve()

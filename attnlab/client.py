@@ -36,8 +36,8 @@ from typing import Any, Iterator, Sequence
 
 from attnlab.errors import LabError
 from attnlab.interventions import Intervention, to_items
-from attnlab.results import (AttentionResult, AudioAttentionResult, Clip, Continuation, FaithfulnessResult,
-                             LensResult, PatchingResult, Picture, Window, decode)
+from attnlab.results import (BINARY_MEDIA_TYPE, AttentionResult, AudioAttentionResult, Clip, Continuation,
+                             FaithfulnessResult, LensResult, PatchingResult, Picture, Window, decode, read_binary)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 STREAM = {"Accept": "text/event-stream"}
@@ -170,6 +170,21 @@ class Lab:
         with self._open(method, path, body, **kwargs) as answer:
             return json.loads(answer.read())
 
+    def _binary(self, path: str, body: dict) -> dict:
+        """A POST answered in the binary form (`Accept: application/octet-stream`), read into one buffer and viewed
+        as numpy arrays (attnlab.results.read_binary); sent again after a passing refusal, as a job is."""
+        for attempt in range(self.retries + 1):
+            try:
+                with self._open("POST", path, body, headers={"Accept": BINARY_MEDIA_TYPE}) as answer:
+                    if answer.headers.get_content_type() != BINARY_MEDIA_TYPE:
+                        return json.loads(answer.read())
+                    return read_binary(_read_all(answer, path))
+            except LabError as exc:
+                if attempt == self.retries or not _passing(exc):
+                    raise
+                time.sleep(min(5.0, exc.retry_after or 0.5))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
     def _events(self, path: str, body: dict | None, seen: dict | None = None, *, method: str = "POST",
                 headers: dict | None = None) -> Iterator[dict]:
         """The server-sent events of a request (a POST sent as a job, or GET of a job's events), each as {"event":
@@ -300,10 +315,18 @@ class Lab:
                   **fields: Any) -> AttentionResult:
         """POST /api/text/attention. Any other request field (encoding, "f32" unless given; text_pair, position, chat,
         samples, weighting, thumbnail_size, target, …) goes through `fields`. Returns an AttentionResult
-        (`.attention` in numpy)."""
+        (`.attention` in numpy). `binary=True`: one plain request answered in the binary form (the maps' float32 bytes
+        as they are, read without parsing or copying: docs/api.md "The binary form"), rather than a job with its
+        progress bar; None (the default): binary when every layer and head's map is asked without `compare`, the
+        case where the maps are most of the work."""
         fields.setdefault("encoding", "f32")  # exact and compact numpy arrays
+        binary = fields.pop("binary", None)
         body = _body(model=model, text=text, layers=layers, heads=heads, interventions=to_items(interventions),
                      compare=compare, include_scores=include_scores, include_base=include_base, **fields)
+        if binary is None:
+            binary = layers is None and heads is None and not compare and fields["encoding"] != "json"
+        if binary:
+            return AttentionResult(self._binary("/api/text/attention", body), body, self)
         return AttentionResult(self._job("/api/text/attention", body, "attention"), body, self)
 
     def show(self, text: str, model: str | None = None, *, layer: int | None = None, head: int | None = None,
@@ -484,6 +507,24 @@ def _cut(detail: str, path: str) -> LabError:
     error = LabError(None, detail, path)
     error.cut = True
     return error
+
+
+def _read_all(answer, path: str) -> bytearray:
+    """A response's whole body into one writable buffer (the arrays viewing it are then writable, and not copied)."""
+    size = answer.headers.get("Content-Length")
+    if size is None:
+        return bytearray(answer.read())
+    buffer = bytearray(int(size))
+    view, done = memoryview(buffer), 0
+    while done < len(buffer):
+        try:
+            got = answer.readinto(view[done:])
+        except (OSError, http.client.HTTPException):
+            got = 0
+        if not got:
+            raise _cut(f"the answer ended after {done:,} of its {len(buffer):,} bytes", path)
+        done += got
+    return buffer
 
 
 def _passing(exc: LabError) -> bool:

@@ -11,6 +11,7 @@ Standard library only: the client package does not need the server's dependencie
 """
 from __future__ import annotations
 
+import base64
 import datetime as _dt
 import html
 import json
@@ -197,7 +198,7 @@ def run_note(interventions: list | None) -> str:
 def complete_response(result: Any) -> tuple[dict, dict | None]:
     """A result's response and request, with the scores view-mode β needs: when the response has none and the
     result knows its lab, the same text request is asked again with include_scores (the lab's cache answers)."""
-    response = dict(result.response)
+    response = sent_form(dict(result.response))
     request = getattr(result, "request", None)
     request = dict(request) if request else None
     lab_url = _lab_url(result)
@@ -207,6 +208,19 @@ def complete_response(result: Any) -> tuple[dict, dict | None]:
         response = _post_json(f"{lab_url}/api/text/attention", body)
         request = body
     return response, request
+
+
+def sent_form(value: Any) -> Any:
+    """An answer read in the binary form (attnlab.results.read_binary: numpy arrays) with its arrays in the JSON
+    form's exact base64 float32 fields, which the views read; anything else as it is."""
+    if hasattr(value, "dtype") and hasattr(value, "tobytes"):  # a numpy array
+        data = value.astype("<f4", copy=False).tobytes()
+        return {"dtype": "float32", "shape": list(value.shape), "data": base64.b64encode(data).decode("ascii")}
+    if isinstance(value, dict):
+        return {key: sent_form(item) for key, item in value.items()}
+    if isinstance(value, list) and value and isinstance(value[0], (dict, list)):
+        return [sent_form(item) for item in value]
+    return value
 
 
 def _lab_url(result: Any) -> str | None:

@@ -7,6 +7,7 @@ The widget (attnlab/widget.py) and the standalone export (attnlab/export.py) tak
 from __future__ import annotations
 
 import base64
+import json
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
@@ -26,6 +27,8 @@ def decode(field: Any) -> Any:
     cross) is decoded map by map; None stays None."""
     if field is None:
         return None
+    if isinstance(field, np.ndarray):  # from the binary body (read_binary)
+        return field
     if isinstance(field, dict):
         if "data" in field and field.get("dtype") in _DTYPES:
             array = np.frombuffer(base64.b64decode(field["data"]), dtype=_DTYPES[field["dtype"]])
@@ -35,6 +38,33 @@ def decode(field: Any) -> Any:
     if isinstance(field, list):
         return np.array(field, dtype=np.float64 if _has_none(field) else None)
     return field
+
+
+BINARY_MEDIA_TYPE = "application/octet-stream"
+
+
+def read_binary(body: bytes | bytearray | memoryview) -> dict:
+    """The server's binary body (a request sent with `Accept: application/octet-stream`, docs/api.md "The binary
+    form") → its answer as a dict, each f16/f32 field a numpy array viewing the body's bytes (float32: no copy;
+    writable when `body` is a bytearray; float16 widened to float32)."""
+    view = memoryview(body)
+    (n,) = np.frombuffer(view[:4], dtype="<u4")
+    header = json.loads(bytes(view[4:4 + int(n)]))
+    start = 4 + int(n)
+
+    def arrays(field: Any) -> Any:
+        if isinstance(field, dict):
+            if "offset" in field and "nbytes" in field and field.get("dtype") in _DTYPES:
+                dtype = np.dtype(_DTYPES[field["dtype"]])
+                array = np.frombuffer(view, dtype=dtype, count=int(field["nbytes"]) // dtype.itemsize,
+                                      offset=start + int(field["offset"])).reshape(field["shape"])
+                return array.astype(np.float32) if field["dtype"] == "float16" else array
+            return {key: arrays(value) for key, value in field.items()}
+        if isinstance(field, list) and field and isinstance(field[0], (dict, list)):
+            return [arrays(item) for item in field]
+        return field
+
+    return arrays(header)
 
 
 def _has_none(values: list) -> bool:

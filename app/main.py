@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect
 from app.routes import pages, service, text
 from app.routes import images
 from app.routes import gaussian
+from app.routes import luong
 from app.routes import analysis
 from app.routes import audio
 from app.routes import runs
@@ -326,6 +327,7 @@ def _add_routes(app: FastAPI) -> None:
     app.include_router(pages.router)
     app.include_router(images.router)
     app.include_router(gaussian.router)
+    app.include_router(luong.router)  # /api/luong/*, /luong (models/luong.py)
     app.include_router(analysis.router)
     app.include_router(audio.router)
     app.include_router(runs.router)

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.ids import RUN_ID_PATTERN
 from models.interventions import Intervention
+from models.luong import MAX_SOURCE as LUONG_MAX_SOURCE
 
 NonNegInt = Annotated[int, Field(ge=0)]
 # Each index is checked against the model and the input (app/attention.py), whose sizes the settings bound: no length
@@ -481,3 +482,25 @@ def request_examples(models: dict[str, str], image_samples: dict[str, str],
             "kernel_size": 3, "dilation": 1, "padding": "zeros", "alpha": 100.0, "image_size": 16,
             "channels_in": 3, "channels_out": 4, "seed": 0}}}
     return examples
+
+
+class LuongPerturb(_Strict):
+    """Gaussian noise on the Luong encoder's source states h̄_s (see /guide#s16)."""
+
+    sigma: float = Field(ge=0, le=100, description="σ of the noise added to h̄_s, 0 ≤ σ ≤ 100")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="the noise's seed")
+    positions: list[Annotated[int, Field(ge=0, lt=LUONG_MAX_SOURCE)]] | None = Field(
+        None, max_length=LUONG_MAX_SOURCE, description="source positions whose states get noise (null = all)")
+
+
+class LuongAttentionRequest(_Strict):
+    """One input through a Luong-attention model (its score function) and the tiny Transformer beside it (see
+    /guide#s16)."""
+
+    score: Literal["dot", "general", "concat", "location"] = "dot"
+    text: str = Field("the 3rd of March 2021", min_length=1, max_length=LUONG_MAX_SOURCE,
+                      description=f"a date in words or digits, 1-{LUONG_MAX_SOURCE} characters of the model's vocabulary")
+    beta: float = Field(1.0, ge=0, le=100, description="the alignment scores × β before the softmax (1 = the model)")
+    mask: list[Annotated[int, Field(ge=0, lt=LUONG_MAX_SOURCE)]] = Field(
+        default_factory=list, max_length=LUONG_MAX_SOURCE, description="source positions the alignment may not attend (score −∞)")
+    perturb: LuongPerturb | None = None

@@ -188,6 +188,10 @@ def prepared_check(weights_dir: str | Path, model_id: str) -> Callable[[], bool]
     folder = Path(weights_dir) / model_id
     if model_id in MADE_BY_PREPARE:
         return _has_config(folder)
+    if model_id == "luong":  # the /luong page's models, trained by `attnlab prepare` (models/luong.py)
+        from models import luong
+
+        return lambda: luong.prepared(folder)
     return _has_record(folder) if model_id in SOURCES else None
 
 

@@ -249,6 +249,26 @@ SHOTS = {"text": shoot_text, "image": shoot_image, "gaussian": shoot_gaussian, "
          "long-input": shoot_long, "gemma3-long": shoot_gemma3_long, "generate-map": shoot_generate_map}
 
 
+def shoot_luong(page, url):
+    """/luong (docs/science.md §16): the dot score on "the 3rd of March 2021" with the year's four characters masked,
+    its alignment, output and effect beside the Transformer's cross-attention per head."""
+    page.set_viewport_size({"width": 1200, "height": 1480})
+    page.goto(f"{url}/luong")
+    page.wait_for_function("() => document.body.dataset.luongDrawn", timeout=180_000)
+    page.select_option("#luong-score", "dot")
+    page.wait_for_function("() => document.body.dataset.luongScore === 'dot' && !document.body.dataset.luongBusy")
+    text = page.input_value("#luong-text")
+    year = [text.index("2021") + i for i in range(4)]
+    for pos in year:
+        page.click(f"#luong-source button[data-pos='{pos}']")
+    page.wait_for_function("m => document.body.dataset.luongMask === m && !document.body.dataset.luongBusy",
+                           arg=",".join(map(str, year)))
+    wait_drawn(page, 4)
+
+
+SHOTS["luong"] = shoot_luong
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pages", nargs="*", help=f"some of {', '.join(SHOTS)} (default: all)")

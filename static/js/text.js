@@ -16,6 +16,7 @@ import { mountLab } from "./lab/lab.js";
 import { figureToParams, intParam, paramsToFigure } from "./lab/urlstate.js";
 import { drawNextToken, drawTarget, kvGroups, mountContinuation } from "./lm.js";
 import { mountAnalysis } from "./views/analysis.js";
+import { mountCircuit } from "./views/circuit.js";
 import { mountWhy } from "./views/why.js";
 import { mountScaleStats } from "./views/scalestats.js";
 import { ATLAS_SCALES, drawAtlas, hideAtlas, setAtlasBeta, setAtlasScale } from "./views/atlas.js";
@@ -752,6 +753,9 @@ const continuation = mountContinuation({
 
 // Patching between two prompts, the logit lens and the faithfulness check (static/js/views/analysis.js)
 mountAnalysis({ info: () => state.info, text: () => $("text-input").value, interventions: () => lab.interventions(), store: lab.store,
+  onError: (msg) => setStatus(msg, { error: true }) });
+// The circuit view beside it (static/js/views/circuit.js): a click on a head shows its map here
+mountCircuit({ info: () => state.info, store: lab.store, selectHead: (layer, head) => selectHead(layer, head),
   onError: (msg) => setStatus(msg, { error: true }) });
 
 // Arrow keys move the head and layer (lab.js, a listener on the document) only while the focus is inside the map,

@@ -71,17 +71,32 @@ export function mountWhy(anchor, { request }) {
   }
 
   async function draw(a) {
-    const tok = (i) => visibleToken(a.tokens[i] ?? "");
-    title.textContent = `layer ${a.layer}, head ${a.head}: ${a.query} (${tok(a.query)}) → ${a.key} (${tok(a.key)})`;
-    status.textContent = `score β·Ŝ = ${fmt(a.score)} (β = ${fmt(a.beta)}), P[i, j] = ${fmt(a.attention)}; `
+    await drawQK(await loadPlotly(), { title, status, matrixPlot, queryBars, keyBars, expansion }, a);
+  }
+
+  return { offer: offerCell, hide, open }; // open(body): a continuation's generated token (body.ids: its token ids)
+}
+
+// One qk_attribution answer `a` drawn into figs {title, status, matrixPlot, queryBars, keyBars, expansion} (any may be
+// null): the why panel's, and the circuit view's for an attention edge (static/js/views/circuit.js), which passes
+// `mark`, the part its edge comes from ("L3.H2", "L4.mlp", "embed"), and `side`, the side it feeds ("query" or
+// "key"): that part is always shown there and outlined.
+export async function drawQK(P, figs, a, { mark = null, side = null } = {}) {
+  const tok = (i) => visibleToken(a.tokens?.[i] ?? "");
+  if (figs.title) figs.title.textContent = `layer ${a.layer}, head ${a.head}: ${a.query} (${tok(a.query)}) → ${a.key} (${tok(a.key)})`;
+  if (figs.status) {
+    figs.status.textContent = `score β·Ŝ = ${fmt(a.score)} (β = ${fmt(a.beta)}), P[i, j] = ${fmt(a.attention)}; `
       + `the ${a.query_parts.length} × ${a.key_parts.length} parts sum to ${fmt(a.sum)}`
       + (a.softcap ? `; the soft-cap (${fmt(a.softcap)}) applies after this score` : "");
-    const rows = shown(a.query_parts, a.query_totals), cols = shown(a.key_parts, a.key_totals);
+  }
+  const qMark = side === "query" ? mark : null, kMark = side === "key" ? mark : null;
+  const rows = shown(a.query_parts, a.query_totals, qMark), cols = shown(a.key_parts, a.key_totals, kMark);
+  if (figs.matrixPlot) {
     const z = rows.map((r) => cols.map((c) => cellSum(a.matrix, r.indices, c.indices)));
     const top = Math.max(1e-12, ...z.flat().map(Math.abs));
-    const P = await loadPlotly();
-    P.react(matrixPlot, [{
-      type: "heatmap", z, x: cols.map((c) => c.name), y: rows.map((r) => r.name), colorscale: DIVERGING,
+    const label = (marked) => (item) => (item.name === marked ? `▶ ${item.name}` : item.name);
+    P.react(figs.matrixPlot, [{
+      type: "heatmap", z, x: cols.map(label(kMark)), y: rows.map(label(qMark)), colorscale: DIVERGING,
       zmin: -top, zmax: top, hovertemplate: "query part %{y}<br>key part %{x}<br>β·q(a)·k(b) = %{z:.4g}<extra></extra>",
       colorbar: { title: { text: "β q·k" } },
     }], {
@@ -89,31 +104,32 @@ export function mountWhy(anchor, { request }) {
       margin: { l: 90, r: 10, t: 40, b: 90 }, yaxis: { autorange: "reversed", title: { text: `query ${a.query} (${tok(a.query)})` } },
       xaxis: { title: { text: `key ${a.key} (${tok(a.key)})` }, tickangle: -45 },
     }, CONFIG);
-    bars(P, queryBars, rows, `query side: Σ over key parts (row totals)`);
-    bars(P, keyBars, cols, `key side: Σ over query parts (column totals)`);
-    expansion.replaceChildren(...a.expanded.map((entry) => expandedRow(entry, tok, a.key)));
   }
-
-  function bars(P, node, items, text) {
-    // largest |total| at the top (a horizontal bar chart draws its first bar at the bottom)
-    const real = items.filter((item) => item.name !== "other").sort((x, y) => Math.abs(x.total) - Math.abs(y.total));
-    P.react(node, [{
-      type: "bar", orientation: "h", x: real.map((i) => i.total), y: real.map((i) => i.name),
-      marker: { color: real.map((i) => (i.total >= 0 ? "#2166ac" : "#b2182b")) },
-      hovertemplate: "%{y}: %{x:.4g}<extra></extra>",
-    }], { title: { text, font: { size: 13 } }, margin: { l: 80, r: 10, t: 36, b: 30 } }, CONFIG);
-  }
-
-  return { offer: offerCell, hide, open }; // open(body): a continuation's generated token (body.ids: its token ids)
+  if (figs.queryBars) bars(P, figs.queryBars, rows, `query side: Σ over key parts (row totals)`, qMark);
+  if (figs.keyBars) bars(P, figs.keyBars, cols, `key side: Σ over query parts (column totals)`, kMark);
+  if (figs.expansion) figs.expansion.replaceChildren(...(a.expanded ?? []).map((entry) => expandedRow(entry, tok, a.key)));
 }
 
-// The parts of one side worth showing: the SHOWN_PARTS with the largest |total| in the model's order, then "other"
-// (the rest, summed), so that the shown cells still add up to the score. → [{name, total, indices}]
-function shown(names, totals) {
+function bars(P, node, items, text, mark = null) {
+  // largest |total| at the top (a horizontal bar chart draws its first bar at the bottom)
+  const real = items.filter((item) => item.name !== "other").sort((x, y) => Math.abs(x.total) - Math.abs(y.total));
+  P.react(node, [{
+    type: "bar", orientation: "h", x: real.map((i) => i.total), y: real.map((i) => i.name),
+    marker: { color: real.map((i) => (i.total >= 0 ? "#2166ac" : "#b2182b")),
+      line: { color: real.map((i) => (i.name === mark ? "#f08c00" : "rgba(0,0,0,0)")), width: real.map((i) => (i.name === mark ? 3 : 0)) } },
+    hovertemplate: "%{y}: %{x:.4g}<extra></extra>",
+  }], { title: { text, font: { size: 13 } }, margin: { l: 80, r: 10, t: 36, b: 30 } }, CONFIG);
+}
+
+// The parts of one side worth showing: the SHOWN_PARTS with the largest |total| in the model's order (and the part
+// named `mark`, wherever it ranks), then "other" (the rest, summed), so that the shown cells still add up to the
+// score. → [{name, total, indices}]
+function shown(names, totals, mark = null) {
   const order = names.map((_, i) => i).sort((x, y) => Math.abs(totals[y]) - Math.abs(totals[x]));
   const kept = new Set(order.slice(0, SHOWN_PARTS));
+  if (names.indexOf(mark) >= 0) kept.add(names.indexOf(mark));
   const items = names.map((name, i) => ({ name, total: totals[i], indices: [i] })).filter((_, i) => kept.has(i));
-  const rest = order.slice(SHOWN_PARTS);
+  const rest = order.filter((i) => !kept.has(i));
   if (rest.length) items.push({ name: "other", total: rest.reduce((s, i) => s + totals[i], 0), indices: rest });
   return items;
 }

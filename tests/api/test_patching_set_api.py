@@ -214,7 +214,7 @@ def test_only_plain_named_slots_are_filled(client, text, what):
 
 def test_a_template_keeps_literal_braces_and_is_filled_as_written(client):
     """{{ and }} stay literal braces; a value is inserted as it is (braces inside it are not read as slots)."""
-    from app.routes.patching_set import expand_template
+    from app.pipeline.patching_set import expand_template
     from app.schemas import PatchingRequest
 
     req = PatchingRequest(model="tiny-llama", template={"text": "{{x}} {a} and {a}{b}", "fillers": [

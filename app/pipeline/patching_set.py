@@ -2,16 +2,17 @@
 over the pairs and its spread, the attribution estimates beside it (attribution on the head output, AtP, AtP*) and
 how well each ranks the heads against the exact scan (docs/api.md "Patching over a set", docs/science.md).
 
-A set is work of its own kind: the patching route hands a request with `pairs` or `template` to `patching_set`.
-Streamed (`Accept: text/event-stream`) it is a job like every scan: accepted with its ETA, progress over every pair's
+A set is work of its own kind: the patching route (app/routes/analysis.py) answers a request with `pairs` or `template`
+with the job `patching_set_work` builds. Streamed (`Accept: text/event-stream`) it is a job like every scan: accepted with its ETA, progress over every pair's
 patched heads, Cancel at the next batch.
 """
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import HTTPException, Request, Response
+from fastapi import HTTPException
 
 from app.attention import check_request_limits
 from app.interventions import engine_interventions
@@ -23,7 +24,6 @@ from app.lm_inputs import finite_lists, language_model, one_token, prompt_ids
 from app.patch_sources import request_sources
 from app.runtime import Runtime
 from app.schemas import PatchingRequest
-from app.streams import respond_steps
 from models.head_ops import head_run
 from models.patching import Pair
 from models.patching_set import ESTIMATES, agreement, mean_and_spread, set_scan
@@ -82,8 +82,9 @@ def expand_template(req: PatchingRequest, max_chars: int) -> list[dict[str, Any]
     return pairs
 
 
-def patching_set(req: PatchingRequest, request: Request, runtime: Runtime) -> Response:
-    """The set form of POST /api/text/patching (called by the patching route)."""
+def patching_set_work(runtime: Runtime, req: PatchingRequest) -> Callable[[Callable, RequestContext], dict[str, Any]]:
+    """The set form of POST /api/text/patching: every check of `req` done before it returns (4xx naming the field);
+    the result is the job app/streams.py respond_steps runs with its progress callback and context."""
     settings = runtime.settings
     if req.pairs is not None and req.template is not None:
         raise field_error(("template",), "give either pairs or template, not both")
@@ -162,7 +163,7 @@ def patching_set(req: PatchingRequest, request: Request, runtime: Runtime) -> Re
                              guard=lambda tokens: runtime.step(tokens, ctx=turn()))
         return set_response(adapter, req, described, scans, exact)
 
-    return respond_steps(request, job, "POST /api/text/patching (set)")
+    return job
 
 
 def _checked_prompt(runtime: Runtime, adapter, where: tuple, text: str):

@@ -245,8 +245,35 @@ def shoot_generate_map(page, url):
     return page.locator("#continuation").screenshot()
 
 
+def shoot_circuit(page, url):
+    """The circuit view (issue 51): IOI on smollm2-135m, eight generated pairs scored by EAP, the circuit at 5 % of
+    the edges with its faithfulness curve, and the largest drawn <k> edge clicked (its attention row with and without
+    it, and its QK attribution with the sender's part outlined)."""
+    page.goto(f"{url}/#m=smollm2-135m&t={quote(LM_PROMPT)}")
+    page.wait_for_selector("#circuit-panel:not([hidden])", timeout=300_000)
+    wait_drawn(page, 4, timeout_s=300)
+    page.select_option("#circuit-task", "ioi")
+    page.fill("#circuit-n", "8")
+    page.select_option("#circuit-method", "eap")
+    page.click("#circuit-run")
+    page.wait_for_selector("#circuit-panel[data-state]:not([data-state='running'])", state="attached", timeout=900_000)
+    if page.get_attribute("#circuit-panel", "data-state") != "done":
+        raise SystemExit(f"circuit: {page.text_content('#circuit-error')!r}")
+    names = page.eval_on_selector("#circuit-graph", "el => el.data.find(t => t.meta === 'picks').customdata")
+    index = next(i for i, name in enumerate(names) if name.endswith("<k>"))
+    page.evaluate("name => document.getElementById('circuit-graph').emit('plotly_click', "
+                  "{points: [{customdata: name, data: {meta: 'picks'}}]})", names[index])
+    page.wait_for_selector("#circuit-edge[data-state]:not([data-state='running'])", state="attached", timeout=300_000)
+    if page.get_attribute("#circuit-edge", "data-state") != "done":
+        raise SystemExit(f"circuit edge: {page.text_content('#circuit-edge-status')!r}")
+    page.add_style_tag(content=".topbar { position: static !important; }")  # the sticky bar would cover the panel
+    page.wait_for_timeout(500)
+    return page.locator("#circuit-panel").screenshot()
+
+
 SHOTS = {"text": shoot_text, "image": shoot_image, "gaussian": shoot_gaussian, "guide": shoot_guide, "lm": shoot_lm,
-         "long-input": shoot_long, "gemma3-long": shoot_gemma3_long, "generate-map": shoot_generate_map}
+         "long-input": shoot_long, "gemma3-long": shoot_gemma3_long, "generate-map": shoot_generate_map,
+         "circuit": shoot_circuit}
 
 
 def shoot_luong(page, url):

@@ -110,3 +110,20 @@ def test_the_notebook_client_asks_for_every_heads_map_in_the_binary_form(server,
     assert result.tokens == served["tokens"] and result.run_id == served["run_id"]
     window = lab.window(result.run_id, 1, 2, rows=[0, 3], cols=[0, 3])
     assert np.array_equal(window.attention, result.attention[1, 2, :3, :3])
+
+
+def test_every_heads_map_of_smollm2_at_128_tokens_is_one_request_under_the_default_cap():
+    """The default max_response_numbers admits 128 tokens × every head of smollm2-135m (its shape from the prepared
+    weights' config): the maps and each head's received attention, as a plain every-head request answers them."""
+    from pathlib import Path
+
+    from app.attention import check_response_numbers
+    from app.settings import Settings
+
+    config = json.loads((Path(__file__).resolve().parents[2] / "weights" / "smollm2-135m" / "config.json").read_text())
+    heads = config["num_hidden_layers"] * config["num_attention_heads"]
+    numbers = heads * 128 * 128 + heads * 128  # (L, H, T, T) maps + (L, H, T) received
+    check_response_numbers(Settings(), numbers, {"layers": config["num_hidden_layers"]}, "")  # no 413
+    with pytest.raises(Exception) as refused:  # and the cap still bites past it
+        check_response_numbers(Settings(), 2 * numbers, {"layers": config["num_hidden_layers"]}, "")
+    assert getattr(refused.value, "status_code", None) == 413

@@ -491,7 +491,7 @@ def _gradient_scores(engine: Engine, pair: Pair, clean: Record, corrupt: Record,
         start = rows.stop
         g = grad.sum(0).flatten(1) / steps  # (n, T·D)
         p = int(prefix[rows.stop - 1])
-        block = (g @ diff[:p].T).double()  # (n, p)
+        block = (g @ diff[:p].T).double().cpu()  # (n, p): the scores live on the host
         mask = torch.arange(p)[None] < prefix[rows.start:rows.stop, None]
         scores[rows.start:rows.stop, :p] = torch.where(mask, block, 0.0)
     return scores

@@ -9,8 +9,10 @@ Safety:
   file that would decode to hours (a decoder bomb) is stopped as soon as it passes `max_audio_s`, so memory never
   holds more than that much audio;
 - a file that declares a longer duration than it decodes to (cut off in transfer) is refused as truncated;
-- a stream whose sample rate or channel layout changes part-way (two MP3s joined end to end, a WebM from a
-  recorder that switched inputs) is resampled segment by segment, each segment under the same limits;
+- a stream whose sample rate or channel layout changes part-way (a WebM from a recorder that switched inputs) is
+  resampled segment by segment, each segment under the same limits; an MP3 whose rate changes (MP3s of other rates
+  joined end to end) is refused (400 naming `file`): each joined file keeps its encoder delay and padding, and the
+  times after the join would be off;
 - whatever FFmpeg/PyAV raises on a damaged file ends as AudioInputError (400/413/415), never another exception:
   a stream FFmpeg has no decoder for (an unknown WAV format tag, a mangled Matroska CodecID) is 415, a header
   that cannot be decoded (a WAV with 0 bits per sample) or an inconsistent stream 400.
@@ -351,15 +353,29 @@ def _mp3_frames(container, stream):
     a frame with the rate of the frame before (it updates the rate after allocating the frame), so where the rate
     changes part-way (two MP3s joined) one frame would be resampled at the wrong rate; MP3 has no decoder delay, so
     a packet's frames are its own."""
+    first_rate, decoded = None, 0
     for packet in container.demux(stream):
         raw = bytes(packet) if packet.size else b""
         rate = _mpeg_rate(raw) if raw else None
         if rate is None and raw[:3] in (b"ID3", b"TAG"):
             continue  # a tag between joined MP3s (the next file's ID3v2, the last one's ID3v1): not audio (FFmpeg: 400)
+        if rate is not None and first_rate is not None and rate != first_rate:
+            raise AudioInputError(_rate_change(first_rate, rate, decoded / first_rate), 400)
+        first_rate = first_rate or rate
         for frame in packet.decode():
+            decoded += frame.samples if rate in (None, first_rate) else 0
             if rate is not None and frame.sample_rate != rate:
                 frame.sample_rate = rate
             yield frame
+
+
+def _rate_change(first: int, then: int, at_s: float) -> str:
+    """Why an MP3 whose sample rate changes part-way is refused: joined files keep each one's encoder delay and
+    padding (which a file decoded alone has trimmed: its Xing/LAME header), so every time after the join would be off
+    by about 0.1 s against the parts; word times must be true."""
+    return (f"this MP3's sample rate changes part-way ({first:,} Hz, then {then:,} Hz from {at_s:.2f} s on: MP3s "
+            "of other rates joined end to end), so the times after the join would not be true; convert it to one "
+            "rate (e.g. `ffmpeg -i in.mp3 -ar 44100 out.mp3`) and upload it again")
 
 
 def decode_path(path: str | Path, limits: AudioLimits = AudioLimits()) -> DecodedAudio:

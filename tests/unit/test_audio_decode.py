@@ -147,26 +147,35 @@ def _mp3(seconds: float, rate: int, bit_rate: int, hz: float = 440.0, tagged: bo
 
 
 @pytest.mark.parametrize("tagged", [False, True], ids=["bare", "tagged"])
-def test_joined_mp3s_of_other_rates_are_measured_by_their_real_duration(tagged):
-    """8 kHz at 8 kbit/s then 44.1 kHz at 128 kbit/s, 6.7 s: FFmpeg's duration estimate (the first frames' bit rate
-    over the file) says 58 s, which was refused as too long (413); joined as FFmpeg writes MP3s (the second file's
-    ID3v2 tag mid-stream) it was a 400 from avcodec_send_packet. Both decode now, each segment at its own rate."""
+def test_joined_mp3s_of_other_rates_are_refused_naming_the_field(tagged):
+    """8 kHz at 8 kbit/s then 44.1 kHz at 128 kbit/s (issue 56 §11): FFmpeg's duration estimate (the first frames'
+    bit rate over the file) says 58 s, which was a 413; then it was decoded segment by segment, but joined as FFmpeg
+    writes MP3s (each file's ID3v2 tag and Xing header) the second part came 0.1 s later than decoded alone (the first
+    file's encoder delay and padding stay in a joined stream): word times not true. A 400 naming `file`, the rates
+    and where the rate changes (within one MP3 frame of the first part's end)."""
     first, second = _mp3(3.35, 8000, 8000, tagged=tagged), _mp3(3.35, 44100, 128000, hz=1000.0, tagged=tagged)
-    audio = decode_bytes(first + second)
-    alone = decode_bytes(first).duration_s + decode_bytes(second).duration_s
-    assert audio.sample_rate == 8000 and abs(audio.duration_s - alone) < 0.1, (audio.duration_s, alone)
-    assert 6.6 < audio.duration_s < 7.1
+    with pytest.raises(AudioInputError) as caught:
+        decode_bytes(first + second)
+    message = str(caught.value)
+    assert caught.value.status == 400 and "sample rate changes part-way" in message, message  # the route names `file`
+    assert "8,000 Hz, then 44,100 Hz" in message, message
+    at = float(message.split(" from ")[1].split(" s")[0])
+    assert abs(at - decode_bytes(first).duration_s) < 0.3, (at, message)  # an untrimmed first part: delay, padding
+    # the same parts at one rate decode, and each part alone too
+    assert 6.6 < decode_bytes(_mp3(3.35, 8000, 8000, tagged=tagged) * 2).duration_s < 7.1
+    assert decode_bytes(second).sample_rate == 44100
 
 
-def test_joined_tagged_mp3s_of_three_segments_decode():
+def test_joined_tagged_mp3s_of_three_segments_are_refused_at_the_first_change():
     data = _mp3(2.0, 8000, 24000) + _mp3(2.7, 44100, 64000, hz=1000.0) + _mp3(2.0, 8000, 24000)
-    audio = decode_bytes(data)
-    assert 6.6 < audio.duration_s < 7.1 and audio.sample_rate == 8000
+    with pytest.raises(AudioInputError, match="8,000 Hz, then 44,100 Hz") as caught:
+        decode_bytes(data)
+    assert caught.value.status == 400
 
 
 def test_an_mp3_over_the_limit_is_still_stopped_while_decoding():
     with pytest.raises(AudioInputError, match="max_audio_s") as caught:
-        decode_bytes(_mp3(3.0, 44100, 64000) + _mp3(3.0, 8000, 8000), AudioLimits(max_seconds=4.0))
+        decode_bytes(_mp3(3.0, 8000, 8000) + _mp3(3.0, 8000, 8000), AudioLimits(max_seconds=4.0))
     assert caught.value.status == 413
 
 

@@ -376,7 +376,7 @@ async function openEdge(view, name) {
   if (r.channel === "q" || r.channel === "k") await drawRow(P, r);
   else if (r.channel === "v") drawWrites(r);
   else P.purge(byId("circuit-edge-row"));
-  byId("circuit-edge-row").hidden = !(r.channel === "q" || r.channel === "k");
+  byId("circuit-edge-row-box").hidden = !(r.channel === "q" || r.channel === "k");
   status.textContent = r.channel ? "" : "an edge into an MLP or the logits: its exact score only (no attention to show)";
   box.dataset.state = "done";
   box.dataset.score = String(r.score);
@@ -388,13 +388,14 @@ async function openEdge(view, name) {
 async function drawRow(P, r) {
   const x = r.tokens.map((t, i) => `${i}:${visibleToken(t)}`);
   await P.react(byId("circuit-edge-row"), [
-    { type: "bar", name: "with the edge (clean)", x, y: r.row_before, marker: { color: "#98a2b3" } },
-    { type: "bar", name: "the edge from the corrupt run", x, y: r.row_after, marker: { color: "#3b5bdb" } },
+    { type: "bar", name: "clean", x, y: r.row_before, marker: { color: "#98a2b3" } },
+    { type: "bar", name: "edge from the corrupt run", x, y: r.row_after, marker: { color: "#3b5bdb" } },
   ], {
-    title: { text: `${r.receiver}'s attention from query ${r.query} (${visibleToken(r.tokens[r.query] ?? "")}); moved most: key ${r.key}`, font: { size: 13 } },
-    barmode: "group", margin: { l: 45, r: 10, t: 34, b: 80 }, xaxis: { type: "category", tickangle: -45 },
-    yaxis: { title: { text: "P[query, key]" }, range: [0, 1.05] },
-    legend: { x: 1, xanchor: "right", y: 1, bgcolor: "rgba(255,255,255,0.85)" },
+    title: { text: `${r.receiver}'s row at query ${r.query} (${visibleToken(r.tokens[r.query] ?? "")}); moved most: key ${r.key}`,
+      font: { size: 13 }, x: 0, xanchor: "left", xref: "paper" },
+    barmode: "group", margin: { l: 45, r: 10, t: 40, b: 80 }, xaxis: { type: "category", tickangle: -45 },
+    yaxis: { title: { text: "P[query, key]" }, range: [0, 1.02] },
+    legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom" },
   }, CONFIG);
   if (!r.qk) return;
   const place = nodePlace(r.receiver, 1e9, 1);
@@ -416,6 +417,9 @@ function drawWrites(r) {
   const rows = before.map((b, i) => el("tr", {}, ...[String(i + 1), showToken(b.token), fmt(b.logit, 3),
     after[i] ? showToken(after[i].token) : "", after[i] ? fmt(after[i].logit, 3) : ""].map((t) => el("td", { textContent: t }))));
   table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
+  byId("circuit-edge-writes-title").textContent = `what ${r.receiver} writes at query ${r.query} `
+    + `(${visibleToken(r.tokens?.[r.query] ?? "")}), through the unembedding: its top tokens with the edge and with it `
+    + `read from the corrupt run`;
   table.hidden = false;
   byId("circuit-edge-writes-box").hidden = false;
 }

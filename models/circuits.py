@@ -29,6 +29,7 @@ constant is the same in every run: it belongs to no edge. Qwen2's q/k/v biases a
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import re
 import weakref
@@ -198,7 +199,7 @@ def _node_numbers(node: str) -> tuple[int, int | None]:
 @dataclass
 class Layer:
     input_norm: nn.Module
-    post_norm: nn.Module
+    post_norm: nn.Module  # the norm the MLP reads through (Llama's post_attention_layernorm, Gemma's pre_feedforward)
     mlp: nn.Module
     attention: nn.Module
     wq: torch.Tensor  # (H, D, d)
@@ -211,6 +212,11 @@ class Layer:
     bo: torch.Tensor | None  # (D,)
     scaling: float
     window: int | None  # a sliding window, when the layer has one
+    kind: str = "full_attention"  # the layer type (Gemma 3's local and global layers have their own RoPE)
+    q_norm: nn.Module | None = None  # Gemma 3, Qwen3: a norm on each head's q and k before RoPE
+    k_norm: nn.Module | None = None
+    attn_out_norm: nn.Module | None = None  # Gemma's sandwich norms: on the attention output and the MLP output
+    mlp_out_norm: nn.Module | None = None
 
 
 def _head_weights(linear: nn.Linear, n_heads: int, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -228,22 +234,29 @@ def _layers(model: nn.Module, layer_of: dict[int, int], info) -> list[Layer]:
     n_kv = info.kv_heads or n_heads
     group = torch.arange(n_heads) // (n_heads // n_kv)  # the K/V head each query head reads
     windows = _windows(model.config, len(layer_of))
+    kinds = getattr(model.config, "layer_types", None) or ["full_attention"] * len(layer_of)
     out = []
     for l, (block, attention) in enumerate(zip(layer_blocks(model, layer_of), attention_modules(model, layer_of))):
         missing = [n for n in ("q_proj", "k_proj", "v_proj", "o_proj") if not hasattr(attention, n)]
         missing += [n for n in ("input_layernorm", "post_attention_layernorm", "mlp") if not hasattr(block, n)]
-        if missing or hasattr(block, "pre_feedforward_layernorm") or hasattr(attention, "q_norm"):
+        sandwich = hasattr(block, "pre_feedforward_layernorm")
+        if missing or (sandwich and attention.o_proj.bias is not None):
             raise CircuitUnsupported(
                 f"{type(block).__name__}: circuits run pre-norm decoders with Llama's block (input norm, separate "
-                "q/k/v/o projections, a post-attention norm before the MLP): Llama, SmolLM2, Qwen2, Mistral. "
-                + (f"Missing: {', '.join(missing)}" if missing else "Sandwich norms or q/k norms are not run yet"))
+                "q/k/v/o projections, a norm before the MLP): Llama, SmolLM2, Qwen2, Mistral, Gemma 3. "
+                + (f"Missing: {', '.join(missing)}" if missing else "A sandwich norm after an o_proj bias is not run"))
         wq, bq = _head_weights(attention.q_proj, n_heads, torch.arange(n_heads))
         wk, bk = _head_weights(attention.k_proj, n_kv, group)
         wv, bv = _head_weights(attention.v_proj, n_kv, group)
         wo = attention.o_proj.weight.detach().T.reshape(n_heads, head_dim, -1)  # (H, d, D)
         bo = attention.o_proj.bias.detach() if attention.o_proj.bias is not None else None
-        out.append(Layer(block.input_layernorm, block.post_attention_layernorm, block.mlp, attention, wq, wk, wv,
-                         bq, bk, bv, wo, bo, float(getattr(attention, "scaling", head_dim ** -0.5)), windows[l]))
+        layer = Layer(block.input_layernorm, block.post_attention_layernorm, block.mlp, attention, wq, wk, wv,
+                      bq, bk, bv, wo, bo, float(getattr(attention, "scaling", head_dim ** -0.5)), windows[l], kinds[l],
+                      getattr(attention, "q_norm", None), getattr(attention, "k_norm", None))
+        if sandwich:
+            layer.post_norm, layer.attn_out_norm = block.pre_feedforward_layernorm, block.post_attention_layernorm
+            layer.mlp_out_norm = block.post_feedforward_layernorm
+        out.append(layer)
     return out
 
 
@@ -253,6 +266,15 @@ def _windows(config, n_layers: int) -> list[int | None]:
     if getattr(config, "use_sliding_window", True) is False:
         window = None
     return [window if window and kind == "sliding_attention" else None for kind in kinds]
+
+
+def _norm_scale(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm's factor at x (..., D): norm(v) = factor ⊙ v for v = x, with the gain read by applying the norm to
+    ones (Llama's g, Gemma's 1 + g; as models/qk_attribution.py freezes a norm). → (..., D)"""
+    eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))
+    ones = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+    gain = norm(ones) * (1.0 + eps) ** 0.5  # rms(ones) = 1
+    return gain * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -315,6 +337,7 @@ class Engine:
             raise CircuitUnsupported("soft-capped logits (Gemma 2) are not run by the circuit engine yet")
         if self.rotary is None or self.norm is None:
             raise CircuitUnsupported(f"{type(model).__name__}: no rotary embedding or final norm found")
+        self._rope_by_kind = "layer_type" in inspect.signature(self.rotary.forward).parameters
         self.dtype = self.layers[0].wq.dtype
         self.device = self.layers[0].wq.device
 
@@ -332,17 +355,21 @@ class Engine:
         n_items, n_tokens = ids.shape
         x = plan.embeds if plan.embeds is not None else self.embeddings(ids)  # (B, T, D)
         positions = torch.arange(n_tokens, device=self.device)[None].expand(n_items, -1)
-        cos, sin = self.rotary(x, positions)  # (B, T, d)
+        ropes = self._ropes(x, positions)  # layer kind → (cos, sin), each (B, T, d)
         parts = [x]
         dense = plan.keep is not None
         for l, layer in enumerate(self.layers):
             rows = self.graph.receiver_rows(l)
             head_in = self._inputs(plan, parts, x, range(rows.start, rows.stop - 1), l)  # (B, 3H, T, D)
-            outputs = self._heads(layer, head_in, cos, sin, plan, l)  # (B, H, T, D)
+            outputs = self._heads(layer, head_in, *ropes[layer.kind], plan, l)  # (B, H, T, D)
+            if layer.attn_out_norm is not None:  # each head's part: its output through the norm at this run's scale
+                outputs = outputs * _norm_scale(layer.attn_out_norm, outputs.sum(dim=1))[:, None]
             parts += list(outputs.unbind(1))
             mid = x + outputs.sum(dim=1) + (layer.bo if layer.bo is not None else 0)
             mlp_in = self._inputs(plan, parts, mid, range(rows.stop - 1, rows.stop), l)[:, 0]  # (B, T, D)
             mlp_out = layer.mlp(layer.post_norm(mlp_in))
+            if layer.mlp_out_norm is not None:
+                mlp_out = layer.mlp_out_norm(mlp_out)
             parts.append(mlp_out)
             x = mid + mlp_out if not dense else x  # the natural stream (a dense plan reads the corrupt one)
         row = self.graph.logits_row
@@ -379,6 +406,13 @@ class Engine:
             inputs = inputs + leaf
         return inputs
 
+    def _ropes(self, x: torch.Tensor, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        kinds = {layer.kind for layer in self.layers}
+        if self._rope_by_kind:  # Gemma 3: local and global layers rotate with their own base
+            return {kind: self.rotary(x, positions, kind) for kind in kinds}
+        cos_sin = self.rotary(x, positions)
+        return {kind: cos_sin for kind in kinds}
+
     def _differences(self, plan: Plan, parts: list[torch.Tensor]) -> torch.Tensor:
         """own − corrupt part of every sender computed so far, kept in one (B, S, T, D) buffer filled as they come."""
         buffer = plan.watched.get("_diff")
@@ -404,6 +438,8 @@ class Engine:
         q = torch.einsum("bhtD,hDd->bhtd", xq, layer.wq) + (layer.bq if layer.bq is not None else 0)
         k = torch.einsum("bhtD,hDd->bhtd", xk, layer.wk) + (layer.bk if layer.bk is not None else 0)
         v = torch.einsum("bhtD,hDd->bhtd", xv, layer.wv) + (layer.bv if layer.bv is not None else 0)
+        if layer.q_norm is not None:
+            q, k = layer.q_norm(q), layer.k_norm(k)
         c, s = cos[:, None], sin[:, None]  # (B, 1, T, d)
         q, k = q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
         scores = (q @ k.transpose(-1, -2)).float() * layer.scaling  # (B, H, T, T)

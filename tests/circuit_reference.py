@@ -42,8 +42,25 @@ def _layers(model):
     return model.model.layers
 
 
+def _sandwich(layer) -> bool:
+    """Gemma's blocks norm the attention output before adding it, and the MLP's input and output."""
+    return hasattr(layer, "pre_feedforward_layernorm")
+
+
+def _rms_factor(norm, x: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm (g or 1 + g) as the factor it multiplies x by, (T, D), written out from its definition."""
+    gain = (1.0 + norm.weight) if _sandwich_gain(norm) else norm.weight
+    return gain * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
+
+
+def _sandwich_gain(norm) -> bool:
+    return type(norm).__name__.startswith("Gemma")
+
+
 def _parts(model, ids: torch.Tensor) -> dict:
-    """Every sender's part in a plain run: "input" (T, D), ("head", l, h) (T, D), ("mlp", l) (T, D)."""
+    """Every sender's part in a plain run: "input" (T, D), ("head", l, h) (T, D), ("mlp", l) (T, D). Under a
+    sandwich norm a head's part is its output through the attention output's norm at the factor the run had there,
+    and the MLP's part is the post-feedforward norm's output."""
     found: dict = {}
     handles = [model.model.embed_tokens.register_forward_hook(
         lambda _m, _a, out: found.__setitem__("input", out[0].detach()))]
@@ -51,13 +68,16 @@ def _parts(model, ids: torch.Tensor) -> dict:
     for l, layer in enumerate(_layers(model)):
         proj = layer.self_attn.o_proj
 
-        def o_input(_m, args, l=l, proj=proj):
+        def o_output(_m, args, output, l=l, proj=proj, layer=layer):
             z = args[0][0]  # (T, H·d): the heads' outputs, concatenated
             d = z.shape[-1] // heads
+            factor = _rms_factor(layer.post_attention_layernorm, output[0]) if _sandwich(layer) else 1.0
             for h in range(heads):
-                found[("head", l, h)] = F.linear(z[:, h * d:(h + 1) * d], proj.weight[:, h * d:(h + 1) * d]).detach()
-        handles.append(proj.register_forward_pre_hook(o_input))
-        handles.append(layer.mlp.register_forward_hook(
+                part = F.linear(z[:, h * d:(h + 1) * d], proj.weight[:, h * d:(h + 1) * d])
+                found[("head", l, h)] = (part * factor).detach()
+        handles.append(proj.register_forward_hook(o_output))
+        mlp_out = layer.post_feedforward_layernorm if _sandwich(layer) else layer.mlp
+        handles.append(mlp_out.register_forward_hook(
             lambda _m, _a, out, l=l: found.__setitem__(("mlp", l), out[0].detach())))
     try:
         with torch.no_grad():
@@ -75,7 +95,8 @@ def _receiver_hook(model, receiver: tuple, delta: torch.Tensor):
     if receiver[0] == "logits":
         handles.append(model.model.norm.register_forward_pre_hook(lambda _m, args: (args[0] + delta, *args[1:])))
     elif receiver[0] == "mlp":
-        norm = _layers(model)[receiver[1]].post_attention_layernorm
+        layer = _layers(model)[receiver[1]]
+        norm = layer.pre_feedforward_layernorm if _sandwich(layer) else layer.post_attention_layernorm
         handles.append(norm.register_forward_pre_hook(lambda _m, args: (args[0] + delta, *args[1:])))
     else:
         _, l, h, channel = receiver

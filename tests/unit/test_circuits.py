@@ -1,5 +1,6 @@
 """Circuits through attention (models/circuits.py, docs/science.md "Circuits through attention") on tiny random
-grouped-query decoders (Llama and Qwen2, 4 query heads over 2 K/V heads; Qwen2 with q/k/v biases moved off zero):
+grouped-query decoders (Llama and Qwen2, 4 query heads over 2 K/V heads, Qwen2 with q/k/v biases moved off zero;
+Gemma 3, 4 query heads over 1 K/V head, with q/k norms, sandwich norms and a sliding window shorter than the prompt):
 
 - each exact edge score equals an independent re-computation with plain forward hooks on transformers
   (tests/circuit_reference.py) within 1e-4 on the metric, for q, k, v, MLP and logits edges;
@@ -22,7 +23,7 @@ from tests.tiny_models import build_text_model
 CLEAN, CORRUPT = "the cat sat on the mat because it was tired", "the dog ran on the rug because it was small"
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
 def tiny(request, tmp_path_factory):
     family = request.param
     folder = build_text_model(family, tmp_path_factory.mktemp(family))

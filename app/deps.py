@@ -5,6 +5,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.audiostore import AudioStore, get_audio_store
 from app.errors import field_error
 from app.imagestore import UploadStore, get_image_store
 from app.errors import Overloaded
@@ -25,6 +26,7 @@ async def get_app_settings(request: Request) -> Settings:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 ImageStoreDep = Annotated[UploadStore, Depends(get_image_store)]  # uploads: memory or Redis (app/imagestore.py)
+AudioStoreDep = Annotated[AudioStore, Depends(get_audio_store)]  # speech uploads (app/audiostore.py)
 
 
 def adapter_for(runtime: Runtime, model: str, kind: str | None = None, loc: tuple = ("model",)) -> AttentionAdapter:

@@ -397,9 +397,9 @@ def _add_request_examples(app: FastAPI, schema: dict) -> None:
         path = images.SAMPLES_DIR / sample["file"]
         if sample["model"] in runtime.specs and sample["model"] not in samples and path.is_file():
             samples[sample["model"]] = image_id_for(path.read_bytes())
-    from app.routes import audio as audio_routes  # the bundled speech clip has a fixed id, where setup made it
+    from app.pipeline.audio import SAMPLE_ID, sample_path  # the bundled speech clip has a fixed id, where setup made it
 
-    clip = audio_routes.SAMPLE_ID if audio_routes._sample_path(runtime).is_file() else None
+    clip = SAMPLE_ID if sample_path(runtime).is_file() else None
     for path, named in request_examples(families, samples, clip).items():
         body = schema.get("paths", {}).get(path, {}).get("post", {}).get("requestBody", {})
         media = body.get("content", {}).get("application/json")

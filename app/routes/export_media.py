@@ -1,26 +1,20 @@
 """POST /api/image/export.html and POST /api/audio/export.html: the image and speech pages' "Download standalone HTML"
-buttons (issue 31 §3), the same single file as the text page's (attnlab/export.py, app/routes/export.py).
-
-The embedded view (static/js/views/embed.js) draws one square map over one list of tokens, so each route runs its
-page's own attention route and hands the exporter a response of that shape:
-- images: the patches are the tokens ("CLS", any prefix tokens, then "p(row,col)"), with the scores view-mode β needs;
-- speech: the decoder's self-attention over the decoder tokens (causal). Cross-attention (tokens × 1,500 audio
-  positions) is not square, and the view does not draw it. The speech route returns no scores, so the file carries
-  Ŝ = ln P / β₀, which gives P back under softmax(β₀·Ŝ) (a row's constant cancels in the softmax): view-mode β is
-  then P^(β/β₀) re-normalised per row, as softmax(β·Ŝ) of the run's own scores would give."""
+buttons (issue 31 §3), the same single file as the text page's (attnlab/export.py, app/routes/export.py). The work,
+and why the speech file carries ln P / β₀ as its scores, is app/pipeline/export_media.py's: it runs the same work
+functions as the image and speech attention routes (no route calls another's handler)."""
 from __future__ import annotations
 
-import base64
 import re
 
-import numpy as np
-import orjson
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
-from app.deps import RuntimeDep
-from app.errors import field_error
+from app.allocator import process_warm_heap
+from app.deps import AudioStoreDep, ImageStoreDep, RuntimeDep
 from app.lifecycle import ParsedJsonRoute
-from app.routes import audio, images
+from app.openmp_teams import plain_work_done
+from app.pipeline.audio import AudioAttentionRequest
+from app.pipeline.export_media import audio_export, image_export
+from app.pipeline.image import ImageAttentionRequest
 from app.streams import wants_events
 
 router = APIRouter(tags=["export"], route_class=ParsedJsonRoute)
@@ -29,8 +23,6 @@ OPENS_LAYER = Query(None, ge=0, description="the layer shown when the file opens
 OPENS_HEAD = Query(None, ge=0, description="the head shown when the file opens")
 ANSWERS = {200: {"content": {"text/html": {}}, "description": "one self-contained HTML file (an attachment)"},
            413: {"description": "the maps are over max_response_numbers: name fewer layers or heads"}}
-# A key the run gave P = 0 (a masked key): a score whose softmax weight is 0 at any β the slider reaches.
-MASKED_SCORE = -1e30
 
 
 def _refuse_events(request: Request) -> None:
@@ -44,88 +36,36 @@ def _attachment(page: str, model: str, what: str) -> Response:
                     headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
 
+def _plain_work_done() -> None:
+    """What a plain answer's thread does at the end of its work (app/streams.py answered): top up the warm heap, end
+    its OpenMP team when another model request is in flight."""
+    warm = process_warm_heap()
+    if warm is not None:
+        warm.reserve()
+    plain_work_done()
+
+
 @router.post("/api/image/export.html", response_class=Response, responses=ANSWERS)
-def export_image_html(req: images.ImageAttentionRequest, runtime: RuntimeDep, store: images.ImageStoreDep,
+def export_image_html(req: ImageAttentionRequest, runtime: RuntimeDep, store: ImageStoreDep,
                       request: Request, layer: int | None = OPENS_LAYER, head: int | None = OPENS_HEAD) -> Response:
     """The attention of `req` over the image's patches (every layer and head unless `layers`/`heads` name some) as one
     HTML file that opens offline with the view-mode controls: layer, head, view-mode β (from the scores), key masks,
     colour scale. Its tokens are the page's patch labels. Interventions are applied to the saved maps; effects are
     not exported (`compare` is ignored)."""
     _refuse_events(request)
-    body = req.model_copy(update={
-        "include_scores": req.weighting != "value_norm",  # scores for view-mode β: not for value-weighted maps
-        "encoding": "f32", "compare": False, "include_base": False, "samples": 1, "thumbnail_size": None,
-        "queries": None,  # the view is the whole square map
-    })
-    response = orjson.loads(images.image_attention(body, runtime, store).body)
-    if response.get("attention") is None:
-        raise field_error(("image_size",), f"{len(response.get('tokens', []))} tokens is over full_map_tokens_image "
-                          f"({runtime.settings.full_map_tokens_image}): a large image has an overview, not full maps "
-                          "to export; ask for a smaller image_size")
-    from attnlab.export import standalone_html
-
-    rows, cols = response.get("grid") or ["?", "?"]
-    title = f"attnlab · {response.get('model', req.model)} · image {req.image_id[:8]} · {rows}×{cols} patches"
-    request_fields = body.model_dump(mode="json", exclude_none=True)
-    request_fields["text"] = f"image {req.image_id[:8]}, {rows}×{cols} patches: CLS, then p(row,col) row by row"  # its title line
-    page = standalone_html(response, request=request_fields, title=title, layer=layer, head=head)
+    page = image_export(runtime, store, req, layer, head)
+    _plain_work_done()
     return _attachment(page, req.model, "image")
 
 
-def run_betas(interventions, layers: list[int], heads: list[int], native_beta: float, kind: str = "decoder") -> np.ndarray:
-    """The β each returned (layer, head) of attention `kind` ran at: β₀, or the last temperature that covers it (an
-    item with kind null covers every kind; layers/heads null every layer/head), as models/interventions.py plans it.
-    interventions: the request's items (pydantic models or dicts). → (len(layers), len(heads))"""
-    betas = np.full((len(layers), len(heads)), float(native_beta))
-    for iv in interventions or ():
-        item = iv if isinstance(iv, dict) else iv.model_dump()
-        if item.get("op") != "temperature" or item.get("kind") not in (None, kind):
-            continue
-        for li, layer in enumerate(layers):
-            for hi, head in enumerate(heads):
-                if item.get("layers") is None or layer in item["layers"]:
-                    if item.get("heads") is None or head in item["heads"]:
-                        betas[li, hi] = float(item["beta"])
-    return betas
-
-
-def decoder_view(response: dict, interventions=()) -> dict:
-    """The speech response as the embedded view's square-map response: the decoder self-attention (L, H, N, N) over
-    the decoder tokens, with Ŝ = ln P / β as its scores, β the run's for each head (β₀ unless a temperature on the
-    decoder changed it: softmax(β·Ŝ) is then P again, and the slider starts from the map drawn; see the module's
-    note; P = 0 → MASKED_SCORE)."""
-    decoder = response["attention"]["decoder"]
-    P = np.frombuffer(base64.b64decode(decoder["data"]), dtype="<f4").reshape(decoder["shape"])
-    beta0 = float(response.get("native_beta") or 1.0)
-    layers = response.get("layers") or list(range(P.shape[0]))
-    heads = response.get("heads") or list(range(P.shape[1]))
-    betas = run_betas(interventions, layers, heads, beta0)[:, :, None, None]  # (L, H, 1, 1)
-    with np.errstate(divide="ignore"):
-        S = np.where(P > 0, np.log(np.where(P > 0, P, 1.0)) / betas, MASKED_SCORE).astype("<f4")  # (L, H, N, N)
-    scores = {**decoder, "data": base64.b64encode(S.tobytes()).decode("ascii")}
-    keep = ("model", "tokens", "layers", "heads", "native_beta", "transcript", "weighting", "run_id")
-    view = {name: response[name] for name in keep if name in response}
-    return {**view, "attention": decoder, "view_kind": "decoder",
-            "scores": scores if response.get("weighting", "attention") != "value_norm" else None}
-
-
 @router.post("/api/audio/export.html", response_class=Response, responses=ANSWERS)
-def export_audio_html(req: audio.AudioAttentionRequest, runtime: RuntimeDep, store: audio.AudioStoreDep,
+def export_audio_html(req: AudioAttentionRequest, runtime: RuntimeDep, store: AudioStoreDep,
                       request: Request, layer: int | None = OPENS_LAYER, head: int | None = OPENS_HEAD) -> Response:
     """The decoder self-attention of `req` (decoder tokens × decoder tokens, causal; every layer and head unless
     `layers`/`heads` name some) as one HTML file that opens offline with the view-mode controls. Cross-attention is
     not in the file (its map is not square). View-mode β re-normalises P^(β/β₀) per row (scores ln P / β₀; none for
     value-weighted maps). Interventions are applied to the saved maps; effects are not exported."""
     _refuse_events(request)
-    body = req.model_copy(update={"kinds": ["decoder"], "encoding": "f32", "compare": False, "encoder_layers": None})
-    response = orjson.loads(audio.audio_attention(body, runtime, store, request).body)
-    view = decoder_view(response, body.interventions)
-    from attnlab.export import standalone_html
-
-    transcript = (response.get("transcript") or "").strip()
-    title = (f"attnlab · {response.get('model', req.model)} · decoder self-attention · "
-             f"“{transcript[:60]}{'…' if len(transcript) > 60 else ''}”")
-    request_fields = body.model_dump(mode="json", exclude_none=True)
-    request_fields["text"] = f"decoder self-attention (not the cross-attention) of: {transcript}"  # its title line
-    page = standalone_html(view, request=request_fields, title=title, layer=layer, head=head)
+    page = audio_export(runtime, store, req, layer, head)
+    _plain_work_done()
     return _attachment(page, req.model, "decoder")

@@ -77,7 +77,7 @@ def loaded_infos(runtime: Runtime, kind: str) -> list[dict] | None:
     """ModelInfo of every registry model of `kind` if each is loaded already or can be described from its files
     without loading (a prepared decoder LM such as gemma3-270m: models/listing.py), else None (the page asks
     GET /api/models)."""
-    from app.routes.service import public_info  # `source` without server paths
+    from app.model_sources import public_info  # `source` without server paths
     from app.runtime import UnknownModel
 
     infos = []

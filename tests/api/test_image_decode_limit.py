@@ -14,7 +14,7 @@ from PIL import Image
 
 import app.routes.images as images_route
 from app.main import create_app
-from app.routes.images import decode_gate
+from app.uploads import decode_gate
 from app.settings import Settings
 
 

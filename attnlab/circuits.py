@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from attnlab.client import Lab
+from attnlab._types import LabLike
 
 _NAME = re.compile(r"^(.+)->([^<]+)(?:<[qkv]>)?$")
 
@@ -19,7 +18,7 @@ class CircuitResult:
     value}], `.cpr`, `.cmd`, `.metric` {clean, corrupt}, `.nodes`; `.circuit(budget)` the edges kept at a budget,
     `.edge(name)` why one edge matters (POST /api/text/circuit/edge on the first pair), `.to_json(path)`."""
 
-    def __init__(self, data: dict[str, Any], request: dict[str, Any], lab: "Lab"):
+    def __init__(self, data: dict[str, Any], request: dict[str, Any], lab: "LabLike"):
         self.data, self.request, self._lab = data, request, lab
         self.edges: dict[str, float] = {name: item["score"] for name, item in data["edges"].items()}
         self.in_graph: dict[str, bool] = {name: bool(item.get("in_graph")) for name, item in data["edges"].items()}

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from attnlab._types import LabLike
 from attnlab.errors import LabError
 from attnlab.interventions import PatchHeads, PatchResidual
-
-if TYPE_CHECKING:
-    from attnlab.client import Lab
 
 _DTYPES = {"float32": "<f4", "float16": "<f2", "uint8": "u1"}
 
@@ -90,7 +88,7 @@ class Result:
     """The server's answer (`.response`, a dict as it came), the request body (`.request`) and the client (`.lab`).
     `result["field"]` reads the response."""
 
-    def __init__(self, response: dict, request: dict | None, lab: "Lab | None"):
+    def __init__(self, response: dict, request: dict | None, lab: "LabLike | None"):
         self.response, self.request, self.lab = response, request, lab
 
     def __getitem__(self, key: str) -> Any:
@@ -329,7 +327,7 @@ class Continuation:
     "ended", "base_token", …}); `.text`, `.base_text` and `.steps` once it has run (`.run()` runs it to the end).
     Leaving the loop early closes the stream, and the server stops after the step in progress."""
 
-    def __init__(self, lab: "Lab", request: dict):
+    def __init__(self, lab: "LabLike", request: dict):
         self.lab, self.request = lab, request
         self.steps: list[dict] = []
         self.response: dict | None = None
@@ -517,7 +515,7 @@ class AudioAttentionResult(AttentionResult):
 class Clip(Result):
     """An uploaded clip (POST /api/audio's answer: audio_id, duration_s, …): `.attention(…)` and `.transcribe()`."""
 
-    def __init__(self, response: dict, lab: "Lab", model: str | None = None):
+    def __init__(self, response: dict, lab: "LabLike", model: str | None = None):
         super().__init__(response, None, lab)
         self.model = model
 
@@ -547,7 +545,7 @@ class Clip(Result):
 class Picture(Result):
     """An uploaded image (POST /api/images's answer: image_id, width, height, …): `.attention(…)`, `.view()`."""
 
-    def __init__(self, response: dict, lab: "Lab", model: str | None = None):
+    def __init__(self, response: dict, lab: "LabLike", model: str | None = None):
         super().__init__(response, None, lab)
         self.model = model
 

@@ -1,0 +1,29 @@
+"""The Lab as its results see it: the calls a result object makes back on the Lab that made it (a window or row of a
+kept run, a clip's or image's attention, a job's events and cancel, a circuit edge). attnlab/results.py and
+attnlab/circuits.py name this Protocol, not attnlab.client.Lab, so that no import (not even a type-only one) runs
+from a result back to the client that imports them. Lab satisfies it structurally."""
+from __future__ import annotations
+
+from typing import Any, Iterator, Protocol, Sequence
+
+
+class LabLike(Protocol):
+    def window(self, run_id: str, layer: int, head: int, rows: Sequence[int] | None = None,
+               cols: Sequence[int] | None = None, **fields: Any) -> Any: ...
+
+    def row(self, run_id: str, row: int, *, layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+            **fields: Any) -> dict: ...
+
+    def image_attention(self, image_id: str, model: str | None = None, **fields: Any) -> Any: ...
+
+    def audio_attention(self, audio_id: str, model: str | None = None, **fields: Any) -> Any: ...
+
+    def transcribe(self, audio_id: str, model: str | None = None, **fields: Any) -> dict: ...
+
+    def _open(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any: ...
+
+    def _json(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any: ...
+
+    def _events(self, path: str, body: dict | None, seen: dict | None = None, **kwargs: Any) -> Iterator[dict]: ...
+
+    def _cancel_job(self, seen: dict) -> None: ...

@@ -873,10 +873,9 @@ def prepare_model(weights_dir: Path, model_id: str, force: bool = False) -> None
 
 
 def served_models() -> list[str]:
-    """The models the server loads at start (its default_models) that a preparation makes (minilm ships ready)."""
-    from app.settings import Settings
-
-    return [model_id for model_id in Settings().default_models if model_id in DEFAULT_PREPARED]
+    """The models the server loads at start (its default_models: models/preparing.py reads them as app/settings.py does,
+    ATTNLAB_DEFAULT_MODELS or the default list) that a preparation makes (minilm ships ready)."""
+    return [model_id for model_id in preparing.default_models() if model_id in DEFAULT_PREPARED]
 
 
 def _stop_with_server() -> None:

@@ -9,13 +9,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.costs import cache_budgets  # arithmetic only: costs imports nothing of app/
 from app.sources import trusted_networks  # ipaddress only
+from models.preparing import DEFAULT_MODELS  # the same list attnlab_prepare.py reads
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNLAB_", env_file=None)
 
     # Which registry models are loaded at start-up (before /api/ready turns 200); others load on first use.
-    default_models: list[str] = Field(default_factory=lambda: ["minilm", "smollm2-135m"])
+    default_models: list[str] = Field(default_factory=lambda: list(DEFAULT_MODELS))  # models/preparing.py
     # Extra text models: {"id": "hub-id-or-local-folder"}; ids only, a request never names a path.
     extra_text_models: dict[str, str] = Field(default_factory=dict)
     extra_image_models: dict[str, str] = Field(default_factory=dict)

@@ -1,7 +1,7 @@
 """The LM's fresh first view through the API against a raw forward, on a device (scripts/gpu_check.sh step 4):
 the bench's LM first-view measure (benchmarks/run_all.py) without the section's Chromium parts.
 
-    python -m scripts.gpu_lm_api --device cuda --port 8124 --repeats 7 --out lm_api.md    # from the checkout's root
+    python -m benchmarks.gpu_lm_api --device cuda --port 8124 --repeats 7 --out lm_api.md    # from the checkout's root
 """
 from __future__ import annotations
 

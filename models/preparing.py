@@ -123,3 +123,26 @@ class SourceHashes:
         if path not in self._digests:
             self._digests[path] = sha256_file(path)
         return self._digests[path]
+
+
+# The models a server loads at start (app/settings.py `default_models`): here, so that attnlab_prepare.py reads the same
+# list without importing app/ (it runs at setup, below the server).
+DEFAULT_MODELS = ("minilm", "smollm2-135m")
+DEFAULT_MODELS_ENV = "ATTNLAB_DEFAULT_MODELS"
+
+
+def default_models(environ: dict[str, str] | None = None) -> list[str]:
+    """The server's default_models as its settings read them: the environment variable ATTNLAB_DEFAULT_MODELS (its
+    name in any case, as pydantic-settings matches it) holding a JSON list of ids, else DEFAULT_MODELS."""
+    environ = os.environ if environ is None else environ
+    found = [value for name, value in environ.items() if name.upper() == DEFAULT_MODELS_ENV]
+    if not found:
+        return list(DEFAULT_MODELS)
+    try:
+        value = json.loads(found[-1])
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ValueError(f"{DEFAULT_MODELS_ENV} must be a JSON list of model ids, e.g. '[\"minilm\"]' "
+                         f"(got {found[-1][:80]!r})")
+    return value

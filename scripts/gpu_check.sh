@@ -6,7 +6,7 @@
 #      engine's latency at 128 and 512 tokens (scripts/gpu_parity.py);
 #   3. the bench's latency section on the device (python -m benchmarks.run_all --only latency [lm] --device D), into
 #      a scratch results folder (the committed CPU results in benchmarks/results stay as they are);
-#   4. the LM's fresh first view through the API against a raw forward (scripts/gpu_lm_api.py: the bench's LM
+#   4. the LM's fresh first view through the API against a raw forward (benchmarks/gpu_lm_api.py: the bench's LM
 #      first-view measure; the rest of the bench's LM section drives Chromium);
 #   5. where the model time goes: raw forward vs engine run, its pieces, torch.profiler (scripts/gpu_profile.py);
 #   6. writes benchmarks/results/gpu.md (or --out FILE).
@@ -124,7 +124,7 @@ step bench 300 "$PY" -m benchmarks.run_all "${BENCH_ARGS[@]}" || BENCH_RC=$?
 
 # ---- 4. the LM's fresh first view through the API ------------------------------------------------------
 LM_RC=0
-step lm-api 240 "$PY" -m scripts.gpu_lm_api --device "$DEVICE" --port "$PORT" --out "$WORK/lm_api.md" \
+step lm-api 240 "$PY" -m benchmarks.gpu_lm_api --device "$DEVICE" --port "$PORT" --out "$WORK/lm_api.md" \
   --repeats "$([ -n "$QUICK" ] && echo 2 || echo 7)" || LM_RC=$?
 
 # ---- 5. where the model time goes ------------------------------------------------------------------------

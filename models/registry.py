@@ -30,9 +30,19 @@ class ModelSpec:
     weight_files: Callable[[], int] | None = None
 
 
+# BERT-family encoders the BERT adapter serves (models/adapters/bert.py): their transformers modules run attention
+# through the AttentionInterface, as the load-time probe then checks.
+ENCODER_MODEL_TYPES = ("albert", "bert", "camembert", "distilbert", "electra", "roberta", "xlm-roberta")
+
+
+class UnknownFamily(ValueError):
+    """A checkpoint whose config names no family attnlab serves."""
+
+
 def detect_family(source: str) -> str:
     """Which adapter serves a checkpoint, from its config alone (no weights read): causal LMs, encoder–decoders,
-    ViT-family vision models, or BERT-family encoders."""
+    ViT-family vision models, or BERT-family encoders. Any other model_type is refused (UnknownFamily, naming the
+    known families), never handed to an adapter that was not written for it."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(source)
@@ -45,7 +55,13 @@ def detect_family(source: str) -> str:
 
     if config.model_type in SUPPORTED_MODEL_TYPES:
         return "vision"
-    return "encoder"
+    if config.model_type in ENCODER_MODEL_TYPES:
+        return "encoder"
+    raise UnknownFamily(
+        f"model_type {config.model_type!r} (architectures {architectures or 'none'}) is of no family attnlab serves: "
+        "decoder LMs (an architecture ending in ForCausalLM or LMHeadModel), encoder–decoders (is_encoder_decoder), "
+        f"ViT-family vision models ({', '.join(SUPPORTED_MODEL_TYPES)}) and BERT-family encoders "
+        f"({', '.join(ENCODER_MODEL_TYPES)})")
 
 
 def _lm_spec(model_id: str, source: Callable[[], str] | str, family: str, max_tokens: int, max_new_tokens: int,
@@ -110,7 +126,8 @@ def _auto_spec(model_id: str, source: str, max_tokens: int, max_new_tokens: int,
     try:
         family = detect_family(source)
     except (OSError, ValueError) as exc:  # listed, and refused with the reason when used
-        reason = f"model {model_id!r}: cannot read its config ({exc})"
+        reason = (f"model {model_id!r}: {exc}" if isinstance(exc, UnknownFamily)
+                  else f"model {model_id!r}: cannot read its config ({exc})")
 
         def refuse(device: str, dtype: str = "float32") -> AttentionAdapter:
             raise ValueError(reason)

@@ -81,3 +81,25 @@ def test_an_unreadable_operator_model_is_listed_and_refused_with_the_reason(tmp_
     spec = build_registry(weights_dir="/nonexistent", extra={"broken": str(tmp_path / "missing")})["broken"]
     with pytest.raises(ValueError, match="cannot read its config"):
         spec.load("cpu")
+
+
+@pytest.mark.parametrize("config_class", ["MPNetConfig", "LlamaConfig", "Wav2Vec2Config"])
+def test_an_unknown_model_type_is_refused_naming_the_known_families(config_class, tmp_path):
+    """Before issue 54 every model_type no other family claimed went to the BERT adapter: an MPNet encoder, a Llama
+    config without its architectures, a speech encoder. Each is now refused with the families attnlab serves."""
+    import transformers
+
+    from models.registry import UnknownFamily
+
+    config = getattr(transformers, config_class)()
+    config.save_pretrained(tmp_path)  # config.json only: detection reads no weights
+    with pytest.raises(UnknownFamily) as refused:
+        detect_family(str(tmp_path))
+    message = str(refused.value)
+    assert repr(config.model_type) in message
+    for family in ("decoder LMs", "encoder–decoders", "ViT-family", "BERT-family", "bert, "):
+        assert family in message
+    spec = build_registry(weights_dir="/nonexistent", extra={"added": str(tmp_path)})["added"]
+    assert spec.family == "unknown"
+    with pytest.raises(ValueError, match="BERT-family encoders"):
+        spec.load("cpu")

@@ -35,3 +35,15 @@ def test_gpu_check_script_syntax_and_options():
     assert usage.returncode == 0 and "--device cpu --quick" in usage.stdout
     bad = subprocess.run(["bash", str(script), "--device", "tpu", "--no-setup"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "cuda or cpu" in bad.stderr
+
+
+def test_every_module_the_check_runs_exists():
+    """gpu_check.sh runs its steps as modules from the checkout's root (`"$PY" -m benchmarks.gpu_lm_api`): each named
+    module is a file here (a script moved between scripts/ and benchmarks/ must take the check's line with it)."""
+    import re
+
+    text = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    named = sorted(set(re.findall(r'-m ((?:scripts|benchmarks)\.[A-Za-z_.]+)', text)))
+    assert "benchmarks.gpu_lm_api" in named
+    missing = [name for name in named if not (ROOT / (name.replace(".", "/") + ".py")).is_file()]
+    assert missing == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -36,6 +37,7 @@ from models.registry import ModelSpec, build_registry
 
 
 log = logging.getLogger("attnlab")
+PARITY_DIR = ".measured"  # under the weights folder: each model's last load-time parity (Runtime._keep_parity)
 
 
 class UnknownModel(KeyError):
@@ -249,6 +251,7 @@ class Runtime:
                     grown = min(max(0, process_rss() - rss_before), 2 * booked) if booked else 0
                     self.memory.add_model(model_id, max(host_weight_bytes(adapter), grown))
                 self._adapters[model_id] = adapter
+                self._keep_parity(adapter)
         return adapter
 
     def _on_host(self) -> bool:
@@ -284,8 +287,37 @@ class Runtime:
                 if info is not None:
                     described = self._described[model_id] = info.to_dict()
             if described is not None:
-                return described
+                return self._with_last_parity(model_id, described)
         return self.adapter(model_id).info.to_dict() if load else None
+
+    # ---- the load-time parity, kept for the listing before a load --------------------------------------------------
+    def _parity_file(self, model_id: str) -> Path:
+        return Path(self.settings.weights_dir) / PARITY_DIR / f"{model_id}.json"
+
+    def _keep_parity(self, adapter: AttentionAdapter) -> None:
+        """The load-time probe's parity, kept in the weights folder (.measured/<id>.json) so that GET /api/models
+        states it beside the model before its next load (Whisper, a decoder LM: described from their files)."""
+        parity = adapter.info.parity
+        if not isinstance(parity, (int, float)):
+            return
+        path = self._parity_file(adapter.info.id)
+        try:
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(json.dumps({"parity": parity, "dtype": self.settings.dtype, "measured_at": time.time()}))
+        except OSError as exc:  # a read-only weights folder: the listing says nothing until a load, as before
+            log.warning("could not keep %s's parity in %s: %s", adapter.info.id, path, exc)
+
+    def _with_last_parity(self, model_id: str, described: dict) -> dict:
+        """A model described from its files: with the parity its last load measured (at this dtype), if any."""
+        if described.get("parity") is not None:
+            return described
+        try:
+            kept = json.loads(self._parity_file(model_id).read_text())
+        except (OSError, ValueError):
+            return described
+        if kept.get("dtype") != self.settings.dtype or not isinstance(kept.get("parity"), (int, float)):
+            return described
+        return {**described, "parity": kept["parity"]}
 
     def get_run(self, run_id: str) -> AttentionResult | None:
         """A kept run by its `run_id` (every attention response carries one), or None once evicted from the result

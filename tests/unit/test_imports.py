@@ -1,7 +1,11 @@
-"""The layers' import rules, read from the source (issue 40 §2): no import circle between the modules of app/, models/
-and attnlab/ (imports inside functions count: they only hide a circle), models/ and attnlab/ import nothing of app/,
-and importing attnlab loads no app module (a Lab talking to a remote server needs none of the server's code).
-Imports under `if TYPE_CHECKING:` never run and are left out."""
+"""The layers' import rules, read from the source (issue 40 §2, issue 54): no import circle between the modules of app/,
+models/ and attnlab/ (imports inside functions count: they only hide a circle; so do imports under
+`if TYPE_CHECKING:`, which never run but still tie two modules together: a type both need lives in a module of its
+own), models/ and attnlab/ import nothing of app/, importing attnlab loads no app module (a Lab talking to a remote
+server needs none of the server's code), no route imports another route (helpers two routes share live in a module
+of app/), and nothing imports a higher layer: attnlab_prepare.py (run at setup, and by app/cli.py and
+app/preparation.py) imports nothing of app/, and scripts/ import nothing of benchmarks/ (a script that needs the bench
+lives in benchmarks/)."""
 from __future__ import annotations
 
 import ast
@@ -11,6 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("app", "models", "attnlab")
+# the layers above app/, models/ and attnlab/: the setup script, the scripts and the bench
+HIGHER = ("attnlab_prepare.py", "scripts", "benchmarks")
 
 
 def module_name(path: Path) -> str:
@@ -20,27 +26,20 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def project_modules() -> dict[str, Path]:
-    return {module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
-
-
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+def project_modules(packages=PACKAGES) -> dict[str, Path]:
+    found = {}
+    for package in packages:
+        where = ROOT / package
+        for path in ([where] if where.suffix == ".py" else sorted(where.rglob("*.py"))):
+            found[module_name(path)] = path
+    return found
 
 
 def _import_nodes(tree: ast.AST):
-    """Every Import/ImportFrom, at any depth, except those under `if TYPE_CHECKING:`."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            stack.extend(node.orelse)
-            continue
+    """Every Import/ImportFrom, at any depth: inside functions and under `if TYPE_CHECKING:` too."""
+    for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        stack.extend(ast.iter_child_nodes(node))
 
 
 def _known(name: str, modules: dict[str, Path]) -> str | None:
@@ -71,8 +70,8 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = project_modules()
+def import_graph(packages=PACKAGES) -> dict[str, set[str]]:
+    modules = project_modules(packages)
     return {name: imports_of(name, path, modules) for name, path in modules.items()}
 
 
@@ -116,6 +115,14 @@ def test_the_checker_sees_a_circle_hidden_in_a_function(tmp_path):
     assert import_circles(graph) == [["app.a", "app.b"]]
 
 
+def test_the_checker_sees_a_type_only_circle(tmp_path):
+    modules = {"attnlab.a": tmp_path / "a.py", "attnlab.b": tmp_path / "b.py"}
+    modules["attnlab.a"].write_text("from attnlab.b import thing\n")
+    modules["attnlab.b"].write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from attnlab.a import A\n")
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    assert import_circles(graph) == [["attnlab.a", "attnlab.b"]]
+
+
 def test_no_import_circles():
     assert import_circles(import_graph()) == []
 
@@ -125,6 +132,55 @@ def test_models_and_attnlab_import_nothing_of_app():
                  if name.split(".")[0] in ("models", "attnlab") for target in sorted(targets)
                  if target.split(".")[0] == "app"]
     assert offenders == []
+
+
+def route_imports(graph: dict[str, set[str]]) -> list[str]:
+    """`a imports b` for each route module importing another route module (app/routes/*.py, the package aside)."""
+    def is_route(name: str) -> bool:
+        return name.startswith("app.routes.")
+    return [f"{name} imports {target}" for name, targets in sorted(graph.items()) if is_route(name)
+            for target in sorted(targets) if is_route(target)]
+
+
+def test_the_checker_sees_a_route_importing_a_route(tmp_path):
+    modules = {"app.routes.a": tmp_path / "a.py", "app.routes.b": tmp_path / "b.py", "app.shared": tmp_path / "s.py"}
+    modules["app.routes.a"].write_text("def late():\n    from app.routes.b import handler\n    return handler\n")
+    modules["app.routes.b"].write_text("from app.shared import helper\n")
+    modules["app.shared"].write_text("")
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    assert route_imports(graph) == ["app.routes.a imports app.routes.b"]
+
+
+def test_no_route_imports_a_route():
+    """Helpers two routes share live in a module of app/ (app/uploads.py, app/model_sources.py, app/pipeline/...)."""
+    assert route_imports(import_graph()) == []
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that run from a lower layer into a higher one: the setup script (which app/cli.py and app/preparation.py
+    run) into app/, scripts/ into benchmarks/, models/ or attnlab/ into the setup script, and app/, models/ or attnlab/
+    into scripts/ or benchmarks/."""
+    top = {name: name.split(".")[0] for name in graph}
+    forbidden = {"attnlab_prepare": {"app", "scripts", "benchmarks"}, "scripts": {"benchmarks"},
+                 "app": {"scripts", "benchmarks"}, "models": {"attnlab_prepare", "scripts", "benchmarks"},
+                 "attnlab": {"attnlab_prepare", "scripts", "benchmarks"}}
+    return [f"{name} imports {target}" for name, targets in sorted(graph.items())
+            for target in sorted(targets) if target.split(".")[0] in forbidden.get(top[name], ())]
+
+
+def test_the_checker_sees_an_upward_import(tmp_path):
+    modules = {"attnlab_prepare": tmp_path / "p.py", "app.settings": tmp_path / "s.py",
+               "scripts.x": tmp_path / "x.py", "benchmarks.run_all": tmp_path / "r.py"}
+    modules["attnlab_prepare"].write_text("def served():\n    from app.settings import Settings\n    return Settings\n")
+    modules["app.settings"].write_text("")
+    modules["scripts.x"].write_text("import benchmarks.run_all as bench\n")
+    modules["benchmarks.run_all"].write_text("")
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    assert upward_imports(graph) == ["attnlab_prepare imports app.settings", "scripts.x imports benchmarks.run_all"]
+
+
+def test_no_import_runs_from_a_lower_layer_into_a_higher_one():
+    assert upward_imports(import_graph(PACKAGES + HIGHER)) == []
 
 
 def test_importing_attnlab_loads_no_app_module():

@@ -137,7 +137,8 @@ function drawTransformer(a) {
         ticktext: a.source_tokens.map(showToken), tickangle: 0, tickfont: { size: 7, family: "ui-monospace, monospace" } };
       layout[`yaxis${sx}`] = { domain: [y1 - hgt, y1], anchor: `x${sx}`, autorange: "reversed", tickvals: rows.map((_, t) => t),
         ticktext: h === 0 ? rows : rows.map(() => ""), tickfont: { size: 10, family: "ui-monospace, monospace" } };
-      layout.annotations.push({ text: `layer ${l} head ${h}`, xref: "paper", yref: "paper", x: x0 + w / 2, y: y1,
+      const narrow = $("transformer-heads").clientWidth < 700;  // four long titles would run into each other
+      layout.annotations.push({ text: narrow ? `L${l} H${h}` : `layer ${l} head ${h}`, xref: "paper", yref: "paper", x: x0 + w / 2, y: y1,
         yanchor: "bottom", showarrow: false, font: { size: 11 } });
     }
   }

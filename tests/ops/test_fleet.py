@@ -199,6 +199,8 @@ def test_one_client_runs_one_job_at_a_time_across_replicas_by_redis(fleet):
     while sum(bool(o.get("events")) for o in (second, *shorts)) < 3 and time.monotonic() < end:
         time.sleep(0.05)
     over = {}
+    alive = [not any(e.get("done") or "error" in e for _, e in out.get("events", [])) for out in (first, second, *shorts)]
+    assert all(alive), f"four jobs of the client must be alive when the fifth is sent: {alive}"
     timed_job(fleet.replicas[0].base, who, long_text(40, shift=90), over)
     for t in (a, b, *waiting):
         t.join(timeout=600)
@@ -213,6 +215,89 @@ def test_one_client_runs_one_job_at_a_time_across_replicas_by_redis(fleet):
     gaps = [later[0] - earlier[1] for earlier, later in zip(runs, runs[1:])]
     print(f"\none client's 4 jobs on 3 replicas: running intervals {[(round(s, 1), round(e, 1)) for s, e in runs]}, "
           f"gaps between them {[round(g, 2) for g in gaps]} s; a fifth refused 429 (Retry-After {over['retry_after']})")
+
+
+class HeldJob(threading.Thread):
+    """A streamed compare through nginx, read to its end in a thread (its stream stays open: a job whose streams all
+    dropped is cancelled after job_reattach_grace_s): its job id, from its accepted event, and its last event."""
+
+    def __init__(self, base: str, who, text: str):
+        super().__init__(daemon=True)
+        self.base, self.who, self.text = base, who, text
+        self.accepted = threading.Event()
+        self.job_id: str | None = None
+        self.last: dict | None = None
+        self.refusal: tuple | None = None  # (status, body) of an answer that is not a stream
+        self.ended_at = float("inf")  # monotonic: when its done or error event arrived
+        self.start()
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("POST", self.base + "/api/text/attention", timeout=httpx.Timeout(300, connect=10),
+                              headers={**client(self.who), "Accept": "text/event-stream"},
+                              json={"model": "lm", "text": self.text, "layers": [0], "heads": [0], "compare": True,
+                                    "interventions": MASK}) as r:
+                if r.status_code != 200:
+                    self.refusal = (r.status_code, r.read().decode()[:300])
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        self.last = json.loads(line[5:])
+                        if "done" in self.last or "error" in self.last:
+                            self.ended_at = time.monotonic()
+                        if self.last.get("accepted"):
+                            self.job_id = self.last["job_id"]
+                            self.accepted.set()
+        finally:
+            self.accepted.set()
+
+
+def test_over_cap_submits_leave_bystanders_served_and_cancels_working(fleet):
+    """Issue 53 §3 through the shipped nginx.conf: a client over its fleet-wide job cap gets 429 + Retry-After (not
+    503), nginx neither retries it nor takes a replica out, so bystanders get 0 × 502 and the client's cancels
+    (DELETE) reach its jobs' replica. Before: `http_503` with `max_fails=1` marked every replica down: 24/30 bystanders and the
+    cancels got 502, and the queued jobs ran on."""
+    pace = 0.06  # under nginx's own per-address rate (20 r/s): a 429 below is the app's
+    who = "over-cap"
+    # the client's cap (4) filled: compares of ~2,400 tokens (about 10 s each here), one running, three behind it
+    held = []
+    for i in range(4):
+        held.append(HeldJob(fleet.nginx.base, who, long_text(LONG_WORDS, shift=120 + i)))
+        assert held[-1].accepted.wait(120) and held[-1].job_id, (held[-1].refusal, held[-1].last)
+    over = []
+    for i in range(10):
+        time.sleep(pace)
+        sent = time.monotonic()
+        with httpx.stream("POST", fleet.nginx.base + "/api/text/attention", timeout=60,
+                          headers={**client(who), "Accept": "text/event-stream"},
+                          json={"model": "lm", "text": long_text(40, shift=140 + i)}) as r:
+            over.append((sent, r.status_code, r.headers.get("retry-after"), r.read().decode()[:300]))
+    # the ones sent while the client's four jobs were all alive (1 s before the first one's end arrived, for the
+    # wire's delays): on a loaded machine a held compare may end during the burst, and frees its place
+    first_end = min(job.ended_at for job in held)
+    capped = [(status, retry, body) for sent, status, retry, body in over if sent < first_end - 1.0]
+    assert len(capped) >= 3, (len(capped), [status for _, status, _, _ in over])
+    assert [status for status, _, _ in capped] == [429] * len(capped), capped
+    assert all("max_queued_jobs_per_client=4" in body and int(retry) >= 1 for _, retry, body in capped)
+    bystanders = []
+    for i in range(30):
+        time.sleep(pace)
+        bystanders.append(httpx.post(fleet.nginx.base + "/api/text/tokenize", headers=client(f"bystander-{i}"),
+                                     json={"model": "lm", "text": "the cat sat on the mat"}, timeout=60))
+    statuses = [r.status_code for r in bystanders]
+    assert statuses.count(502) == 0 and statuses == [200] * 30, statuses
+    cancels = []
+    for job in held:
+        time.sleep(pace)
+        cancels.append(httpx.delete(f"{fleet.nginx.base}/api/jobs/{job.job_id}", headers=client(who), timeout=30))
+    assert [r.status_code for r in cancels] == [200] * 4, [r.text[:160] for r in cancels]
+    # each answered by the job's replica (200 naming the job, not nginx's 502); the jobs end, cancelled or done
+    # (here they are short: most have ended by now, and the answer says `"cancelled": false`)
+    assert [r.json()["job_id"] for r in cancels] == [job.job_id for job in held]
+    for job in held:
+        job.join(120)
+        assert not job.is_alive() and (job.last.get("cancelled") is True or job.last.get("done") is True), job.last
+    print(f"\nover-cap submits while the cap was full: {len(capped)} × 429; bystanders: {statuses.count(200)}/30 × "
+          f"200, 0 × 502; cancels: 4 × 200, {sum(r.json()['cancelled'] for r in cancels)} of them of a live job")
 
 
 def test_a_job_re_attaches_through_another_replica(fleet):

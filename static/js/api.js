@@ -2,10 +2,11 @@
 const inflight = new Map();
 
 export class ApiError extends Error {
-  constructor(status, detail) {
+  constructor(status, detail, retryAfter = null) {
     super(formatDetail(status, detail));
     this.status = status;
     this.detail = detail;
+    this.retryAfter = retryAfter; // seconds, from the refusal's Retry-After (a 503's), else null
   }
 }
 
@@ -49,7 +50,7 @@ export async function readJSON(response) {
     if (response.ok || isAbort(err)) throw err;
     payload = { detail: response.statusText };
   }
-  if (!response.ok) throw new ApiError(response.status, payload.detail);
+  if (!response.ok) throw new ApiError(response.status, payload.detail, Number(response.headers.get("retry-after")) || null);
   return payload;
 }
 

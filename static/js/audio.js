@@ -138,7 +138,7 @@ function setupInput() {
     if (file) uploadBlob(file, file.name).catch(fail);
     input.value = "";
   });
-  $("sample-button").addEventListener("click", () => getJSON("/api/audio/sample").then(openClip).catch(fail));
+  $("sample-button").addEventListener("click", () => openSample());
   $("record-button").addEventListener("click", toggleRecording);
 }
 
@@ -197,12 +197,42 @@ async function refresh(attempt = 0) {
     setStatus(ivs.length ? `${ivs.length} intervention${ivs.length > 1 ? "s" : ""} active` : "ready");
   } catch (err) {
     if (isAbort(err)) return;
+    // the model being prepared (fresh start): again when the server says, for as long as it is prepared
+    if (beingPrepared(err)) {
+      waitForPreparation(err, () => refresh(attempt));
+      return;
+    }
     // busy (the first use loads the model; a loaded machine may pass the request time limit): try again
     if (err instanceof ApiError && err.status === 503 && attempt < 4) {
       setStatus(`server busy, trying again (${attempt + 1}/4)…`);
-      setTimeout(() => refresh(attempt + 1), 3000);
+      setTimeout(() => refresh(attempt + 1), 1000 * (err.retryAfter || 3));
       return;
     }
+    fail(err);
+  }
+}
+
+// A 503 that says the model (or the sample clip, made by its preparation) is being prepared: not an error to show,
+// the next step is to wait; the page tries again after the server's Retry-After, by itself.
+const beingPrepared = (err) => err instanceof ApiError && err.status === 503 && /being prepared/.test(err.message);
+let preparationTimer = null;
+function waitForPreparation(err, again) {
+  const wait = err.retryAfter || 10;
+  // the server's reason, short enough for the status line: "… is being prepared on this server"
+  const said = String(err.detail ?? err.message).split(/ \(|, and its |;/)[0];
+  setStatus(`${said} — trying again in ${wait} s, by itself…`);
+  document.body.dataset.waiting = "preparation";
+  clearTimeout(preparationTimer);
+  preparationTimer = setTimeout(() => { delete document.body.dataset.waiting; again(); }, 1000 * wait);
+}
+
+// The bundled sample: while the speech model is being prepared it is not made yet (503 + Retry-After): the page waits
+// and opens it once it is there; a 404 says why there is none (espeak-ng not installed, or not prepared).
+async function openSample() {
+  try {
+    await openClip(await getJSON("/api/audio/sample"));
+  } catch (err) {
+    if (beingPrepared(err)) { waitForPreparation(err, openSample); return; }
     fail(err);
   }
 }
@@ -236,16 +266,18 @@ function drawSpectrogram() {
   // an invisible scatter row makes the box-select brush report a time range over the heatmap
   const brush = { type: "scatter", mode: "markers", x: times.filter((_, i) => i % 2 === 0), y: times.filter((_, i) => i % 2 === 0).map(() => 40),
     marker: { opacity: 0, size: 4 }, hoverinfo: "skip", showlegend: false };
+  const placed = placedWords(words, spec.duration_s);
+  const rows = Math.max(1, ...placed.map(({ row }) => row + 1));
   Plotly.react("spectrogram", [
     { type: "heatmap", z: spec.mel, x: times, colorscale: "Electric", showscale: false, hovertemplate: "%{x:.2f} s · mel %{y}<extra></extra>" },
     brush,
   ], {
-    margin: { ...TIME_MARGIN, t: 28, b: 36 }, dragmode: "select", selectdirection: "h",
+    margin: { ...TIME_MARGIN, t: 28 + WORD_ROW_PX * (rows - 1), b: 36 }, dragmode: "select", selectdirection: "h",
     xaxis: { title: { text: "time (s)" }, range: [0, spec.duration_s] }, yaxis: { title: { text: "mel" }, fixedrange: true },
     shapes: spanShapes(),
-    annotations: thinnedWords(words, spec.duration_s).map(({ w, index }) => ({
-      x: (w.start_s + w.end_s) / 2, y: 1.02, yref: "paper", text: w.word, showarrow: false, captureevents: true,
-      font: { size: 11 }, yanchor: "bottom", name: String(index),
+    annotations: placed.map(({ w, index, row }) => ({
+      x: (w.start_s + w.end_s) / 2, y: 1.02, yref: "paper", yshift: row * WORD_ROW_PX, text: w.word, showarrow: false,
+      captureevents: true, font: { size: 11 }, yanchor: "bottom", name: String(index),
     })),
   }, SPECTRO_PLOT);
   const el = $("spectrogram");
@@ -265,21 +297,23 @@ function drawSpectrogram() {
   drawWordStrip();
 }
 
-// Words placed over the spectrogram where they fit (a narrow screen skips some; the strip below has them all).
-function thinnedWords(words, duration) {
+// Every word over the spectrogram, each on the first of a few rows where it does not run into the word before it
+// (a short word between two others, "the", was left out when there was one row); with no room on any row, on the row
+// that frees up first. {w, index, row}.
+const WORD_ROW_PX = 13;
+const WORD_ROWS = 3;
+function placedWords(words, duration) {
   const width = Math.max(100, ($("spectrogram").clientWidth || 600) - TIME_MARGIN.l - TIME_MARGIN.r);
   const pxPerSecond = width / Math.max(duration, 0.1);
-  const kept = [];
-  let lastEnd = -Infinity;
-  words.forEach((w, index) => {
+  const ends = Array(WORD_ROWS).fill(-Infinity); // each row's last label's right edge (px)
+  return words.map((w, index) => {
     const centre = ((w.start_s + w.end_s) / 2) * pxPerSecond;
     const half = (w.word.length * 6.5) / 2 + 3;
-    if (centre - half >= lastEnd) {
-      kept.push({ w, index });
-      lastEnd = centre + half;
-    }
+    let row = ends.findIndex((end) => centre - half >= end);
+    if (row < 0) row = ends.indexOf(Math.min(...ends));
+    ends[row] = centre + half;
+    return { w, index, row };
   });
-  return kept;
 }
 
 function drawWordStrip() {

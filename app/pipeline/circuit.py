@@ -41,7 +41,7 @@ def circuit_model(runtime: Runtime, model: str) -> CausalLMAdapter:
         info = adapter.info
         raise field_error(("model",), f"model {info.id} is a {info.architecture or info.output} "
                           f"({info.model_type or info.output}): circuits are offered for decoder language models "
-                          "(Llama, SmolLM2, Qwen2, Mistral)")
+                          "(Llama, SmolLM2, Qwen2, Mistral, Gemma 3)")
     return adapter
 
 

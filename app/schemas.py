@@ -481,10 +481,6 @@ def request_examples(models: dict[str, str], image_samples: dict[str, str],
         "summary": "a 3×3 convolution as 9 Gaussian heads at α = 100", "value": {
             "kernel_size": 3, "dilation": 1, "padding": "zeros", "alpha": 100.0, "image_size": 16,
             "channels_in": 3, "channels_out": 4, "seed": 0}}}
-    examples["/api/luong/attention"] = {"masked_year": {
-        "summary": "the dot score's model on a date with its year masked: alignment, output before/after, the "
-                   "Transformer's cross-attention", "value": {
-            "score": "dot", "text": "the 3rd of March 2021", "beta": 1.0, "mask": [17, 18, 19, 20], "perturb": None}}}
     return examples
 
 

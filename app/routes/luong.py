@@ -7,8 +7,9 @@ models/luong_lab.py's. Routes are plain `def`: the threadpool runs the numerical
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Body, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
 from app.deps import SettingsDep
@@ -20,6 +21,10 @@ from app.templating import templates
 from models import luong, luong_lab
 
 router = APIRouter(tags=["luong"], route_class=ParsedJsonRoute)
+EXAMPLES = {"masked_year": {
+    "summary": "the dot score's model on a date with its year masked: alignment, output before/after, the Transformer's "
+               "cross-attention",
+    "value": {"score": "dot", "text": "the 3rd of March 2021", "beta": 1.0, "mask": [17, 18, 19, 20], "perturb": None}}}
 NOT_READY = {503: {"description": "the Luong models are not trained on this server yet (`attnlab prepare --model luong`)"}}
 
 
@@ -38,7 +43,7 @@ def luong_models(settings: SettingsDep) -> dict:
 
 
 @router.post("/api/luong/attention", responses=NOT_READY)
-def luong_attention(req: LuongAttentionRequest, settings: SettingsDep) -> dict:
+def luong_attention(req: Annotated[LuongAttentionRequest, Body(openapi_examples=EXAMPLES)], settings: SettingsDep) -> dict:
     """The alignment [steps][source], context vectors and greedy output of the chosen score's model, with β, source
     masks and noise on the source states and their effect; the Transformer's cross-attention for the same input."""
     perturb = None if req.perturb is None else luong_lab.Perturbation(

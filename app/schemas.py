@@ -392,6 +392,21 @@ class AttentionResponse(BaseModel):
 # and name models this server has (app.main inserts them into /openapi.json; tests/api/test_openapi_examples.py
 # sends each one). models: {"encoder" | "causal_lm" | "seq2seq" | "vision" | "image:<model>": id}, the first
 # model of each family on this server; image: ids of the page's example photos, by the model each suits.
+def circuit_examples(lm: str) -> dict[str, dict[str, dict]]:
+    """POST /api/text/circuit and /circuit/edge on a decoder LM: the README's capital pair (short work)."""
+    pair = {"clean": "The capital of France is", "corrupt": "The capital of Italy is", "answer": " Paris",
+            "wrong": " Rome"}
+    return {
+        "/api/text/circuit": {"capital": {
+            "summary": f"{lm}: the edges that carry France → Paris (EAP), the circuit at 5 % and its faithfulness",
+            "value": {"model": lm, "task": {"name": "capital", "n": 1, "seed": 0}, "method": "eap",
+                      "budgets": [0, 0.05, 1], "budget": 0.05, "top": 20}}},
+        "/api/text/circuit/edge": {"logits_edge": {
+            "summary": f"{lm}: one edge's exact score on the capital pair", "value": {
+                "model": lm, "pair": pair, "edge": "m0->logits", "query": None}}},
+    }
+
+
 def request_examples(models: dict[str, str], image_samples: dict[str, str],
                      audio_sample: str | None = None) -> dict[str, dict[str, dict]]:
     """{path: {name: {"summary", "value"}}} for every POST operation with a JSON body. audio_sample: the id of the
@@ -481,6 +496,8 @@ def request_examples(models: dict[str, str], image_samples: dict[str, str],
         "summary": "a 3×3 convolution as 9 Gaussian heads at α = 100", "value": {
             "kernel_size": 3, "dilation": 1, "padding": "zeros", "alpha": 100.0, "image_size": 16,
             "channels_in": 3, "channels_out": 4, "seed": 0}}}
+    if lm:
+        examples.update(circuit_examples(lm))
     return examples
 
 

@@ -407,6 +407,44 @@ def circuit_examples(lm: str) -> dict[str, dict[str, dict]]:
     }
 
 
+def lm_analysis_examples(lm: str) -> dict[str, dict[str, dict]]:
+    """The decoder-LM analysis POSTs (patching, lens, faithfulness, head kinds, why a head attends) on the
+    README's capital prompt."""
+    examples: dict[str, dict[str, dict]] = {}
+    prompt = "The capital of France is"
+    examples["/api/text/patching"] = {"attribution": {
+        "summary": f"{lm}: which heads carry France → Paris (the gradient estimate, one pass)", "value": {
+            "model": lm, "clean": prompt, "corrupt": "The capital of Italy is", "answer": " Paris", "wrong": " Rome",
+            "scan": "heads", "method": "attribution"}}}
+    examples["/api/text/lens"] = {"lens": {"summary": f"{lm}: the logit lens of every layer and position",
+                                           "value": {"model": lm, "text": prompt, "top": 5}}}
+    examples["/api/text/faithfulness"] = {"faithfulness": {
+        "summary": f"{lm}: mask each method's top 1 and 2 keys of the last row", "value": {
+            "model": lm, "text": prompt, "position": None, "k": [1, 2], "methods": ["attention", "value_norm"]}}}
+    # on the prompt (one short run); "text": null takes the built-in probes (two runs, seconds on a CPU)
+    examples["/api/text/head_scores"] = {"text": {"summary": f"{lm}: each head's kind scores on a prompt",
+                                                  "value": {"model": lm, "text": prompt}}}
+    examples["/api/text/qk_attribution"] = {"why": {
+        "summary": f"{lm}: why layer 4, head 0 attends from ' is' to ' capital' (the score split over parts)",
+        "value": {"model": lm, "text": prompt, "layer": 4, "head": 0, "query": 4, "key": 1, "expand": 3}}}
+    return examples
+
+
+def scale_examples(enc: str | None, lm: str | None) -> dict[str, dict[str, dict]]:
+    """POST /api/text/score_stats (an encoder's or a decoder's head) and /permutation_check (encoders only)."""
+    examples: dict[str, dict[str, dict]] = {}
+    if enc or lm:
+        model = enc or lm
+        examples["/api/text/score_stats"] = {"head": {
+            "summary": f"{model}: layer 2, head 1's raw q·k, its Gaussian theory and the entropy with and without 1/√d",
+            "value": {"model": model, "text": "The cat sat on the mat because it was tired.", "layer": 2, "head": 1}}}
+    if enc:
+        examples["/api/text/permutation_check"] = {"shuffle": {
+            "summary": f"{enc}: with positions off a permuted sentence gives the permuted map",
+            "value": {"model": enc, "text": "The cat sat on the mat because it was tired.", "seed": 3}}}
+    return examples
+
+
 def request_examples(models: dict[str, str], image_samples: dict[str, str],
                      audio_sample: str | None = None) -> dict[str, dict[str, dict]]:
     """{path: {name: {"summary", "value"}}} for every POST operation with a JSON body. audio_sample: the id of the
@@ -450,22 +488,7 @@ def request_examples(models: dict[str, str], image_samples: dict[str, str],
                                     "value": {"model": model, "image_id": image_id, "layers": [0]}}
             for model, image_id in image_samples.items()}
     if lm:
-        prompt = "The capital of France is"
-        examples["/api/text/patching"] = {"attribution": {
-            "summary": f"{lm}: which heads carry France → Paris (the gradient estimate, one pass)", "value": {
-                "model": lm, "clean": prompt, "corrupt": "The capital of Italy is", "answer": " Paris", "wrong": " Rome",
-                "scan": "heads", "method": "attribution"}}}
-        examples["/api/text/lens"] = {"lens": {"summary": f"{lm}: the logit lens of every layer and position",
-                                               "value": {"model": lm, "text": prompt, "top": 5}}}
-        examples["/api/text/faithfulness"] = {"faithfulness": {
-            "summary": f"{lm}: mask each method's top 1 and 2 keys of the last row", "value": {
-                "model": lm, "text": prompt, "position": None, "k": [1, 2], "methods": ["attention", "value_norm"]}}}
-        # on the prompt (one short run); "text": null takes the built-in probes (two runs, seconds on a CPU)
-        examples["/api/text/head_scores"] = {"text": {"summary": f"{lm}: each head's kind scores on a prompt",
-                                                      "value": {"model": lm, "text": prompt}}}
-        examples["/api/text/qk_attribution"] = {"why": {
-            "summary": f"{lm}: why layer 4, head 0 attends from ' is' to ' capital' (the score split over parts)",
-            "value": {"model": lm, "text": prompt, "layer": 4, "head": 0, "query": 4, "key": 1, "expand": 3}}}
+        examples.update(lm_analysis_examples(lm))
     if enc or lm:
         examples["/api/text/export.html"] = {"standalone": {
             "summary": f"{enc or lm}: every layer and head as one HTML file that opens offline", "value": {
@@ -498,6 +521,7 @@ def request_examples(models: dict[str, str], image_samples: dict[str, str],
             "channels_in": 3, "channels_out": 4, "seed": 0}}}
     if lm:
         examples.update(circuit_examples(lm))
+    examples.update(scale_examples(enc, lm))
     return examples
 
 

@@ -2,7 +2,7 @@
 interventions (POST /api/audio/attention), the streamed greedy transcript, and the page (/audio).
 
 Uploads are size-checked before and while the body is read (max_audio_bytes; the images' guard, read_upload in
-app/routes/images.py), decoded in the thread pool by models/audio.py (containers by magic number, codec allowlist,
+app/uploads.py), decoded in the thread pool by models/audio.py (containers by magic number, codec allowlist,
 channel and sample-rate limits, the duration counted while decoding: a decoder bomb stops at max_audio_s), and kept
 by app/audiostore.py (the upload store of app/imagestore.py: memory, plus Redis when redis_url is set). Ids are
 random (app/ids.py).
@@ -14,43 +14,33 @@ import math
 import shutil
 import threading
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import numpy as np
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import Field
 
-from app.pipeline import answer, whisper_job
-from app.attention import check_request_limits
 from app.encoding import fast_json
-from app.audiostore import AudioStore, audio_limits, get_audio_store
-from app.deps import RuntimeDep, adapter_for
-from app.errors import error_response, field_error, too_large_response
-from app.ids import is_valid_id, new_id
+from app.audiostore import audio_limits
+from app.deps import AudioStoreDep, RuntimeDep
+from app.errors import error_response, too_large_response
+from app.ids import new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
 from app.interventions import whisper_interventions
 from app.lifecycle import ParsedJsonRoute
-from app.routes.images import decode_gate, read_upload
+from app.pipeline.audio import (
+    DEFAULT_MODEL, SAMPLE_ID, AudioAttentionRequest, audio_work, prepare_audio, sample_path, stored_audio,
+)
 from app.runtime import Runtime
 from app.streams import JobStream, respond, run_job
-from app.schemas import WEIGHTING_DESCRIPTION, IndexList, Interventions, Weighting, _Strict
 from app.templating import templates
-from models.adapters.whisper import WhisperAdapter
+from app.uploads import decode_gate, read_upload
 from models.audio import AudioInputError, DecodedAudio, decode_bytes, to_wav
 from models.preparing import RETRY_AFTER_S as PREPARE_RETRY_AFTER_S
 
 router = APIRouter(tags=["audio"], route_class=ParsedJsonRoute)
 ROOT = Path(__file__).resolve().parents[2]
-# The bundled sample (made at setup by espeak-ng, attnlab_prepare.py) has this fixed id on every replica.
-SAMPLE_ID = "5a3b1e00000000000000000000000001"
-AudioStoreDep = Annotated[AudioStore, Depends(get_audio_store)]
-DEFAULT_MODEL = "whisper-tiny-en"
-
-
-def _sample_path(runtime: Runtime) -> Path:
-    return ROOT / runtime.settings.weights_dir / "samples" / "speech-sample.wav"
 
 
 def _describe(audio_id: str, audio: DecodedAudio) -> dict[str, Any]:
@@ -109,29 +99,6 @@ async def upload_audio(request: Request, store: AudioStoreDep) -> JSONResponse:
     return JSONResponse(_describe(audio_id, audio))
 
 
-def _stored(runtime: Runtime, store: AudioStore, audio_id: str, field: tuple = ("audio_id",)) -> DecodedAudio:
-    if not is_valid_id(audio_id):
-        raise field_error(field, "audio_id must be 32 lowercase hex characters (from POST /api/audio)")
-    try:
-        audio = store.get(audio_id)
-        if audio is None and audio_id == SAMPLE_ID:
-            path = _sample_path(runtime)
-            if path.is_file():
-                data = path.read_bytes()
-                audio = decode_bytes(data, audio_limits(runtime.settings))
-                store.put(audio_id, data, audio, shared=False)  # every replica has the file
-    except StoreUnavailable as exc:
-        raise HTTPException(503, detail=str(exc), headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-    except AudioInputError as exc:  # another replica's upload (from Redis) that does not decode under this one
-        loc = list(field) if field[0] == "path" else ["body", *field]
-        raise HTTPException(exc.status, detail=[{"loc": loc, "type": "value_error", "msg": f"the clip {audio_id} "
-                            f"held by the server does not decode on this replica: {exc}"}]) from None
-    if audio is None:
-        raise HTTPException(404, detail=f"audio_id {audio_id!r} is not held by the server (expired or never uploaded): "
-                                        "upload the clip again")
-    return audio
-
-
 @router.get("/api/audio/sample")
 def audio_sample(runtime: RuntimeDep, store: AudioStoreDep) -> dict[str, Any]:
     """The bundled sample clip (spoken by espeak-ng at setup): its fixed id and text. Not made yet: 503 with
@@ -144,14 +111,14 @@ def audio_sample(runtime: RuntimeDep, store: AudioStoreDep) -> dict[str, Any]:
                             headers={"Retry-After": str(PREPARE_RETRY_AFTER_S)} if status == 503 else None)
     from models.whisper_front import SPEECH_SAMPLE_TEXT
 
-    return {**_describe(SAMPLE_ID, _stored(runtime, store, SAMPLE_ID)), "text": SPEECH_SAMPLE_TEXT}
+    return {**_describe(SAMPLE_ID, stored_audio(runtime, store, SAMPLE_ID)), "text": SPEECH_SAMPLE_TEXT}
 
 
 def _sample_missing(runtime: Runtime) -> tuple[int, str] | None:
     """Why the sample clip is not there, as attnlab_prepare decides it (make_speech_sample: espeak-ng on the PATH):
     (503, …) while a speech model's preparation, which speaks the sample first, is under way; (404, …) when espeak-ng
     is not installed, or it is and the preparation has not run; None when the clip is there."""
-    if _sample_path(runtime).is_file():
+    if sample_path(runtime).is_file():
         return None
     preparing = [model_id for model_id, spec in runtime.specs.items() if spec.kind == "audio"
                  and (runtime.preparation(model_id) or {}).get("state") == "preparing"]
@@ -185,7 +152,7 @@ def _spectrogram(samples: np.ndarray) -> np.ndarray:
 def audio_spectrogram(audio_id: str, runtime: RuntimeDep, store: AudioStoreDep) -> Response:
     """The log-mel spectrogram the model sees: `mel` [80][F] (Whisper's scaling: log10, floored 8 below the clip's
     maximum, (x + 4) / 4), F frames of `frame_s` = 0.01 s up to the clip's end."""
-    audio = _stored(runtime, store, audio_id, ("path", "audio_id"))
+    audio = stored_audio(runtime, store, audio_id, ("path", "audio_id"))
     mel = _spectrogram(audio.samples)
     return fast_json({"audio_id": audio_id, "mel": mel, "frame_s": 0.01, "n_mels": int(mel.shape[0]),
                       "frames": int(mel.shape[1]), "duration_s": round(audio.duration_s, 4)})
@@ -194,50 +161,11 @@ def audio_spectrogram(audio_id: str, runtime: RuntimeDep, store: AudioStoreDep) 
 @router.get("/api/audio/{audio_id}/wav")
 def audio_wav(audio_id: str, runtime: RuntimeDep, store: AudioStoreDep) -> Response:
     """The clip as the model hears it (16 kHz mono, 16-bit WAV), for playback."""
-    audio = _stored(runtime, store, audio_id, ("path", "audio_id"))
+    audio = stored_audio(runtime, store, audio_id, ("path", "audio_id"))
     return Response(to_wav(audio.samples), media_type="audio/wav", headers={"Cache-Control": "private, max-age=3600"})
 
 
 # ---- attention -------------------------------------------------------------------------------------------------
-class AudioAttentionRequest(_Strict):
-    model: str = DEFAULT_MODEL
-    audio_id: str = Field(description="from POST /api/audio (or GET /api/audio/sample)")
-    task: Literal["transcribe", "translate"] = "transcribe"
-    language: str | None = Field(None, max_length=8, description="a multilingual model's language code ('de'; GET "
-                                 "/api/models lists them); null = detected from the clip. English-only models: null or 'en'")
-    target: str | None = Field(None, description="text to teacher-force (at most max_text_chars; its tokens past "
-                               "max_transcript_tokens are dropped); null = the greedy transcript")
-    layers: IndexList | None = Field(None, description="decoder/cross layers to return (null = all)")
-    heads: IndexList | None = None
-    encoder_layers: IndexList | None = Field(None, description="encoder layers of the overview (null = all)")
-    kinds: list[Literal["encoder", "decoder", "cross"]] = Field(default_factory=lambda: ["cross", "decoder"])
-    interventions: Interventions = Field(default_factory=list)
-    compare: bool = False
-    encoding: Literal["json", "f16", "f32"] = "json"
-    weighting: Weighting = Field("attention", description=WEIGHTING_DESCRIPTION + "; cross keys (encoder positions, "
-                                 "20 ms each) weighted by what each frame's value adds, the encoder overview pooled "
-                                 "from the value-weighted encoder maps; `words`, `alignment` and `effect` stay P's")
-
-
-def _prepare(req: AudioAttentionRequest, runtime: Runtime, store: AudioStore):
-    check_request_limits(runtime.settings, req)  # the settings' limits, as on every route: before any work
-    audio = _stored(runtime, store, req.audio_id)  # before the model: an unknown clip costs no model load
-    adapter: WhisperAdapter = adapter_for(runtime, req.model, "audio")
-    if req.task == "translate" and not adapter.multilingual:
-        raise field_error(("task",), f"{adapter.info.id} is English-only: it transcribes, it does not translate (task "
-                          "must be 'transcribe'; whisper-base translates, prepared by `attnlab prepare --model whisper-base`)")
-    if not adapter.multilingual and req.language not in (None, "en"):
-        raise field_error(("language",), f"{adapter.info.id} is English-only: language must be null or 'en'")
-    if adapter.multilingual and req.language is not None and req.language not in adapter.tokens.languages:
-        raise field_error(("language",), f"language {req.language!r} is not one of {adapter.info.id}'s "
-                          f"{len(adapter.tokens.languages)} languages ({', '.join(sorted(adapter.tokens.languages))}), or null "
-                          "to detect it")
-    language = "en" if not adapter.multilingual else req.language
-    encoded = runtime.encode(adapter, ("audio", req.audio_id, req.target, language, req.task),
-                             lambda: adapter.encode(audio.samples, ("audio", req.audio_id), req.target, language, req.task))
-    return adapter, audio, encoded
-
-
 @router.post("/api/audio/attention")
 def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: AudioStoreDep, request: Request) -> Response:
     """Whisper's attention on a clip: the decoder tokens (prompt included) and the transcript; cross-attention
@@ -245,11 +173,8 @@ def audio_attention(req: AudioAttentionRequest, runtime: RuntimeDep, store: Audi
     self-attention as a pooled overview; each target token's probability (teacher-forced); words with times from
     the alignment heads; the heads ranked by alignment (both from the run without interventions). With `compare`: the text before/after (greedy with the
     interventions active), per-token probability change and KL, attention TV per kind."""
-    adapter, audio, encoded = _prepare(req, runtime, store)
-    # the request checked once, before any work (app/pipeline): layers, heads, encoder layers, interventions, size
-    job = whisper_job(runtime, adapter, encoded, req, audio)
     # with Accept: text/event-stream a job (app/streams.py): accepted with its ETA, layer progress, then this response
-    return respond(request, lambda ctx: answer(job, ctx), "POST /api/audio/attention")
+    return respond(request, audio_work(runtime, store, req), "POST /api/audio/attention")
 
 
 @router.post("/api/audio/transcribe", responses={
@@ -258,7 +183,7 @@ def audio_transcribe(req: AudioAttentionRequest, runtime: RuntimeDep, store: Aud
     """The greedy transcript with the interventions active, streamed as a job (app/streams.py, the one event-stream
     pump; docs/api.md "Jobs"): accepted, then `{"token", "prob", "text"}` per new token, then `{"done": true, "text"}`.
     Each step is admitted on its own; a client that leaves stops the decoding at its next token."""
-    adapter, audio, encoded = _prepare(req, runtime, store)
+    adapter, audio, encoded = prepare_audio(req, runtime, store)
     interventions = whisper_interventions(req, adapter, len(encoded.tokens))
     features = encoded.inputs["input_features"]
 
@@ -293,7 +218,7 @@ def audio_page(request: Request, runtime: RuntimeDep):
     """Speech: Whisper's cross-attention over time, with interventions."""
     settings = runtime.settings
     config = {"model": DEFAULT_MODEL, "max_audio_s": settings.max_audio_s, "max_audio_bytes": settings.max_audio_bytes,
-              "sample": _sample_path(runtime).is_file(), "sample_id": SAMPLE_ID, "models": _prepared_models(runtime),
+              "sample": sample_path(runtime).is_file(), "sample_id": SAMPLE_ID, "models": _prepared_models(runtime),
               "not_ready": runtime.not_ready("audio")}  # being prepared (`make run`): shown, not chosen
     missing = _sample_missing(runtime)  # the sample button: why there is none, or that it waits for a preparation
     config["sample_note"], config["sample_waits"] = (missing[1], missing[0] == 503) if missing else (None, False)

@@ -1,4 +1,4 @@
-"""IOI on smollm2-135m (issue 51, docs/science.md "Circuits through attention"): the EAP circuit at 5 % of the edges
+"""IOI on a decoder LM, smollm2-135m by default (issue 51, docs/science.md "Circuits through attention"): the EAP circuit at 5 % of the edges
 over seeded IOI pairs, its faithfulness curve, the heads it keeps, and for each of those heads what the lab measures
 of it: its head-kind scores on the built-in probe (models/head_kinds.py: previous-token, duplicate-token, induction,
 sink) and, on the IOI prompts themselves, where it attends from the last position (the indirect object IO, the
@@ -6,7 +6,7 @@ subject's first mention S1 or its second S2) and from S2 (to S1: duplicate-token
 signatures of Wang et al. 2022's roles: name movers attend end → IO, S-inhibition heads end → S2, duplicate-token
 heads S2 → S1.
 
-    python -m benchmarks.circuit_ioi [--pairs 8] [--seed 0] [--method eap] [--out PATH]
+    python -m benchmarks.circuit_ioi [--model smollm2-135m|qwen2.5-0.5b|…] [--pairs 8] [--seed 0] [--method eap] [--out PATH]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-WEIGHTS = ROOT / "weights" / "smollm2-135m"
+WEIGHTS = ROOT / "weights"  # one folder per prepared model (attnlab prepare)
 BUDGETS = (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
@@ -56,6 +56,7 @@ def head_signatures(lm, task_pairs, heads) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="smollm2-135m", help="a prepared decoder LM under weights/")
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--method", default="eap", choices=["eap", "eap_ig"])
@@ -68,7 +69,7 @@ def main() -> None:
     from models.head_kinds import ProbeSettings, head_taxonomy, ordinary_token_ids
 
     started = time.perf_counter()
-    lm = CausalLMAdapter("smollm2-135m", str(WEIGHTS), device="cpu")
+    lm = CausalLMAdapter(args.model, str(WEIGHTS / args.model), device="cpu")
     made = task_pairs(lm, "ioi", args.pairs, args.seed)
     pairs = [tp.pair for tp in made]
     engine = C.engine_for(lm)
@@ -107,7 +108,7 @@ def main() -> None:
     labelled = {f"a{l}.h{h}": kinds["labels"][l][h] for l in range(graph.layers) for h in range(graph.heads)
                 if kinds["labels"][l][h]}
     result = {
-        "model": "smollm2-135m", "task": "ioi", "pairs": len(pairs), "seed": args.seed, "method": args.method,
+        "model": args.model, "task": "ioi", "pairs": len(pairs), "seed": args.seed, "method": args.method,
         "prompts": [tp.clean for tp in made], "metric": {"clean": m_clean, "corrupt": m_corrupt},
         "n_edges": graph.n_edges, "faithfulness": curve, "cpr_cmd": C.areas(curve),
         "circuit_5pct": {"edges": int(keep.sum()),

@@ -23,6 +23,20 @@ from app.settings import Settings
 TEXT_FIELDS = ("text", "text_pair", "target", "clean", "corrupt")
 
 
+def check_pair_texts(limits: Settings, req: BaseModel) -> None:
+    """A circuit's prompt pairs (`pairs: [{clean, corrupt, …}]`, `pair: {…}`) hold text too: max_text_chars each, the
+    422 naming the pair's field (pairs.0.clean)."""
+    pairs = getattr(req, "pairs", None) or ()
+    single = getattr(req, "pair", None)
+    located = [(("pairs", i), pair) for i, pair in enumerate(pairs)] + ([(("pair",), single)] if single else [])
+    for loc, pair in located:
+        for name in ("clean", "corrupt"):
+            value = getattr(pair, name, None)
+            if isinstance(value, str) and len(value) > limits.max_text_chars:
+                raise field_error((*loc, name), f"{name} has {len(value):,} characters; the limit is "
+                                  f"{limits.max_text_chars:,} (max_text_chars)")
+
+
 def check_request_limits(limits: Settings, req: BaseModel) -> None:
     """The settings' limits on what one request may ask (docs/configuration.md), in one place: every route calls it
     first, before any model loads or runs (text attention, generate, image, speech attention and transcript,
@@ -33,6 +47,7 @@ def check_request_limits(limits: Settings, req: BaseModel) -> None:
         if isinstance(value, str) and len(value) > limits.max_text_chars:
             raise field_error((name,), f"{name} has {len(value):,} characters; the limit is {limits.max_text_chars:,} "
                               "(max_text_chars)")
+    check_pair_texts(limits, req)
     new_tokens = getattr(req, "max_new_tokens", None)
     if new_tokens is not None and new_tokens > limits.max_new_tokens:
         raise field_error(("max_new_tokens",), f"max_new_tokens={new_tokens}; the limit is {limits.max_new_tokens} "

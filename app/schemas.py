@@ -248,8 +248,8 @@ class PatchingRequest(_Strict):
 class CircuitPair(_Strict):
     """One prompt pair of a circuit: clean and corrupt of the same token count, answer and wrong one token each."""
 
-    clean: str = Field(min_length=1, max_length=4000)
-    corrupt: str = Field(min_length=1, max_length=4000, description="same token count as clean")
+    clean: str = Field(min_length=1, description="at most max_text_chars characters")
+    corrupt: str = Field(min_length=1, description="same token count as clean; at most max_text_chars characters")
     answer: str = Field(min_length=1, max_length=200, description="one token, e.g. ' Mary'")
     wrong: str = Field(min_length=1, max_length=200, description="one token, e.g. ' John'")
 
@@ -539,7 +539,7 @@ class LuongAttentionRequest(_Strict):
     /guide#s16)."""
 
     score: Literal["dot", "general", "concat", "location"] = "dot"
-    text: str = Field("the 3rd of March 2021", min_length=1, max_length=LUONG_MAX_SOURCE,
+    text: str = Field("the 3rd of March 2021", min_length=1,
                       description=f"a date in words or digits, 1-{LUONG_MAX_SOURCE} characters of the model's vocabulary")
     beta: float = Field(1.0, ge=0, le=100, description="the alignment scores × β before the softmax (1 = the model)")
     mask: list[Annotated[int, Field(ge=0, lt=LUONG_MAX_SOURCE)]] = Field(

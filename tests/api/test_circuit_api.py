@@ -90,6 +90,7 @@ def test_eap_ig_and_a_task_stream_as_a_job(client):
     ({**BODY, "budgets": [1.5]}, ["body", "budgets", 0]),
     ({**BODY, "interventions": [{"op": "temperature", "beta": 2}]}, ["body", "interventions"]),
     ({**BODY, "model": "tiny-bert"}, ["body", "model"]),
+    ({**BODY, "pairs": [PAIRS[0], {**PAIRS[1], "clean": "a" * 20_001}]}, ["body", "pairs", 1, "clean"]),  # max_text_chars
 ])
 def test_bad_requests_name_the_field(client, body, loc):
     r = client.post("/api/text/circuit", json=body)
@@ -107,6 +108,7 @@ def test_an_encoder_is_refused_naming_its_family(client):
     ({"edge": "a0.h0->a1.h0"}, ["body", "edge"]),
     ({"edge": "a0.h0->m0", "query": 99}, ["body", "query"]),
     ({"edge": "a0.h0->m0", "pair": {**PAIRS[0], "corrupt": "the dog"}}, ["body", "pair", "corrupt"]),
+    ({"edge": "a0.h0->m0", "pair": {**PAIRS[0], "corrupt": "a" * 20_001}}, ["body", "pair", "corrupt"]),
 ])
 def test_bad_edge_requests_name_the_field(client, body, loc):
     r = client.post("/api/text/circuit/edge", json={"model": "tiny-llama", "pair": PAIRS[0], **body})

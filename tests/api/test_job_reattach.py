@@ -265,5 +265,5 @@ def test_a_re_attach_past_the_kept_events_is_told_of_the_gap(tmp_path):
     (gap_id, gap), *kept = numbered(replay.text)
     first = len(events) - 7  # the latest 8 kept, the done event among them
     assert gap_id is None and gap == {"gap": {"after": 1, "first": first, "missed": first - 2,
-                                              "first_id": f"{job_id}:{first}"}}
+                                              "first_id": f"{job_id}:{first}", "why": "job_event_buffer"}}
     assert kept == events[first - 1:] and kept[-1][1]["done"] is True

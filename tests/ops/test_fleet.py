@@ -258,10 +258,11 @@ def test_over_cap_submits_leave_bystanders_served_and_cancels_working(fleet):
     cancels got 502, and the queued jobs ran on."""
     pace = 0.06  # under nginx's own per-address rate (20 r/s): a 429 below is the app's
     who = "over-cap"
-    # the client's cap (4) filled: compares of ~2,400 tokens (about 10 s each here), one running, three behind it
+    # the client's cap (4) filled: compares of ~4,000 tokens (under max_tokens), one running, three behind it; long
+    # enough that the first is still running through the burst on a quiet machine (at ~2,400 tokens it ended first)
     held = []
     for i in range(4):
-        held.append(HeldJob(fleet.nginx.base, who, long_text(LONG_WORDS, shift=120 + i)))
+        held.append(HeldJob(fleet.nginx.base, who, long_text(4000, shift=120 + i)))
         assert held[-1].accepted.wait(120) and held[-1].job_id, (held[-1].refusal, held[-1].last)
     over = []
     for i in range(10):
@@ -275,7 +276,10 @@ def test_over_cap_submits_leave_bystanders_served_and_cancels_working(fleet):
     # wire's delays): on a loaded machine a held compare may end during the burst, and frees its place
     first_end = min(job.ended_at for job in held)
     capped = [(status, retry, body) for sent, status, retry, body in over if sent < first_end - 1.0]
-    assert len(capped) >= 3, (len(capped), [status for _, status, _, _ in over])
+    # the first submit follows the fourth acceptance at once: the cap is full then however fast the jobs run (a quiet
+    # machine ends the first compare within the burst, so how many more fall in the window varies)
+    first = over[0][1:]
+    assert first[0] == 429 and int(first[1]) >= 1 and "max_queued_jobs_per_client=4" in first[2], first
     assert [status for status, _, _ in capped] == [429] * len(capped), capped
     assert all("max_queued_jobs_per_client=4" in body and int(retry) >= 1 for _, retry, body in capped)
     bystanders = []

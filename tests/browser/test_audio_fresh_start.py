@@ -33,7 +33,7 @@ def test_the_sample_waits_for_the_preparation_and_opens_by_itself(page, page_log
     with preparing.preparing(weights, "whisper-tiny-en"):
         page.goto(f"{base}/audio")
         page.click("#sample-button")
-        page.wait_for_function("() => document.body.dataset.waiting === 'preparation'", timeout=60_000)
+        page.wait_for_function("() => document.body.dataset.waiting === 'preparation'", timeout=300_000)  # the event, with a generous limit for a loaded machine
         status = page.inner_text("#status")
         assert "being prepared" in status and "trying again in 10 s" in status, status
         assert "not installed" not in status and "503" not in status, status

@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     # before it starts. 512 tokens of the 30 × 9-head smollm2-135m take 283 MB.
     max_run_bytes: int = 512 * 1024 * 1024
     max_new_tokens: int = 64  # the longest continuation POST /api/text/generate may ask for
-    # Patching, lens, faithfulness (app/routes/analysis.py): prompts longer than analysis_max_tokens are refused
+    # Patching, lens, faithfulness (app/pipeline/): prompts longer than analysis_max_tokens are refused
     # (422); a scan runs patched copies of the corrupted prompt in batches of about patching_batch_tokens tokens
     # (copies × prompt tokens) per forward; the clean runs' head outputs and residual streams that patch_heads and
     # patch_residual take are kept in a store of their own, up to patch_sources_bytes and patch_sources_runs runs

@@ -8,7 +8,7 @@
 // interventions() the lab's list, store the lab's store (static/js/lab/store.js): the panels follow the model it
 // announces (changed "model"; decoder LMs; faithfulness also encoders).
 import { postJSON } from "../api.js";
-import { jobClock, postJob } from "./jobs.js";
+import { jobClock, postJob, showJobFailure } from "./jobs.js";
 import { byId, el, fillList, showToken } from "../dom.js";
 import { fmt } from "../mathx.js";
 import { loadPlotly } from "../vendor.js";
@@ -160,15 +160,7 @@ function mountPatching(info, onError) {
       else await drawScan(scan);
       panel.dataset.state = "done";
     } catch (err) {
-      if (err.name === "AbortError") {
-        if (controller === mine) { status.textContent = "stopped"; panel.dataset.state = "stopped"; }
-        return;
-      }
-      panel.dataset.state = "error";
-      status.textContent = "";
-      error.textContent = err.message;
-      error.hidden = false;
-      onError(`patching: ${err.message}`);
+      showJobFailure(err, { mine: controller === mine, panel, status, error, onError, what: "patching" });
     } finally {
       clock.stop();
       if (controller === mine) { controller = null; run.disabled = false; stop.disabled = true; bar.hidden = true; eta.textContent = ""; }

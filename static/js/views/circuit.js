@@ -15,7 +15,7 @@ import { byId, el, fillList, showToken, visibleToken } from "../dom.js";
 import { downloadBlob } from "../lab/export.js";
 import { fmt } from "../mathx.js";
 import { loadPlotly } from "../vendor.js";
-import { jobClock, postJob } from "./jobs.js";
+import { jobClock, postJob, showJobFailure } from "./jobs.js";
 import { parsePairLines } from "./patchset.js";
 import { drawQK } from "./why.js";
 
@@ -225,15 +225,7 @@ async function score(view, info, onError) {
     status.textContent = `${done.n_edges.toLocaleString("en")} edges scored over ${done.pairs} pair${done.pairs === 1 ? "" : "s"}`;
     panel.dataset.state = "done";
   } catch (err) {
-    if (err.name === "AbortError") {
-      if (view.controller === mine) { status.textContent = "stopped"; panel.dataset.state = "stopped"; }
-      return;
-    }
-    panel.dataset.state = "error";
-    status.textContent = "";
-    error.textContent = err.message;
-    error.hidden = false;
-    onError(`circuit: ${err.message}`);
+    showJobFailure(err, { mine: view.controller === mine, panel, status, error, onError, what: "circuit" });
   } finally {
     clock.stop();
     if (view.controller === mine) {

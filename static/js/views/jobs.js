@@ -151,6 +151,21 @@ export function jobError(event) {
   return err;
 }
 
+// A job that ended without an answer, on a panel with a status line and an error box: stopped by its own Stop
+// (mine: this panel's controller is still the one that ran it; a newer run has taken over otherwise), or failed,
+// with the message shown and passed on to the page's error line as "what: message".
+export function showJobFailure(err, { mine, panel, status, error, onError, what }) {
+  if (err.name === "AbortError") {
+    if (mine) { status.textContent = "stopped"; panel.dataset.state = "stopped"; }
+    return;
+  }
+  panel.dataset.state = "error";
+  status.textContent = "";
+  error.textContent = err.message;
+  error.hidden = false;
+  onError(`${what}: ${err.message}`);
+}
+
 // A count-down of a job's time left, shown by render(text) once a second while it runs:
 // "waiting: 2 jobs ahead · about 12 s left". The server's eta_s first; once two progress events have arrived
 // (layers, a scan's batches, a continuation's tokens) the rate they came at refines it, smoothed (smoothLeft): early

@@ -60,24 +60,24 @@ class CircuitResult:
         return path
 
 
+def _reached(start: str, steps: list[tuple[str, str]]) -> set[str]:
+    """The nodes reached from `start` along the (from, to) steps, start included."""
+    reached, changed = {start}, True
+    while changed:
+        changed = False
+        for here, there in steps:
+            if here in reached and there not in reached:
+                reached.add(there)
+                changed = True
+    return reached
+
+
 def _on_paths(names: list[str]) -> list[str]:
     """The edges (by name) that lie on a path from `input` to `logits` through the given edges."""
     split = []
     for name in names:
         match = _NAME.match(name)
         split.append((name, match.group(1), match.group(2)))
-    reached, changed = {"input"}, True
-    while changed:
-        changed = False
-        for _, sender, receiver in split:
-            if sender in reached and receiver not in reached:
-                reached.add(receiver)
-                changed = True
-    reaches, changed = {"logits"}, True
-    while changed:
-        changed = False
-        for _, sender, receiver in split:
-            if receiver in reaches and sender not in reaches:
-                reaches.add(sender)
-                changed = True
+    reached = _reached("input", [(sender, receiver) for _, sender, receiver in split])
+    reaches = _reached("logits", [(receiver, sender) for _, sender, receiver in split])
     return [name for name, sender, receiver in split if sender in reached and receiver in reaches]

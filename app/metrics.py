@@ -1,10 +1,13 @@
 """GET /metrics: this replica's state in Prometheus' text format (0.0.4), for scraping and autoscaling.
 
 What a fleet scales on is the queue, not the CPU (on a GPU host the CPU says nothing): `attnlab_jobs_waiting`,
-`attnlab_jobs_running` and `attnlab_queue_eta_seconds` (what is left of every accepted job by its estimate: how long a
-new job would wait). Also the bytes of kept runs (RAM, GPU, disk), readiness and the drain, and every answered
-request by status (`attnlab_requests_total{status="404"}`), counted by `RequestCounter` as the status is sent.
-deploy/k8s/keda.yaml scales on `sum(attnlab_queue_eta_seconds)` (docs/deploy.md "Autoscaling").
+`attnlab_jobs_running`, `attnlab_queue_eta_seconds` (how long a job sent now by a new client would wait, by the job
+board's one ETA: app/jobs.py JobBoard.eta_s, as /api/jobs and the streams say it) and the part of it more replicas
+would take away: `attnlab_scalable_wait_seconds` and `attnlab_jobs_waiting_scalable` (accepted jobs waiting for the
+model, not those that wait only for their own client's earlier job: one job per client runs at a time however many
+replicas there are, so scaling on them over-scales). Also the bytes of kept runs (RAM, GPU, disk), readiness and the
+drain, and every answered request by status (`attnlab_requests_total{status="404"}`), counted by `RequestCounter` as
+the status is sent. deploy/k8s/keda.yaml scales on `sum(attnlab_scalable_wait_seconds)` (docs/deploy.md "Autoscaling").
 """
 from __future__ import annotations
 
@@ -45,16 +48,17 @@ class RequestCounter:
         await self.app(scope, receive, counting_send)
 
 
-def _jobs() -> tuple[int, int, float]:
-    """(running, waiting, the queue's ETA in seconds) from the job board: one model forward runs at a time."""
+def _jobs() -> tuple[int, int]:
+    """(running, waiting) from the job board: one model forward runs at a time."""
     board = JOBS.snapshot()
     running = sum(1 for job in board if job.get("state") == "running") if any("state" in j for j in board) \
         else min(1, len(board))
-    return running, len(board) - running, sum(float(job.get("eta_s") or 0.0) for job in board)
+    return running, len(board) - running
 
 
 def render(runtime) -> str:
-    running, waiting, eta_s = _jobs()
+    running, waiting = _jobs()
+    queue = JOBS.queue()
     cache = runtime.cache
     kept = {"ram": cache.host_bytes, "device": getattr(cache, "device_bytes", 0) or 0,
             "disk": getattr(cache, "disk_bytes", 0) or 0}
@@ -66,9 +70,16 @@ def render(runtime) -> str:
         "# HELP attnlab_jobs_waiting Jobs accepted and waiting for the model on this replica.",
         "# TYPE attnlab_jobs_waiting gauge",
         f"attnlab_jobs_waiting {waiting}",
-        "# HELP attnlab_queue_eta_seconds What is left of every accepted job, by its estimate: a new job's wait.",
+        "# HELP attnlab_queue_eta_seconds How long a job sent now by a new client would wait (the jobs' one ETA).",
         "# TYPE attnlab_queue_eta_seconds gauge",
-        f"attnlab_queue_eta_seconds {eta_s:.3f}",
+        f"attnlab_queue_eta_seconds {queue['wait_s']:.3f}",
+        "# HELP attnlab_scalable_wait_seconds What is left of the accepted jobs waiting for the model that more "
+        "replicas would start at once (not those waiting only for their own client's earlier job): scale on this.",
+        "# TYPE attnlab_scalable_wait_seconds gauge",
+        f"attnlab_scalable_wait_seconds {queue['scalable_wait_s']:.3f}",
+        "# HELP attnlab_jobs_waiting_scalable Accepted jobs waiting for the model that more replicas would start at once.",
+        "# TYPE attnlab_jobs_waiting_scalable gauge",
+        f"attnlab_jobs_waiting_scalable {int(queue['waiting_scalable'])}",
         "# HELP attnlab_kept_run_bytes Bytes of kept runs (their windows and rows), by where they are kept.",
         "# TYPE attnlab_kept_run_bytes gauge",
         *(f'attnlab_kept_run_bytes{{tier="{tier}"}} {int(n)}' for tier, n in kept.items()),

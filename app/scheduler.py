@@ -6,6 +6,10 @@
   client's own work in its arrival order. One client's 30 queued jobs do not hold back another client's first one.
 - A job that has started keeps its turn until it ends (its later runs, and after handing over to interactive work),
   so its runs are not interleaved with other jobs' and its ETA holds.
+- A job of many short turns (a generate stream's steps: `keeping_turn`) keeps the model from its first turn to its
+  end: no other job takes a turn between two of its steps (interactive work still goes first). Interleaved, four
+  parallel streams each ran at a quarter of the speed their ETAs assumed, and three ran out of generate_timeout_s with
+  0 tokens; one at a time, each stream's ETA (the jobs ahead, then its own steps) holds.
 - A plain request of several turns (a head taxonomy's probes, a scan's batches: `plain_turns`) waits for a running job
   once: until it ends no job takes the model back between two of its turns (each gap between them was a job layer's
   wait, a dozen in all, and on a busy machine its whole request_timeout_s).
@@ -48,6 +52,8 @@ class ModelScheduler:
         self._waiting = 0
         self._waiting_lock = threading.Lock()
         self._plain_works = 0  # plain requests of several turns in progress (plain_turns): jobs wait for their end
+        self._keeping: set[int] = set()  # jobs (by seq) inside keeping_turn: from their first turn they hold the turn
+        self._holder: int | None = None  # the seq of the job that holds the turn (keeping_turn), once it has had it
 
     @property
     def waiting(self) -> int:
@@ -72,6 +78,18 @@ class ModelScheduler:
         self._served[(kind, client)] = next(self._turn)
         if kind == JOB:
             job.started, job.started_at = True, time.monotonic()
+
+    def _take_turn_if_kept(self, entry: tuple[int, str, int, bool]) -> None:
+        """A job inside keeping_turn holds the turn from its first turn on (under _turns)."""
+        if entry[0] == JOB and entry[2] in self._keeping:
+            self._holder = entry[2]
+
+    def _job_may_go(self, entry: tuple[int, str, int, bool]) -> bool:
+        """Whether a job's turn may be taken now: no plain work of several turns in progress (plain_turns), and no
+        other job holding the turn (keeping_turn). Interactive work may always go."""
+        if entry[0] != JOB:
+            return True
+        return not self._plain_works and self._holder in (None, entry[2])
 
     @contextlib.contextmanager
     def admitted(self, interactive: bool | None = None, ctx: RequestContext | None = None) -> Iterator[None]:
@@ -138,6 +156,26 @@ class ModelScheduler:
                 self._plain_works -= 1
                 self._turns.notify_all()
 
+    @contextlib.contextmanager
+    def keeping_turn(self, ctx: RequestContext | None = None) -> Iterator[None]:
+        """The work of the job of `ctx` (None: the current context) made of many short turns (a generate stream's
+        steps): from its first turn until this ends, no other job takes a turn between two of its turns (it waits
+        for the job ahead of it as any job does). Outside a job: nothing."""
+        job = (ctx or current()).job
+        if job is None:
+            yield
+            return
+        with self._turns:
+            self._keeping.add(job.seq)
+        try:
+            yield
+        finally:
+            with self._turns:
+                self._keeping.discard(job.seq)
+                if self._holder == job.seq:
+                    self._holder = None
+                self._turns.notify_all()
+
     def _timed_out(self, job) -> Overloaded:
         retry_after = max(1, round(self.settings.request_timeout_s / 4))
         if job is not None:
@@ -196,9 +234,11 @@ class ModelScheduler:
                 while True:
                     if cancel is not None and cancel.is_set():
                         return "cancelled"
-                    # a job waits while plain work of several turns is in progress (plain_turns)
-                    eligible = entry[0] != JOB or not self._plain_works
-                    if eligible and min(self._fifo, key=self._order) is entry and self._run_lock.acquire(blocking=False):
+                    # a job waits while plain work of several turns is in progress, or another job holds the turn
+                    eligible = self._job_may_go(entry)
+                    first = eligible and min(filter(self._job_may_go, self._fifo), key=self._order) is entry
+                    if first and self._run_lock.acquire(blocking=False):
+                        self._take_turn_if_kept(entry)
                         return True
                     remaining = end - time.monotonic()
                     if remaining <= 0:

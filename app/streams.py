@@ -396,8 +396,9 @@ class JobStream:
             runs = max(run, (job.runs if job is not None else 0) or 1)
             progress, bar = (run - 1) * total + done, runs * total
         event = {"progress": progress, "total": bar, "run": run, "runs": runs}
-        if job is not None:
-            event["eta_s"] = job.progressed(progress, bar, time.monotonic())
+        if job is not None:  # the one ETA (app/jobs.py JobBoard.eta_s): as /api/jobs and /metrics say it
+            job.progressed(progress, bar, time.monotonic())
+            event["eta_s"] = JOBS.ends_in_s(job)
         self.emit(event)
 
     def step_done(self, done: int, total: int) -> None:
@@ -405,7 +406,8 @@ class JobStream:
         check_cancelled(self.ctx)
         event = {"progress": done, "total": total, "run": 1, "runs": 1}
         if self.job is not None:
-            event["eta_s"] = self.job.progressed(done, total, time.monotonic())
+            self.job.progressed(done, total, time.monotonic())
+            event["eta_s"] = JOBS.ends_in_s(self.job)
         self.emit(event)
 
     def where(self) -> str:

@@ -51,8 +51,9 @@ def generate(req: GenerateRequest, runtime: RuntimeDep, request: Request) -> Res
     them, streamed as server-sent events (see /guide#s9): a job (docs/api.md "Jobs"), so first `{"accepted": true,
     "eta_s", "queue_position", "runs"}`, then `{"step", "token", "id", "prob", "ended", "base_token", "base_id",
     "base_prob", "base_ended"}` per new token, every key in every event (once a side has ended its `ended` is true and
-    its other fields are null), then `{"done": true, "text", "base_text"}`. Each step goes before waiting jobs, like
-    other interactive work. Closing the connection stops the generation after the step in progress.
+    its other fields are null), then `{"done": true, "text", "base_text"}`. Streams run one at a time in the jobs'
+    order: from its first step a stream keeps the model until it ends (interactive work still goes between its
+    steps), and generate_timeout_s counts from that first step. Closing the connection stops the generation after the step in progress.
     """
     check_request_limits(runtime.settings, req)  # max_text_chars, max_new_tokens, max_interventions: as on every route
     if not req.text.strip():
@@ -69,8 +70,11 @@ def generate(req: GenerateRequest, runtime: RuntimeDep, request: Request) -> Res
     def work(stream: JobStream) -> dict:
         # 413 before the stream starts when its model time would exceed generate_timeout_s (app/costs.py); accepted
         check_stream_cost(adapter, runtime.settings, len(prompt), req.max_new_tokens, len(interventions))
-        return _continue(runtime, adapter, prompt, interventions, req.max_new_tokens, stream, rows,
-                         req.attention.encoding if req.attention is not None else "json")
+        # its steps one after another, no other job's turn between them (app/scheduler.py): streams run one at a
+        # time, each as fast as its ETA assumed, instead of all at a fraction of it until generate_timeout_s
+        with runtime.scheduler.keeping_turn():
+            return _continue(runtime, adapter, prompt, interventions, req.max_new_tokens, stream, rows,
+                             req.attention.encoding if req.attention is not None else "json")
 
     return run_job(request, work, "POST /api/text/generate", layer_progress=False)
 
@@ -126,24 +130,28 @@ def _side_fields(prefix: str, new, rows: RowRequest | None, encoding: str) -> di
 
 def _continue(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], interventions, max_new_tokens: int,
               stream: JobStream, rows: RowRequest | None = None, encoding: str = "json") -> dict:
-    """Both continuations step by step; each step takes the model lock on its own (interactive: before waiting jobs),
-    so other requests interleave. With `rows`, each step event carries the asked attention rows of both sides.
+    """Both continuations step by step; each step takes the model lock on its own as a job's turn (the caller keeps
+    the turn between them: app/scheduler.py keeping_turn), so interactive requests interleave. With `rows`, each step event carries the asked attention rows of both sides.
     Without interventions both sides are the same sequence: it is decoded once and sent as both."""
     sides = {"": adapter.continuation(prompt, interventions, max_new_tokens, rows=rows)}
     if interventions:
         sides["base_"] = adapter.continuation(prompt, (), max_new_tokens, rows=rows)
     ids: dict[str, list[int]] = {prefix: [] for prefix in sides}
     budget_s = runtime.settings.generate_timeout_s
-    deadline = time.monotonic() + budget_s  # the whole stream's budget
+    # the whole stream's budget, from its first turn: its wait behind the jobs ahead is theirs (job_timeout_s bounds
+    # it, and the stream was accepted only if it fits there: app/jobs.py JobBoard.accept)
+    deadline: float | None = None
     for step in range(max_new_tokens):
         event: dict = {"step": step}
         for prefix in ids:  # one shape every step: a side that has ended says so, its fields null
             new = None
             if prefix in sides:
                 check_cancelled()  # before each side's forward: a client that left costs at most one more
-                if time.monotonic() > deadline:
+                if deadline is not None and time.monotonic() > deadline:
                     return _over_budget(step, budget_s)
-                with runtime.step(len(prompt) if step == 0 else 1, interactive=step > 0):
+                # a job's turns (a started job's: before every waiting job; interactive work still goes first)
+                with runtime.step(len(prompt) if step == 0 else 1, interactive=False):
+                    deadline = deadline or time.monotonic() + budget_s
                     started = time.perf_counter()
                     new = next(sides[prefix], None)
                     if step == 0:  # the prompt's forward: its real speed feeds the cost estimate (app/costs.py);

@@ -16,14 +16,15 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ","]
 PAD, UNK, CLS, SEP = 0, 1, 2, 3
 
 
-def save_tokenizer(folder: Path) -> int:
-    """A lower-casing WordPiece tokenizer over a small vocabulary; returns the vocabulary size."""
-    from transformers import BertTokenizerFast
+def save_tokenizer(folder: Path, tokenizer_class: str = "BertTokenizerFast") -> int:
+    """A lower-casing WordPiece tokenizer over a small vocabulary; returns the vocabulary size. `tokenizer_class`: the
+    transformers class a checkpoint of the family ships (DistilBERT's sends no token_type_ids)."""
+    import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = SPECIALS + WORDS
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tokenizer = BertTokenizerFast(vocab=str(folder / "vocab.txt"), do_lower_case=True)  # `vocab=`: transformers 5 ignores vocab_file
+    tokenizer = getattr(transformers, tokenizer_class)(vocab=str(folder / "vocab.txt"), do_lower_case=True)  # `vocab=`: transformers 5 ignores vocab_file
     tokenizer.save_pretrained(folder)
     return len(vocab)
 
@@ -61,19 +62,27 @@ def _config(family: str, vocab: int):
                                        intermediate_size=64, max_position_embeddings=128, vocab_size=vocab,
                                        initializer_range=0.3),
                          tf.BertForMaskedLM),
+        # DistilBERT (models/families/distilbert.py): a masked LM, and a bare backbone for the plain-embedding output
+        "distilbert": lambda: (tf.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                                                   max_position_embeddings=128, vocab_size=vocab, pad_token_id=PAD,
+                                                   initializer_range=0.3), tf.DistilBertForMaskedLM),
+        "distilbert_base": lambda: (tf.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                                                        max_position_embeddings=128, vocab_size=vocab, pad_token_id=PAD,
+                                                        initializer_range=0.3), tf.DistilBertModel),
     }[family]()
 
 
 TEXT_FAMILIES = ("gpt2", "llama", "qwen2", "gemma2", "gemma3", "bart", "marian", "t5", "bert")
 CAUSAL_FAMILIES = ("gpt2", "llama", "qwen2", "gemma2", "gemma3")
 SEQ2SEQ_FAMILIES = ("bart", "marian", "t5")
+DISTILBERT_FAMILIES = ("distilbert", "distilbert_base")  # built by build_text_model too, with DistilBERT's tokenizer
 
 
 def build_text_model(family: str, folder: Path, seed: int = 0) -> Path:
     """A tiny random model of `family` (see TEXT_FAMILIES) with its tokenizer, saved into `folder`."""
     import torch
 
-    vocab = save_tokenizer(folder)
+    vocab = save_tokenizer(folder, "DistilBertTokenizerFast" if family in DISTILBERT_FAMILIES else "BertTokenizerFast")
     config, model_class = _config(family, vocab)
     torch.manual_seed(seed)
     model = model_class(config)

@@ -3,7 +3,7 @@
 order, so the more specific go first (a prepared Whisper folder before encoder–decoders)."""
 from __future__ import annotations
 
-from models.families import causal_lm, encoder, seq2seq, speech, vision
+from models.families import causal_lm, distilbert, encoder, seq2seq, speech, vision
 from models.families.base import Family, Limits, UnknownFamily, source_of
 
 __all__ = ["FAMILIES", "Family", "Limits", "UnknownFamily", "detect_family", "family_named", "family_of",
@@ -15,6 +15,7 @@ FAMILIES: tuple[Family, ...] = (
     seq2seq.FAMILY,
     causal_lm.FAMILY,
     vision.FAMILY,
+    distilbert.FAMILY,
     encoder.FAMILY,
 )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from models.families.base import Family
 
-MODEL_TYPES = ("albert", "bert", "camembert", "distilbert", "electra", "roberta", "xlm-roberta")
+MODEL_TYPES = ("albert", "bert", "camembert", "electra", "roberta", "xlm-roberta")
 
 
 def adapter():

@@ -10,10 +10,12 @@ from models.hooks import UnsupportedAttention
 from models.interventions import Intervention
 from models.probe import PARITY_TOLERANCE
 from models.registry import build_registry, detect_family
-from tests.tiny_models import CAUSAL_FAMILIES, SEQ2SEQ_FAMILIES, TEXT_FAMILIES, build_image_model, build_text_model
+from tests.tiny_models import (CAUSAL_FAMILIES, DISTILBERT_FAMILIES, SEQ2SEQ_FAMILIES, TEXT_FAMILIES, build_image_model,
+                               build_text_model)
 
 TEXT = "the cat sat on the mat because it was tired"
-EXPECTED_FAMILY = {**{f: "causal_lm" for f in CAUSAL_FAMILIES}, **{f: "seq2seq" for f in SEQ2SEQ_FAMILIES}, "bert": "encoder"}
+EXPECTED_FAMILY = {**{f: "causal_lm" for f in CAUSAL_FAMILIES}, **{f: "seq2seq" for f in SEQ2SEQ_FAMILIES}, "bert": "encoder",
+                   **{f: "distilbert" for f in DISTILBERT_FAMILIES}}
 
 
 def _load(model_id: str, folder) -> object:
@@ -21,7 +23,7 @@ def _load(model_id: str, folder) -> object:
     return spec, spec.load("cpu")
 
 
-@pytest.mark.parametrize("family", TEXT_FAMILIES)
+@pytest.mark.parametrize("family", TEXT_FAMILIES + DISTILBERT_FAMILIES)
 def test_text_family_loads_passes_parity_and_moves_under_beta(family, tmp_path):
     folder = build_text_model(family, tmp_path / family)
     assert detect_family(str(folder)) == EXPECTED_FAMILY[family]

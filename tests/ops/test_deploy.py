@@ -101,7 +101,8 @@ def test_kubernetes_example(paths):
     assert hpa["spec"]["scaleTargetRef"]["name"] == "attnlab" and hpa["spec"]["minReplicas"] >= 2
     # Scaled on the queue (metrics /metrics exposes), not on CPU alone.
     queue = {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"}
-    assert {"attnlab_queue_eta_seconds", "attnlab_jobs_waiting"} <= queue
+    # only the work more pods would shorten (not jobs waiting for their own client's earlier job): issue 53 §9
+    assert {"attnlab_scalable_wait_seconds", "attnlab_jobs_waiting_scalable"} <= queue
     # A disruption takes one pod at a time, and the grace period lets its drain finish.
     pdb = docs[("PodDisruptionBudget", "attnlab")]
     assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]

@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 
 import app.runstore as runstore
+import app.runstore_disk as runstore_disk
 from app import runfile
 from app.memory import MemoryBudget
 from app.runstore import ResultCache
@@ -498,7 +499,7 @@ def test_a_write_waits_until_no_request_is_at_work(llama, tmp_path, monkeypatch)
     response), and after WRITE_DEFER_S however busy the server is."""
     from app.in_flight import API_POSTS
 
-    monkeypatch.setattr(runstore, "WRITE_DEFER_S", 30.0)
+    monkeypatch.setattr(runstore_disk, "WRITE_DEFER_S", 30.0)
     API_POSTS.entered()
     try:
         store = _leaving_run(llama, tmp_path)
@@ -507,7 +508,7 @@ def test_a_write_waits_until_no_request_is_at_work(llama, tmp_path, monkeypatch)
         API_POSTS.left()
     assert _disk_runs_within(store, 5) == 1  # written as soon as it ended
     store.close()
-    monkeypatch.setattr(runstore, "WRITE_DEFER_S", 0.3)
+    monkeypatch.setattr(runstore_disk, "WRITE_DEFER_S", 0.3)
     API_POSTS.entered()
     try:
         store = _leaving_run(llama, tmp_path)
@@ -524,7 +525,7 @@ def test_an_awaited_write_does_not_wait_for_requests(llama, tmp_path, monkeypatc
     requests are in flight: the request waiting for memory is one of them."""
     from app.in_flight import API_POSTS
 
-    monkeypatch.setattr(runstore, "WRITE_DEFER_S", 30.0)
+    monkeypatch.setattr(runstore_disk, "WRITE_DEFER_S", 30.0)
     API_POSTS.entered()
     try:
         store = _leaving_run(llama, tmp_path)
@@ -544,7 +545,7 @@ def test_a_put_waiting_for_a_place_in_the_queue_does_not_wait_for_requests(llama
     for the requests to end (they would not, while this one waits)."""
     from app.in_flight import API_POSTS
 
-    monkeypatch.setattr(runstore, "WRITE_DEFER_S", 30.0)
+    monkeypatch.setattr(runstore_disk, "WRITE_DEFER_S", 30.0)
     runs = [_run(llama, f"r{i}", True) for i in range(3)]
     store = ResultCache(max_items=64, max_bytes=1, pin_s=60, disk_bytes=2**30, disk_dir=str(tmp_path), write_queue=1)
     API_POSTS.entered()

@@ -1,8 +1,7 @@
 """Checking a request's interventions against its model and input: one validator, driven by a table per family.
 
 A family's table says, per kind of attention, how many layers and heads it has, how many keys and query rows (the
-indices of `tokens`: keys for mask_keys/perturb_keys/…, query rows for perturb_queries) and how a refusal names
-them. Plain models (encoders, decoder LMs, ViTs) have one kind; encoder–decoders three (encoder: source × source,
+indices of `tokens`: keys or query rows, as each op declares (models/ops/)) and how a refusal names them. Plain models (encoders, decoder LMs, ViTs) have one kind; encoder–decoders three (encoder: source × source,
 decoder: target × target, cross: target rows × source keys); Whisper the same three over 1,500 encoder positions.
 Every refusal is a 422 naming the field (interventions[i].layers/heads/tokens/kind/op/source).
 """
@@ -16,6 +15,7 @@ from app.schemas import to_engine
 from models.adapters.seq2seq import KINDS, KindScopedIntervention
 from models.head_ops import current_residual_sources, current_sources
 from models.interventions import Intervention
+from models.ops import OPS
 
 WHISPER_POSITIONS = 1500  # Whisper's encoder positions (30 s at 20 ms each), whatever the clip's length
 
@@ -32,13 +32,15 @@ def check_indices(values: list[int] | None, size: int, loc: tuple, what: str) ->
 
 
 def check_patch_source(source: str, n_tokens: int, loc: tuple, op: str = "patch_heads") -> None:
-    """A patch_heads / patch_residual source must be a run kept for this request's model with this input's token
-    count (app/routes/analysis.py puts them in reach; elsewhere, e.g. continuations, none is)."""
-    kept = (current_sources() if op == "patch_heads" else current_residual_sources()).get(source)
+    """A patch_heads / patch_residual source (an op whose Op reads a kept run's head outputs or residual stream)
+    must be a run kept for this request's model with this input's token count (app/routes/analysis.py puts them in
+    reach; elsewhere, e.g. continuations, none is)."""
+    heads = OPS[op].patch_source == "heads"
+    kept = (current_sources() if heads else current_residual_sources()).get(source)
     if kept is None:
         raise field_error(loc, f"unknown or expired run {source!r}: {op} takes the clean_run_id of POST "
                           "/api/text/patching, on /api/text/attention and /api/text/lens with the same model")
-    kept_tokens = kept[0].shape[1] if op == "patch_heads" else kept.shape[1]  # (H, T, d_v) per layer; (L, T, D)
+    kept_tokens = kept[0].shape[1] if heads else kept.shape[1]  # (H, T, d_v) per layer; (L, T, D)
     if kept_tokens != n_tokens:
         raise field_error(loc, f"run {source!r} has {kept_tokens} tokens and this input {n_tokens}: "
                           f"{op} needs the same token count")
@@ -119,12 +121,11 @@ def check_interventions(items: list, table: InterventionTable) -> list[tuple[Int
     checked = []
     for i, item in enumerate(items):
         where = ("interventions", i)
+        op = OPS[item.op]  # what the op declares: scoped or not, what `tokens` names, a patch source
         if item.op in table.refused_ops:
             raise field_error((*where, "op"), table.refused_ops[item.op])
-        if item.op == "positions" and (item.layers is not None or item.heads is not None):
-            name = "layers" if item.layers is not None else "heads"
-            raise field_error((*where, name), "positions acts on the input embeddings, before any layer: "
-                              "layers and heads must be null")
+        if not op.scoped and (item.layers is not None or item.heads is not None):
+            raise field_error((*where, "layers" if item.layers is not None else "heads"), op.unscoped_why)
         if item.kind is not None and item.kind not in table.kinds:
             raise field_error((*where, "kind"), f"model {table.model} has one kind of attention; kind must be null")
         tokens = getattr(item, "tokens", None)
@@ -138,11 +139,11 @@ def check_interventions(items: list, table: InterventionTable) -> list[tuple[Int
         check_indices(item.layers, min(b.layers for b in bounds), (*where, "layers"), f"layer{scope}")
         check_indices(item.heads, min(b.heads for b in bounds), (*where, "heads"), f"head{scope}")
         if tokens is not None:
-            queries = item.op == "perturb_queries"  # names query rows; every other op names keys
+            queries = op.tokens_index == "rows"  # query rows (perturb_queries) or keys
             size = min(b.queries if queries else b.keys for b in bounds)
             name = bounds[0].query_name if queries else bounds[0].key_name  # one name per family and side
             check_indices(tokens, size, (*where, "tokens"), f"{name}{scope}")
-        if table.patch_sources and item.op in ("patch_heads", "patch_residual"):
+        if table.patch_sources and op.patch_source:
             check_patch_source(item.source, bounds[0].keys, (*where, "source"), item.op)
         checked.append((to_engine(item), item.kind))
     return checked

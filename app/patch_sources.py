@@ -17,6 +17,7 @@ from models.adapters.base import AttentionAdapter
 from models.anatomy import layer_blocks
 from models.attribution import value_grams
 from models.head_ops import HeadRun
+from models.ops import OPS
 
 
 # ---- kept clean runs (patch_heads / patch_residual sources) -----------------------------------------------------
@@ -87,7 +88,7 @@ source_store = PerRuntime(lambda runtime: HeadSourceStore(runtime.settings.patch
                                                          runtime.settings.patch_sources_runs))
 
 
-PATCH_OPS = ("patch_heads", "patch_residual")
+PATCH_OPS = tuple(name for name, op in OPS.items() if op.patch_source)  # ops that read a kept run
 
 
 def request_sources(runtime: Runtime, adapter: AttentionAdapter, interventions: list, value_norms: bool = False) -> HeadRun:
@@ -111,7 +112,7 @@ def request_sources(runtime: Runtime, adapter: AttentionAdapter, interventions: 
                                     "again for a new clean_run_id")
             raise HTTPException(404, detail=f"{where}: no kept run {item.source!r} for model {model}: {item.op} takes the "
                                 "clean_run_id of POST /api/text/patching with the same model")
-        if item.op == "patch_heads":
+        if OPS[item.op].patch_source == "heads":
             heads[item.source] = kept.head_outputs
         else:
             if item.heads is not None:
@@ -136,9 +137,9 @@ def refuse_for_seq2seq(req) -> None:
 
 
 def refuse_for_generate(req) -> None:
-    """A continuation feeds one new token per step (KV cache): a head's mean over the positions is not at hand
-    there, so mean ablation is refused rather than silently applied to one position."""
+    """A continuation feeds one new token per step (KV cache): what an op cannot do there (mean ablation: a head's
+    mean over the positions is not at hand) is refused rather than silently applied to one position."""
     for i, item in enumerate(req.interventions):
-        if item.op == "ablate_heads" and item.mode == "mean":
-            raise field_error(("interventions", i, "mode"), "mean ablation is offered on /api/text/attention and "
-                              "/api/text/lens, not for continuations (each decoding step sees one new position)")
+        refusal = OPS[item.op].continuation_refusal(item)
+        if refusal is not None:
+            raise field_error(("interventions", i, refusal[0]), refusal[1])

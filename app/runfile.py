@@ -4,7 +4,8 @@ The file is a safetensors file (https://github.com/huggingface/safetensors, "for
 JSON header naming each tensor's dtype, shape and byte range, then the tensors' raw bytes. Every tensor of the run
 (P, hidden states, outputs, q̂/k̂, the atlas's records and summaries, derived summaries) is one entry, in the dtype it
 was kept in; everything else (tokens, warnings, β, interventions, derived lists, which class holds what) is JSON in
-the header's `__metadata__`. A reader builds only the classes listed in CLASSES, from JSON and tensors: a file can
+the header's `__metadata__`. An intervention is kept as its op says (models/ops/ `Op.record`: its op, scope and own
+fields) and made again through the engine's check. A reader builds only the classes listed in CLASSES, from JSON and tensors: a file can
 name data, never code.
 
 Reads are memory-mapped: `read` maps the file once (copy-on-write, so a tensor of it is writable without touching the
@@ -26,6 +27,7 @@ import torch
 from models.adapters.base import AttentionResult
 from models.atlas import Atlas, AtlasConfig, LayerRecord, LayerSummary, PendingRecord
 from models.interventions import Intervention, LogitExtras
+from models.ops import OPS
 
 META_KEY = "attnlab.run"
 FORMAT = "attnlab.run/1"
@@ -84,6 +86,8 @@ class _Encoder:
             return {"$": "dict", "items": [[self.value(k, where), self.value(v, f"{where}[{k!r}]")] for k, v in items]}
         if isinstance(value, torch.dtype):
             return {"$": "dtype", "name": str(value).removeprefix("torch.")}
+        if type(value) is Intervention:  # what its op says a run keeps of it (models/ops/: Op.record)
+            return {"$": "intervention", "fields": self.value(OPS[value.op].record(value), where)}
         if type(value).__name__ in CLASSES and CLASSES[type(value).__name__] is type(value):
             state = {k: v for k, v in list(vars(value).items()) if k not in SKIPPED}
             return {"$": "object", "class": type(value).__name__, "state": self.value(state, where)}
@@ -170,6 +174,8 @@ def _decode(node: Any, tensors: dict[str, torch.Tensor]) -> Any:
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"not a dtype: {node['name']!r}")
         return dtype
+    if kind == "intervention":
+        return Intervention(**_decode(node["fields"], tensors))  # checked again by its op, as when it was made
     if kind == "object":
         cls = CLASSES[node["class"]]  # KeyError for a class that is not a run's
         obj = cls.__new__(cls)

@@ -6,8 +6,9 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.ids import RUN_ID_PATTERN
 from models.interventions import Intervention
+from models.ops import OPS
+from models.ops import base as ops_base
 from models.luong import MAX_SOURCE as LUONG_MAX_SOURCE
 
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -22,97 +23,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
-AttentionKind = Literal["encoder", "decoder", "cross"]
-
-
-class _Scoped(_Strict):
-    layers: IndexList | None = Field(None, description="layers the intervention applies to (null = all)")
-    heads: IndexList | None = Field(None, description="heads the intervention applies to (null = all; always query heads)")
-    kind: AttentionKind | None = Field(
-        None, description="encoder–decoder models: the attention kind targeted (null = all kinds; see /guide#s9); "
-        "layers count within the kind. Other models: must be null"
-    )
-
-
-class Temperature(_Scoped):
-    """Set the softmax inverse temperature β (see /guide#s2); T = 1/β."""
-
-    op: Literal["temperature"]
-    beta: float = Field(gt=0, le=1e4, description="inverse temperature β, 0 < β ≤ 1e4")
-
-
-class MaskKeys(_Scoped):
-    """M[:, j] = −∞ for the listed key tokens (see /guide#s3)."""
-
-    op: Literal["mask_keys"]
-    tokens: IndexList
-
-
-class Causal(_Scoped):
-    """M[i, j] = −∞ for j > i (see /guide#s3)."""
-
-    op: Literal["causal"]
-
-
-class AblateHeads(_Scoped):
-    """The scoped heads output zeros before W_O (see /guide#s3), or with mode "mean" their output averaged over the
-    positions."""
-
-    op: Literal["ablate_heads"]
-    mode: Literal["zero", "mean"] = "zero"
-
-
-class PatchHeads(_Scoped):
-    """The scoped heads' outputs (before W_O) replaced by a kept run's, position by position (same token count):
-    `source` is the `clean_run_id` of POST /api/text/patching."""
-
-    op: Literal["patch_heads"]
-    source: str = Field(pattern=RUN_ID_PATTERN.pattern, description="run id of the source run (clean_run_id)")
-
-
-class PatchResidual(_Scoped):
-    """The residual stream after the scoped layers, at the positions `tokens` (null = all), replaced by a kept run's
-    (same token count): `source` is the `clean_run_id` of POST /api/text/patching; `heads` must be null."""
-
-    op: Literal["patch_residual"]
-    source: str = Field(pattern=RUN_ID_PATTERN.pattern, description="run id of the source run (clean_run_id)")
-    tokens: IndexList | None = Field(None, description="token positions to patch (null = all)")
-
-
-class _Perturb(_Scoped):
-    tokens: IndexList | None = Field(None, description="tokens to perturb (null = all)")
-    noise_std: float = Field(0.0, ge=0, le=1e4, description="σ of ε ~ N(0, σ² I_d)")
-    scale: float = Field(1.0, ge=-1e4, le=1e4, description="α in x̂ = α x + ε")
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="seeds the generator of ε")
-
-
-class PerturbKeys(_Perturb):
-    """k̂_j = α k_j + ε (see /guide#s4): only column j of the scores changes."""
-
-    op: Literal["perturb_keys"]
-
-
-class PerturbQueries(_Perturb):
-    """q̂_i = α q_i + ε (see /guide#s4): only row i of the scores changes at that layer."""
-
-    op: Literal["perturb_queries"]
-
-
-class Positions(_Scoped):
-    """The model's position information switched off ("off": absolute position embeddings zeroed, RoPE at one
-    position) or permuted among the tokens with `seed` ("shuffle"); acts on the input embeddings, so `layers` and
-    `heads` must be null (see /guide)."""
-
-    op: Literal["positions"]
-    mode: Literal["off", "shuffle"] = Field("off", description="'off': no positions; 'shuffle': seeded permutation")
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="seeds the shuffle's permutation")
-
-
-InterventionIn = Annotated[
-    Union[Temperature, MaskKeys, Causal, AblateHeads, PerturbKeys, PerturbQueries, PatchHeads, PatchResidual,
-          Positions],
-    Field(discriminator="op")
-]
+# The request items of the interventions are the ops' (models/ops/, one file each): the union below is built from
+# the registry, in its order, discriminated by `op`.
+AttentionKind = ops_base.AttentionKind
+InterventionIn = Annotated[Union[tuple(op.schema for op in OPS.values())], Field(discriminator="op")]
 Interventions = Annotated[list[InterventionIn], Field(description="applied in order; at most the server's "
                                                                  "max_interventions (default 64)")]
 

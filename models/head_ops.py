@@ -28,6 +28,7 @@ import torch
 
 from models.atlas import PendingRecord, value_norms_from_gram
 from models.interventions import Intervention
+from models.ops import OPS
 from models.run_context import current_run
 
 
@@ -93,7 +94,7 @@ def _residual_hook(run: HeadRun, layer: int):
             return None
         scope = current_run.get()  # the RunScope of models/hooks.py
         interventions = getattr(scope, "interventions", ())
-        patches = [iv for iv in interventions if iv.op == "patch_residual" and iv.applies_to_layer(layer)]
+        patches = [iv for iv in interventions if OPS[iv.op].patches_residual and iv.applies_to_layer(layer)]
         if not patches:
             return None
         hidden = output[0] if isinstance(output, tuple) else output  # (B, T_q, D)
@@ -160,22 +161,9 @@ def head_output_ops(
     run covers positions 0 … T_source − 1, and positions past it are left alone.
     """
     for iv in interventions:
-        if not iv.applies_to_layer(layer):
-            continue
-        if iv.op == "patch_heads":
-            if iv.source not in sources:
-                raise KeyError(f"patch_heads: no kept run {iv.source!r}")
-            source = sources[iv.source][layer].to(output.device, output.dtype)  # (H, T_s, d_v)
-            rows = max(0, min(output.shape[2], source.shape[1] - query_offset))
-            if rows == 0:
-                continue
-            heads = iv.head_list(output.shape[1])
-            output = output.clone()
-            output[:, heads, :rows] = source[heads, query_offset:query_offset + rows].unsqueeze(0)
-        elif iv.op == "ablate_heads" and iv.mode == "mean":
-            heads = iv.head_list(output.shape[1])
-            output = output.clone()
-            output[:, heads] = output[:, heads].mean(dim=2, keepdim=True).expand_as(output[:, heads])
+        op = OPS[iv.op]
+        if iv.applies_to_layer(layer) and op.touches_outputs(iv):
+            output = op.head_outputs(iv, output, layer, sources, query_offset)
     return output
 
 
@@ -185,7 +173,7 @@ def at_layer(
     """Called by the attention function with H (B, H, T_q, d_v) and V (B, H, T_k, d_v); returns the H to project."""
     run = _current.get()
     if run is None:
-        if not any(iv.op == "patch_heads" or (iv.op == "ablate_heads" and iv.mode == "mean") for iv in interventions):
+        if not any(OPS[iv.op].touches_outputs(iv) for iv in interventions):
             return output  # the usual case: one scan of a short tuple
         return head_output_ops(output, layer, interventions, {}, query_offset)
     if run.value_grams is not None:

@@ -6,22 +6,22 @@ Everything here works on a whole layer at once, vectorised over heads: (B, H, T,
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from models.ops import OPS as OP_REGISTRY
+from models.ops import LayerPlan
 from models.recording import WITH_SCORES, AttentionRecorder
 
-OPS = ("temperature", "mask_keys", "causal", "ablate_heads", "perturb_keys", "perturb_queries", "patch_heads",
-       "patch_residual", "positions")
-ABLATION_MODES = ("zero", "mean")
-POSITION_MODES = ("off", "shuffle")  # positions: models/positions.py acts on the embeddings, not here
+# the ops' names, in the registry's order (models/ops/__init__.py); what each op does is its Op's
+OPS = tuple(OP_REGISTRY)
 
 
 @dataclass(frozen=True)
 class Intervention:
-    """One item of a request's intervention list; `layers`/`heads` None means all."""
+    """One item of a request's intervention list; `layers`/`heads` None means all. Which fields an op reads, and
+    what it does, is its Op's (models/ops/)."""
 
     op: str
     layers: tuple[int, ...] | None = None
@@ -31,26 +31,17 @@ class Intervention:
     noise_std: float = 0.0  # perturb_*: σ of ε ~ N(0, σ² I_d)
     scale: float = 1.0  # perturb_*: α in k̂ = α k + ε
     seed: int = 0  # perturb_*: seeds the generator of ε; positions: seeds the shuffle's permutation
-    mode: str = "zero"  # ablate_heads: "zero" (here) or "mean" (models/head_ops.py); positions: "off" | "shuffle"
+    mode: str = "zero"  # ablate_heads: "zero" (in the plan) or "mean" (on head outputs); positions: "off" | "shuffle"
     # patch_heads / patch_residual: the kept run whose head outputs / residual stream replace these (models/head_ops.py)
     source: str | None = None
 
     def __post_init__(self) -> None:
-        if self.op not in OPS:
+        if self.op not in OP_REGISTRY:
             raise ValueError(f"unknown intervention op {self.op!r}; expected one of {OPS}")
-        if self.op == "temperature" and not (self.beta is not None and math.isfinite(self.beta) and self.beta > 0):
-            raise ValueError(f"temperature needs a finite beta > 0, got {self.beta!r}")
-        if self.op == "mask_keys" and self.tokens is None:
-            raise ValueError("mask_keys needs a list of tokens")
-        if self.op == "ablate_heads" and self.mode not in ABLATION_MODES:
-            raise ValueError(f"ablate_heads mode must be one of {ABLATION_MODES}, got {self.mode!r}")
-        if self.op == "positions" and (self.mode not in POSITION_MODES or self.layers is not None or self.heads is not None):
-            raise ValueError(f"positions needs a mode in {POSITION_MODES} and no layers or heads, got {self.mode!r}")
-        if self.op in ("patch_heads", "patch_residual") and not self.source:
-            raise ValueError(f"{self.op} needs a source run id")
+        OP_REGISTRY[self.op].validate(self)
 
     def applies_to_layer(self, layer: int) -> bool:
-        if self.op == "positions":  # acts on the embeddings before any layer (models/positions.py)
+        if not OP_REGISTRY[self.op].scoped:  # acts before any layer (positions: on the embeddings)
             return False
         return self.layers is None or layer in self.layers
 
@@ -59,7 +50,7 @@ class Intervention:
 
     def with_seed_offset(self, offset: int) -> "Intervention":
         """The same intervention with its noise seed moved by `offset` (for samples > 1)."""
-        if self.op not in ("perturb_keys", "perturb_queries") or offset == 0:
+        if not OP_REGISTRY[self.op].reseeded or offset == 0:
             return self
         return Intervention(**{**self.__dict__, "seed": self.seed + offset})
 
@@ -106,21 +97,11 @@ def perturb_vectors(x: torch.Tensor, iv: Intervention, layer: int, offset: int =
     return x
 
 
-@dataclass
-class LayerPlan:
-    """What the interventions ask of one layer, gathered once before the scores are formed."""
-
-    beta: torch.Tensor  # (H,) inverse temperature per head
-    key_mask: torch.Tensor  # (H, T_k) bool, True = masked key
-    causal: torch.Tensor  # (H,) bool
-    ablate: torch.Tensor  # (H,) bool
-    key_perturbations: list[Intervention] = field(default_factory=list)
-    query_perturbations: list[Intervention] = field(default_factory=list)
-
-
 def plan_layer(
     interventions: tuple[Intervention, ...], layer: int, n_heads: int, n_keys: int, native_beta: float
 ) -> LayerPlan:
+    """What the interventions ask of one layer (models/ops/base.py LayerPlan): each applying item's Op adds its part,
+    in request order."""
     plan = LayerPlan(
         beta=torch.full((n_heads,), float(native_beta)),
         key_mask=torch.zeros(n_heads, n_keys, dtype=torch.bool),
@@ -133,22 +114,7 @@ def plan_layer(
         heads = iv.head_list(n_heads)
         if any(h < 0 or h >= n_heads for h in heads):
             raise ValueError(f"{iv.op}: head index out of range 0..{n_heads - 1}: {heads}")
-        if iv.op == "temperature":
-            plan.beta[heads] = float(iv.beta)  # later items override earlier ones
-        elif iv.op == "mask_keys":
-            tokens = list(iv.tokens or ())
-            if any(t < 0 or t >= n_keys for t in tokens):
-                raise ValueError(f"mask_keys: token index out of range 0..{n_keys - 1}: {tokens}")
-            for h in heads:
-                plan.key_mask[h, tokens] = True
-        elif iv.op == "causal":
-            plan.causal[heads] = True
-        elif iv.op == "ablate_heads" and iv.mode == "zero":  # mean ablation and patches: models/head_ops.py
-            plan.ablate[heads] = True
-        elif iv.op == "perturb_keys":
-            plan.key_perturbations.append(iv)
-        elif iv.op == "perturb_queries":
-            plan.query_perturbations.append(iv)
+        OP_REGISTRY[iv.op].plan(iv, plan, heads, n_keys)
     return plan
 
 

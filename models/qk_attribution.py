@@ -32,6 +32,7 @@ from models.adapters.base import RequestFieldError
 from models.anatomy import attention_modules, layer_blocks
 from models.head_ops import HeadRun, head_run
 from models.interventions import Intervention, noise_for, plan_layer
+from models.ops import OPS
 
 # Σ parts must give back what the run computed (its residual stream, its q̂ and k̂) within this, relative to the
 # vector's norm: a larger gap means this architecture does something the decomposition does not model
@@ -377,7 +378,7 @@ def _side(names: list[str], parts: torch.Tensor, bias: torch.Tensor, projection:
 
 def refuse_residual_patches(interventions: tuple[Intervention, ...], layer: int, positions: set[int]) -> None:
     for index, iv in enumerate(interventions):
-        if iv.op != "patch_residual":
+        if not OPS[iv.op].patches_residual:
             continue
         touched = positions if iv.tokens is None else positions & set(iv.tokens)
         if touched and any(iv.applies_to_layer(l) for l in range(layer)):

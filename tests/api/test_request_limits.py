@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from app import schemas
 from app.main import create_app
 from app.settings import Settings
+from models.ops import OPS
 
 # Request fields whose limit is a setting (max_samples, max_interventions, max_thumbnail_size, max_new_tokens,
 # max_text_chars, max_tokens): their JSON schema must not carry a second, different number.
@@ -31,8 +32,10 @@ def _bounds(schema: dict, components: dict) -> set[str]:
 
 def test_request_schemas_carry_no_limit_that_a_setting_owns():
     components = create_app(Settings(default_models=[])).openapi()["components"]["schemas"]
-    # the request models of app/schemas.py (interventions included) and of the image and speech routes
+    # the request models of app/schemas.py, the interventions' items (the ops', models/ops/) and the image and
+    # speech routes'
     owned = {name for name, value in vars(schemas).items() if isinstance(value, type) and issubclass(value, BaseModel)}
+    owned |= {op.schema.__name__ for op in OPS.values()}
     owned |= {"ImageAttentionRequest", "AudioAttentionRequest"}
     checked = []
     for name, schema in components.items():

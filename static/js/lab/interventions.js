@@ -17,8 +17,31 @@ export const HELP = {
   ablate_heads: "the head's output H = PV is replaced by zeros before W_O (§3)",
   perturb_keys: "k̂_j = α k_j + ε, ε ~ N(0, σ²I): only column j of S changes, Ŝ[i,j] = α S[i,j] + q_i·ε (§4)",
   perturb_queries: "q̂_i = α q_i + ε: at that layer and head only row i of S and P changes (§4)",
-  positions: "the model's positions off (absolute embeddings zeroed, RoPE at position 0) or shuffled by a seed: without them self-attention is permutation-equivariant, P(πx) = Π P(x) Πᵀ",
 };
+
+// The ops whose page form is made from a description (one entry per op: a new op's page form is one entry here).
+// The entry's key is the op's name and its key in the lab's state. An entry gives:
+//   label, help (HELP[op]), helpTail (after the help on the page), where (the active list's scope when `scoped` is
+//   false: the op has no layers/heads), describe(iv) (the active list's label),
+//   fields: {name: {label, value (default), options: [[value, text]…] | int: {min}, enabledWhen(state)}}: the
+//   controls (ids `${op}-toggle`, `${op}-${name}`, `${op}-reset`) and the request item's fields, in order;
+//   url: the URL hash key: `${url}=<first field>` when on, `${url}${name}=<value>` for the others.
+export const OP_FORMS = {
+  positions: {
+    label: "Positions", url: "pos", scoped: false, where: "the input embeddings",
+    help: "the model's positions off (absolute embeddings zeroed, RoPE at position 0) or shuffled by a seed: without them self-attention is permutation-equivariant, P(πx) = Π P(x) Πᵀ",
+    helpTail: "; the effect panel shows what it does to the output.",
+    fields: {
+      mode: { label: "mode", value: "off", options: [["off", "off (no positions)"], ["shuffle", "shuffle (seeded permutation)"]] },
+      seed: { label: "seed", value: 0, int: { min: 0 }, enabledWhen: (state) => state.mode === "shuffle" },
+    },
+    describe: (iv) => (iv.mode === "off" ? "positions off" : `positions shuffled, seed ${iv.seed}`),
+  },
+};
+for (const [op, form] of Object.entries(OP_FORMS)) HELP[op] = form.help;
+
+// A described op's state: on/off, each field at its default, and a scope (used when the op is scoped).
+const formState = (form) => ({ on: false, ...Object.fromEntries(Object.entries(form.fields).map(([k, f]) => [k, f.value])), scope: "all" });
 
 export function createLab() {
   return {
@@ -27,7 +50,7 @@ export function createLab() {
     causal: { on: false, scope: "all" },
     ablate: { on: false, scope: "head" },
     perturb: { on: false, target: "keys", tokens: new Set(), sigma: 1, alpha: 1, seed: 0, samples: 1, scope: "head" },
-    positions: { on: false, mode: "off", seed: 0, scope: "all" }, // acts on the input embeddings: no layer or head
+    ...Object.fromEntries(Object.entries(OP_FORMS).map(([op, form]) => [op, formState(form)])),
   };
 }
 
@@ -66,8 +89,12 @@ export function buildInterventions(lab, ctx) {
       ...scopeFields(p.scope, ctx),
     });
   }
-  const pos = lab.positions;
-  if (pos?.on) list.push({ _key: "positions", _scope: false, op: "positions", mode: pos.mode, seed: pos.seed });
+  for (const [op, form] of Object.entries(OP_FORMS)) {
+    const state = lab[op];
+    if (!state?.on) continue;
+    const values = Object.fromEntries(Object.keys(form.fields).map((k) => [k, state[k]]));
+    list.push(form.scoped === false ? { _key: op, _scope: false, op, ...values } : { _key: op, op, ...values, ...scopeFields(state.scope, ctx) });
+  }
   return list;
 }
 
@@ -117,23 +144,23 @@ export function resetControl(lab, key) {
 }
 
 export function resetAll(lab) {
-  for (const key of ["beta", "masks", "causal", "ablate", "perturb", "positions"]) if (lab[key]) resetControl(lab, key);
+  for (const key of ["beta", "masks", "causal", "ablate", "perturb", ...Object.keys(OP_FORMS)]) if (lab[key]) resetControl(lab, key);
 }
 
 function describe(iv, tokens) {
   const names = (ids) => (ids === null ? "all tokens" : ids.map((j) => `${j}:${tokens?.[j] ?? "?"}`).join(" "));
+  if (OP_FORMS[iv.op]) return OP_FORMS[iv.op].describe(iv);
   switch (iv.op) {
     case "temperature": return `β = ${Number(iv.beta).toPrecision(4)}`;
     case "mask_keys": return `mask keys ${names(iv.tokens)}`;
     case "causal": return "causal mask";
     case "ablate_heads": return "ablate head output";
-    case "positions": return iv.mode === "off" ? "positions off" : `positions shuffled, seed ${iv.seed}`;
     default: return `${iv.op === "perturb_keys" ? "perturb keys" : "perturb queries"} ${names(iv.tokens)} · σ=${iv.noise_std} α=${iv.scale} seed=${iv.seed}`;
   }
 }
 
 // layers/heads null or left out: every one (the speech page leaves them out)
-const where = (iv) => (iv.kind ? `${iv.kind} attention, ` : "") + (iv.op === "positions" ? "the input embeddings" : iv.layers == null ? "all layers & heads"
+const where = (iv) => (iv.kind ? `${iv.kind} attention, ` : "") + (OP_FORMS[iv.op]?.scoped === false ? OP_FORMS[iv.op].where : iv.layers == null ? "all layers & heads"
   : `layer ${iv.layers.join(",")}${iv.heads == null ? ", all heads" : `, head ${iv.heads.join(",")}`}`);
 
 // The editable list: one row per active intervention with its scope (changeable) and a remove button.

@@ -2,7 +2,7 @@
 // scope and a one-click reset. The key-mask tokens are chosen by clicking tokens (or patches) elsewhere. Mounted on
 // the lab's store (store.js): an edit changes the store's state and says changed(key); the panel redraws on every
 // change of the store.
-import { HELP, resetControl, scopeSelect } from "./interventions.js";
+import { HELP, OP_FORMS, resetControl, scopeSelect } from "./interventions.js";
 import { guideLinks } from "../guide-links.js";
 import { el, visibleToken } from "../dom.js";
 
@@ -18,22 +18,41 @@ function toggleControl(lab, key, onChange) { // onChange(key): the store's chang
   return [box, scope, reset];
 }
 
-// The positions switch (docs/api.md "positions"): on/off, mode off|shuffle and the shuffle's seed, with a reset;
-// ids positions-toggle, positions-mode, positions-seed, positions-reset. No scope: it acts on the input embeddings.
-function positionsControl(lab, onChange) {
-  const box = el("input", { id: "positions-toggle", type: "checkbox" });
-  box.addEventListener("change", () => { lab.positions.on = box.checked; onChange("positions"); });
-  const mode = el("select", { id: "positions-mode" });
-  mode.append(new Option("off (no positions)", "off"), new Option("shuffle (seeded permutation)", "shuffle"));
-  mode.addEventListener("change", () => { lab.positions.mode = mode.value; if (lab.positions.on) onChange("positions"); });
-  const seed = el("input", { id: "positions-seed", type: "number", min: "0", step: "1", value: "0", style: "width:64px" });
-  seed.addEventListener("change", () => {
-    lab.positions.seed = Math.max(0, Math.round(Number(seed.value) || 0));
-    if (lab.positions.on) onChange("positions");
+// A described op's control (interventions.js OP_FORMS, e.g. positions: docs/api.md "positions"): its on/off box, one
+// select or number input per field and a reset, with ids `${op}-toggle`, `${op}-${field}`, `${op}-reset`; a scope
+// select only when the op is scoped. Returns the control's element and its update().
+function formControl(lab, op, form, onChange) {
+  const state = lab[op];
+  const box = el("input", { id: `${op}-toggle`, type: "checkbox" });
+  box.addEventListener("change", () => { state.on = box.checked; onChange(op); });
+  const inputs = Object.entries(form.fields).map(([name, field]) => {
+    const input = field.options
+      ? el("select", { id: `${op}-${name}` })
+      : el("input", { id: `${op}-${name}`, type: "number", min: String(field.int?.min ?? ""), step: "1", value: String(field.value), style: "width:64px" });
+    if (field.options) input.append(...field.options.map(([value, text]) => new Option(text, value)));
+    input.addEventListener("change", () => {
+      state[name] = field.options ? input.value : Math.max(field.int?.min ?? -Infinity, Math.round(Number(input.value) || 0));
+      if (state.on) onChange(op);
+    });
+    return { name, field, input };
   });
-  const reset = el("button", { id: "positions-reset", type: "button", textContent: "reset" });
-  reset.addEventListener("click", () => { resetControl(lab, "positions"); onChange("positions"); });
-  return [box, mode, seed, reset];
+  const scope = form.scoped === false ? null : scopeSelect(state.scope, (v) => { state.scope = v; if (state.on) onChange(op); });
+  if (scope) scope.id = `${op}-scope`;
+  const reset = el("button", { id: `${op}-reset`, type: "button", textContent: "reset" });
+  reset.addEventListener("click", () => { resetControl(lab, op); onChange(op); });
+  const element = el("div", { className: "lab-control" },
+    el("div", { className: "controls" }, el("label", {}, box, el("b", {}, form.label)),
+      ...inputs.map(({ field, input }) => el("label", {}, `${field.label} `, input)), ...(scope ? [el("label", {}, "scope ", scope)] : []), reset),
+    el("p", { className: "help" }, ...guideLinks(HELP[op] + (form.helpTail ?? "."))));
+  function update() {
+    box.checked = state.on;
+    for (const { name, field, input } of inputs) {
+      input.value = String(state[name]);
+      if (field.enabledWhen) input.disabled = !field.enabledWhen(state);
+    }
+    if (scope) scope.value = state.scope;
+  }
+  return { element, update };
 }
 
 // mount(container, store, {tokenName(j), pickHint, builtInCausal()}) → {update()}: update() refreshes the shown state.
@@ -53,7 +72,7 @@ export function mountMaskPanel(container, store, {
   const [causal, causalScope, causalReset] = toggleControl(lab, "causal", onChange);
   const [ablate, ablateScope, ablateReset] = toggleControl(lab, "ablate", onChange);
   const causalScopeLabel = el("label", {}, "scope ", causalScope);
-  const [positions, positionsMode, positionsSeed, positionsReset] = positionsControl(lab, onChange);
+  const forms = Object.entries(OP_FORMS).map(([op, form]) => formControl(lab, op, form, onChange));
   const causalBuiltIn = el("span", { id: "causal-builtin", className: "pill", hidden: true });
 
   container.replaceChildren(
@@ -67,10 +86,7 @@ export function mountMaskPanel(container, store, {
     el("div", { className: "lab-control" },
       el("div", { className: "controls" }, el("label", {}, ablate, el("b", {}, "Ablate head")), el("label", {}, "scope ", ablateScope), ablateReset),
       el("p", { className: "help" }, ...guideLinks(HELP.ablate_heads + "; the attention pattern itself is unchanged, later layers and the output change."))),
-    el("div", { className: "lab-control" },
-      el("div", { className: "controls" }, el("label", {}, positions, el("b", {}, "Positions")), el("label", {}, "mode ", positionsMode),
-        el("label", {}, "seed ", positionsSeed), positionsReset),
-      el("p", { className: "help" }, ...guideLinks(HELP.positions + "; the effect panel shows what it does to the output."))),
+    ...forms.map((form) => form.element),
   );
 
   function update() {
@@ -86,10 +102,7 @@ export function mountMaskPanel(container, store, {
     causalScope.value = lab.causal.scope;
     ablate.checked = lab.ablate.on;
     ablateScope.value = lab.ablate.scope;
-    positions.checked = lab.positions.on;
-    positionsMode.value = lab.positions.mode;
-    positionsSeed.value = String(lab.positions.seed);
-    positionsSeed.disabled = lab.positions.mode !== "shuffle";
+    for (const form of forms) form.update();
   }
   store.subscribe(update);
   update();

@@ -3,6 +3,8 @@
 //   b=log10(β/β₀)  bm=view|run  bs=scope (or "layers" with br=from-to)
 //   mk=1,4 (masked keys)  ms=scope  c=1 cs=scope (causal)  ab=1 as=scope (ablation)  pos=off|shuffle posseed=3
 //   pt=keys|queries pk=3,5 pσ… stored as ps (σ) pa (α) pseed pn (samples) pscope pon=1
+import { OP_FORMS } from "./interventions.js";
+
 const SCOPES = new Set(["all", "layer", "head"]);
 
 const ints = (text) => (text ? text.split(",").map(Number).filter((v) => Number.isInteger(v) && v >= 0) : []);
@@ -17,7 +19,7 @@ export function labToParams(lab, params = new URLSearchParams()) {
   if (lab.masks.tokens.size) { params.set("mk", [...lab.masks.tokens].sort((a, b) => a - b).join(",")); params.set("ms", lab.masks.scope); }
   if (lab.causal.on) { params.set("c", "1"); params.set("cs", lab.causal.scope); }
   if (lab.ablate.on) { params.set("ab", "1"); params.set("as", lab.ablate.scope); }
-  if (lab.positions?.on) { params.set("pos", lab.positions.mode); params.set("posseed", String(lab.positions.seed)); }
+  for (const [op, form] of Object.entries(OP_FORMS)) formToParams(lab[op], form, params);
   const p = lab.perturb;
   if (p.on || p.tokens.size) {
     params.set("pon", p.on ? "1" : "0");
@@ -30,6 +32,28 @@ export function labToParams(lab, params = new URLSearchParams()) {
     params.set("pscope", p.scope);
   }
   return params;
+}
+
+// A described op (interventions.js OP_FORMS): `${url}=<first field>` when on, `${url}${name}=<value>` for the others
+// (positions: pos=off|shuffle posseed=3).
+function formToParams(state, form, params) {
+  if (!state?.on) return;
+  Object.keys(form.fields).forEach((name, i) => params.set(i ? `${form.url}${name}` : form.url, String(state[name])));
+}
+
+function paramsToForm(params, state, form) {
+  Object.entries(form.fields).forEach(([name, field], i) => {
+    const text = params.get(i ? `${form.url}${name}` : form.url);
+    if (field.options) {
+      const known = field.options.some(([value]) => value === text);
+      if (i === 0) state.on = known;
+      if (known) state[name] = text;
+    } else {
+      const value = Math.round(num(text, state[name]));
+      state[name] = field.int?.min !== undefined ? Math.max(field.int.min, value) : value;
+      if (i === 0) state.on = text !== null;
+    }
+  });
 }
 
 // Sets are refilled in place: a page may hold the same Set (e.g. its own masked patches).
@@ -50,11 +74,7 @@ export function paramsToLab(params, lab) {
   lab.causal.scope = scope(params.get("cs"), lab.causal.scope);
   lab.ablate.on = params.get("ab") === "1";
   lab.ablate.scope = scope(params.get("as"), lab.ablate.scope);
-  if (lab.positions) {
-    lab.positions.on = ["off", "shuffle"].includes(params.get("pos"));
-    if (lab.positions.on) lab.positions.mode = params.get("pos");
-    lab.positions.seed = Math.max(0, Math.round(num(params.get("posseed"), lab.positions.seed)));
-  }
+  for (const [op, form] of Object.entries(OP_FORMS)) if (lab[op]) paramsToForm(params, lab[op], form);
   const p = lab.perturb;
   p.on = params.get("pon") === "1";
   if (["keys", "queries"].includes(params.get("pt"))) p.target = params.get("pt");

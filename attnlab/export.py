@@ -172,6 +172,16 @@ attnlabImport(read("attnlab-modules"), {json.dumps(ENTRY)})
 """
 
 
+# An op's words in the footer, and whether a scope follows them (positions acts on the input embeddings: none); an
+# op not listed is named as it is, with its scope.
+RUN_NOTES = {
+    "temperature": (lambda item: f"temperature β = {item.get('beta')}", True),
+    "mask_keys": (lambda item: f"keys {item.get('tokens')} masked", True),
+    "positions": (lambda item: f"positions {item.get('mode', 'off')}"
+                  + (f" (seed {item.get('seed', 0)})" if item.get("mode") == "shuffle" else ""), False),
+}
+
+
 def run_note(interventions: list | None) -> str:
     """The footer's line on what the run did: ' The run's interventions: temperature β = 0.5 on layers 10; …'."""
     if not interventions:
@@ -186,12 +196,8 @@ def run_note(interventions: list | None) -> str:
     parts = []
     for item in interventions:
         item = dict(item)
-        what = {"temperature": f"temperature β = {item.get('beta')}", "mask_keys": f"keys {item.get('tokens')} masked"}
-        if item.get("op") == "positions":  # acts on the input embeddings: no layer or head scope
-            parts.append(f"positions {item.get('mode', 'off')}" + (f" (seed {item.get('seed', 0)})"
-                                                                   if item.get("mode") == "shuffle" else ""))
-            continue
-        parts.append(what.get(item.get("op"), str(item.get("op"))) + scope(item))
+        note, scoped = RUN_NOTES.get(item.get("op"), (None, True))
+        parts.append((note(item) if note else str(item.get("op"))) + (scope(item) if scoped else ""))
     return f" The run's interventions (the maps are drawn as it made them): {'; '.join(parts)}."
 
 

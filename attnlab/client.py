@@ -339,16 +339,17 @@ class Lab:
     def window(self, run_id: str, layer: int, head: int, rows: Sequence[int] | None = None,
                cols: Sequence[int] | None = None, **fields: Any) -> Window:
         """POST /api/runs/{run_id}/window: the exact P of one head over rows × cols (half-open ranges) of a kept run.
-        `fields`: kind, beta, include_scores, weighting, minus."""
+        `fields`: kind, beta, include_scores, weighting, minus. Answered in the binary form (the numbers' float32
+        bytes, viewed without a copy: docs/api.md "The binary form")."""
         body = _body(layer=layer, head=head, rows=list(rows), cols=list(cols), encoding="f32", **fields)
-        return Window(self._json("POST", f"/api/runs/{run_id}/window", body), body, self)
+        return Window(self._binary(f"/api/runs/{run_id}/window", body), body, self)
 
     def row(self, run_id: str, row: int, *, layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
             **fields: Any) -> dict:
         """POST /api/runs/{run_id}/row: one query row over every key for layers × heads (numpy `attention`
-        (layers, heads, T_k)), and `span_mass` with `span`."""
+        (layers, heads, T_k), read from the binary form), and `span_mass` with `span`."""
         body = _body(row=row, layers=layers, heads=heads, encoding="f32", **fields)
-        answer = self._json("POST", f"/api/runs/{run_id}/row", body)
+        answer = self._binary(f"/api/runs/{run_id}/row", body)
         for key in ("attention", "span_mass"):
             answer[key] = decode(answer.get(key))
         return answer

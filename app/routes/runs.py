@@ -13,18 +13,19 @@ runs under the runtime's model lock (`runtime.admitted()`), queued like any othe
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 import torch
-from fastapi import APIRouter, HTTPException, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import Field, ValidationInfo, field_validator
 
 from app.lifecycle import ParsedJsonRoute
 from app.attention import check_response_numbers
 from app.errors import field_error
 from app.deps import RuntimeDep
-from app.encoding import tensor_field
-from app.streams import answered
+from app.encoding import binary_fields, tensor_field
+from app.streams import answered, wants_binary
 from app.ids import is_valid_run_id
 from app.runtime import Runtime
 from app.schemas import AttentionKind, _Strict
@@ -134,7 +135,7 @@ def _range(values: list[int], size: int, name: str) -> tuple[int, int]:
           "keys, per pass, computed): names `rows`"},
     422: {"description": "indices out of range; `minus` a run of another model or other tokens (the detail names "
           "both token counts, or the first position where they differ)"}})
-def run_window(run_id: str, req: WindowRequest, runtime: RuntimeDep) -> Response:
+def run_window(run_id: str, req: WindowRequest, runtime: RuntimeDep, request: Request) -> Response:
     """One head's attention P[r0:r1, c0:c1] of a kept run, exactly as the run computed it (every row normalised over
     all its keys), rebuilt from q̂ k̂ᵀ with the run's β, masks and extras — the way to look into inputs over
     full_map_tokens, whose responses carry an overview instead of maps (see /guide#s10). `beta` re-normalises the
@@ -169,14 +170,27 @@ def run_window(run_id: str, req: WindowRequest, runtime: RuntimeDep) -> Response
         if other is not None:
             other_attention, other_entropy = _window_of(other, req, global_layer, rows, cols, block)
             attention = attention - other_attention.to(attention.device)  # P̂ − P: (r, c)
-    body = {"layer": req.layer, "head": req.head, "rows": list(rows), "cols": list(cols), "kind": req.kind,
-            "beta": req.beta, "weighting": req.weighting, "minus": req.minus,
-            "scores": tensor_field(scores, req.encoding) if scores is not None else None}
-    if other is not None:
-        body["minus_row_entropy"] = other_entropy.tolist()
-    body["attention"] = tensor_field(attention, req.encoding)
-    body["row_entropy"] = entropy.tolist()  # (r,) nats
-    return answered(body)
+
+    def body() -> dict[str, Any]:
+        out = {"layer": req.layer, "head": req.head, "rows": list(rows), "cols": list(cols), "kind": req.kind,
+               "beta": req.beta, "weighting": req.weighting, "minus": req.minus,
+               "scores": tensor_field(scores, req.encoding) if scores is not None else None}
+        if other is not None:
+            out["minus_row_entropy"] = other_entropy.tolist()
+        out["attention"] = tensor_field(attention, req.encoding)
+        out["row_entropy"] = entropy.tolist()  # (r,) nats
+        return out
+    return _answer(request, body)
+
+
+def _answer(request: Request, body: Callable[[], dict[str, Any]]) -> Response:
+    """The route's answer as JSON, or in the binary form when the request accepts application/octet-stream
+    (app/encoding.py: its f16/f32 fields' bytes after a JSON header), as POST /api/text/attention answers."""
+    if not wants_binary(request):
+        return answered(body())
+    with binary_fields() as parts:  # the tensor_field calls inside body() keep their arrays for the binary body
+        out = body()
+    return answered(out, parts)
 
 
 def _window_numbers(result: AttentionResult, req: WindowRequest, rows: tuple[int, int], cols: tuple[int, int],
@@ -260,7 +274,7 @@ def _kept_maps(result: AttentionResult, kind: str | None, layer: int) -> torch.T
     413: {"description": "over max_response_numbers (returned), or over max_computed_numbers (layers × heads × all "
           "keys, computed): names `layers` or `heads`"},
     422: {"description": "indices out of range; a layer or head named more than once"}})
-def run_row(run_id: str, req: RowRequest, runtime: RuntimeDep) -> Response:
+def run_row(run_id: str, req: RowRequest, runtime: RuntimeDep, request: Request) -> Response:
     """Query row i over every key, for the chosen layers × heads (default all): `attention` [l][h][T_k]; with
     `span` [c0, c1), `span_mass` [l][h] = Σ_{c0 ≤ j < c1} P[i, j], the attention each head puts on those keys
     from row i (the retrieval view: which heads fetch a fact from far back, /guide#s10)."""
@@ -301,12 +315,10 @@ def run_row(run_id: str, req: RowRequest, runtime: RuntimeDep) -> Response:
         else:
             rows = torch.stack([full_rows(result.atlas.record(g), heads, req.row, req.row + 1, req.beta)[:, 0]
                                 for g, _, _ in resolved]).cpu()  # (l, h, T_k)
-    body = {"row": req.row, "layers": layers, "heads": heads, "kind": req.kind, "beta": req.beta,
-            "weighting": req.weighting,
-            "attention": tensor_field(rows, req.encoding) if req.include_row else None,
-            "span": list(span) if span else None,
-            "span_mass": rows[..., span[0]:span[1]].sum(dim=-1).tolist() if span else None}
-    return answered(body)
+    return _answer(request, lambda: {
+        "row": req.row, "layers": layers, "heads": heads, "kind": req.kind, "beta": req.beta, "weighting": req.weighting,
+        "attention": tensor_field(rows, req.encoding) if req.include_row else None, "span": list(span) if span else None,
+        "span_mass": rows[..., span[0]:span[1]].sum(dim=-1).tolist() if span else None})
 
 
 def _kind_layer_count(runtime: Runtime, result: AttentionResult, kind: str | None) -> int:

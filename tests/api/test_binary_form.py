@@ -84,6 +84,34 @@ def test_errors_and_json_fields_stay_json(client):
     assert header["attention"] == reference["attention"]
 
 
+@pytest.mark.parametrize("encoding", ["f32", "f16"])
+def test_windows_and_rows_in_the_binary_form_are_the_json_forms_numbers(client, encoding):
+    run = client.post("/api/text/attention", json={"model": "tiny-llama", "text": TEXT, "layers": [0], "heads": [0]})
+    run_id = run.json()["run_id"]
+    asks = [(f"/api/runs/{run_id}/window", {"layer": 1, "head": 2, "rows": [1, 6], "cols": [0, 5],
+                                            "include_scores": True, "encoding": encoding}, ("attention", "scores")),
+            (f"/api/runs/{run_id}/window", {"layer": 0, "head": 1, "rows": [0, 4], "cols": [0, 4], "beta": 2.0,
+                                            "encoding": encoding}, ("attention",)),
+            (f"/api/runs/{run_id}/row", {"row": 5, "span": [0, 2], "encoding": encoding}, ("attention",))]
+    for path, request, fields in asks:
+        as_json = client.post(path, json=request)
+        as_binary = client.post(path, json=request, headers=BINARY)
+        assert as_json.status_code == as_binary.status_code == 200, as_binary.text[:300]
+        assert as_binary.headers["content-type"] == "application/octet-stream"
+        expected = as_json.json()
+        header, data = _by_hand(as_binary.content)
+        client_side = read_binary(bytearray(as_binary.content))
+        for name in fields:
+            exact = _base64(expected[name])
+            assert exact.size > 0 and np.array_equal(_part(header[name], data), exact), (path, name)
+            assert np.array_equal(client_side[name], exact.astype(np.float32)), (path, name)
+        others = set(expected) - set(fields)
+        assert {k: header[k] for k in others} == {k: expected[k] for k in others}
+    missing = client.post("/api/runs/r-nothing-here/window", headers=BINARY,
+                          json={"layer": 0, "head": 0, "rows": [0, 1], "cols": [0, 1]})
+    assert missing.status_code == 404 and missing.headers["content-type"] == "application/json"
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = build_text_model("llama", tmp_path_factory.mktemp("binary-llama"))
@@ -108,8 +136,16 @@ def test_the_notebook_client_asks_for_every_heads_map_in_the_binary_form(server,
     assert np.array_equal(result.attention, _base64(served["attention"]))
     assert np.array_equal(result.scores, _base64(served["scores"]))
     assert result.tokens == served["tokens"] and result.run_id == served["run_id"]
+    # windows and rows come in the binary form too: never through the JSON path
+    json_path = lab._json
+    monkeypatch.setattr(lab, "_json", lambda method, path, *a, **k: pytest.fail(f"{path} read as JSON")
+                        if path.startswith("/api/runs/") else json_path(method, path, *a, **k))
     window = lab.window(result.run_id, 1, 2, rows=[0, 3], cols=[0, 3])
     assert np.array_equal(window.attention, result.attention[1, 2, :3, :3])
+    row = lab.row(result.run_id, 4, layers=[0, 1], heads=[2])
+    assert row["attention"].shape == (2, 1, len(result.tokens))
+    # a row is rebuilt from the run's q̂ k̂ᵀ (models/atlas.py full_rows), not sliced from P: float32 rounding apart
+    np.testing.assert_allclose(row["attention"][:, 0], result.attention[[0, 1], 2, 4], rtol=1e-5, atol=1e-7)
 
 
 def test_every_heads_map_of_smollm2_at_128_tokens_is_one_request_under_the_default_cap():

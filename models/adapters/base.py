@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -69,25 +69,119 @@ class Encoded:
     extra: dict[str, Any] = field(default_factory=dict)  # adapter-specific (e.g. a pair's embedding)
 
 
-@dataclass
+class _Managed(property):
+    """A property that is also a dataclass field (dataclasses' descriptor-typed fields): the generated constructor
+    hands the argument to the setter, reads go to the getter; the class reads as the field's default (none: the
+    argument is required)."""
+
+    def __init__(self, fget: Callable, fset: Callable, doc: str | None = None, default: Any = MISSING):
+        super().__init__(fget, fset, doc=doc)
+        self.default = default
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            if self.default is MISSING:
+                raise AttributeError("a required field")  # no default: dataclasses makes the argument required
+            return self.default
+        return super().__get__(obj, owner)
+
+
+@dataclass(eq=False)
 class AttentionResult:
+    """One run's kept tensors and what is derived from them. Every field is a dataclass field; what is formed later
+    (the host copy of P, the stacks of per-layer parts, the dead-row warnings) is kept in the run's own private
+    attributes, each read and written through the methods declared here.
+
+    - `attention`: (L, H, T, T) P after interventions, float32, kept on the device the run ran on (on a GPU it stays in
+      GPU memory, in the result cache): `kept_attention` is that tensor; reading `attention` gives it on the host,
+      copied once and only when a consumer needs all of P (the first view copies just the slices and summaries it
+      sends). None for a long input (over full_map_tokens), whose `atlas` holds what rebuilds any window of P and the
+      summaries instead (docs/science.md §10).
+    - `hidden_states`: (L+1, T, D) embeddings then every layer's output, float32, on the run's device like P.
+    - `output`: raw model output used for effects (embedding, logits, ...): on the host; a decoder LM's (its final
+      hidden states and last-position logits) stays on the run's device, where its output panel is formed
+      (models/adapters/causal_lm.py).
+    - `queries`, `keys`: when scores are recorded, q̂ and k̂ after perturbation, each (L, H, T, d), on the run's
+      device; Ŝ = q̂ k̂ᵀ.
+
+    `queries`, `keys` and `hidden_states` may be given per layer (lists), as the forward made them: they are stacked
+    only when a consumer reads the whole (L, …) tensor. A first view forms Ŝ of its heads from the parts, and never
+    reads the hidden states. The stacks were copies (a fresh short run's memory is new pages: the copy and its page
+    faults cost ~2 ms of CPU at minilm's 128 tokens), and q̂/k̂ are the atlas records' own tensors, so unstacked they
+    cost no memory of their own.
+    """
+
+    # formed after the run, left out of a run's file (app/runfile.py builds a kept run back without its constructor)
+    _host_attention = None  # P on the host, made once when the run ran on a GPU
+    _sizes_memo = None  # (_kept_key(), bytes, bytes in accelerator memory)
+    _pending_dead_rows = None  # (layers, (L, H) counts on the run's device) until the warnings are read
+
+    # ---- P: kept on the run's device, and its host view ------------------------------------------------------------
+    def _host_view(self) -> torch.Tensor | None:
+        kept = self._kept_attention
+        if kept is None or kept.device.type == "cpu":
+            return kept
+        if self._host_attention is None:  # for consumers that need all of P: effects of pages other than the first
+            # view, value weighting, faithfulness, the image rollout
+            self._host_attention = kept.detach().float().cpu()
+        return self._host_attention
+
+    def _keep(self, value: torch.Tensor | None) -> None:
+        self._kept_attention = value
+        self._host_attention = None  # a host copy goes with the maps it copied
+
+    # ---- q̂, k̂ and the hidden states: kept per layer, stacked when first read whole -----------------------------
+    def _stacked(self, name: str) -> torch.Tensor | None:
+        """`name` (of STACKED_LATER) as one float32 tensor: per-layer parts are stacked (and kept so) when first read;
+        a grouped-query model's k̂ repeated to the query heads."""
+        value = self.parts(name)
+        if value is None or isinstance(value, torch.Tensor):
+            return value
+        if name == "keys":
+            n_heads = _query_heads(self._queries)
+            value = [k if k.shape[0] == n_heads else k.repeat_interleave(n_heads // k.shape[0], dim=0) for k in value]
+        stacked = torch.stack(value).float()
+        setattr(self, name, stacked)
+        return stacked
+
+    def _set_queries(self, value: Any) -> None:
+        self._queries = value
+
+    def _set_keys(self, value: Any) -> None:
+        self._keys = value
+
+    def _set_hidden_states(self, value: Any) -> None:
+        self._hidden_states = value
+
+    # ---- the run's warnings: a short run's dead-row lines formed when first read ---------------------------------
+    def _read_warnings(self) -> list[str]:
+        with _SETTLE_LOCK:
+            pending = self._pending_dead_rows
+            if pending is not None:  # read on their own: one device → host copy
+                self.settle_dead_rows(pending[1].tolist())
+        return self._warnings
+
+    def _set_warnings(self, value: list[str] | None) -> None:
+        self._warnings = [] if value is None else value
+
     tokens: list[str]
-    # (L, H, T, T) P after interventions, float32, kept on the device the run ran on (on a GPU it stays in GPU memory,
-    # in the result cache): `kept_attention` is that tensor; reading `attention` gives it on the host, copied once
-    # and only when a consumer needs all of P (the first view copies just the slices and summaries it sends).
-    # None for a long input (over full_map_tokens), whose `atlas` holds what rebuilds any window of P and the
-    # summaries instead (docs/science.md §10)
-    attention: torch.Tensor | None
-    # (L+1, T, D) embeddings then every layer's output, float32, on the run's device like P
-    hidden_states: torch.Tensor
-    # raw model output used for effects (embedding, logits, ...): on the host; a decoder LM's (its final hidden states and
-    # last-position logits) stays on the run's device, where its output panel is formed (models/adapters/causal_lm.py)
+    attention: torch.Tensor | None = _Managed(
+        lambda self: self._host_view(), _keep, doc="P on the host, (L, H, T, T) float32: a copy of kept_attention made once when the run "
+                               "ran on a GPU, the kept tensor itself on a CPU")
+    hidden_states: Any = _Managed(
+        lambda self: self._stacked("hidden_states"), _set_hidden_states,
+        doc="(L+1, T, D): embeddings then every layer's output (stacked when first read)")
     output: dict[str, torch.Tensor]
-    # When scores are recorded: the queries and keys after perturbation, each (L, H, T, d), on the run's device;
-    # Ŝ = q̂ k̂ᵀ.
-    queries: torch.Tensor | None = None
-    keys: torch.Tensor | None = None
-    warnings: list[str] = field(default_factory=list)
+    queries: Any = _Managed(
+        lambda self: self._stacked("queries"), _set_queries, default=None,
+        doc="q̂ after perturbation, (L, H, T, d) float32 (stacked from the run's per-layer parts when first read)")
+    keys: Any = _Managed(
+        lambda self: self._stacked("keys"), _set_keys, default=None,
+        doc="k̂ after perturbation, (L, H, T, d) float32, repeated to the query heads (stacked when first read)")
+    warnings: list[str] = _Managed(
+        _read_warnings, _set_warnings, default=None,
+        doc="the run's warnings (list of str); a short run's dead-row lines are read from the device at the first "
+            "access, or with a response's one copy (settle_dead_rows)")
     # summaries computed once per cached result. A short run's "entropy" (L, H) float64 is a tensor on the run's
     # device until the first response reads it with the rest (app/pipeline/views.py short_response), then nested lists
     derived: dict[str, Any] = field(default_factory=dict)
@@ -103,19 +197,29 @@ class AttentionResult:
     @property
     def kept_attention(self) -> torch.Tensor | None:
         """P as the run keeps it, (L, H, T, T) on the device it ran on (no copy): slice it, then copy the slice."""
-        return self.__dict__.get("_kept_attention")
+        return self._kept_attention
+
+    @property
+    def host_copy(self) -> torch.Tensor | None:
+        """The host copy of P once `attention` made one (a GPU run's), else None."""
+        return self._host_attention
 
     @property
     def is_long(self) -> bool:
-        return self.kept_attention is None and self.atlas is not None
+        return self._kept_attention is None and self.atlas is not None
+
+    def parts(self, name: str) -> Any:
+        """What the run keeps of `name` (one of STACKED_LATER) as it is now: a stacked tensor, the per-layer parts not
+        stacked yet, or None; reading it stacks nothing."""
+        return {"queries": self._queries, "keys": self._keys, "hidden_states": self._hidden_states}[name]
 
     @property
     def has_scores(self) -> bool:
-        return self.__dict__.get("queries") is not None
+        return self._queries is not None
 
     def scores_slice(self, layers: list[int], heads: list[int], rows: slice | list[int] = slice(None)) -> torch.Tensor:
         """Ŝ = q̂ k̂ᵀ (unscaled) for the given layers, heads and query rows: (l, h, q, T)."""
-        stored_queries, stored_keys = self.__dict__.get("queries"), self.__dict__.get("keys")
+        stored_queries, stored_keys = self._queries, self._keys
         if stored_queries is None or stored_keys is None:
             raise ValueError("this run did not record scores (record_scores=False)")
         if isinstance(stored_queries, torch.Tensor) and isinstance(stored_keys, torch.Tensor):
@@ -145,10 +249,38 @@ class AttentionResult:
             self.derived[name] = compute()
         return self.derived[name]
 
+    def defer_dead_rows(self, scope: RunScope) -> None:
+        """Keep the run's dead-row counts on its device instead of reading them now (RunScope.warnings reads them as
+        the run ends: on a GPU the host would wait there for the whole forward, before the response's work is
+        queued)."""
+        layers = sorted(scope.dead_rows)
+        if not layers or len({scope.dead_rows[l].shape[1] for l in layers}) != 1:  # none, or layers with different heads
+            self._warnings = self._warnings + list(scope.warnings)
+            return
+        # (L, H): rows with every key masked per head, over batch items and query rows
+        counts = torch.stack([scope.dead_rows[l].sum(dim=(0, 2)) for l in layers])
+        self._pending_dead_rows = (layers, counts)
+
+    def pending_dead_rows(self) -> torch.Tensor | None:
+        """A short run's count of query rows with every key masked, per layer and head, (L, H) int64 on the run's
+        device, while its warnings are not yet read (a response builder reads it with the rest of its one copy, then
+        calls settle_dead_rows); None once they are."""
+        pending = self._pending_dead_rows
+        return None if pending is None else pending[1]
+
+    def settle_dead_rows(self, counts: Any) -> None:
+        """The run's warnings from the host copy of pending_dead_rows ((L, H) counts): the text RunScope.warnings
+        writes, one line per layer that has such rows, after the warnings the run was built with. Once per result: a
+        cached run's responses may be built in two threads at once, the second settles nothing."""
+        with _SETTLE_LOCK:
+            pending, self._pending_dead_rows = self._pending_dead_rows, None
+            if pending is not None:
+                self._warnings.extend(_dead_rows_lines(pending[0], counts))
+
+    # ---- what it keeps, in bytes (the result cache's measure) ----------------------------------------------------
     def _kept_tensors(self) -> list[torch.Tensor]:
-        host_copy = self.__dict__.get("_host_attention")
-        stored = [self.__dict__.get(name) for name in STACKED_LATER]  # tensors, or per-layer parts not stacked yet
-        tensors = [t for t in (self.kept_attention, host_copy) if t is not None]
+        stored = [self.parts(name) for name in STACKED_LATER]  # tensors, or per-layer parts not stacked yet
+        tensors = [t for t in (self._kept_attention, self._host_attention) if t is not None]
         tensors += [t for value in stored if value is not None
                     for t in ([value] if isinstance(value, torch.Tensor) else value)]
         tensors += list(self.output.values())
@@ -160,8 +292,8 @@ class AttentionResult:
         """What the kept tensors are, by identity: P, its host copy, the hidden states, outputs, kinds, q̂/k̂, and each
         record's norms (formed from V when first asked for) and summary. Cheap beside measuring them: the result cache
         sizes every kept run again on each put (app/runstore.py), and measuring (Atlas.tensors) cost ~0.5 ms a run."""
-        parts = [id(self.kept_attention), id(self.__dict__.get("_host_attention")),
-                 *(id(self.__dict__.get(name)) for name in STACKED_LATER), *map(id, self.output.values())]
+        parts = [id(self._kept_attention), id(self._host_attention),
+                 *(id(self.parts(name)) for name in STACKED_LATER), *map(id, self.output.values())]
         if self.by_kind is not None:
             parts += map(id, self.by_kind.values())
         if self.atlas is not None:
@@ -174,12 +306,12 @@ class AttentionResult:
     def _sizes(self) -> tuple[int, int]:
         """(bytes, bytes in accelerator memory) of the kept tensors, measured again only when _kept_key changed."""
         key = self._kept_key()
-        memo = self.__dict__.get("_sizes_memo")
+        memo = self._sizes_memo
         if memo is None or memo[0] != key:
             # each tensor once: q̂/k̂ not yet stacked are the atlas records' own tensors (views of the same memory)
             tensors = {_identity(t): t for t in self._kept_tensors()}.values()
             sizes = [(t.numel() * t.element_size(), t.device.type != "cpu") for t in tensors]
-            memo = self.__dict__["_sizes_memo"] = (key, sum(n for n, _ in sizes), sum(n for n, gpu in sizes if gpu))
+            memo = self._sizes_memo = (key, sum(n for n, _ in sizes), sum(n for n, gpu in sizes if gpu))
         return memo[1], memo[2]
 
     @property
@@ -196,6 +328,11 @@ class AttentionResult:
     def device_nbytes(self) -> int:
         """The part of nbytes held in accelerator memory (a long run's atlas on a GPU); the rest is host memory."""
         return self._sizes()[1]
+
+
+# Kept as the forward made them, per layer, and stacked only when a consumer reads the whole (L, …) tensor
+STACKED_LATER = ("queries", "keys", "hidden_states")
+_SETTLE_LOCK = threading.RLock()  # settling a run's pending dead-row warnings (see settle_dead_rows)
 
 
 def _identity(t: torch.Tensor) -> tuple:
@@ -217,83 +354,14 @@ def _key_heads(keys: torch.Tensor, heads: list[int], n_heads: int) -> torch.Tens
     return keys[heads] if n_rep == 1 else keys[[h // n_rep for h in heads]]
 
 
-def _stacked(result: AttentionResult, name: str) -> torch.Tensor | None:
-    """result.<name> as one float32 tensor: per-layer parts kept by the run are stacked (and kept so) when first read;
-    a grouped-query model's k̂ repeated to the query heads."""
-    value = result.__dict__.get(name)
-    if value is None or isinstance(value, torch.Tensor):
-        return value
-    if name == "keys":
-        n_heads = _query_heads(result.__dict__["queries"])
-        value = [k if k.shape[0] == n_heads else k.repeat_interleave(n_heads // k.shape[0], dim=0) for k in value]
-    stacked = result.__dict__[name] = torch.stack(value).float()
-    return stacked
-
-
-def _stacked_property(name: str, doc: str) -> property:
-    def get(result: AttentionResult) -> torch.Tensor | None:
-        return _stacked(result, name)
-
-    def put(result: AttentionResult, value: Any) -> None:
-        result.__dict__[name] = value
-
-    return property(get, put, doc=doc)
-
-
-# Kept as the forward made them, per layer, and stacked only when a consumer reads the whole (L, …) tensor: a first
-# view forms Ŝ of its heads from the parts, and never reads the hidden states. The stacks were copies (a fresh short
-# run's memory is new pages: the copy and its page faults cost ~2 ms of CPU at minilm's 128 tokens), and q̂/k̂ are the
-# atlas records' own tensors, so unstacked they cost no memory of their own.
-STACKED_LATER = ("queries", "keys", "hidden_states")
-AttentionResult.queries = _stacked_property(  # type: ignore[assignment]
-    "queries", "q̂ after perturbation, (L, H, T, d) float32 (stacked from the run's per-layer parts when first read)")
-AttentionResult.keys = _stacked_property(  # type: ignore[assignment]
-    "keys", "k̂ after perturbation, (L, H, T, d) float32, repeated to the query heads (stacked when first read)")
-AttentionResult.hidden_states = _stacked_property(  # type: ignore[assignment]
-    "hidden_states", "(L+1, T, D): embeddings then every layer's output (stacked when first read)")
-
-
-def _host_attention(result: AttentionResult) -> torch.Tensor | None:
-    kept = result.kept_attention
-    if kept is None or kept.device.type == "cpu":
-        return kept
-    host = result.__dict__.get("_host_attention")
-    if host is None:  # P of every layer and head on the host: for consumers that need all of it (effects of
-        # pages other than the first view, value weighting, faithfulness, the image rollout); made once per result
-        host = result.__dict__["_host_attention"] = kept.detach().float().cpu()
-    return host
-
-
-def _keep_attention(result: AttentionResult, value: torch.Tensor | None) -> None:
-    result.__dict__["_kept_attention"] = value
-    result.__dict__.pop("_host_attention", None)
-
-
-# `attention` is a field (constructors pass it) read through a property: the host view of the kept P
-AttentionResult.attention = property(_host_attention, _keep_attention,  # type: ignore[assignment]
-                                     doc="P on the host, (L, H, T, T) float32: a copy of kept_attention made once "
-                                         "when the run ran on a GPU, the kept tensor itself on a CPU")
-
-
-_SETTLE_LOCK = threading.RLock()  # settling a run's pending dead-row warnings (see settle_dead_rows)
-
-
 def pending_dead_rows(result: AttentionResult) -> torch.Tensor | None:
-    """A short run's count of query rows with every key masked, per layer and head, (L, H) int64 on the run's device,
-    while its warnings are not yet read (a response builder reads it with the rest of its one copy, then calls
-    settle_dead_rows); None once they are."""
-    pending = result.__dict__.get("_pending_dead_rows")
-    return None if pending is None else pending[1]
+    """AttentionResult.pending_dead_rows, for the response builders (app/pipeline/views.py)."""
+    return result.pending_dead_rows()
 
 
 def settle_dead_rows(result: AttentionResult, counts: Any) -> None:
-    """The run's warnings from the host copy of pending_dead_rows ((L, H) counts): the text RunScope.warnings writes,
-    one line per layer that has such rows, after the warnings the run was built with. Once per result: a cached run's
-    responses may be built in two threads at once, the second settles nothing."""
-    with _SETTLE_LOCK:
-        pending = result.__dict__.pop("_pending_dead_rows", None)
-        if pending is not None:
-            result.__dict__["_warnings"].extend(_dead_rows_lines(pending[0], counts))
+    """AttentionResult.settle_dead_rows, for the response builders (app/pipeline/views.py)."""
+    result.settle_dead_rows(counts)
 
 
 def _dead_rows_lines(layers: list[int], counts: Any) -> list[str]:
@@ -305,36 +373,6 @@ def _dead_rows_lines(layers: list[int], counts: Any) -> list[str]:
             lines.append(f"layer {layer}: {sum(per_head)} query rows in heads {heads} have every key masked; "
                          "their attention and output are 0")
     return lines
-
-
-def _host_warnings(result: AttentionResult) -> list[str]:
-    with _SETTLE_LOCK:
-        pending = result.__dict__.get("_pending_dead_rows")
-        if pending is not None:  # read on their own: one device → host copy
-            settle_dead_rows(result, pending[1].tolist())
-    return result.__dict__["_warnings"]
-
-
-def _set_warnings(result: AttentionResult, value: list[str]) -> None:
-    result.__dict__["_warnings"] = value
-
-
-def _defer_dead_rows(result: AttentionResult, scope: RunScope) -> None:
-    """Keep the run's dead-row counts on its device instead of reading them now (RunScope.warnings reads them as the
-    run ends: on a GPU the host would wait there for the whole forward, before the response's work is queued)."""
-    layers = sorted(scope.dead_rows)
-    if not layers or len({scope.dead_rows[l].shape[1] for l in layers}) != 1:  # none, or layers with different heads
-        result.warnings = result.warnings + list(scope.warnings)
-        return
-    # (L, H): rows with every key masked per head, over batch items and query rows
-    counts = torch.stack([scope.dead_rows[l].sum(dim=(0, 2)) for l in layers])
-    result.__dict__["_pending_dead_rows"] = (layers, counts)
-
-
-# `warnings` is a field read through a property: a short run's dead-row warnings are formed when first read
-AttentionResult.warnings = property(_host_warnings, _set_warnings,  # type: ignore[assignment]
-                                    doc="the run's warnings (list of str); a short run's dead-row lines are read from "
-                                        "the device at the first access, or with a response's one copy")
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -559,7 +597,7 @@ class AttentionAdapter:
             output=dict(zip(output, values)), derived={"entropy": entropy},
             atlas=Atlas(dict(scope.records), {}, self.atlas_config) if len(scope.records) == len(self.layer_of) else None,
         )
-        _defer_dead_rows(result, scope)  # the dead-row warnings: read with the response's copy, or when first asked
+        result.defer_dead_rows(scope)  # the dead-row warnings: read with the response's copy, or when first asked
         return result
 
     # ---- a text request (the server's TextAttentionRequest and GenerateRequest, read by field name: the engine

@@ -29,11 +29,9 @@ def client(tmp_path_factory):
 @pytest.fixture
 def no_host_view(monkeypatch):
     """`result.attention` raises: any reader of all of P on the host fails the request."""
-    kept = AttentionResult.__dict__["attention"]
-
     def refuse(result):
         raise AssertionError("the first view read all of P on the host (AttentionResult.attention)")
-    monkeypatch.setattr(AttentionResult, "attention", property(refuse, kept.fset))
+    monkeypatch.setattr(AttentionResult, "_host_view", refuse)  # what reading `attention` calls
 
 
 def test_first_view_and_window_read_only_kept_maps(client, no_host_view):

@@ -189,9 +189,9 @@ def test_q_k_and_hidden_states_are_stacked_when_first_read(family, tmp_path_fact
     folder = str(build_text_model(family, tmp_path_factory.mktemp(f"lazy-{family}")))
     adapter = BertAdapter("tiny", folder, device="cpu") if family == "bert" else CausalLMAdapter("tiny", folder, device="cpu")
     result = adapter.run(adapter.encode("the cat sat on the mat because it was tired"), record_scores=True)
-    assert all(isinstance(result.__dict__[name], list) for name in ("queries", "keys", "hidden_states"))
+    assert all(isinstance(result.parts(name), list) for name in ("queries", "keys", "hidden_states"))
     records = result.atlas.records
-    assert all(result.__dict__["keys"][l] is records[l].keys for l in records)  # not copies
+    assert all(result.parts("keys")[l] is records[l].keys for l in records)  # not copies
     before = result.nbytes
     layers, heads = [1, 0], [3, 1]
     sliced = result.scores_slice(layers, heads, [2, 0])  # from the parts
@@ -199,7 +199,7 @@ def test_q_k_and_hidden_states_are_stacked_when_first_read(family, tmp_path_fact
     n = result.kept_attention.shape[-1]
     assert [tuple(result.scores_slice(l, h).shape) for l, h in (([], []), ([], [1]), ([0], []))] == [
         (0, 0, n, n), (0, 1, n, n), (1, 0, n, n)]
-    assert isinstance(result.__dict__["queries"], list)  # Ŝ of a few heads stacks nothing
+    assert isinstance(result.parts("queries"), list)  # Ŝ of a few heads stacks nothing
     stacked_queries, stacked_keys = result.queries, result.keys  # (L, H, T, d), stacked now
     n_heads = stacked_queries.shape[1]
     assert stacked_keys.shape[1] == n_heads

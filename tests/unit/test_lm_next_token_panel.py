@@ -130,6 +130,6 @@ def test_dead_row_warnings_read_with_the_first_view_or_on_their_own(family):
     with_the_view = adapter.run(encoded, masked)
     req = TextAttentionRequest(model=adapter.info.id, text=TEXT, encoding="f32", thumbnail_size=None, layers=[1], heads=[1])
     out = short_response(adapter, encoded, req, with_the_view, None, [1], [1], None, list(range(n)))
-    assert "_pending_dead_rows" not in with_the_view.__dict__  # settled by the response's read
+    assert with_the_view.pending_dead_rows() is None  # settled by the response's read
     assert with_the_view.warnings == expected
     assert out["output"] == adapter.output_summary(with_the_view, encoded)

@@ -28,17 +28,17 @@ def test_short_run_keeps_p_on_its_device_and_the_host_view_is_no_copy_on_a_cpu(l
     assert kept.shape == (llama.info.layers, llama.info.heads, n, n) and kept.dtype == torch.float32
     assert kept.device == llama.device and result.hidden_states.device == llama.device
     assert result.attention is kept  # on a CPU the kept P is the host view: nothing copied
-    assert "_host_attention" not in result.__dict__
+    assert result.host_copy is None
     assert not result.is_long
     torch.testing.assert_close(kept.sum(-1), torch.ones(kept.shape[:-1]))
 
 
 def test_setting_attention_replaces_the_kept_maps(llama):
     result = llama.run(llama.encode(TEXT))
-    result.__dict__["_host_attention"] = torch.zeros(1)  # a stale host copy must go with the maps it copied
+    result._host_attention = torch.zeros(1)  # a stale host copy must go with the maps it copied
     replacement = result.kept_attention.clone() * 0.5
     result.attention = replacement
-    assert result.kept_attention is replacement and "_host_attention" not in result.__dict__
+    assert result.kept_attention is replacement and result.host_copy is None
 
 
 def _result(host_numbers: int) -> AttentionResult:
@@ -52,7 +52,7 @@ def test_cache_counts_a_host_copy_made_after_put():
     cache.put(("a",), first)
     cache.put(("b",), second)
     assert cache._bytes == 800
-    first.__dict__["_host_attention"] = torch.zeros(800)  # what AttentionResult.attention keeps on a GPU run
+    first._host_attention = torch.zeros(800)  # what AttentionResult.attention keeps on a GPU run
     cache.put(("c",), _result(100))
     # 400 + 3,200 (first and its copy) + 400 + 400 > 4,000: the oldest, `first`, goes
     assert cache.get(("a",)) is None and cache.get(("b",)) is not None and cache.get(("c",)) is not None

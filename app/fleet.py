@@ -11,7 +11,10 @@ A run lives in the memory of the process that computed it, and its id names that
 - an owner that is not registered (its process ended: its TTL ran out, or it deregistered) or cannot be reached is
   a 404 that says so: "its replica is gone", not "unknown";
 - in a fleet, new work sent to a replica that is loading its models or draining is answered 503 at once (nginx's
-  `proxy_next_upstream http_503` moves it to the next replica), as is GET /api/ready while draining.
+  `proxy_next_upstream http_503` moves it to the next replica), as is GET /api/ready while draining;
+- a drain hands jobs to peers (app/handover.py): a re-attach whose Last-Event-ID names another job goes to that
+  job, one to a handed job whose replica has gone follows `attnlab:job-moved:<id>`, and a drained replica's runs
+  (`attnlab:drained:<name>`, written as it stops) answer 410 saying so, not 404.
 """
 from __future__ import annotations
 
@@ -42,6 +45,9 @@ HOP_BY_HOP = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te"
               b"proxy-connection", b"trailer"}
 FLEET_BODY_KEY = "attnlab.fleet_body"
 URL_CACHE_S = 2.0  # an owner's URL is asked of Redis at most this often per owner
+DRAINED_PREFIX = "attnlab:drained:"  # a replica that ended a drain: its runs answer 410, not 404 (Registry.stop)
+DRAINED_KEEP_S = 24 * 3600
+MOVED_PREFIX = "attnlab:job-moved:"  # a job a drain handed over → its new id (app/handover.py writes it)
 
 
 class Registry:
@@ -82,13 +88,31 @@ class Registry:
         if self.register():
             self._last_good.update(self.replicas())
 
-    def stop(self) -> None:
-        """Stop the heartbeat and remove the entry: this replica's runs answer 'its replica is gone' at once."""
+    def stop(self, drained: bool = False) -> None:
+        """Stop the heartbeat and remove the entry: this replica's runs answer 'its replica is gone' at once; after
+        a drain, `attnlab:drained:<name>` (DRAINED_KEEP_S) makes that a 410 saying it drained (`drained_at`)."""
         self._stop.set()
         try:
+            if drained:
+                self.client.set(DRAINED_PREFIX + self.name, str(round(time.time())), ex=DRAINED_KEEP_S)
             self.client.delete(KEY_PREFIX + self.name)
         except self._errors as exc:
             log.warning("fleet: deregistering replica %s failed: %s", self.name, exc)
+
+    def _get(self, key: str) -> str | None:
+        try:
+            raw = self.client.get(key)
+        except self._errors:
+            return None
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+    def drained_at(self, name: str) -> str | None:
+        """When replica `name` ended a drain (Unix seconds, as text), or None (it was not drained, or long ago)."""
+        return self._get(DRAINED_PREFIX + name)
+
+    def moved_to(self, job_id: str) -> str | None:
+        """The id a drain handed job `job_id` over as (app/handover.py), or None."""
+        return self._get(MOVED_PREFIX + job_id)
 
     def url_of(self, name: str) -> str | None:
         """The registered URL of replica `name`, or None when it is not registered (or Redis cannot say)."""
@@ -157,7 +181,7 @@ class Fleet:
 
     def stop(self) -> None:
         if self.registry is not None:
-            self.registry.stop()
+            self.registry.stop(drained=self.draining)
             self.registry = None
         from app.jobs import JOBS
 
@@ -184,15 +208,21 @@ class Fleet:
             return None
         return "no job running or waiting, no run pinned"
 
-    def drain_then(self, stop, drain_s: float) -> None:
+    def drain_then(self, stop, drain_s: float, tick=None) -> None:
         """SIGTERM with drain_s > 0: drain (not ready, new work 503, jobs and pinned runs served) until drained() or
-        drain_s, then call stop() (the plain shutdown: shutdown_grace_s, then exit)."""
+        drain_s, then call stop() (the plain shutdown: shutdown_grace_s, then exit). `tick(seconds left)` is called
+        every 0.2 s meanwhile (app/handover.py: jobs handed to peers)."""
         self.begin_drain()
 
         def wait() -> None:
             end = time.monotonic() + drain_s
             why = None
             while time.monotonic() < end and (why := self.drained()) is None:
+                if tick is not None:
+                    try:
+                        tick(end - time.monotonic())
+                    except Exception:  # noqa: BLE001 - a failed handover leaves its job to the plain drain
+                        log.exception("fleet: drain tick failed")
                 time.sleep(0.2)
             log.info("fleet: drain of replica %s over after %.1f s: %s", replica_name(),
                      time.monotonic() - (self.drain_started or 0), why or f"drain_s={drain_s:g} s passed")
@@ -222,7 +252,13 @@ class Owned(NamedTuple):
     owner: str
 
 
-def _gone(owned: Owned, why: str) -> tuple[int, bytes]:
+def _gone(owned: Owned, why: str, drained_at: str | None = None) -> tuple[int, bytes]:
+    if drained_at is not None:  # it stopped on purpose (a scale-down): 410, and what to do
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(int(drained_at))) if drained_at.isdigit() else "?"
+        detail = (f"{owned.kind} {owned.id!r}: its replica ({owned.owner}) drained and stopped at {when} (a "
+                  f"scale-down); its {owned.kind}s went with it: " + (
+                      "send the job again" if owned.kind == "job" else "run the input again for a new run_id"))
+        return 410, json.dumps({"detail": detail}).encode()
     if owned.kind == "job":  # a job's events: the client sends the job again
         detail = (f"job {owned.id!r}: its replica ({owned.owner}) is gone ({why}); the job went with it: send the job "
                   "again")
@@ -230,6 +266,30 @@ def _gone(owned: Owned, why: str) -> tuple[int, bytes]:
     detail = (f"run {owned.id!r}: its replica ({owned.owner}) is gone ({why}); the run went with it: run the input "
               "again for a new run_id")
     return 404, json.dumps({"detail": detail}).encode()
+
+
+def _job_scope(scope, job_id: str, last_event_id: bytes | None) -> dict:
+    """The scope of a re-attach asked of job `job_id` instead, with `last_event_id` (None: from its first event)."""
+    path = f"/api/jobs/{job_id}/events"
+    headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"last-event-id"]
+    if last_event_id is not None:
+        headers.append((b"last-event-id", last_event_id))
+    return {**scope, "path": path, "raw_path": path.encode(), "headers": headers}
+
+
+def _follow_last_event_id(scope) -> dict:
+    """A re-attach whose Last-Event-ID names another job (`<new id>:<n>`: the job was handed over by a drain,
+    app/handover.py, and a plain SSE client keeps its first URL) is a re-attach to that job."""
+    if scope["method"] != "GET" or not scope["path"].endswith("/events"):
+        return scope
+    match = JOB_PATH.match(scope["path"])
+    last = next((v for k, v in scope.get("headers", []) if k.lower() == b"last-event-id"), None)
+    if match is None or last is None:
+        return scope
+    named = last.decode("latin-1").strip().rpartition(":")[0]
+    if not named or named == match.group(1) or run_owner(named) is None:
+        return scope
+    return _job_scope(scope, named, last)
 
 
 def _forwarded_for(scope) -> bytes:
@@ -264,6 +324,8 @@ class FleetRouter:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not scope["path"].startswith("/api/"):
             return await self.app(scope, receive, send)
+        if self.fleet.registry is not None:
+            scope = _follow_last_event_id(scope)
         forwarded = any(k == FORWARDED_HEADER for k, _ in scope.get("headers", []))
         if scope["method"] == "POST" and RUN_PATH.match(scope["path"]) and SCOPE_JSON_KEY not in scope:
             receive = await self._buffer_body(scope, receive)  # a run route's body: read here, replayed below
@@ -355,7 +417,7 @@ class FleetRouter:
         owner = owned.owner
         url = await self._url(owner)
         if url is None:
-            return await _send_plain(send, *_gone(owned, "not registered: its process ended"))
+            return await self._answer_gone(owned, "not registered: its process ended", scope, receive, send)
         import httpx
 
         body = _body_of(scope)
@@ -372,8 +434,21 @@ class FleetRouter:
                                        stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             log.info("fleet: replica %s at %s unreachable for %s: %s", owner, url, scope["path"], exc)
-            return await _send_plain(send, *_gone(owned, "unreachable"))
+            return await self._answer_gone(owned, "unreachable", scope, receive, send)
         await self._relay(answer, receive, send)
+
+    async def _answer_gone(self, owned: Owned, why: str, scope, receive, send) -> None:
+        """The owner is gone: a job a drain handed over is followed to its new id (app/handover.py); a drained
+        owner's run or job is a 410 saying so; else the 404 "gone"."""
+        registry = self.fleet.registry
+        if registry is None:
+            return await _send_plain(send, *_gone(owned, why))
+        if owned.kind == "job" and scope["method"] == "GET":
+            moved = await anyio.to_thread.run_sync(registry.moved_to, owned.id)
+            if moved is not None and moved != owned.id:  # its events from the new job's start
+                return await self(_job_scope(scope, moved, last_event_id=None), receive, send)
+        drained = await anyio.to_thread.run_sync(registry.drained_at, owned.owner)
+        return await _send_plain(send, *_gone(owned, why, drained))
 
     async def _relay(self, answer, receive, send) -> None:
         """The owner's answer as it comes (a job's events one by one); a client that leaves closes the upstream."""

@@ -58,6 +58,10 @@ class Job:
     source: str = ""  # its source address (app/sources.py), for max_queued_jobs_per_address
     # monotonic: when its client's earlier jobs on other replicas should have ended (a fleet sharing Redis; accept)
     elsewhere_until: float = 0.0
+    # a drain hands it to a peer with these (app/handover.py): its request as sent (Replay; None: it cannot be re-made
+    # elsewhere) and its event log (app/streams.py JobLog), where the handover writes its last event
+    request: Any = None
+    events: Any = None
 
     def remaining_s(self, now: float) -> float:
         """Seconds left: from the job's own measured rate once it has made progress (docs/api.md "Jobs": the ETA
@@ -204,6 +208,11 @@ class JobBoard:
         job.emit(event)
         self._wait_for_client(job)
 
+    def live(self) -> list[Job]:
+        """This process's unfinished jobs, in arrival order (a drain's handover, app/handover.py)."""
+        with self._cond:
+            return [job for job in self._jobs if not job.finished]
+
     def eta_s(self, job: Job, now: float) -> float:
         """THE ETA of `job` (under the board's lock; see the module doc): seconds until it ends, its own time left
         (0 before it is accepted) and the jobs ahead of it here, and while it has not started its client's earlier jobs
@@ -259,6 +268,7 @@ class JobBoard:
             while fleet.try_start(job.job_id) is not True:  # process's jobs: the one order, else two could deadlock
                 check()
                 time.sleep(FLEET_POLL_S)
+            check()  # a job a drain handed over is released from the fleet: it must not start here
             return
         with self._cond:
             while any(o.client == job.client and o.seq < job.seq and not o.finished for o in self._jobs):

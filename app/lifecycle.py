@@ -46,6 +46,7 @@ JSON_IN_THREAD_BYTES = 16 * 1024  # larger bodies are parsed in a worker thread
 MULTIPART_SLACK = 64 * 1024  # boundaries and part headers around an uploaded file
 SHUTDOWN_RETRY_AFTER_S = 5
 SCOPE_JSON_KEY = "attnlab.json"
+SCOPE_BODY_KEY = "attnlab.body"  # an API POST's body as read here: a drain sends a job's request again (app/handover.py)
 
 
 # ---- cancellation of a request's work ---------------------------------------------------------------
@@ -300,6 +301,7 @@ class RequestGuard:
             if outcome is None:
                 return  # answered (408/413/415/400/422) or the client left
             body, parsed = outcome
+            scope[SCOPE_BODY_KEY] = body
             if parsed is not None:
                 scope[SCOPE_JSON_KEY] = (body, parsed)
             replayed = False
@@ -331,6 +333,8 @@ class RequestGuard:
                     message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", state["set_cookie"])]}
                 state["sse"] = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
                                    for k, v in message.get("headers", []))
+                # another replica's job relayed (app/fleet.py): it lives on there, so a cut is not its end
+                state["relayed"] = any(k.lower() == b"x-attnlab-forwarded-by" for k, _ in message.get("headers", []))
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 state["complete"] = True
             await send(message)
@@ -369,6 +373,15 @@ class RequestGuard:
         if not task.done():
             _orphans.add(task)
             task.add_done_callback(_forget_orphan)
+        if state["started"] and state["sse"] and not state["complete"] and state.get("relayed"):
+            state["cut"] = True  # ended without an error event: the client re-attaches to the job on its owner
+            log.info("shutdown: %s %s relayed stream ended after the %g s grace (its job lives on its owner)",
+                     scope["method"], scope["path"], self.lifecycle.grace_s)
+            try:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except Exception:  # noqa: BLE001 — the client may be gone already
+                pass
+            return
         if state["started"] and state["sse"] and not state["complete"]:
             state["cut"] = True  # the stream's own later sends are dropped: this is its last event
             event = {"error": f"the server is shutting down (shutdown_grace_s={self.lifecycle.grace_s:g} s passed); "

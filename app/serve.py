@@ -299,13 +299,32 @@ class AttnlabServer(uvicorn.Server):
         settings = get_settings()
         if sig == signal.SIGTERM and settings.drain_s > 0 and not FLEET.draining:
             # A drain first (app/fleet.py): not ready, new work 503, jobs and pinned runs served; then the plain stop.
-            FLEET.drain_then(lambda: self._stop(sig, frame), settings.drain_s)
+            FLEET.drain_then(lambda: self._stop(sig, frame), settings.drain_s, tick=_handover_tick(settings))
             return
         self._stop(sig, frame)
 
     def _stop(self, sig, frame) -> None:
         LIFECYCLE.begin_shutdown(get_settings().shutdown_grace_s)
         super().handle_exit(sig, frame)
+
+
+def _handover_tick(settings) -> Callable[[float], None] | None:
+    """The drain's handover of jobs to peers (app/handover.py), in a fleet with a registry; None outside one. Made
+    at the first tick, in the drain's thread: nothing is imported or built in the signal handler."""
+    registry = FLEET.registry
+    if registry is None:
+        return None
+    made: list = []
+
+    def tick(drain_left_s: float) -> None:
+        if not made:
+            from app.handover import Handover
+            from app.jobs import JOBS
+
+            made.append(Handover(registry, JOBS, settings))
+        made[0].tick(drain_left_s)
+
+    return tick
 
 
 def build_args(argv: list[str]) -> list[str]:

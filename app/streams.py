@@ -41,6 +41,7 @@ from app.allocator import process_warm_heap
 from app.openmp_teams import plain_work_done
 from app.context import EMPTY, RequestContext, current, enter
 from app.encoding import BINARY_MEDIA_TYPE, binary_fields, binary_response, fast_json
+from app.handover import replay_of
 from app.jobs import JOBS, Job
 from app.ids import new_run_id
 from app.lifecycle import LIFECYCLE, RequestCancelled, check_cancelled
@@ -159,6 +160,10 @@ class JobLog:
         self.cancelled = False  # DELETE /api/jobs/{job_id}
         self.kept_bytes = 0  # its kept events' bytes once it has ended (JobLogs caps their sum)
         self.on_end: Callable[[JobLog], None] | None = None  # called once, when it has ended (JobLogs.ended)
+        # a drain hands the job to a peer (app/handover.py): its work stops, and its events from then on are dropped
+        # until `hand_over` logs the last one
+        self.handing = False
+        self.own_events = False  # it has sent events of the work's own (a continuation's tokens): a re-run repeats them
 
     def subscribe(self, after: int = 0) -> tuple[list[Sent], EventPipe]:
         """The kept events after number `after`, and a pipe that gets every later one. When events after `after`
@@ -188,6 +193,8 @@ class JobLog:
 
     def stop_reason(self, now: float) -> str | None:
         """Why the job should stop now: asked to (DELETE), or no stream has listened for grace_s; else None."""
+        if self.handing:
+            return "handover"
         if self.cancelled:
             return "client"
         since = self.detached_since
@@ -197,7 +204,7 @@ class JobLog:
         """From the job's worker thread: an event (dict), a failure (_RAISE, exc), or None (the work has ended). A
         failure before the first event (a refusal: the route answers it with its own status) is passed on as it is."""
         with self._lock:
-            if self.ended_at is not None:
+            if self.ended_at is not None or self.handing:
                 return
             if isinstance(item, tuple) and self.count == 0:
                 self.ended_at = time.monotonic()
@@ -219,12 +226,35 @@ class JobLog:
         if ended and self.on_end is not None:
             self.on_end(self)
 
-    def _log(self, event: dict[str, Any]) -> None:  # under self._lock
+    def start_handover(self) -> bool:
+        """A drain takes the job (app/handover.py): its work stops at its next check and its events are dropped from
+        now on. False when it has already ended (its answer was logged first: nothing to hand over)."""
+        with self._lock:
+            if self.ended_at is not None or self.handing:
+                return False
+            self.handing = True
+            return True
+
+    def hand_over(self, event: dict[str, Any], event_id: str | None = None) -> None:
+        """The job's last event here, written by a drain's handover (app/handover.py) once `handing` has stopped its
+        work: `{"handed_over": …}` with the id `<new job id>:0` (a client re-attaching after it follows the job to
+        its peer), or an error event when no peer took it. Its streams end after it."""
+        with self._lock:
+            if self.ended_at is not None:
+                return
+            self._log(event, event_id, last=True)
+            self.kept_bytes = sum(len(sent.data) for sent in self._recent)
+        if self.on_end is not None:
+            self.on_end(self)
+
+    def _log(self, event: dict[str, Any], event_id: str | None = None, last: bool = False) -> None:  # under _lock
         if event.get("accepted"):
             event = {**event, "job_id": self.job_id}
+        elif not ({"progress", "done", "error", "handed_over"} & event.keys()):
+            self.own_events = True
         self.count += 1
-        last = "done" in event or "error" in event
-        sent = Sent(self.count, sse(event, f"{self.job_id}:{self.count}"), last)
+        last = last or "done" in event or "error" in event
+        sent = Sent(self.count, sse(event, event_id or f"{self.job_id}:{self.count}"), last)
         self._keep(sent)
         if last:
             self._end, self.ended_at = sent, time.monotonic()
@@ -472,6 +502,7 @@ def run_job(request: Request, work: Callable[[JobStream], dict[str, Any] | None]
     source = source_address(request.scope.get("headers", []), request.scope.get("client"), settings.trusted_proxies)
     job = Job(what=what, client=client, deadline=time.monotonic() + settings.job_timeout_s,
               emit=job_log.put, layer_progress=layer_progress, job_id=job_log.job_id, source=source)
+    job.events, job.request = job_log, replay_of(request.scope)  # what a drain needs to hand it over (app/handover.py)
     stream = JobStream(job_log, cancel, job)
     JOBS.register(job, settings.max_queued_jobs_per_client, settings.max_queued_jobs_per_address,
                   settings.max_queued_jobs)

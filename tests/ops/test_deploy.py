@@ -187,6 +187,10 @@ def test_kubernetes_scrape_config_keda_behaviour_and_ingress():
     notes = ingress["metadata"]["annotations"]
     assert notes["nginx.ingress.kubernetes.io/upstream-hash-by"].startswith("$cookie_attnlab_client")
     assert "http_429" not in notes["nginx.ingress.kubernetes.io/proxy-next-upstream"]
+    # a draining pod's jobs move to peers and their clients re-attach (app/handover.py): a re-attach that meets the
+    # pod gone (a refused connection) goes to the next pod, and no stream is cut between two heartbeats
+    assert "error" in notes["nginx.ingress.kubernetes.io/proxy-next-upstream"].split()
+    assert float(notes["nginx.ingress.kubernetes.io/proxy-read-timeout"]) > Settings().job_heartbeat_s
     backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
     assert backend["name"] == service["metadata"]["name"]
     assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}

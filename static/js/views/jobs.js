@@ -89,7 +89,9 @@ async function readJob(res, job, { signal, onEvent }) {
       }
       // a gap: a re-attach after more than job_event_buffer events missed (their numbers in event.gap). Progress is
       // cumulative and the done event carries the whole answer: the next events are read as they come
-      if (!event.accepted && event.progress === undefined && !event.gap) job.own = true;
+      // a handover (a draining replica moved the job: its stream ends next, and the re-attach follows the new job)
+      // is not the work's own either
+      if (!event.accepted && event.progress === undefined && !event.gap && !event.handed_over) job.own = true;
       onEvent(event);
     }
   } catch (err) {

@@ -13,8 +13,9 @@ An op carries everything the lab needs of it, so nothing outside models/ops/ ask
 - `record`: what a kept run's file keeps of it (app/runfile.py);
 - how a Whisper run applies it (`for_whisper`, `for_keys_so_far`: models/adapters/whisper.py).
 
-An op file imports this module only (never models/ops/__init__.py nor models/interventions.py): the engine's
-Intervention type reaches it as a value, so the registry has no import circle.
+An op file imports this module (and what it acts with: another op's file, models/run_context.py), never
+models/ops/__init__.py nor models/interventions.py: the engine's Intervention reaches it as a value, so the registry
+has no import circle.
 """
 from __future__ import annotations
 

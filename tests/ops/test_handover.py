@@ -135,3 +135,56 @@ def test_a_move_releases_the_job_tries_each_peer_and_falls_back_to_an_error_even
     assert handover.move(refused, "queued") is None
     _backlog, _ = refused.events.subscribe()
     assert b"no other replica took it" in _backlog[-1].data and b"retry_after" in _backlog[-1].data
+
+
+def test_the_router_follows_a_moved_job_and_says_a_drained_owner_drained():
+    """After the drained replica has gone: a re-attach to its old job id goes to the new job (attnlab:job-moved),
+    from its first event; a window of its run is a 410 (attnlab:drained); a killed replica's stays 404."""
+    import asyncio
+
+    from app.fleet import FleetRouter
+
+    old, new = f"gone1234.{'4' * 32}", new_run_id()  # the new job is this process's: served here
+
+    class Registry:  # Redis as the drained replica left it
+        @staticmethod
+        def url_of(_name):
+            return None
+
+        @staticmethod
+        def moved_to(job_id):
+            return new if job_id == old else None
+
+        @staticmethod
+        def drained_at(name):
+            return "1764640000" if name == "gone1234" else None
+
+    seen: list[dict] = []
+
+    async def app(scope, _receive, _send):
+        seen.append(scope)
+
+    router = FleetRouter(app, SimpleNamespace(max_json_bytes=1 << 20, forward_timeout_s=5.0),
+                         fleet=SimpleNamespace(registry=Registry(), draining=False))
+
+    async def ask(method: str, path: str, headers: list) -> list[dict]:
+        sent: list[dict] = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
+                 "headers": headers, "client": ("127.0.0.1", 5), "app": SimpleNamespace(state=SimpleNamespace())}
+        await router(scope, receive, send)
+        return sent
+
+    asyncio.run(ask("GET", f"/api/jobs/{old}/events", [(b"last-event-id", f"{old}:9".encode())]))
+    assert seen and seen[-1]["path"] == f"/api/jobs/{new}/events"
+    assert not any(k == b"last-event-id" for k, _ in seen[-1]["headers"])  # the new job from its first event
+    answer = asyncio.run(ask("POST", f"/api/runs/gone1234.{'5' * 32}/window", [(b"content-type", b"application/json")]))
+    assert answer[0]["status"] == 410 and b"drained" in answer[1]["body"]
+    answer = asyncio.run(ask("POST", f"/api/runs/kill5678.{'5' * 32}/window", [(b"content-type", b"application/json")]))
+    assert answer[0]["status"] == 404 and b"is gone" in answer[1]["body"]

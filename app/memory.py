@@ -9,13 +9,16 @@ least recently used first), then the requesting client's own older runs. When it
 waits in the queue (a job keeps its place and its ETA), and is refused with 413 only when it could never fit.
 
 A run is pinned for `result_pin_s` after it was answered or last read (a window, a row), so a client's next step
-finds it (a compare keeps both runs); a pin's bytes count against the budget like any kept run. So do the events
+finds it (a compare keeps both runs); a pin's bytes count against the budget like any kept run. Pinned runs the
+disk tier had no room for stay in RAM until their pins end: new work that does not fit beside them is refused at once
+(503 + Retry-After naming why, `check_pinned_room`), not accepted and then left to wait or overrun. So do the events
 jobs keep for a re-attach (`keepers`: app/streams.py, capped by job_event_buffer_bytes and job_events_max_bytes).
 """
 from __future__ import annotations
 
 import ctypes
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -254,12 +257,54 @@ class MemoryBudget:
                              retry_after=max(1, round(min(pin_s, self.wait_s)) or 10))
 
     def check_fits(self, nbytes: int, field: str, what: str) -> None:
-        """413 naming `field` when `nbytes` could never fit beside the models, even with nothing else kept."""
+        """413 naming `field` when `nbytes` could never fit beside the models, even with nothing else kept; 503 with
+        Retry-After when it cannot fit beside the pinned runs the disk tier had no room for (`check_pinned_room`)."""
         if nbytes > self.limit:
             raise HTTPException(413, detail=(
                 f"{field}: {what} needs about {nbytes / 2**20:,.0f} MiB of memory while it runs, over the "
                 f"{self.limit / 2**20:,.0f} MiB that memory_budget_bytes leaves beside the models "
                 f"(memory_reserved_bytes); ask for a shorter input, fewer samples or no compare"))
+        self.check_pinned_room(nbytes, what)
+
+    def pinned_stuck_bytes(self) -> int:
+        """RAM kept by pinned runs that could not spill (the disk tier full of pinned runs): nothing frees it before
+        their pins end, so it is counted against new work up front (`check_pinned_room`)."""
+        stuck = getattr(self.cache, "stuck_pins", None)
+        return sum(nbytes for _, nbytes in stuck()) if stuck is not None else 0
+
+    def check_pinned_room(self, nbytes: int, what: str) -> None:
+        """503 + Retry-After at once, before the work is accepted, when `nbytes` does not fit in the budget beside
+        the RAM of pinned runs the disk tier had no room for and what jobs keep for a re-attach: neither the work in
+        flight ending nor any eviction frees it, only their pins' end (issue 53 item 7: with the disk tier full,
+        2,941 MiB were kept against a 2,048 MiB budget and work was still admitted). The store first tries to move
+        them again (the disk tier may have room by now). Retry-After: when enough of their pins have ended."""
+        stuck = getattr(self.cache, "stuck_pins", None)
+        if stuck is None:
+            return
+        pins = stuck()
+        if not pins:  # the rest of the budget frees up as work ends: reserve() waits for it
+            return
+        room = self.limit - self._kept_elsewhere()
+        over = sum(b for _, b in pins) + nbytes - room
+        if over <= 0:
+            return
+        self.cache.evict_for(over, "")  # pinned runs go to disk where it has room again; unpinned ones leave
+        pins = stuck()
+        held = sum(b for _, b in pins)
+        over = held + nbytes - room
+        if not pins or over <= 0:
+            return
+        freed, wait_s = 0, 0.0
+        for seconds, b in sorted(pins):
+            freed, wait_s = freed + b, seconds
+            if freed >= over:
+                break
+        raise Overloaded(
+            f"server busy: {what} needs about {nbytes / 2**20:,.1f} MiB, and {len(pins)} pinned runs hold "
+            f"{held / 2**20:,.1f} MiB of RAM that the run store's disk tier could not take (run_store_disk_bytes is "
+            f"full of pinned runs); beside them it does not fit the {self.limit / 2**20:,.1f} MiB that "
+            f"memory_budget_bytes leaves beside the models; retry when their pins end (result_pin_s)",
+            retry_after=max(1, math.ceil(wait_s)))
 
     def release(self, holder: RequestMemory) -> None:
         with self._cond:

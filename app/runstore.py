@@ -70,6 +70,7 @@ class ResultCache(RamTier, DiskTier):
         self._sizes: dict[tuple, tuple[int, int]] = {}  # key → (host bytes, device bytes) of the RAM tier
         self._pins: dict[tuple, tuple[float, str]] = {}  # key → (pinned until, monotonic; the client it was put for)
         self._held: Counter[tuple] = Counter()  # keys a running job plans (holding): never dropped meanwhile
+        self._stuck: set[tuple] = set()  # pinned runs in RAM that found no room on disk (RamTier.stuck_pins)
         self._expired: OrderedDict[str, None] = OrderedDict()  # run ids this store held and dropped
         self._promised: OrderedDict[str, _Promise] = OrderedDict()  # run ids named, their runs made on first use
         self._moving: OrderedDict[tuple, _Write] = OrderedDict()  # runs queued or being written to disk (in RAM still)

@@ -27,6 +27,7 @@ class RamTier:
     _run_keys: dict[str, tuple]
     _bytes: int
     _device_bytes: int
+    _stuck: set[tuple]  # pinned runs that found no room on disk when they were to leave RAM (stuck_pins)
     _lock: threading.Lock
 
     @property
@@ -106,6 +107,8 @@ class RamTier:
         if write is None:
             with self._lock:
                 if not may_drop or key not in self._items or key in self._moving or self._pinned(key, time.monotonic()):
+                    if self.disk_tier and key in self._items and key not in self._moving:
+                        self._stuck.add(key)  # no room on disk for it: the memory budget counts it until its pin ends
                     return None
                 freed = self._sizes[key][0]
                 self._drop(key)
@@ -113,12 +116,25 @@ class RamTier:
         return write
 
     def _pop_ram(self, key: tuple) -> None:
+        self._stuck.discard(key)
         self._items.pop(key)
         old_host, old_device = self._sizes.pop(key)
         self._bytes -= old_host
         self._device_bytes -= old_device
 
     # ---- the memory accountant ------------------------------------------------------------------------------------
+    def stuck_pins(self) -> list[tuple[float, int]]:
+        """Pinned runs kept in RAM because the disk tier had no room for them (full of pinned runs, or the filesystem
+        short of run_store_min_free_bytes), as (seconds until its pin ends, host bytes) each: RAM that nothing frees
+        before then, which the memory budget counts against new work (app/memory.py). A run a job holds counts pin_s
+        from now. Empty without a disk tier (there the client's own pinned runs are dropped to make room)."""
+        with self._lock:
+            now = time.monotonic()
+            self._stuck = {k for k in self._stuck
+                           if k in self._items and k not in self._moving and self._pinned(k, now)}
+            return [(self.pin_s if self._held[k] else self._pins.get(k, (now, ""))[0] - now, self._sizes[k][0])
+                    for k in self._stuck]
+
     def evict_for(self, nbytes: int, client: str) -> int:
         """Free at least `nbytes` of RAM-tier host memory if that can be done without taking a run another client may
         still use: unpinned runs first (least recently used first: to disk, or dropped when there is no room there);

@@ -243,10 +243,11 @@ class RunStoreSettings(BaseSettings):
     # None = a quarter of the device's total (an 8,192-token smollm2-135m run keeps about 0.9 GB; with the host budget
     # of ~0.7 GB it was evicted as soon as it was stored, and its run_id answered 404 at once).
     result_cache_bytes_gpu: int | None = Field(None, ge=1)
-    # The run store's disk tier (app/runstore.py): runs that leave RAM (the result cache's bytes above) are written
+    # The run store's disk tier (app/runstore_disk.py): runs that leave RAM (the result cache's bytes above) are written
     # to local disk and read back memory-mapped, so a pinned run is never dropped for lack of memory and its windows
     # cost milliseconds. Unpinned runs are dropped when this budget is full, pinned ones never (with the disk full of
-    # pinned runs, they stay in RAM); one run larger than it is refused before it runs (413 naming
+    # pinned runs, they stay in RAM and count in memory_budget_bytes: work that does not fit beside them is refused at
+    # once, 503 + Retry-After, app/memory.py); one run larger than it is refused before it runs (413 naming
     # run_store_disk_bytes). 0 = no disk tier (runs leaving RAM are dropped, as before). 8 GiB holds about twenty
     # 4,096-token smollm2-135m runs (~0.4 GB each).
     run_store_disk_bytes: int = Field(8 * 2**30, ge=0)

@@ -393,6 +393,18 @@ class Lab:
         body = _body(model=model, text=text, **fields)
         return FaithfulnessResult(self._job("/api/text/faithfulness", body, "faithfulness"), body, self)
 
+    def score_stats(self, text: str, layer: int, head: int, model: str | None = None, *, bins: int | None = None) -> dict:
+        """POST /api/text/score_stats: one head's raw scores q·k over the pairs its mask allows (histogram, mean,
+        variance), the Gaussian theory fitted with the head's own q and k, the rows' entropy at scale 1, 1/√d and the
+        model's β₀, and the attention's parameter and map counts. Encoders and decoder LMs."""
+        body = _body(model=model, text=text, layer=layer, head=head, bins=bins)
+        return self._job("/api/text/score_stats", body, "score statistics")
+
+    def permutation_check(self, text: str, model: str | None = None, *, seed: int | None = None) -> dict:
+        """POST /api/text/permutation_check: max |P(πx) − Π P(x) Πᵀ| over every layer and head of an encoder, with
+        positions off (float rounding) and on (not equal): attention without positions is permutation-equivariant."""
+        return self._job("/api/text/permutation_check", _body(model=model, text=text, seed=seed), "permutation check")
+
     def circuit(self, pairs: Sequence[dict] | None = None, task: dict | str | None = None, model: str | None = None, *,
                 method: str = "eap", **fields: Any):
         """POST /api/text/circuit: an edge graph of heads (q, k, v apart) and MLPs scored over prompt pairs

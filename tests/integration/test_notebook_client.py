@@ -205,6 +205,16 @@ def test_patching_lens_faithfulness_and_a_patch_from_the_clean_run(lab):
     assert faithful.methods == served["methods"] and set(faithful.methods) == {"attention", "rollout"}
 
 
+def test_score_stats_and_permutation_check_are_the_servers_answers(lab):
+    stats = lab.score_stats(TEXT, 1, 0, "tiny", bins=12)
+    assert stats == raw(lab, "/api/text/score_stats", {"model": "tiny", "text": TEXT, "layer": 1, "head": 0, "bins": 12})
+    assert stats["layer"] == 1 and stats["head"] == 0 and len(stats["histogram"]["counts"]) == 12
+    check = lab.permutation_check(TEXT, "tiny", seed=3)
+    assert check == raw(lab, "/api/text/permutation_check", {"model": "tiny", "text": TEXT, "seed": 3})
+    with pytest.raises(LabError, match="layer"):
+        lab.score_stats(TEXT, 99, 0, "tiny")
+
+
 def test_jobs_report_progress_to_the_bar(lab, monkeypatch):
     seen = []
 

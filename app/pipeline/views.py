@@ -322,4 +322,6 @@ def speech_view(job: AttentionJob) -> dict[str, Any]:
     }
 
 
+# the app's side of a model family's `view` (models/families/: Family.view names a key here; models/ cannot import the
+# app): the answer of each kind of job (AttentionJob.family)
 VIEWS = {"plain": plain_view, "seq2seq": seq2seq_view, "whisper": speech_view}

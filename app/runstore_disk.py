@@ -222,7 +222,7 @@ def _wait_for_quiet(resources: _Resources) -> None:
 def _device_of(result) -> str:
     """Where the run's hidden states are, read without forming them (a run may keep them per layer, stacked when
     first read: models/adapters/base.py)."""
-    hidden = vars(result).get("hidden_states")
+    hidden = result.parts("hidden_states")
     if isinstance(hidden, (list, tuple)) and hidden:
         hidden = hidden[0]
     return str(hidden.device) if isinstance(hidden, torch.Tensor) else "cpu"

@@ -69,6 +69,35 @@ def _malloc_trim() -> None:
         pass
 
 
+def stuck_pins(cache) -> list[tuple[float, int]]:
+    """The run store's pinned runs kept in RAM for lack of room on disk, (seconds until each pin ends, bytes)
+    (app/runstore_ram.py RamTier.stuck_pins); none for a store without a disk tier."""
+    stuck = getattr(cache, "stuck_pins", None)
+    return stuck() if stuck is not None else []
+
+
+def pinned_overrun(cache, nbytes: int, room: int) -> tuple[int, int, float] | None:
+    """(runs, bytes, seconds until enough of their pins end) when `nbytes` does not fit in `room` beside the pinned
+    runs the disk tier could not take, after the store tried to move them again (the disk tier may have room by
+    now; unpinned runs leave too); None when it fits, or when no such run is kept (the rest of the budget frees up
+    as work ends: MemoryBudget.reserve waits for it)."""
+    pins = stuck_pins(cache)
+    if not pins or sum(b for _, b in pins) + nbytes <= room:
+        return None
+    cache.evict_for(sum(b for _, b in pins) + nbytes - room, "")
+    pins = stuck_pins(cache)
+    held = sum(b for _, b in pins)
+    over = held + nbytes - room
+    if not pins or over <= 0:
+        return None
+    freed, wait_s = 0, 0.0
+    for seconds, b in sorted(pins):
+        freed, wait_s = freed + b, seconds
+        if freed >= over:
+            break
+    return len(pins), held, wait_s
+
+
 class MemoryBudget:
     def __init__(self, budget_bytes: int, reserved_bytes: int, cache, measure_rss: bool = True,
                  wait_s: float = 120.0) -> None:
@@ -269,42 +298,23 @@ class MemoryBudget:
     def pinned_stuck_bytes(self) -> int:
         """RAM kept by pinned runs that could not spill (the disk tier full of pinned runs): nothing frees it before
         their pins end, so it is counted against new work up front (`check_pinned_room`)."""
-        stuck = getattr(self.cache, "stuck_pins", None)
-        return sum(nbytes for _, nbytes in stuck()) if stuck is not None else 0
+        return sum(nbytes for _, nbytes in stuck_pins(self.cache))
 
     def check_pinned_room(self, nbytes: int, what: str) -> None:
         """503 + Retry-After at once, before the work is accepted, when `nbytes` does not fit in the budget beside
         the RAM of pinned runs the disk tier had no room for and what jobs keep for a re-attach: neither the work in
         flight ending nor any eviction frees it, only their pins' end (issue 53 item 7: with the disk tier full,
-        2,941 MiB were kept against a 2,048 MiB budget and work was still admitted). The store first tries to move
-        them again (the disk tier may have room by now). Retry-After: when enough of their pins have ended."""
-        stuck = getattr(self.cache, "stuck_pins", None)
-        if stuck is None:
-            return
-        pins = stuck()
-        if not pins:  # the rest of the budget frees up as work ends: reserve() waits for it
-            return
-        room = self.limit - self._kept_elsewhere()
-        over = sum(b for _, b in pins) + nbytes - room
-        if over <= 0:
-            return
-        self.cache.evict_for(over, "")  # pinned runs go to disk where it has room again; unpinned ones leave
-        pins = stuck()
-        held = sum(b for _, b in pins)
-        over = held + nbytes - room
-        if not pins or over <= 0:
-            return
-        freed, wait_s = 0, 0.0
-        for seconds, b in sorted(pins):
-            freed, wait_s = freed + b, seconds
-            if freed >= over:
-                break
-        raise Overloaded(
-            f"server busy: {what} needs about {nbytes / 2**20:,.1f} MiB, and {len(pins)} pinned runs hold "
-            f"{held / 2**20:,.1f} MiB of RAM that the run store's disk tier could not take (run_store_disk_bytes is "
-            f"full of pinned runs); beside them it does not fit the {self.limit / 2**20:,.1f} MiB that "
-            f"memory_budget_bytes leaves beside the models; retry when their pins end (result_pin_s)",
-            retry_after=max(1, math.ceil(wait_s)))
+        2,941 MiB were kept against a 2,048 MiB budget and work was still admitted). Retry-After: when enough of
+        their pins have ended."""
+        found = pinned_overrun(self.cache, nbytes, self.limit - self._kept_elsewhere())
+        if found is not None:
+            count, held, wait_s = found
+            raise Overloaded(
+                f"server busy: {what} needs about {nbytes / 2**20:,.1f} MiB, and {count} pinned runs hold "
+                f"{held / 2**20:,.1f} MiB of RAM that the run store's disk tier could not take (run_store_disk_bytes "
+                f"is full of pinned runs); beside them it does not fit the {self.limit / 2**20:,.1f} MiB that "
+                f"memory_budget_bytes leaves beside the models; retry when their pins end (result_pin_s)",
+                retry_after=max(1, math.ceil(wait_s)))
 
     def release(self, holder: RequestMemory) -> None:
         with self._cond:

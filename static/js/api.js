@@ -1,4 +1,7 @@
-// One fetch client for every page: JSON in/out, stale requests on a channel are aborted.
+// One fetch client for every page: JSON in/out (or the binary form, postBinary), stale requests on a channel are
+// aborted.
+import { halfToFloat } from "./mathx.js";
+
 const inflight = new Map();
 
 export class ApiError extends Error {
@@ -33,6 +36,49 @@ export async function postJSON(url, body, { channel = url } = {}) {
   } finally {
     if (inflight.get(channel) === controller) inflight.delete(channel);
   }
+}
+
+// POST JSON, answered in the binary form (Accept: application/octet-stream, docs/api.md "The binary form"): a JSON
+// header, then every f32/f16 field's little-endian bytes. Each such field comes back as { dtype, shape, values }:
+// `values` a Float32Array viewing the body's one buffer (f32: no copy; f16 widened into one). decodeTensor
+// (mathx.js) reads it as it reads the base64 form. Refusals are JSON as always; channels abort as postJSON's do.
+export async function postBinary(url, body, { channel = url } = {}) {
+  inflight.get(channel)?.abort();
+  const controller = new AbortController();
+  inflight.set(channel, controller);
+  try {
+    const response = await fetch(url, {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Accept: BINARY },
+      body: JSON.stringify(body),
+      signal: controller.signal,
+    });
+    if (!response.ok || !(response.headers.get("content-type") || "").startsWith(BINARY)) return await readJSON(response);
+    return readBinary(await response.arrayBuffer());
+  } finally {
+    if (inflight.get(channel) === controller) inflight.delete(channel);
+  }
+}
+
+const BINARY = "application/octet-stream";
+
+// The binary body → the answer, each f32/f16 field { dtype, shape, values: Float32Array }.
+export function readBinary(buffer) {
+  const n = new DataView(buffer).getUint32(0, true);
+  const header = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 4, n)));
+  const start = 4 + n;
+  const visit = (field) => {
+    if (Array.isArray(field)) return field.length && typeof field[0] === "object" ? field.map(visit) : field;
+    if (!field || typeof field !== "object") return field;
+    if ((field.dtype === "float32" || field.dtype === "float16") && "offset" in field && "nbytes" in field) {
+      const values = field.dtype === "float32"
+        ? new Float32Array(buffer, start + field.offset, field.nbytes / 4)
+        : Float32Array.from(new Uint16Array(buffer, start + field.offset, field.nbytes / 2), halfToFloat);
+      return { dtype: field.dtype, shape: field.shape, values, ...(field.warning ? { warning: field.warning } : {}) };
+    }
+    return Object.fromEntries(Object.entries(field).map(([key, value]) => [key, visit(value)]));
+  };
+  return visit(header);
 }
 
 export async function getJSON(url) {

@@ -3,7 +3,7 @@
 // the heads ranked by alignment; interventions (mask a span by dragging over the spectrogram, β on cross heads,
 // ablate heads) re-run the model, and the transcript before/after, per-token Δp and the streamed greedy transcript
 // show what the decoder heard.
-import { ApiError, getJSON, isAbort, postJSON, readJSON, setStatus } from "./api.js";
+import { ApiError, getJSON, isAbort, postBinary, readJSON, setStatus } from "./api.js";
 import { addNotReady, byId as $, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
 import { MODEBAR_REMOVE } from "./vendor.js";
@@ -188,8 +188,8 @@ async function refresh(attempt = 0) {
   setStatus(ivs.length ? "running with the interventions…" : "running Whisper…");
   try {
     const [response, base] = await Promise.all([
-      postJSON("/api/audio/attention", body, { channel: "audio" }),
-      ivs.length ? postJSON("/api/audio/attention", { ...body, interventions: [], compare: false, kinds: ["cross"] }, { channel: "audio-base" }) : null,
+      postBinary("/api/audio/attention", body, { channel: "audio" }),
+      ivs.length ? postBinary("/api/audio/attention", { ...body, interventions: [], compare: false, kinds: ["cross"] }, { channel: "audio-base" }) : null,
     ]);
     state.response = response;
     state.base = base;
@@ -391,7 +391,7 @@ async function drawSoftmax() {
   if (!r?.run_id) return;
   const q = shownToken(r);
   const n = r.clip_positions;
-  const w = await postJSON(`/api/runs/${r.run_id}/window`, {
+  const w = await postBinary(`/api/runs/${r.run_id}/window`, {
     layer: state.layer, head: state.head, kind: "cross", rows: [q, q + 1], cols: [0, r.positions], include_scores: true, encoding: "f32",
   }, { channel: "softmax-row" });
   if (state.response !== r) return;
@@ -571,7 +571,7 @@ async function encoderWindow(t0, t1, s0, s1) {
   const cols = [clamp(Math.floor(s0 / POSITION_S)), clamp(Math.ceil(s1 / POSITION_S))];
   if (rows[1] - rows[0] < 2 || cols[1] - cols[0] < 2) return;
   if (rows[1] - rows[0] > MAX_WINDOW_SIDE || cols[1] - cols[0] > MAX_WINDOW_SIDE) return; // the overview is as good
-  const w = await postJSON(`/api/runs/${r.run_id}/window`, {
+  const w = await postBinary(`/api/runs/${r.run_id}/window`, {
     layer: state.layer, head: state.head, kind: "encoder", rows, cols, weighting: weightingOf(r), encoding: "f16" },
     { channel: "encoder-window" });
   const z = decodeTensor(w.attention).map((row) => Array.from(row));

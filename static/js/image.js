@@ -5,7 +5,7 @@
 // Long images (over full_map_tokens_image, e.g. dinov2-small at 896 px: 4,097 tokens, /guide#s10) ask for the shown
 // head only: its overview opens in the token × token map and zooms into exact windows (static/js/views/atlas.js, the
 // text page's view); the query row of every head for the overlay and the grid comes from POST /api/runs/{id}/row.
-import { ApiError, isAbort, postJSON, setStatus } from "./api.js";
+import { ApiError, isAbort, postBinary, postJSON, setStatus } from "./api.js";
 import { addNotReady, byId as $, setOptions } from "./dom.js";
 import { decodeTensor, fmt } from "./mathx.js";
 import { mountLab } from "./lab/lab.js";
@@ -204,7 +204,7 @@ let rowsCache = { key: null, value: null };
 async function withEveryHead(r) {
   const key = `${r.run_id}:${state.query}:${weightingOf(r)}`;
   if (rowsCache.key !== key) {
-    const out = await postJSON(`/api/runs/${r.run_id}/row`, { row: state.query, weighting: weightingOf(r), encoding: "f32" },
+    const out = await postBinary(`/api/runs/${r.run_id}/row`, { row: state.query, weighting: weightingOf(r), encoding: "f32" },
       { channel: "image-rows" });
     rowsCache = { key, value: { layers: out.layers, heads: out.heads, rows: decodeTensor(out.attention) } }; // (L, H, T)
   }

@@ -35,6 +35,7 @@ export function entropy(row) {
 // relative to each head's maximum).
 export function decodeTensor(field) {
   if (!field || Array.isArray(field)) return field;
+  if (field.values) return reshape(field.values, field.shape); // the binary form (api.js postBinary): a Float32Array
   const bytes = base64Bytes(field.data);
   if (field.dtype === "uint8") return reshape(Array.from(bytes, (b) => b / 255), field.shape);
   if (field.dtype === "float32") return reshape(new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4), field.shape);
@@ -59,7 +60,7 @@ function base64Bytes(data) {
   return bytes;
 }
 
-function halfToFloat(h) {
+export function halfToFloat(h) {
   const s = h & 0x8000 ? -1 : 1;
   const e = (h >> 10) & 0x1f;
   const f = h & 0x3ff;

@@ -2,7 +2,7 @@
 // the laboratory (static/js/lab/lab.js: β, masks, ablation, perturbations, effects, summaries, softmax panel,
 // export, shareable URL). Language models add the next-token panel and the two continuations (lm.js);
 // encoder–decoders add the attention kind (encoder / decoder / cross) and the decoded target.
-import { getJSON, isAbort, postJSON, setStatus } from "./api.js";
+import { getJSON, isAbort, postBinary, setStatus } from "./api.js";
 import { jobClock, postJob, savedJob } from "./views/jobs.js";
 import { addNotReady, byId as $, numbered, setOptions, visibleToken } from "./dom.js";
 import { decodeTensor, entropy, fmt, maxAbs, softmaxRow } from "./mathx.js";
@@ -109,7 +109,8 @@ const mayBeLong = (text) => text.length > 2 * (limits.full_map_tokens ?? 512);
 let runController = null;
 async function fetchAttention(body, { progress }) {
   runController?.abort();
-  if (!progress) return postJSON("/api/text/attention", body, { channel: "text" });
+  // the binary form: the maps' float32 bytes read into one buffer, each a Float32Array (docs/api.md)
+  if (!progress) return postBinary("/api/text/attention", body, { channel: "text" });
   const mine = new AbortController();
   runController = mine;
   const clock = jobClock((text) => { if (runController === mine) $("run-progress-eta").textContent = text; });

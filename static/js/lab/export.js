@@ -186,6 +186,8 @@ export function installPngButtons(root = document, prefix = "attnlab") {
 }
 
 export function downloadJSON(payload, filename) {
-  const blob = new Blob([JSON.stringify(payload, null, 1)], { type: "application/json" });
+  // a field read in the binary form holds a Float32Array (api.js postBinary): written as a list of numbers
+  const blob = new Blob([JSON.stringify(payload, (_key, value) => (ArrayBuffer.isView(value) ? Array.from(value) : value), 1)],
+    { type: "application/json" });
   downloadBlob(blob, filename.endsWith(".json") ? filename : `${filename}.json`);
 }

@@ -12,7 +12,7 @@
 // (`base_overview`) — on a diverging scale symmetric around 0 as the short page's diff. Beside every
 // window a thin plot shows each row's entropy over ALL the keys (`row_entropy`; in a difference, both runs').
 
-import { isAbort, postJSON, setStatus } from "../api.js";
+import { isAbort, postBinary, postJSON, setStatus } from "../api.js";
 import { visibleToken } from "../dom.js";
 import { decodeTensor, fmt, maxAbs } from "../mathx.js";
 import { loadPlotly } from "../vendor.js";
@@ -302,8 +302,8 @@ export async function drawWindow(rows, cols) {
   let w, plain;
   try { // a difference: P̂ − P for the map, and P̂ itself for the head view (each window is one small request)
     [w, plain] = await Promise.all([
-      postJSON(`/api/runs/${r.run_id}/window`, diff ? { ...ask, minus: r.base_run_id } : ask, { channel: "atlas-window" }),
-      diff ? postJSON(`/api/runs/${r.run_id}/window`, ask, { channel: "atlas-window-plain" }) : null]);
+      postBinary(`/api/runs/${r.run_id}/window`, diff ? { ...ask, minus: r.base_run_id } : ask, { channel: "atlas-window" }),
+      diff ? postBinary(`/api/runs/${r.run_id}/window`, ask, { channel: "atlas-window-plain" }) : null]);
   } catch (err) { failed(err, "window"); return; }
   if (seq !== zoomSeq || current?.r !== r || current.kind !== kind) return;
   const z = decodeTensor(w.attention);
@@ -378,7 +378,7 @@ async function drawRow(i) {
   const body = { row: i, layers: [layer], heads: scope === "layer" ? null : [head], kind, beta, weighting: weighting(r), encoding: "f32" };
   let out;
   try {
-    out = await postJSON(`/api/runs/${r.run_id}/row`, body, { channel: "atlas-row" });
+    out = await postBinary(`/api/runs/${r.run_id}/row`, body, { channel: "atlas-row" });
   } catch (err) { failed(err, "row"); return; }
   if (current?.r !== r || current.kind !== kind) return;
   cleared();

@@ -17,7 +17,13 @@ answering the same request with a body of the same kind and size and doing nothi
 served over HTTP on this machine; what a tree takes over it (`over_floor_ms`) is the app's own work, a figure that
 holds whatever the gap, while the raw forward in this process slows after longer idle times (--gap-s).
 
+`--threads N` runs every side on N torch threads (this process's raw forwards, the floor, the app: its runs then take
+at most N) and `--cpu-linear` fixes the Linear routing for all of them: on a loaded machine a side's own start-up
+timing of oneDNN against MKL, or its choice of threads, would otherwise differ from the other's and swamp what the app
+adds (a two-thread forward beside busy processes took 5-25× a one-thread one).
+
     python -m benchmarks.first_view --label after [--rounds 30] [--only minilm lm] [--trees /tmp/before .] [--floor]
+        [--threads 1] [--cpu-linear onednn]
 """
 from __future__ import annotations
 
@@ -33,11 +39,13 @@ import time
 from pathlib import Path
 
 import httpx
+import torch
 
 from benchmarks.run_all import (
     LM, RESULTS, ROOT, RawForward, RawLM, first_view_body, lm_first_view_body, machine, server_timing, text_of,
     wait_ready,
 )
+from models.cpu_linear import set_cpu_linear
 
 TOKENS = 128
 
@@ -124,7 +132,7 @@ def compare(model: str, trees: list[Path], rounds: int, server_env: dict[str, st
     body_of = lambda v: first_view(text_at(v))  # noqa: E731
     servers = [TreeServer(tree, model, server_env) for tree in trees]
     if floor:
-        servers.append(TreeServer(ROOT, model, floor=True))
+        servers.append(TreeServer(ROOT, model, server_env, floor=True))
     client = httpx.Client(timeout=600)
     samples: dict[str, dict[str, list[float]]] = {name: {"ms": []} for name in raw_calls}
     samples.update({str(s.tree): {"ms": [], "model": [], "app": []} for s in servers})
@@ -208,9 +216,18 @@ def main() -> None:
                              "written to disk) lands on whatever runs next unless the gap outlasts it")
     parser.add_argument("--server-env", nargs="*", default=[], metavar="NAME=VALUE",
                         help="set in the servers' environment only (not in this process, which runs the raw forward)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads on every side (0: each side's own choice, as served)")
+    parser.add_argument("--cpu-linear", choices=["auto", "onednn", "blas"], default="auto",
+                        help="the Linear routing on every side (auto: each process times it at start)")
     args = parser.parse_args()
     server_env = dict(pair.split("=", 1) for pair in args.server_env)
-    out: dict = {"machine": machine(), "rounds": args.rounds, "trees": [str(t.resolve()) for t in args.trees],
+    server_env["ATTNLAB_CPU_LINEAR"] = args.cpu_linear
+    set_cpu_linear(args.cpu_linear)  # this process's raw_same_gemm forward
+    if args.threads > 0:
+        server_env["ATTNLAB_TORCH_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
+    out: dict = {"machine": machine(), "rounds": args.rounds, "threads": args.threads, "cpu_linear": args.cpu_linear, "trees": [str(t.resolve()) for t in args.trees],
                  "server_env": server_env, "gap_s": args.gap_s}
     path = RESULTS / f"first_view_{args.label}.json"
     for name in args.only:

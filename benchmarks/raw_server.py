@@ -16,6 +16,10 @@ The model is `ATTNLAB_FLOOR_MODEL` (minilm, or the LM's id), loaded as the bench
 (benchmarks/run_all.py RawForward, RawLM), its Linear layers routed as the app routes them on this CPU
 (models/cpu_linear.py), so that app − floor is the app's work besides the same forward.
 
+As the app, it reads ATTNLAB_TORCH_THREADS (torch's threads; 0 or unset: torch's default) and ATTNLAB_CPU_LINEAR
+(auto | onednn | blas, models/cpu_linear.py): first_view.py `--threads` and `--cpu-linear` set both sides alike, so
+that on a loaded machine neither side's start-up timing nor thread count differs from the other's.
+
     ATTNLAB_FLOOR_MODEL=minilm python -m uvicorn benchmarks.raw_server:app --port 8123
 """
 from __future__ import annotations
@@ -36,6 +40,7 @@ from starlette.routing import Route
 from app.attention import thumbnail_field
 from app.encoding import tensor_field
 from benchmarks.run_all import LM, RawForward, RawLM
+from models.cpu_linear import set_cpu_linear
 
 
 class Floor:
@@ -79,6 +84,9 @@ class Floor:
                            "received": p.mean(dim=2).tolist()}
 
 
+if int(os.environ.get("ATTNLAB_TORCH_THREADS") or 0) > 0:
+    torch.set_num_threads(int(os.environ["ATTNLAB_TORCH_THREADS"]))
+set_cpu_linear(os.environ.get("ATTNLAB_CPU_LINEAR", "auto"))  # before the model is routed (same_gemm)
 FLOOR = Floor(os.environ.get("ATTNLAB_FLOOR_MODEL", "minilm"))
 
 

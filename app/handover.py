@@ -45,7 +45,7 @@ FIRST_EVENT_S = 60.0  # a peer's stream must give the moved job's first event wi
 HANDOVER_HEADER = "x-attnlab-handover"  # names the job a request re-makes, for the peer's log
 # headers not sent on: the connection's own, and those the hop rewrites
 DROPPED = {"host", "connection", "keep-alive", "transfer-encoding", "te", "upgrade", "content-length",
-           "proxy-connection", "trailer", "x-forwarded-for", "x-attnlab-forwarded"}
+           "proxy-connection", "trailer", "x-forwarded-for", "x-attnlab-forwarded", HANDOVER_HEADER}
 
 
 @dataclass(frozen=True)

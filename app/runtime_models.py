@@ -245,9 +245,20 @@ class ModelCatalog:
         try:
             path.parent.mkdir(exist_ok=True)
             path.write_text(json.dumps({"parity": parity, "dtype": self.settings.dtype, "source": adapter.info.source,
-                                        "measured_at": time.time()}))
+                                        "files": self._files_of(adapter.info.id), "measured_at": time.time()}))
         except OSError as exc:  # a read-only weights folder: the listing says nothing until a load, as before
             log.warning("could not keep %s's parity in %s: %s", adapter.info.id, path, exc)
+
+    def _files_of(self, model_id: str) -> str | None:
+        """An operator's local model folder as it is now (its resolved path and time of change), None for the others:
+        two folders of one name (tests' tiny models in numbered temporary folders) never share a parity."""
+        settings = self.settings
+        configured = {**settings.extra_text_models, **settings.extra_image_models, **settings.extra_models}.get(model_id)
+        folder = Path(configured).expanduser() if configured else None
+        if folder is None or not folder.exists():
+            return None
+        folder = folder.resolve()
+        return f"{folder}@{folder.stat().st_mtime_ns}"
 
     def _with_last_parity(self, model_id: str, described: dict) -> dict:
         """A model described from its files: with the parity its last load measured (same files, this dtype), if any."""
@@ -258,7 +269,8 @@ class ModelCatalog:
         except (OSError, ValueError):
             return described
         # the same files at the same dtype: another model under this id (a test's tiny model) has its own figure
-        same = kept.get("dtype") == self.settings.dtype and kept.get("source") == described.get("source")
+        same = (kept.get("dtype") == self.settings.dtype and kept.get("source") == described.get("source")
+                and kept.get("files") == self._files_of(model_id))
         if not same or not isinstance(kept.get("parity"), (int, float)):
             return described
         return {**described, "parity": kept["parity"]}

@@ -33,8 +33,8 @@ def check_indices(values: list[int] | None, size: int, loc: tuple, what: str) ->
 
 def check_patch_source(source: str, n_tokens: int, loc: tuple, op: str = "patch_heads") -> None:
     """A patch_heads / patch_residual source (an op whose Op reads a kept run's head outputs or residual stream)
-    must be a run kept for this request's model with this input's token count (app/routes/analysis.py puts them in
-    reach; elsewhere, e.g. continuations, none is)."""
+    must be a run kept for this request's model with this input's token count (app/patch_sources.py `request_sources`
+    puts them in reach for the attention, lens and patching work; elsewhere, e.g. continuations, none is)."""
     heads = OPS[op].patch_source == "heads"
     kept = (current_sources() if heads else current_residual_sources()).get(source)
     if kept is None:

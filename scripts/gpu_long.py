@@ -393,9 +393,10 @@ def response_building(adapter, text: str, encoded, device: torch.device, repeats
     from torch.profiler import ProfilerActivity, profile
 
     from app.encoding import fast_json
-    from app.pipeline.job import AttentionJob
+    from app.pipeline.job import PlainJob
     from app.pipeline.maps import ShortMaps
     from app.pipeline.views import short_response
+    from models.families import family_named
     from models.head_ops import HeadRun
     from app.pipeline.views import text_fields
     from app.schemas import TextAttentionRequest
@@ -413,8 +414,8 @@ def response_building(adapter, text: str, encoded, device: torch.device, repeats
 
     def new() -> bytes:
         restore()
-        job = AttentionJob(None, adapter, encoded, req, "plain", layers, heads, (), False, HeadRun(),
-                           family_fields=text_fields)  # P weighting over these layers/heads: no runtime needed
+        job = PlainJob(None, adapter, encoded, req, family_named("causal_lm"), layers, heads, (), False, HeadRun(),
+                       page_fields=text_fields)  # P weighting over these layers/heads: no runtime needed
         response = short_response(job, result, ShortMaps(job, result, None))
         response.update(effect=None, warnings=list(result.warnings), elapsed_s=None)  # as app/pipeline/views.plain_view
         return fast_json(response).body

@@ -1,7 +1,7 @@
 """A speech attention request's work (POST /api/audio/attention, and the speech page's standalone HTML export in
 app/pipeline/export_media.py): the stored clip (an upload, or the bundled sample), the model's task and language
-checked, the input encoded (kept in the runtime's cache) and the Whisper job built (app/pipeline/job.py). The routes
-call `audio_work` (and `prepare_audio`, `stored_audio`); none calls another."""
+checked, the input encoded (kept in the runtime's cache) and the job its family names built (app/pipeline/job.py:
+Whisper's). The routes call `audio_work` (and `prepare_audio`, `stored_audio`); none calls another."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -18,7 +18,7 @@ from app.deps import adapter_for
 from app.errors import field_error
 from app.ids import is_valid_id
 from app.imagestore import RETRY_AFTER_S, StoreUnavailable
-from app.pipeline.job import whisper_job
+from app.pipeline.job import PageInput, build_job
 from app.pipeline.views import answer
 from app.runtime import Runtime
 from app.schemas import WEIGHTING_DESCRIPTION, IndexList, Interventions, Weighting, _Strict
@@ -104,5 +104,5 @@ def audio_work(runtime: Runtime, store: AudioStore, req: AudioAttentionRequest) 
     with the request's context (a plain request's, or its job's) runs the work and gives the response dict."""
     adapter, audio, encoded = prepare_audio(req, runtime, store)
     # the request checked once, before any work (app/pipeline): layers, heads, encoder layers, interventions, size
-    job = whisper_job(runtime, adapter, encoded, req, audio)
+    job = build_job(runtime, adapter, encoded, req, PageInput(audio=audio))
     return lambda ctx: answer(job, ctx)

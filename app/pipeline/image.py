@@ -19,7 +19,7 @@ from app.errors import field_error
 from app.ids import ID_PATTERN
 from app.imagestore import RETRY_AFTER_S, StoreUnavailable, UploadStore
 from app.lifecycle import check_cancelled
-from app.pipeline.job import plain_job
+from app.pipeline.job import PageInput, build_job
 from app.pipeline.views import answer
 from app.runtime import Runtime
 from app.schemas import WEIGHTING_DESCRIPTION, AttentionRequestBase, IndexList, Weighting
@@ -80,7 +80,7 @@ def image_work(runtime: Runtime, store: UploadStore, req: ImageAttentionRequest)
     encoded = runtime.encode(adapter, ("image", req.image_id, size), lambda: adapter.encode(item.image, req.image_id, size))
     # value norms kept with the run (its windows/rows can be value-weighted later); weighting "value_norm" weights the
     # maps, thumbnails and received (app/pipeline, as for text)
-    job = plain_job(runtime, adapter, encoded, req, image_fields(adapter, encoded, req, item))
+    job = build_job(runtime, adapter, encoded, req, PageInput(fields=image_fields(adapter, encoded, req, item)))
     return lambda ctx: answer(job, ctx)
 
 

@@ -26,6 +26,7 @@ from models.adapters.base import AttentionAdapter, AttentionResult, Encoded
 from models.atlas import run_bytes
 from models.attribution import value_grams
 from models.effects import mean_and_std
+from models.families import Family, family_named
 from models.head_ops import HeadRun, head_run
 
 # A long value-weighted first view rebuilds its overview from q̂/k̂ (models/attribution.value_weighted_overview)
@@ -96,33 +97,26 @@ class ExtraWork:
 
 @dataclass
 class AttentionJob:
-    """One attention request, checked (see the module doc). `family` picks the maps and the view: "plain" (encoders,
-    decoder LMs, ViTs), "seq2seq" (per kind), "whisper" (speech)."""
+    """One attention request, checked (see the module doc): what every kind of job has. Its kind is its class, picked
+    by the model's family (Family.job → JOB_BUILDERS below); its answer is its family's view (Family.view →
+    app/pipeline/views.py VIEWS). PlainJob: encoders, decoder LMs, ViTs; Seq2SeqJob: encoder–decoders, per kind;
+    SpeechJob: Whisper."""
 
     runtime: Runtime
     adapter: AttentionAdapter
     encoded: Encoded
     req: Any
-    family: str
+    family: Family  # the model's family (models/families/): its `view` names the answer
     layers: list[int]
     heads: list[int]
     interventions: tuple
     long: bool  # the runs keep an atlas, not P (docs/science.md §10)
     sources: HeadRun  # patch sources and value grams in reach while the runs are made
-    queries: list[int] = field(default_factory=list)
-    requested_queries: list[int] | None = None  # a request's own `queries` (images): only those rows are answered
-    record_scores: bool = False
     input_field: str = "text"  # the field a refusal of the input's size names
-    run_maps: list[tuple[int, int, int, int]] = field(default_factory=list)  # (layers, heads, queries, keys) per stack
     cost_tokens: int = 0
-    extra: ExtraWork | None = None
-    family_fields: Callable[[AttentionResult], dict[str, Any]] | None = None
-    encoder_layers: list[int] = field(default_factory=list)  # Whisper: the encoder overview's layers
-    audio: Any = None  # Whisper: the decoded clip
     # the request's context (app/context.py), given by answer(): its client, deadline, cancel, progress, cache scope,
     # job and memory; after admit() its first missing run carries the cost check's estimate (estimate_s)
     ctx: RequestContext = EMPTY
-    _extra_pending: bool = field(default=True, init=False, repr=False)  # the extra work not yet counted
 
     @property
     def weighting(self) -> str:
@@ -132,20 +126,13 @@ class AttentionJob:
     def value_weighted(self) -> bool:
         return self.weighting == "value_norm"
 
-    # ---- the run plan ------------------------------------------------------------------------------------------
     def plan(self) -> list[tuple[tuple, bool]]:
-        """The model runs the request makes, as (interventions, record_scores). Plain and encoder–decoder: the run
-        with the interventions, and with `compare` the run without them and one more per extra sample (the
-        perturbations' noise re-seeded). Whisper: the run without interventions (its words and alignment) and the
-        one with them."""
-        if self.family == "whisper":
-            return [((), False)] + ([(self.interventions, False)] if self.interventions else [])
-        samples = getattr(self.req, "samples", 1)
-        sample_sets = [tuple(iv.with_seed_offset(s) for iv in self.interventions) for s in range(samples)]
-        runs = [(sample_sets[0], self.record_scores)]
-        if self.req.compare:
-            runs += [((), False)] + [(sample, False) for sample in sample_sets[1:]]
-        return runs
+        """The model runs the request makes, as (interventions, record_scores)."""
+        raise NotImplementedError
+
+    def admit(self) -> None:
+        """The 413s before any model run (the cost check; a job is accepted there)."""
+        raise NotImplementedError
 
     def missing_runs(self) -> int:
         """The planned runs the result cache does not hold: only they cost model time."""
@@ -154,7 +141,40 @@ class AttentionJob:
     def _cached(self, interventions: tuple, record_scores: bool) -> bool:
         return self.runtime.is_cached(self.adapter, self.encoded, interventions, record_scores, self.ctx)
 
-    # ---- the cost check ----------------------------------------------------------------------------------------
+    def run(self, interventions: tuple, record_scores: bool = False) -> AttentionResult:
+        """One planned run for the request's context; the first that is not cached takes the cost check's estimate
+        to the scheduler (refused at its turn when it no longer fits), the later ones belong to the same estimate."""
+        ctx = self.ctx
+        if ctx.estimate_s is not None and not self._cached(interventions, record_scores):
+            self.ctx = ctx.with_(estimate_s=None)
+        return self.runtime.run(self.adapter, self.encoded, interventions, record_scores, ctx)
+
+
+@dataclass
+class ComparedJob(AttentionJob):
+    """A job whose `compare` runs the model again without the interventions and once more per extra sample, with
+    work besides the runs (a long value-weighted overview) and a run budget of kept maps: the plain and the
+    encoder–decoder jobs."""
+
+    record_scores: bool = False
+    run_maps: list[tuple[int, int, int, int]] = field(default_factory=list)  # (layers, heads, queries, keys) per stack
+    extra: ExtraWork | None = None
+    _extra_pending: bool = field(default=True, init=False, repr=False)  # the extra work not yet counted
+
+    def plan(self) -> list[tuple[tuple, bool]]:
+        """The run with the interventions, and with `compare` the run without them and one more per extra sample (the
+        perturbations' noise re-seeded)."""
+        samples = getattr(self.req, "samples", 1)
+        sample_sets = [tuple(iv.with_seed_offset(s) for iv in self.interventions) for s in range(samples)]
+        runs = [(sample_sets[0], self.record_scores)]
+        if self.req.compare:
+            runs += [((), False)] + [(sample, False) for sample in sample_sets[1:]]
+        return runs
+
+    def budget_adapter(self) -> AttentionAdapter | None:
+        """The adapter check_run_budget sizes a long run's atlas with; None: every map counted as P."""
+        return self.adapter
+
     def admit(self) -> None:
         """The 413s before any model run: what the runs would keep (check_run_budget), their in-flight memory, then
         their model time and the extra work with them (the cost estimate, app/costs.py; a job is accepted here), then
@@ -165,15 +185,7 @@ class AttentionJob:
         missing = self.missing_runs()
         if not missing:
             return
-        if self.family == "whisper":  # the runs' model time, as runtime.run counts it
-            n = len(self.encoded.tokens)
-            seconds = check_work_cost(adapter, runtime.settings, missing * forward_macs(model_shape(adapter), n, n,
-                                                                                        len(self.interventions)),
-                                      missing, "audio_id", f"{missing} Whisper run{'s' if missing > 1 else ''}", self.ctx)
-            self.ctx = self.ctx.with_(estimate_s=seconds)
-            return
-        check_run_budget(runtime, self.run_maps, self.input_field,
-                         adapter if self.family == "plain" or self.long else None)
+        check_run_budget(runtime, self.run_maps, self.input_field, self.budget_adapter())
         memory = RequestPeak(runtime, adapter, self.cost_tokens, missing, self.record_scores, self.input_field)
         seconds = check_request_cost(adapter, runtime.settings, self.cost_tokens, missing, len(self.interventions),
                                      input_field=self.input_field, extra=self.extra, ctx=self.ctx)
@@ -188,25 +200,12 @@ class AttentionJob:
             self._extra_pending = False
             check_extra_cost(self.adapter, self.runtime.settings, self.extra, self.ctx)
 
-    # ---- the runs ----------------------------------------------------------------------------------------------
-    def run(self, interventions: tuple, record_scores: bool = False) -> AttentionResult:
-        """One planned run for the request's context; the first that is not cached takes the cost check's estimate
-        to the scheduler (refused at its turn when it no longer fits), the later ones belong to the same estimate."""
-        ctx = self.ctx
-        if ctx.estimate_s is not None and not self._cached(interventions, record_scores):
-            self.ctx = ctx.with_(estimate_s=None)
-        return self.runtime.run(self.adapter, self.encoded, interventions, record_scores, ctx)
-
-    def runs(self, effect_of: Callable[[AttentionResult, AttentionResult], dict[str, Any]] | None
+    def runs(self, effect_of: Callable[[AttentionResult, AttentionResult], dict[str, Any]]
              ) -> tuple[AttentionResult, AttentionResult | None, dict[str, Any] | None]:
         """The planned runs: the run with the interventions, and with `compare` the run without them and the effect
         of each sample (effect_of(base, run)), merged as mean ± std when there are several. Each run first checks that
-        the client is still there (a client that left, or a shutdown, stops the work here). Whisper: (the run with
-        the interventions, the run without them, None). Made inside head_run(self.sources) (views.answer)."""
-        if self.family == "whisper":
-            check_cancelled(self.ctx)
-            base = self.run(())
-            return (self.run(self.interventions) if self.interventions else base), base, None
+        the client is still there (a client that left, or a shutdown, stops the work here). Made inside
+        head_run(self.sources) (views.answer)."""
         (first, first_scores), *others = self.plan()
         check_cancelled(self.ctx)
         result = self.run(first, first_scores)
@@ -226,6 +225,55 @@ class AttentionJob:
         return result, base, effects[0] if len(effects) == 1 else _merge_samples(effects)
 
 
+@dataclass
+class PlainJob(ComparedJob):
+    """An encoder's, decoder LM's or ViT's request: one stack of T × T maps, its query rows, and the fields the page
+    asking shows besides the shared ones."""
+
+    queries: list[int] = field(default_factory=list)
+    requested_queries: list[int] | None = None  # a request's own `queries` (images): only those rows are answered
+    # (result) → what the page shows besides (a text's mean distance, an image's rollout and grid)
+    page_fields: Callable[[AttentionResult], dict[str, Any]] | None = None
+
+
+@dataclass
+class Seq2SeqJob(ComparedJob):
+    """An encoder–decoder's request: attention per kind (encoder M × M, decoder N × N, cross N × M)."""
+
+    def budget_adapter(self) -> AttentionAdapter | None:
+        return self.adapter if self.long else None  # a short run's every kind is kept as P
+
+
+@dataclass
+class SpeechJob(AttentionJob):
+    """A speech request on Whisper: the run without interventions (its words and alignment) and the one with them;
+    the encoder overview's layers and the decoded clip."""
+
+    encoder_layers: list[int] = field(default_factory=list)  # the encoder overview's layers
+    audio: Any = None  # the decoded clip
+
+    def plan(self) -> list[tuple[tuple, bool]]:
+        return [((), False)] + ([(self.interventions, False)] if self.interventions else [])
+
+    def admit(self) -> None:
+        """The runs' model time, as runtime.run counts it: 413 naming audio_id over the limit (a job is accepted
+        here). Runs already in the result cache cost nothing."""
+        missing = self.missing_runs()
+        if not missing:
+            return
+        n = len(self.encoded.tokens)
+        macs = missing * forward_macs(model_shape(self.adapter), n, n, len(self.interventions))
+        seconds = check_work_cost(self.adapter, self.runtime.settings, macs, missing, "audio_id",
+                                  f"{missing} Whisper run{'s' if missing > 1 else ''}", self.ctx)
+        self.ctx = self.ctx.with_(estimate_s=seconds)
+
+    def runs(self, effect_of: None = None) -> tuple[AttentionResult, AttentionResult, None]:
+        """(the run with the interventions, the run without them, None); made inside head_run(self.sources)."""
+        check_cancelled(self.ctx)
+        base = self.run(())
+        return (self.run(self.interventions) if self.interventions else base), base, None
+
+
 def _merge_samples(effects: list[dict[str, Any]]) -> dict[str, Any]:
     merged = mean_and_std([{k: v for k, v in e.items() if k != "output"} for e in effects])
     merged["output"] = mean_and_std([e["output"] for e in effects])
@@ -238,12 +286,22 @@ def _refuse_without_w_o(adapter: AttentionAdapter, req) -> None:
         raise field_error(("weighting",), f"value_norm: no output projection W_O found in model {adapter.info.id}")
 
 
-# ---- one builder per family ------------------------------------------------------------------------------------
-def plain_job(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req,
-              family_fields: Callable[[AttentionResult], dict[str, Any]] | None = None) -> AttentionJob:
+# ---- one builder per kind of job, picked by the model's family -------------------------------------------------
+@dataclass(frozen=True)
+class PageInput:
+    """What the page asking gives its job besides the request: the fields it shows besides the shared ones (text: the
+    mean distance; image: geometry, rollout, predictions), read by a plain job's view, and the speech page's decoded
+    clip, kept by a speech job. A job that does not use one leaves it."""
+
+    fields: Callable[[AttentionResult], dict[str, Any]] | None = None
+    audio: Any = None
+
+
+def plain_job(runtime: Runtime, family: Family, adapter: AttentionAdapter, encoded: Encoded, req,
+              page: PageInput) -> PlainJob:
     """An encoder's, decoder LM's or ViT's request (text and image routes), with the patch sources its interventions
-    name (app/patch_sources.py: 404/410 for a run not kept) and value norms kept by every run; `family_fields(result)`
-    adds what one family shows besides (a text's mean distance, an image's rollout and grid). A request with a
+    name (app/patch_sources.py: 404/410 for a run not kept) and value norms kept by every run; `page.fields(result)`
+    adds what the page shows besides (a text's mean distance, an image's rollout and grid). A request with a
     `queries` field (images) gets only those query rows."""
     sources = request_sources(runtime, adapter, req.interventions, value_norms=True)
     info, limits = adapter.info, runtime.settings
@@ -270,16 +328,17 @@ def plain_job(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req
     extra = None
     if req.weighting == "value_norm" and long:  # one pass over the layers, reported as progress
         extra = ExtraWork(OVERVIEW_FIELD, OVERVIEW_WHAT, value_overview_macs(model_shape(adapter), n_tokens, n_tokens), 1)
-    return AttentionJob(
-        runtime, adapter, encoded, req, "plain", layers, heads, interventions, long, sources, queries=queries,
+    return PlainJob(
+        runtime, adapter, encoded, req, family, layers, heads, interventions, long, sources, queries=queries,
         requested_queries=requested_queries, record_scores=record_scores,
         input_field="text" if info.kind == "text" else "image_size",
         run_maps=[(len(adapter.layer_of), info.heads, n_tokens, n_tokens)], cost_tokens=n_tokens, extra=extra,
-        family_fields=family_fields)
+        page_fields=page.fields)
 
 
-def seq2seq_job(runtime: Runtime, adapter, encoded: Encoded, req) -> AttentionJob:
-    """An encoder–decoder's request: attention per kind (encoder M × M, decoder N × N, cross N × M)."""
+def seq2seq_job(runtime: Runtime, family: Family, adapter, encoded: Encoded, req, page: PageInput) -> Seq2SeqJob:
+    """An encoder–decoder's request: attention per kind (encoder M × M, decoder N × N, cross N × M); its view shows
+    no page fields."""
     _refuse_without_w_o(adapter, req)
     info, limits = adapter.info, runtime.settings
     if req.include_scores:
@@ -302,8 +361,8 @@ def seq2seq_job(runtime: Runtime, adapter, encoded: Encoded, req) -> AttentionJo
             (n_source, n_source, info.layers), (n_target, n_target, info.decoder_layers),
             (n_target, n_source, info.decoder_layers)))
         extra = ExtraWork(OVERVIEW_FIELD, OVERVIEW_WHAT, macs, 0)
-    return AttentionJob(
-        runtime, adapter, encoded, req, "seq2seq", layers, heads, interventions, long,
+    return Seq2SeqJob(
+        runtime, adapter, encoded, req, family, layers, heads, interventions, long,
         HeadRun(value_grams=value_grams(adapter)), input_field="text",
         # a long run keeps q̂/k̂ and summaries (a short one's P goes to the host)
         run_maps=[(info.layers, info.heads, *shapes["encoder"]), (info.decoder_layers, info.decoder_heads, *shapes["decoder"]),
@@ -311,9 +370,9 @@ def seq2seq_job(runtime: Runtime, adapter, encoded: Encoded, req) -> AttentionJo
         cost_tokens=n_source + n_target, extra=extra)
 
 
-def whisper_job(runtime: Runtime, adapter, encoded: Encoded, req, audio) -> AttentionJob:
+def whisper_job(runtime: Runtime, family: Family, adapter, encoded: Encoded, req, page: PageInput) -> SpeechJob:
     """A speech request on Whisper: decoder/cross layers and heads, the encoder overview's layers, the kinds asked;
-    `audio` the decoded clip."""
+    `page.audio` the decoded clip."""
     info = adapter.info
     n = len(encoded.tokens)
     layers = check_indices(req.layers, info.decoder_layers, ("layers",), "layer")
@@ -325,7 +384,26 @@ def whisper_job(runtime: Runtime, adapter, encoded: Encoded, req, audio) -> Atte
                            "ask for fewer layers/heads/kinds")
     _refuse_without_w_o(adapter, req)
     # every run keeps its value norms: windows/rows can be value-weighted
-    return AttentionJob(runtime, adapter, encoded, req, "whisper", layers, heads, interventions, False,
-                        HeadRun(value_grams=value_grams(adapter)), input_field="audio_id", cost_tokens=n,
-                        encoder_layers=encoder_layers, audio=audio)
+    return SpeechJob(runtime, adapter, encoded, req, family, layers, heads, interventions, False,
+                     HeadRun(value_grams=value_grams(adapter)), input_field="audio_id", cost_tokens=n,
+                     encoder_layers=encoder_layers, audio=page.audio)
+
+
+# the app's side of a model family's `job` (models/families/: Family.job names a key here; models/ cannot import the
+# app): the builder of each kind of job
+JOB_BUILDERS: dict[str, Callable[[Runtime, Family, Any, Encoded, Any, PageInput], AttentionJob]] = {
+    "plain": plain_job, "seq2seq": seq2seq_job, "whisper": whisper_job}
+
+
+def model_family(runtime: Runtime, model_id: str) -> Family:
+    """The family the runtime's catalog serves `model_id` with (its ModelSpec.family, models/registry.py)."""
+    return family_named(runtime.specs[model_id].family)
+
+
+def build_job(runtime: Runtime, adapter: AttentionAdapter, encoded: Encoded, req,
+              page: PageInput = PageInput()) -> AttentionJob:
+    """The request checked once, before any work, by the job its model's family names (Family.job): every 422 and
+    the response-size 413 raised here."""
+    family = model_family(runtime, adapter.info.id)
+    return JOB_BUILDERS[family.job](runtime, family, adapter, encoded, req, page)
 

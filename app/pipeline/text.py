@@ -12,7 +12,7 @@ from app.context import RequestContext, current
 from app.deps import adapter_for
 from app.errors import field_error
 from app.patch_sources import refuse_for_seq2seq
-from app.pipeline.job import plain_job, seq2seq_job
+from app.pipeline.job import PageInput, build_job
 from app.pipeline.views import answer, text_fields
 from app.runtime import Runtime
 from app.schemas import GenerateRequest, TextAttentionRequest
@@ -29,12 +29,9 @@ def text_work(runtime: Runtime, req: TextAttentionRequest) -> Callable[[RequestC
     ctx = current()  # the edge, after a first use's load gave its time back to the deadline (Runtime.adapter)
     refuse_fields(req, adapter.info.output)
     encoded = encode_text(runtime, adapter, req, ctx)
-    # the request checked once, before any work: attention per kind for an encoder–decoder; else with the
-    # patch_heads sources in reach and value norms kept by every run
-    if adapter.info.output == "seq2seq":
-        job = seq2seq_job(runtime, adapter, encoded, req)
-    else:
-        job = plain_job(runtime, adapter, encoded, req, text_fields)
+    # the request checked once, before any work, by the job its model's family names (app/pipeline/job.py): attention
+    # per kind for an encoder–decoder; else with the patch_heads sources in reach and value norms kept by every run
+    job = build_job(runtime, adapter, encoded, req, PageInput(fields=text_fields))
     return lambda work_ctx: with_input_tokens(answer(job, work_ctx), adapter, encoded, req)
 
 

@@ -12,7 +12,7 @@ import torch
 from app.attention import read_to_host, threads_on_this_thread
 from app.context import RequestContext
 from app.lifecycle import check_cancelled
-from app.pipeline.job import AttentionJob
+from app.pipeline.job import AttentionJob, PlainJob, Seq2SeqJob, SpeechJob
 from app.pipeline.maps import KindMaps, LongMaps, ShortMaps, SpeechMaps
 from app.runtime import PerRuntime, Runtime
 from models.adapters.base import AttentionResult, Encoded, pending_dead_rows, settle_dead_rows
@@ -29,14 +29,14 @@ THREADS_DECIDED_S = 1.0  # a run's thread count stands for its first view's tens
 
 def answer(job: AttentionJob, ctx: RequestContext) -> dict[str, Any]:
     """The job's response for the request `ctx` (app/context.py: a plain request's, or its job's in the job's
-    thread): its cost checked (a job is accepted there), its runs made, its family's view; with the request's patch
-    sources and value grams in reach throughout (runs keep their value norms; norms a run did not keep are recorded
-    under the same patches). The planned runs are held in the run store meanwhile: a kept base that admit() counted
+    thread): its cost checked (a job is accepted there), its runs made, its family's view (Family.view → VIEWS);
+    with the request's patch sources and value grams in reach throughout (runs keep their value norms; norms a run did
+    not keep are recorded under the same patches). The planned runs are held in the run store meanwhile: a kept base that admit() counted
     as done is never dropped before the compare reads it (nor the intervened run before the base is made)."""
     job.ctx = ctx  # every later step (cost check, memory, runs, maps) reads the request's state from here
     with head_run(job.sources), job.runtime.holding_runs(job.adapter, job.encoded, job.plan(), ctx):
         job.admit()
-        return VIEWS[job.family](job)
+        return VIEWS[job.family.view](job)
 
 
 def _elapsed(job: AttentionJob, result: AttentionResult) -> float | None:
@@ -45,7 +45,7 @@ def _elapsed(job: AttentionJob, result: AttentionResult) -> float | None:
 
 
 # ---- plain: encoders, decoder LMs, ViTs ---------------------------------------------------------------------------
-def _plain_effect(job: AttentionJob, base: AttentionResult, run: AttentionResult) -> dict[str, Any]:
+def _plain_effect(job: PlainJob, base: AttentionResult, run: AttentionResult) -> dict[str, Any]:
     adapter, encoded = job.adapter, job.encoded
     if run.kept_attention is None or base.kept_attention is None:  # long inputs keep no P: the TV distance would re-run it all
         return {"hidden_cosine": hidden_cosine(run.hidden_states, base.hidden_states).tolist(),
@@ -60,7 +60,7 @@ def _plain_effect(job: AttentionJob, base: AttentionResult, run: AttentionResult
     }
 
 
-def plain_view(job: AttentionJob) -> dict[str, Any]:
+def plain_view(job: PlainJob) -> dict[str, Any]:
     """Slices of P or of the value-weighted maps (and Ŝ), effects, summaries of every head; a long input's overview
     instead of P (docs/science.md §10)."""
     result, base, effect = job.runs(lambda base, run: _plain_effect(job, base, run))
@@ -70,8 +70,8 @@ def plain_view(job: AttentionJob) -> dict[str, Any]:
         response = long_response(job, result, LongMaps(job, result, base), effect, list(result.warnings) + truncated)
         response["base_run_id"] = base.run_id if base is not None else None  # its windows, and /window's `minus`
         response["elapsed_s"] = _elapsed(job, result)
-        if job.family_fields is not None:
-            response.update(job.family_fields(result))
+        if job.page_fields is not None:
+            response.update(job.page_fields(result))
     else:
         response = short_response(job, result, ShortMaps(job, result, base))
         # after short_response: a short run's dead-row warnings come with its one read
@@ -81,27 +81,27 @@ def plain_view(job: AttentionJob) -> dict[str, Any]:
     return response
 
 
-def short_response(job: AttentionJob, result: AttentionResult, maps: ShortMaps) -> dict[str, Any]:
+def short_response(job: PlainJob, result: AttentionResult, maps: ShortMaps) -> dict[str, Any]:
     """The first view of a short run (P kept whole, on the device it ran on: GPU memory on a GPU): the maps' fields,
-    summaries of every head, the output panel, and the family's fields.
+    summaries of every head, the output panel, and the page's fields.
 
     Everything taken from the run's device tensors is formed there, batched over every layer and head (the thumbnails
     one pooled product over the stacked (L, H, T, T) maps), and read to the host in ONE copy (read_to_host), with the
     run's entropy (kept on its device by the run) and the output panel's tensors where the adapter forms them on the
     device (adapter.output_parts: a decoder LM's top-k); other adapters' panels (output_summary) are read on their
-    own. A family field returned as a tensor (the text route's mean distance) joins that copy and is sent as nested
+    own. A page field returned as a tensor (the text route's mean distance) joins that copy and is sent as nested
     lists. On a GPU each separate read is a synchronisation and a copy of its own, and at 128-512 tokens the first
     view is bound by them and by kernel launches, not by arithmetic (benchmarks/results/gpu_long.md, "Response
     building (CPU proxy)")."""
     adapter, encoded = job.adapter, job.encoded
     kept = result.kept_attention  # (L, H, T, T) on the run's device
     with threads_on_this_thread(response_threads(job, result)):
-        host, family, tensor_fields, output_parts = _read_first_view(job, result, maps, kept)
+        host, page, tensor_fields, output_parts = _read_first_view(job, result, maps, kept)
     if "dead_rows" in host:
         settle_dead_rows(result, host["dead_rows"])
     if "entropy" in host:
         result.derived["entropy"] = host["entropy"].astype("float64").tolist()
-    family.update({name: host[f"family.{name}"].tolist() for name in tensor_fields})
+    page.update({name: host[f"page.{name}"].tolist() for name in tensor_fields})
 
     info = adapter.info
     response: dict[str, Any] = {
@@ -116,11 +116,11 @@ def short_response(job: AttentionJob, result: AttentionResult, maps: ShortMaps) 
     }
     if job.requested_queries is not None:
         response["queries"] = job.queries
-    response.update(family)
+    response.update(page)
     return response
 
 
-def response_threads(job: AttentionJob, result: AttentionResult) -> int:
+def response_threads(job: PlainJob, result: AttentionResult) -> int:
     """Torch threads for the first view's tensor work on a CPU (0: leave them): as many as the run itself would get
     now (app/runtime.py Runtime.threads_wanted): one for inputs up to single_thread_max_tokens, else one per core that other
     processes leave free (app/costs.py). This work runs after the model lock is let go, on the request's thread; at the
@@ -137,9 +137,9 @@ def response_threads(job: AttentionJob, result: AttentionResult) -> int:
     return job.runtime.threads_wanted(kept.shape[-1])
 
 
-def _read_first_view(job: AttentionJob, result: AttentionResult, maps: ShortMaps, kept: torch.Tensor
+def _read_first_view(job: PlainJob, result: AttentionResult, maps: ShortMaps, kept: torch.Tensor
                      ) -> tuple[dict[str, Any], dict[str, Any], list[str], Any]:
-    """short_response's tensors, formed on the run's device and read to the host in one copy; with the family's
+    """short_response's tensors, formed on the run's device and read to the host in one copy; with the page's
     fields, the names of those among them that were tensors, and the adapter's output parts."""
     adapter, encoded = job.adapter, job.encoded
     device_parts = maps.device_parts()  # what is read to the host, in one copy
@@ -149,19 +149,19 @@ def _read_first_view(job: AttentionJob, result: AttentionResult, maps: ShortMaps
     if isinstance(entropy, torch.Tensor):
         device_parts["entropy"] = entropy
     device_parts["sink_mass"] = sink_mass(kept)  # (L, H): every head's mean P[i, 0]
-    family = job.family_fields(result) if job.family_fields is not None else {}
-    tensor_fields = [name for name, value in family.items() if isinstance(value, torch.Tensor)]
-    device_parts.update({f"family.{name}": family[name] for name in tensor_fields})
+    page = job.page_fields(result) if job.page_fields is not None else {}
+    tensor_fields = [name for name, value in page.items() if isinstance(value, torch.Tensor)]
+    device_parts.update({f"page.{name}": page[name] for name in tensor_fields})
     output_parts = adapter.output_parts(result, encoded)  # a decoder LM's next-token top-k, formed on the device
     if output_parts is not None:
         device_parts.update({f"output.{name}": tensor for name, tensor in output_parts.tensors.items()})
     dead_rows = pending_dead_rows(result)  # (L, H) counts behind the run's warnings, until they are read
     if dead_rows is not None:
         device_parts["dead_rows"] = dead_rows
-    return read_to_host(device_parts), family, tensor_fields, output_parts  # the one device → host copy
+    return read_to_host(device_parts), page, tensor_fields, output_parts  # the one device → host copy
 
 
-def long_response(job: AttentionJob, result: AttentionResult, maps: LongMaps, effect: dict[str, Any] | None,
+def long_response(job: PlainJob, result: AttentionResult, maps: LongMaps, effect: dict[str, Any] | None,
                   warnings: list[str]) -> dict[str, Any]:
     """The first view of a long input (over full_map_tokens): no P but its overview (B × B blocks, the mean of P
     over each), received, every head's entropy, distance and thumbnails; exact windows come from
@@ -201,7 +201,7 @@ def text_fields(result: AttentionResult) -> dict:
 
 
 # ---- encoder–decoders: per kind -----------------------------------------------------------------------------------
-def seq2seq_view(job: AttentionJob) -> dict[str, Any]:
+def seq2seq_view(job: Seq2SeqJob) -> dict[str, Any]:
     """Attention, entropy and effects per kind (encoder M × M, decoder N × N, cross N × M) for the requested
     layers/heads, the target tokens and their probabilities; a long run's overview and received per kind."""
     adapter, encoded, req = job.adapter, job.encoded, job.req
@@ -278,7 +278,7 @@ def transcript(runtime: Runtime, adapter, encoded: Encoded, interventions: tuple
     return value
 
 
-def speech_view(job: AttentionJob) -> dict[str, Any]:
+def speech_view(job: SpeechJob) -> dict[str, Any]:
     """Whisper's attention on a clip: the decoder tokens (prompt included) and the transcript; the maps of the
     requested kinds; each target token's probability (teacher-forced); words with times from the alignment heads and
     the heads ranked by alignment (both from the run without interventions). With `compare`: the text before/after
@@ -323,5 +323,5 @@ def speech_view(job: AttentionJob) -> dict[str, Any]:
 
 
 # the app's side of a model family's `view` (models/families/: Family.view names a key here; models/ cannot import the
-# app): the answer of each kind of job (AttentionJob.family)
+# app): the answer of each kind of job (app/pipeline/job.py JOB_BUILDERS)
 VIEWS = {"plain": plain_view, "seq2seq": seq2seq_view, "whisper": speech_view}

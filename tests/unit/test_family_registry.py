@@ -24,11 +24,12 @@ REGISTRATION_POINTS = {
     "models/families/encoder.py": r"^FAMILY = Family\(",
     "models/listing.py": r"^def describe_\w+\(",
     "models/anatomy.py": r"output_projection_names\(\)",
-    "app/pipeline/job.py": r"^def (plain|seq2seq|whisper)_job\(",
+    "app/pipeline/job.py": r"^JOB_BUILDERS: .* = \{",
     "app/pipeline/views.py": r"^VIEWS = \{",
     "app/pipeline/maps.py": r"^class \w+Maps\b",
     "app/pipeline/text.py": r"^def text_work\(",
     "app/runtime.py": r"^class Runtime\b",
+    "app/runtime_models.py": r"^class ModelCatalog\b",
     "models/adapters/base.py": r"^class AttentionAdapter\b",
     "models/adapters/bert.py": r"^class \w+\(AttentionAdapter\)",
     "models/adapters/causal_lm.py": r"^class \w+\(AttentionAdapter\)",
@@ -70,6 +71,7 @@ def test_the_exercise_states_the_count_of_the_commit_that_added_a_family():
 
 
 def test_every_family_has_each_part_and_a_file_of_its_own():
+    from app.pipeline.job import JOB_BUILDERS
     from app.pipeline.views import VIEWS
     from models.adapters.base import AttentionAdapter
 
@@ -80,7 +82,7 @@ def test_every_family_has_each_part_and_a_file_of_its_own():
         assert all(callable(part) for part in (family.recognises, family.load, family.describe, family.adapter))
         assert issubclass(family.adapter(), AttentionAdapter), family.name
         assert family.view in VIEWS, family.name
-        assert family.job in ("plain", "seq2seq", "whisper"), family.name  # AttentionJob.family's values
+        assert family.job in JOB_BUILDERS, family.name
         assert family.ops and set(family.ops) <= set(OPS), family.name
         assert family.what and family_named(family.name) is family
 
@@ -133,3 +135,50 @@ def test_each_familys_ops_are_what_the_validator_offers_it():
     for family in FAMILIES:
         offered = tuple(op for op in OPS if op not in tables[family.job].refused_ops)
         assert family.ops == offered, family.name
+
+
+# what picking a job or a view by a family's (or an output kind's) name in code would look like; the pipeline picks
+# them through the tables (JOB_BUILDERS, VIEWS) keyed by Family.job and Family.view
+NAME_DISPATCH = re.compile(
+    r"""(\bfamily(\.\w+)?\s*(==|!=|\bin\b)\s*[\"'(\[{])"""  # family == "whisper", job.family in ("plain", …)
+    r"""|(\.output\s*(==|!=)\s*[\"']seq2seq)"""  # adapter.info.output == "seq2seq"
+    r"""|(VIEWS\[\s*[\"'])|(JOB_BUILDERS\[\s*[\"'])"""  # a table entry taken by a literal name
+    r"""|(isinstance\([^)]*(PlainJob|Seq2SeqJob|SpeechJob))"""  # the job's class asked instead of its view
+)
+
+
+def test_the_pipeline_picks_jobs_and_views_through_the_family():
+    """No job or view in app/pipeline/ is picked by a family's name, an output kind or a job's class: build_job takes
+    Family.job's builder, answer() Family.view's view."""
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+             for path in sorted((ROOT / "app" / "pipeline").glob("*.py"))
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if NAME_DISPATCH.search(line)]
+    assert found == []
+    job_source = (ROOT / "app" / "pipeline" / "job.py").read_text(encoding="utf-8")
+    views_source = (ROOT / "app" / "pipeline" / "views.py").read_text(encoding="utf-8")
+    assert "JOB_BUILDERS[family.job]" in job_source and "VIEWS[job.family.view]" in views_source
+
+
+def test_the_pattern_catches_name_dispatch():
+    """The check above can fail: each way of picking by name it is meant to catch is caught."""
+    for line in ('if self.family == "whisper":', 'if job.family.name != "speech":', 'if family in ("plain", "x"):',
+                 'if adapter.info.output == "seq2seq":', 'return VIEWS["plain"](job)', 'JOB_BUILDERS["seq2seq"](…)',
+                 "if isinstance(job, SpeechJob):"):
+        assert NAME_DISPATCH.search(line), line
+    for line in ("return VIEWS[job.family.view](job)", "family = model_family(runtime, adapter.info.id)",
+                 "return JOB_BUILDERS[family.job](runtime, family, adapter, encoded, req, page)"):
+        assert not NAME_DISPATCH.search(line), line
+
+
+def test_a_model_gets_the_job_and_view_its_family_names():
+    """build_job's choice, for each family, is its Family.job's builder, whose job answers with Family.view's view."""
+    from types import SimpleNamespace
+
+    from app.pipeline.job import JOB_BUILDERS, PlainJob, Seq2SeqJob, SpeechJob, model_family
+
+    kinds = {"plain": PlainJob, "seq2seq": Seq2SeqJob, "whisper": SpeechJob}
+    assert set(JOB_BUILDERS) == set(kinds)
+    for family in FAMILIES:
+        runtime = SimpleNamespace(specs={"m": SimpleNamespace(family=family.name)})
+        assert model_family(runtime, "m") is family
+        assert JOB_BUILDERS[family.job].__annotations__["return"] == kinds[family.job].__name__, family.name

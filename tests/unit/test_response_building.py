@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from app.attention import pooling_matrix, read_to_host, thumbnail_levels, thumbnails
-from app.pipeline.job import AttentionJob
+from app.pipeline.job import PlainJob
 from app.pipeline.maps import ShortMaps
 from app.pipeline.views import short_response as pipeline_short_response
+from models.families import family_named
 from models.head_ops import HeadRun
 from app.pipeline.views import text_fields
 from app.schemas import TextAttentionRequest
@@ -22,11 +23,11 @@ from models.summaries import mean_token_distance
 from tests.tiny_models import build_text_model
 
 
-def short_response(adapter, encoded, req, result, base, layers, heads, requested_queries, queries, family_fields=None):
+def short_response(adapter, encoded, req, result, base, layers, heads, requested_queries, queries, page_fields=None):
     """The first view of a short run through app/pipeline (its ShortMaps and view), for given layers, heads and rows:
     a job built here without a runtime (P weighting needs none)."""
-    job = AttentionJob(None, adapter, encoded, req, "plain", layers, heads, (), False, HeadRun(), queries=queries,
-                       requested_queries=requested_queries, family_fields=family_fields)
+    job = PlainJob(None, adapter, encoded, req, family_named("causal_lm"), layers, heads, (), False, HeadRun(),
+                   queries=queries, requested_queries=requested_queries, page_fields=page_fields)
     return pipeline_short_response(job, result, ShortMaps(job, result, base))
 
 

@@ -173,11 +173,18 @@ export function showJobFailure(err, { mine, panel, status, error, onError, what 
 // (layers, a scan's batches, a continuation's tokens) the rate they came at refines it, smoothed (smoothLeft): early
 // rates are noisy, and a count-down that jumped 115 → 1,217 → 26 s told the user nothing.
 // The job's total is the accepted event's when it names one (total(event): what a page shows as "n of total").
+// A handover (a draining replica moved the job to a peer, where it runs again from its start) is said first:
+// "moved to another replica (rep1), restarting" until the new job's work arrives, then "restarted on another
+// replica (rep1)" beside its count-down: the progress going back to the start is explained, not silent.
 // now: the clock in ms (tests replay a job's events on their own clock).
 export function jobClock(render, { now = () => performance.now() } = {}) {
-  let deadline = null, ahead = 0, first = null, timer = null, done = false, fixedTotal = null;
+  let deadline = null, ahead = 0, first = null, timer = null, done = false, fixedTotal = null, moved = null;
   const text = () => {
     const parts = [];
+    if (moved) {
+      const where = `another replica${moved.to ? ` (${moved.to})` : ""}`;
+      parts.push(moved.restarted ? `restarted on ${where}` : `moved to ${where}, restarting`);
+    }
     if (ahead > 0) parts.push(`waiting: ${ahead} job${ahead === 1 ? "" : "s"} ahead`);
     if (deadline !== null) {
       const left = Math.ceil((deadline - now()) / 1000);
@@ -188,9 +195,12 @@ export function jobClock(render, { now = () => performance.now() } = {}) {
   const tick = () => { if (!done) render(text()); };
   const start = () => { if (!timer) timer = setInterval(tick, 1000); };
   return {
-    // every event of the stream: accepted (ETA, queue), progress (the rate), or a step of `total` steps
+    // every event of the stream: accepted (ETA, queue), progress (the rate), a handover, or a step of `total` steps
     event(e) {
-      if (e.accepted) {
+      if (e.handed_over) { // the new job's accepted event comes next, with its own ETA and total
+        moved = { to: e.handed_over.to, restarted: false };
+        deadline = null; first = null; fixedTotal = null;
+      } else if (e.accepted) {
         ahead = Math.max(0, Number(e.queue_position) || 0);
         if (Number(e.total) > 0) fixedTotal = Number(e.total);
         if (Number.isFinite(Number(e.eta_s))) deadline = now() + 1000 * Math.max(0, Number(e.eta_s));
@@ -201,6 +211,7 @@ export function jobClock(render, { now = () => performance.now() } = {}) {
     // done of total steps (a continuation counts its tokens)
     step(doneSteps, total) {
       ahead = 0; // work arriving: the job runs now
+      if (moved) moved.restarted = true;
       total = fixedTotal ?? total;
       const t = now();
       if (first === null || doneSteps < first.done) { first = { t, done: doneSteps }; return; }

@@ -1,7 +1,7 @@
 """What a model family is (issue 54): how a checkpoint of it is recognised, loaded and described, its adapter, the
 intervention ops it offers, and the job and view the server answers it with (by name: models/ imports nothing of the
-web app, which maps the names to its functions in app/pipeline/views.py). One file per family in this package, one
-registration line in models/families/__init__.py."""
+web app, which maps the names to its functions in app/pipeline/job.py JOB_BUILDERS and app/pipeline/views.py VIEWS).
+One file per family in this package, one registration line in models/families/__init__.py."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -35,7 +35,9 @@ class Family:
     describe: Callable[..., Any]
     adapter: Callable[[], type]  # its adapter class (imported when asked: loading transformers' modules costs seconds)
     ops: tuple[str, ...] = OPS  # the intervention ops it offers (app/interventions.py refuses the others)
-    job: str = "plain"  # the server's request check: "plain" | "seq2seq" | "whisper" (app/pipeline/job.py)
+    # the server's request check: a key of app/pipeline/job.py JOB_BUILDERS ("plain" | "seq2seq" | "whisper": a
+    # PlainJob, Seq2SeqJob or SpeechJob)
+    job: str = "plain"
     view: str = "plain"  # the server's response: a key of app/pipeline/views.py VIEWS
     # W_O's attribute on its attention module when it has none of the names models/anatomy.py knows
     output_projection: str | None = None

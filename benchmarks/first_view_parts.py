@@ -26,7 +26,7 @@ PARTS = [
     ("app.runstore", "ResultCache.put"), ("app.pipeline.views", "short_response"),
     ("app.pipeline.maps", "ShortMaps.device_parts"), ("app.attention", "thumbnail_levels"),
     ("app.pipeline.views", "text_fields"), ("app.pipeline.views", "sink_mass"), ("app.attention", "read_to_host"),
-    ("app.pipeline.maps", "ShortMaps.fields"), ("app.pipeline.job", "AttentionJob.admit"),
+    ("app.pipeline.maps", "ShortMaps.fields"), ("app.pipeline.job", "ComparedJob.admit"),
     ("app.streams", "fast_json"), ("models.adapters.bert", "BertAdapter.encode"),
     ("models.adapters.causal_lm", "CausalLMAdapter.encode"), ("models.adapters.causal_lm", "CausalLMAdapter.output_parts"),
 ]

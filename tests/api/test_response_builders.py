@@ -1,5 +1,5 @@
 """The plain and encoder–decoder views share their checks and their sample loop (issue 20 §2; app/pipeline/job.py
-AttentionJob.runs): with `compare` and several samples both answer the mean effect over the re-seeded samples with
+ComparedJob.runs): with `compare` and several samples both answer the mean effect over the re-seeded samples with
 its spread, one sample's effect is that run's, and both refuse an oversized response the same way."""
 from __future__ import annotations
 

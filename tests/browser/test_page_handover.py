@@ -112,10 +112,12 @@ def test_the_page_follows_a_drains_handover_without_sending_the_job_again(page, 
     before = int(page.eval_on_selector("#patching-panel", "e => e.dataset.progress"))
     assert before < LAYERS * HEADS, "the scan ended before the drain: make it longer"
     target.proc.send_signal(15)  # SIGTERM: the drain
+    signalled = time.monotonic()
 
     # the page says the job moved, names the peer, and its progress starts again there
     page.wait_for_function("() => window.seen.eta.some((t) => t.includes('moved to another replica'))",
                            timeout=300_000)
+    moved_after = time.monotonic() - signalled
     screenshot(page, "handover-01-moved")
     moved = next(t for t in page.evaluate("() => window.seen.eta") if "moved to another replica" in t)
     peer = moved.split("(", 1)[1].split(")", 1)[0]
@@ -123,6 +125,7 @@ def test_the_page_follows_a_drains_handover_without_sending_the_job_again(page, 
     assert page.eval_on_selector("#patching-panel", "e => e.dataset.state") == "running"
     page.wait_for_function("() => document.getElementById('patching-panel').dataset.state === 'done'",
                            timeout=900_000)
+    done_after = time.monotonic() - signalled
     assert target.proc.wait(timeout=120) == 0
     assert f"handed over to replica {peer}" in target.log_path.read_text()  # the drained replica's own account
     screenshot(page, "handover-02-done")
@@ -143,7 +146,8 @@ def test_the_page_follows_a_drains_handover_without_sending_the_job_again(page, 
     assert len(posts) == 1, posts
     page_log.check()
     print(f"\nSIGTERM of {target.name} at head {before} of {LAYERS * HEADS}: the page showed {moved!r}, its progress "
-          f"went back to {progress[restart]} and ended at {progress[-1]}; POSTs of the scan: {len(posts)}")
+          f"went back to {progress[restart]} and ended at {progress[-1]}; shown {moved_after:.1f} s after the SIGTERM, "
+          f"drawn after {done_after:.1f} s; POSTs of the scan: {len(posts)}")
 
 
 def test_the_count_down_says_a_handover_then_the_restart(page, page_log, live_server):

@@ -1,5 +1,6 @@
-"""An attention request checked once: `AttentionJob`, built before any work from the request, its adapter and its
-encoded input (plain, encoder–decoder or Whisper), carries what every later step reads: the validated layers, heads
+"""An attention request checked once: an `AttentionJob` of the kind its model's family names (`build_job`: Family.job
+→ JOB_BUILDERS, a `PlainJob`, `Seq2SeqJob` or `SpeechJob`), built before any work from the request, its adapter and
+its encoded input, carries what every later step reads: the validated layers, heads
 and query rows, the engine interventions (app/interventions.py, one validator with its per-family table), the
 weighting, the run plan (which model runs the request makes) and the work besides them (a long value-weighted
 overview), with every 422 and the response-size 413 raised while it is built. `admit()` is the cost check (run

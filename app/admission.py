@@ -15,7 +15,6 @@ from fastapi import HTTPException
 from app import costs
 from app.context import RequestContext, current
 from app.costs import cost_field, forward_macs, model_shape
-from app.jobs import JOBS
 
 
 def time_limit(settings, ctx: RequestContext | None = None) -> tuple[float, str]:
@@ -39,7 +38,7 @@ def accept_job(seconds: float, runs: int, adapter=None, ctx: RequestContext | No
     job = (ctx or current()).job
     if job is not None:
         layers = len(getattr(adapter, "layer_of", None) or ()) or None
-        JOBS.accept(job, seconds, runs, layers)
+        job.board.accept(job, seconds, runs, layers)
 
 
 def check_request_cost(adapter, settings, tokens: int, runs: int, interventions: int, input_field: str = "text",

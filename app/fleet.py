@@ -158,9 +158,11 @@ def expand_url(url: str) -> str:
 
 
 class Fleet:
-    """The fleet state of this process: its registry (None outside a fleet) and the drain."""
+    """The fleet state of an app (app/process.py): its registry (None outside a fleet) and the drain, over the app's
+    job board `jobs` (the drain waits for it to empty; in a fleet sharing Redis its client rules span the replicas)."""
 
-    def __init__(self) -> None:
+    def __init__(self, jobs: Any) -> None:
+        self.jobs = jobs
         self.registry: Registry | None = None
         self.runtime: Any = None  # the app's Runtime (its kept runs' pins: how long the drain serves them)
         self.draining = False
@@ -175,19 +177,16 @@ class Fleet:
             self.registry.start()
         if settings.redis_url:  # replicas sharing Redis: one running job per client over all of them
             from app.fleetjobs import FleetJobTurns
-            from app.jobs import JOBS
 
-            JOBS.fleet = FleetJobTurns(settings, left_of=JOBS.left_s)
+            self.jobs.fleet = FleetJobTurns(settings, left_of=self.jobs.left_s)
 
     def stop(self) -> None:
         if self.registry is not None:
             self.registry.stop(drained=self.draining)
             self.registry = None
-        from app.jobs import JOBS
-
-        if JOBS.fleet is not None:
-            JOBS.fleet.stop()
-            JOBS.fleet = None
+        if self.jobs.fleet is not None:
+            self.jobs.fleet.stop()
+            self.jobs.fleet = None
 
     def begin_drain(self) -> None:
         if not self.draining:
@@ -197,9 +196,7 @@ class Fleet:
 
     def drained(self) -> str | None:
         """Why the drain may end now ("jobs done, no run pinned"), or None while a job runs or waits or a run is pinned."""
-        from app.jobs import JOBS
-
-        if len(JOBS):
+        if len(self.jobs):
             return None
         cache = getattr(self.runtime, "cache", None)
         pins = getattr(cache, "_pins", {}) or {}
@@ -232,10 +229,7 @@ class Fleet:
 
     def reset(self) -> None:  # tests
         self.stop()
-        self.__init__()
-
-
-FLEET = Fleet()
+        self.__init__(self.jobs)
 
 
 def _body_of(scope) -> bytes | None:
@@ -310,7 +304,7 @@ async def _send_plain(send, status: int, body: bytes, headers: list[tuple[bytes,
 class FleetRouter:
     """See the module docstring. Added inside RequestGuard and outside the admission gate: forwarding takes no slot."""
 
-    def __init__(self, app, settings, fleet: Fleet = FLEET):
+    def __init__(self, app, settings, fleet: Fleet):
         self.app, self.settings, self.fleet = app, settings, fleet
         self._client = None
 

@@ -62,6 +62,7 @@ class Job:
     # elsewhere) and its event log (app/streams.py JobLog), where the handover writes its last event
     request: Any = None
     events: Any = None
+    board: Any = None  # the JobBoard it is on (its app's: app/process.py), set by `register`
 
     def remaining_s(self, now: float) -> float:
         """Seconds left: from the job's own measured rate once it has made progress (docs/api.md "Jobs": the ETA
@@ -129,6 +130,7 @@ class JobBoard:
                     f"server busy: {len(live)} jobs queued or running on this replica (max_queued_jobs={max_total}); "
                     "send it again later", retry_after=_soonest(live, now))
             self._jobs.append(job)
+            job.board = self
         self._register_in_fleet(job, max_per_client, max_per_source)
 
     def _register_in_fleet(self, job: Job, max_per_client: int | None, max_per_source: int | None) -> None:
@@ -184,6 +186,7 @@ class JobBoard:
         with self._cond:
             if job not in self._jobs:  # not registered at its arrival (tests of the board alone)
                 self._jobs.append(job)
+                job.board = self
             here = {o.job_id for o in self._jobs}
             remote = [o for o in elsewhere if o.job_id not in here]  # its client's jobs on other replicas
             # each one's left_s is its own replica's ETA (its queue there included): they have ended by the latest
@@ -309,8 +312,6 @@ class JobBoard:
                               "runs": j.runs, **({"total": j.total} if j.total is not None else {})})
             return board
 
-
-JOBS = JobBoard()
 
 
 def _soonest(jobs: list[Job], now: float) -> int:

@@ -122,7 +122,8 @@ def _cancel(event: CancelEvent, reason: str) -> None:
 # ---- shutdown ---------------------------------------------------------------------------------------
 class Lifecycle:
     """Shutdown state shared by the server process (app/serve.py calls `begin_shutdown` from its SIGTERM
-    handling) and the requests' guards. One per process: LIFECYCLE."""
+    handling) and the requests' guards. One per app (app/process.py); serve.py's signal handling reaches the served
+    app's."""
 
     def __init__(self) -> None:
         self.shutting_down = False
@@ -131,6 +132,7 @@ class Lifecycle:
         self.grace_s = 5.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: set[asyncio.Future] = set()
+        self._orphans: set[asyncio.Task] = set()  # requests answered 503 at shutdown whose work has not noticed yet
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -166,18 +168,18 @@ class Lifecycle:
         if not waiter.done():
             waiter.cancel()
 
+    def keep_orphan(self, task: asyncio.Task) -> None:
+        """Hold a request's task answered 503 at shutdown until its work notices (the loop keeps only weak ones)."""
+        self._orphans.add(task)
+        task.add_done_callback(self._forget_orphan)
+
+    def _forget_orphan(self, task: asyncio.Task) -> None:
+        self._orphans.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: no "exception was never retrieved" noise at exit
+
     def reset(self) -> None:  # tests
         self.__init__()
-
-
-LIFECYCLE = Lifecycle()
-_orphans: set[asyncio.Task] = set()  # requests answered 503 at shutdown whose work has not noticed yet
-
-
-def _forget_orphan(task: asyncio.Task) -> None:
-    _orphans.discard(task)
-    if not task.cancelled():
-        task.exception()  # retrieved: no "exception was never retrieved" noise at exit
 
 
 # ---- JSON ---------------------------------------------------------------------------------------------
@@ -270,9 +272,10 @@ class RequestGuard:
     `post_paths()` gives the paths that take a POST (read once, at the first request: the routes are all
     in place by then); a POST to any other path goes on untouched, to its 404/405."""
 
-    def __init__(self, app, settings, upload_paths: tuple[str, ...] = ("/api/images",), lifecycle: Lifecycle = LIFECYCLE,
+    def __init__(self, app, settings, upload_paths: tuple[str, ...] = ("/api/images",), lifecycle: Lifecycle | None = None,
                  post_paths: Callable[[], set[str]] | None = None):
-        self.app, self.settings, self.upload_paths, self.lifecycle = app, settings, upload_paths, lifecycle
+        self.app, self.settings, self.upload_paths = app, settings, upload_paths
+        self.lifecycle = lifecycle if lifecycle is not None else Lifecycle()  # the app's (create_app passes it)
         self._post_paths_of, self._post_paths = post_paths, None
 
     def _takes_post(self, path: str) -> bool:
@@ -371,8 +374,7 @@ class RequestGuard:
         """Shutdown grace over: tell the work to stop, answer 503 if nothing was sent yet, don't wait."""
         _cancel(cancel, "shutdown")
         if not task.done():
-            _orphans.add(task)
-            task.add_done_callback(_forget_orphan)
+            self.lifecycle.keep_orphan(task)
         if state["started"] and state["sse"] and not state["complete"] and state.get("relayed"):
             state["cut"] = True  # ended without an error event: the client re-attaches to the job on its owner
             log.info("shutdown: %s %s relayed stream ended after the %g s grace (its job lives on its owner)",

@@ -34,8 +34,9 @@ from app.routes import circuit as circuit_routes
 from app.routes import export as export_routes
 from app.routes import export_media
 from app import metrics
-from app.fleet import FLEET, FleetRouter
+from app.fleet import FleetRouter
 from app.preparation import start_background
+from app.process import ProcessState
 from app.lifecycle import RequestCancelled, RequestGuard
 from app.in_flight import API_POSTS
 from app.metrics import RequestCounter
@@ -204,7 +205,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=None,  # FastAPI's /docs loads Swagger UI from a CDN: served from swagger-ui-py below
         redoc_url=None,
     )
-    _add_middleware(app, settings)
+    app.state.process = ProcessState()  # the app's job board, logs, lifecycle, fleet state, counts (app/process.py)
+    _add_middleware(app, settings, app.state.process)
     _add_error_handlers(app)
     _add_routes(app)
     # JSON bodies take the value RequestGuard parsed (off the loop): the routers' route class, app/lifecycle.ParsedJsonRoute
@@ -245,11 +247,12 @@ def _lifespan(settings: Settings):
         # Sync endpoints run in anyio's worker threads (40 by default): enough for every admitted request.
         limiter = anyio.to_thread.current_default_thread_limiter()
         limiter.total_tokens = max(limiter.total_tokens, settings.queue_depth + 8)
-        FLEET.start(settings, runtime)  # a fleet's replica registers its URL in Redis (app/fleet.py)
+        fleet = app.state.process.fleet
+        fleet.start(settings, runtime)  # a fleet's replica registers its URL in Redis (app/fleet.py)
         try:
             yield
         finally:
-            FLEET.stop()
+            fleet.stop()
             if background is not None:
                 background.stop()
             runtime.cache.close()  # the disk tier's directory goes with the server (serve.py exits with os._exit)
@@ -257,7 +260,7 @@ def _lifespan(settings: Settings):
     return lifespan
 
 
-def _add_middleware(app: FastAPI, settings: Settings) -> None:
+def _add_middleware(app: FastAPI, settings: Settings, process: ProcessState) -> None:
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
     if settings.trusted_hosts != ["*"]:
@@ -268,12 +271,13 @@ def _add_middleware(app: FastAPI, settings: Settings) -> None:
     # queue_depth waiting + the one running + a few cache hits / uploads that never wait for the model.
     app.add_middleware(AdmissionGate, limit=settings.queue_depth + 4)
     # Runs of other replicas are forwarded to their owner (app/fleet.py): after the body is read, before admission.
-    app.add_middleware(FleetRouter, settings=settings)
-    app.add_middleware(RequestGuard, settings=settings, upload_paths=("/api/images", "/api/audio"), post_paths=lambda: {
+    app.add_middleware(FleetRouter, settings=settings, fleet=process.fleet)
+    app.add_middleware(RequestGuard, settings=settings, upload_paths=("/api/images", "/api/audio"),
+                       lifecycle=process.lifecycle, post_paths=lambda: {
         path for path, operations in app.openapi().get("paths", {}).items() if "post" in operations})
 
     app.add_middleware(SecurityHeaders)
-    app.add_middleware(RequestCounter)  # /metrics: requests by status, counted as sent (app/metrics.py)
+    app.add_middleware(RequestCounter, counts=process.status)  # /metrics: responses by status, as sent (app/metrics.py)
     if settings.expose_timings:  # off by default: the model time says whether someone sent this input before
         app.add_middleware(ServerTiming)  # outermost: `app` is the whole request, body and JSON parsing included
 

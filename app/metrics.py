@@ -19,21 +19,32 @@ from fastapi.responses import PlainTextResponse
 
 from app.allocator import process_warm_heap
 from app.openmp_teams import TeamStats
-from app.fleet import FLEET
 from app.ids import replica_name
-from app.jobs import JOBS
 
 router = APIRouter(tags=["service"])
 
-_STATUS = Counter()  # status code → requests answered with it, since start
-_STATUS_LOCK = threading.Lock()
+class StatusCounts:
+    """Status code → responses answered with it since the app started (its app's: app/process.py)."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[int] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, status: int) -> None:
+        with self._lock:
+            self._counts[status] += 1
+
+    def items(self) -> list[tuple[int, int]]:
+        with self._lock:
+            return sorted(self._counts.items())
 
 
 class RequestCounter:
-    """Counts each HTTP response by status as it starts (pure ASGI, outermost but one: static files too)."""
+    """Counts each HTTP response by status as it starts (pure ASGI, outermost but one: static files too), into the
+    app's `counts`."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, counts: StatusCounts):
+        self.app, self.counts = app, counts
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -41,24 +52,24 @@ class RequestCounter:
 
         async def counting_send(message):
             if message["type"] == "http.response.start":
-                with _STATUS_LOCK:
-                    _STATUS[int(message["status"])] += 1
+                self.counts.add(int(message["status"]))
             await send(message)
 
         await self.app(scope, receive, counting_send)
 
 
-def _jobs() -> tuple[int, int]:
-    """(running, waiting) from the job board: one model forward runs at a time."""
-    board = JOBS.snapshot()
+def _jobs(jobs) -> tuple[int, int]:
+    """(running, waiting) from the job board `jobs`: one model forward runs at a time."""
+    board = jobs.snapshot()
     running = sum(1 for job in board if job.get("state") == "running") if any("state" in j for j in board) \
         else min(1, len(board))
     return running, len(board) - running
 
 
-def render(runtime) -> str:
-    running, waiting = _jobs()
-    queue = JOBS.queue()
+def render(runtime, process) -> str:
+    """The metrics of the app whose runtime and process state (app/process.py) these are."""
+    running, waiting = _jobs(process.jobs)
+    queue = process.jobs.queue()
     cache = runtime.cache
     kept = {"ram": cache.host_bytes, "device": getattr(cache, "device_bytes", 0) or 0,
             "disk": getattr(cache, "disk_bytes", 0) or 0}
@@ -85,19 +96,17 @@ def render(runtime) -> str:
         *(f'attnlab_kept_run_bytes{{tier="{tier}"}} {int(n)}' for tier, n in kept.items()),
         "# HELP attnlab_ready 1 when the default models are loaded and the replica is not draining.",
         "# TYPE attnlab_ready gauge",
-        f"attnlab_ready {int(bool(runtime.ready) and not FLEET.draining)}",
+        f"attnlab_ready {int(bool(runtime.ready) and not process.fleet.draining)}",
         "# HELP attnlab_draining 1 from SIGTERM (drain_s > 0) until the process stops.",
         "# TYPE attnlab_draining gauge",
-        f"attnlab_draining {int(FLEET.draining)}",
+        f"attnlab_draining {int(process.fleet.draining)}",
         "# HELP attnlab_replica_info This replica's name (the prefix of its run ids).",
         "# TYPE attnlab_replica_info gauge",
         f'attnlab_replica_info{{replica="{replica}"}} 1',
         "# HELP attnlab_requests_total HTTP responses by status since the process started.",
         "# TYPE attnlab_requests_total counter",
     ]
-    with _STATUS_LOCK:
-        counts = sorted(_STATUS.items())
-    lines += [f'attnlab_requests_total{{status="{status}"}} {n}' for status, n in counts]
+    lines += [f'attnlab_requests_total{{status="{status}"}} {n}' for status, n in process.status.items()]
     warm = process_warm_heap()
     if warm is not None:
         lines += [
@@ -119,4 +128,4 @@ def render(runtime) -> str:
 
 @router.get("/metrics", response_class=PlainTextResponse, include_in_schema=False)
 async def metrics(request: Request) -> PlainTextResponse:
-    return PlainTextResponse(render(request.app.state.runtime), media_type="text/plain; version=0.0.4; charset=utf-8")
+    return PlainTextResponse(render(request.app.state.runtime, request.app.state.process), media_type="text/plain; version=0.0.4; charset=utf-8")

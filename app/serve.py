@@ -39,6 +39,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import h11
 import uvicorn
@@ -50,10 +51,11 @@ except ImportError:  # httptools not installed: the h11 protocol below serves al
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 from app.allocator import allocator_report, bound_allocator, start_malloc_trim, start_warm_heap
-from app.fleet import FLEET
-from app.lifecycle import LIFECYCLE
 from app.preparation import stop_all
 from app.settings import get_settings
+
+if TYPE_CHECKING:  # imported with the app itself, not before torch's settings are made here
+    from app.process import ProcessState
 
 # The module (the package's `uvicorn.main` attribute is the click command of the same name).
 uvicorn_main = importlib.import_module("uvicorn.main")
@@ -297,21 +299,37 @@ class AttnlabServer(uvicorn.Server):
 
     def handle_exit(self, sig, frame) -> None:
         settings = get_settings()
-        if sig == signal.SIGTERM and settings.drain_s > 0 and not FLEET.draining:
+        process = served_process(self.config.loaded_app if self.config.loaded else None)
+        if process is not None and sig == signal.SIGTERM and settings.drain_s > 0 and not process.fleet.draining:
             # A drain first (app/fleet.py): not ready, new work 503, jobs and pinned runs served; then the plain stop.
-            FLEET.drain_then(lambda: self._stop(sig, frame), settings.drain_s, tick=_handover_tick(settings))
+            process.fleet.drain_then(lambda: self._stop(sig, frame, process), settings.drain_s,
+                                     tick=_handover_tick(settings, process))
             return
-        self._stop(sig, frame)
+        self._stop(sig, frame, process)
 
-    def _stop(self, sig, frame) -> None:
-        LIFECYCLE.begin_shutdown(get_settings().shutdown_grace_s)
+    def _stop(self, sig, frame, process: ProcessState | None) -> None:
+        if process is not None:
+            process.lifecycle.begin_shutdown(get_settings().shutdown_grace_s)
         super().handle_exit(sig, frame)
 
 
-def _handover_tick(settings) -> Callable[[float], None] | None:
-    """The drain's handover of jobs to peers (app/handover.py), in a fleet with a registry; None outside one. Made
-    at the first tick, in the drain's thread: nothing is imported or built in the signal handler."""
-    registry = FLEET.registry
+def served_process(app: Any) -> ProcessState | None:
+    """The process state (app/process.py) of the app uvicorn serves: uvicorn's own middleware wrap the loaded app, each
+    keeping the next as `.app`. None before the app is loaded or for an app without one."""
+    for _ in range(16):
+        if app is None:
+            return None
+        state = getattr(getattr(app, "state", None), "process", None)
+        if state is not None:
+            return state
+        app = getattr(app, "app", None)
+    return None
+
+
+def _handover_tick(settings, process: ProcessState) -> Callable[[float], None] | None:
+    """The drain's handover of `process`'s jobs to peers (app/handover.py), in a fleet with a registry; None outside
+    one. Made at the first tick, in the drain's thread: nothing is imported or built in the signal handler."""
+    registry = process.fleet.registry
     if registry is None:
         return None
     made: list = []
@@ -319,9 +337,8 @@ def _handover_tick(settings) -> Callable[[float], None] | None:
     def tick(drain_left_s: float) -> None:
         if not made:
             from app.handover import Handover
-            from app.jobs import JOBS
 
-            made.append(Handover(registry, JOBS, settings))
+            made.append(Handover(registry, process.jobs, settings))
         made[0].tick(drain_left_s)
 
     return tick

@@ -42,9 +42,9 @@ from app.openmp_teams import plain_work_done
 from app.context import EMPTY, RequestContext, current, enter
 from app.encoding import BINARY_MEDIA_TYPE, binary_fields, binary_response, fast_json
 from app.handover import replay_of
-from app.jobs import JOBS, Job
+from app.jobs import Job
 from app.ids import new_run_id
-from app.lifecycle import LIFECYCLE, RequestCancelled, check_cancelled
+from app.lifecycle import Lifecycle, RequestCancelled, check_cancelled
 from app.memory import RequestMemory
 from app.runtime import Overloaded
 from app.sources import source_address
@@ -140,7 +140,7 @@ class JobLog:
     """A job's events for every stream that listens: the one that started it and any that re-attach (GET
     /api/jobs/{job_id}/events, docs/api.md "Re-attaching to a job"). Numbers them from 1, keeps the latest `size`
     within `max_bytes` (job_event_buffer_bytes: a generate with every head's attention sends ~19 MB a step; the
-    oldest go first) and always the last one, for `keep_s` after the job ended (JOB_LOGS); what it keeps counts in
+    oldest go first) and always the last one, for `keep_s` after the job ended (JobLogs, the app's: app/process.py); what it keeps counts in
     the memory budget (JobLogs.held_bytes, app/memory.py). Each listener reads through an EventPipe of its own.
     With no listener the job is given `grace_s` to be re-attached, then it is cancelled (JobCancel)."""
 
@@ -355,8 +355,6 @@ class JobLogs:
             self._expired.clear()
 
 
-JOB_LOGS = JobLogs()
-
 
 class JobCancel:
     """A job's cancel event (its context's `cancel`, polled like app.lifecycle.CancelEvent): set when the server shuts
@@ -364,8 +362,8 @@ class JobCancel:
     stream has listened for job_reattach_grace_s. The request's own "client" cancel (the stream that started the job
     dropped) only means that stream listens no more."""
 
-    def __init__(self, request_cancel: Any, job_log: JobLog, first: EventPipe):
-        self._request, self._log, self._first = request_cancel, job_log, first
+    def __init__(self, request_cancel: Any, job_log: JobLog, first: EventPipe, lifecycle: Lifecycle):
+        self._request, self._log, self._first, self._lifecycle = request_cancel, job_log, first, lifecycle
         self.reason = "cancelled"
 
     def is_set(self) -> bool:
@@ -376,7 +374,7 @@ class JobCancel:
                 why = request.reason
             else:
                 self._log.unsubscribe(self._first)
-        if why is None and LIFECYCLE.cut_off:
+        if why is None and self._lifecycle.cut_off:
             why = "shutdown"
         why = why or self._log.stop_reason(time.monotonic())
         if why is not None:
@@ -428,7 +426,7 @@ class JobStream:
         event = {"progress": progress, "total": bar, "run": run, "runs": runs}
         if job is not None:  # the one ETA (app/jobs.py JobBoard.eta_s): as /api/jobs and /metrics say it
             job.progressed(progress, bar, time.monotonic())
-            event["eta_s"] = JOBS.ends_in_s(job)
+            event["eta_s"] = job.board.ends_in_s(job)
         self.emit(event)
 
     def step_done(self, done: int, total: int) -> None:
@@ -437,7 +435,7 @@ class JobStream:
         event = {"progress": done, "total": total, "run": 1, "runs": 1}
         if self.job is not None:
             self.job.progressed(done, total, time.monotonic())
-            event["eta_s"] = JOBS.ends_in_s(self.job)
+            event["eta_s"] = self.job.board.ends_in_s(self.job)
         self.emit(event)
 
     def where(self) -> str:
@@ -493,21 +491,21 @@ def run_job(request: Request, work: Callable[[JobStream], dict[str, Any] | None]
     max_queued_jobs_per_address; 503 past max_queued_jobs); the stream sends ": keep-alive"
     every job_heartbeat_s while nothing else is sent. Its events are numbered and kept (JobLog) for a client that
     re-attaches (`reattach`); a job whose streams all dropped runs on for job_reattach_grace_s awaiting one."""
-    settings = request.app.state.runtime.settings
+    settings, process = request.app.state.runtime.settings, request.app.state.process  # the app's (app/process.py)
     client = current().client
     job_log = JobLog(new_run_id(), client, what, settings.job_event_buffer, settings.job_reattach_grace_s,
                      settings.result_pin_s, settings.job_event_buffer_bytes)
     _, events = job_log.subscribe()  # the stream of this request: the job's first listener
-    cancel = JobCancel(current().cancel, job_log, events)
+    cancel = JobCancel(current().cancel, job_log, events, process.lifecycle)
     source = source_address(request.scope.get("headers", []), request.scope.get("client"), settings.trusted_proxies)
     job = Job(what=what, client=client, deadline=time.monotonic() + settings.job_timeout_s,
               emit=job_log.put, layer_progress=layer_progress, job_id=job_log.job_id, source=source)
     job.events, job.request = job_log, replay_of(request.scope)  # what a drain needs to hand it over (app/handover.py)
     stream = JobStream(job_log, cancel, job)
-    JOBS.register(job, settings.max_queued_jobs_per_client, settings.max_queued_jobs_per_address,
-                  settings.max_queued_jobs)
-    JOB_LOGS.add(job_log, settings.job_events_max_bytes)
-    request.app.state.runtime.memory.count_kept("job events", JOB_LOGS.held_bytes)  # in the budget (app/memory.py)
+    process.jobs.register(job, settings.max_queued_jobs_per_client, settings.max_queued_jobs_per_address,
+                          settings.max_queued_jobs)
+    process.job_logs.add(job_log, settings.job_events_max_bytes)
+    request.app.state.runtime.memory.count_kept("job events", process.job_logs.held_bytes)  # in the budget (app/memory.py)
 
     def thread_main() -> None:
         # the job's context: the request's (its client, cache scope, timings) with the job, its deadline, its progress
@@ -530,7 +528,7 @@ def run_job(request: Request, work: Callable[[JobStream], dict[str, Any] | None]
         except BaseException as exc:  # noqa: BLE001 - handed to the endpoint (before the stream) or said in the stream
             job_log.put((_RAISE, exc))
         finally:
-            JOBS.finish(job)
+            process.jobs.finish(job)
             if memory.budget is not None:
                 memory.budget.release(memory)
             job_log.put(None)  # nothing more
@@ -539,14 +537,14 @@ def run_job(request: Request, work: Callable[[JobStream], dict[str, Any] | None]
     try:
         threading.Thread(target=context.run, args=(thread_main,), name="attnlab-job", daemon=True).start()
     except BaseException:
-        JOBS.finish(job)
-        JOB_LOGS.drop(job_log.job_id)
+        process.jobs.finish(job)
+        process.job_logs.drop(job_log.job_id)
         raise
     heartbeat_s = settings.job_heartbeat_s
     # the first event decides the status (a refusal keeps its own); one that is slow to come does not hold the answer
     first = events.get(min(heartbeat_s, FIRST_EVENT_WAIT_S))
     if isinstance(first, tuple):  # refused or failed before it was accepted: the usual status and body
-        JOB_LOGS.drop(job_log.job_id)
+        process.job_logs.drop(job_log.job_id)
         raise first[1]
     ahead: list[Any] = [] if first is NOTHING else [first]
     return StreamingResponse(_relay(job_log, events, ahead, heartbeat_s), media_type="text/event-stream",
@@ -557,25 +555,25 @@ def reattach(request: Request, job_id: str, after: int) -> Response:
     """GET /api/jobs/{job_id}/events: the job's kept events after number `after`, then the live ones to its end, on
     the same pump as the stream that started it. 404 saying which case it is (unknown, expired) for a job this process
     cannot answer, and for another client's (the same words as unknown: nothing is told of other clients' work)."""
-    job_log = _own_job(job_id, request.app.state.runtime.settings)
+    job_log = _own_job(job_id, request.app.state.process.job_logs, request.app.state.runtime.settings)
     backlog, events = job_log.subscribe(after)
     heartbeat_s = request.app.state.runtime.settings.job_heartbeat_s
     return StreamingResponse(_relay(job_log, events, list(backlog), heartbeat_s), media_type="text/event-stream",
                              headers=SSE_HEADERS)
 
 
-def cancel_job(job_id: str, settings: Any) -> dict[str, Any]:
+def cancel_job(job_id: str, job_logs: JobLogs, settings: Any) -> dict[str, Any]:
     """DELETE /api/jobs/{job_id}: the job stops at its next layer or step (the page's Cancel), whatever streams
     listen; 404 as for `reattach`."""
-    job_log = _own_job(job_id, settings)
+    job_log = _own_job(job_id, job_logs, settings)
     job_log.cancelled = True
     return {"job_id": job_id, "cancelled": job_log.ended_at is None}
 
 
-def _own_job(job_id: str, settings: Any) -> JobLog:
+def _own_job(job_id: str, job_logs: JobLogs, settings: Any) -> JobLog:
     """The log of this client's job `job_id`, or 404 saying which case it is (unknown, expired); another client's
     job gets the words of an unknown one: nothing is told of other clients' work."""
-    job_log, why = JOB_LOGS.find(job_id)
+    job_log, why = job_logs.find(job_id)
     if job_log is not None and not _same_client(job_log.client, current().client):
         job_log, why = None, "unknown"
     if job_log is None:

@@ -18,7 +18,6 @@ from app.admission import check_extra_cost, check_request_cost, check_work_cost
 from app.context import EMPTY, RequestContext
 from app.costs import forward_macs, model_shape, request_peak_bytes, value_overview_macs
 from app.errors import field_error
-from app.jobs import JOBS
 from app.interventions import check_indices, engine_interventions, seq2seq_interventions, whisper_interventions
 from app.lifecycle import check_cancelled
 from app.patch_sources import request_sources
@@ -81,7 +80,7 @@ class RequestPeak:
     def reserve(self, ctx: RequestContext) -> None:
         """Wait for the bytes as the request `ctx` (its memory holder, deadline and cancel), for as long as it will
         hold them: a job until it ends, else its model time (its cost check's estimate)."""
-        expected_s = JOBS.ends_in_s(ctx.job) if ctx.job is not None else ctx.estimate_s
+        expected_s = ctx.job.board.ends_in_s(ctx.job) if ctx.job is not None else ctx.estimate_s
         self.runtime.memory.reserve(ctx, self.nbytes, self.field, self.what, expected_s)
 
 

@@ -11,7 +11,6 @@ from app.model_sources import public_info
 from app.deps import RuntimeDep
 from app.context import current
 from app.ids import is_valid_run_id
-from app.jobs import JOBS
 from app.streams import cancel_job, missing_job, reattach
 from app.runtime import UnknownModel
 from app.schemas import ModelsOut
@@ -27,18 +26,18 @@ async def health() -> dict[str, str]:
 
 
 @router.get("/jobs")
-async def jobs(runtime: RuntimeDep) -> dict:
+async def jobs(request: Request, runtime: RuntimeDep) -> dict:
     """The jobs running and waiting (what, seconds left by their estimate, runs; no inputs) and the memory budget:
     bytes in flight, kept by the result cache, and the limit for both (docs/api.md "Jobs"). With
     result_cache_scope="client" a client sees its own jobs and counts only: no other client's work, no memory totals."""
-    memory = runtime.memory
+    memory, board = runtime.memory, request.app.state.process.jobs
     if runtime.settings.result_cache_scope == "client":
         client = current().client
         # a request without its own scope (no X-Attnlab-Client header, no attnlab_client cookie yet) is known only by
         # its address, which clients behind one proxy share: it is shown no job of its own
-        own = JOBS.snapshot(client) if client and not client.startswith("a:") else []
-        return {"jobs": own, "counts": {"jobs": len(JOBS), "yours": len(own)}}
-    return {"jobs": JOBS.snapshot(),
+        own = board.snapshot(client) if client and not client.startswith("a:") else []
+        return {"jobs": own, "counts": {"jobs": len(board), "yours": len(own)}}
+    return {"jobs": board.snapshot(),
             "memory": {"in_flight_bytes": memory.in_flight_bytes, "kept_bytes": runtime.cache.host_bytes,
                        "kept_disk_bytes": runtime.cache.disk_bytes, "limit_bytes": memory.limit,
                        "waited": memory.waited},
@@ -66,11 +65,11 @@ async def job_events(job_id: str, request: Request, runtime: RuntimeDep,
 
 
 @router.delete("/jobs/{job_id}", responses=JOB_404)
-async def cancel(job_id: str, runtime: RuntimeDep) -> dict:
+async def cancel(job_id: str, request: Request, runtime: RuntimeDep) -> dict:
     """Cancel a job (the page's Cancel): it stops at its next layer or step, whatever streams listen."""
     if not is_valid_run_id(job_id):
         raise HTTPException(404, detail=missing_job(job_id, "unknown", runtime.settings))
-    return cancel_job(job_id, runtime.settings)
+    return cancel_job(job_id, request.app.state.process.job_logs, runtime.settings)
 
 
 def _event_number(job_id: str, field: str, value: str | None) -> int:

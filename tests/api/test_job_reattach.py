@@ -83,9 +83,7 @@ def test_a_job_of_another_client_unknown_expired_or_gone_is_a_404_that_says_whic
     assert bad.status_code == 422 and "Last-Event-ID" in json.dumps(bad.json()["detail"])
 
     # expired: its events are kept result_pin_s after it ended (pruned on the next look-up)
-    from app.streams import JOB_LOGS
-
-    found, _ = JOB_LOGS.find(job_id)
+    found, _ = client.app.state.process.job_logs.find(job_id)
     found.ended_at -= found.keep_s + 1
     expired = client.get(f"/api/jobs/{job_id}/events", headers=ME)
     assert expired.status_code == 404 and "expired" in expired.json()["detail"]

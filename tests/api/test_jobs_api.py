@@ -119,24 +119,30 @@ def test_a_patching_scan_is_estimated_before_it_runs(llama):
 def test_with_client_scope_a_client_sees_its_own_jobs_and_counts_only(llama):
     """Issue 37 §4: GET /api/jobs showed every client's `what`, `eta_s` and `runs` and the server's memory totals.
     With result_cache_scope="client" a client sees its own jobs and aggregate counts only (the shared scope keeps
-    the whole board). Two jobs of two clients on the process's real board."""
+    the whole board). Two jobs of two clients on the app's real board."""
     import json
 
-    from app.jobs import JOBS, Job
+    from app.jobs import Job
 
     alice, bob = "alice-client-1", "bob-client-22"
-    # deadlines far enough out for both ETAs (bob's counts alice's job ahead of it: 80 s; a job whose ETA is over
-    # what is left of its deadline is refused)
-    board = [Job(what="POST /api/text/attention", client=f"h:{alice}", deadline=time.monotonic() + 600,
-                 emit=lambda event: None),
-             Job(what="POST /api/text/patching", client=f"h:{bob}", deadline=time.monotonic() + 600,
-                 emit=lambda event: None)]
-    before = len(JOBS)
-    for job, eta in zip(board, (30.0, 50.0)):
-        JOBS.accept(job, eta, 2)
-    try:
-        with tiny_lm_client(llama, result_cache_scope="client") as client:
-            client.app.state.runtime.warm_up()  # deterministic: no background warm-up left running
+
+    def two_jobs(board) -> list:
+        """Alice's and Bob's jobs on `board` (an app's own: app/process.py). Deadlines far enough out for both ETAs
+        (bob's counts alice's job ahead of it: 80 s; a job whose ETA is over what is left of its deadline is refused)."""
+        jobs = [Job(what="POST /api/text/attention", client=f"h:{alice}", deadline=time.monotonic() + 600,
+                    emit=lambda event: None),
+                Job(what="POST /api/text/patching", client=f"h:{bob}", deadline=time.monotonic() + 600,
+                    emit=lambda event: None)]
+        for job, eta in zip(jobs, (30.0, 50.0)):
+            board.accept(job, eta, 2)
+        return jobs
+
+    with tiny_lm_client(llama, result_cache_scope="client") as client:
+        client.app.state.runtime.warm_up()  # deterministic: no background warm-up left running
+        board = client.app.state.process.jobs
+        before = len(board)
+        jobs = two_jobs(board)
+        try:
             mine = client.get("/api/jobs", headers={"X-Attnlab-Client": alice}).json()
             assert [(j["what"], j["runs"]) for j in mine["jobs"]] == [("POST /api/text/attention", 2)], mine
             assert 25 <= mine["jobs"][0]["eta_s"] <= 30
@@ -145,11 +151,17 @@ def test_with_client_scope_a_client_sees_its_own_jobs_and_counts_only(llama):
             client.cookies.clear()
             nobody = client.get("/api/jobs").json()  # no scope of its own yet: known only by its address
             assert nobody["jobs"] == [] and nobody["counts"]["jobs"] == before + 2 and "memory" not in nobody
-        with tiny_lm_client(llama) as shared:  # result_cache_scope="shared": the whole board, as before
-            shared.app.state.runtime.warm_up()
+        finally:
+            for job in jobs:
+                board.finish(job)
+    with tiny_lm_client(llama) as shared:  # result_cache_scope="shared": the whole board, as before
+        shared.app.state.runtime.warm_up()
+        board = shared.app.state.process.jobs
+        jobs = two_jobs(board)
+        try:
             everything = shared.get("/api/jobs", headers={"X-Attnlab-Client": alice}).json()
             assert {"POST /api/text/attention", "POST /api/text/patching"} <= {j["what"] for j in everything["jobs"]}
             assert "in_flight_bytes" in everything["memory"]
-    finally:
-        for job in board:
-            JOBS.finish(job)
+        finally:
+            for job in jobs:
+                board.finish(job)

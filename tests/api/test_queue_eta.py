@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from app.jobs import JOBS, Job
+from app.jobs import Job
 from app.streams import JobStream
 from tests.api.helpers import tiny_lm_client
 from tests.tiny_models import build_text_model
@@ -61,9 +61,10 @@ def test_api_jobs_metrics_and_the_stream_say_one_eta(client):
     second_events: list[dict] = []
     running = _job("h:eta-alice", "POST /api/text/attention eta-1", first_events)
     queued = _job("h:eta-bob", "POST /api/text/attention eta-2", second_events)
+    board = client.app.state.process.jobs  # the app's own job board (app/process.py)
     try:
-        JOBS.register(running)
-        JOBS.accept(running, 40.0, 1, layers=10)
+        board.register(running)
+        board.accept(running, 40.0, 1, layers=10)
         running.started, running.started_at = True, time.monotonic() - 12.0  # 3 layers in 12 s: 28 s left
         sent = Events()
         JobStream(sent, Cancel(), running).layer_done(3, 10)  # the stream's progress event with its ETA
@@ -73,16 +74,16 @@ def test_api_jobs_metrics_and_the_stream_say_one_eta(client):
         assert progress_eta > 0 and abs(board_eta - progress_eta) <= 0.5, (board_eta, progress_eta)
         assert abs(metric_eta - progress_eta) <= 0.5, (metric_eta, progress_eta)
 
-        JOBS.register(queued)
-        JOBS.accept(queued, 25.0, 1)
+        board.register(queued)
+        board.accept(queued, 25.0, 1)
         accepted = second_events[0]
         listed = _board_of(client, queued.what)
         assert accepted["queue_position"] == 1 and accepted["eta_s"] >= 25.0 + 0.5 * progress_eta, accepted
         assert abs(listed["eta_s"] - accepted["eta_s"]) <= 0.5, (listed, accepted)  # not its own 25 s alone
         assert listed["own_s"] == 25.0 and listed["ends_in_s"] == listed["eta_s"], listed
     finally:
-        JOBS.finish(running)
-        JOBS.finish(queued)
+        board.finish(running)
+        board.finish(queued)
 
 
 def test_scalable_wait_leaves_out_jobs_that_wait_for_their_own_clients_turn(client):
@@ -93,15 +94,16 @@ def test_scalable_wait_leaves_out_jobs_that_wait_for_their_own_clients_turn(clie
     alice_second = _job("h:scale-alice", "POST /api/text/attention scale-a2", events)
     bob = _job("h:scale-bob", "POST /api/text/attention scale-b1", events)
     jobs = [(alice_first, 30.0), (alice_second, 50.0), (bob, 20.0)]
+    board = client.app.state.process.jobs
     try:
         for job, estimate in jobs:
-            JOBS.register(job)
+            board.register(job)
         for job, estimate in jobs:
             # alice's second would wait for her first inside accept (one job per client): accept it by hand
             if job is alice_second:
                 job.estimate_s, job.runs, job.accepted_at = estimate, 1, time.monotonic()
             else:
-                JOBS.accept(job, estimate, 1)
+                board.accept(job, estimate, 1)
             if job is alice_first:
                 job.started, job.started_at = True, time.monotonic()
         text = client.get("/metrics").text
@@ -112,4 +114,4 @@ def test_scalable_wait_leaves_out_jobs_that_wait_for_their_own_clients_turn(clie
         assert 48.0 <= _metric(text, "attnlab_queue_eta_seconds") <= 50.0
     finally:
         for job, _ in jobs:
-            JOBS.finish(job)
+            board.finish(job)

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from app.lifecycle import Lifecycle
 from app.streams import JobCancel, JobLog, Sent
 
 
@@ -77,7 +78,7 @@ def test_ended_jobs_events_are_capped_in_bytes_oldest_dropped_first():
 def test_a_job_with_no_stream_runs_on_for_the_grace_and_a_re_attach_keeps_it():
     log = _log(grace_s=0.3)
     _, pipe = log.subscribe()
-    cancel = JobCancel(None, log, pipe)
+    cancel = JobCancel(None, log, pipe, Lifecycle())
     log.put({"accepted": True, "eta_s": 1.0, "queue_position": 0, "runs": 1})
     assert not cancel.is_set()
     log.unsubscribe(pipe)  # its stream dropped
@@ -95,7 +96,7 @@ def test_a_job_with_no_stream_runs_on_for_the_grace_and_a_re_attach_keeps_it():
 def test_delete_cancels_at_once():
     log = _log(grace_s=600)
     _, pipe = log.subscribe()
-    cancel = JobCancel(None, log, pipe)
+    cancel = JobCancel(None, log, pipe, Lifecycle())
     assert not cancel.is_set()
     log.cancelled = True
     assert cancel.is_set()

@@ -10,7 +10,7 @@ import pytest
 from fastapi import HTTPException
 
 from app.costs import Throughput
-from app.jobs import JOBS, Job, JobBoard
+from app.jobs import Job, JobBoard
 from app.context import RequestContext
 from app.memory import MemoryBudget, RequestMemory
 from app.openmp_teams import TeamStats
@@ -381,7 +381,3 @@ def test_a_given_rate_is_taken_as_it_is():
     fit.set_rate("m", 1e9)
     assert fit.seconds("m", 2e9, 5.0) == (2.0, False)  # no load correction for a rate that was not measured
     assert fit.seconds("other", 10.0, 5.0) == (2.0, False)
-
-
-def test_the_board_is_empty_after_the_jobs():
-    assert len(JOBS) == 0  # no job of another test left behind

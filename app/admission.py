@@ -41,28 +41,28 @@ def accept_job(seconds: float, runs: int, adapter=None, ctx: RequestContext | No
         job.board.accept(job, seconds, runs, layers)
 
 
-def check_request_cost(adapter, settings, tokens: int, runs: int, interventions: int, input_field: str = "text",
+def check_request_cost(adapter, runtime, tokens: int, runs: int, interventions: int, input_field: str = "text",
                        extra=None, ctx: RequestContext | None = None) -> float:
     """413 before any work of the request `ctx` (None: the current context) when `runs` forwards over `tokens`, and
     its `extra` work besides them (an app/pipeline ExtraWork: field, what, multiply-adds, passes; the value-weighted
     overview of a long first view), would not finish within its limit (a job's job_timeout_s, else request_timeout_s); the message names the field
     that drives the cost. A job is then accepted (its ETA event). Returns the estimated seconds: the caller passes
     them with its first run as the context's `estimate_s` (the scheduler refuses a run that no longer fits at its
-    turn)."""
-    ctx = ctx or current()
+    turn). `runtime`: the app's (its settings, and its measures of the model's speed)."""
+    ctx, settings = ctx or current(), runtime.settings
     shape = model_shape(adapter)
     macs = runs * forward_macs(shape, tokens, tokens, interventions)
     # work a family does besides its forwards, once per request (a long image's rollout: models/adapters/vit.py)
     macs += getattr(adapter, "summary_macs", lambda n: 0.0)(tokens)
     if extra is not None:  # counted here, with the runs, once
         macs += extra.macs
-    seconds = costs.estimated_seconds(adapter, settings, macs)
+    seconds = costs.estimated_seconds(runtime.measures, adapter, settings, macs)
     limit, setting = time_limit(settings, ctx)
     passes = runs + (extra.passes if extra is not None else 0)
     if seconds > limit:
         field = (extra.field if extra is not None and extra.macs > macs / 2 else cost_field(
             shape, tokens, tokens, runs, interventions, input_field,
-            lambda part: costs.estimated_seconds(adapter, settings, part) <= limit))
+            lambda part: costs.estimated_seconds(runtime.measures, adapter, settings, part) <= limit))
         raise HTTPException(413, detail=(
             f"{field}: this request needs {runs} model run{'s' if runs > 1 else ''} over {tokens:,} tokens"
             f"{f' with {interventions} interventions' if interventions else ''}"
@@ -74,20 +74,21 @@ def check_request_cost(adapter, settings, tokens: int, runs: int, interventions:
     return seconds
 
 
-def check_extra_cost(adapter, settings, extra, ctx: RequestContext) -> None:
+def check_extra_cost(adapter, runtime, extra, ctx: RequestContext) -> None:
     """The request `ctx`'s `extra` work (field, what, multiply-adds, passes) when check_request_cost did not count it
     (every run was in the result cache: a weighting switch after a long first view): 413 naming its field when it
     alone would not finish within the request's limit; its job's passes over the layers are this work's only."""
-    check_work_cost(adapter, settings, extra.macs, max(1, extra.passes), extra.field, extra.what, ctx,
+    check_work_cost(adapter, runtime, extra.macs, max(1, extra.passes), extra.field, extra.what, ctx,
                     advice="use a shorter input")
 
 
-def check_work_cost(adapter, settings, macs: float, passes: int, field: str, what: str,
+def check_work_cost(adapter, runtime, macs: float, passes: int, field: str, what: str,
                     ctx: RequestContext, advice: str = "ask for less") -> float:
     """Any other work of the request `ctx` measured in multiply-adds (a patching scan's copies, the lens, a
     faithfulness check): 413 naming `field` (and `advice`) when it would not finish within the request's limit; a job
     is then accepted. Returns the seconds; the caller passes them on with its first turn (`ctx.turns(seconds)`)."""
-    seconds = costs.estimated_seconds(adapter, settings, macs)
+    settings = runtime.settings
+    seconds = costs.estimated_seconds(runtime.measures, adapter, settings, macs)
     limit, setting = time_limit(settings, ctx)
     if seconds > limit:
         raise HTTPException(413, detail=(
@@ -97,10 +98,10 @@ def check_work_cost(adapter, settings, macs: float, passes: int, field: str, wha
     return seconds
 
 
-def check_stream_cost(adapter, settings, prompt: int, new_tokens: int, interventions: int) -> None:
+def check_stream_cost(adapter, runtime, prompt: int, new_tokens: int, interventions: int) -> None:
     """413 before a generate stream that would not finish within generate_timeout_s; the stream's job is accepted."""
-    seconds = costs.stream_seconds(adapter, settings, prompt, new_tokens, interventions)  # measured step times
-    limit = settings.generate_timeout_s
+    seconds = costs.stream_seconds(runtime.measures, adapter, runtime.settings, prompt, new_tokens, interventions)
+    limit = runtime.settings.generate_timeout_s  # the seconds above: from the measured step times
     if seconds > limit:
         raise HTTPException(413, detail=(
             f"max_new_tokens: {new_tokens} steps on a {prompt:,}-token prompt with {interventions} interventions "

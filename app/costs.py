@@ -14,7 +14,7 @@ builds its value-weighted overview (models/attribution.value_weighted_overview):
 from q̂/k̂ and passed through softmax, weighting, renormalising and pooling, counted as VALUE_OVERVIEW_WEIGHT·L·H·T·T_k·d
 (`value_overview_macs`). A request runs `runs` such forwards (1, or 1 + samples with
 `compare`: the base and every sample). Its seconds are that total over the model's throughput: measured from
-the model's own runs (`THROUGHPUT`, runs of at least MIN_TIMED_S only: tiny runs are all overhead), else the
+the model's own runs (the app's `CostMeasures.throughput`, runs of at least MIN_TIMED_S only: tiny runs are all overhead), else the
 `compute_gmacs_per_s` setting; under load, times the slowdown the model's recent runs met: their real seconds over
 what the fit says now for them, summed (so the larger runs, the work a long estimate is about, weigh the most).
 Batched work timed in steps (a patching scan: `WorkClock`) is learnt from as one run. (A request estimated over its
@@ -209,6 +209,7 @@ def threads_worth_running(threads: int, cores: int, busy_smoothed: float, runnab
     return max(1, min(threads, int(cores - busy + 0.5)))
 
 
+# Process-wide, unlike an app's CostMeasures (app/process.py): the machine's share for this process, whoever asks
 CPU_SHARE = CpuShare()
 RECENCY = 0.8  # each newer timed run weighs 1/0.8 = 1.25 times the one before it
 LOAD_RECENT_S = 60.0  # a slowdown measured on runs this recent is the estimate's load correction (else /proc)
@@ -296,7 +297,6 @@ class Throughput:
             self._recent.clear()
 
 
-THROUGHPUT = Throughput()
 _shapes: dict[int, ModelShape] = {}
 
 
@@ -325,24 +325,38 @@ class StepTimes:
 
 
 STEP_RECENCY = 0.3
-STEPS = StepTimes()
 
 
-def observe_step(adapter, seconds: float) -> None:
+class CostMeasures:
+    """What one app has measured of its models' speed, per model id: the throughput fit of their forwards and the
+    seconds of their decoding steps. Its ProcessState owns it (app/process.py) and its Runtime holds it
+    (`runtime.measures`): two apps serving different models under one id learn nothing of each other's."""
+
+    def __init__(self) -> None:
+        self.throughput = Throughput()
+        self.steps = StepTimes()
+
+    def clear(self) -> None:
+        self.throughput.clear()
+        self.steps.clear()
+
+
+def observe_step(measures: CostMeasures, adapter, seconds: float) -> None:
     """Record one decoding step's real seconds (a generate's steps after the prompt; the start-up timing's)."""
-    STEPS.observe(adapter.info.id, seconds)
+    measures.steps.observe(adapter.info.id, seconds)
 
 
-def stream_seconds(adapter, settings, prompt: int, new_tokens: int, interventions: int) -> float:
+def stream_seconds(measures: CostMeasures, adapter, settings, prompt: int, new_tokens: int,
+                   interventions: int) -> float:
     """A generate stream's seconds: both sides' prompt forwards from the throughput fit (estimated_seconds), then two
-    steps per further token at the model's measured seconds per decoding step (STEPS); before any step was measured,
+    steps per further token at the model's measured seconds per decoding step (`measures.steps`); before any step was measured,
     all of it from stream_macs, as it is where the operator gave a rate (compute_gmacs_per_s is taken as it is)."""
     shape = model_shape(adapter)
-    step_s = STEPS.seconds(adapter.info.id)
+    step_s = measures.steps.seconds(adapter.info.id)
     if step_s is None or "compute_gmacs_per_s" in settings.model_fields_set:
-        return estimated_seconds(adapter, settings, stream_macs(shape, prompt, new_tokens, interventions))
+        return estimated_seconds(measures, adapter, settings, stream_macs(shape, prompt, new_tokens, interventions))
     prompts = forward_macs(shape, prompt, prompt, interventions) + forward_macs(shape, prompt, prompt, 0)
-    return estimated_seconds(adapter, settings, prompts) + 2 * max(0, new_tokens - 1) * step_s
+    return estimated_seconds(measures, adapter, settings, prompts) + 2 * max(0, new_tokens - 1) * step_s
 
 
 def model_shape(adapter) -> ModelShape:
@@ -370,15 +384,15 @@ def _share(adapter) -> float:
     return CPU_SHARE.now() if runs_on_cpu(adapter) else 1.0
 
 
-def estimated_seconds(adapter, settings, macs: float) -> float:
+def estimated_seconds(measures: CostMeasures, adapter, settings, macs: float) -> float:
     """Seconds of `macs` multiply-adds on this adapter's model under the machine's load: the idle fit times the larger
     of the slowdown its recent runs met and the one the CPU share now (/proc) implies. Recent runs alone missed a load
     that came after them (the long sample estimated at 9 s beside two busy processes on 2 cores took 35 s; at load
     ~10, 22 s against 111 s); the share alone misses what it cannot see (oversubscribed threads' waits)."""
-    idle, measured = THROUGHPUT.seconds(adapter.info.id, macs, settings.compute_gmacs_per_s * 1e9)
+    idle, measured = measures.throughput.seconds(adapter.info.id, macs, settings.compute_gmacs_per_s * 1e9)
     if not measured:
         return idle
-    slowdown = THROUGHPUT.slowdown(adapter.info.id, macs)
+    slowdown = measures.throughput.slowdown(adapter.info.id, macs)
     by_share = 1.0 / _share(adapter)
     return idle * max(slowdown, by_share) if slowdown is not None else idle * by_share
 
@@ -398,15 +412,15 @@ def cost_field(shape: ModelShape, tokens: int, keys: int, runs: int, interventio
     return "interventions"
 
 
-def observe_run(adapter, tokens: int, keys: int, interventions: int, seconds: float,
+def observe_run(measures: CostMeasures, adapter, tokens: int, keys: int, interventions: int, seconds: float,
                 since: tuple[float, int, int] | None = None) -> None:
     """Record a finished forward's time (runtime.run calls this), normalised by the CPU share the process had: over
     the run itself when `since` (CPU_SHARE.mark() taken before it) is given, else the smoothed share now."""
     if seconds < MIN_TIMED_S:
-        return  # THROUGHPUT.observe keeps only longer runs: their share is not worth the two /proc reads
+        return  # Throughput.observe keeps only longer runs: their share is not worth the two /proc reads
     on_cpu = runs_on_cpu(adapter)
     share = (CPU_SHARE.share_since(since) if since is not None else CPU_SHARE.now()) if on_cpu else 1.0
-    THROUGHPUT.observe(adapter.info.id, forward_macs(model_shape(adapter), tokens, keys, interventions), seconds, share)
+    measures.throughput.observe(adapter.info.id, forward_macs(model_shape(adapter), tokens, keys, interventions), seconds, share)
 
 
 class WorkClock:
@@ -415,8 +429,8 @@ class WorkClock:
     work as one timed run of the multiply-adds its cost check counted. Without it a scan was estimated from first
     views only, whose load and thread count differ: the scan sent plain just before taught its streamed twin nothing."""
 
-    def __init__(self, adapter) -> None:
-        self.adapter, self.seconds, self.idle_s = adapter, 0.0, 0.0
+    def __init__(self, adapter, measures: CostMeasures) -> None:
+        self.adapter, self.measures, self.seconds, self.idle_s = adapter, measures, 0.0, 0.0
         self._on_cpu = runs_on_cpu(adapter)
 
     @contextlib.contextmanager
@@ -430,7 +444,7 @@ class WorkClock:
 
     def observe(self, macs: float) -> None:
         if self.seconds > 0:
-            THROUGHPUT.observe(self.adapter.info.id, macs, self.seconds, self.idle_s / self.seconds)
+            self.measures.throughput.observe(self.adapter.info.id, macs, self.seconds, self.idle_s / self.seconds)
 
 
 # ---- memory: a request's in-flight peak (app/memory.py) ------------------------------------------------------------

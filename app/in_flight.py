@@ -1,5 +1,8 @@
 """Requests in flight, counted process-wide, for work that reacts to them or waits for none.
 
+Process-wide on purpose, unlike the app's state (app/process.py): what they guard is shared by every app in the
+process, its threads' OpenMP teams and the CPU time a file write takes from any response.
+
 - `MODEL_REQUESTS`: API POSTs (the requests that may run a model) whose handlers are working, counted by the API
   routers' route class (app/lifecycle.py ParsedJsonRoute). A plain request's thread ends its OpenMP team when another
   one is working (app/openmp_teams.py).

@@ -219,7 +219,7 @@ def _lifespan(settings: Settings):
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        runtime = Runtime(settings)
+        runtime = Runtime(settings, app.state.process.measures)  # the app's measures of its models' speed
         app.state.runtime = runtime
         TeamStats.enabled = settings.openmp_one_team  # process-wide, as OpenMP's teams are (app/openmp_teams.py)
         # Where the models will run, said once; ATTNLAB_DEVICE=cuda with no visible GPU stops the start here

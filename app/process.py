@@ -1,4 +1,4 @@
-"""The app's mutable state, one owner: `ProcessState`, built by create_app (app/main.py) and kept on `app.state.process`.
+"""The app's mutable state, one owner: `ProcessState`, built by create_app (app/main.py), kept on `app.state.process`.
 
 Nothing of it is a module global: two apps in one process (tests make several) each have their own job board, job
 logs, lifecycle, fleet state and counts. Who reaches it, and how:
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.costs import CostMeasures
 from app.fleet import Fleet
 from app.jobs import JobBoard
 from app.lifecycle import Lifecycle
@@ -27,6 +28,7 @@ class ProcessState:
     job_logs: JobLogs = field(default_factory=JobLogs)  # the jobs' numbered events, kept for a re-attach (app/streams.py)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)  # shutdown begun, cut off (app/lifecycle.py)
     status: StatusCounts = field(default_factory=StatusCounts)  # responses by status (/metrics)
+    measures: CostMeasures = field(default_factory=CostMeasures)  # its models' measured speed (app/costs.py)
     fleet: Fleet = field(init=False)  # the registry and the drain (app/fleet.py), over `jobs`
 
     def __post_init__(self) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from app.context import RequestContext, add_timing, current, request_deadline  # noqa: F401  (re-exported)
-from app.costs import CPU_SHARE, observe_run, observe_step
+from app.costs import CPU_SHARE, CostMeasures, observe_run, observe_step
 from app.errors import Overloaded  # noqa: F401  (re-exported: app/errors.py holds it)
 from app.memory import MemoryBudget
 from app.runstore import ResultCache  # noqa: F401  (re-exported: the run store moved there)
@@ -65,8 +65,10 @@ def result_cache_device_bytes(settings: Settings, gpu_total_bytes: int | None) -
 
 
 class Runtime(ModelCatalog, ModelRuns):
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, measures: CostMeasures | None = None):
         self.settings = settings
+        # its models' measured speed (app/costs.py): the app's ProcessState's (app/process.py), else its own
+        self.measures = measures if measures is not None else CostMeasures()
         self.specs: dict[str, ModelSpec] = build_registry(
             max_tokens=text_max_tokens(settings), weights_dir=settings.weights_dir,
             extra_text=settings.extra_text_models, extra_image=settings.extra_image_models,
@@ -120,14 +122,13 @@ class Runtime(ModelCatalog, ModelRuns):
                     since, started = CPU_SHARE.mark(), time.perf_counter()
                     adapter.run(encoded, (), False)
                     seconds = time.perf_counter() - started
-                observe_run(adapter, n, n, 0, seconds, since)  # the load measured over the run itself
+                observe_run(self.measures, adapter, n, n, 0, seconds, since)  # the load measured over the run itself
                 timed.append(seconds)
                 log.info("timed %s at start-up: %d tokens in %.2f s", adapter.info.id, n, seconds)
             self._time_steps(adapter, encoded)
         return timed
 
-    @staticmethod
-    def _time_steps(adapter: AttentionAdapter, encoded, steps: int = 3) -> None:
+    def _time_steps(self, adapter: AttentionAdapter, encoded, steps: int = 3) -> None:
         """A decoder LM's decoding steps (one token each over the key/value cache), timed at start-up: a generate's
         first estimate then uses their measured seconds (app/costs.py stream_seconds), not only its multiply-adds."""
         continuation = getattr(adapter, "continuation", None)
@@ -140,7 +141,7 @@ class Runtime(ModelCatalog, ModelRuns):
             started = time.perf_counter()
             if next(stepping, None) is None:
                 return
-            observe_step(adapter, time.perf_counter() - started)
+            observe_step(self.measures, adapter, time.perf_counter() - started)
 
 
 class PerRuntime:

@@ -170,7 +170,7 @@ class ModelRuns:
                 result.run_id, result.model_id = run_id or new_run_id(), adapter.info.id
                 add_timing("model", result.elapsed_s, ctx)
                 n = len(encoded.tokens)
-                observe_run(adapter, n, n, len(interventions), result.elapsed_s, since)  # app/costs.py's throughput
+                observe_run(self.measures, adapter, n, n, len(interventions), result.elapsed_s, since)  # app/costs.py's throughput
                 self.cache.put(key, result, ctx.client, make_room=False)
         self.cache.make_room(keep=key)  # runs moving to disk are written after the model is free for others
         return result

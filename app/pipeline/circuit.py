@@ -100,7 +100,7 @@ def run_circuit(runtime: Runtime, adapter: CausalLMAdapter, req: CircuitRequest,
                 progress: Callable[[int, int], None], ctx: RequestContext) -> dict[str, Any]:
     macs, forwards = circuit_cost(adapter, req, pairs)
     tokens = max(p.pair.clean.shape[1] for p in pairs)
-    turn = ctx.turns(check_work_cost(adapter, runtime.settings, macs, 1, "pairs" if req.pairs else "task",
+    turn = ctx.turns(check_work_cost(adapter, runtime, macs, 1, "pairs" if req.pairs else "task",
                                      f"a circuit over {len(pairs)} pairs ({forwards:,} forward-equivalents)", ctx))
     guard = lambda: runtime.step(tokens, ctx=turn())  # noqa: E731
     started = time.perf_counter()
@@ -182,7 +182,7 @@ def run_edge(runtime: Runtime, adapter: CausalLMAdapter, req: CircuitEdgeRequest
     n_tokens = pair.pair.clean.shape[1]
     shape = model_shape(adapter)
     macs = 8 * forward_macs(shape, n_tokens, n_tokens)  # two records, the two-item patched run, the qk attribution
-    turn = ctx.turns(check_work_cost(adapter, runtime.settings, macs, 1, "pair", "one edge's why", ctx))
+    turn = ctx.turns(check_work_cost(adapter, runtime, macs, 1, "pair", "one edge's why", ctx))
     eng = engine(runtime, adapter, lambda: runtime.step(n_tokens, ctx=turn()))
     try:
         with runtime.step(n_tokens, ctx=turn()):

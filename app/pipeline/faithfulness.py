@@ -44,7 +44,7 @@ def faithfulness_work(runtime: Runtime, req: FaithfulnessRequest) -> Callable[[R
     def work(ctx: RequestContext) -> dict[str, Any]:
         # a run to rank the keys (and a backward for grad × attention), then one masked run per method and k
         forwards = 3 + len(ks) * len(methods)
-        seconds = check_work_cost(adapter, runtime.settings, forwards * forward_macs(
+        seconds = check_work_cost(adapter, runtime, forwards * forward_macs(
             model_shape(adapter), n_tokens, n_tokens), 1, "k", f"{forwards} forwards of the faithfulness check", ctx)
         check_cancelled(ctx)
         with runtime.admitted(ctx=ctx.with_(estimate_s=seconds)):

@@ -70,7 +70,7 @@ def head_scores_work(runtime: Runtime, req: HeadScoresRequest) -> Callable[[Call
         if cached is not None:
             return cached
         shape = model_shape(adapter)
-        turn = ctx.turns(check_work_cost(adapter, runtime.settings, sum(forward_macs(shape, n, n) for n in lengths),
+        turn = ctx.turns(check_work_cost(adapter, runtime, sum(forward_macs(shape, n, n) for n in lengths),
                                          len(lengths), "text" if text_ids is not None else "model",
                                          "the head taxonomy", ctx))
 

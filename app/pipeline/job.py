@@ -187,7 +187,7 @@ class ComparedJob(AttentionJob):
             return
         check_run_budget(runtime, self.run_maps, self.input_field, self.budget_adapter())
         memory = RequestPeak(runtime, adapter, self.cost_tokens, missing, self.record_scores, self.input_field)
-        seconds = check_request_cost(adapter, runtime.settings, self.cost_tokens, missing, len(self.interventions),
+        seconds = check_request_cost(adapter, runtime, self.cost_tokens, missing, len(self.interventions),
                                      input_field=self.input_field, extra=self.extra, ctx=self.ctx)
         self._extra_pending = False  # counted with the runs
         self.ctx = self.ctx.with_(estimate_s=seconds)
@@ -198,7 +198,7 @@ class ComparedJob(AttentionJob):
         when it alone would not finish in time (app/costs.check_extra_cost)."""
         if self._extra_pending and self.extra is not None:
             self._extra_pending = False
-            check_extra_cost(self.adapter, self.runtime.settings, self.extra, self.ctx)
+            check_extra_cost(self.adapter, self.runtime, self.extra, self.ctx)
 
     def runs(self, effect_of: Callable[[AttentionResult, AttentionResult], dict[str, Any]]
              ) -> tuple[AttentionResult, AttentionResult | None, dict[str, Any] | None]:
@@ -263,7 +263,7 @@ class SpeechJob(AttentionJob):
             return
         n = len(self.encoded.tokens)
         macs = missing * forward_macs(model_shape(self.adapter), n, n, len(self.interventions))
-        seconds = check_work_cost(self.adapter, self.runtime.settings, macs, missing, "audio_id",
+        seconds = check_work_cost(self.adapter, self.runtime, macs, missing, "audio_id",
                                   f"{missing} Whisper run{'s' if missing > 1 else ''}", self.ctx)
         self.ctx = self.ctx.with_(estimate_s=seconds)
 

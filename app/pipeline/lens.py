@@ -34,7 +34,7 @@ def lens_work(runtime: Runtime, req: LensRequest) -> Callable[[RequestContext], 
 
     def work(ctx: RequestContext) -> dict[str, Any]:
         runs = 2 if req.compare and interventions else 1
-        seconds = check_work_cost(adapter, runtime.settings, runs * forward_macs(
+        seconds = check_work_cost(adapter, runtime, runs * forward_macs(
             model_shape(adapter), n_tokens, n_tokens, len(interventions)), runs, "text", "the lens", ctx)
         with head_run(sources):
             check_cancelled(ctx)

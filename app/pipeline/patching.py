@@ -58,9 +58,9 @@ def patching_work(runtime: Runtime, req: PatchingRequest) -> Callable[[Callable,
         # the whole scan's model time, before any forward: 413 naming `scan` over the limit (a plain request's
         # request_timeout_s, a job's job_timeout_s); a job is accepted here with its ETA
         macs = copies * forward_macs(model_shape(adapter), n_tokens, n_tokens, len(interventions))
-        turn = ctx.turns(check_work_cost(adapter, runtime.settings, macs, 1, "scan",
+        turn = ctx.turns(check_work_cost(adapter, runtime, macs, 1, "scan",
                                          f"{scanned} ({copies:,} forwards over {n_tokens} tokens)", ctx))
-        clock = WorkClock(adapter)  # the scan's model time, learnt from as one run (app/costs.py)
+        clock = WorkClock(adapter, runtime.measures)  # the scan's model time, learnt from as one run (app/costs.py)
         with head_run(sources):
             attribution = None
             with clock.step(runtime.step(n_tokens, ctx=turn())):

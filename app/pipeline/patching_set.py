@@ -156,7 +156,7 @@ def patching_set_work(runtime: Runtime, req: PatchingRequest) -> Callable[[Calla
                for p in pairs)
 
     def job(progress, ctx: RequestContext) -> dict:
-        turn = ctx.turns(check_work_cost(adapter, settings, macs, 1, where, f"a head scan of {len(pairs)} pairs "
+        turn = ctx.turns(check_work_cost(adapter, runtime, macs, 1, where, f"a head scan of {len(pairs)} pairs "
                                          f"({forwards_per_pair * len(pairs):,} forwards)", ctx))
         with head_run(sources):
             scans = set_scan(adapter, pairs, interventions, settings.patching_batch_tokens, exact, progress,

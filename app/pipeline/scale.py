@@ -50,7 +50,7 @@ def _encoded_text(runtime, adapter, text: str, fewest: int, need: str):
 
 def _admitted_run(runtime, adapter, macs: int, runs: int, what: str, ctx: RequestContext):
     """The work's cost checked (413 when over), then the runtime's model lock held for it (a context manager)."""
-    seconds = check_work_cost(adapter, runtime.settings, macs, runs, "text", what, ctx)
+    seconds = check_work_cost(adapter, runtime, macs, runs, "text", what, ctx)
     check_cancelled(ctx)
     return runtime.admitted(ctx=ctx.with_(estimate_s=seconds))
 

@@ -69,7 +69,7 @@ def generate(req: GenerateRequest, runtime: RuntimeDep, request: Request) -> Res
 
     def work(stream: JobStream) -> dict:
         # 413 before the stream starts when its model time would exceed generate_timeout_s (app/costs.py); accepted
-        check_stream_cost(adapter, runtime.settings, len(prompt), req.max_new_tokens, len(interventions))
+        check_stream_cost(adapter, runtime, len(prompt), req.max_new_tokens, len(interventions))
         # its steps one after another, no other job's turn between them (app/scheduler.py): streams run one at a
         # time, each as fast as its ETA assumed, instead of all at a fraction of it until generate_timeout_s
         with runtime.scheduler.keeping_turn():
@@ -156,10 +156,10 @@ def _continue(runtime: Runtime, adapter: CausalLMAdapter, prompt: list[int], int
                     new = next(sides[prefix], None)
                     if step == 0:  # the prompt's forward: its real speed feeds the cost estimate (app/costs.py);
                         # one-token steps are mostly per-call overhead and would skew a full forward's estimate
-                        observe_run(adapter, len(prompt), len(prompt), len(interventions) if prefix == "" else 0,
+                        observe_run(runtime.measures, adapter, len(prompt), len(prompt), len(interventions) if prefix == "" else 0,
                                     time.perf_counter() - started)
                     else:  # a one-token step: its real seconds estimate the next streams' steps (app/costs.py)
-                        observe_step(adapter, time.perf_counter() - started)
+                        observe_step(runtime.measures, adapter, time.perf_counter() - started)
                 if new is None:
                     del sides[prefix]
                 else:

@@ -119,7 +119,7 @@ def qk_attribution_route(req: QKAttributionRequest, request: Request, runtime: R
                            "ask for an earlier layer")
 
     def work(ctx: RequestContext) -> dict[str, Any]:
-        seconds = check_work_cost(adapter, runtime.settings, forward_macs(model_shape(adapter), n_tokens, n_tokens,
+        seconds = check_work_cost(adapter, runtime, forward_macs(model_shape(adapter), n_tokens, n_tokens,
                                                                           len(interventions)), 1, "text",
                                   "the attribution", ctx)
         with head_run(sources):

@@ -10,7 +10,7 @@ import pytest
 from tests.api.helpers import TINY_ATLAS, TINY_TEXT, job_events, sse_events, tiny_lm_client
 from tests.tiny_models import build_text_model
 
-from app.costs import THROUGHPUT, forward_macs, model_shape
+from app.costs import forward_macs, model_shape
 
 STREAM = {"Accept": "text/event-stream"}
 
@@ -30,7 +30,7 @@ def _client_at(llama, seconds_per_run: float, text: str = TINY_TEXT, **settings)
         time.sleep(0.05)
     adapter = runtime.adapter("lm")
     n = len(adapter.encode(text).tokens)
-    THROUGHPUT.set_rate("lm", forward_macs(model_shape(adapter), n, n) / seconds_per_run)
+    runtime.measures.throughput.set_rate("lm", forward_macs(model_shape(adapter), n, n) / seconds_per_run)
     return client
 
 
@@ -40,7 +40,6 @@ def slow(llama):
     client = _client_at(llama, 6.0)
     yield client
     client.__exit__(None, None, None)
-    THROUGHPUT.clear()
 
 
 def test_a_job_is_accepted_first_with_its_eta(slow):
@@ -80,7 +79,6 @@ def test_the_413_names_the_field_that_drives_the_cost(llama, extra, field):
         assert detail.startswith(f"{field}:") and "job_timeout_s=100" in detail
     finally:
         client.__exit__(None, None, None)
-        THROUGHPUT.clear()
 
 
 def test_a_long_compare_keeps_both_runs(llama):
@@ -113,7 +111,6 @@ def test_a_patching_scan_is_estimated_before_it_runs(llama):
         assert events[0]["accepted"] is True and events[-1]["done"] is True
     finally:
         client.__exit__(None, None, None)
-        THROUGHPUT.clear()
 
 
 def test_with_client_scope_a_client_sees_its_own_jobs_and_counts_only(llama):

@@ -149,7 +149,7 @@ def test_a_set_over_the_time_limit_is_refused_before_it_runs_naming_its_field(cl
     import app.costs
 
     per_mac = []
-    monkeypatch.setattr(app.costs, "estimated_seconds", lambda adapter, settings, macs: per_mac.append(macs) or 1e7)
+    monkeypatch.setattr(app.costs, "estimated_seconds", lambda measures, adapter, settings, macs: per_mac.append(macs) or 1e7)
     r = client.post("/api/text/patching", json=SET)
     assert r.status_code == 413 and r.json()["detail"].startswith("pairs: a head scan of 2 pairs"), r.text
     one = client.post("/api/text/patching", json={**SET, "pairs": PAIRS[:1]})

@@ -105,9 +105,8 @@ def test_cost_estimate_of_known_shapes():
 def test_requests_that_would_time_out_are_refused_with_413_before_they_start(tiny_bert, tiny_llama):
     """§4: dinov2 at 448 px with samples 16 and the LM at 512 tokens with samples 16 ran a minute, then 503.
     With a throughput such that one run takes 1/5 of request_timeout_s, 17 runs are refused, 1 is served."""
-    from app.costs import THROUGHPUT, forward_macs, model_shape
+    from app.costs import forward_macs, model_shape
 
-    THROUGHPUT.clear()
     probe = TestClient(create_app(make_settings(tiny_bert)))
     with probe:
         probe.app.state.runtime.warm_up()
@@ -139,19 +138,15 @@ def test_a_request_served_from_cached_runs_is_never_refused_by_the_cost_estimate
     """After a slow first view, a head or mode change over the same cached runs got 413 (the estimate counted runs
     the cache already held). With a throughput at which one run takes far over request_timeout_s: the cached
     request is answered, a new input is refused."""
-    from app.costs import THROUGHPUT
-
     client = TestClient(create_app(make_settings(tiny_bert)))
     with client:
         client.app.state.runtime.warm_up()
         body = {"model": "tiny", "text": "the cat sat on the mat", "layers": [0], "heads": [0],
                 "interventions": [PERTURB], "compare": True}
         assert client.post("/api/text/attention", json=body).status_code == 200
-        try:
-            THROUGHPUT._rates["tiny"] = 1.0  # one multiply-add per second: every uncached run is hours
-            r = client.post("/api/text/attention", json={**body, "heads": [1]})
-            assert r.status_code == 200, r.text
-            r = client.post("/api/text/attention", json={**body, "text": "a dog ran"})
-            assert r.status_code == 413 and "2 model runs" in r.json()["detail"], r.text
-        finally:
-            THROUGHPUT.clear()
+        # one multiply-add per second, on this app's measures: every uncached run is hours
+        client.app.state.runtime.measures.throughput.set_rate("tiny", 1.0)
+        r = client.post("/api/text/attention", json={**body, "heads": [1]})
+        assert r.status_code == 200, r.text
+        r = client.post("/api/text/attention", json={**body, "text": "a dog ran"})
+        assert r.status_code == 413 and "2 model runs" in r.json()["detail"], r.text

@@ -5,11 +5,12 @@ and not at all once the overview is cached. A tiny Llama with full_map_tokens 8,
 from __future__ import annotations
 
 import contextvars
+from types import SimpleNamespace
 
 import pytest
 from fastapi import HTTPException
 from app.admission import check_request_cost
-from app.costs import THROUGHPUT, forward_macs, model_shape, value_overview_macs
+from app.costs import forward_macs, model_shape, value_overview_macs
 from app.pipeline import ExtraWork
 from app.settings import Settings
 from tests.api.helpers import TINY_ATLAS, tiny_lm_client
@@ -24,7 +25,6 @@ def client(tmp_path_factory):
     llama = str(build_text_model("llama", tmp_path_factory.mktemp("llama-cost")))
     with tiny_lm_client(llama, **TINY_ATLAS) as c:
         yield c
-    THROUGHPUT.clear()
 
 
 def _post(client, text: str, weighting: str):
@@ -41,10 +41,12 @@ def test_the_overview_counts_with_the_runs_and_alone(client, monkeypatch):
     shape, settings = model_shape(adapter), Settings(default_models=[], request_timeout_s=1.0)
     forward, overview = forward_macs(shape, n, n), value_overview_macs(shape, n, n)
     assert overview == 5.0 * shape.layers * shape.heads * n * n * shape.head_dim
+    measures = client.app.state.runtime.measures  # this app's (app/process.py): other apps' runs leave it alone
+    throughput = measures.throughput
 
     def estimate(rate_macs: float, extra: bool) -> None:
-        THROUGHPUT.set_rate(adapter.info.id, rate_macs)  # no overhead, no measured slowdown
-        check_request_cost(adapter, settings, n, 1, 0, extra=ExtraWork(
+        throughput.set_rate(adapter.info.id, rate_macs)  # no overhead, no measured slowdown
+        check_request_cost(adapter, SimpleNamespace(settings=settings, measures=measures), n, 1, 0, extra=ExtraWork(
             "weighting", "the value-weighted overview (weighting value_norm)", overview, 1) if extra else None)
 
     # a throughput at which the run alone fits in 1 s and the run with the overview does not
@@ -55,14 +57,14 @@ def test_the_overview_counts_with_the_runs_and_alone(client, monkeypatch):
             contextvars.copy_context().run(estimate, rate, True)
         assert refused.value.status_code == 413 and "value-weighted overview" in refused.value.detail
     finally:
-        THROUGHPUT.clear()
+        throughput.clear()
 
     # through the API: a long first view, then value weighting of the cached run at a throughput where the overview
     # alone takes 2 × request_timeout_s: refused naming `weighting` (before its work), the run itself still served
     assert _post(client, TEXT, "attention").status_code == 200
     timeout = client.app.state.runtime.settings.request_timeout_s
     try:
-        THROUGHPUT.set_rate(adapter.info.id, overview / (2 * timeout))  # and no recent runs to correct it by
+        throughput.set_rate(adapter.info.id, overview / (2 * timeout))  # and no recent runs to correct it by
         refused = _post(client, TEXT, "value_norm")
         assert refused.status_code == 413, refused.text
         assert refused.json()["detail"].startswith("weighting: the value-weighted overview")
@@ -70,14 +72,14 @@ def test_the_overview_counts_with_the_runs_and_alone(client, monkeypatch):
         new = _post(client, TEXT + " again", "value_norm")  # a new run with its overview
         assert new.status_code == 413 and "and the value-weighted overview" in new.json()["detail"], new.text
     finally:
-        THROUGHPUT.clear()
+        throughput.clear()
     # at the default throughput the overview is made and cached; then the same slow estimate refuses nothing
     assert _post(client, TEXT, "value_norm").status_code == 200
     try:
-        THROUGHPUT.set_rate(adapter.info.id, overview / (2 * timeout))  # and no recent runs to correct it by
+        throughput.set_rate(adapter.info.id, overview / (2 * timeout))  # and no recent runs to correct it by
         assert _post(client, TEXT, "value_norm").status_code == 200
     finally:
-        THROUGHPUT.clear()
+        throughput.clear()
 
 
 def test_a_value_weighted_first_view_at_max_tokens_is_admitted_by_the_default_estimate():

@@ -10,7 +10,7 @@ import pytest
 from fastapi import HTTPException
 
 from app.admission import check_request_cost
-from app.costs import request_runs
+from app.costs import CostMeasures, request_runs
 from app.settings import Settings
 
 CONFIG = Path(__file__).resolve().parents[2] / "weights" / "smollm2-135m" / "config.json"
@@ -38,7 +38,7 @@ def smollm2_like_adapter(model_id: str) -> SimpleNamespace:
 def test_a_first_view_at_max_tokens_is_admitted_by_the_default_estimate(compare):
     settings = Settings()
     adapter = smollm2_like_adapter(f"smollm2-shape-admitted-{compare}")
-    seconds = check_request_cost(adapter, settings, settings.max_tokens, request_runs(1, compare), 0)
+    seconds = check_request_cost(adapter, SimpleNamespace(settings=settings, measures=CostMeasures()), settings.max_tokens, request_runs(1, compare), 0)
     assert seconds < settings.request_timeout_s, (settings.max_tokens, compare, seconds)
 
 
@@ -47,7 +47,7 @@ def test_sixteen_samples_at_max_tokens_are_still_refused():
     settings = Settings()
     adapter = smollm2_like_adapter("smollm2-shape-refused")
     with pytest.raises(HTTPException) as refused:
-        check_request_cost(adapter, settings, settings.max_tokens, request_runs(16, True), 0)
+        check_request_cost(adapter, SimpleNamespace(settings=settings, measures=CostMeasures()), settings.max_tokens, request_runs(16, True), 0)
     assert refused.value.status_code == 413 and "request_timeout_s" in refused.value.detail, refused.value.detail
 
 

@@ -272,7 +272,7 @@ def test_a_work_clock_times_the_turns_not_the_waits_for_them():
     import contextlib
     from types import SimpleNamespace
 
-    from app.costs import THROUGHPUT, WorkClock
+    from app.costs import CostMeasures, WorkClock
 
     @contextlib.contextmanager
     def turn():
@@ -280,16 +280,17 @@ def test_a_work_clock_times_the_turns_not_the_waits_for_them():
         yield
 
     adapter = SimpleNamespace(info=SimpleNamespace(id="work-clock-test"), device=None)
-    clock = WorkClock(adapter)
+    measures = CostMeasures()
+    clock = WorkClock(adapter, measures)
     for _ in range(2):
         with clock.step(turn()):
             time.sleep(0.15)  # the batch's forward
     assert 0.29 <= clock.seconds < 0.5, clock.seconds
-    assert THROUGHPUT.seconds("work-clock-test", 1e9, 1.0)[1] is False
+    assert measures.throughput.seconds("work-clock-test", 1e9, 1.0)[1] is False
     clock.observe(1e9)
-    seconds, measured = THROUGHPUT.seconds("work-clock-test", 1e9, 1.0)
+    seconds, measured = measures.throughput.seconds("work-clock-test", 1e9, 1.0)
     assert measured and seconds == pytest.approx(clock.idle_s, rel=1e-6)
-    assert THROUGHPUT.slowdown("work-clock-test") == pytest.approx(clock.seconds / clock.idle_s, rel=1e-6)
+    assert measures.throughput.slowdown("work-clock-test") == pytest.approx(clock.seconds / clock.idle_s, rel=1e-6)
 
 
 def test_no_more_torch_threads_than_the_cores_other_processes_leave_free():

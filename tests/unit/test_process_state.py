@@ -16,13 +16,16 @@ ROOT = Path(__file__).resolve().parents[2]
 # The classes whose instances are process state: one each per app, on app.state.process, never a module global.
 STATE_CLASSES = {"JobBoard", "JobLogs", "Lifecycle", "Fleet", "StatusCounts", "InFlight", "Throughput", "CpuShare",
                  "StepTimes", "Counter", "ProcessState"}
-# Module globals of those classes still in app/, each with why. Empty means every piece has its one owner.
+# Module globals of those classes still in app/, each with why: facts of the process itself, not of one app.
 ALLOWED: dict[str, str] = {
-    "app/costs.py:CPU_SHARE": "not moved yet (issue 54): the cost measures still to go into ProcessState",
-    "app/costs.py:THROUGHPUT": "not moved yet (issue 54): the cost measures still to go into ProcessState",
-    "app/costs.py:STEPS": "not moved yet (issue 54): the cost measures still to go into ProcessState",
-    "app/in_flight.py:MODEL_REQUESTS": "not moved yet (issue 54): the in-flight counters still to go",
-    "app/in_flight.py:API_POSTS": "not moved yet (issue 54): the in-flight counters still to go",
+    "app/costs.py:CPU_SHARE": "the CPU share the machine gives this process (/proc/self/stat and /proc/stat): one fact "
+                              "of the process, whichever app asks; one per app would only read /proc more often",
+    "app/in_flight.py:MODEL_REQUESTS": "OpenMP teams belong to the process's threads (app/openmp_teams.py, whose "
+                                       "TeamStats is process-wide too): a thread ends its team when another model "
+                                       "request of the process works, whichever app it came to",
+    "app/in_flight.py:API_POSTS": "the run store's writer defers a file while any API POST of the process is in "
+                                  "flight: the write's CPU time and memory traffic land on every response the process "
+                                  "sends, not only its own app's",
 }
 
 
@@ -67,7 +70,7 @@ def test_two_apps_have_their_own_job_boards_logs_lifecycles_and_fleets():
     one, two = create_app(settings), create_app(settings)
     first, second = one.state.process, two.state.process
     assert isinstance(first, ProcessState) and isinstance(second, ProcessState)
-    for part in ("jobs", "job_logs", "lifecycle", "fleet", "status"):
+    for part in ("jobs", "job_logs", "lifecycle", "fleet", "status", "measures"):
         assert getattr(first, part) is not getattr(second, part), part
     assert first.fleet.jobs is first.jobs and second.fleet.jobs is second.jobs
 
@@ -100,3 +103,19 @@ def test_a_shutting_down_app_refuses_while_another_serves():
         metrics = b.get("/metrics").text
     assert 'attnlab_requests_total{status="200"} 2' in metrics  # its own counts, not the stopping app's 503
     assert dict(stopping.state.process.status.items()) == {503: 1}
+
+
+def test_two_apps_learn_their_models_speed_apart():
+    """The throughput fit and step times are keyed by model id: two apps serving different models as "lm" (tests do)
+    must not estimate one from the other's runs. The app's runtime holds its ProcessState's measures."""
+    from fastapi.testclient import TestClient
+
+    settings = Settings(default_models=[], prepare_in_background=False)
+    one, two = create_app(settings), create_app(settings)
+    with TestClient(one), TestClient(two):
+        assert one.state.runtime.measures is one.state.process.measures
+        one.state.runtime.measures.throughput.set_rate("lm", 1.0)
+        one.state.runtime.measures.steps.observe("lm", 2.0)
+        assert one.state.process.measures.throughput.seconds("lm", 10.0, 1e9)[0] == 10.0  # at its 1 MAC/s
+        assert two.state.process.measures.throughput.seconds("lm", 10.0, 1e9)[0] < 1e-6  # at the default it was given
+        assert two.state.process.measures.steps.seconds("lm") is None

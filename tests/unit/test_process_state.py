@@ -119,3 +119,19 @@ def test_two_apps_learn_their_models_speed_apart():
         assert one.state.process.measures.throughput.seconds("lm", 10.0, 1e9)[0] == 10.0  # at its 1 MAC/s
         assert two.state.process.measures.throughput.seconds("lm", 10.0, 1e9)[0] < 1e-6  # at the default it was given
         assert two.state.process.measures.steps.seconds("lm") is None
+
+
+def test_the_signal_handling_finds_the_served_apps_state_through_uvicorns_wrapping():
+    """serve.py's SIGTERM handling drains and stops the app uvicorn serves: it finds that app's ProcessState through the
+    middleware uvicorn wraps it in (its real Config.load), and none before the app is loaded."""
+    import uvicorn
+
+    from app.serve import served_process
+
+    app = create_app(Settings(default_models=[], prepare_in_background=False))
+    config = uvicorn.Config(app, proxy_headers=True, log_level="critical")
+    config.load()
+    assert config.loaded_app is not app  # wrapped (proxy headers): the walk is needed
+    assert served_process(config.loaded_app) is app.state.process
+    assert served_process(None) is None
+    assert served_process(object()) is None

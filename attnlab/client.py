@@ -455,10 +455,13 @@ class Lab:
                         encoding: str = "f32", **fields: Any) -> AttentionResult:
         """POST /api/image/attention on an uploaded image: `.attention` (layers, heads, T, T), or with `queries`
         those rows (layers, heads, q, T); `tokens` are the labels ("CLS", "p(3,7)"), `response["grid"]` the patches.
-        `fields`: image_size, include_scores, weighting, thumbnail_size, …"""
+        `fields`: image_size, include_scores, weighting, thumbnail_size, …; answered in the binary form (the maps'
+        float32 bytes as they are) unless `encoding="json"`."""
         body = _body(model=model, image_id=image_id, layers=layers, heads=heads, queries=queries,
                      interventions=to_items(interventions), compare=compare, encoding=encoding, **fields)
-        return AttentionResult(self._json("POST", "/api/image/attention", body), body, self)
+        if encoding == "json":
+            return AttentionResult(self._json("POST", "/api/image/attention", body), body, self)
+        return AttentionResult(self._binary("/api/image/attention", body), body, self)
 
     def audio_attention(self, audio_id: str, model: str | None = None, *, layers: Sequence[int] | None = None,
                         heads: Sequence[int] | None = None, interventions: Sequence[Intervention | dict] = (),

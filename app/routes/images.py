@@ -20,12 +20,11 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from app.streams import answered
+from app.streams import respond
 from app.deps import ImageStoreDep, RuntimeDep
 from app.errors import error_response, too_large_response
 from app.ids import is_valid_id, new_id
 from app.imagestore import RETRY_AFTER_S, StoreItemTooLarge, StoreUnavailable
-from app.context import current
 from app.lifecycle import ParsedJsonRoute
 from app.runtime import Runtime
 from app.schemas import AttentionResponse
@@ -139,7 +138,7 @@ def _render_view(store, image_id: str, size: int) -> bytes:
     200: {"model": AttentionResponse}, 404: {"description": "unknown or evicted image_id"},
     413: {"description": "over max_image_tokens (image_size too large) or the response over max_response_numbers"},
     503: {"description": "queue full"}})
-def image_attention(req: ImageAttentionRequest, runtime: RuntimeDep, store: ImageStoreDep) -> Response:
+def image_attention(req: ImageAttentionRequest, runtime: RuntimeDep, store: ImageStoreDep, request: Request) -> Response:
     """Attention of every requested layer/head for an uploaded image (see POST /api/images).
 
     Tokens: "CLS", any "dist"/"reg0"… prefix tokens, then patches "p(row,col)" row-major; `grid` is
@@ -147,9 +146,10 @@ def image_attention(req: ImageAttentionRequest, runtime: RuntimeDep, store: Imag
     the attention rollout over the patches (see /guide#s6), `mean_distance` the mean attention distance per
     layer/head in input pixels, `predictions` the top-5 classes (classifiers). With `compare`,
     `effect.output` holds the class probabilities before/after and their KL (classifiers) or the
-    CLS-embedding cosine (backbones).
+    CLS-embedding cosine (backbones). With `Accept: application/octet-stream` the f16/f32 fields come as raw bytes
+    after a JSON header (the binary form), with `Accept: text/event-stream` as a job with layer progress.
     """
-    return answered(image_work(runtime, store, req)(current()))  # the edge: the request's context (app/context.py)
+    return respond(request, image_work(runtime, store, req), "POST /api/image/attention")
 
 
 # ---- page ------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 random-weight ViT-family models built here (API.md "Image")."""
 from __future__ import annotations
 
+import base64
 import io
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from PIL import Image
 
 from app.main import create_app
 from app.settings import Settings
+from attnlab.results import read_binary
 
 UPLOAD_LIMIT = 300_000
 PIXEL_LIMIT = 1_000_000
@@ -317,3 +319,21 @@ def test_image_page_has_config_and_slider(image_client):
     assert r.status_code == 200
     assert 'id="beta-slider"' in r.text and 'type="range"' in r.text
     assert "/static/js/image.js" in r.text
+
+
+def test_attention_in_the_binary_form_is_the_json_forms_numbers(image_client):
+    image_id = uploaded_id(image_client, seed=11)
+    request = {"model": "tiny-vit", "image_id": image_id, "encoding": "f32", "include_scores": True}
+    as_json = image_client.post("/api/image/attention", json=request)
+    as_binary = image_client.post("/api/image/attention", json=request, headers={"Accept": "application/octet-stream"})
+    assert as_json.status_code == as_binary.status_code == 200, as_binary.text[:300]
+    assert as_binary.headers["content-type"] == "application/octet-stream"
+    expected, got = as_json.json(), read_binary(bytearray(as_binary.content))
+    for name in ("attention", "scores"):
+        kept = expected[name]
+        want = np.frombuffer(base64.b64decode(kept["data"]), dtype="<f4").reshape(kept["shape"])
+        assert got[name].dtype == np.float32 and np.array_equal(got[name], want)
+    assert got["tokens"] == expected["tokens"] and got["grid"] == expected["grid"]
+    refused = image_client.post("/api/image/attention", json={**request, "layers": [9]},
+                                headers={"Accept": "application/octet-stream"})
+    assert refused.status_code == 422 and refused.headers["content-type"].startswith("application/json")

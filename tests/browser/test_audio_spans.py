@@ -9,11 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from attnlab.results import read_binary
 from tests.browser.conftest import screenshot
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "weights" / "samples" / "speech-sample.wav"
 LABEL = re.compile(r"mask (\d+\.\d\d)–(\d+\.\d\d) s = positions (\d+)–(\d+) \(cross\)")
+
+
+def _answer(response) -> dict:
+    """The page's answer as it came: the binary form (it asks for it: a JSON header, then the maps' bytes), else JSON."""
+    if response.headers.get("content-type", "").startswith("application/octet-stream"):
+        return read_binary(bytearray(response.body()))
+    return response.json()
 
 
 def test_dragged_span_is_what_is_labelled_and_sent(page, page_log, live_server):
@@ -25,7 +33,7 @@ def test_dragged_span_is_what_is_labelled_and_sent(page, page_log, live_server):
         if response.url.endswith("/api/audio/attention") and response.request.method == "POST":
             body = json.loads(response.request.post_data)
             if body["interventions"]:
-                exchanges.append((body, response.json()))
+                exchanges.append((body, _answer(response)))
 
     page.on("response", on_response)
     page.goto(f"{live_server}/audio?sample")

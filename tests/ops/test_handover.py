@@ -13,6 +13,7 @@ from app.ids import new_run_id, replica_name
 from app.jobs import Job
 from app.lifecycle import SCOPE_BODY_KEY
 from app.streams import JobLog
+from tests.api.helpers import run_async
 
 
 def _log() -> JobLog:
@@ -140,8 +141,6 @@ def test_a_move_releases_the_job_tries_each_peer_and_falls_back_to_an_error_even
 def test_the_router_follows_a_moved_job_and_says_a_drained_owner_drained():
     """After the drained replica has gone: a re-attach to its old job id goes to the new job (attnlab:job-moved),
     from its first event; a window of its run is a 410 (attnlab:drained); a killed replica's stays 404."""
-    import asyncio
-
     from app.fleet import FleetRouter
 
     old, new = f"gone1234.{'4' * 32}", new_run_id()  # the new job is this process's: served here
@@ -181,10 +180,10 @@ def test_the_router_follows_a_moved_job_and_says_a_drained_owner_drained():
         await router(scope, receive, send)
         return sent
 
-    asyncio.run(ask("GET", f"/api/jobs/{old}/events", [(b"last-event-id", f"{old}:9".encode())]))
+    run_async(ask("GET", f"/api/jobs/{old}/events", [(b"last-event-id", f"{old}:9".encode())]))
     assert seen and seen[-1]["path"] == f"/api/jobs/{new}/events"
     assert not any(k == b"last-event-id" for k, _ in seen[-1]["headers"])  # the new job from its first event
-    answer = asyncio.run(ask("POST", f"/api/runs/gone1234.{'5' * 32}/window", [(b"content-type", b"application/json")]))
+    answer = run_async(ask("POST", f"/api/runs/gone1234.{'5' * 32}/window", [(b"content-type", b"application/json")]))
     assert answer[0]["status"] == 410 and b"drained" in answer[1]["body"]
-    answer = asyncio.run(ask("POST", f"/api/runs/kill5678.{'5' * 32}/window", [(b"content-type", b"application/json")]))
+    answer = run_async(ask("POST", f"/api/runs/kill5678.{'5' * 32}/window", [(b"content-type", b"application/json")]))
     assert answer[0]["status"] == 404 and b"is gone" in answer[1]["body"]

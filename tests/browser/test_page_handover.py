@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.browser.conftest import screenshot
-from tests.ops.fleet import Fleet, long_text
+from tests.ops.fleet import Fleet, long_text, running_fleet
 
 LAYERS, HEADS = 8, 8
 PROMPT_WORDS = 700
@@ -47,13 +47,8 @@ def build_deep_llama(folder):
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     folder = build_deep_llama(tmp_path_factory.mktemp("deep-llama"))
-    started = None
-    try:
-        started = Fleet(tmp_path_factory.mktemp("handover-fleet"), {**SETTINGS, "extra_models": {"lm": str(folder)}})
+    with running_fleet(tmp_path_factory.mktemp("handover-fleet"), SETTINGS, folder) as started:
         yield started
-    finally:
-        if started is not None:
-            started.close()
 
 
 # What the panel showed, in order: its progress values and its status line's texts (the count-down beside the bar)

@@ -8,6 +8,8 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -141,10 +143,15 @@ class Fleet:
         self.redis = Redis(free_port(), tmp / "redis.log")
         self.redis.start()
         self.settings = {**settings, "redis_url": f"redis://127.0.0.1:{self.redis.port}/0", "redis_timeout_s": 0.5}
-        self.replicas = [Replica(tmp, f"rep{i}", self.settings) for i in range(n)]
-        for replica in self.replicas:
-            replica.wait_ready()
-        self.nginx = Nginx(tmp, [r.port for r in self.replicas])
+        try:  # a start that fails part-way stops what it started
+            for i in range(n):
+                self.replicas.append(Replica(tmp, f"rep{i}", self.settings))
+            for replica in self.replicas:
+                replica.wait_ready()
+            self.nginx = Nginx(tmp, [r.port for r in self.replicas])
+        except BaseException:
+            self.close()
+            raise
         self._restarts = 0
 
     def by_name(self, name: str) -> Replica:
@@ -165,3 +172,13 @@ class Fleet:
         for replica in self.replicas:
             replica.stop()
         self.redis.stop()
+
+
+@contextmanager
+def running_fleet(tmp: Path, settings: dict, model: Path, n: int = 3) -> Iterator[Fleet]:
+    """A Fleet of `n` replicas serving the model folder `model` as "lm" beside `settings`, closed afterwards."""
+    started = Fleet(tmp, {**settings, "extra_models": {"lm": str(model)}}, n)
+    try:
+        yield started
+    finally:
+        started.close()

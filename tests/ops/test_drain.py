@@ -17,7 +17,7 @@ import pytest
 
 from app.ids import run_owner
 from attnlab import Lab
-from tests.ops.fleet import Fleet, build_long_llama, long_text
+from tests.ops.fleet import build_long_llama, long_text, running_fleet
 
 pytestmark = pytest.mark.slow  # three replicas, redis-server and nginx; one replica drained
 
@@ -32,13 +32,8 @@ CLIENT = "drain-client-0001"
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     folder = build_long_llama(tmp_path_factory.mktemp("long-llama"))
-    started = None
-    try:
-        started = Fleet(tmp_path_factory.mktemp("fleet"), {**SETTINGS, "extra_models": {"lm": str(folder)}})
+    with running_fleet(tmp_path_factory.mktemp("fleet"), SETTINGS, folder) as started:
         yield started
-    finally:
-        if started is not None:
-            started.close()
 
 
 def _events_of(response: httpx.Response, out: dict) -> dict | None:

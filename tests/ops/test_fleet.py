@@ -17,7 +17,7 @@ import pytest
 
 from app.ids import run_owner
 from attnlab import Lab
-from tests.ops.fleet import Fleet, build_long_llama, long_text
+from tests.ops.fleet import Fleet, build_long_llama, long_text, running_fleet
 
 pytestmark = pytest.mark.slow  # three replicas, redis-server and nginx; replicas killed, drained and restarted
 
@@ -30,13 +30,8 @@ MASK = [{"op": "mask_keys", "tokens": [1, 2, 3], "layers": [0, 1], "heads": [0, 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     folder = build_long_llama(tmp_path_factory.mktemp("long-llama"))
-    started = None
-    try:
-        started = Fleet(tmp_path_factory.mktemp("fleet"), {**SETTINGS, "extra_models": {"lm": str(folder)}})
+    with running_fleet(tmp_path_factory.mktemp("fleet"), SETTINGS, folder) as started:
         yield started
-    finally:
-        if started is not None:
-            started.close()
 
 
 def client(n: int | str) -> dict:

@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 
-from tests.ops.fleet import Fleet, build_long_llama, long_text
+from tests.ops.fleet import Fleet, build_long_llama, long_text, running_fleet
 
 pytestmark = pytest.mark.slow  # three replicas, redis-server and nginx
 
@@ -33,13 +33,8 @@ PACE_S = 0.06  # under nginx's own per-address rate (20 r/s): a 429 below is the
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     folder = build_long_llama(tmp_path_factory.mktemp("long-llama"))
-    started = None
-    try:
-        started = Fleet(tmp_path_factory.mktemp("fleet-outage"), {**SETTINGS, "extra_models": {"lm": str(folder)}})
+    with running_fleet(tmp_path_factory.mktemp("fleet-outage"), SETTINGS, folder) as started:
         yield started
-    finally:
-        if started is not None:
-            started.close()
 
 
 def _who(name: str, address: str | None = None) -> dict:

@@ -50,3 +50,12 @@ class UnknownFamily(ValueError):
 def source_of(source: Callable[[], str] | str) -> str:
     """A spec's source: a folder or hub id, or what gives one when asked (a default model's installed package)."""
     return source() if callable(source) else source
+
+
+def generating_load(adapter: Callable[[], type]) -> Callable:
+    """The `load` of a family whose adapter also generates: its input and continuation limits from `limits`."""
+    def load(model_id, source, limits, device, dtype="float32"):
+        return adapter()(model_id, source, max_tokens=limits.max_tokens, device=device,
+                         max_new_tokens=limits.max_new_tokens, dtype=dtype)
+
+    return load

@@ -1,7 +1,7 @@
 """Decoder LMs (models/adapters/causal_lm.py): any architecture ending in ForCausalLM or LMHeadModel."""
 from __future__ import annotations
 
-from models.families.base import Family
+from models.families.base import Family, generating_load
 
 
 def adapter():
@@ -10,9 +10,7 @@ def adapter():
     return CausalLMAdapter
 
 
-def load(model_id, source, limits, device, dtype="float32"):
-    return adapter()(model_id, source, max_tokens=limits.max_tokens, device=device,
-                     max_new_tokens=limits.max_new_tokens, dtype=dtype)
+load = generating_load(adapter)
 
 
 def describe(model_id, source, limits, dtype="float32"):

@@ -1,7 +1,7 @@
 """Encoder–decoders (models/adapters/seq2seq.py): attention per kind (encoder, decoder, cross)."""
 from __future__ import annotations
 
-from models.families.base import Family
+from models.families.base import Family, generating_load
 from models.interventions import OPS
 
 
@@ -11,9 +11,7 @@ def adapter():
     return Seq2SeqAdapter
 
 
-def load(model_id, source, limits, device, dtype="float32"):
-    return adapter()(model_id, source, max_tokens=limits.max_tokens, device=device,
-                     max_new_tokens=limits.max_new_tokens, dtype=dtype)
+load = generating_load(adapter)
 
 
 def describe(model_id, source, limits, dtype="float32"):

@@ -20,44 +20,39 @@ function formatDetail(status, detail) {
   return `${status}: ${typeof detail === "string" ? detail : JSON.stringify(detail)}`;
 }
 
-// POST JSON; a newer call on the same channel aborts the older one (its promise rejects with AbortError).
-export async function postJSON(url, body, { channel = url } = {}) {
+// A POST of JSON on a channel: a newer call on the same channel aborts the older one (its promise rejects with
+// AbortError); read(response) makes the answer.
+async function postOn(channel, url, body, headers, read) {
   inflight.get(channel)?.abort();
   const controller = new AbortController();
   inflight.set(channel, controller);
   try {
     const response = await fetch(url, {
       method: "POST",
-      headers: { "Content-Type": "application/json" },
+      headers: { "Content-Type": "application/json", ...headers },
       body: JSON.stringify(body),
       signal: controller.signal,
     });
-    return await readJSON(response);
+    return await read(response);
   } finally {
     if (inflight.get(channel) === controller) inflight.delete(channel);
   }
+}
+
+// POST JSON, answered in JSON.
+export function postJSON(url, body, { channel = url } = {}) {
+  return postOn(channel, url, body, {}, readJSON);
 }
 
 // POST JSON, answered in the binary form (Accept: application/octet-stream, docs/api.md "The binary form"): a JSON
 // header, then every f32/f16 field's little-endian bytes. Each such field comes back as { dtype, shape, values }:
 // `values` a Float32Array viewing the body's one buffer (f32: no copy; f16 widened into one). decodeTensor
 // (mathx.js) reads it as it reads the base64 form. Refusals are JSON as always; channels abort as postJSON's do.
-export async function postBinary(url, body, { channel = url } = {}) {
-  inflight.get(channel)?.abort();
-  const controller = new AbortController();
-  inflight.set(channel, controller);
-  try {
-    const response = await fetch(url, {
-      method: "POST",
-      headers: { "Content-Type": "application/json", Accept: BINARY },
-      body: JSON.stringify(body),
-      signal: controller.signal,
-    });
-    if (!response.ok || !(response.headers.get("content-type") || "").startsWith(BINARY)) return await readJSON(response);
+export function postBinary(url, body, { channel = url } = {}) {
+  return postOn(channel, url, body, { Accept: BINARY }, async (response) => {
+    if (!response.ok || !(response.headers.get("content-type") || "").startsWith(BINARY)) return readJSON(response);
     return readBinary(await response.arrayBuffer());
-  } finally {
-    if (inflight.get(channel) === controller) inflight.delete(channel);
-  }
+  });
 }
 
 const BINARY = "application/octet-stream";

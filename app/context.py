@@ -16,7 +16,9 @@ Its fields:
 - `estimate_s`: its cost check's model seconds, carried by its first run that is not cached (the scheduler refuses
   it at that turn when they no longer fit before the deadline); the later runs carry None;
 - `memory`: what it has reserved of the memory budget (app/memory.py); `timings`: seconds waiting for and running
-  the model, for the Server-Timing header.
+  the model, for the Server-Timing header;
+- `deferred`: work the answer need not wait for (the run store making room: older runs' files), run after a plain
+  request's response is sent (`after_response`).
 
 How it travels. The middleware puts it in the one context variable, which crosses what we do not own: FastAPI's hop
 of a sync endpoint to its worker thread. At the edge (app/streams.py `respond`, or a route that answers at once:
@@ -59,6 +61,9 @@ class RequestContext:
     estimate_s: float | None = None
     memory: Any = None  # app.memory.RequestMemory
     timings: dict[str, float] | None = None
+    # work its answer need not wait for, run once the response is sent (a plain request's: app/streams.py respond);
+    # None (a job, work outside a request): `after_response` runs it at once
+    deferred: list[Callable[[], None]] | None = None
 
     def with_(self, **fields: Any) -> RequestContext:
         return dataclasses.replace(self, **fields)
@@ -110,6 +115,14 @@ class ContextField:
 
 
 request_deadline = ContextField("deadline")
+
+
+def after_response(ctx: RequestContext, work: Callable[[], None]) -> None:
+    """`work()` once the request's response is sent where the request defers work (`deferred`), else now."""
+    if ctx.deferred is None:
+        work()
+    else:
+        ctx.deferred.append(work)
 
 
 def add_timing(name: str, seconds: float, ctx: RequestContext | None = None) -> None:

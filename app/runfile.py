@@ -4,7 +4,8 @@ The file is a safetensors file (https://github.com/huggingface/safetensors, "for
 JSON header naming each tensor's dtype, shape and byte range, then the tensors' raw bytes. Every tensor of the run
 (P, hidden states, outputs, q̂/k̂, the atlas's records and summaries, derived summaries) is one entry, in the dtype it
 was kept in; everything else (tokens, warnings, β, interventions, derived lists, which class holds what) is JSON in
-the header's `__metadata__`. An intervention is kept as its op says (models/ops/ `Op.record`: its op, scope and own
+the header's `__metadata__`; a string of LONG_STRING characters or more (a run's thumbnails) is a U8 entry, its UTF-8
+bytes. An intervention is kept as its op says (models/ops/ `Op.record`: its op, scope and own
 fields) and made again through the engine's check. A reader builds only the classes listed in CLASSES, from JSON and tensors: a file can
 name data, never code.
 
@@ -40,6 +41,11 @@ DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torc
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
           torch.bool: "BOOL"}
 BY_CODE = {code: dtype for dtype, code in DTYPES.items()}
+# Strings this long (a run's thumbnails: base64 of every head's levels, 55 kB for minilm) are kept as U8 tensors: in
+# the header they were escaped twice (the run's JSON is a string inside the safetensors header), 1.2 ms of the
+# request that evicted the run (benchmarks/results/first_view_floor_issue55.md)
+LONG_STRING = 1024
+_SCALARS = (type(None), bool, int, float)
 
 
 @dataclass
@@ -69,6 +75,8 @@ class _Encoder:
         return self.names[same]
 
     def value(self, value: Any, where: str) -> Any:
+        if isinstance(value, str) and len(value) >= LONG_STRING:  # its UTF-8 bytes in the data region, not JSON
+            return {"$": "str", "name": self.tensor(torch.frombuffer(bytearray(value.encode("utf-8")), dtype=torch.uint8))}
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
         if isinstance(value, torch.Tensor):
@@ -78,6 +86,8 @@ class _Encoder:
         if isinstance(value, np.generic):
             return {"$": "scalar", "dtype": value.dtype.str, "value": value.item()}
         if isinstance(value, list):
+            if all(type(v) in _SCALARS or (type(v) is str and len(v) < LONG_STRING) for v in value):
+                return value  # tokens, a row of entropies: JSON as they are (a call per item was 0.3 ms a run)
             return [self.value(v, f"{where}[{i}]") for i, v in enumerate(value)]
         if isinstance(value, tuple):
             return {"$": "tuple", "items": [self.value(v, f"{where}[{i}]") for i, v in enumerate(value)]}
@@ -163,6 +173,8 @@ def _decode(node: Any, tensors: dict[str, torch.Tensor]) -> Any:
         return tensors[node["name"]]
     if kind == "ndarray":
         return tensors[node["name"]].numpy()
+    if kind == "str":
+        return tensors[node["name"]].numpy().tobytes().decode("utf-8")
     if kind == "scalar":
         return np.dtype(node["dtype"]).type(node["value"])
     if kind == "tuple":

@@ -71,6 +71,8 @@ class ResultCache(RamTier, DiskTier):
         self._pins: dict[tuple, tuple[float, str]] = {}  # key → (pinned until, monotonic; the client it was put for)
         self._held: Counter[tuple] = Counter()  # keys a running job plans (holding): never dropped meanwhile
         self._stuck: set[tuple] = set()  # pinned runs in RAM that found no room on disk (RamTier.stuck_pins)
+        # RAM-tier runs measured while nothing outside the store held them: they cannot have grown since (RamTier._remeasure)
+        self._settled: set[tuple] = set()
         self._expired: OrderedDict[str, None] = OrderedDict()  # run ids this store held and dropped
         self._promised: OrderedDict[str, _Promise] = OrderedDict()  # run ids named, their runs made on first use
         self._moving: OrderedDict[tuple, _Write] = OrderedDict()  # runs queued or being written to disk (in RAM still)
@@ -99,6 +101,7 @@ class ResultCache(RamTier, DiskTier):
             result = self._items.get(key)
             if result is not None:
                 self._items.move_to_end(key)
+                self._settled.discard(key)  # handed out: it may grow (a host copy, value norms) while it is used
                 self.hits += 1
                 return result
             entry = self._disk.get(key)
@@ -215,6 +218,7 @@ class ResultCache(RamTier, DiskTier):
                 result = self._items.get(key)
                 if result is not None:
                     self._items.move_to_end(key)
+                    self._settled.discard(key)
                     return result
                 entry = self._disk.get(key)
                 if entry is None:

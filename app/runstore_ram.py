@@ -5,12 +5,18 @@ when there is no room there), then with a disk tier pinned ones (to disk). `evic
 accountant (app/memory.py counts `host_bytes`)."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import Counter, OrderedDict
 
 from app.runstore_disk import _Write
 from models.adapters.base import AttentionResult
+
+
+# References to a kept run when only the RAM tier holds it, as _remeasure counts them: the tier's dict, the loop's
+# variable and getrefcount's own argument (CPython). More holders only make a run be measured again: the safe side.
+_STORE_ONLY_REFS = 3
 
 
 class RamTier:
@@ -28,6 +34,7 @@ class RamTier:
     _bytes: int
     _device_bytes: int
     _stuck: set[tuple]  # pinned runs that found no room on disk when they were to leave RAM (stuck_pins)
+    _settled: set[tuple]  # measured while only the store held them (_remeasure)
     _lock: threading.Lock
 
     @property
@@ -117,6 +124,7 @@ class RamTier:
 
     def _pop_ram(self, key: tuple) -> None:
         self._stuck.discard(key)
+        self._settled.discard(key)
         self._items.pop(key)
         old_host, old_device = self._sizes.pop(key)
         self._bytes -= old_host
@@ -170,8 +178,14 @@ class RamTier:
 
     def _remeasure(self) -> None:
         """Sizes again (under the lock): a GPU run's P gets a host copy once a consumer needs all of it on the host
-        (AttentionResult.attention), so a kept result's host bytes can grow after it was put."""
-        for key, kept in self._items.items():
+        (AttentionResult.attention), value norms are formed when first asked for, so a kept result's bytes can grow
+        after it was put. Only while something outside the store holds it: a run measured when the store alone held
+        it is settled until it is handed out again (get, by_run_id). Measuring all 64 kept runs at every put was
+        ~1 ms of each fresh view (benchmarks/results/first_view_floor_issue55.md)."""
+        for key in [k for k in self._items if k not in self._settled]:
+            kept = self._items[key]
+            if sys.getrefcount(kept) <= _STORE_ONLY_REFS:  # before measuring: a holder could grow it meanwhile
+                self._settled.add(key)
             host, device = kept.host_and_device_nbytes
             old_host, old_device = self._sizes[key]
             if (host, device) != (old_host, old_device):

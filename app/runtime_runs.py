@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from app.context import RequestContext, add_timing, current
+from app.context import RequestContext, add_timing, after_response, current
 from app.costs import CPU_SHARE, observe_run
 from app.ids import new_run_id
 from app.runstore import ResultCache
@@ -172,5 +172,7 @@ class ModelRuns:
                 n = len(encoded.tokens)
                 observe_run(self.measures, adapter, n, n, len(interventions), result.elapsed_s, since)  # app/costs.py's throughput
                 self.cache.put(key, result, ctx.client, make_room=False)
-        self.cache.make_room(keep=key)  # runs moving to disk are written after the model is free for others
+        # older runs leave RAM after the response: their files are encoded and queued off the answer's path (1.5 ms
+        # of a fresh minilm view: benchmarks/results/first_view_floor_issue55.md); written after the model is free
+        after_response(ctx, lambda: self.cache.make_room(keep=key))
         return result

@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 from fastapi import HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from app.allocator import process_warm_heap
 from app.openmp_teams import plain_work_done
@@ -447,12 +448,32 @@ def respond(request: Request, work: Callable[[RequestContext], dict[str, Any]], 
     answer. `ctx` is the request's context (a plain request's, else its job's). `what` names the work in the log
     ("POST /api/text/attention")."""
     if not wants_events(request):
-        if wants_binary(request):  # f16/f32 fields as raw bytes after a JSON header (app/encoding.py)
-            with binary_fields() as parts:
-                body = work(current())
-            return answered(body, parts)
-        return answered(work(current()))  # the edge: the request's context, as the middleware made it
+        deferred: list[Callable[[], None]] = []
+        ctx = current().with_(deferred=deferred)  # the edge: the request's context, as the middleware made it
+        try:
+            if wants_binary(request):  # f16/f32 fields as raw bytes after a JSON header (app/encoding.py)
+                with binary_fields() as parts:
+                    body = work(ctx)
+                response = answered(body, parts)
+            else:
+                response = answered(work(ctx))
+        except BaseException:
+            _run_deferred(deferred)  # an error's answer waits for it, as it did
+            raise
+        if deferred:
+            response.background = BackgroundTask(_run_deferred, deferred)
+        return response
     return run_job(request, lambda stream: work(stream.ctx), what, layer_progress=True)
+
+
+def _run_deferred(deferred: list[Callable[[], None]]) -> None:
+    """A plain request's deferred work (RequestContext.deferred), after its response was sent: each item on its own
+    (one failing is logged, the rest still run)."""
+    for work in deferred:
+        try:
+            work()
+        except Exception:  # noqa: BLE001  the response is sent: the log is where this can go
+            log.exception("work deferred until after a response failed")
 
 
 def wants_binary(request: Request) -> bool:

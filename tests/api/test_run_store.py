@@ -119,3 +119,28 @@ def test_a_run_larger_than_the_disk_tier_is_refused_before_it_runs(llama):
         response = client.post("/api/text/attention", json={"model": "lm", "text": TEXT})
         assert response.status_code == 413 and "run_store_disk_bytes" in response.json()["detail"]
         assert client.post("/api/text/attention", json={"model": "lm", "text": "the cat"}).status_code == 200
+
+
+def test_a_plain_view_is_answered_before_older_runs_leave_ram(llama, monkeypatch):
+    """Making room in the RAM tier (an older run's file encoded and queued for the writer) waits until the response is
+    sent: it ran when no handler was at work any more, and the RAM tier is within its bounds once the client has the
+    answer (TestClient returns after the response's background work)."""
+    from app.in_flight import MODEL_REQUESTS
+
+    with tiny_lm_client(llama, result_cache_items=1, result_pin_s=0) as client:
+        cache = client.app.state.runtime.cache
+        handlers_at_work: list[int] = []
+        real_make_room = cache.make_room
+
+        def make_room(keep=None):
+            handlers_at_work.append(MODEL_REQUESTS.in_flight)
+            real_make_room(keep=keep)
+
+        monkeypatch.setattr(cache, "make_room", make_room)
+        for text in (TEXT, TEXT + " and again", TEXT + " once more"):
+            response = client.post("/api/text/attention", json={"model": "lm", "text": text, "layers": [0],
+                                                                "heads": [0]})
+            assert response.status_code == 200, response.text
+            stats = cache.stats()
+            assert stats["ram_runs"] - stats["writing_runs"] <= 1, stats
+        assert len(handlers_at_work) == 3 and set(handlers_at_work) == {0}, handlers_at_work

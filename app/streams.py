@@ -22,6 +22,7 @@ layer or step (JobCancel); `cancel_job` (DELETE /api/jobs/{job_id}: a page's Can
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import logging
@@ -461,9 +462,21 @@ def respond(request: Request, work: Callable[[RequestContext], dict[str, Any]], 
             _run_deferred(deferred)  # an error's answer waits for it, as it did
             raise
         if deferred:
-            response.background = BackgroundTask(_run_deferred, deferred)
+            response.background = BackgroundTask(_after_sent, deferred)
         return response
     return run_job(request, lambda stream: work(stream.ctx), what, layer_progress=True)
+
+
+# Deferred work runs on a thread of its own, never on the worker that answered: a worker kept busy after its response
+# sent the next request to another worker with an OpenMP team of its own (4 OpenMP threads on 2 cores: the next
+# smollm2-135m forward took 363 ms instead of 310 ms), as the warm heap's docstring found (app/allocator.py)
+_AFTER_RESPONSE = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnlab-after-response")
+
+
+async def _after_sent(deferred: list[Callable[[], None]]) -> None:
+    """On the event loop once the body is sent: the deferred work on its own thread, awaited (the request counts as in
+    flight until it ends: the run store's writer waits for it, and a test client returns after it)."""
+    await asyncio.wrap_future(_AFTER_RESPONSE.submit(_run_deferred, deferred))
 
 
 def _run_deferred(deferred: list[Callable[[], None]]) -> None:

@@ -553,9 +553,12 @@ __all__ = ["Atlas", "AtlasConfig", "AtlasRecorder", "LayerRecord", "atlas_attent
 
 
 def value_norms_from_gram(values: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
-    """‖v_j W_O^h‖ = √(v_j G_h v_jᵀ) per head and key: values (H, T_k, d_v), gram (H, d_v, d_v) float64 → (H, T_k)
+    """‖v_j W_O^h‖ = √(v_j G_h v_jᵀ) per head and key: values (H, T_k, d_v) or, for grouped-query attention, one per
+    K/V head (H_kv, T_k, d_v: query head h reads K/V head h // (H / H_kv)), gram (H, d_v, d_v) float64 → (H, T_k)
     float32. Float64 because v G vᵀ sums terms of both signs (a small norm would lose its digits in float32)."""
-    v = values.double()  # (H, T_k, d_v)
+    v = values.double()  # (H or H_kv, T_k, d_v)
+    if v.shape[0] != gram.shape[0]:
+        v = v.repeat_interleave(gram.shape[0] // v.shape[0], dim=0)  # (H, T_k, d_v)
     squared = (torch.matmul(v, gram.to(v.device)) * v).sum(dim=-1)  # (H, T_k)
     return squared.clamp_min_(0.0).sqrt_().float()
 
@@ -573,7 +576,8 @@ class PendingRecord:
     interventions: tuple[Intervention, ...]
     layer: int
     query_offset: int = 0
-    # (V (H, T_k, d_v), G (H, d_v, d_v) float64) when the run keeps value norms: references to what the forward had,
+    # (V (H_kv, T_k, d_v): one per K/V head, G (H, d_v, d_v) float64) when the run keeps value norms: references to
+    # what the forward had (a grouped-query model's V before its copies per query head: 3 heads, not 9, of smollm2-135m),
     # the norms formed from them when first asked for, so a run that never shows a value-weighted map pays nothing
     # (on a GPU the per-layer float64 work was ~5 ms of a 27 ms run at 128 tokens: launches, not arithmetic)
     norms_from: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -124,7 +124,8 @@ def patch_residual(hidden: torch.Tensor, layer: int, patches: list[Intervention]
 
 def keep_value_norms(value: torch.Tensor, layer: int, grams: list[torch.Tensor]) -> None:
     """Put ‖v_j W_O^h‖ (H, T_k) float32 on this layer's record of the recording run (batch of one), if any.
-    value: (B, H, T_k, d_v), already one K/V head per query head."""
+    value: (B, H, T_k, d_v), or (B, H_kv, T_k, d_v) one per K/V head (grouped-query attention: kept without the
+    copies per query head)."""
     scope = current_run.get()
     if not getattr(scope, "record", False) or value.shape[0] != 1:
         return
@@ -168,16 +169,18 @@ def head_output_ops(
 
 
 def at_layer(
-    output: torch.Tensor, value: torch.Tensor, layer: int, interventions: tuple[Intervention, ...], query_offset: int = 0
+    output: torch.Tensor, value: torch.Tensor, layer: int, interventions: tuple[Intervention, ...], query_offset: int = 0,
+    kv_value: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Called by the attention function with H (B, H, T_q, d_v) and V (B, H, T_k, d_v); returns the H to project."""
+    """Called by the attention function with H (B, H, T_q, d_v) and V (B, H, T_k, d_v) (with grouped-query attention
+    also `kv_value`, V per K/V head (B, H_kv, T_k, d_v), what the value norms keep); returns the H to project."""
     run = _current.get()
     if run is None:
         if not any(OPS[iv.op].touches_outputs(iv) for iv in interventions):
             return output  # the usual case: one scan of a short tuple
         return head_output_ops(output, layer, interventions, {}, query_offset)
     if run.value_grams is not None:
-        keep_value_norms(value, layer, run.value_grams)
+        keep_value_norms(value if kv_value is None else kv_value, layer, run.value_grams)
     output = head_output_ops(output, layer, interventions, run.sources, query_offset)
     if run.batch_heads is not None and bool(run.batch_heads[:, layer].any()):
         source = run.batch_source[layer].to(output.device, output.dtype)  # (H, T, d_v)

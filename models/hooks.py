@@ -215,7 +215,7 @@ def attnlab_attention(
     scope = current_run.get()
     if isinstance(scope, RunScope) and scope.record and scope.atlas is not None and query.shape[0] == 1:
         return _long_layer(scope, module, query, key, value, attention_mask, native_beta, softcap, position_bias)
-    original_query, original_key = query, key
+    original_query, original_key, kv_value = query, key, value
     key, value = _repeat_kv(key, n_heads // n_kv_heads), _repeat_kv(value, n_heads // n_kv_heads)  # (B, H, T_k, ·)
     out_dtype = value.dtype
     if query.dtype in (torch.float16, torch.bfloat16):  # softmax in float32, as eager attention does
@@ -252,7 +252,8 @@ def attnlab_attention(
     if n_batch == 1:  # what rebuilds a window of this layer at another β: references only (models/atlas.py)
         scope.records[layer] = _pending_record(scope, layer, recorder.qk, original_query, original_key, allowed,
                                                native_beta, extras)
-    output = head_ops.at_layer(output, value, layer, scope.interventions, scope.query_offset)  # patches, mean ablation
+    output = head_ops.at_layer(output, value, layer, scope.interventions, scope.query_offset,  # patches, mean ablation
+                               kv_value=kv_value)
     scope.keep_layer(layer, recorder, probs, dead_rows)
     _layer_done(scope, module)
     return output.to(out_dtype).transpose(1, 2).contiguous(), probs  # (B, T_q, H, d_v), (B, H, T_q, T_k)
@@ -278,7 +279,7 @@ def _long_layer(scope: RunScope, module: nn.Module, query: torch.Tensor, key: to
         del scope.atlas.records[layer]
     _layer_done(scope, module)
     output = head_ops.at_layer(output.to(value.dtype), _repeat_kv(value, n_heads // n_kv_heads),
-                               scope.layer_of[id(module)], scope.interventions, scope.query_offset)
+                               scope.layer_of[id(module)], scope.interventions, scope.query_offset, kv_value=value)
     return output.to(value.dtype).transpose(1, 2).contiguous(), None  # (B, T_q, H, d_v)
 
 

@@ -88,6 +88,9 @@ def test_a_short_run_forms_its_norms_only_when_asked(model):
     encoded, short, _ = _runs(model)
     pending = [short.atlas.records[l] for l in sorted(short.atlas.records)]
     assert all(p.norms_from is not None and p._norms is None for p in pending), "norms were formed in the forward"
+    # V as the model made it: one per K/V head (the tiny Llama: 2 for 4 query heads), not a copy per query head
+    kv_heads = getattr(model.model.config, "num_key_value_heads", None) or model.info.heads
+    assert {p.norms_from[0].shape[0] for p in pending} == {kv_heads}
     direct = _direct_norms(model).float()
     assert_close_f32(torch.stack([p.value_norms for p in pending]), direct, model.model.config.hidden_size)
     assert all(p.norms_from is None and p._norms is not None for p in pending)

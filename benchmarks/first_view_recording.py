@@ -29,10 +29,11 @@ import time
 import torch
 
 from app.allocator import bound_allocator, start_warm_heap
+from app.settings import Settings
 from benchmarks.run_all import RESULTS, RawForward, machine, text_of
 
 SIDES = ("eager", "unrecorded", "recorded_no_entropy", "recorded")
-KEPT_RUNS = 64  # the result cache's default run count (app/settings.py)
+DEFAULTS = Settings.model_fields  # the served process's defaults: its kept runs and its warm heap
 
 
 def no_entropy(logits: torch.Tensor, probs: torch.Tensor, blocked=None, masked_logits=None) -> torch.Tensor:
@@ -48,7 +49,7 @@ class Forwards:
 
         self.adapter = build_registry()["minilm"].load("cpu")
         self.eager_model = RawForward(same_gemm_as_app=True).model
-        self.kept: collections.deque = collections.deque(maxlen=KEPT_RUNS)
+        self.kept: collections.deque = collections.deque(maxlen=DEFAULTS["result_cache_items"].default)
 
     @torch.inference_mode()
     def eager(self, encoded) -> None:
@@ -84,7 +85,7 @@ def main() -> None:
     args = parser.parse_args(bound_allocator("benchmarks.first_view_recording", sys.argv[1:]))
     if args.threads:
         torch.set_num_threads(args.threads)
-    heap = start_warm_heap(32 * 2**20)
+    heap = start_warm_heap(DEFAULTS["warm_heap_bytes"].default)
     forwards = Forwards()
     cpu: dict[str, list[float]] = {side: [] for side in SIDES}
     wall: dict[str, list[float]] = {side: [] for side in SIDES}
